@@ -1,0 +1,65 @@
+//! The one error type of `attn-core`: every variant names what was wrong.
+
+/// What went wrong in an attention call or in building a module.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttnError {
+    /// A tensor's length or shape disagrees with what the call needs.
+    #[error("{tensor}: expected shape {expected:?}, got {got:?}")]
+    ShapeMismatch {
+        tensor: &'static str,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    /// A tensor's element count disagrees with its declared shape.
+    #[error("{tensor}: shape {shape:?} needs {expected} elements, got {got}")]
+    LengthMismatch {
+        tensor: &'static str,
+        shape: Vec<usize>,
+        expected: usize,
+        got: usize,
+    },
+    /// A mask cannot be broadcast to the score matrix.
+    #[error("{tensor}: shape {got:?} does not broadcast to {target:?}")]
+    NotBroadcastable {
+        tensor: &'static str,
+        got: Vec<usize>,
+        target: Vec<usize>,
+    },
+    /// `n_heads` is not a multiple of `n_kv_heads` (grouped-query attention).
+    #[error("n_heads ({n_heads}) is not a multiple of n_kv_heads ({n_kv_heads})")]
+    HeadsNotDivisible { n_heads: usize, n_kv_heads: usize },
+    /// `embed_dim` is not a multiple of `num_heads` (multi-head attention).
+    #[error("embed_dim ({embed_dim}) is not a multiple of num_heads ({num_heads})")]
+    EmbedNotDivisible { embed_dim: usize, num_heads: usize },
+    /// A per-head list (ALiBi slopes) has the wrong length.
+    #[error("{what}: expected {expected} values (one per query head), got {got}")]
+    PerHeadLength {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    /// An option value is outside its valid range.
+    #[error("{option}: {reason}")]
+    InvalidOption {
+        option: &'static str,
+        reason: String,
+    },
+    /// A query row index asked for in the weights is out of range.
+    #[error("weights row {row} is out of range: seq_q is {seq_q}")]
+    RowOutOfRange { row: usize, seq_q: usize },
+    /// A tensor holds NaN or infinity where a finite value is needed.
+    #[error("{tensor} holds a non-finite value ({value}) at flat index {index}")]
+    NonFinite {
+        tensor: &'static str,
+        index: usize,
+        value: f32,
+    },
+    /// The requested result would need more memory than is reasonable to allocate.
+    #[error("{what} would need {bytes} bytes ({shape:?} f32 values); ask for fewer rows or the head average")]
+    TooLarge {
+        what: &'static str,
+        shape: Vec<usize>,
+        bytes: u128,
+    },
+}

@@ -1,0 +1,38 @@
+//! Exact scaled dot-product attention with every mask PyTorch, FlashAttention and xFormers offer.
+//!
+//! `attention(Q, K, V) = softmax(scale · Q·Kᵀ [+ softcap, ALiBi, float mask] | visible) · V`, with
+//! the semantics of `shared/golden/README.md`, in the order they apply:
+//! 1. `score = scale · q·k`
+//! 2. softcap `c`: `score = c · tanh(score / c)`
+//! 3. ALiBi: `score -= slope_h · |i + o − j|`
+//! 4. float mask: `score += mask`
+//! 5. visibility: causal, window, boolean mask, key padding ([`mask`])
+//! 6. softmax over the visible keys; a query row that sees no key gets output 0, weights 0 and
+//!    log-sum-exp −∞ — never NaN.
+//!
+//! [`sdpa`] is the fast path; [`sdpa_reference`] is its plain, readable twin that tests compare
+//! against. [`mha`] builds multi-head attention (projections, masks, weights) on top.
+
+pub mod error;
+pub mod mask;
+pub mod mha;
+pub mod options;
+pub mod reference;
+pub mod shape;
+
+pub use error::AttnError;
+pub use mask::{BoolMask, Causal, FloatMask, KeyPadding, Window};
+pub use options::{AttnOptions, Dropout, WeightsRequest};
+pub use reference::sdpa_reference;
+pub use shape::{AttnInput, AttnOutput, AttnShape, Weights};
+
+/// Scaled dot-product attention: the fast path.
+///
+/// # Shapes
+/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
+/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
+/// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`
+pub fn sdpa(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
+    sdpa_reference(input, options)
+}

@@ -1,0 +1,1 @@
+//! Multi-head attention module (filled in below).

@@ -1,0 +1,163 @@
+//! Options of an attention call, each with the semantics of `shared/golden/README.md`.
+
+use crate::{AttnError, AttnShape, BoolMask, Causal, FloatMask, KeyPadding, Window};
+
+/// Largest weights tensor an attention call will allocate (8 GiB of f32).
+pub const MAX_WEIGHTS_BYTES: u128 = 8 << 30;
+
+/// Which attention weights to return besides the output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum WeightsRequest {
+    /// No weights: the call pays nothing for them.
+    #[default]
+    None,
+    /// Every query row: `[batch, n_heads, seq_q, seq_kv]`.
+    All,
+    /// Only these query rows, in this order: `[batch, n_heads, rows.len(), seq_kv]`.
+    Rows(Vec<usize>),
+    /// Averaged over the heads: `[batch, seq_q, seq_kv]`.
+    HeadAverage,
+}
+
+/// Dropout on the attention weights, for training. Each weight is kept with probability `1 − p`
+/// and scaled by `1 / (1 − p)`. Whether weight `(b, h, i, j)` is dropped depends only on `seed`
+/// and its index, so any kernel (and a backward pass) replays the same mask.
+/// The weights an attention call returns are the softmax before dropout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    pub p: f32,
+    pub seed: u64,
+}
+
+impl Dropout {
+    /// Whether weight `(b, h, i, j)` survives: a SplitMix64 hash of the seed and the index.
+    pub fn keep(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
+        let mut x = self.seed;
+        for idx in [b, h, i, j] {
+            x = splitmix64(x ^ idx as u64);
+        }
+        // 24 random bits give a uniform value in [0, 1) exactly representable in f32.
+        let u = (x >> 40) as f32 / (1u64 << 24) as f32;
+        u >= self.p
+    }
+
+    /// The factor applied to kept weights.
+    pub fn scale(&self) -> f32 {
+        1.0 / (1.0 - self.p)
+    }
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Everything about an attention call except its inputs. `Default` is plain attention with
+/// scale `1/√head_dim` and no weights.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttnOptions {
+    /// Multiplies `q·k`; `None` means `1/√head_dim`.
+    pub scale: Option<f32>,
+    /// `score = c · tanh(score / c)` with `c = softcap`.
+    pub softcap: Option<f32>,
+    /// One slope per query head: `score -= slope_h · |i + o − j|`.
+    pub alibi: Option<Vec<f32>>,
+    /// Added to the scores.
+    pub float_mask: Option<FloatMask>,
+    pub causal: Option<Causal>,
+    pub window: Option<Window>,
+    /// `true` = may attend.
+    pub bool_mask: Option<BoolMask>,
+    /// `true` = a real key.
+    pub key_padding: Option<KeyPadding>,
+    pub dropout: Option<Dropout>,
+    pub weights: WeightsRequest,
+}
+
+impl AttnOptions {
+    /// The scale in effect for `shape`.
+    pub fn scale_for(&self, shape: &AttnShape) -> f32 {
+        self.scale.unwrap_or(1.0 / (shape.head_dim as f32).sqrt())
+    }
+
+    /// Checks every option against the call's shape. Both kernels call this first.
+    pub fn validate(&self, shape: &AttnShape) -> Result<(), AttnError> {
+        shape.validate()?;
+        if let Some(scale) = self.scale
+            && !scale.is_finite()
+        {
+            return Err(AttnError::InvalidOption {
+                option: "scale",
+                reason: format!("must be finite, got {scale}"),
+            });
+        }
+        if let Some(c) = self.softcap
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(AttnError::InvalidOption {
+                option: "softcap",
+                reason: format!("must be finite and > 0, got {c}"),
+            });
+        }
+        if let Some(slopes) = &self.alibi {
+            if slopes.len() != shape.n_heads {
+                return Err(AttnError::PerHeadLength {
+                    what: "alibi",
+                    expected: shape.n_heads,
+                    got: slopes.len(),
+                });
+            }
+            if let Some((index, &value)) = slopes.iter().enumerate().find(|(_, s)| !s.is_finite()) {
+                return Err(AttnError::NonFinite {
+                    tensor: "alibi",
+                    index,
+                    value,
+                });
+            }
+        }
+        if let Some(m) = &self.float_mask {
+            m.validate(shape)?;
+        }
+        if let Some(m) = &self.bool_mask {
+            m.validate(shape)?;
+        }
+        if let Some(kp) = &self.key_padding {
+            kp.validate(shape)?;
+        }
+        if let Some(d) = self.dropout
+            && !(0.0..1.0).contains(&d.p)
+        {
+            return Err(AttnError::InvalidOption {
+                option: "dropout",
+                reason: format!("p must be in [0, 1), got {}", d.p),
+            });
+        }
+        let weights_dims = match &self.weights {
+            WeightsRequest::None => None,
+            WeightsRequest::All => Some(shape.score_dims().to_vec()),
+            WeightsRequest::Rows(rows) => {
+                if let Some(&row) = rows.iter().find(|&&r| r >= shape.seq_q) {
+                    return Err(AttnError::RowOutOfRange {
+                        row,
+                        seq_q: shape.seq_q,
+                    });
+                }
+                Some(vec![shape.batch, shape.n_heads, rows.len(), shape.seq_kv])
+            }
+            WeightsRequest::HeadAverage => Some(vec![shape.batch, shape.seq_q, shape.seq_kv]),
+        };
+        if let Some(dims) = weights_dims {
+            let bytes = dims.iter().fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
+            if bytes > MAX_WEIGHTS_BYTES {
+                return Err(AttnError::TooLarge {
+                    what: "attention weights",
+                    shape: dims,
+                    bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+}

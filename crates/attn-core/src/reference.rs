@@ -1,0 +1,126 @@
+//! The reference twin: plain, readable attention, one query row at a time, every rule of
+//! `shared/golden/README.md` written out in order. The fast path is tested against it.
+
+use crate::mask::{diagonal_offset, key_range};
+use crate::{AttnError, AttnInput, AttnOptions, AttnOutput, Weights, WeightsRequest};
+
+/// Scaled dot-product attention, computed the plain way (O(seq_kv) scratch per row).
+///
+/// # Shapes
+/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
+/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
+/// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`,
+///   weights as [`WeightsRequest`] says.
+pub fn sdpa_reference(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
+    let sh = input.shape;
+    options.validate(&sh)?;
+    let (b_n, h_n, l_n, s_n, d, dv) = (sh.batch, sh.n_heads, sh.seq_q, sh.seq_kv, sh.head_dim, sh.value_dim);
+    let scale = options.scale_for(&sh);
+    let offset = diagonal_offset(options.causal, l_n, s_n);
+
+    let mut out = vec![0.0f32; b_n * h_n * l_n * dv];
+    let mut lse = vec![f32::NEG_INFINITY; b_n * h_n * l_n];
+    let mut all = vec![0.0f32; b_n * h_n * l_n * s_n];
+    let mut scores = vec![0.0f32; s_n];
+    let mut visible = vec![false; s_n];
+
+    for b in 0..b_n {
+        for h in 0..h_n {
+            let kvh = sh.kv_head(h);
+            let k_head = &input.k[(b * sh.n_kv_heads + kvh) * s_n * d..][..s_n * d];
+            let v_head = &input.v[(b * sh.n_kv_heads + kvh) * s_n * dv..][..s_n * dv];
+            for i in 0..l_n {
+                let row = (b * h_n + h) * l_n + i;
+                let q_row = &input.q[row * d..][..d];
+                let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
+                for j in 0..s_n {
+                    let k_row = &k_head[j * d..][..d];
+                    // 1. scale · q·k
+                    let mut s = scale * dot(q_row, k_row);
+                    // 2. softcap
+                    if let Some(c) = options.softcap {
+                        s = c * (s / c).tanh();
+                    }
+                    // 3. ALiBi: a linear penalty on the distance to the aligned diagonal.
+                    if let Some(slopes) = &options.alibi {
+                        let dist = (i as isize + offset - j as isize).unsigned_abs();
+                        s -= slopes[h] * dist as f32;
+                    }
+                    // 4. float mask
+                    if let Some(m) = &options.float_mask {
+                        s += m.at(b, h, i, j);
+                    }
+                    scores[j] = s;
+                    // 5. visibility
+                    visible[j] = j >= lo
+                        && j < hi
+                        && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
+                        && options.key_padding.as_ref().is_none_or(|kp| kp.is_real(b, j));
+                }
+                // 6. softmax over visible keys; -inf scores (from a float mask) weigh 0.
+                let max = (0..s_n)
+                    .filter(|&j| visible[j])
+                    .map(|j| scores[j])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                if max == f32::NEG_INFINITY {
+                    continue; // nothing visible: output 0, weights 0, lse -inf
+                }
+                let sum: f32 = (0..s_n).filter(|&j| visible[j]).map(|j| (scores[j] - max).exp()).sum();
+                lse[row] = max + sum.ln();
+                let w_row = &mut all[row * s_n..][..s_n];
+                for j in 0..s_n {
+                    w_row[j] = if visible[j] { (scores[j] - max).exp() / sum } else { 0.0 };
+                }
+                let o_row = &mut out[row * dv..][..dv];
+                for (j, &w) in w_row.iter().enumerate() {
+                    let w = match options.dropout {
+                        Some(drop) if drop.keep(b, h, i, j) => w * drop.scale(),
+                        Some(_) => 0.0,
+                        None => w,
+                    };
+                    if w != 0.0 {
+                        for (o, &x) in o_row.iter_mut().zip(&v_head[j * dv..][..dv]) {
+                            *o += w * x;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    let weights = match &options.weights {
+        WeightsRequest::None => None,
+        WeightsRequest::All => Some(Weights::All(all)),
+        WeightsRequest::Rows(rows) => {
+            let mut data = Vec::with_capacity(b_n * h_n * rows.len() * s_n);
+            for bh in 0..b_n * h_n {
+                for &i in rows {
+                    data.extend_from_slice(&all[(bh * l_n + i) * s_n..][..s_n]);
+                }
+            }
+            Some(Weights::Rows { rows: rows.clone(), data })
+        }
+        WeightsRequest::HeadAverage => Some(Weights::HeadAverage(head_average(&all, b_n, h_n, l_n * s_n))),
+    };
+    Ok(AttnOutput { out, lse, weights })
+}
+
+/// Averages `[batch, n_heads, rest]` over heads into `[batch, rest]`.
+pub fn head_average(all: &[f32], batch: usize, n_heads: usize, rest: usize) -> Vec<f32> {
+    let mut avg = vec![0.0f32; batch * rest];
+    for b in 0..batch {
+        let dst = &mut avg[b * rest..][..rest];
+        for h in 0..n_heads {
+            for (a, &w) in dst.iter_mut().zip(&all[(b * n_heads + h) * rest..][..rest]) {
+                *a += w;
+            }
+        }
+        dst.iter_mut().for_each(|a| *a /= n_heads as f32);
+    }
+    avg
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}

@@ -1,0 +1,191 @@
+//! The dimensions of an attention call, its inputs as slices, and its outputs.
+
+use crate::AttnError;
+
+/// The dimensions of one attention call. One vocabulary everywhere:
+/// `batch, n_heads, n_kv_heads, seq_q, seq_kv, head_dim, value_dim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub seq_q: usize,
+    pub seq_kv: usize,
+    pub head_dim: usize,
+    pub value_dim: usize,
+}
+
+impl AttnShape {
+    /// Plain multi-head attention: as many key/value heads as query heads, `value_dim == head_dim`.
+    pub fn new(batch: usize, n_heads: usize, seq_q: usize, seq_kv: usize, head_dim: usize) -> Self {
+        AttnShape {
+            batch,
+            n_heads,
+            n_kv_heads: n_heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            value_dim: head_dim,
+        }
+    }
+
+    /// How many query heads share one key/value head.
+    pub fn group_size(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+
+    /// The key/value head that query head `h` reads (PyTorch's `repeat_interleave` order).
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group_size()
+    }
+
+    pub fn q_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_heads, self.seq_q, self.head_dim]
+    }
+    pub fn k_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_kv_heads, self.seq_kv, self.head_dim]
+    }
+    pub fn v_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_kv_heads, self.seq_kv, self.value_dim]
+    }
+    pub fn out_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_heads, self.seq_q, self.value_dim]
+    }
+    /// The dims every mask broadcasts to: `[batch, n_heads, seq_q, seq_kv]`.
+    pub fn score_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_heads, self.seq_q, self.seq_kv]
+    }
+
+    /// Checks the head grouping; element counts are checked by [`AttnInput::new`].
+    pub fn validate(&self) -> Result<(), AttnError> {
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return Err(AttnError::HeadsNotDivisible {
+                n_heads: self.n_heads,
+                n_kv_heads: self.n_kv_heads,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Number of elements of a shape, or `None` on overflow.
+pub fn checked_numel(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+pub(crate) fn check_len(tensor: &'static str, dims: &[usize], got: usize) -> Result<(), AttnError> {
+    let expected = checked_numel(dims).ok_or_else(|| AttnError::TooLarge {
+        what: tensor,
+        shape: dims.to_vec(),
+        bytes: u128::MAX,
+    })?;
+    if expected != got {
+        return Err(AttnError::LengthMismatch {
+            tensor,
+            shape: dims.to_vec(),
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// Borrowed, contiguous, row-major f32 inputs of one attention call.
+///
+/// # Shapes
+/// - `q`: `[batch, n_heads, seq_q, head_dim]`
+/// - `k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+/// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
+#[derive(Debug, Clone, Copy)]
+pub struct AttnInput<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub shape: AttnShape,
+}
+
+impl<'a> AttnInput<'a> {
+    /// Checks the head grouping and every slice's length against `shape`.
+    pub fn new(q: &'a [f32], k: &'a [f32], v: &'a [f32], shape: AttnShape) -> Result<Self, AttnError> {
+        shape.validate()?;
+        check_len("q", &shape.q_dims(), q.len())?;
+        check_len("k", &shape.k_dims(), k.len())?;
+        check_len("v", &shape.v_dims(), v.len())?;
+        Ok(AttnInput { q, k, v, shape })
+    }
+
+    /// Builds the input from tensors given with their own dims, checking that they agree:
+    /// q `[B, Hq, L, d]`, k `[B, Hkv, S, d]`, v `[B, Hkv, S, dv]`.
+    pub fn from_dims(
+        q: (&'a [f32], &[usize]),
+        k: (&'a [f32], &[usize]),
+        v: (&'a [f32], &[usize]),
+    ) -> Result<Self, AttnError> {
+        let rank4 = |tensor: &'static str, dims: &[usize]| -> Result<[usize; 4], AttnError> {
+            <[usize; 4]>::try_from(dims).map_err(|_| AttnError::ShapeMismatch {
+                tensor,
+                expected: vec![0; 4],
+                got: dims.to_vec(),
+            })
+        };
+        let [b, hq, l, d] = rank4("q", q.1)?;
+        let [kb, hkv, s, kd] = rank4("k", k.1)?;
+        let vdims = rank4("v", v.1)?;
+        if kb != b || kd != d {
+            return Err(AttnError::ShapeMismatch {
+                tensor: "k",
+                expected: vec![b, hkv, s, d],
+                got: k.1.to_vec(),
+            });
+        }
+        if vdims[0] != b || vdims[1] != hkv || vdims[2] != s {
+            return Err(AttnError::ShapeMismatch {
+                tensor: "v",
+                expected: vec![b, hkv, s, vdims[3]],
+                got: v.1.to_vec(),
+            });
+        }
+        let shape = AttnShape {
+            batch: b,
+            n_heads: hq,
+            n_kv_heads: hkv,
+            seq_q: l,
+            seq_kv: s,
+            head_dim: d,
+            value_dim: vdims[3],
+        };
+        Self::new(q.0, k.0, v.0, shape)
+    }
+}
+
+/// Attention weights, as asked for by [`crate::WeightsRequest`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weights {
+    /// Every row: `[batch, n_heads, seq_q, seq_kv]`.
+    All(Vec<f32>),
+    /// The chosen query rows, in the order asked: `[batch, n_heads, rows.len(), seq_kv]`.
+    Rows { rows: Vec<usize>, data: Vec<f32> },
+    /// Averaged over heads: `[batch, seq_q, seq_kv]`.
+    HeadAverage(Vec<f32>),
+}
+
+impl Weights {
+    /// The weights' values, whatever was asked for.
+    pub fn data(&self) -> &[f32] {
+        match self {
+            Weights::All(d) | Weights::HeadAverage(d) | Weights::Rows { data: d, .. } => d,
+        }
+    }
+}
+
+/// The result of an attention call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttnOutput {
+    /// `[batch, n_heads, seq_q, value_dim]`
+    pub out: Vec<f32>,
+    /// Natural-log sum of exp of the visible scores, `[batch, n_heads, seq_q]`; −∞ for a row that
+    /// sees no key.
+    pub lse: Vec<f32>,
+    /// Present when asked for.
+    pub weights: Option<Weights>,
+}

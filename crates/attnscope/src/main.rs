@@ -1,0 +1,78 @@
+//! `attnscope`: compute and see transformer attention. This binary only turns flags into calls
+//! to the `attn-core`, `attn-models` and `attn-viz` crates.
+
+mod cmd;
+
+use std::io::ErrorKind;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "attnscope", version, about = "Compute and see transformer attention")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one attention call saved as safetensors (the shared/golden/sdpa format).
+    Sdpa(cmd::sdpa::Args),
+    /// Walk through "The cat sat" (or your own matrices) step by step.
+    Walkthrough(cmd::walkthrough::Args),
+    /// Print a mask matrix: `mask causal 4`, `mask padding "The cat <PAD> <PAD>"`.
+    Mask(cmd::mask::Args),
+    /// Every layer's and head's attention of a real model, for one text (or a pair).
+    Attention(cmd::attention::Args),
+    /// Sentence embeddings of a real model.
+    Embed(cmd::embed::Args),
+    /// Which words a word attends to, as bars in the terminal.
+    Explain(cmd::explain::Args),
+    /// Draw the attention matrix as a PNG or SVG heatmap.
+    Heatmap(cmd::heatmap::Args),
+    /// Write a self-contained interactive HTML explorer.
+    Html(cmd::html::Args),
+    /// Serve the explorer as a local web app.
+    Serve(cmd::serve::Args),
+    /// Per-head statistics: entropy, [CLS]/[SEP] share, previous/next/self share, distance.
+    Heads(cmd::heads::Args),
+    /// Attention as a soft database lookup over real sentence embeddings.
+    Lookup(cmd::lookup::Args),
+    /// Benchmarks: attention kernels and model throughput.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sdpa(args) => cmd::sdpa::run(args),
+        Command::Walkthrough(args) => cmd::walkthrough::run(args),
+        Command::Mask(args) => cmd::mask::run(args),
+        Command::Attention(args) => cmd::attention::run(args),
+        Command::Embed(args) => cmd::embed::run(args),
+        Command::Explain(args) => cmd::explain::run(args),
+        Command::Heatmap(args) => cmd::heatmap::run(args),
+        Command::Html(args) => cmd::html::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::Heads(args) => cmd::heads::run(args),
+        Command::Lookup(args) => cmd::lookup::run(args),
+        Command::Bench(command) => cmd::bench::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Output piped into `head` closes early; that is not an error (ripgrep does the same).
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .any(|e| e.kind() == ErrorKind::BrokenPipe)
+}
