@@ -56,7 +56,9 @@ pub enum AttnError {
         value: f32,
     },
     /// The requested result would need more memory than is reasonable to allocate.
-    #[error("{what} would need {bytes} bytes ({shape:?} f32 values); ask for fewer rows or the head average")]
+    #[error(
+        "{what} would need {bytes} bytes ({shape:?} f32 values); ask for fewer rows or the head average"
+    )]
     TooLarge {
         what: &'static str,
         shape: Vec<usize>,

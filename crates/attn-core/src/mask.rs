@@ -182,7 +182,11 @@ pub struct KeyPadding {
 impl KeyPadding {
     pub fn from_vec(real: Vec<bool>, batch: usize, seq_kv: usize) -> Result<Self, AttnError> {
         crate::shape::check_len("key_padding", &[batch, seq_kv], real.len())?;
-        Ok(KeyPadding { real, batch, seq_kv })
+        Ok(KeyPadding {
+            real,
+            batch,
+            seq_kv,
+        })
     }
 
     /// From the number of real tokens in each sequence of the batch (the rest is padding).
@@ -241,15 +245,27 @@ mod tests {
     fn causal_alignments_differ_when_lengths_differ() {
         // 2 queries, 4 keys. Top-left: row 0 sees key 0, row 1 sees keys 0..=1.
         // Bottom-right (o = 2): row 0 sees keys 0..=2, row 1 sees all 4.
-        assert_eq!(causal_matrix(2, 4, Causal::TopLeft), vec![vec![1, 0, 0, 0], vec![1, 1, 0, 0]]);
-        assert_eq!(causal_matrix(2, 4, Causal::BottomRight), vec![vec![1, 1, 1, 0], vec![1, 1, 1, 1]]);
+        assert_eq!(
+            causal_matrix(2, 4, Causal::TopLeft),
+            vec![vec![1, 0, 0, 0], vec![1, 1, 0, 0]]
+        );
+        assert_eq!(
+            causal_matrix(2, 4, Causal::BottomRight),
+            vec![vec![1, 1, 1, 0], vec![1, 1, 1, 1]]
+        );
         // 3 queries, 1 key, bottom-right (o = -2): only the last query sees the key.
-        assert_eq!(causal_matrix(3, 1, Causal::BottomRight), vec![vec![0], vec![0], vec![1]]);
+        assert_eq!(
+            causal_matrix(3, 1, Causal::BottomRight),
+            vec![vec![0], vec![0], vec![1]]
+        );
     }
 
     #[test]
     fn window_is_relative_to_the_aligned_diagonal() {
-        let w = Some(Window { left: Some(1), right: Some(0) });
+        let w = Some(Window {
+            left: Some(1),
+            right: Some(0),
+        });
         // Row 2 of 5 with o = 0 sees keys 1..=2.
         assert_eq!(key_range(None, w, 0, 2, 5), (1, 3));
         // Row 0 sees key 0 only; the range never leaves 0..seq_kv.
@@ -263,7 +279,13 @@ mod tests {
         let ok = BoolMask::from_vec(vec![true; 2 * 4 * 5], &[2, 1, 4, 5]).unwrap();
         assert!(ok.validate(&shape).is_ok());
         let bad = BoolMask::from_vec(vec![true; 3 * 5], &[3, 5]).unwrap();
-        assert!(matches!(bad.validate(&shape), Err(AttnError::NotBroadcastable { .. })));
-        assert!(matches!(BoolMask::from_vec(vec![true; 3], &[2, 2]), Err(AttnError::LengthMismatch { .. })));
+        assert!(matches!(
+            bad.validate(&shape),
+            Err(AttnError::NotBroadcastable { .. })
+        ));
+        assert!(matches!(
+            BoolMask::from_vec(vec![true; 3], &[2, 2]),
+            Err(AttnError::LengthMismatch { .. })
+        ));
     }
 }

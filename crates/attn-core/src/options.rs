@@ -149,7 +149,9 @@ impl AttnOptions {
             WeightsRequest::HeadAverage => Some(vec![shape.batch, shape.seq_q, shape.seq_kv]),
         };
         if let Some(dims) = weights_dims {
-            let bytes = dims.iter().fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
+            let bytes = dims
+                .iter()
+                .fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
             if bytes > MAX_WEIGHTS_BYTES {
                 return Err(AttnError::TooLarge {
                     what: "attention weights",

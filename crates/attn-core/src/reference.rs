@@ -12,10 +12,20 @@ use crate::{AttnError, AttnInput, AttnOptions, AttnOutput, Weights, WeightsReque
 /// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
 /// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`,
 ///   weights as [`WeightsRequest`] says.
-pub fn sdpa_reference(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
+pub fn sdpa_reference(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+) -> Result<AttnOutput, AttnError> {
     let sh = input.shape;
     options.validate(&sh)?;
-    let (b_n, h_n, l_n, s_n, d, dv) = (sh.batch, sh.n_heads, sh.seq_q, sh.seq_kv, sh.head_dim, sh.value_dim);
+    let (b_n, h_n, l_n, s_n, d, dv) = (
+        sh.batch,
+        sh.n_heads,
+        sh.seq_q,
+        sh.seq_kv,
+        sh.head_dim,
+        sh.value_dim,
+    );
     let scale = options.scale_for(&sh);
     let offset = diagonal_offset(options.causal, l_n, s_n);
 
@@ -56,7 +66,10 @@ pub fn sdpa_reference(input: &AttnInput<'_>, options: &AttnOptions) -> Result<At
                     visible[j] = j >= lo
                         && j < hi
                         && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
-                        && options.key_padding.as_ref().is_none_or(|kp| kp.is_real(b, j));
+                        && options
+                            .key_padding
+                            .as_ref()
+                            .is_none_or(|kp| kp.is_real(b, j));
                 }
                 // 6. softmax over visible keys; -inf scores (from a float mask) weigh 0.
                 let max = (0..s_n)
@@ -66,11 +79,18 @@ pub fn sdpa_reference(input: &AttnInput<'_>, options: &AttnOptions) -> Result<At
                 if max == f32::NEG_INFINITY {
                     continue; // nothing visible: output 0, weights 0, lse -inf
                 }
-                let sum: f32 = (0..s_n).filter(|&j| visible[j]).map(|j| (scores[j] - max).exp()).sum();
+                let sum: f32 = (0..s_n)
+                    .filter(|&j| visible[j])
+                    .map(|j| (scores[j] - max).exp())
+                    .sum();
                 lse[row] = max + sum.ln();
                 let w_row = &mut all[row * s_n..][..s_n];
                 for j in 0..s_n {
-                    w_row[j] = if visible[j] { (scores[j] - max).exp() / sum } else { 0.0 };
+                    w_row[j] = if visible[j] {
+                        (scores[j] - max).exp() / sum
+                    } else {
+                        0.0
+                    };
                 }
                 let o_row = &mut out[row * dv..][..dv];
                 for (j, &w) in w_row.iter().enumerate() {
@@ -99,9 +119,17 @@ pub fn sdpa_reference(input: &AttnInput<'_>, options: &AttnOptions) -> Result<At
                     data.extend_from_slice(&all[(bh * l_n + i) * s_n..][..s_n]);
                 }
             }
-            Some(Weights::Rows { rows: rows.clone(), data })
+            Some(Weights::Rows {
+                rows: rows.clone(),
+                data,
+            })
         }
-        WeightsRequest::HeadAverage => Some(Weights::HeadAverage(head_average(&all, b_n, h_n, l_n * s_n))),
+        WeightsRequest::HeadAverage => Some(Weights::HeadAverage(head_average(
+            &all,
+            b_n,
+            h_n,
+            l_n * s_n,
+        ))),
     };
     Ok(AttnOutput { out, lse, weights })
 }

@@ -106,7 +106,12 @@ pub struct AttnInput<'a> {
 
 impl<'a> AttnInput<'a> {
     /// Checks the head grouping and every slice's length against `shape`.
-    pub fn new(q: &'a [f32], k: &'a [f32], v: &'a [f32], shape: AttnShape) -> Result<Self, AttnError> {
+    pub fn new(
+        q: &'a [f32],
+        k: &'a [f32],
+        v: &'a [f32],
+        shape: AttnShape,
+    ) -> Result<Self, AttnError> {
         shape.validate()?;
         check_len("q", &shape.q_dims(), q.len())?;
         check_len("k", &shape.k_dims(), k.len())?;
