@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace on a fresh machine: installs what the tests need first.
+#  - Chromium and ChromeDriver (Debian packages) for the web app's end-to-end tests;
+#  - the default model (all-MiniLM-L6-v2) is fetched into the cache by attnscope itself on first use.
+# The golden reference files are read in place from ../shared next to the checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    echo "installing chromium and chromium-driver (needed by the web app's browser tests)" >&2
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+
+if [ ! -d ../shared/golden ]; then
+    echo "error: ../shared/golden (the reference vectors) is missing next to this checkout" >&2
+    exit 1
+fi
+
+cargo test --workspace "$@"
