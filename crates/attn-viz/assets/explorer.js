@@ -1,0 +1,527 @@
+// attnscope explorer: head view, model view, heatmap and neuron view of one text's attention.
+// Plain JS and canvas, no network: the data comes from the page's JSON element ("file" mode) or
+// from POST /api/attention ("app" mode). Every token reaches the DOM through textContent only.
+"use strict";
+
+(function () {
+  const FORMAT = 1;
+  const ROW = 18; // head-view row height in px, matches .tok in the CSS
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3b4cc0", "#b40426"];
+  const BUCKETS = 25; // line opacities are drawn in this many steps
+  const mode = document.body.dataset.mode;
+  const $ = (id) => document.getElementById(id);
+
+  // S: everything the views draw from. W is [L, H, T, T] weights * scale, row = query.
+  const S = { data: null, W: null, T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
+    filter: "all", view: "head", neuron: new Map(), neuronLayers: [], renderId: 0 };
+
+  function setState(state) { document.body.dataset.state = state; }
+
+  function showError(message) {
+    const box = $("error");
+    box.textContent = message;
+    box.hidden = false;
+    setState("error");
+  }
+
+  function clearError() { $("error").hidden = true; $("error").textContent = ""; }
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // ---- unpacking (see payload.rs) ----
+  async function inflate(b64) {
+    const bin = atob(b64);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Uint8Array(await new Response(stream).arrayBuffer());
+  }
+
+  // LEB128 varints, one per weight.
+  function decodeWeights(bytes, n) {
+    const out = new Uint16Array(n);
+    let i = 0, k = 0;
+    while (i < bytes.length && k < n) {
+      const b = bytes[i++];
+      out[k++] = b < 128 ? b : (b & 127) | (bytes[i++] << 7);
+    }
+    if (k !== n || i !== bytes.length) throw new Error("weights are corrupt: expected " + n + " values");
+    return out;
+  }
+
+  function halfToFloat(h) {
+    const sign = h & 0x8000 ? -1 : 1, exp = (h >> 10) & 31, frac = h & 1023;
+    if (exp === 0) return sign * frac * Math.pow(2, -24);
+    if (exp === 31) return frac ? NaN : sign * Infinity;
+    return sign * (1 + frac / 1024) * Math.pow(2, exp - 15);
+  }
+
+  function decodeHalves(bytes) {
+    const out = new Float32Array(bytes.length >> 1);
+    for (let i = 0; i < out.length; i++) out[i] = halfToFloat(bytes[2 * i] | (bytes[2 * i + 1] << 8));
+    return out;
+  }
+
+  async function load(data) {
+    if (!data || data.format !== FORMAT) throw new Error("this page cannot read data format " + (data && data.format));
+    const T = data.tokens.length, L = data.n_layers, H = data.n_heads;
+    const W = decodeWeights(await inflate(data.weights), L * H * T * T);
+    const neuron = new Map();
+    if (data.neuron) {
+      const q = decodeHalves(await inflate(data.neuron.q));
+      const k = decodeHalves(await inflate(data.neuron.k));
+      const per = H * T * data.neuron.head_dim;
+      data.neuron.layers.forEach((layer, n) => {
+        neuron.set(layer, { q: q.subarray(n * per, (n + 1) * per), k: k.subarray(n * per, (n + 1) * per) });
+      });
+    }
+    const keepLayer = S.data && S.L === L ? S.layer : (data.neuron ? data.neuron.layers[0] : L - 1);
+    Object.assign(S, { data, W, T, L, H, scale: data.weight_scale, neuron,
+      neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
+    if (S.heads.length !== H) S.heads = new Array(H).fill(true);
+    if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
+    buildControls();
+    await render();
+  }
+
+  // ---- helpers shared by the views ----
+  function headColour(h) { return h < PALETTE.length ? PALETTE[h] : "hsl(" + ((h * 47) % 360) + ",60%,45%)"; }
+
+  function tokenLabel(t) { return t.text.replace(/^\u0120/, " ").replace(/\u010a/g, "\\n"); }
+
+  function weight(layer, head, i, j) { return S.W[((layer * S.H + head) * S.T + i) * S.T + j] / S.scale; }
+
+  // Which (query, key) pairs the A/B filter keeps.
+  function filterPass(i, j) {
+    if (S.filter === "all") return true;
+    const seg = S.data.tokens;
+    return seg[i].segment === (S.filter[0] === "A" ? 0 : 1) && seg[j].segment === (S.filter[1] === "A" ? 0 : 1);
+  }
+
+  // Lines from queries (x0) to keys (x1), opacity = weight, one colour per head; `only` limits
+  // them to one query ({side: "left"}) or one key ({side: "right"}).
+  function drawLines(ctx, layer, heads, geometry, only, minWeight) {
+    const { x0, x1, y0, step } = geometry;
+    const T = S.T, minQ = Math.max(1, Math.round(minWeight * S.scale));
+    for (const h of heads) {
+      const paths = Array.from({ length: BUCKETS }, () => new Path2D());
+      const used = new Array(BUCKETS).fill(false);
+      const base = (layer * S.H + h) * T * T;
+      const iFrom = only && only.side === "left" ? only.index : 0;
+      const iTo = only && only.side === "left" ? only.index + 1 : T;
+      for (let i = iFrom; i < iTo; i++) {
+        const jFrom = only && only.side === "right" ? only.index : 0;
+        const jTo = only && only.side === "right" ? only.index + 1 : T;
+        for (let j = jFrom; j < jTo; j++) {
+          const q = S.W[base + i * T + j];
+          if (q < minQ || !filterPass(i, j)) continue;
+          const b = Math.min(BUCKETS - 1, Math.floor((q / S.scale) * BUCKETS));
+          paths[b].moveTo(x0, y0 + (i + 0.5) * step);
+          paths[b].lineTo(x1, y0 + (j + 0.5) * step);
+          used[b] = true;
+        }
+      }
+      ctx.strokeStyle = headColour(h);
+      for (let b = 0; b < BUCKETS; b++) {
+        if (!used[b]) continue;
+        ctx.globalAlpha = (b + 0.5) / BUCKETS;
+        ctx.stroke(paths[b]);
+      }
+    }
+    ctx.globalAlpha = 1;
+  }
+
+  function sizedCanvas(canvas, width, height) {
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.max(1, Math.round(width * dpr));
+    canvas.height = Math.max(1, Math.round(height * dpr));
+    canvas.style.width = width + "px";
+    canvas.style.height = height + "px";
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    return ctx;
+  }
+
+  // ---- head view: tokens in two columns, hover one to isolate it ----
+  function buildHeadView(container, layerOf, headsOf) {
+    container.replaceChildren();
+    const view = el("div", "headview");
+    const left = el("div", "tokens left"), right = el("div", "tokens right");
+    const canvas = document.createElement("canvas");
+    S.data.tokens.forEach((t, i) => {
+      for (const [column, side] of [[left, "left"], [right, "right"]]) {
+        const tok = el("div", "tok" + (t.special ? " special" : "") + (t.segment === 1 ? " segB" : ""), tokenLabel(t));
+        tok.dataset.index = i;
+        tok.dataset.side = side;
+        column.appendChild(tok);
+      }
+    });
+    view.append(left, canvas, right);
+    container.appendChild(view);
+    let hover = null;
+    const draw = () => {
+      const ctx = sizedCanvas(canvas, 240, S.T * ROW);
+      const heads = headsOf();
+      drawLines(ctx, layerOf(), heads, { x0: 4, x1: 236, y0: 0, step: ROW }, hover, hover ? 0.001 : 0.005);
+      for (const tok of view.querySelectorAll(".tok.hover")) tok.classList.remove("hover");
+      if (hover) (hover.side === "left" ? left : right).children[hover.index].classList.add("hover");
+    };
+    view.addEventListener("mouseover", (event) => {
+      const tok = event.target.closest(".tok");
+      if (!tok) return;
+      hover = { side: tok.dataset.side, index: Number(tok.dataset.index) };
+      draw();
+    });
+    view.addEventListener("mouseleave", () => { hover = null; draw(); });
+    draw();
+    return draw;
+  }
+
+  function renderHead() {
+    buildHeadView($("view-head"), () => S.layer, () => S.heads.flatMap((on, h) => (on ? [h] : [])));
+  }
+
+  // ---- model view: every layer and head as a thumbnail, click one to enlarge it ----
+  async function renderModel(renderId) {
+    const box = $("view-model");
+    box.replaceChildren();
+    const grid = el("div", "modelgrid");
+    grid.style.gridTemplateColumns = "auto repeat(" + S.H + ", 82px)";
+    grid.appendChild(el("span", "label", ""));
+    for (let h = 0; h < S.H; h++) grid.appendChild(el("span", "label", "head " + h));
+    box.appendChild(grid);
+    const size = 80, pad = 4;
+    for (let layer = 0; layer < S.L; layer++) {
+      grid.appendChild(el("span", "label", "layer " + layer));
+      for (let h = 0; h < S.H; h++) {
+        const canvas = document.createElement("canvas");
+        canvas.title = "Layer " + layer + ", head " + h + ": click to enlarge";
+        canvas.dataset.layer = layer;
+        canvas.dataset.head = h;
+        const ctx = sizedCanvas(canvas, size, size);
+        ctx.lineWidth = 0.7;
+        drawLines(ctx, layer, [h], { x0: pad + 6, x1: size - pad - 6, y0: pad, step: (size - 2 * pad) / S.T }, null, 0.01);
+        grid.appendChild(canvas);
+      }
+      // Let the browser paint between layers; stop if a newer render started.
+      await new Promise((resolve) => requestAnimationFrame(resolve));
+      if (renderId !== S.renderId) return;
+    }
+    grid.addEventListener("click", (event) => {
+      const canvas = event.target.closest("canvas");
+      if (canvas) enlarge(Number(canvas.dataset.layer), Number(canvas.dataset.head));
+    });
+  }
+
+  function enlarge(layer, head) {
+    $("overlay-title").textContent = "Layer " + layer + ", head " + head;
+    $("overlay").hidden = false;
+    buildHeadView($("overlay-body"), () => layer, () => [head]);
+  }
+
+  // ---- heatmap: the weight matrix with token labels ----
+  function renderHeatmap() {
+    const select = $("heatmap-head");
+    const choice = select.value === "" ? "mean" : select.value;
+    const rows = [], cols = [];
+    for (let i = 0; i < S.T; i++) {
+      if (S.filter === "all" || S.data.tokens[i].segment === (S.filter[0] === "A" ? 0 : 1)) rows.push(i);
+      if (S.filter === "all" || S.data.tokens[i].segment === (S.filter[1] === "A" ? 0 : 1)) cols.push(i);
+    }
+    const heads = choice === "mean" ? [...Array(S.H).keys()] : [Number(choice)];
+    const values = new Float32Array(rows.length * cols.length);
+    let max = 0;
+    rows.forEach((i, r) => cols.forEach((j, c) => {
+      let sum = 0;
+      for (const h of heads) sum += weight(S.layer, h, i, j);
+      const v = sum / heads.length;
+      values[r * cols.length + c] = v;
+      if (v > max) max = v;
+    }));
+    const n = Math.max(rows.length, cols.length);
+    const cell = Math.max(1, Math.min(24, Math.floor(720 / n)));
+    const labels = cell >= 8;
+    const font = Math.min(12, cell - 1) + "px ui-monospace, Menlo, Consolas, monospace";
+    const canvas = $("heatmap-canvas");
+    const probe = canvas.getContext("2d");
+    probe.font = font;
+    const labelWidth = (list) => (labels ? Math.ceil(Math.max(0, ...list.map((i) => probe.measureText(tokenLabel(S.data.tokens[i])).width))) + 8 : 4);
+    const left = labelWidth(rows), top = labelWidth(cols), barW = 60;
+    const width = left + cols.length * cell + barW, height = top + rows.length * cell + 4;
+    const ctx = sizedCanvas(canvas, width, height);
+    ctx.font = font;
+    const colour = (v) => {
+      const t = max > 0 ? v / max : 0; // white -> deep blue, like seaborn's "Blues"
+      return [Math.round(247 - t * 239), Math.round(251 - t * 203), Math.round(255 - t * 148)];
+    };
+    const image = ctx.createImageData(cols.length, rows.length);
+    values.forEach((v, k) => {
+      const [r, g, b] = colour(v);
+      image.data.set([r, g, b, 255], 4 * k);
+    });
+    const bitmap = document.createElement("canvas");
+    bitmap.width = cols.length;
+    bitmap.height = rows.length;
+    bitmap.getContext("2d").putImageData(image, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(bitmap, left, top, cols.length * cell, rows.length * cell);
+    ctx.fillStyle = "#1d2330";
+    if (labels) {
+      ctx.textBaseline = "middle";
+      ctx.textAlign = "right";
+      rows.forEach((i, r) => ctx.fillText(tokenLabel(S.data.tokens[i]), left - 4, top + (r + 0.5) * cell));
+      ctx.save();
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = "left";
+      cols.forEach((j, c) => ctx.fillText(tokenLabel(S.data.tokens[j]), -top + 4, left + (c + 0.5) * cell));
+      ctx.restore();
+    }
+    // Colour bar from 0 to the largest weight shown.
+    const barX = left + cols.length * cell + 14, barH = Math.max(40, rows.length * cell);
+    for (let y = 0; y < barH; y++) {
+      const [r, g, b] = colour(max * (1 - y / barH));
+      ctx.fillStyle = "rgb(" + r + "," + g + "," + b + ")";
+      ctx.fillRect(barX, top + y, 12, 1);
+    }
+    ctx.fillStyle = "#1d2330";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillText(max.toFixed(3), barX + 15, top);
+    ctx.textBaseline = "bottom";
+    ctx.fillText("0", barX + 15, top + barH);
+    canvas.onmousemove = (event) => {
+      const box = canvas.getBoundingClientRect();
+      const c = Math.floor((event.clientX - box.left - left) / cell), r = Math.floor((event.clientY - box.top - top) / cell);
+      if (r < 0 || c < 0 || r >= rows.length || c >= cols.length) return;
+      const q = S.data.tokens[rows[r]], k = S.data.tokens[cols[c]];
+      $("heatmap-readout").textContent = "query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
+        JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " + values[r * cols.length + c].toFixed(3);
+    };
+  }
+
+  // ---- neuron view: q, each k, q·k, scaled, softmax for one query ----
+  function strip(values, maxAbs, cell) {
+    const canvas = document.createElement("canvas");
+    const ctx = sizedCanvas(canvas, values.length * cell, 12);
+    values.forEach((v, d) => {
+      const t = maxAbs > 0 ? Math.min(1, Math.abs(v) / maxAbs) : 0; // orange > 0, blue < 0
+      ctx.fillStyle = v >= 0 ? "rgba(230,120,20," + t + ")" : "rgba(40,90,200," + t + ")";
+      ctx.fillRect(d * cell, 0, cell, 12);
+    });
+    return canvas;
+  }
+
+  async function renderNeuron() {
+    const body = $("view-neuron").querySelector("#neuron-body");
+    body.replaceChildren();
+    if (!S.data.neuron) {
+      body.appendChild(el("p", "muted", "This data has no queries and keys, so the neuron view is not available."));
+      return;
+    }
+    let qk = S.neuron.get(S.layer);
+    if (!qk) {
+      if (mode === "app") {
+        body.appendChild(el("p", "muted", "Loading queries and keys of layer " + S.layer + "…"));
+        await request(S.data.text, S.data.pair, S.layer);
+        return;
+      }
+      body.appendChild(el("p", "muted", "Queries and keys of layer " + S.layer + " are not in this file (it holds layers " +
+        S.neuronLayers.join(", ") + "). Write the file with --neuron-layer " + S.layer + " to see them."));
+      return;
+    }
+    const n = S.data.neuron, d = n.head_dim, T = S.T;
+    const head = Number($("neuron-head").value || 0), i = Number($("neuron-query").value || 0);
+    const base = head * T * d;
+    const q = qk.q.subarray(base + i * d, base + (i + 1) * d);
+    const rows = [];
+    let maxAbs = 0, maxProd = 0;
+    for (const v of q) maxAbs = Math.max(maxAbs, Math.abs(v));
+    for (let j = 0; j < T; j++) {
+      const k = qk.k.subarray(base + j * d, base + (j + 1) * d);
+      const prod = Array.from(k, (v, x) => v * q[x]);
+      let dot = 0;
+      for (const p of prod) { dot += p; maxProd = Math.max(maxProd, Math.abs(p)); }
+      for (const v of k) maxAbs = Math.max(maxAbs, Math.abs(v));
+      rows.push({ j, k, prod, dot, score: dot * n.scale, visible: !n.causal || j <= i });
+    }
+    // Softmax over the visible keys, shifted by the largest score.
+    const top = Math.max(...rows.filter((r) => r.visible).map((r) => r.score));
+    let total = 0;
+    for (const r of rows) { r.e = r.visible ? Math.exp(r.score - top) : 0; total += r.e; }
+    const cell = Math.max(2, Math.min(8, Math.floor(256 / d)));
+    const t = S.data.tokens[i];
+    const intro = el("p", "", "");
+    intro.append(el("span", "", "Query "), el("strong", "", JSON.stringify(tokenLabel(t))),
+      el("span", "", " (token " + i + "), layer " + S.layer + ", head " + head + ": "),
+      el("span", "formula", "score = (q · k) × " + n.scale.toPrecision(4) + ",  weight = softmax(score)" +
+        (n.causal ? " over keys up to the query" : "")));
+    const qLine = el("p", "", "");
+    qLine.append(el("span", "", "q = "), strip(q, maxAbs, cell));
+    body.append(intro, qLine);
+    const table = el("table", "neuron");
+    const header = el("tr");
+    for (const name of ["key", "k", "q ∘ k", "q · k", "× scale", "softmax", "model", ""]) header.appendChild(el("th", "", name));
+    table.appendChild(header);
+    for (const r of rows) {
+      const tr = el("tr");
+      const w = total > 0 ? r.e / total : 0;
+      tr.appendChild(el("td", "token", tokenLabel(S.data.tokens[r.j])));
+      for (const [values, scale] of [[r.k, maxAbs], [r.prod, maxProd]]) {
+        const td = el("td");
+        td.appendChild(strip(values, scale, cell));
+        tr.appendChild(td);
+      }
+      if (r.visible) {
+        for (const text of [r.dot.toFixed(3), r.score.toFixed(3), w.toFixed(3)]) tr.appendChild(el("td", "", text));
+      } else {
+        tr.appendChild(el("td", "masked", "masked"));
+        tr.appendChild(el("td", "masked", "−∞"));
+        tr.appendChild(el("td", "masked", "0.000"));
+      }
+      tr.appendChild(el("td", "", weight(S.layer, head, i, r.j).toFixed(3)));
+      const barCell = el("td");
+      const bar = el("span", "bar");
+      bar.style.width = Math.round(w * 120) + "px";
+      barCell.appendChild(bar);
+      tr.appendChild(barCell);
+      table.appendChild(tr);
+    }
+    body.appendChild(table);
+    body.appendChild(el("p", "muted", "softmax: from the queries and keys (stored as half floats); model: the model's own weight, to 3 decimals."));
+  }
+
+  // ---- controls ----
+  function fillSelect(select, options, value) {
+    select.replaceChildren();
+    for (const [v, text] of options) {
+      const option = el("option", "", text);
+      option.value = v;
+      select.appendChild(option);
+    }
+    select.value = String(value);
+  }
+
+  function buildControls() {
+    $("controls").hidden = false;
+    const summary = S.data.model + " · " + S.T + " tokens · " + S.L + " layers × " + S.H + " heads · " +
+      JSON.stringify(S.data.text) + (S.data.pair !== null ? " + " + JSON.stringify(S.data.pair) : "");
+    $("summary").textContent = summary;
+    document.title = "attnscope: " + S.data.text.slice(0, 60);
+    fillSelect($("layer"), [...Array(S.L).keys()].map((l) => [l, String(l)]), S.layer);
+    const hasPair = S.data.tokens.some((t) => t.segment === 1);
+    $("filter-control").hidden = !hasPair;
+    $("filter").value = S.filter;
+    const keepHead = $("heatmap-head").value || "mean";
+    fillSelect($("heatmap-head"), [["mean", "mean of heads"], ...[...Array(S.H).keys()].map((h) => [h, String(h)])],
+      Number(keepHead) < S.H || keepHead === "mean" ? keepHead : "mean");
+    fillSelect($("neuron-head"), [...Array(S.H).keys()].map((h) => [h, String(h)]), Math.min(Number($("neuron-head").value || 0), S.H - 1));
+    fillSelect($("neuron-query"), S.data.tokens.map((t, i) => [i, i + ": " + tokenLabel(t)]), Math.min(Number($("neuron-query").value || 0), S.T - 1));
+    const toggles = $("head-toggles");
+    toggles.replaceChildren(el("span", "muted", "Heads"));
+    for (let h = 0; h < S.H; h++) {
+      const button = el("button", S.heads[h] ? "" : "off", String(h));
+      button.type = "button";
+      button.style.background = headColour(h);
+      button.title = "Show or hide head " + h + " (double-click: only this head)";
+      button.addEventListener("click", () => { S.heads[h] = !S.heads[h]; buildControls(); render(); });
+      button.addEventListener("dblclick", () => { S.heads = S.heads.map((_, k) => k === h); buildControls(); render(); });
+      toggles.appendChild(button);
+    }
+    const all = el("button", "all", "all");
+    all.type = "button";
+    all.addEventListener("click", () => { S.heads.fill(true); buildControls(); render(); });
+    toggles.appendChild(all);
+    toggles.hidden = S.view !== "head";
+  }
+
+  async function render() {
+    const renderId = ++S.renderId;
+    setState("rendering");
+    for (const button of document.querySelectorAll("#tabs button")) button.classList.toggle("active", button.dataset.view === S.view);
+    for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
+    $("head-toggles").hidden = S.view !== "head";
+    try {
+      if (S.view === "head") renderHead();
+      else if (S.view === "model") await renderModel(renderId);
+      else if (S.view === "heatmap") renderHeatmap();
+      else await renderNeuron();
+    } catch (error) {
+      showError("Could not draw the " + S.view + " view: " + error.message);
+      return;
+    }
+    if (renderId === S.renderId && document.body.dataset.state !== "error") setState("ready");
+  }
+
+  function wireControls() {
+    for (const button of document.querySelectorAll("#tabs button")) {
+      button.addEventListener("click", () => { S.view = button.dataset.view; if (S.data) render(); });
+    }
+    $("layer").addEventListener("change", () => { S.layer = Number($("layer").value); render(); });
+    $("filter").addEventListener("change", () => { S.filter = $("filter").value; render(); });
+    for (const id of ["heatmap-head", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
+    $("overlay-close").addEventListener("click", () => { $("overlay").hidden = true; $("overlay-body").replaceChildren(); });
+    $("overlay").addEventListener("click", (event) => { if (event.target === $("overlay")) $("overlay-close").click(); });
+  }
+
+  // ---- app mode: ask the server ----
+  async function request(text, pair, neuronLayer) {
+    clearError();
+    setState("loading");
+    $("input-submit").disabled = true;
+    try {
+      const response = await fetch("/api/attention", {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ text, pair: pair || null, neuron_layer: neuronLayer }),
+      });
+      const body = await response.text();
+      let json = null;
+      try { json = JSON.parse(body); } catch (_) { json = null; }
+      if (!response.ok) {
+        showError(json && json.error ? json.error : "The server answered " + response.status + ": " + body.slice(0, 300));
+        return;
+      }
+      await load(json);
+    } catch (error) {
+      showError("Could not get attention from the server: " + error.message);
+    } finally {
+      $("input-submit").disabled = false;
+    }
+  }
+
+  async function start() {
+    wireControls();
+    const params = new URLSearchParams(location.search);
+    if (["head", "model", "heatmap", "neuron"].includes(params.get("view"))) S.view = params.get("view");
+    if (mode === "app") {
+      const form = $("input-form");
+      form.hidden = false;
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        request($("input-text").value, $("input-pair").value, S.data ? S.layer : null);
+      });
+      if (params.has("text")) {
+        $("input-text").value = params.get("text");
+        $("input-pair").value = params.get("pair") || "";
+        await request(params.get("text"), params.get("pair"), null);
+      } else {
+        setState("idle");
+      }
+      return;
+    }
+    try {
+      await load(JSON.parse($("attnscope-data").textContent));
+    } catch (error) {
+      showError("Could not read this page's data: " + error.message);
+    }
+  }
+
+  start();
+})();

@@ -1,0 +1,227 @@
+//! The interactive explorer: one self-contained HTML page (no CDN, no network request) with a
+//! head view, a model view, a heatmap and a neuron view, in the manner of bertviz
+//! (Vig 2019, <https://arxiv.org/abs/1906.05714>), written in plain JS, SVG and canvas.
+//!
+//! The same page serves two uses: [`standalone_page`] embeds one text's data for `attnscope html`,
+//! and [`app_page`] carries no data but a form that posts to `POST /api/attention`, whose answer
+//! is [`payload_json`], for `attnscope serve`.
+//!
+//! User text reaches the page only as JSON inside `<script type="application/json">`, escaped by
+//! [`script_json`] so that no `</script>` or `<!--` can end the element, and the page inserts
+//! every token with `textContent`, never as markup.
+
+mod payload;
+
+pub use payload::{FORMAT, PageOptions, QueryKeys, WEIGHT_SCALE, payload_json};
+
+use crate::{AttentionMaps, VizError};
+
+const TEMPLATE: &str = include_str!("../../assets/explorer.html");
+const STYLE: &str = include_str!("../../assets/explorer.css");
+const SCRIPT: &str = include_str!("../../assets/explorer.js");
+
+/// What can go wrong turning attention into a page: the maps' own checks ([`VizError`]) or the
+/// queries and keys of the neuron view.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HtmlError {
+    #[error(transparent)]
+    Maps(#[from] VizError),
+    #[error(
+        "{tensor} has {got} values, expected [{n_layers}, {n_heads}, {n_tokens}, {head_dim}] (layers, heads, tokens, head_dim > 0)"
+    )]
+    QueryKeysShape {
+        tensor: &'static str,
+        n_layers: usize,
+        n_heads: usize,
+        n_tokens: usize,
+        head_dim: usize,
+        got: usize,
+    },
+    #[error("{tensor}[{index}] is {value}; queries and keys must be finite")]
+    NonFiniteQueryKey {
+        tensor: &'static str,
+        index: usize,
+        value: f32,
+    },
+    #[error("softmax scale {scale} must be finite and positive")]
+    BadScale { scale: f32 },
+    #[error("could not encode the {what}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Escapes JSON for the inside of a `<script>` element: `<`, `>` and `&` become `\u003c`,
+/// `\u003e` and `\u0026`, and U+2028/U+2029 become `\u2028`/`\u2029`.
+///
+/// Valid for JSON text only: these characters can occur in JSON only inside strings, where the
+/// escapes decode to the same characters, so `JSON.parse` returns exactly the original value.
+pub fn script_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The explorer for one text as a single self-contained HTML file.
+///
+/// # Shapes
+/// - `maps.weights`: `[n_layers, n_heads, T, T]`
+/// - `qk.q`, `qk.k`: `[n_layers, n_heads, T, head_dim]`
+pub fn standalone_page(
+    maps: &AttentionMaps,
+    qk: Option<&QueryKeys>,
+    options: &PageOptions,
+) -> Result<String, HtmlError> {
+    let json = payload_json(maps, qk, options)?;
+    Ok(render("file", &script_json(&json)))
+}
+
+/// The explorer for `attnscope serve`: no data, a form that asks `POST /api/attention`.
+pub fn app_page() -> String {
+    render("app", "null")
+}
+
+/// Fills the template. The data goes in last and in one piece, so nothing in it is ever
+/// searched for placeholders.
+fn render(mode: &str, data: &str) -> String {
+    let (head, rest) = split(TEMPLATE, "{{STYLE}}");
+    let (middle, rest) = split(rest, "{{MODE}}");
+    let (before_data, rest) = split(rest, "{{DATA}}");
+    let (before_script, tail) = split(rest, "{{SCRIPT}}");
+    let mut page = String::with_capacity(TEMPLATE.len() + STYLE.len() + SCRIPT.len() + data.len());
+    for piece in [
+        head,
+        STYLE,
+        middle,
+        mode,
+        before_data,
+        data,
+        before_script,
+        SCRIPT,
+        tail,
+    ] {
+        page.push_str(piece);
+    }
+    page
+}
+
+/// Splits the (compile-time) template at a marker it contains exactly once (checked by tests).
+fn split<'a>(text: &'a str, marker: &str) -> (&'a str, &'a str) {
+    text.split_once(marker).unwrap_or((text, ""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Token;
+
+    fn maps(text: &str, tokens: &[&str]) -> AttentionMaps {
+        let n = tokens.len();
+        AttentionMaps {
+            model: "hand-made <b>model</b>".into(),
+            text: text.into(),
+            pair: None,
+            tokens: tokens
+                .iter()
+                .map(|t| Token {
+                    text: t.to_string(),
+                    id: 0,
+                    span: None,
+                    segment: 0,
+                    special: false,
+                })
+                .collect(),
+            n_layers: 1,
+            n_heads: 1,
+            // Uniform rows: each of the n keys gets 1/n.
+            weights: vec![1.0 / n as f32; n * n],
+        }
+    }
+
+    /// The JSON inside `<script id="attnscope-data" ...>...</script>`.
+    fn embedded_json(page: &str) -> &str {
+        let start = page.find("id=\"attnscope-data\"").unwrap();
+        let open = start + page[start..].find('>').unwrap() + 1;
+        let close = open + page[open..].find("</script>").unwrap();
+        &page[open..close]
+    }
+
+    #[test]
+    fn markers_appear_once_in_the_template() {
+        for marker in ["{{STYLE}}", "{{MODE}}", "{{DATA}}", "{{SCRIPT}}"] {
+            assert_eq!(TEMPLATE.matches(marker).count(), 1, "{marker}");
+        }
+    }
+
+    #[test]
+    fn script_json_escapes_what_could_end_the_script() {
+        let json = serde_json::to_string("</script><!--&\u{2028}\u{2029}").unwrap();
+        let escaped = script_json(&json);
+        assert_eq!(
+            escaped,
+            r#""\u003c/script\u003e\u003c!--\u0026\u2028\u2029""#
+        );
+        let back: String = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(back, "</script><!--&\u{2028}\u{2029}");
+    }
+
+    #[test]
+    fn hostile_text_stays_inside_the_data_element() {
+        let text = "</script><script>alert(1)</script><img src=x onerror=alert(1)>{{DATA}}";
+        let page = standalone_page(
+            &maps(
+                text,
+                &["</script>", "<img src=x onerror=alert(1)>", "{{SCRIPT}}"],
+            ),
+            None,
+            &PageOptions::default(),
+        )
+        .unwrap();
+        let json = embedded_json(&page);
+        assert!(!json.contains('<') && !json.contains('>'), "{json}");
+        let value: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(value["text"], text);
+        assert_eq!(value["tokens"][1]["text"], "<img src=x onerror=alert(1)>");
+        assert_eq!(value["model"], "hand-made <b>model</b>");
+        // The page has exactly the template's script elements: the data and the code.
+        assert_eq!(page.matches("<script").count(), 2);
+        assert_eq!(page.matches("</script>").count(), 2);
+        // The attribute text survives only inside the JSON string, never as markup.
+        assert!(!page.contains("<img"));
+    }
+
+    #[test]
+    fn page_is_self_contained() {
+        let page =
+            standalone_page(&maps("a b", &["a", "b"]), None, &PageOptions::default()).unwrap();
+        let lower = page.to_ascii_lowercase();
+        for attribute in ["src=", "href=", "url(", "@import", "fetch(\"http", "//cdn"] {
+            for scheme in ["\"http", "'http", "http://", "https://"] {
+                let probe = format!("{attribute}{scheme}");
+                assert!(!lower.contains(&probe), "page contains {probe}");
+            }
+        }
+        assert!(!lower.contains("http://") && !lower.contains("https://"));
+        assert!(page.contains("data-mode=\"file\""));
+    }
+
+    #[test]
+    fn app_page_has_the_form_and_no_data() {
+        let page = app_page();
+        assert!(page.contains("data-mode=\"app\""));
+        assert!(page.contains("id=\"input-form\""));
+        assert_eq!(embedded_json(&page), "null");
+    }
+}

@@ -1,0 +1,475 @@
+//! The data the explorer page receives, and how it is packed small enough for 512-token inputs.
+//!
+//! Weights are quantised to 3 decimals (integers 0..=1000), written as LEB128 varints (one byte
+//! below 128, two above), zlib-compressed and base64-encoded. Queries and keys for the neuron
+//! view are IEEE half floats, packed the same way, for as many layers as a byte budget allows.
+//! The page unpacks both with the browser's own `DecompressionStream("deflate")`, so nothing
+//! but the page itself is needed.
+
+use std::io::Write;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use flate2::Compression;
+use flate2::write::ZlibEncoder;
+use serde::Serialize;
+
+use super::HtmlError;
+use crate::AttentionMaps;
+
+/// Weights are sent as `round(weight * WEIGHT_SCALE)`: 3 decimals.
+pub const WEIGHT_SCALE: u16 = 1000;
+
+/// Version of the payload layout; the page refuses any other.
+pub const FORMAT: u32 = 1;
+
+/// Queries and keys after projection, for the neuron view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryKeys {
+    pub head_dim: usize,
+    /// The factor applied to q·k before the softmax (1/√head_dim for BERT and GPT-2).
+    pub scale: f32,
+    /// True when query i sees only keys j ≤ i (GPT-2); false when it sees every key (BERT).
+    pub causal: bool,
+    /// `[n_layers, n_heads, T, head_dim]`
+    pub q: Vec<f32>,
+    /// `[n_layers, n_heads, T, head_dim]`
+    pub k: Vec<f32>,
+}
+
+/// What goes into the page besides the attention itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PageOptions {
+    /// The neuron view's first layer: its queries and keys are always included.
+    pub neuron_layer: Option<usize>,
+    /// How many bytes of packed queries and keys (before compression) may be included; layers
+    /// after the first are added, nearest first, while they fit.
+    pub qk_budget_bytes: usize,
+}
+
+impl Default for PageOptions {
+    /// Budget for a file that stays well under 5 MB at 512 tokens (MiniLM: two layers).
+    fn default() -> Self {
+        Self {
+            neuron_layer: None,
+            qk_budget_bytes: 2 << 20,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Payload<'a> {
+    format: u32,
+    model: &'a str,
+    text: &'a str,
+    pair: Option<&'a str>,
+    tokens: Vec<PayloadToken<'a>>,
+    n_layers: usize,
+    n_heads: usize,
+    weight_scale: u16,
+    /// Packed `[n_layers, n_heads, T, T]`.
+    weights: String,
+    neuron: Option<Neuron>,
+}
+
+#[derive(Serialize)]
+struct PayloadToken<'a> {
+    text: &'a str,
+    segment: usize,
+    special: bool,
+}
+
+#[derive(Serialize)]
+struct Neuron {
+    head_dim: usize,
+    scale: f32,
+    causal: bool,
+    /// The layers whose queries and keys are included, in the order they are packed.
+    layers: Vec<usize>,
+    /// Packed half floats, `[layers.len(), n_heads, T, head_dim]`.
+    q: String,
+    /// Packed half floats, `[layers.len(), n_heads, T, head_dim]`.
+    k: String,
+}
+
+/// The JSON the page renders: tokens, packed weights and, when given, packed queries and keys.
+///
+/// # Shapes
+/// - `maps.weights`: `[n_layers, n_heads, T, T]`
+/// - `qk.q`, `qk.k`: `[n_layers, n_heads, T, head_dim]`
+pub fn payload_json(
+    maps: &AttentionMaps,
+    qk: Option<&QueryKeys>,
+    options: &PageOptions,
+) -> Result<String, HtmlError> {
+    maps.validate()?;
+    let n_tokens = maps.seq_len();
+    let neuron = match qk {
+        Some(qk) => Some(pack_neuron(maps, n_tokens, qk, options)?),
+        None => None,
+    };
+    let payload = Payload {
+        format: FORMAT,
+        model: &maps.model,
+        text: &maps.text,
+        pair: maps.pair.as_deref(),
+        tokens: maps
+            .tokens
+            .iter()
+            .map(|t| PayloadToken {
+                text: &t.text,
+                segment: t.segment,
+                special: t.special,
+            })
+            .collect(),
+        n_layers: maps.n_layers,
+        n_heads: maps.n_heads,
+        weight_scale: WEIGHT_SCALE,
+        weights: pack_weights(&maps.weights)?,
+        neuron,
+    };
+    serde_json::to_string(&payload).map_err(|source| HtmlError::Encode {
+        what: "payload JSON",
+        source: source.into(),
+    })
+}
+
+/// Quantises weights in `[0, 1]` to 3 decimals and packs them (see the module docs).
+fn pack_weights(weights: &[f32]) -> Result<String, HtmlError> {
+    let mut bytes = Vec::with_capacity(weights.len() + weights.len() / 8);
+    for &w in weights {
+        // Validated finite and not negative; rows sum to 1, and the clamp keeps rounding
+        // excess (1.0000001) at 1000.
+        let q = (w * f32::from(WEIGHT_SCALE))
+            .round()
+            .min(f32::from(WEIGHT_SCALE)) as u16;
+        push_varint(&mut bytes, q);
+    }
+    deflate_base64(&bytes, "weights")
+}
+
+/// LEB128 for values below 2^14: low 7 bits first, high bit set when another byte follows.
+fn push_varint(bytes: &mut Vec<u8>, value: u16) {
+    if value < 0x80 {
+        bytes.push(value as u8);
+    } else {
+        bytes.push(0x80 | (value & 0x7f) as u8);
+        bytes.push((value >> 7) as u8);
+    }
+}
+
+fn deflate_base64(bytes: &[u8], what: &'static str) -> Result<String, HtmlError> {
+    let mut encoder = ZlibEncoder::new(Vec::new(), Compression::fast());
+    encoder
+        .write_all(bytes)
+        .map_err(|source| HtmlError::Encode { what, source })?;
+    let compressed = encoder
+        .finish()
+        .map_err(|source| HtmlError::Encode { what, source })?;
+    Ok(BASE64.encode(compressed))
+}
+
+/// The layers whose queries and keys fit the budget: `first` always, then its neighbours,
+/// nearest first (below before above), while the packed bytes stay within the budget.
+fn neuron_layers(n_layers: usize, first: usize, layer_bytes: usize, budget: usize) -> Vec<usize> {
+    let mut layers = vec![first];
+    let mut used = layer_bytes;
+    for distance in 1..n_layers {
+        for layer in [first.checked_sub(distance), first.checked_add(distance)]
+            .into_iter()
+            .flatten()
+            .filter(|&l| l < n_layers)
+        {
+            if used.saturating_add(layer_bytes) > budget {
+                return layers;
+            }
+            used += layer_bytes;
+            layers.push(layer);
+        }
+    }
+    layers
+}
+
+fn pack_neuron(
+    maps: &AttentionMaps,
+    n_tokens: usize,
+    qk: &QueryKeys,
+    options: &PageOptions,
+) -> Result<Neuron, HtmlError> {
+    let per_layer = maps
+        .n_heads
+        .checked_mul(n_tokens)
+        .and_then(|n| n.checked_mul(qk.head_dim));
+    let expected = per_layer.and_then(|n| n.checked_mul(maps.n_layers));
+    for (tensor, got) in [("q", qk.q.len()), ("k", qk.k.len())] {
+        if qk.head_dim == 0 || expected != Some(got) {
+            return Err(HtmlError::QueryKeysShape {
+                tensor,
+                n_layers: maps.n_layers,
+                n_heads: maps.n_heads,
+                n_tokens,
+                head_dim: qk.head_dim,
+                got,
+            });
+        }
+    }
+    if !(qk.scale.is_finite() && qk.scale > 0.0) {
+        return Err(HtmlError::BadScale { scale: qk.scale });
+    }
+    for (tensor, values) in [("q", &qk.q), ("k", &qk.k)] {
+        if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+            return Err(HtmlError::NonFiniteQueryKey {
+                tensor,
+                index,
+                value: values[index],
+            });
+        }
+    }
+    let first = options.neuron_layer.unwrap_or(maps.n_layers - 1);
+    maps.check_layer(first)?;
+    // Validated above: the product exists, so the unwrap_or is never taken.
+    let per_layer = per_layer.unwrap_or(0);
+    let layers = neuron_layers(
+        maps.n_layers,
+        first,
+        per_layer.saturating_mul(4),
+        options.qk_budget_bytes,
+    );
+    let pack = |values: &[f32], what| {
+        let mut bytes = Vec::with_capacity(layers.len() * per_layer * 2);
+        for &layer in &layers {
+            for &v in &values[layer * per_layer..(layer + 1) * per_layer] {
+                bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        deflate_base64(&bytes, what)
+    };
+    Ok(Neuron {
+        head_dim: qk.head_dim,
+        scale: qk.scale,
+        causal: qk.causal,
+        q: pack(&qk.q, "queries")?,
+        k: pack(&qk.k, "keys")?,
+        layers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use flate2::read::ZlibDecoder;
+
+    use super::*;
+    use crate::{Token, VizError};
+
+    fn token(text: &str, segment: usize) -> Token {
+        Token {
+            text: text.to_string(),
+            id: 0,
+            span: None,
+            segment,
+            special: false,
+        }
+    }
+
+    /// 2 layers, 1 head, 2 tokens.
+    fn maps() -> AttentionMaps {
+        AttentionMaps {
+            model: "hand-made".into(),
+            text: "a b".into(),
+            pair: None,
+            tokens: vec![token("a", 0), token("b", 0)],
+            n_layers: 2,
+            n_heads: 1,
+            weights: vec![1.0, 0.0, 0.25, 0.75, 0.1234, 0.8766, 0.5, 0.5],
+        }
+    }
+
+    fn unpack(b64: &str) -> Vec<u8> {
+        let compressed = BASE64.decode(b64).unwrap();
+        let mut out = Vec::new();
+        ZlibDecoder::new(&compressed[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        out
+    }
+
+    fn decode_varints(bytes: &[u8]) -> Vec<u16> {
+        let mut values = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] < 0x80 {
+                values.push(u16::from(bytes[i]));
+                i += 1;
+            } else {
+                values.push(u16::from(bytes[i] & 0x7f) | u16::from(bytes[i + 1]) << 7);
+                i += 2;
+            }
+        }
+        values
+    }
+
+    #[test]
+    fn weights_round_trip_to_three_decimals() {
+        let json: serde_json::Value =
+            serde_json::from_str(&payload_json(&maps(), None, &PageOptions::default()).unwrap())
+                .unwrap();
+        let values = decode_varints(&unpack(json["weights"].as_str().unwrap()));
+        // round(w * 1000): 1.0 -> 1000 (two bytes: 0xE8 0x07), 0.1234 -> 123, 0.8766 -> 877.
+        assert_eq!(values, [1000, 0, 250, 750, 123, 877, 500, 500]);
+        assert_eq!(json["format"], 1);
+        assert_eq!(json["weight_scale"], 1000);
+        assert_eq!(json["tokens"][1]["text"], "b");
+        assert!(json["neuron"].is_null());
+    }
+
+    #[test]
+    fn varint_covers_every_quantised_value() {
+        let all: Vec<u16> = (0..=WEIGHT_SCALE).collect();
+        let mut bytes = Vec::new();
+        for &v in &all {
+            push_varint(&mut bytes, v);
+        }
+        assert_eq!(decode_varints(&bytes), all);
+    }
+
+    fn qk(maps: &AttentionMaps, head_dim: usize) -> QueryKeys {
+        let n = maps.n_layers * maps.n_heads * maps.tokens.len() * head_dim;
+        QueryKeys {
+            head_dim,
+            scale: 0.5,
+            causal: false,
+            q: (0..n).map(|i| i as f32 * 0.5).collect(),
+            k: (0..n).map(|i| -(i as f32)).collect(),
+        }
+    }
+
+    #[test]
+    fn neuron_layers_follow_the_budget() {
+        // One layer costs 1 head * 2 tokens * 3 dims * (2 bytes q + 2 bytes k) = 24 bytes.
+        let maps = maps();
+        let qk = qk(&maps, 3);
+        let options = PageOptions {
+            neuron_layer: Some(1),
+            qk_budget_bytes: 24,
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&payload_json(&maps, Some(&qk), &options).unwrap()).unwrap();
+        assert_eq!(json["neuron"]["layers"], serde_json::json!([1]));
+        let q = unpack(json["neuron"]["q"].as_str().unwrap());
+        let q: Vec<f32> = q
+            .chunks(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        // Layer 1 holds elements 6..12 of q, i.e. 3.0, 3.5, ..., 5.5 (exact in f16).
+        assert_eq!(q, [3.0, 3.5, 4.0, 4.5, 5.0, 5.5]);
+
+        let all = PageOptions {
+            neuron_layer: Some(1),
+            qk_budget_bytes: 48,
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&payload_json(&maps, Some(&qk), &all).unwrap()).unwrap();
+        assert_eq!(json["neuron"]["layers"], serde_json::json!([1, 0]));
+    }
+
+    #[test]
+    fn neuron_layer_order_is_nearest_first() {
+        assert_eq!(neuron_layers(6, 2, 10, 40), [2, 1, 3, 0]);
+        assert_eq!(neuron_layers(6, 5, 10, 1000), [5, 4, 3, 2, 1, 0]);
+        // The first layer is included even when it alone exceeds the budget.
+        assert_eq!(neuron_layers(6, 0, 10, 5), [0]);
+    }
+
+    #[test]
+    fn rejects_no_tokens() {
+        let mut maps = maps();
+        maps.tokens.clear();
+        let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
+        assert!(matches!(err, HtmlError::Maps(VizError::NoTokens)), "{err}");
+    }
+
+    #[test]
+    fn rejects_wrong_weight_count() {
+        let mut maps = maps();
+        maps.weights.pop();
+        let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, HtmlError::Maps(VizError::WeightsShape { got: 7, .. })),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn rejects_nan_and_negative_weights_naming_the_position() {
+        for bad in [f32::NAN, -0.5, f32::INFINITY] {
+            let mut maps = maps();
+            maps.weights[6] = bad;
+            let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    HtmlError::Maps(VizError::BadWeight {
+                        layer: 1,
+                        head: 0,
+                        row: 1,
+                        col: 0,
+                        ..
+                    })
+                ),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_wrong_query_key_shapes_and_values() {
+        let maps = maps();
+        let options = PageOptions::default();
+        let mut bad = qk(&maps, 3);
+        bad.k.pop();
+        let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
+        assert!(
+            matches!(err, HtmlError::QueryKeysShape { tensor: "k", .. }),
+            "{err}"
+        );
+
+        let mut bad = qk(&maps, 3);
+        bad.q[4] = f32::INFINITY;
+        let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HtmlError::NonFiniteQueryKey {
+                    tensor: "q",
+                    index: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        let mut bad = qk(&maps, 3);
+        bad.scale = 0.0;
+        let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
+        assert!(matches!(err, HtmlError::BadScale { .. }), "{err}");
+
+        let out_of_range = PageOptions {
+            neuron_layer: Some(2),
+            ..PageOptions::default()
+        };
+        let err = payload_json(&maps, Some(&qk(&maps, 3)), &out_of_range).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HtmlError::Maps(VizError::LayerOutOfRange {
+                    layer: 2,
+                    n_layers: 2
+                })
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("0..=1"), "{err}");
+    }
+}
