@@ -1,0 +1,234 @@
+//! Memory-mapped, validated safetensors checkpoints.
+//!
+//! Format (<https://github.com/huggingface/safetensors>, README "Format"): an 8-byte little-endian
+//! header length `N`, `N` bytes of JSON mapping each tensor name to
+//! `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets relative to the data section that
+//! follows the header), then the data. Every check happens once, in [`Checkpoint::open`]: the
+//! header size is capped, each range lies inside the file, the ranges tile the data section in
+//! order without gaps or overlaps, and each range holds exactly `numel · dtype size` bytes.
+//! Reading a tensor then only checks its name, dtype and shape.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::Deserialize;
+
+use crate::ModelError;
+
+/// Largest header accepted (the `safetensors` crate uses the same 100 MB cap).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// One tensor's entry in the header, already validated against the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Byte range inside the data section.
+    pub begin: usize,
+    pub end: usize,
+}
+
+/// A safetensors file mapped into memory, with its header validated.
+pub struct Checkpoint {
+    path: PathBuf,
+    mmap: Mmap,
+    data_start: usize,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+#[derive(Deserialize)]
+struct RawEntry {
+    dtype: String,
+    shape: Vec<usize>,
+    data_offsets: [u64; 2],
+}
+
+fn dtype_size(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
+        "I16" | "U16" | "F16" | "BF16" => 2,
+        "I32" | "U32" | "F32" => 4,
+        "I64" | "U64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+impl Checkpoint {
+    /// Maps `path` and validates its header against the file.
+    pub fn open(path: &Path) -> Result<Checkpoint, ModelError> {
+        let file = File::open(path).map_err(|e| ModelError::io(path, "the model weights", e))?;
+        // SAFETY: the map is read-only and private to this process; like every reader of
+        // safetensors files we assume nobody truncates the file while it is mapped.
+        let mmap = unsafe { Mmap::map(&file) }
+            .map_err(|e| ModelError::io(path, "the model weights", e))?;
+        let (data_start, tensors) = parse_header(path, &mmap)?;
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            mmap,
+            data_start,
+            tensors,
+        })
+    }
+
+    /// The file this checkpoint was mapped from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the checkpoint holds a tensor of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The validated header entry of `name`.
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    /// The raw little-endian bytes of an F32 tensor whose shape must be `shape`.
+    ///
+    /// # Shapes
+    /// - returns `numel(shape) · 4` bytes
+    pub fn f32_bytes(&self, name: &str, shape: &[usize]) -> Result<&[u8], ModelError> {
+        let info = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                tensor: name.to_string(),
+            })?;
+        if info.dtype != "F32" {
+            return Err(ModelError::UnsupportedDtype {
+                tensor: name.to_string(),
+                dtype: info.dtype.clone(),
+            });
+        }
+        if info.shape != shape {
+            return Err(ModelError::TensorShape {
+                tensor: name.to_string(),
+                expected: shape.to_vec(),
+                got: info.shape.clone(),
+            });
+        }
+        Ok(&self.mmap[self.data_start + info.begin..self.data_start + info.end])
+    }
+
+    /// An F32 tensor copied out of the map, checked to have `shape`.
+    ///
+    /// # Shapes
+    /// - returns `numel(shape)` values, row-major
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        Ok(f32_from_le(self.f32_bytes(name, shape)?))
+    }
+}
+
+/// Decodes little-endian f32 values (the map need not be 4-byte aligned).
+pub fn f32_from_le(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn parse_header(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(usize, BTreeMap<String, TensorInfo>), ModelError> {
+    let file_len = bytes.len() as u64;
+    let Some(prefix) = bytes.first_chunk::<8>() else {
+        return Err(ModelError::FileTooShort {
+            path: path.to_path_buf(),
+            len: file_len,
+        });
+    };
+    let header_len = u64::from_le_bytes(*prefix);
+    let limit = MAX_HEADER_BYTES.min(file_len - 8);
+    if header_len > limit {
+        return Err(ModelError::HeaderTooLarge {
+            path: path.to_path_buf(),
+            size: header_len,
+            limit,
+        });
+    }
+    // Both fit in usize: header_len ≤ file_len − 8, and the file is mapped.
+    let data_start = 8 + header_len as usize;
+    let bad = |reason: String| ModelError::BadHeader {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let header =
+        std::str::from_utf8(&bytes[8..data_start]).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    let raw: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(header).map_err(|e| bad(format!("not a JSON object: {e}")))?;
+    let data_len = file_len - data_start as u64;
+
+    let mut entries = Vec::with_capacity(raw.len());
+    for (name, value) in raw {
+        if name == "__metadata__" {
+            continue;
+        }
+        let entry: RawEntry =
+            serde_json::from_value(value).map_err(|e| bad(format!("tensor {name}: {e}")))?;
+        let [begin, end] = entry.data_offsets;
+        if begin > end || end > data_len {
+            return Err(ModelError::TensorOutOfBounds {
+                path: path.to_path_buf(),
+                tensor: name,
+                begin,
+                end,
+                data_len,
+            });
+        }
+        let size = dtype_size(&entry.dtype)
+            .ok_or_else(|| bad(format!("tensor {name}: unknown dtype {}", entry.dtype)))?;
+        let expected = entry
+            .shape
+            .iter()
+            .try_fold(size, |acc, &d| acc.checked_mul(d as u64))
+            .unwrap_or(u64::MAX);
+        if expected != end - begin {
+            return Err(ModelError::TensorByteLength {
+                path: path.to_path_buf(),
+                tensor: name,
+                dtype: entry.dtype,
+                shape: entry.shape,
+                expected,
+                got: end - begin,
+            });
+        }
+        entries.push((name, entry.dtype, entry.shape, begin, end));
+    }
+
+    entries.sort_by_key(|e| (e.3, e.4));
+    let mut next = 0u64;
+    for (name, _, _, begin, end) in &entries {
+        if *begin != next {
+            return Err(ModelError::TensorNotContiguous {
+                path: path.to_path_buf(),
+                tensor: name.clone(),
+                expected: next,
+                got: *begin,
+            });
+        }
+        next = *end;
+    }
+    if next != data_len {
+        return Err(bad(format!(
+            "tensors cover {next} bytes of the {data_len}-byte data section"
+        )));
+    }
+    let tensors = entries
+        .into_iter()
+        .map(|(name, dtype, shape, begin, end)| {
+            let info = TensorInfo {
+                dtype,
+                shape,
+                begin: begin as usize,
+                end: end as usize,
+            };
+            (name, info)
+        })
+        .collect();
+    Ok((data_start, tensors))
+}

@@ -1,0 +1,290 @@
+//! `config.json` of a Hugging Face checkpoint, read into one architecture-neutral description.
+//!
+//! Field names and defaults mirror transformers' `BertConfig` and `GPT2Config`
+//! (<https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/configuration_bert.py>,
+//! `.../models/gpt2/configuration_gpt2.py`). Every dimension is checked here, once, so that the
+//! model code can index without further checks.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::ModelError;
+
+/// The architectures this crate runs.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["bert", "gpt2"];
+
+/// Which architecture a checkpoint is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// BERT encoder: post-LayerNorm, bidirectional attention, token type embeddings.
+    Bert,
+    /// GPT-2 decoder: pre-LayerNorm, causal attention, tied language-model head.
+    Gpt2,
+}
+
+/// The feed-forward activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x · Φ(x)` with the exact normal CDF (`erf`): BERT's `"gelu"`.
+    GeluErf,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`: GPT-2's `"gelu_new"`.
+    GeluTanh,
+    /// `max(x, 0)`.
+    Relu,
+}
+
+impl Activation {
+    fn parse(name: &str) -> Result<Activation, ModelError> {
+        match name {
+            "gelu" => Ok(Activation::GeluErf),
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Activation::GeluTanh),
+            "relu" => Ok(Activation::Relu),
+            other => Err(ModelError::InvalidConfig {
+                field: "activation",
+                reason: format!(
+                    "{other:?} is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu)"
+                ),
+            }),
+        }
+    }
+}
+
+/// The dimensions and constants of a checkpoint, whatever its architecture.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub kind: ModelKind,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub intermediate_size: usize,
+    pub max_positions: usize,
+    /// Number of token types (segments); 0 for GPT-2, which has none.
+    pub type_vocab_size: usize,
+    pub layer_norm_eps: f32,
+    pub activation: Activation,
+    /// The id a padded position holds.
+    pub pad_token_id: u32,
+}
+
+#[derive(Deserialize)]
+struct TypeOnly {
+    model_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct BertJson {
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    #[serde(default = "bert_act")]
+    hidden_act: String,
+    max_position_embeddings: usize,
+    #[serde(default = "two")]
+    type_vocab_size: usize,
+    #[serde(default = "bert_eps")]
+    layer_norm_eps: f32,
+    #[serde(default)]
+    pad_token_id: Option<u32>,
+    #[serde(default)]
+    position_embedding_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Gpt2Json {
+    vocab_size: usize,
+    n_positions: usize,
+    n_embd: usize,
+    n_layer: usize,
+    n_head: usize,
+    #[serde(default)]
+    n_inner: Option<usize>,
+    #[serde(default = "gpt2_act")]
+    activation_function: String,
+    #[serde(default = "gpt2_eps")]
+    layer_norm_epsilon: f32,
+    #[serde(default = "yes")]
+    scale_attn_weights: bool,
+    #[serde(default)]
+    scale_attn_by_inverse_layer_idx: bool,
+    #[serde(default)]
+    add_cross_attention: bool,
+    #[serde(default)]
+    eos_token_id: Option<u32>,
+}
+
+fn bert_act() -> String {
+    "gelu".into()
+}
+fn gpt2_act() -> String {
+    "gelu_new".into()
+}
+fn two() -> usize {
+    2
+}
+fn bert_eps() -> f32 {
+    1e-12
+}
+fn gpt2_eps() -> f32 {
+    1e-5
+}
+fn yes() -> bool {
+    true
+}
+
+/// Reads a whole text file, naming `what` it is if it is missing.
+pub(crate) fn read_text(path: &Path, what: &'static str) -> Result<String, ModelError> {
+    std::fs::read_to_string(path).map_err(|e| ModelError::io(path, what, e))
+}
+
+fn unsupported(field: &'static str, reason: impl Into<String>) -> ModelError {
+    ModelError::InvalidConfig {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl ModelConfig {
+    /// Reads and validates `config.json`.
+    pub fn from_file(path: &Path) -> Result<ModelConfig, ModelError> {
+        let text = read_text(path, "the model's config.json")?;
+        Self::from_json(&text).map_err(|e| match e {
+            ModelError::BadJson { reason, .. } => ModelError::BadJson {
+                path: path.to_path_buf(),
+                reason,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates the text of a `config.json`.
+    pub fn from_json(text: &str) -> Result<ModelConfig, ModelError> {
+        let bad = |e: serde_json::Error| ModelError::BadJson {
+            path: "config.json".into(),
+            reason: e.to_string(),
+        };
+        let ty: TypeOnly = serde_json::from_str(text).map_err(bad)?;
+        let model_type = ty.model_type.unwrap_or_default();
+        let config = match model_type.as_str() {
+            "bert" => {
+                let c: BertJson = serde_json::from_str(text).map_err(bad)?;
+                if let Some(p) = c.position_embedding_type.as_deref()
+                    && p != "absolute"
+                {
+                    return Err(unsupported(
+                        "position_embedding_type",
+                        format!("{p:?} is not supported (only \"absolute\")"),
+                    ));
+                }
+                ModelConfig {
+                    kind: ModelKind::Bert,
+                    vocab_size: c.vocab_size,
+                    hidden_size: c.hidden_size,
+                    n_layers: c.num_hidden_layers,
+                    n_heads: c.num_attention_heads,
+                    intermediate_size: c.intermediate_size,
+                    max_positions: c.max_position_embeddings,
+                    type_vocab_size: c.type_vocab_size,
+                    layer_norm_eps: c.layer_norm_eps,
+                    activation: Activation::parse(&c.hidden_act)?,
+                    pad_token_id: c.pad_token_id.unwrap_or(0),
+                }
+            }
+            "gpt2" => {
+                let c: Gpt2Json = serde_json::from_str(text).map_err(bad)?;
+                if !c.scale_attn_weights || c.scale_attn_by_inverse_layer_idx {
+                    return Err(unsupported(
+                        "scale_attn_weights",
+                        "only the standard 1/sqrt(head_dim) scaling is supported",
+                    ));
+                }
+                if c.add_cross_attention {
+                    return Err(unsupported(
+                        "add_cross_attention",
+                        "cross-attention is not supported",
+                    ));
+                }
+                ModelConfig {
+                    kind: ModelKind::Gpt2,
+                    vocab_size: c.vocab_size,
+                    hidden_size: c.n_embd,
+                    n_layers: c.n_layer,
+                    n_heads: c.n_head,
+                    intermediate_size: c.n_inner.unwrap_or(4 * c.n_embd),
+                    max_positions: c.n_positions,
+                    type_vocab_size: 0,
+                    layer_norm_eps: c.layer_norm_epsilon,
+                    activation: Activation::parse(&c.activation_function)?,
+                    pad_token_id: c.eos_token_id.unwrap_or(0),
+                }
+            }
+            _ => {
+                return Err(ModelError::UnsupportedModelType {
+                    model_type,
+                    supported: SUPPORTED_MODEL_TYPES,
+                });
+            }
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Size of one head: `hidden_size / n_heads`.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.n_heads
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        for (field, value) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.n_layers),
+            ("num_attention_heads", self.n_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("max_position_embeddings", self.max_positions),
+        ] {
+            if value == 0 {
+                return Err(unsupported(field, "must be at least 1"));
+            }
+        }
+        if self.hidden_size % self.n_heads != 0 {
+            return Err(unsupported(
+                "hidden_size",
+                format!(
+                    "{} is not a multiple of the {} heads",
+                    self.hidden_size, self.n_heads
+                ),
+            ));
+        }
+        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
+            return Err(unsupported(
+                "layer_norm_eps",
+                format!("must be finite and > 0, got {}", self.layer_norm_eps),
+            ));
+        }
+        // Every weight matrix must be addressable: the largest is vocab × hidden or
+        // hidden × intermediate, and positions × hidden; 2^40 values is far beyond any checkpoint.
+        let limit = 1usize << 40;
+        for (field, a, b) in [
+            ("vocab_size", self.vocab_size, self.hidden_size),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                self.hidden_size,
+            ),
+            (
+                "max_position_embeddings",
+                self.max_positions,
+                self.hidden_size,
+            ),
+        ] {
+            if a.checked_mul(b).is_none_or(|n| n > limit) {
+                return Err(unsupported(field, format!("{a} × {b} values is too large")));
+            }
+        }
+        Ok(())
+    }
+}

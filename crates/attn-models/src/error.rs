@@ -1,0 +1,135 @@
+//! The one error type of `attn-models`: every variant names the file, tensor or value at fault.
+
+use std::path::PathBuf;
+
+use attn_core::AttnError;
+
+/// What went wrong loading a checkpoint, tokenizing text, running a model or fetching the default
+/// model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// A file of the model directory could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file the model directory must hold is not there.
+    #[error("{} is missing ({what})", path.display())]
+    MissingFile { path: PathBuf, what: &'static str },
+    /// A JSON file (config, tokenizer, pooling) is malformed or lacks a field.
+    #[error("{}: {reason}", path.display())]
+    BadJson { path: PathBuf, reason: String },
+    /// `config.json` names an architecture this crate does not run.
+    #[error("unsupported model_type {model_type:?}; supported: {}", supported.join(", "))]
+    UnsupportedModelType {
+        model_type: String,
+        supported: &'static [&'static str],
+    },
+    /// A config value is out of range or inconsistent with another.
+    #[error("config.json: {field}: {reason}")]
+    InvalidConfig { field: &'static str, reason: String },
+    /// The safetensors header length is larger than the cap or than the file.
+    #[error("{}: safetensors header claims {size} bytes, more than {limit}", path.display())]
+    HeaderTooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
+    /// The safetensors file is too short to hold its 8-byte length prefix.
+    #[error("{}: file is {len} bytes, too short for a safetensors header", path.display())]
+    FileTooShort { path: PathBuf, len: u64 },
+    /// The safetensors header is not the JSON it should be.
+    #[error("{}: bad safetensors header: {reason}", path.display())]
+    BadHeader { path: PathBuf, reason: String },
+    /// A tensor's byte range does not lie inside the data section.
+    #[error("{}: tensor {tensor} spans bytes {begin}..{end}, outside the {data_len}-byte data section", path.display())]
+    TensorOutOfBounds {
+        path: PathBuf,
+        tensor: String,
+        begin: u64,
+        end: u64,
+        data_len: u64,
+    },
+    /// Tensors overlap or leave a gap: the data section must be covered exactly, in order.
+    #[error("{}: tensor {tensor} starts at byte {got}, expected {expected} (tensors must be contiguous, without gaps or overlaps)", path.display())]
+    TensorNotContiguous {
+        path: PathBuf,
+        tensor: String,
+        expected: u64,
+        got: u64,
+    },
+    /// A tensor's byte length disagrees with its dtype and shape.
+    #[error("{}: tensor {tensor} ({dtype} {shape:?}) needs {expected} bytes, its range holds {got}", path.display())]
+    TensorByteLength {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+        shape: Vec<usize>,
+        expected: u64,
+        got: u64,
+    },
+    /// A tensor the model needs has a dtype it cannot read.
+    #[error("tensor {tensor}: dtype {dtype} is not supported (expected F32)")]
+    UnsupportedDtype { tensor: String, dtype: String },
+    /// A tensor the model needs is not in the checkpoint.
+    #[error("tensor {tensor} is missing from the checkpoint")]
+    MissingTensor { tensor: String },
+    /// A tensor's shape disagrees with the config.
+    #[error("tensor {tensor}: config says shape {expected:?}, checkpoint has {got:?}")]
+    TensorShape {
+        tensor: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    /// `tokenizer.json` could not be loaded or failed on the text.
+    #[error("tokenizer: {reason}")]
+    Tokenizer { reason: String },
+    /// The text (or the text pair) is empty or only whitespace.
+    #[error("the {which} is empty")]
+    EmptyText { which: &'static str },
+    /// The text needs more positions than the model has.
+    #[error(
+        "the text is {tokens} tokens long, more than the model's {max} positions; shorten it or pass --truncate"
+    )]
+    TooLong { tokens: usize, max: usize },
+    /// The tokenizer produced an id outside the model's embedding table.
+    #[error("token id {id} is outside the model's vocabulary of {vocab_size}")]
+    TokenOutOfVocab { id: u32, vocab_size: usize },
+    /// `embed` was called with no texts.
+    #[error("no texts to embed")]
+    EmptyBatch,
+    /// A sentence-transformers module this crate cannot reproduce.
+    #[error("{}: {reason}", path.display())]
+    UnsupportedPooling { path: PathBuf, reason: String },
+    /// An attention call failed.
+    #[error("attention: {0}")]
+    Attention(#[from] AttnError),
+    /// Fetching the default model failed; `manual` says what to run by hand.
+    #[error("fetching the default model failed: {reason}\nto install it by hand, run:\n{manual}")]
+    Fetch { reason: String, manual: String },
+    /// A downloaded file does not have the expected sha256.
+    #[error("{}: sha256 is {got}, expected {expected}", path.display())]
+    ChecksumMismatch {
+        path: PathBuf,
+        expected: String,
+        got: String,
+    },
+    /// An archive entry would be written outside the target directory.
+    #[error("archive entry {name:?} escapes the target directory")]
+    UnsafeArchivePath { name: String },
+}
+
+impl ModelError {
+    /// An I/O error on `path`, which holds `what`; a missing file gets its own variant.
+    pub(crate) fn io(path: impl Into<PathBuf>, what: &'static str, source: std::io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == std::io::ErrorKind::NotFound {
+            ModelError::MissingFile { path, what }
+        } else {
+            ModelError::Io { path, source }
+        }
+    }
+}

@@ -1,0 +1,523 @@
+//! A loaded checkpoint and its forward pass: tokens in; hidden states, every head's attention,
+//! per-head queries and keys, GPT-2 logits and sentence embeddings out.
+//!
+//! The layers mirror transformers' `BertLayer` (post-norm) and `GPT2Block` (pre-norm)
+//! (<https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/modeling_bert.py>,
+//! `.../models/gpt2/modeling_gpt2.py`); attention itself is [`attn_core::sdpa`], asked for its
+//! weights only when the caller wants them.
+
+use std::path::{Path, PathBuf};
+
+use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest};
+use faer::Par;
+
+use crate::checkpoint::Checkpoint;
+use crate::ops::{bias_activation, gemm_bt, residual_bias_add};
+use crate::pooling::Pooling;
+use crate::tokenize::{Encoding, TextTokenizer};
+use crate::weights::Weights;
+use crate::{ModelConfig, ModelError, ModelKind};
+
+/// How many texts [`Model::embed`] runs through the model at once.
+pub const EMBED_BATCH: usize = 64;
+
+/// What a forward pass returns besides the last hidden state (and GPT-2's logits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Every layer's and head's attention weights.
+    pub attentions: bool,
+    /// Every layer's queries and keys after projection, per head.
+    pub qk: bool,
+    /// The input of the first layer and every layer's output.
+    pub hidden_states: bool,
+}
+
+/// Queries and keys after projection (with bias, before the `1/√head_dim` scaling):
+/// `score = q·k / √head_dim`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryKey {
+    /// `[batch, layers, heads, seq_len, head_dim]`
+    pub q: Vec<f32>,
+    /// `[batch, layers, heads, seq_len, head_dim]`
+    pub k: Vec<f32>,
+}
+
+/// The result of a forward pass over `batch` texts padded to `seq_len` tokens. For one text
+/// (`batch == 1`) drop the leading dimension: attentions are `[layers, heads, T, T]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelOutput {
+    pub batch: usize,
+    pub seq_len: usize,
+    /// Real (unpadded) tokens of each text.
+    pub lengths: Vec<usize>,
+    /// `[batch, layers, heads, seq_len, seq_len]` (row = query token, column = key token);
+    /// padded keys get weight 0.
+    pub attentions: Option<Vec<f32>>,
+    pub qk: Option<QueryKey>,
+    /// `[batch, layers + 1, seq_len, hidden]`: the embeddings, then each layer's output
+    /// (for GPT-2 the last one after the final LayerNorm, as transformers reports it).
+    pub hidden_states: Option<Vec<f32>>,
+    /// `[batch, seq_len, hidden]`
+    pub last_hidden_state: Vec<f32>,
+    /// GPT-2 only: `[batch, seq_len, vocab]`.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// A Hugging Face checkpoint ready to run.
+pub struct Model {
+    name: String,
+    dir: PathBuf,
+    config: ModelConfig,
+    tokenizer: TextTokenizer,
+    checkpoint: Checkpoint,
+    weights: Weights,
+    pooling: Pooling,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("name", &self.name)
+            .field("dir", &self.dir)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Buffers of one forward pass, allocated once and reused by every layer.
+struct Workspace {
+    /// `[rows, hidden]`: the residual stream.
+    hidden: Vec<f32>,
+    /// `[rows, hidden]`: GPT-2's normed input of a sublayer.
+    normed: Vec<f32>,
+    /// `[rows, 3·hidden]`
+    qkv: Vec<f32>,
+    /// `[batch, heads, seq_len, head_dim]` each.
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// `[rows, hidden]`: attention output with heads merged.
+    context: Vec<f32>,
+    /// `[rows, hidden]`: a sublayer's output before bias and residual.
+    sublayer: Vec<f32>,
+    /// `[rows, intermediate]`
+    intermediate: Vec<f32>,
+}
+
+impl Workspace {
+    fn new(rows: usize, c: &ModelConfig) -> Workspace {
+        let h = c.hidden_size;
+        Workspace {
+            hidden: vec![0.0; rows * h],
+            normed: if c.kind == ModelKind::Gpt2 {
+                vec![0.0; rows * h]
+            } else {
+                Vec::new()
+            },
+            qkv: vec![0.0; rows * 3 * h],
+            q: vec![0.0; rows * h],
+            k: vec![0.0; rows * h],
+            v: vec![0.0; rows * h],
+            context: vec![0.0; rows * h],
+            sublayer: vec![0.0; rows * h],
+            intermediate: vec![0.0; rows * c.intermediate_size],
+        }
+    }
+}
+
+/// The parallelism for the GEMMs: rayon's pool (sized by `RAYON_NUM_THREADS` or the caller).
+fn parallelism() -> Par {
+    match rayon::current_num_threads() {
+        0 | 1 => Par::Seq,
+        n => Par::rayon(n),
+    }
+}
+
+impl Model {
+    /// Loads a model directory: `config.json`, `model.safetensors`, `tokenizer.json`, and for
+    /// sentence-transformers `modules.json` with its pooling config.
+    pub fn load(dir: &Path) -> Result<Model, ModelError> {
+        if !dir.is_dir() {
+            return Err(ModelError::MissingFile {
+                path: dir.to_path_buf(),
+                what: "the model directory",
+            });
+        }
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let tokenizer =
+            TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_positions)?;
+        let checkpoint = Checkpoint::open(&dir.join("model.safetensors"))?;
+        let weights = Weights::load(&checkpoint, &config)?;
+        let pooling = Pooling::from_dir(dir)?;
+        let name = dir
+            .canonicalize()
+            .ok()
+            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| dir.display().to_string());
+        Ok(Model {
+            name,
+            dir: dir.to_path_buf(),
+            config,
+            tokenizer,
+            checkpoint,
+            weights,
+            pooling,
+        })
+    }
+
+    /// The model directory's name (`all-MiniLM-L6-v2`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The directory the model was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    pub fn kind(&self) -> ModelKind {
+        self.config.kind
+    }
+    pub fn n_layers(&self) -> usize {
+        self.config.n_layers
+    }
+    pub fn n_heads(&self) -> usize {
+        self.config.n_heads
+    }
+    pub fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+    /// The most tokens one text may have.
+    pub fn max_positions(&self) -> usize {
+        self.config.max_positions
+    }
+
+    /// Tokenizes a text (and pair) with the model's special tokens. Empty text and text longer
+    /// than [`Model::max_positions`] are errors.
+    pub fn encode(&self, text: &str, pair: Option<&str>) -> Result<Encoding, ModelError> {
+        self.tokenizer.encode(text, pair, false)
+    }
+
+    /// Like [`Model::encode`], but a text that is too long is cut to fit (longest segment first).
+    pub fn encode_truncated(&self, text: &str, pair: Option<&str>) -> Result<Encoding, ModelError> {
+        self.tokenizer.encode(text, pair, true)
+    }
+
+    /// Runs one encoded text.
+    ///
+    /// # Shapes
+    /// - `enc.ids`: `[T]`; see [`ModelOutput`] (with `batch = 1`)
+    pub fn forward(&self, enc: &Encoding, options: &RunOptions) -> Result<ModelOutput, ModelError> {
+        self.forward_batch(std::slice::from_ref(enc), options)
+    }
+
+    /// Runs several encoded texts padded together to the longest; padded keys are masked, so
+    /// each text's results are those it gets alone.
+    ///
+    /// # Shapes
+    /// - `encs[b].ids`: `[T_b]`; see [`ModelOutput`] with `seq_len = max T_b`
+    pub fn forward_batch(
+        &self,
+        encs: &[Encoding],
+        options: &RunOptions,
+    ) -> Result<ModelOutput, ModelError> {
+        let c = &self.config;
+        if encs.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
+        let lengths: Vec<usize> = encs.iter().map(Encoding::len).collect();
+        let seq_len = lengths.iter().copied().max().unwrap_or(0);
+        if lengths.contains(&0) {
+            return Err(ModelError::EmptyText { which: "text" });
+        }
+        if seq_len > c.max_positions {
+            return Err(ModelError::TooLong {
+                tokens: seq_len,
+                max: c.max_positions,
+            });
+        }
+        for enc in encs {
+            if let Some(&id) = enc.ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+                return Err(ModelError::TokenOutOfVocab {
+                    id,
+                    vocab_size: c.vocab_size,
+                });
+            }
+            if c.kind == ModelKind::Bert
+                && let Some(&s) = enc.segments.iter().find(|&&s| s >= c.type_vocab_size)
+            {
+                return Err(ModelError::InvalidConfig {
+                    field: "type_vocab_size",
+                    reason: format!(
+                        "the text uses segment {s}, the model has {}",
+                        c.type_vocab_size
+                    ),
+                });
+            }
+        }
+
+        let (batch, h, n_heads, d) = (encs.len(), c.hidden_size, c.n_heads, c.head_dim());
+        let n_layers = c.n_layers;
+        let rows = batch * seq_len;
+        let par = parallelism();
+        let mut ws = Workspace::new(rows, c);
+        self.embed_tokens(encs, seq_len, &mut ws.hidden)?;
+
+        let per_layer = |extra: usize| batch * n_layers * n_heads * seq_len * extra;
+        let mut attentions = options.attentions.then(|| vec![0.0f32; per_layer(seq_len)]);
+        let mut qk = options.qk.then(|| QueryKey {
+            q: vec![0.0; per_layer(d)],
+            k: vec![0.0; per_layer(d)],
+        });
+        let mut hidden_states = options
+            .hidden_states
+            .then(|| vec![0.0f32; batch * (n_layers + 1) * seq_len * h]);
+        let save_hidden = |hs: &mut Option<Vec<f32>>, slot: usize, hidden: &[f32]| {
+            if let Some(hs) = hs {
+                for (b, src) in hidden.chunks_exact(seq_len * h).enumerate() {
+                    let at = (b * (n_layers + 1) + slot) * seq_len * h;
+                    hs[at..at + seq_len * h].copy_from_slice(src);
+                }
+            }
+        };
+        save_hidden(&mut hidden_states, 0, &ws.hidden);
+
+        let shape = AttnShape::new(batch, n_heads, seq_len, seq_len, d);
+        let attn_options = AttnOptions {
+            causal: (c.kind == ModelKind::Gpt2).then_some(Causal::TopLeft),
+            key_padding: if lengths.iter().all(|&l| l == seq_len) {
+                None
+            } else {
+                Some(KeyPadding::from_lengths(&lengths, seq_len)?)
+            },
+            weights: if options.attentions {
+                WeightsRequest::All
+            } else {
+                WeightsRequest::None
+            },
+            ..AttnOptions::default()
+        };
+
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            // Attention sublayer: BERT projects the residual stream, GPT-2 its ln_1.
+            let x = match c.kind {
+                ModelKind::Bert => &ws.hidden,
+                ModelKind::Gpt2 => {
+                    layer.norm_attn.apply_into(&ws.hidden, &mut ws.normed);
+                    &ws.normed
+                }
+            };
+            layer.qkv.matmul(x, &mut ws.qkv, par);
+            bias_activation(&mut ws.qkv, &layer.qkv.bias, None);
+            split_heads(
+                &ws.qkv,
+                batch,
+                seq_len,
+                n_heads,
+                d,
+                [&mut ws.q, &mut ws.k, &mut ws.v],
+            );
+            if let Some(qk) = &mut qk {
+                copy_per_layer(&ws.q, &mut qk.q, batch, l, n_layers);
+                copy_per_layer(&ws.k, &mut qk.k, batch, l, n_layers);
+            }
+            let input = AttnInput::new(&ws.q, &ws.k, &ws.v, shape)?;
+            let out = attn_core::sdpa(&input, &attn_options)?;
+            if let (Some(all), Some(w)) = (&mut attentions, &out.weights) {
+                copy_per_layer(w.data(), all, batch, l, n_layers);
+            }
+            merge_heads(&out.out, batch, seq_len, n_heads, d, &mut ws.context);
+            layer.attn_out.matmul(&ws.context, &mut ws.sublayer, par);
+            match c.kind {
+                ModelKind::Bert => layer.norm_attn.residual_bias_apply(
+                    &mut ws.hidden,
+                    &ws.sublayer,
+                    &layer.attn_out.bias,
+                ),
+                ModelKind::Gpt2 => {
+                    residual_bias_add(&mut ws.hidden, &ws.sublayer, &layer.attn_out.bias)
+                }
+            }
+
+            // Feed-forward sublayer.
+            let x = match c.kind {
+                ModelKind::Bert => &ws.hidden,
+                ModelKind::Gpt2 => {
+                    layer.norm_ff.apply_into(&ws.hidden, &mut ws.normed);
+                    &ws.normed
+                }
+            };
+            layer.ff_in.matmul(x, &mut ws.intermediate, par);
+            bias_activation(&mut ws.intermediate, &layer.ff_in.bias, Some(c.activation));
+            layer.ff_out.matmul(&ws.intermediate, &mut ws.sublayer, par);
+            match c.kind {
+                ModelKind::Bert => layer.norm_ff.residual_bias_apply(
+                    &mut ws.hidden,
+                    &ws.sublayer,
+                    &layer.ff_out.bias,
+                ),
+                ModelKind::Gpt2 => {
+                    residual_bias_add(&mut ws.hidden, &ws.sublayer, &layer.ff_out.bias)
+                }
+            }
+            if l + 1 < n_layers || self.weights.final_norm.is_none() {
+                save_hidden(&mut hidden_states, l + 1, &ws.hidden);
+            }
+        }
+
+        if let Some(norm) = &self.weights.final_norm {
+            norm.apply(&mut ws.hidden);
+            save_hidden(&mut hidden_states, n_layers, &ws.hidden);
+        }
+        let logits = self.weights.lm_head.as_ref().map(|wte| {
+            let mut logits = vec![0.0f32; rows * c.vocab_size];
+            gemm_bt(&ws.hidden, rows, h, wte, c.vocab_size, &mut logits, par);
+            logits
+        });
+        Ok(ModelOutput {
+            batch,
+            seq_len,
+            lengths,
+            attentions,
+            qk,
+            hidden_states,
+            last_hidden_state: ws.hidden,
+            logits,
+        })
+    }
+
+    /// Sentence embeddings of `texts`, as sentence-transformers computes them: batches of
+    /// [`EMBED_BATCH`] padded together, mean over each text's real tokens, L2-normalised.
+    /// A text longer than the model's positions is an error.
+    ///
+    /// # Shapes
+    /// - returns `[texts.len()][hidden]`
+    pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.embed_with(texts, false)
+    }
+
+    /// [`Model::embed`], cutting texts that are too long when `truncate` is set.
+    ///
+    /// # Shapes
+    /// - returns `[texts.len()][hidden]`
+    pub fn embed_with(&self, texts: &[&str], truncate: bool) -> Result<Vec<Vec<f32>>, ModelError> {
+        if texts.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
+        let encs = texts
+            .iter()
+            .map(|t| self.tokenizer.encode(t, None, truncate))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut out = Vec::with_capacity(texts.len());
+        for chunk in encs.chunks(EMBED_BATCH) {
+            let run = self.forward_batch(chunk, &RunOptions::default())?;
+            out.extend(self.pool(&run));
+        }
+        Ok(out)
+    }
+
+    /// Sentence embeddings of the texts of a forward pass (pooled over each text's real tokens).
+    ///
+    /// # Shapes
+    /// - returns `[out.batch][hidden]`
+    pub fn pool(&self, out: &ModelOutput) -> Vec<Vec<f32>> {
+        let h = self.config.hidden_size;
+        out.last_hidden_state
+            .chunks_exact(out.seq_len * h)
+            .zip(&out.lengths)
+            .map(|(states, &len)| self.pooling.pool(states, h, len))
+            .collect()
+    }
+
+    /// Word + position (+ token type) embeddings, then BERT's embedding LayerNorm. Padded
+    /// positions hold the pad token.
+    fn embed_tokens(
+        &self,
+        encs: &[Encoding],
+        seq_len: usize,
+        hidden: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let words = self
+            .checkpoint
+            .f32_bytes(&self.weights.word_embeddings, &[c.vocab_size, h])?;
+        let pad = (c.pad_token_id as usize).min(c.vocab_size - 1);
+        for (b, enc) in encs.iter().enumerate() {
+            for t in 0..seq_len {
+                let (id, segment) = match enc.ids.get(t) {
+                    Some(&id) => (id as usize, enc.segments.get(t).copied().unwrap_or(0)),
+                    None => (pad, 0),
+                };
+                let row = &mut hidden[(b * seq_len + t) * h..][..h];
+                let word = &words[id * h * 4..][..h * 4];
+                let pos = &self.weights.position[t * h..][..h];
+                for ((v, w), p) in row.iter_mut().zip(word.chunks_exact(4)).zip(pos) {
+                    *v = f32::from_le_bytes([w[0], w[1], w[2], w[3]]) + p;
+                }
+                if c.kind == ModelKind::Bert {
+                    let ty = &self.weights.token_type[segment * h..][..h];
+                    row.iter_mut().zip(ty).for_each(|(v, t)| *v += t);
+                }
+            }
+        }
+        if let Some(norm) = &self.weights.embed_norm {
+            norm.apply(hidden);
+        }
+        Ok(())
+    }
+}
+
+/// `[rows, 3·hidden]` (q | k | v, each head's `head_dim` values side by side) into three
+/// `[batch, heads, seq_len, head_dim]` tensors.
+fn split_heads(
+    qkv: &[f32],
+    batch: usize,
+    seq_len: usize,
+    n_heads: usize,
+    d: usize,
+    out: [&mut Vec<f32>; 3],
+) {
+    let h = n_heads * d;
+    for (part, dst) in out.into_iter().enumerate() {
+        for b in 0..batch {
+            for t in 0..seq_len {
+                let src = &qkv[(b * seq_len + t) * 3 * h + part * h..][..h];
+                for (head, vals) in src.chunks_exact(d).enumerate() {
+                    let at = ((b * n_heads + head) * seq_len + t) * d;
+                    dst[at..at + d].copy_from_slice(vals);
+                }
+            }
+        }
+    }
+}
+
+/// `[batch, heads, seq_len, head_dim]` into `[rows, hidden]`.
+fn merge_heads(
+    out: &[f32],
+    batch: usize,
+    seq_len: usize,
+    n_heads: usize,
+    d: usize,
+    dst: &mut [f32],
+) {
+    let h = n_heads * d;
+    for b in 0..batch {
+        for head in 0..n_heads {
+            for t in 0..seq_len {
+                let src = &out[((b * n_heads + head) * seq_len + t) * d..][..d];
+                dst[(b * seq_len + t) * h + head * d..][..d].copy_from_slice(src);
+            }
+        }
+    }
+}
+
+/// Copies one layer's `[batch, rest…]` tensor into slot `layer` of `[batch, layers, rest…]`.
+fn copy_per_layer(src: &[f32], dst: &mut [f32], batch: usize, layer: usize, n_layers: usize) {
+    let per_batch = src.len() / batch;
+    for (b, chunk) in src.chunks_exact(per_batch).enumerate() {
+        let at = (b * n_layers + layer) * per_batch;
+        dst[at..at + per_batch].copy_from_slice(chunk);
+    }
+}

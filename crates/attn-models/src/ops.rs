@@ -1,0 +1,294 @@
+//! The dense pieces of a transformer layer besides attention: linear layers (faer GEMMs on
+//! weights packed once), bias + activation in one pass, residual + bias + LayerNorm in one pass,
+//! and the GELU variants with a vectorisable `erf`.
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+
+use crate::Activation;
+
+/// A linear layer `y = x·W + b`, its weight packed once at load time as `[n_in, n_out]`
+/// row-major (the layout of GPT-2's Conv1D; PyTorch `nn.Linear` weights are transposed into it).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[n_in, n_out]`
+    pub weight: Vec<f32>,
+    /// `[n_out]`
+    pub bias: Vec<f32>,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+impl Linear {
+    /// Packs a PyTorch `nn.Linear` weight (`[n_out, n_in]`) into `[n_in, n_out]`.
+    ///
+    /// # Shapes
+    /// - `weight_out_in`: `[n_out, n_in]`, `bias`: `[n_out]`
+    pub fn from_out_in(weight_out_in: &[f32], bias: Vec<f32>, n_in: usize, n_out: usize) -> Linear {
+        debug_assert_eq!(weight_out_in.len(), n_in * n_out);
+        let mut weight = vec![0.0; n_in * n_out];
+        for (o, row) in weight_out_in.chunks_exact(n_in).enumerate() {
+            for (i, &w) in row.iter().enumerate() {
+                weight[i * n_out + o] = w;
+            }
+        }
+        Linear {
+            weight,
+            bias,
+            n_in,
+            n_out,
+        }
+    }
+
+    /// `y = x·W` without the bias (the caller fuses it into the next pass).
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
+    pub fn matmul(&self, x: &[f32], y: &mut [f32], par: Par) {
+        let rows = x.len() / self.n_in;
+        debug_assert_eq!(x.len(), rows * self.n_in);
+        debug_assert_eq!(y.len(), rows * self.n_out);
+        gemm(x, rows, self.n_in, &self.weight, self.n_out, y, par);
+    }
+}
+
+/// `y = a·b` for row-major `a` `[m, k]`, `b` `[k, n]`, `y` `[m, n]`.
+///
+/// # Shapes
+/// - `a`: `[m, k]`, `b`: `[k, n]`, `y`: `[m, n]`
+pub fn gemm(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, y: &mut [f32], par: Par) {
+    let a = MatRef::from_row_major_slice(a, m, k);
+    let b = MatRef::from_row_major_slice(b, k, n);
+    let y = MatMut::from_row_major_slice_mut(y, m, n);
+    matmul(y, Accum::Replace, a, b, 1.0f32, par);
+}
+
+/// `y = a·bᵀ` for row-major `a` `[m, k]` and `b` `[n, k]` (a tied output embedding).
+///
+/// # Shapes
+/// - `a`: `[m, k]`, `b`: `[n, k]`, `y`: `[m, n]`
+pub fn gemm_bt(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, y: &mut [f32], par: Par) {
+    let a = MatRef::from_row_major_slice(a, m, k);
+    let b = MatRef::from_row_major_slice(b, n, k).transpose();
+    let y = MatMut::from_row_major_slice_mut(y, m, n);
+    matmul(y, Accum::Replace, a, b, 1.0f32, par);
+}
+
+/// `y = act(y + bias)` row by row, in one pass.
+///
+/// # Shapes
+/// - `y`: `[rows, n]`, `bias`: `[n]`
+pub fn bias_activation(y: &mut [f32], bias: &[f32], act: Option<Activation>) {
+    for row in y.chunks_exact_mut(bias.len()) {
+        match act {
+            None => row.iter_mut().zip(bias).for_each(|(v, b)| *v += b),
+            Some(Activation::GeluErf) => row
+                .iter_mut()
+                .zip(bias)
+                .for_each(|(v, b)| *v = gelu_erf(*v + b)),
+            Some(Activation::GeluTanh) => row
+                .iter_mut()
+                .zip(bias)
+                .for_each(|(v, b)| *v = gelu_tanh(*v + b)),
+            Some(Activation::Relu) => row
+                .iter_mut()
+                .zip(bias)
+                .for_each(|(v, b)| *v = (*v + b).max(0.0)),
+        }
+    }
+}
+
+/// LayerNorm parameters: `γ ⊙ (x − mean) / √(var + eps) + β` over the last dimension.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    pub gamma: Vec<f32>,
+    pub beta: Vec<f32>,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    /// Normalises `x` in place, row by row.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, n]` with `n = gamma.len()`
+    pub fn apply(&self, x: &mut [f32]) {
+        for row in x.chunks_exact_mut(self.gamma.len()) {
+            self.row(row);
+        }
+    }
+
+    /// `out = LayerNorm(x)`, row by row.
+    ///
+    /// # Shapes
+    /// - `x`, `out`: `[rows, n]` with `n = gamma.len()`
+    pub fn apply_into(&self, x: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(x);
+        self.apply(out);
+    }
+
+    /// `residual = LayerNorm(residual + y + bias)`: BERT's post-norm sublayer end, in one pass
+    /// per row.
+    ///
+    /// # Shapes
+    /// - `residual`, `y`: `[rows, n]`, `bias`: `[n]`
+    pub fn residual_bias_apply(&self, residual: &mut [f32], y: &[f32], bias: &[f32]) {
+        let n = self.gamma.len();
+        for (r, yr) in residual.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
+            r.iter_mut()
+                .zip(yr)
+                .zip(bias)
+                .for_each(|((r, y), b)| *r += y + b);
+            self.row(r);
+        }
+    }
+
+    fn row(&self, row: &mut [f32]) {
+        // Two-pass mean and variance in f32 over at most a few thousand values, like PyTorch.
+        let n = row.len() as f32;
+        let mean = row.iter().sum::<f32>() / n;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+        let inv = 1.0 / (var + self.eps).sqrt();
+        row.iter_mut()
+            .zip(&self.gamma)
+            .zip(&self.beta)
+            .for_each(|((v, g), b)| *v = (*v - mean) * inv * g + b);
+    }
+}
+
+/// `residual += y + bias`: GPT-2's pre-norm sublayer end.
+///
+/// # Shapes
+/// - `residual`, `y`: `[rows, n]`, `bias`: `[n]`
+pub fn residual_bias_add(residual: &mut [f32], y: &[f32], bias: &[f32]) {
+    let n = bias.len();
+    for (r, yr) in residual.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
+        r.iter_mut()
+            .zip(yr)
+            .zip(bias)
+            .for_each(|((r, y), b)| *r += y + b);
+    }
+}
+
+/// `x · Φ(x) = 0.5·x·(1 + erf(x/√2))`, PyTorch's exact `gelu`.
+pub fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, GPT-2's `gelu_new`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// `erf(x)` for f32 as a branch-free rational function, so loops over it vectorise.
+///
+/// The odd numerator / even denominator minimax fit of Eigen's `generic_fast_erf_float`
+/// (and XLA's `ErfImpl32`), accurate to a few ulp on `[-4, 4]`; outside, `erf` is ±1 in f32.
+pub fn erf(x: f32) -> f32 {
+    const A: [f32; 7] = [
+        -2.726_142_3e-10,
+        2.770_681_4e-8,
+        -2.101_024e-6,
+        -5.692_506_4e-5,
+        -7.349_906_3e-4,
+        -2.954_600_5e-3,
+        -1.609_603_3e-2,
+    ];
+    const B: [f32; 5] = [
+        -1.456_607_2e-5,
+        -2.133_740_6e-4,
+        -1.682_827e-3,
+        -7.373_329_2e-3,
+        -1.426_474e-2,
+    ];
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let p = A.iter().fold(0.0f32, |acc, &a| acc.mul_add(x2, a)) * x;
+    let q = B.iter().fold(0.0f32, |acc, &b| acc.mul_add(x2, b));
+    p / q
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_libm_everywhere() {
+        let mut worst = (0.0f64, 0.0f32);
+        for i in -100_000..=100_000 {
+            let x = i as f32 * 1e-4 * 6.0;
+            let err = (erf(x) as f64 - libm::erf(x as f64)).abs();
+            if err > worst.0 {
+                worst = (err, x);
+            }
+        }
+        assert!(
+            worst.0 < 1e-6,
+            "max |erf − libm::erf| = {} at x = {}",
+            worst.0,
+            worst.1
+        );
+    }
+
+    #[test]
+    fn gelu_of_zero_and_large_values() {
+        // GELU(0) = 0; GELU(x) → x for large x and → 0 for very negative x (Φ → 1 and 0).
+        assert_eq!(gelu_erf(0.0), 0.0);
+        assert_eq!(gelu_erf(10.0), 10.0);
+        assert_eq!(gelu_erf(-10.0), 0.0);
+        assert_eq!(gelu_tanh(0.0), 0.0);
+    }
+
+    #[test]
+    fn gemm_small_by_hand() {
+        // [[1, 2], [3, 4]] · [[5, 6], [7, 8]] = [[1·5+2·7, 1·6+2·8], [3·5+4·7, 3·6+4·8]]
+        let mut y = [0.0; 4];
+        gemm(
+            &[1.0, 2.0, 3.0, 4.0],
+            2,
+            2,
+            &[5.0, 6.0, 7.0, 8.0],
+            2,
+            &mut y,
+            Par::Seq,
+        );
+        assert_eq!(y, [19.0, 22.0, 43.0, 50.0]);
+        // a·bᵀ with b = [[5, 7], [6, 8]] is the same product.
+        gemm_bt(
+            &[1.0, 2.0, 3.0, 4.0],
+            2,
+            2,
+            &[5.0, 7.0, 6.0, 8.0],
+            2,
+            &mut y,
+            Par::Seq,
+        );
+        assert_eq!(y, [19.0, 22.0, 43.0, 50.0]);
+    }
+
+    #[test]
+    fn linear_packing_transposes() {
+        // PyTorch weight [n_out=3, n_in=2] = [[1, 2], [3, 4], [5, 6]]; x = [1, 1] → [3, 7, 11] + b.
+        let lin = Linear::from_out_in(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], vec![0.5, 0.0, -1.0], 2, 3);
+        let mut y = [0.0; 3];
+        lin.matmul(&[1.0, 1.0], &mut y, Par::Seq);
+        bias_activation(&mut y, &lin.bias, None);
+        assert_eq!(y, [3.5, 7.0, 10.0]);
+    }
+
+    #[test]
+    fn layernorm_by_hand() {
+        // x = [1, 3]: mean 2, var 1 → [-1, 1]/√(1 + eps); γ = [2, 1], β = [0, 1] → [-2, 2] (eps ≈ 0).
+        let ln = LayerNorm {
+            gamma: vec![2.0, 1.0],
+            beta: vec![0.0, 1.0],
+            eps: 1e-12,
+        };
+        let mut x = [1.0, 3.0];
+        ln.apply(&mut x);
+        assert!(
+            (x[0] + 2.0).abs() < 1e-6 && (x[1] - 2.0).abs() < 1e-6,
+            "{x:?}"
+        );
+    }
+}

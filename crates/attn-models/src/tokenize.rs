@@ -1,0 +1,133 @@
+//! Text to token ids through the model's own `tokenizer.json` (the `tokenizers` crate), with
+//! each token's byte span in its text, its segment, and whether it is a special token.
+//!
+//! The `tokenizer.json` of a checkpoint may carry padding and truncation settings (MiniLM's pads
+//! and truncates to 128); both are switched off, because padding is the batch's business and a
+//! text longer than the model's positions is an error unless the caller asks to truncate.
+
+use std::path::Path;
+
+use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
+
+use crate::ModelError;
+
+/// One tokenized text (or text pair).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoding {
+    pub ids: Vec<u32>,
+    /// The tokenizer's own token strings (`"##ing"`, `"Ġcat"`).
+    pub tokens: Vec<String>,
+    /// Byte span of each token in its segment's text; `None` for special tokens.
+    pub spans: Vec<Option<(usize, usize)>>,
+    /// 0 for the text, 1 for the pair; special tokens take the segment they close (BERT's
+    /// `token_type_ids`).
+    pub segments: Vec<usize>,
+    /// Whether each token was added by the tokenizer (`[CLS]`, `[SEP]`).
+    pub special: Vec<bool>,
+}
+
+impl Encoding {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// A model's tokenizer with padding and truncation switched off.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    max_positions: usize,
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json`; texts may use at most `max_positions` tokens.
+    pub fn from_file(path: &Path, max_positions: usize) -> Result<TextTokenizer, ModelError> {
+        if !path.is_file() {
+            return Err(ModelError::MissingFile {
+                path: path.to_path_buf(),
+                what: "the model's tokenizer.json",
+            });
+        }
+        let mut inner = Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer {
+            reason: format!("{}: {e}", path.display()),
+        })?;
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| ModelError::Tokenizer {
+                reason: e.to_string(),
+            })?;
+        Ok(TextTokenizer {
+            inner,
+            max_positions,
+        })
+    }
+
+    /// Tokenizes `text` (and `pair`), adding the model's special tokens. Longer than the model's
+    /// positions is an error unless `truncate`, which cuts the longest segment first.
+    pub fn encode(
+        &self,
+        text: &str,
+        pair: Option<&str>,
+        truncate: bool,
+    ) -> Result<Encoding, ModelError> {
+        if text.trim().is_empty() {
+            return Err(ModelError::EmptyText { which: "text" });
+        }
+        if pair.is_some_and(|p| p.trim().is_empty()) {
+            return Err(ModelError::EmptyText { which: "pair text" });
+        }
+        let tokenizer_err = |e: tokenizers::Error| ModelError::Tokenizer {
+            reason: e.to_string(),
+        };
+        let encode = |tk: &Tokenizer| match pair {
+            Some(p) => tk.encode((text, p), true),
+            None => tk.encode(text, true),
+        };
+        let enc = encode(&self.inner).map_err(tokenizer_err)?;
+        let enc = if enc.len() <= self.max_positions {
+            enc
+        } else if truncate {
+            let mut tk = self.inner.clone();
+            tk.with_truncation(Some(TruncationParams {
+                max_length: self.max_positions,
+                strategy: TruncationStrategy::LongestFirst,
+                ..TruncationParams::default()
+            }))
+            .map_err(tokenizer_err)?;
+            encode(&tk).map_err(tokenizer_err)?
+        } else {
+            return Err(ModelError::TooLong {
+                tokens: enc.len(),
+                max: self.max_positions,
+            });
+        };
+        if enc.is_empty() {
+            return Err(ModelError::EmptyText { which: "text" });
+        }
+        let special: Vec<bool> = enc
+            .get_special_tokens_mask()
+            .iter()
+            .map(|&m| m == 1)
+            .collect();
+        let spans = enc
+            .get_offsets()
+            .iter()
+            .zip(&special)
+            .map(|(&span, &s)| (!s).then_some(span))
+            .collect();
+        Ok(Encoding {
+            ids: enc.get_ids().to_vec(),
+            tokens: enc.get_tokens().to_vec(),
+            spans,
+            segments: enc.get_type_ids().iter().map(|&t| t as usize).collect(),
+            special,
+        })
+    }
+}

@@ -1,0 +1,166 @@
+//! The tensors of a BERT or GPT-2 checkpoint, read once from the mapped safetensors file,
+//! checked against the config, and packed for the GEMMs.
+//!
+//! Tensor names follow transformers' `BertModel` and `GPT2Model` state dicts
+//! (<https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/modeling_bert.py>,
+//! `.../models/gpt2/modeling_gpt2.py`), with or without the `bert.` / `transformer.` prefix that
+//! task heads add.
+
+use crate::checkpoint::Checkpoint;
+use crate::ops::{LayerNorm, Linear};
+use crate::{ModelConfig, ModelError, ModelKind};
+
+/// One transformer block. For BERT the norms come after each sublayer (post-norm: attention
+/// output LayerNorm, output LayerNorm); for GPT-2 before (pre-norm: `ln_1`, `ln_2`).
+pub struct Layer {
+    /// Query, key and value projections side by side: `[hidden, 3·hidden]`.
+    pub qkv: Linear,
+    pub attn_out: Linear,
+    pub norm_attn: LayerNorm,
+    pub ff_in: Linear,
+    pub ff_out: Linear,
+    pub norm_ff: LayerNorm,
+}
+
+/// Everything but the word embeddings, which stay in the map (only the rows a text uses are
+/// ever read).
+pub struct Weights {
+    /// Name of the word embedding tensor `[vocab, hidden]` in the checkpoint.
+    pub word_embeddings: String,
+    /// `[max_positions, hidden]`
+    pub position: Vec<f32>,
+    /// `[type_vocab_size, hidden]`; empty for GPT-2.
+    pub token_type: Vec<f32>,
+    /// BERT's embedding LayerNorm.
+    pub embed_norm: Option<LayerNorm>,
+    pub layers: Vec<Layer>,
+    /// GPT-2's `ln_f`.
+    pub final_norm: Option<LayerNorm>,
+    /// GPT-2's language-model head, tied to the word embeddings: `[vocab, hidden]`.
+    pub lm_head: Option<Vec<f32>>,
+}
+
+fn prefix_of(
+    ckpt: &Checkpoint,
+    prefixes: &[&'static str],
+    probe: &str,
+) -> Result<&'static str, ModelError> {
+    prefixes
+        .iter()
+        .copied()
+        .find(|p| ckpt.contains(&format!("{p}{probe}")))
+        .ok_or_else(|| ModelError::MissingTensor {
+            tensor: probe.to_string(),
+        })
+}
+
+fn norm(ckpt: &Checkpoint, name: &str, n: usize, eps: f32) -> Result<LayerNorm, ModelError> {
+    Ok(LayerNorm {
+        gamma: ckpt.f32(&format!("{name}.weight"), &[n])?,
+        beta: ckpt.f32(&format!("{name}.bias"), &[n])?,
+        eps,
+    })
+}
+
+/// A PyTorch `nn.Linear` (`weight` `[n_out, n_in]`).
+fn torch_linear(
+    ckpt: &Checkpoint,
+    name: &str,
+    n_in: usize,
+    n_out: usize,
+) -> Result<Linear, ModelError> {
+    let w = ckpt.f32(&format!("{name}.weight"), &[n_out, n_in])?;
+    let b = ckpt.f32(&format!("{name}.bias"), &[n_out])?;
+    Ok(Linear::from_out_in(&w, b, n_in, n_out))
+}
+
+/// A GPT-2 `Conv1D` (`weight` `[n_in, n_out]`, already the packed layout).
+fn conv1d(ckpt: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Linear, ModelError> {
+    Ok(Linear {
+        weight: ckpt.f32(&format!("{name}.weight"), &[n_in, n_out])?,
+        bias: ckpt.f32(&format!("{name}.bias"), &[n_out])?,
+        n_in,
+        n_out,
+    })
+}
+
+impl Weights {
+    /// Reads every tensor the config calls for, checking each one's shape.
+    pub fn load(ckpt: &Checkpoint, config: &ModelConfig) -> Result<Weights, ModelError> {
+        match config.kind {
+            ModelKind::Bert => load_bert(ckpt, config),
+            ModelKind::Gpt2 => load_gpt2(ckpt, config),
+        }
+    }
+}
+
+fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
+    let p = prefix_of(ckpt, &["", "bert."], "embeddings.word_embeddings.weight")?;
+    let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+    let word_embeddings = format!("{p}embeddings.word_embeddings.weight");
+    ckpt.f32_bytes(&word_embeddings, &[c.vocab_size, h])?;
+    let layers = (0..c.n_layers)
+        .map(|l| {
+            let lp = format!("{p}encoder.layer.{l}.");
+            // Stack the three [h, h] projections into one [3h, h] before packing to [h, 3h].
+            let mut w = Vec::with_capacity(3 * h * h);
+            let mut b = Vec::with_capacity(3 * h);
+            for part in ["query", "key", "value"] {
+                w.extend(ckpt.f32(&format!("{lp}attention.self.{part}.weight"), &[h, h])?);
+                b.extend(ckpt.f32(&format!("{lp}attention.self.{part}.bias"), &[h])?);
+            }
+            Ok(Layer {
+                qkv: Linear::from_out_in(&w, b, h, 3 * h),
+                attn_out: torch_linear(ckpt, &format!("{lp}attention.output.dense"), h, h)?,
+                norm_attn: norm(ckpt, &format!("{lp}attention.output.LayerNorm"), h, eps)?,
+                ff_in: torch_linear(ckpt, &format!("{lp}intermediate.dense"), h, i)?,
+                ff_out: torch_linear(ckpt, &format!("{lp}output.dense"), i, h)?,
+                norm_ff: norm(ckpt, &format!("{lp}output.LayerNorm"), h, eps)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    Ok(Weights {
+        word_embeddings,
+        position: ckpt.f32(
+            &format!("{p}embeddings.position_embeddings.weight"),
+            &[c.max_positions, h],
+        )?,
+        token_type: ckpt.f32(
+            &format!("{p}embeddings.token_type_embeddings.weight"),
+            &[c.type_vocab_size, h],
+        )?,
+        embed_norm: Some(norm(ckpt, &format!("{p}embeddings.LayerNorm"), h, eps)?),
+        layers,
+        final_norm: None,
+        lm_head: None,
+    })
+}
+
+fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
+    let p = prefix_of(ckpt, &["", "transformer."], "wte.weight")?;
+    let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+    let word_embeddings = format!("{p}wte.weight");
+    let wte = ckpt.f32(&word_embeddings, &[c.vocab_size, h])?;
+    let layers = (0..c.n_layers)
+        .map(|l| {
+            let lp = format!("{p}h.{l}.");
+            Ok(Layer {
+                qkv: conv1d(ckpt, &format!("{lp}attn.c_attn"), h, 3 * h)?,
+                attn_out: conv1d(ckpt, &format!("{lp}attn.c_proj"), h, h)?,
+                norm_attn: norm(ckpt, &format!("{lp}ln_1"), h, eps)?,
+                ff_in: conv1d(ckpt, &format!("{lp}mlp.c_fc"), h, i)?,
+                ff_out: conv1d(ckpt, &format!("{lp}mlp.c_proj"), i, h)?,
+                norm_ff: norm(ckpt, &format!("{lp}ln_2"), h, eps)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    Ok(Weights {
+        word_embeddings,
+        position: ckpt.f32(&format!("{p}wpe.weight"), &[c.max_positions, h])?,
+        token_type: Vec::new(),
+        embed_norm: None,
+        layers,
+        final_norm: Some(norm(ckpt, &format!("{p}ln_f"), h, eps)?),
+        lm_head: Some(wte),
+    })
+}

@@ -1,0 +1,121 @@
+//! Helpers shared by the integration tests: reading the golden files and reporting differences.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use safetensors::{Dtype, SafeTensors};
+
+pub fn golden_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden"
+    ))
+}
+
+/// One golden file: each tensor as f64 values with its shape, and the JSON-decoded metadata.
+pub struct Golden {
+    pub tensors: HashMap<String, (Vec<usize>, Vec<f64>)>,
+    pub meta: HashMap<String, serde_json::Value>,
+}
+
+impl Golden {
+    pub fn read(path: &std::path::Path) -> Golden {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (_, metadata) = SafeTensors::read_metadata(&bytes).unwrap();
+        let meta = metadata
+            .metadata()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::from_str(&v).unwrap()))
+            .collect();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let tensors = st
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                let data = view.data();
+                let values: Vec<f64> = match view.dtype() {
+                    Dtype::F32 => data
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                        .collect(),
+                    Dtype::I64 => data
+                        .chunks_exact(8)
+                        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
+                        .collect(),
+                    other => panic!("{name}: unexpected dtype {other:?}"),
+                };
+                (name, (view.shape().to_vec(), values))
+            })
+            .collect();
+        Golden { tensors, meta }
+    }
+
+    pub fn tensor(&self, name: &str) -> &(Vec<usize>, Vec<f64>) {
+        self.tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("golden tensor {name} missing"))
+    }
+
+    pub fn ids(&self, name: &str) -> Vec<u32> {
+        self.tensor(name).1.iter().map(|&v| v as u32).collect()
+    }
+
+    pub fn text(&self, key: &str) -> Option<String> {
+        self.meta
+            .get(key)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    }
+
+    pub fn strings(&self, key: &str) -> Vec<String> {
+        self.meta[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+/// Asserts `got` equals `expected` within `tol` absolute, reporting the worst element and its
+/// multi-index.
+pub fn assert_close(what: &str, got: &[f32], expected: &(Vec<usize>, Vec<f64>), tol: f64) {
+    let (shape, want) = expected;
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: {} values, expected {} ({shape:?})",
+        got.len(),
+        want.len()
+    );
+    let (worst, at) = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .enumerate()
+        .fold((0.0f64, 0usize), |acc, (i, e)| {
+            if e > acc.0 || e.is_nan() { (e, i) } else { acc }
+        });
+    let mut index = vec![0; shape.len()];
+    let mut rest = at;
+    for (d, &n) in shape.iter().enumerate().rev() {
+        index[d] = rest % n;
+        rest /= n;
+    }
+    assert!(
+        worst <= tol,
+        "{what}: max abs error {worst:.3e} > {tol:e} at {index:?} (got {}, expected {})",
+        got[at],
+        want[at]
+    );
+}
+
+/// Cosine similarity of two vectors.
+pub fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y).sum();
+    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
