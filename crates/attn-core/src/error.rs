@@ -32,6 +32,12 @@ pub enum AttnError {
     /// `embed_dim` is not a multiple of `num_heads` (multi-head attention).
     #[error("embed_dim ({embed_dim}) is not a multiple of num_heads ({num_heads})")]
     EmbedNotDivisible { embed_dim: usize, num_heads: usize },
+    /// A tensor a module needs is missing from its state dict.
+    #[error("state dict: missing tensor {name}")]
+    MissingTensor { name: &'static str },
+    /// A state dict holds a tensor the module does not know (PyTorch's "unexpected key").
+    #[error("state dict: unexpected tensor {name}; known tensors: {known}")]
+    UnexpectedTensor { name: String, known: &'static str },
     /// A per-head list (ALiBi slopes) has the wrong length.
     #[error("{what}: expected {expected} values (one per query head), got {got}")]
     PerHeadLength {

@@ -22,6 +22,7 @@ pub mod shape;
 
 pub use error::AttnError;
 pub use mask::{BoolMask, Causal, FloatMask, KeyPadding, Window};
+pub use mha::{Linear, MhaConfig, MhaInput, MhaOutput, MultiheadAttention, StateDict};
 pub use options::{AttnOptions, Dropout, WeightsRequest};
 pub use reference::sdpa_reference;
 pub use shape::{AttnInput, AttnOutput, AttnShape, Weights};

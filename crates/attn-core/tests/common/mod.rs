@@ -184,3 +184,28 @@ pub fn assert_close(what: &str, case: &str, got: &[f32], expected: &[f32], tol: 
         expected[at]
     );
 }
+
+/// Every tensor of a golden file by name, and its metadata with each value JSON-decoded.
+pub fn load_tensors(
+    path: &std::path::Path,
+) -> (
+    std::collections::HashMap<String, Tensor>,
+    std::collections::HashMap<String, Value>,
+) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let md = meta
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, serde_json::from_str(&v).unwrap()))
+        .collect();
+    let tensors = st
+        .names()
+        .into_iter()
+        .map(|name| (name.to_string(), tensor(&st, name).unwrap()))
+        .collect();
+    (tensors, md)
+}
