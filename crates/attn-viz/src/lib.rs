@@ -2,6 +2,26 @@
 //!
 //! Views consume an [`AttentionMaps`]: tokens and a `[layers, heads, T, T]` weight tensor. They
 //! never reach into a model's internals.
+//!
+//! - [`words`]: subword tokens merged back into the words of the input;
+//! - [`select`]: which attention to look at (one head, a layer's mean, all, rollout);
+//! - [`flow`]: attention flow (Abnar & Zuidema 2020);
+//! - [`explain`]: which words one word attends to, as bars in a terminal;
+//! - [`heatmap`]: PNG/SVG pictures; [`stats`]: per-head statistics; [`lookup`]: attention as a
+//!   soft database lookup over embeddings.
+
+pub mod bars;
+pub mod error;
+pub mod explain;
+pub mod flow;
+pub mod heatmap;
+pub mod html;
+pub mod lookup;
+pub mod select;
+pub mod stats;
+pub mod words;
+
+pub use error::VizError;
 
 /// One token as the views show it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -29,4 +49,100 @@ pub struct AttentionMaps {
     pub n_heads: usize,
     /// `[n_layers, n_heads, T, T]`, row = query token, column = key token; rows sum to 1.
     pub weights: Vec<f32>,
+}
+
+impl AttentionMaps {
+    /// Number of tokens `T`.
+    pub fn seq_len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The text of segment 0 (the text) or 1 (the pair).
+    pub fn segment_text(&self, segment: usize) -> Option<&str> {
+        match segment {
+            0 => Some(&self.text),
+            1 => self.pair.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Checks what every view relies on: at least one token, at least one layer and head, a weight
+    /// tensor of `[n_layers, n_heads, T, T]` values, each finite and not negative.
+    pub fn validate(&self) -> Result<(), VizError> {
+        let t = self.seq_len();
+        if t == 0 {
+            return Err(VizError::NoTokens);
+        }
+        if self.n_layers == 0 || self.n_heads == 0 {
+            return Err(VizError::NoHeads {
+                n_layers: self.n_layers,
+                n_heads: self.n_heads,
+            });
+        }
+        let expected = self
+            .n_layers
+            .checked_mul(self.n_heads)
+            .and_then(|n| n.checked_mul(t))
+            .and_then(|n| n.checked_mul(t));
+        if expected != Some(self.weights.len()) {
+            return Err(VizError::WeightsShape {
+                n_layers: self.n_layers,
+                n_heads: self.n_heads,
+                seq_len: t,
+                got: self.weights.len(),
+            });
+        }
+        if let Some(pos) = self.weights.iter().position(|w| !w.is_finite() || *w < 0.0) {
+            let per_head = t * t;
+            return Err(VizError::BadWeight {
+                layer: pos / (self.n_heads * per_head),
+                head: pos / per_head % self.n_heads,
+                row: pos % per_head / t,
+                col: pos % t,
+                value: self.weights[pos],
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `layer` exists.
+    pub fn check_layer(&self, layer: usize) -> Result<(), VizError> {
+        if layer >= self.n_layers {
+            return Err(VizError::LayerOutOfRange {
+                layer,
+                n_layers: self.n_layers,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `head` exists.
+    pub fn check_head(&self, head: usize) -> Result<(), VizError> {
+        if head >= self.n_heads {
+            return Err(VizError::HeadOutOfRange {
+                head,
+                n_heads: self.n_heads,
+            });
+        }
+        Ok(())
+    }
+
+    /// One head's weights.
+    ///
+    /// # Shapes
+    /// Returns `[T, T]` (row = query, column = key) out of `weights: [n_layers, n_heads, T, T]`.
+    pub fn head(&self, layer: usize, head: usize) -> Result<&[f32], VizError> {
+        self.check_layer(layer)?;
+        self.check_head(head)?;
+        let per_head = self.seq_len() * self.seq_len();
+        let start = (layer * self.n_heads + head) * per_head;
+        self.weights
+            .get(start..start + per_head)
+            .ok_or(VizError::WeightsShape {
+                n_layers: self.n_layers,
+                n_heads: self.n_heads,
+                seq_len: self.seq_len(),
+                got: self.weights.len(),
+            })
+    }
 }

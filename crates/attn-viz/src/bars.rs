@@ -1,0 +1,104 @@
+//! Weights as bars in a terminal, in the notes' format:
+//!
+//! ```text
+//!   The      [0.05]  ▁
+//!   Eiffel   [0.30]  ████████
+//! ```
+//!
+//! A bar's length is its weight relative to the largest weight shown (the largest gets the full
+//! width), in whole blocks, rounded; a weight that rounds to no block gets `▁`, so every row shows
+//! something and a reader can tell "small" from "missing".
+
+use std::fmt::Write as _;
+
+/// How to draw bars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BarStyle {
+    /// Blocks of the largest bar.
+    pub width: usize,
+    /// ANSI colours (for a terminal; never when piped).
+    pub colour: bool,
+}
+
+impl Default for BarStyle {
+    fn default() -> Self {
+        BarStyle {
+            width: 20,
+            colour: false,
+        }
+    }
+}
+
+const BOLD: &str = "\x1b[1m";
+const CYAN: &str = "\x1b[36m";
+const YELLOW: &str = "\x1b[33m";
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+/// The bar of one weight: `round(weight / max · width)` full blocks, or `▁` when that is 0.
+pub fn bar(weight: f32, max: f32, width: usize) -> String {
+    let blocks = if max > 0.0 && weight > 0.0 {
+        ((weight / max).min(1.0) * width as f32).round() as usize
+    } else {
+        0
+    };
+    if blocks == 0 {
+        "▁".to_string()
+    } else {
+        "█".repeat(blocks)
+    }
+}
+
+/// One line per `(label, weight)`: `"  label [0.30]  ████"`. Labels are padded to the longest
+/// label (at least 8 characters, as in the notes); `highlight` rows are emphasised in colour.
+pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle) -> String {
+    let label_width = rows
+        .iter()
+        .map(|(label, _)| label.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    let max = rows.iter().map(|(_, w)| *w).fold(0.0f32, f32::max);
+    let mut out = String::new();
+    for (index, (label, weight)) in rows.iter().enumerate() {
+        let pad = " ".repeat(label_width - label.chars().count());
+        let bar = bar(*weight, max, style.width);
+        let line = if style.colour {
+            let (on, colour) = if highlight.contains(&index) {
+                (BOLD, YELLOW)
+            } else {
+                ("", CYAN)
+            };
+            format!("  {on}{label}{RESET}{pad} [{weight:.2}]  {colour}{bar}{RESET}")
+        } else {
+            format!("  {label}{pad} [{weight:.2}]  {bar}")
+        };
+        let _ = writeln!(out, "{line}");
+    }
+    out
+}
+
+/// The rows a reader should look at first: weights at least half the largest, largest first,
+/// at most three (the notes name two or three words).
+pub fn heavy(weights: &[f32]) -> Vec<usize> {
+    let max = weights.iter().copied().fold(0.0f32, f32::max);
+    if max <= 0.0 {
+        return Vec::new();
+    }
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
+    order
+        .into_iter()
+        .take_while(|&i| weights[i] >= 0.5 * max)
+        .take(3)
+        .collect()
+}
+
+/// `text` dimmed on a terminal, as is otherwise.
+pub fn dim(text: &str, colour: bool) -> String {
+    if colour {
+        format!("{DIM}{text}{RESET}")
+    } else {
+        text.to_string()
+    }
+}

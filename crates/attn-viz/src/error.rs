@@ -1,0 +1,98 @@
+//! The one error type of `attn-viz`.
+
+use std::path::PathBuf;
+
+/// Everything a view can refuse, with the facts needed to fix the input.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum VizError {
+    #[error("the attention maps have no tokens")]
+    NoTokens,
+    #[error(
+        "the attention maps have {n_layers} layers and {n_heads} heads; need at least one of each"
+    )]
+    NoHeads { n_layers: usize, n_heads: usize },
+    #[error(
+        "attention weights have {got} values; {n_layers} layers × {n_heads} heads × {seq_len}² tokens need {}",
+        n_layers.saturating_mul(*n_heads).saturating_mul(seq_len.saturating_mul(*seq_len))
+    )]
+    WeightsShape {
+        n_layers: usize,
+        n_heads: usize,
+        seq_len: usize,
+        got: usize,
+    },
+    #[error(
+        "attention weight at layer {layer}, head {head}, row {row}, column {col} is {value}; weights must be finite and not negative"
+    )]
+    BadWeight {
+        layer: usize,
+        head: usize,
+        row: usize,
+        col: usize,
+        value: f32,
+    },
+    #[error("layer {layer} is out of range: this model's layers are 0..={}", n_layers - 1)]
+    LayerOutOfRange { layer: usize, n_layers: usize },
+    #[error("head {head} is out of range: this model's heads are 0..={}", n_heads - 1)]
+    HeadOutOfRange { head: usize, n_heads: usize },
+    #[error("token {index} is out of range: the input has {seq_len} tokens")]
+    TokenOutOfRange { index: usize, seq_len: usize },
+    #[error("token {index} belongs to segment {segment}, which has no text")]
+    BadSegment { index: usize, segment: usize },
+    #[error(
+        "token {index} has span {}..{}, which is not a character range of its {text_len}-byte text",
+        span.0, span.1
+    )]
+    BadSpan {
+        index: usize,
+        span: (usize, usize),
+        text_len: usize,
+    },
+    #[error("no word {word:?} in the input; the words are: {}", quoted(available))]
+    UnknownFocus {
+        word: String,
+        available: Vec<String>,
+    },
+    #[error("{word:?} occurs {count} times in the input; #{occurrence} asks for more")]
+    FocusOccurrence {
+        word: String,
+        count: usize,
+        occurrence: usize,
+    },
+    #[error("a question/context view needs a sentence pair, and these maps hold one text")]
+    NoPair,
+    #[error("nothing to show: {what}")]
+    NothingToShow { what: String },
+    #[error("attention flow is limited to {max} tokens; this input has {seq_len}")]
+    FlowTooLong { seq_len: usize, max: usize },
+    #[error("a lookup needs at least one entry")]
+    NoEntries,
+    #[error("temperature must be a number above 0, got {temperature}")]
+    BadTemperature { temperature: f32 },
+    #[error("embedding of key {index} has {got} values; the query's has {expected}")]
+    EmbeddingSize {
+        index: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("the embedding of {what} is zero (or not finite), so it has no direction to compare")]
+    ZeroEmbedding { what: String },
+    #[error("{}: unknown image format; use a .png or .svg file name", path.display())]
+    UnknownImageFormat { path: PathBuf },
+    #[error("cannot write {}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("drawing the image failed: {message}")]
+    Draw { message: String },
+}
+
+fn quoted(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| format!("{w:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

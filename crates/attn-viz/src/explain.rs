@@ -1,0 +1,343 @@
+//! "Which words does this word look at?": one row of attention, merged into words, as bars.
+//!
+//! The row is the focus word's attention (the mean over its tokens), or, without a focus, the
+//! mean over every word shown (each word counts once, however many tokens it has). For a
+//! question/context pair, rows come from the question's words and columns are the context's.
+//!
+//! Special tokens (`[CLS]`, `[SEP]`) usually take much of BERT's attention; hidden (the default)
+//! they would leave rows that sum to well under 1. The weights shown are therefore renormalised to
+//! sum to 1 over the words shown, and the footer says how much the hidden tokens took.
+
+use crate::bars::{self, BarStyle};
+use crate::flow::attention_flow;
+use crate::select::{Selection, select};
+use crate::words::{self, Unit, renormalised, row_to_units};
+use crate::{AttentionMaps, VizError};
+
+/// Words (merged by spans) or raw tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    Words,
+    Tokens,
+}
+
+/// Where the weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "method", rename_all = "snake_case")]
+pub enum Method {
+    /// Attention weights, rollout included.
+    Attention { selection: Selection },
+    /// Attention flow (see [`crate::flow`]).
+    Flow,
+}
+
+/// What to explain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExplainOptions {
+    pub method: Method,
+    pub level: Level,
+    /// Show special tokens instead of hiding them.
+    pub special: bool,
+    /// The word to look from; `"the#2"` is the second "the". Case is ignored.
+    pub focus: Option<String>,
+    /// Sentence pair as question (segment 0) and context (segment 1): rows from the question,
+    /// columns of the context.
+    pub question: bool,
+    /// Show only the `top` heaviest words, heaviest first.
+    pub top: Option<usize>,
+}
+
+/// One word's weight.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Row {
+    pub word: String,
+    /// The weight shown: renormalised over the words shown.
+    pub weight: f32,
+    /// The weight before renormalisation.
+    pub raw: f32,
+}
+
+/// An explanation, ready to print or to serialise.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Explanation {
+    pub model: String,
+    pub text: String,
+    pub pair: Option<String>,
+    /// The attention used, in words ("all 6 layers × 12 heads averaged").
+    pub attention: String,
+    pub method: Method,
+    pub level: Level,
+    /// The word looked from, or a description of the average ("every word (averaged)").
+    pub focus: String,
+    /// Whether `focus` was picked because none was asked for.
+    pub focus_is_default: bool,
+    /// Rows shown: input order, or heaviest first with `top`.
+    pub rows: Vec<Row>,
+    /// The heaviest words ([`bars::heavy`]), heaviest first.
+    pub focuses_on: Vec<String>,
+    /// Share of the row's raw weight that went to words not shown (special tokens, the
+    /// question's own words).
+    pub hidden_share: f32,
+    /// Lines for the footer: how the numbers were made.
+    pub notes: Vec<String>,
+}
+
+/// Computes an explanation.
+///
+/// `progress(done, total)` reports attention-flow progress (other methods are quick).
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, T, T]`.
+pub fn explain(
+    maps: &AttentionMaps,
+    options: &ExplainOptions,
+    progress: impl FnMut(usize, usize),
+) -> Result<Explanation, VizError> {
+    maps.validate()?;
+    if let Method::Attention { selection } = options.method {
+        selection.check(maps)?;
+    }
+    if options.question && maps.pair.is_none() {
+        return Err(VizError::NoPair);
+    }
+    let units = match options.level {
+        Level::Words => words::words(maps)?,
+        Level::Tokens => words::tokens(maps),
+    };
+    let visible = |u: &Unit| options.special || !u.special;
+    let sources: Vec<usize> = (0..units.len())
+        .filter(|&u| visible(&units[u]) && (!options.question || units[u].segment == 0))
+        .collect();
+    let targets: Vec<usize> = (0..units.len())
+        .filter(|&u| visible(&units[u]) && (!options.question || units[u].segment == 1))
+        .collect();
+    if sources.is_empty() || targets.is_empty() {
+        return Err(VizError::NothingToShow {
+            what: format!(
+                "the input has no {} to show (special tokens are hidden without --special)",
+                if options.question {
+                    "question or context words"
+                } else {
+                    "words"
+                }
+            ),
+        });
+    }
+    let mut notes = Vec::new();
+    let (focus_units, focus, focus_is_default) = match &options.focus {
+        Some(asked) => {
+            let (unit, note) = find_focus(asked, &units, &sources)?;
+            notes.extend(note);
+            (vec![unit], units[unit].label.clone(), false)
+        }
+        None => {
+            let what = if options.question {
+                "the question's words (averaged)"
+            } else {
+                "every word (averaged)"
+            };
+            notes.push(format!("no --focus given: showing the attention of {what}"));
+            (sources.clone(), what.to_string(), true)
+        }
+    };
+    // Token weights of the row: each focus unit counts once, split over its tokens.
+    let mut from: Vec<(usize, f64)> = Vec::new();
+    for &u in &focus_units {
+        let tokens = &units[u].tokens;
+        for &i in tokens {
+            from.push((i, 1.0 / (focus_units.len() * tokens.len()) as f64));
+        }
+    }
+    let t = maps.seq_len();
+    let token_row: Vec<f32> = match options.method {
+        Method::Attention { selection } => {
+            let matrix = select(maps, selection)?;
+            weighted_rows(&matrix, &from, t)
+        }
+        Method::Flow => {
+            let rows: Vec<usize> = from.iter().map(|&(i, _)| i).collect();
+            let flows = attention_flow(maps, &rows, progress)?;
+            weighted_rows(
+                &flows,
+                &from
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &(_, w))| (k, w))
+                    .collect::<Vec<_>>(),
+                t,
+            )
+        }
+    };
+    let unit_row = row_to_units(&token_row, &units);
+    let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
+    let shown = renormalised(&raw);
+    let mut rows: Vec<Row> = targets
+        .iter()
+        .zip(raw.iter().zip(&shown))
+        .map(|(&u, (&raw, &weight))| Row {
+            word: units[u].label.clone(),
+            weight,
+            raw,
+        })
+        .collect();
+    let focuses_on = bars::heavy(&shown)
+        .into_iter()
+        .map(|i| rows[i].word.clone())
+        .collect();
+    let total: f32 = unit_row.iter().sum();
+    let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0);
+    match options.method {
+        Method::Flow => notes.push(
+            "attention flow (max-flow through the layers, Abnar & Zuidema 2020); flows overlap, so \
+             they are scaled to sum to 1 over the words shown"
+                .to_string(),
+        ),
+        Method::Attention { .. } if hidden_share > 0.0005 => notes.push(format!(
+            "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \
+             over the words shown{}",
+            hidden_what(options),
+            100.0 * hidden_share / total.max(f32::MIN_POSITIVE),
+            if options.special { "" } else { " (--special shows [CLS]/[SEP])" }
+        )),
+        Method::Attention { .. } => {}
+    }
+    if options.level == Level::Words {
+        notes.push(
+            "word level: weight to a word = sum over its tokens, from a word = mean over its \
+             tokens (--tokens shows raw tokens)"
+                .to_string(),
+        );
+    }
+    if let Some(k) = options.top {
+        rows.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        rows.truncate(k);
+    }
+    let attention = match options.method {
+        Method::Attention { selection } => selection.describe(maps),
+        Method::Flow => format!("attention flow over {} layers", maps.n_layers),
+    };
+    Ok(Explanation {
+        model: maps.model.clone(),
+        text: maps.text.clone(),
+        pair: maps.pair.clone(),
+        attention,
+        method: options.method,
+        level: options.level,
+        focus,
+        focus_is_default,
+        rows,
+        focuses_on,
+        hidden_share,
+        notes,
+    })
+}
+
+fn hidden_what(options: &ExplainOptions) -> &'static str {
+    match (options.question, options.special) {
+        (true, true) => "the question's own tokens",
+        (true, false) => "the question's own words and [CLS]/[SEP]",
+        (false, _) => "[CLS]/[SEP]",
+    }
+}
+
+/// `Σ_k w_k · matrix[row_k]` over `(row, weight)` pairs.
+///
+/// # Shapes
+/// `matrix: [R, T]` → `[T]`.
+fn weighted_rows(matrix: &[f32], rows: &[(usize, f64)], t: usize) -> Vec<f32> {
+    let mut acc = vec![0.0f64; t];
+    for &(i, w) in rows {
+        for (a, &x) in acc.iter_mut().zip(&matrix[i * t..(i + 1) * t]) {
+            *a += w * f64::from(x);
+        }
+    }
+    acc.into_iter().map(|x| x as f32).collect()
+}
+
+/// Resolves `"word"` or `"word#n"` (the n-th occurrence, from 1) among `candidates`, ignoring
+/// case. Returns the unit and, when the word is ambiguous, a note saying which one was used.
+fn find_focus(
+    asked: &str,
+    units: &[Unit],
+    candidates: &[usize],
+) -> Result<(usize, Option<String>), VizError> {
+    let (word, occurrence) = match asked.rsplit_once('#') {
+        Some((word, n))
+            if !word.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            (word, n.parse::<usize>().ok())
+        }
+        _ => (asked, None),
+    };
+    let matches: Vec<usize> = candidates
+        .iter()
+        .copied()
+        .filter(|&u| units[u].label.to_lowercase() == word.to_lowercase())
+        .collect();
+    if matches.is_empty() {
+        let mut available: Vec<String> = Vec::new();
+        for &u in candidates {
+            if !available.contains(&units[u].label) {
+                available.push(units[u].label.clone());
+            }
+        }
+        return Err(VizError::UnknownFocus {
+            word: asked.to_string(),
+            available,
+        });
+    }
+    match occurrence {
+        Some(n) if n >= 1 && n <= matches.len() => Ok((matches[n - 1], None)),
+        Some(n) => Err(VizError::FocusOccurrence {
+            word: word.to_string(),
+            count: matches.len(),
+            occurrence: n,
+        }),
+        None if matches.len() > 1 => Ok((
+            matches[0],
+            Some(format!(
+                "{word:?} occurs {} times; showing the first ({word}#2 picks the second)",
+                matches.len()
+            )),
+        )),
+        None => Ok((matches[0], None)),
+    }
+}
+
+/// The explanation as the notes print it: a header, one bar per word, the words the model
+/// focuses on, and the footer notes.
+pub fn render(explanation: &Explanation, style: BarStyle) -> String {
+    let rows: Vec<(String, f32)> = explanation
+        .rows
+        .iter()
+        .map(|r| (r.word.clone(), r.weight))
+        .collect();
+    let highlight: Vec<usize> = (0..rows.len())
+        .filter(|&i| explanation.focuses_on.contains(&rows[i].0))
+        .collect();
+    let from = if explanation.focus_is_default {
+        explanation.focus.clone()
+    } else {
+        format!("{:?}", explanation.focus)
+    };
+    let mut out = format!(
+        "Attention weights from {from} ({}, {}):\n",
+        explanation.attention, explanation.model
+    );
+    out.push_str(&bars::render_bars(&rows, &highlight, style));
+    let heavy: Vec<String> = explanation
+        .focuses_on
+        .iter()
+        .map(|w| format!("{w:?}"))
+        .collect();
+    out.push_str(&format!(
+        "\nModel focuses heavily on: {}\n",
+        heavy.join(", ")
+    ));
+    for note in &explanation.notes {
+        out.push_str(&bars::dim(&format!("note: {note}"), style.colour));
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,465 @@
+//! Attention matrices as pictures (PNG or SVG), drawn with plotters: a heatmap with word labels
+//! on both axes, a colour bar and a title (as `seaborn.heatmap` draws it in the notes), and a grid
+//! of every layer × head as small multiples.
+//!
+//! Text uses DejaVu Sans compiled into the binary (the `dejavu` crate), so drawing needs no
+//! system fonts and works headless. Images are drawn in memory and written once, so a failed
+//! write leaves no half-drawn file and reports the path.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::backend::{BitMapBackend, SVGBackend};
+use plotters::coord::Shift;
+use plotters::prelude::{DrawingArea, DrawingBackend, IntoDrawingArea, Rectangle};
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::{
+    Color, FontDesc, FontFamily, FontStyle, FontTransform, RGBColor, TextStyle, WHITE,
+};
+
+use crate::VizError;
+
+/// The picture formats, chosen by the file name's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    Png,
+    Svg,
+}
+
+impl ImageFormat {
+    /// `.png` or `.svg` (any case); anything else is an error naming the path.
+    pub fn from_path(path: &Path) -> Result<ImageFormat, VizError> {
+        match path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            Some("png") => Ok(ImageFormat::Png),
+            Some("svg") => Ok(ImageFormat::Svg),
+            _ => Err(VizError::UnknownImageFormat {
+                path: path.to_path_buf(),
+            }),
+        }
+    }
+}
+
+/// One square matrix with its labels.
+#[derive(Debug, Clone, Copy)]
+pub struct Heatmap<'a> {
+    pub title: &'a str,
+    /// Row (query) and column (key) labels, one per row.
+    pub labels: &'a [String],
+    /// `[n, n]`, row-major, `n = labels.len()`.
+    pub matrix: &'a [f32],
+}
+
+/// One small multiple of a grid.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub title: String,
+    /// `[n, n]`, row-major.
+    pub matrix: Vec<f32>,
+}
+
+/// Writes `heatmap` to `path` (PNG or SVG by extension).
+///
+/// # Shapes
+/// `heatmap.matrix: [n, n]` with `n = heatmap.labels.len()`.
+pub fn write_heatmap(path: &Path, heatmap: &Heatmap<'_>) -> Result<(), VizError> {
+    let format = ImageFormat::from_path(path)?;
+    let n = heatmap.labels.len();
+    check_square(heatmap.matrix, n)?;
+    let layout = HeatmapLayout::new(heatmap)?;
+    let bytes = render(format, layout.size, &HeatmapDrawing { layout, heatmap })?;
+    write(path, &bytes)
+}
+
+/// Writes a grid of panels, `columns` per row, all `[n, n]`, sharing one colour scale.
+///
+/// Panels larger than [`GRID_MAX_CELLS`] rows are average-pooled to that many blocks, so a
+/// 512-token grid stays a readable picture of a sane size.
+///
+/// # Shapes
+/// Each `panel.matrix: [n, n]`.
+pub fn write_grid(
+    path: &Path,
+    title: &str,
+    n: usize,
+    columns: usize,
+    panels: &[Panel],
+) -> Result<(), VizError> {
+    let format = ImageFormat::from_path(path)?;
+    if panels.is_empty() || columns == 0 {
+        return Err(VizError::NothingToShow {
+            what: "the grid has no panels".to_string(),
+        });
+    }
+    for panel in panels {
+        check_square(&panel.matrix, n)?;
+    }
+    let blocks = n.min(GRID_MAX_CELLS);
+    let side = (blocks * (GRID_PANEL / blocks).max(1)).max(blocks);
+    let rows = panels.len().div_ceil(columns);
+    let cell_w = side as i32 + 16;
+    let cell_h = side as i32 + 26;
+    let size = (
+        (40 + columns as i32 * cell_w + 90) as u32,
+        (50 + rows as i32 * cell_h + 20) as u32,
+    );
+    let vmax = panels
+        .iter()
+        .flat_map(|p| p.matrix.iter().copied())
+        .fold(0.0f32, f32::max);
+    let grid = GridDrawing {
+        title,
+        n,
+        columns,
+        panels,
+        blocks,
+        side,
+        cell: (cell_w, cell_h),
+        rows,
+        vmax,
+    };
+    let bytes = render(format, size, &grid)?;
+    write(path, &bytes)
+}
+
+/// Blocks per side of a grid panel at most (see [`write_grid`]).
+pub const GRID_MAX_CELLS: usize = 96;
+/// Pixels per side of a grid panel, about.
+const GRID_PANEL: usize = 120;
+
+fn check_square(matrix: &[f32], n: usize) -> Result<(), VizError> {
+    if n == 0 {
+        return Err(VizError::NoTokens);
+    }
+    if matrix.len() != n * n {
+        return Err(VizError::WeightsShape {
+            n_layers: 1,
+            n_heads: 1,
+            seq_len: n,
+            got: matrix.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Average-pools an `[n, n]` matrix to `[blocks, blocks]` (identity when `blocks == n`).
+fn pool(matrix: &[f32], n: usize, blocks: usize) -> Vec<f32> {
+    if blocks == n {
+        return matrix.to_vec();
+    }
+    let mut sums = vec![0.0f32; blocks * blocks];
+    let mut counts = vec![0u32; blocks * blocks];
+    for i in 0..n {
+        let bi = i * blocks / n;
+        for j in 0..n {
+            let b = bi * blocks + j * blocks / n;
+            sums[b] += matrix[i * n + j];
+            counts[b] += 1;
+        }
+    }
+    sums.iter()
+        .zip(&counts)
+        .map(|(s, &c)| s / c.max(1) as f32)
+        .collect()
+}
+
+/// Pixel geometry of a single heatmap.
+struct HeatmapLayout {
+    size: (u32, u32),
+    /// Top-left corner of the matrix.
+    origin: (i32, i32),
+    cell: f64,
+    font: f64,
+    /// Draw every `step`-th label (1 up to 128 tokens).
+    step: usize,
+    vmax: f32,
+}
+
+impl HeatmapLayout {
+    fn new(heatmap: &Heatmap<'_>) -> Result<HeatmapLayout, VizError> {
+        let n = heatmap.labels.len();
+        // Up to 128 labels each row gets ≥ 12 px, enough for a 10 px label; past that the
+        // matrix stays ~1536 px and only every `step`-th label is written.
+        let cell = if n <= 128 {
+            (760.0 / n as f64).clamp(12.0, 40.0)
+        } else {
+            (1536.0 / n as f64).max(1.0)
+        };
+        let font = (cell * 0.7).clamp(10.0, 15.0);
+        let step = (12.0 / cell).ceil().max(1.0) as usize;
+        fonts()?;
+        let desc = FontDesc::new(FontFamily::SansSerif, font, FontStyle::Normal);
+        let mut label_w = 0u32;
+        for label in heatmap.labels.iter().step_by(step) {
+            let (w, _) = desc.box_size(label).map_err(|e| VizError::Draw {
+                message: format!("measuring {label:?}: {e}"),
+            })?;
+            label_w = label_w.max(w);
+        }
+        let label_w = label_w.min(220) as i32;
+        let side = (cell * n as f64).ceil() as i32;
+        let origin = (label_w + 24, 56);
+        let size = (
+            (origin.0 + side + 110).max(420) as u32,
+            (origin.1 + side + label_w + 24) as u32,
+        );
+        let vmax = heatmap.matrix.iter().copied().fold(0.0f32, f32::max);
+        Ok(HeatmapLayout {
+            size,
+            origin,
+            cell,
+            font,
+            step,
+            vmax,
+        })
+    }
+}
+
+/// Something drawn the same way on either backend.
+trait Drawing {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB>;
+}
+
+struct HeatmapDrawing<'a> {
+    layout: HeatmapLayout,
+    heatmap: &'a Heatmap<'a>,
+}
+
+impl Drawing for HeatmapDrawing<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        draw_heatmap(root, &self.layout, self.heatmap)
+    }
+}
+
+struct GridDrawing<'a> {
+    title: &'a str,
+    n: usize,
+    columns: usize,
+    panels: &'a [Panel],
+    /// Blocks per panel side after pooling, and the side in pixels.
+    blocks: usize,
+    side: usize,
+    /// Pixels from one panel to the next, across and down.
+    cell: (i32, i32),
+    rows: usize,
+    vmax: f32,
+}
+
+impl Drawing for GridDrawing<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let (cell_w, cell_h) = self.cell;
+        root.fill(&WHITE)?;
+        root.draw_text(self.title, &text_style(18.0), (20, 14))?;
+        let pixel = self.side as f64 / self.blocks as f64;
+        for (k, panel) in self.panels.iter().enumerate() {
+            let x = 20 + (k % self.columns) as i32 * cell_w;
+            let y = 50 + (k / self.columns) as i32 * cell_h;
+            root.draw_text(&panel.title, &text_style(12.0), (x, y))?;
+            let pooled = pool(&panel.matrix, self.n, self.blocks);
+            draw_cells(root, &pooled, self.blocks, (x, y + 16), pixel, self.vmax)?;
+        }
+        let bar_x = 40 + self.columns as i32 * cell_w - 10;
+        let bar_h = (self.rows as i32 * cell_h - 26).max(60);
+        draw_colour_bar(root, (bar_x, 66), bar_h, self.vmax)
+    }
+}
+
+type DrawResult<DB> =
+    Result<(), plotters::drawing::DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+fn draw_heatmap<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    layout: &HeatmapLayout,
+    heatmap: &Heatmap<'_>,
+) -> DrawResult<DB> {
+    let n = heatmap.labels.len();
+    let (x0, y0) = layout.origin;
+    root.fill(&WHITE)?;
+    root.draw_text(heatmap.title, &text_style(18.0), (16, 14))?;
+    draw_cells(
+        root,
+        heatmap.matrix,
+        n,
+        layout.origin,
+        layout.cell,
+        layout.vmax,
+    )?;
+    let side = (layout.cell * n as f64).ceil() as i32;
+    let row_label = text_style(layout.font).pos(Pos::new(HPos::Right, VPos::Center));
+    let col_label = text_style(layout.font)
+        .transform(FontTransform::Rotate270)
+        .pos(Pos::new(HPos::Right, VPos::Center));
+    for (i, label) in heatmap.labels.iter().enumerate().step_by(layout.step) {
+        let label = clip(label);
+        let mid = ((i as f64 + 0.5) * layout.cell) as i32;
+        root.draw_text(&label, &row_label, (x0 - 6, y0 + mid))?;
+        root.draw_text(&label, &col_label, (x0 + mid, y0 + side + 6))?;
+    }
+    root.draw_text(
+        "key (attended to) →",
+        &text_style(11.0).pos(Pos::new(HPos::Right, VPos::Top)),
+        (x0 + side, 38),
+    )?;
+    draw_colour_bar(root, (x0 + side + 24, y0), side.max(60), layout.vmax)
+}
+
+/// Long labels end in "…" rather than running off the picture.
+fn clip(label: &str) -> String {
+    if label.chars().count() > 24 {
+        label.chars().take(23).chain(['…']).collect()
+    } else {
+        label.to_string()
+    }
+}
+
+fn draw_cells<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    matrix: &[f32],
+    n: usize,
+    origin: (i32, i32),
+    cell: f64,
+    vmax: f32,
+) -> DrawResult<DB> {
+    let edge = |k: usize| (k as f64 * cell).round() as i32;
+    for i in 0..n {
+        for j in 0..n {
+            let colour = viridis(scale(matrix[i * n + j], vmax));
+            root.draw(&Rectangle::new(
+                [
+                    (origin.0 + edge(j), origin.1 + edge(i)),
+                    (origin.0 + edge(j + 1), origin.1 + edge(i + 1)),
+                ],
+                colour.filled(),
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+fn draw_colour_bar<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    (x, y): (i32, i32),
+    height: i32,
+    vmax: f32,
+) -> DrawResult<DB> {
+    for k in 0..height {
+        let v = 1.0 - k as f32 / (height - 1).max(1) as f32;
+        root.draw(&Rectangle::new(
+            [(x, y + k), (x + 16, y + k + 1)],
+            viridis(v).filled(),
+        ))?;
+    }
+    let tick = text_style(11.0).pos(Pos::new(HPos::Left, VPos::Center));
+    for (frac, value) in [(0.0, vmax), (0.5, vmax / 2.0), (1.0, 0.0)] {
+        let ty = y + (frac * (height - 1) as f64) as i32;
+        root.draw(&Rectangle::new(
+            [(x + 16, ty), (x + 20, ty + 1)],
+            RGBColor(0, 0, 0).filled(),
+        ))?;
+        root.draw_text(&format!("{value:.2}"), &tick, (x + 23, ty))?;
+    }
+    Ok(())
+}
+
+fn text_style(size: f64) -> TextStyle<'static> {
+    TextStyle::from(FontDesc::new(
+        FontFamily::SansSerif,
+        size,
+        FontStyle::Normal,
+    ))
+}
+
+/// `value / vmax` in `0..=1` (0 when everything is 0).
+fn scale(value: f32, vmax: f32) -> f32 {
+    if vmax > 0.0 {
+        (value / vmax).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// matplotlib's viridis, linearly interpolated between five of its colours.
+fn viridis(t: f32) -> RGBColor {
+    const STOPS: [(f32, f32, f32); 5] = [
+        (68.0, 1.0, 84.0),
+        (59.0, 82.0, 139.0),
+        (33.0, 145.0, 140.0),
+        (94.0, 201.0, 98.0),
+        (253.0, 231.0, 37.0),
+    ];
+    let x = t.clamp(0.0, 1.0) * 4.0;
+    let k = (x.floor() as usize).min(3);
+    let f = x - k as f32;
+    let (a, b) = (STOPS[k], STOPS[k + 1]);
+    let mix = |p: f32, q: f32| (p + (q - p) * f).round() as u8;
+    RGBColor(mix(a.0, b.0), mix(a.1, b.1), mix(a.2, b.2))
+}
+
+/// Registers DejaVu Sans as plotters' "sans-serif" once.
+fn fonts() -> Result<(), VizError> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+                .map_err(|_| "the embedded DejaVu Sans font did not load".to_string())
+        })
+        .clone()
+        .map_err(|message| VizError::Draw { message })
+}
+
+/// Draws with `draw` on a `size` canvas and returns the encoded file.
+fn render(
+    format: ImageFormat,
+    size: (u32, u32),
+    drawing: &impl Drawing,
+) -> Result<Vec<u8>, VizError> {
+    fonts()?;
+    let failed = |e: &dyn std::fmt::Display| VizError::Draw {
+        message: e.to_string(),
+    };
+    match format {
+        ImageFormat::Png => {
+            let mut pixels = vec![0u8; size.0 as usize * size.1 as usize * 3];
+            {
+                let root = BitMapBackend::with_buffer(&mut pixels, size).into_drawing_area();
+                drawing.draw(&root).map_err(|e| failed(&e))?;
+                root.present().map_err(|e| failed(&e))?;
+            }
+            encode_png(&pixels, size)
+        }
+        ImageFormat::Svg => {
+            let mut svg = String::new();
+            {
+                let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+                drawing.draw(&root).map_err(|e| failed(&e))?;
+                root.present().map_err(|e| failed(&e))?;
+            }
+            Ok(svg.into_bytes())
+        }
+    }
+}
+
+fn encode_png(pixels: &[u8], (w, h): (u32, u32)) -> Result<Vec<u8>, VizError> {
+    let mut out = Vec::new();
+    let failed = |e: png::EncodingError| VizError::Draw {
+        message: format!("encoding the PNG: {e}"),
+    };
+    let mut encoder = png::Encoder::new(&mut out, w, h);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(failed)?;
+    writer.write_image_data(pixels).map_err(failed)?;
+    writer.finish().map_err(failed)?;
+    Ok(out)
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), VizError> {
+    std::fs::write(path, bytes).map_err(|source| VizError::Write {
+        path: PathBuf::from(path),
+        source,
+    })
+}

@@ -1,0 +1,155 @@
+//! Which attention to look at: one head, one layer's heads averaged, every layer and head
+//! averaged, or attention rollout.
+//!
+//! Rollout follows Abnar & Zuidema, "Quantifying Attention Flow in Transformers" (ACL 2020,
+//! <https://arxiv.org/abs/2005.00928>): per layer the heads are averaged, the residual connection
+//! is added as `A' = 0.5·A + 0.5·I`, rows are renormalised, and the layers are multiplied from the
+//! input up: `R = A'_{L-1} · … · A'_1 · A'_0`. Row `i` of `R` is how much output token `i` draws
+//! from each input token.
+
+use crate::{AttentionMaps, VizError};
+
+/// The attention a view shows, reduced to one `[T, T]` matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Selection {
+    /// Every layer and head averaged.
+    All,
+    /// One layer, its heads averaged.
+    Layer { layer: usize },
+    /// One head of one layer.
+    Head { layer: usize, head: usize },
+    /// Attention rollout across all layers.
+    Rollout,
+}
+
+impl Selection {
+    /// What the selection is, in words, for titles and footers.
+    pub fn describe(&self, maps: &AttentionMaps) -> String {
+        match *self {
+            Selection::All => format!(
+                "all {} layers × {} heads averaged",
+                maps.n_layers, maps.n_heads
+            ),
+            Selection::Layer { layer } => format!("layer {layer}, {} heads averaged", maps.n_heads),
+            Selection::Head { layer, head } => format!("layer {layer}, head {head}"),
+            Selection::Rollout => format!("attention rollout over {} layers", maps.n_layers),
+        }
+    }
+
+    /// Checks that the layer and head exist in `maps`.
+    pub fn check(&self, maps: &AttentionMaps) -> Result<(), VizError> {
+        match *self {
+            Selection::Layer { layer } => maps.check_layer(layer),
+            Selection::Head { layer, head } => {
+                maps.check_layer(layer)?;
+                maps.check_head(head)
+            }
+            Selection::All | Selection::Rollout => Ok(()),
+        }
+    }
+}
+
+/// The selected attention as one matrix.
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, T, T]` → `[T, T]` (row = query, column = key).
+pub fn select(maps: &AttentionMaps, selection: Selection) -> Result<Vec<f32>, VizError> {
+    maps.validate()?;
+    selection.check(maps)?;
+    Ok(match selection {
+        Selection::All => {
+            let layers: Vec<Vec<f32>> = (0..maps.n_layers)
+                .map(|layer| layer_mean(maps, layer))
+                .collect();
+            mean_of(&layers)
+        }
+        Selection::Layer { layer } => layer_mean(maps, layer),
+        Selection::Head { layer, head } => maps.head(layer, head)?.to_vec(),
+        Selection::Rollout => rollout(maps)?,
+    })
+}
+
+/// One layer's heads averaged.
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, T, T]` → `[T, T]`. `maps` must be valid and `layer` in
+/// range (see [`select`], which checks both).
+pub fn layer_mean(maps: &AttentionMaps, layer: usize) -> Vec<f32> {
+    let per_head = maps.seq_len() * maps.seq_len();
+    let start = layer * maps.n_heads * per_head;
+    let heads: Vec<&[f32]> = maps.weights[start..start + maps.n_heads * per_head]
+        .chunks_exact(per_head)
+        .collect();
+    mean_of(&heads)
+}
+
+fn mean_of<M: AsRef<[f32]>>(matrices: &[M]) -> Vec<f32> {
+    let mut mean = vec![0.0f32; matrices[0].as_ref().len()];
+    let share = 1.0 / matrices.len() as f32;
+    for m in matrices {
+        for (acc, w) in mean.iter_mut().zip(m.as_ref()) {
+            *acc += share * w;
+        }
+    }
+    mean
+}
+
+/// Per layer: heads averaged, `0.5·A + 0.5·I`, rows renormalised (the residual-aware attention
+/// graph that rollout and flow walk through).
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, T, T]` → `n_layers` matrices of `[T, T]`.
+pub fn residual_layers(maps: &AttentionMaps) -> Result<Vec<Vec<f32>>, VizError> {
+    maps.validate()?;
+    let t = maps.seq_len();
+    Ok((0..maps.n_layers)
+        .map(|layer| {
+            let mut a = layer_mean(maps, layer);
+            for i in 0..t {
+                a[i * t + i] += 1.0;
+                let row = &mut a[i * t..(i + 1) * t];
+                let sum: f32 = row.iter().sum();
+                // sum ≥ 1 thanks to the identity, so the division is safe.
+                row.iter_mut().for_each(|w| *w /= sum);
+            }
+            a
+        })
+        .collect())
+}
+
+/// Attention rollout (see the module docs).
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, T, T]` → `[T, T]`.
+pub fn rollout(maps: &AttentionMaps) -> Result<Vec<f32>, VizError> {
+    let t = maps.seq_len();
+    let layers = residual_layers(maps)?;
+    let mut rolled = layers[0].clone();
+    for a in &layers[1..] {
+        rolled = matmul(a, &rolled, t);
+    }
+    Ok(rolled)
+}
+
+/// `a · b` for two `[n, n]` row-major matrices, accumulated in f64.
+fn matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; n * n];
+    let mut acc = vec![0.0f64; n];
+    for i in 0..n {
+        acc.iter_mut().for_each(|x| *x = 0.0);
+        for k in 0..n {
+            let aik = f64::from(a[i * n + k]);
+            if aik == 0.0 {
+                continue;
+            }
+            for (x, &bkj) in acc.iter_mut().zip(&b[k * n..(k + 1) * n]) {
+                *x += aik * f64::from(bkj);
+            }
+        }
+        for (o, x) in out[i * n..(i + 1) * n].iter_mut().zip(&acc) {
+            *o = *x as f32;
+        }
+    }
+    out
+}

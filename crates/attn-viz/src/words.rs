@@ -1,0 +1,157 @@
+//! Subword tokens merged back into the words of the input.
+//!
+//! A word is a run of tokens of one segment whose byte spans touch (`end == next start`) and join
+//! two letters or digits: `e ##iff ##el` (spans 4..5, 5..8, 8..10 of "The Eiffel") is "Eiffel",
+//! while `paris ,` stays two words ("Paris" and ","). GPT-2's `Ġcat` carries its leading space in
+//! its span under some tokenizers: a space is not a letter, so it starts a new word either way.
+//! Special tokens are words of their own.
+//!
+//! Merging a `[T, T]` matrix into words: the weight TO a word is the sum over its tokens (the
+//! share of attention it received), the weight FROM a word is the mean over its tokens (so each
+//! merged row still sums to 1). This is bertviz's and Clark et al. (2019)'s convention.
+
+use crate::{AttentionMaps, VizError};
+
+/// A word (or a raw token) as shown: its label and the tokens it covers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Unit {
+    /// The word as written in the input ("Eiffel"), or the raw token (`##iff`, `[CLS]`).
+    pub label: String,
+    /// Indices into [`AttentionMaps::tokens`], ascending.
+    pub tokens: Vec<usize>,
+    pub segment: usize,
+    pub special: bool,
+}
+
+/// Words of the input, merged from tokens by their spans (see the module docs).
+pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
+    let mut units: Vec<Unit> = Vec::new();
+    // (segment, end byte) of the previous token when it may continue into the next.
+    let mut open: Option<(usize, usize)> = None;
+    for (index, token) in maps.tokens.iter().enumerate() {
+        let span = match (token.special, token.span) {
+            (false, Some(span)) => span,
+            _ => {
+                units.push(raw_unit(index, token));
+                open = None;
+                continue;
+            }
+        };
+        let text = maps
+            .segment_text(token.segment)
+            .ok_or(VizError::BadSegment {
+                index,
+                segment: token.segment,
+            })?;
+        let piece = text.get(span.0..span.1).ok_or(VizError::BadSpan {
+            index,
+            span,
+            text_len: text.len(),
+        })?;
+        let joins = open == Some((token.segment, span.0))
+            && text[..span.0]
+                .chars()
+                .next_back()
+                .is_some_and(char::is_alphanumeric)
+            && piece.chars().next().is_some_and(char::is_alphanumeric);
+        match units.last_mut() {
+            Some(last) if joins => {
+                last.tokens.push(index);
+                let first = maps.tokens[last.tokens[0]].span.map_or(span.0, |s| s.0);
+                last.label = text[first..span.1].trim().to_string();
+            }
+            _ => units.push(Unit {
+                label: label_of(piece, token),
+                tokens: vec![index],
+                segment: token.segment,
+                special: false,
+            }),
+        }
+        open = Some((token.segment, span.1));
+    }
+    Ok(units)
+}
+
+/// Every token a unit of its own, labelled as the tokenizer writes it.
+pub fn tokens(maps: &AttentionMaps) -> Vec<Unit> {
+    maps.tokens
+        .iter()
+        .enumerate()
+        .map(|(index, token)| raw_unit(index, token))
+        .collect()
+}
+
+fn raw_unit(index: usize, token: &crate::Token) -> Unit {
+    Unit {
+        label: token.text.clone(),
+        tokens: vec![index],
+        segment: token.segment,
+        special: token.special,
+    }
+}
+
+/// The input's own spelling, or the token when its span covers only spaces.
+fn label_of(piece: &str, token: &crate::Token) -> String {
+    let trimmed = piece.trim();
+    if trimmed.is_empty() {
+        token.text.clone()
+    } else {
+        trimmed.to_string()
+    }
+}
+
+/// Sums a token-level row into units: entry `u` is the weight to unit `u`'s tokens together.
+///
+/// # Shapes
+/// `row: [T]` → `[units.len()]`.
+pub fn row_to_units(row: &[f32], units: &[Unit]) -> Vec<f32> {
+    units
+        .iter()
+        .map(|unit| unit.tokens.iter().map(|&j| row[j]).sum())
+        .collect()
+}
+
+/// Merges a token matrix into units: weights TO a unit summed over its tokens, FROM a unit
+/// averaged over its tokens.
+///
+/// # Shapes
+/// `matrix: [T, T]` (row = query) → `[U, U]` with `U = units.len()`.
+pub fn merge_matrix(matrix: &[f32], seq_len: usize, units: &[Unit]) -> Vec<f32> {
+    debug_assert_eq!(matrix.len(), seq_len * seq_len);
+    let mut merged = Vec::with_capacity(units.len() * units.len());
+    for from in units {
+        let mut row = vec![0.0f32; seq_len];
+        let share = 1.0 / from.tokens.len() as f32;
+        for &i in &from.tokens {
+            for (acc, w) in row.iter_mut().zip(&matrix[i * seq_len..(i + 1) * seq_len]) {
+                *acc += share * w;
+            }
+        }
+        merged.extend(row_to_units(&row, units));
+    }
+    merged
+}
+
+/// Keeps the columns and rows of `shown` units and renormalises each row to sum to 1 (a row
+/// whose shown weights are all 0 stays 0).
+///
+/// # Shapes
+/// `matrix: [U, U]` → `[S, S]` with `S = shown.len()`.
+pub fn keep_and_renormalise(matrix: &[f32], n_units: usize, shown: &[usize]) -> Vec<f32> {
+    let mut kept = Vec::with_capacity(shown.len() * shown.len());
+    for &i in shown {
+        let row: Vec<f32> = shown.iter().map(|&j| matrix[i * n_units + j]).collect();
+        kept.extend(renormalised(&row));
+    }
+    kept
+}
+
+/// `row / sum(row)`, or zeros when the sum is 0.
+pub fn renormalised(row: &[f32]) -> Vec<f32> {
+    let sum: f32 = row.iter().sum();
+    if sum > 0.0 {
+        row.iter().map(|w| w / sum).collect()
+    } else {
+        vec![0.0; row.len()]
+    }
+}
