@@ -14,6 +14,7 @@
 //! against. [`mha`] builds multi-head attention (projections, masks, weights) on top.
 
 pub mod error;
+pub mod fused;
 pub mod mask;
 pub mod mha;
 pub mod options;
@@ -21,6 +22,7 @@ pub mod reference;
 pub mod shape;
 
 pub use error::AttnError;
+pub use fused::{AttnInputBf16, sdpa_bf16};
 pub use mask::{BoolMask, Causal, FloatMask, KeyPadding, Window};
 pub use mha::{Linear, MhaConfig, MhaInput, MhaOutput, MultiheadAttention, StateDict};
 pub use options::{AttnOptions, Dropout, WeightsRequest};
@@ -34,6 +36,9 @@ pub use shape::{AttnInput, AttnOutput, AttnShape, Weights};
 /// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
 /// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
 /// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`
+///
+/// The fused kernel of [`fused`] on the best instruction set of this CPU: O((seq_q + seq_kv) ·
+/// head_dim) memory, weights recomputed from the saved log-sum-exp only when asked for.
 pub fn sdpa(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
-    sdpa_reference(input, options)
+    fused::sdpa_with(fused::Isa::best(), input, options)
 }

@@ -1,0 +1,130 @@
+//! Which kernels run: detected once per process from the CPU, or chosen by the caller (tests
+//! force [`Isa::Portable`] to check the fallback on a machine that has AVX-512).
+
+use std::sync::OnceLock;
+
+use super::{avx512_or_portable, portable};
+
+/// An instruction set the fused kernels are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Isa {
+    /// Plain Rust: runs on every CPU.
+    Portable,
+    /// AVX-512F register-blocked kernels; bf16 dot products use AVX512_BF16 when present.
+    Avx512,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Features {
+    avx512: bool,
+    avx512bf16: bool,
+}
+
+fn features() -> Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    *FEATURES.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+            Features {
+                avx512,
+                avx512bf16: avx512 && std::arch::is_x86_feature_detected!("avx512bf16"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Features {
+            avx512: false,
+            avx512bf16: false,
+        }
+    })
+}
+
+impl Isa {
+    /// The fastest instruction set this CPU supports (detected once, then cached).
+    pub fn best() -> Isa {
+        if features().avx512 {
+            Isa::Avx512
+        } else {
+            Isa::Portable
+        }
+    }
+
+    /// Whether this CPU can run the kernels of `self`.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            Isa::Avx512 => features().avx512,
+        }
+    }
+
+    /// `C[m × n] (+)= A[m × k] · B[k × n]` in f32 (row-major, strides `lda`, `ldb`, `ldc`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_f32(
+        self,
+        mnk: (usize, usize, usize),
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        match self {
+            // SAFETY: an `Isa::Avx512` only reaches the kernels after `is_available` said yes.
+            Isa::Avx512 => unsafe {
+                avx512_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
+            },
+            Isa::Portable => portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate),
+        }
+    }
+
+    /// `C[m × n] = A[m × k2] · B[k2 × n]` over bf16 pairs packed in `u32` (the low half is the
+    /// first element), accumulated in f32: `VDPBF16PS` where the CPU has AVX512_BF16.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_bf16(
+        self,
+        mnk: (usize, usize, usize),
+        a: &[u32],
+        lda: usize,
+        b: &[u32],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        if self == Isa::Avx512 && features().avx512bf16 {
+            // SAFETY: AVX-512F and AVX512_BF16 were detected.
+            unsafe { avx512_or_portable::gemm_bf16(mnk, a, lda, b, ldb, c, ldc) }
+        } else {
+            portable::gemm_bf16(mnk, a, lda, b, ldb, c, ldc)
+        }
+    }
+
+    /// `x *= a`.
+    pub(super) fn scale(self, x: &mut [f32], a: f32) {
+        match self {
+            // SAFETY: see `gemm_f32`.
+            Isa::Avx512 => unsafe { avx512_or_portable::scale(x, a) },
+            Isa::Portable => portable::scale(x, a),
+        }
+    }
+
+    /// The largest value of `x` (`−∞` when empty).
+    pub(super) fn max(self, x: &[f32]) -> f32 {
+        match self {
+            // SAFETY: see `gemm_f32`.
+            Isa::Avx512 => unsafe { avx512_or_portable::max(x) },
+            Isa::Portable => portable::max(x),
+        }
+    }
+
+    /// `x = e^(x − m)`, returning the sum of the new values.
+    pub(super) fn exp_sub_sum(self, x: &mut [f32], m: f32) -> f32 {
+        match self {
+            // SAFETY: see `gemm_f32`.
+            Isa::Avx512 => unsafe { avx512_or_portable::exp_sub_sum(x, m) },
+            Isa::Portable => portable::exp_sub_sum(x, m),
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! The fused attention kernel: blocks of queries against blocks of keys with an online softmax
+//! (FlashAttention, Dao et al. 2022, <https://arxiv.org/abs/2205.14135>, Algorithm 1, forward),
+//! so the `seq_q × seq_kv` score matrix is never materialised.
+//!
+//! For a block of `BLOCK_Q` query rows, each block of `BLOCK_KV` keys gives a score tile
+//! `S = Q·Kᵀ` (`[rows, keys]`), which gets every rule of [`crate::options`] in the reference's
+//! order (scale, softcap, ALiBi, float mask, visibility as `−∞`). Each row keeps its running max
+//! `m`, running sum `l` and an accumulator `acc`:
+//! `m' = max(m, max S)`, `P = e^(S − m')`, `l' = l·e^(m − m') + ΣP`, `acc' = acc·e^(m − m') + P·V`;
+//! at the end `out = acc / l` and `lse = m + ln l` (a row that saw nothing: `out = 0`, `lse = −∞`).
+//! Causal and window rules bound the key blocks a query block visits, so hidden blocks cost
+//! nothing; the blocks on the boundary are masked in place.
+//!
+//! Extra memory is one score tile, one packed key block and one value block per task:
+//! `O((BLOCK_Q + head_dim + value_dim) · BLOCK_KV)`. Weights, when asked for, are recomputed
+//! afterwards from the saved `lse` as `e^(score − lse)`, only for the rows asked.
+//!
+//! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
+
+mod input_bf16;
+mod isa;
+mod portable;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+use avx512 as avx512_or_portable;
+#[cfg(not(target_arch = "x86_64"))]
+use portable as avx512_or_portable;
+
+pub use input_bf16::AttnInputBf16;
+pub use isa::Isa;
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::mask::{diagonal_offset, key_range};
+use crate::{
+    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, Weights, WeightsRequest,
+    sdpa_reference,
+};
+
+/// Query rows per task.
+const BLOCK_Q: usize = 64;
+/// Keys per score tile.
+const BLOCK_KV: usize = 128;
+
+/// Scaled dot-product attention through the fused kernels of `isa`.
+///
+/// # Shapes
+/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
+/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
+/// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`,
+///   weights as [`WeightsRequest`] says.
+///
+/// # Errors
+/// Whatever [`AttnOptions::validate`] rejects, and an `isa` this CPU lacks.
+pub fn sdpa_with(
+    isa: Isa,
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+) -> Result<AttnOutput, AttnError> {
+    let src = Src::F32 {
+        q: input.q,
+        k: input.k,
+        v: input.v,
+    };
+    run(isa, src, input.shape, options, || {
+        sdpa_reference(input, options)
+    })
+}
+
+/// Scaled dot-product attention on bf16 inputs, accumulated in f32 (the best [`Isa`] of this
+/// CPU; `VDPBF16PS` for `Q·Kᵀ` where present). The result equals [`crate::sdpa`] on the inputs
+/// widened to f32, up to f32 rounding of the sums.
+///
+/// # Shapes
+/// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
+///
+/// # Errors
+/// Whatever [`AttnOptions::validate`] rejects.
+pub fn sdpa_bf16(
+    input: &AttnInputBf16<'_>,
+    options: &AttnOptions,
+) -> Result<AttnOutput, AttnError> {
+    sdpa_bf16_with(Isa::best(), input, options)
+}
+
+/// [`sdpa_bf16`] through the kernels of `isa`.
+///
+/// # Shapes
+/// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
+///
+/// # Errors
+/// Whatever [`AttnOptions::validate`] rejects, and an `isa` this CPU lacks.
+pub fn sdpa_bf16_with(
+    isa: Isa,
+    input: &AttnInputBf16<'_>,
+    options: &AttnOptions,
+) -> Result<AttnOutput, AttnError> {
+    let src = Src::Bf16 {
+        q: input.q,
+        k: input.k,
+        v: input.v,
+    };
+    run(isa, src, input.shape, options, || {
+        let widen = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        let (q, k, v) = (widen(input.q), widen(input.k), widen(input.v));
+        sdpa_reference(&AttnInput::new(&q, &k, &v, input.shape)?, options)
+    })
+}
+
+/// The inputs of one call, in their stored element type.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    F32 {
+        q: &'a [f32],
+        k: &'a [f32],
+        v: &'a [f32],
+    },
+    Bf16 {
+        q: &'a [bf16],
+        k: &'a [bf16],
+        v: &'a [bf16],
+    },
+}
+
+/// Validates, then runs the fused kernels; degenerate shapes (`head_dim` or `value_dim` 0),
+/// where there is nothing to fuse, go to `degenerate`.
+fn run(
+    isa: Isa,
+    src: Src<'_>,
+    shape: AttnShape,
+    options: &AttnOptions,
+    degenerate: impl FnOnce() -> Result<AttnOutput, AttnError>,
+) -> Result<AttnOutput, AttnError> {
+    options.validate(&shape)?;
+    if !isa.is_available() {
+        return Err(AttnError::InvalidOption {
+            option: "isa",
+            reason: format!("{isa:?} kernels need CPU features this machine lacks"),
+        });
+    }
+    if shape.head_dim == 0 || shape.value_dim == 0 {
+        return degenerate();
+    }
+    let plan = Plan {
+        isa,
+        src,
+        sh: shape,
+        opt: options,
+        scale: options.scale_for(&shape),
+        offset: diagonal_offset(options.causal, shape.seq_q, shape.seq_kv),
+        extras: options.softcap.is_some()
+            || options.alibi.is_some()
+            || options.float_mask.is_some()
+            || options.bool_mask.is_some()
+            || options.key_padding.is_some(),
+        pairs: shape.head_dim.div_ceil(2),
+    };
+    let (out, lse) = plan.forward();
+    let weights = plan.weights(&lse);
+    Ok(AttnOutput { out, lse, weights })
+}
+
+/// Everything a task needs to know about the call.
+struct Plan<'a> {
+    isa: Isa,
+    src: Src<'a>,
+    sh: AttnShape,
+    opt: &'a AttnOptions,
+    scale: f32,
+    offset: isize,
+    /// Whether any rule beyond scale, causal and window applies (the per-key slow lane).
+    extras: bool,
+    /// bf16 pairs per query or key row.
+    pairs: usize,
+}
+
+/// Per-task buffers, reused across the blocks of a task.
+#[derive(Default)]
+struct Scratch {
+    /// Query rows, `[rows, head_dim]` (f32) or `[rows, pairs]` (bf16 pairs).
+    q_f32: Vec<f32>,
+    q_pairs: Vec<u32>,
+    /// A key block transposed, `[head_dim, keys]` (f32) or `[pairs, keys]` (bf16 pairs).
+    k_f32: Vec<f32>,
+    k_pairs: Vec<u32>,
+    /// A value block widened to f32, `[keys, value_dim]` (bf16 inputs only).
+    v_f32: Vec<f32>,
+    /// Scores, then probabilities: `[rows, keys]`.
+    tile: Vec<f32>,
+}
+
+/// Two bf16 values in one `u32`, `lo` in the low half (the order `VDPBF16PS` pairs them).
+fn pair(lo: bf16, hi: bf16) -> u32 {
+    u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
+}
+
+/// The bf16 pairs of one row; an odd last element is paired with 0.
+fn row_pairs(row: &[bf16]) -> impl Iterator<Item = u32> + '_ {
+    row.chunks(2)
+        .map(|c| pair(c[0], c.get(1).copied().unwrap_or(bf16::ZERO)))
+}
+
+impl Plan<'_> {
+    /// Copies query rows `rows` of head `(b, h)` into the scratch, packed for [`Self::scores`].
+    fn pack_q(&self, b: usize, h: usize, rows: &[usize], s: &mut Scratch) {
+        let d = self.sh.head_dim;
+        let head = (b * self.sh.n_heads + h) * self.sh.seq_q;
+        match self.src {
+            Src::F32 { q, .. } => {
+                s.q_f32.clear();
+                for &i in rows {
+                    s.q_f32.extend_from_slice(&q[(head + i) * d..][..d]);
+                }
+            }
+            Src::Bf16 { q, .. } => {
+                s.q_pairs.clear();
+                for &i in rows {
+                    s.q_pairs.extend(row_pairs(&q[(head + i) * d..][..d]));
+                }
+            }
+        }
+    }
+
+    /// Raw scores `q·k` of the packed query rows against keys `j0..j0 + keys` of key/value head
+    /// `(b, kvh)`, into `s.tile` as `[rows, keys]`.
+    fn scores(
+        &self,
+        b: usize,
+        kvh: usize,
+        rows: usize,
+        (j0, keys): (usize, usize),
+        s: &mut Scratch,
+    ) {
+        let d = self.sh.head_dim;
+        let head = (b * self.sh.n_kv_heads + kvh) * self.sh.seq_kv;
+        s.tile.resize(rows * keys, 0.0);
+        match self.src {
+            Src::F32 { k, .. } => {
+                s.k_f32.resize(d * keys, 0.0);
+                for (j, k_row) in k[(head + j0) * d..][..keys * d].chunks_exact(d).enumerate() {
+                    for (p, &x) in k_row.iter().enumerate() {
+                        s.k_f32[p * keys + j] = x;
+                    }
+                }
+                let (a, bm) = (&s.q_f32, &s.k_f32);
+                self.isa
+                    .gemm_f32((rows, keys, d), a, d, bm, keys, &mut s.tile, keys, false);
+            }
+            Src::Bf16 { k, .. } => {
+                let pairs = self.pairs;
+                s.k_pairs.resize(pairs * keys, 0);
+                for (j, k_row) in k[(head + j0) * d..][..keys * d].chunks_exact(d).enumerate() {
+                    for (p, x) in row_pairs(k_row).enumerate() {
+                        s.k_pairs[p * keys + j] = x;
+                    }
+                }
+                let (a, bm) = (&s.q_pairs, &s.k_pairs);
+                self.isa
+                    .gemm_bf16((rows, keys, pairs), a, pairs, bm, keys, &mut s.tile, keys);
+            }
+        }
+    }
+
+    /// Values `j0..j0 + keys` of key/value head `(b, kvh)` as f32, `[keys, value_dim]`.
+    fn values<'s>(
+        &'s self,
+        b: usize,
+        kvh: usize,
+        (j0, keys): (usize, usize),
+        buf: &'s mut Vec<f32>,
+    ) -> &'s [f32] {
+        let dv = self.sh.value_dim;
+        let start = ((b * self.sh.n_kv_heads + kvh) * self.sh.seq_kv + j0) * dv;
+        match self.src {
+            Src::F32 { v, .. } => &v[start..][..keys * dv],
+            Src::Bf16 { v, .. } => {
+                buf.clear();
+                buf.extend(v[start..][..keys * dv].iter().map(|x| x.to_f32()));
+                buf
+            }
+        }
+    }
+
+    /// Turns raw scores of query `i` (head `(b, h)`) against keys `j0..` into the final scores
+    /// of the reference's steps 1–5: hidden keys become `−∞`.
+    fn finish_scores(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
+        self.isa.scale(row, self.scale);
+        if self.extras {
+            self.extra_rules((b, h, i), j0, row);
+        }
+        let (lo, hi) = key_range(
+            self.opt.causal,
+            self.opt.window,
+            self.offset,
+            i,
+            self.sh.seq_kv,
+        );
+        let end = j0 + row.len();
+        let (lo, hi) = (lo.clamp(j0, end) - j0, hi.clamp(j0, end) - j0);
+        row[..lo].fill(f32::NEG_INFINITY);
+        row[hi.max(lo)..].fill(f32::NEG_INFINITY);
+    }
+
+    /// Steps 2–5 beyond the scale and the causal/window range, key by key.
+    fn extra_rules(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
+        let opt = self.opt;
+        let float_mask = opt.float_mask.as_ref().map(|m| (m.data(), m.row(b, h, i)));
+        let bool_mask = opt.bool_mask.as_ref().map(|m| (m.data(), m.row(b, h, i)));
+        let padding = opt.key_padding.as_ref().map(|kp| kp.row(b));
+        let slope = opt.alibi.as_ref().map(|s| s[h]);
+        for (j, x) in (j0..).zip(row.iter_mut()) {
+            let mut s = *x;
+            if let Some(c) = opt.softcap {
+                s = c * (s / c).tanh();
+            }
+            if let Some(slope) = slope {
+                let dist = (i as isize + self.offset - j as isize).unsigned_abs();
+                s -= slope * dist as f32;
+            }
+            if let Some((data, (off, stride))) = float_mask {
+                s += data[off + j * stride];
+            }
+            let visible = bool_mask.is_none_or(|(data, (off, stride))| data[off + j * stride])
+                && padding.is_none_or(|real| real[j]);
+            *x = if visible { s } else { f32::NEG_INFINITY };
+        }
+    }
+
+    /// The forward pass: `out` `[batch, n_heads, seq_q, value_dim]` and `lse`
+    /// `[batch, n_heads, seq_q]`.
+    fn forward(&self) -> (Vec<f32>, Vec<f32>) {
+        let sh = self.sh;
+        let heads = sh.batch * sh.n_heads;
+        let (l, dv) = (sh.seq_q, sh.value_dim);
+        let mut out = vec![0.0f32; heads * l * dv];
+        let mut lse = vec![f32::NEG_INFINITY; heads * l];
+        if l == 0 {
+            return (out, lse);
+        }
+        out.par_chunks_mut(l * dv)
+            .zip(lse.par_chunks_mut(l))
+            .enumerate()
+            .for_each(|(bh, (out, lse))| {
+                let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                out.par_chunks_mut(BLOCK_Q * dv)
+                    .zip(lse.par_chunks_mut(BLOCK_Q))
+                    .enumerate()
+                    .for_each_init(Scratch::default, |s, (qb, (out, lse))| {
+                        self.forward_block((b, h, qb * BLOCK_Q), out, lse, s);
+                    });
+            });
+        (out, lse)
+    }
+
+    /// Query rows `i0..i0 + lse.len()` of head `(b, h)`: `out` (zeroed, `[rows, value_dim]`)
+    /// serves as the accumulator.
+    fn forward_block(
+        &self,
+        (b, h, i0): (usize, usize, usize),
+        out: &mut [f32],
+        lse: &mut [f32],
+        s: &mut Scratch,
+    ) {
+        let (n, dv, s_n) = (lse.len(), self.sh.value_dim, self.sh.seq_kv);
+        let kvh = self.sh.kv_head(h);
+        let rows: Vec<usize> = (i0..i0 + n).collect();
+        self.pack_q(b, h, &rows, s);
+        // Visible ranges only move right as `i` grows: the block sees the union of its rows'.
+        let (lo, _) = key_range(self.opt.causal, self.opt.window, self.offset, i0, s_n);
+        let (_, hi) = key_range(
+            self.opt.causal,
+            self.opt.window,
+            self.offset,
+            i0 + n - 1,
+            s_n,
+        );
+        let mut m = vec![f32::NEG_INFINITY; n];
+        let mut sum = vec![0.0f32; n];
+        for j0 in (lo..hi).step_by(BLOCK_KV) {
+            let keys = (hi - j0).min(BLOCK_KV);
+            self.scores(b, kvh, n, (j0, keys), s);
+            for (r, row) in s.tile.chunks_exact_mut(keys).enumerate() {
+                let i = i0 + r;
+                self.finish_scores((b, h, i), j0, row);
+                let m_new = m[r].max(self.isa.max(row));
+                if m_new == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                    continue;
+                }
+                let alpha = (m[r] - m_new).exp();
+                sum[r] = sum[r] * alpha + self.isa.exp_sub_sum(row, m_new);
+                m[r] = m_new;
+                if alpha != 1.0 {
+                    self.isa.scale(&mut out[r * dv..][..dv], alpha);
+                }
+                if let Some(drop) = self.opt.dropout {
+                    for (j, p) in (j0..).zip(row.iter_mut()) {
+                        if !drop.keep(b, h, i, j) {
+                            *p = 0.0;
+                        }
+                    }
+                }
+            }
+            let v = self.values(b, kvh, (j0, keys), &mut s.v_f32);
+            self.isa
+                .gemm_f32((n, dv, keys), &s.tile, keys, v, dv, out, dv, true);
+        }
+        let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
+        for (r, out_row) in out.chunks_exact_mut(dv).enumerate() {
+            if sum[r] == 0.0 {
+                out_row.fill(0.0);
+                lse[r] = f32::NEG_INFINITY;
+            } else {
+                self.isa.scale(out_row, keep_scale / sum[r]);
+                lse[r] = m[r] + sum[r].ln();
+            }
+        }
+    }
+
+    /// The weights asked for, recomputed from `lse`.
+    fn weights(&self, lse: &[f32]) -> Option<Weights> {
+        let sh = self.sh;
+        let (l, s_n) = (sh.seq_q, sh.seq_kv);
+        let heads = sh.batch * sh.n_heads;
+        // Chunk sizes must not be 0; with no keys or no queries every weights tensor is empty.
+        let row_len = s_n.max(1);
+        match &self.opt.weights {
+            WeightsRequest::None => None,
+            WeightsRequest::All => {
+                let mut all = vec![0.0f32; heads * l * s_n];
+                all.par_chunks_mut((l * row_len).max(1))
+                    .enumerate()
+                    .for_each(|(bh, all)| {
+                        let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                        let lse = &lse[bh * l..][..l];
+                        all.par_chunks_mut(BLOCK_Q * row_len)
+                            .enumerate()
+                            .for_each_init(Scratch::default, |s, (qb, dst)| {
+                                let rows: Vec<usize> =
+                                    (qb * BLOCK_Q..).take(dst.len() / row_len).collect();
+                                self.weight_rows((b, h), &rows, lse, dst, None, s);
+                            });
+                    });
+                Some(Weights::All(all))
+            }
+            WeightsRequest::Rows(rows) => {
+                let mut data = vec![0.0f32; heads * rows.len() * s_n];
+                data.par_chunks_mut((rows.len() * row_len).max(1))
+                    .enumerate()
+                    .for_each(|(bh, data)| {
+                        let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                        let lse = &lse[bh * l..][..l];
+                        data.par_chunks_mut(BLOCK_Q * row_len)
+                            .zip(rows.par_chunks(BLOCK_Q))
+                            .for_each_init(Scratch::default, |s, (dst, rows)| {
+                                self.weight_rows((b, h), rows, lse, dst, None, s);
+                            });
+                    });
+                Some(Weights::Rows {
+                    rows: rows.clone(),
+                    data,
+                })
+            }
+            WeightsRequest::HeadAverage => {
+                let mut avg = vec![0.0f32; sh.batch * l * s_n];
+                let share = 1.0 / sh.n_heads as f32;
+                avg.par_chunks_mut((l * row_len).max(1))
+                    .enumerate()
+                    .for_each(|(b, avg)| {
+                        avg.par_chunks_mut(BLOCK_Q * row_len)
+                            .enumerate()
+                            .for_each_init(Scratch::default, |s, (qb, dst)| {
+                                let rows: Vec<usize> =
+                                    (qb * BLOCK_Q..).take(dst.len() / row_len).collect();
+                                for h in 0..sh.n_heads {
+                                    let lse = &lse[(b * sh.n_heads + h) * l..][..l];
+                                    self.weight_rows((b, h), &rows, lse, dst, Some(share), s);
+                                }
+                            });
+                    });
+                Some(Weights::HeadAverage(avg))
+            }
+        }
+    }
+
+    /// Weights `e^(score − lse)` of query rows `rows` of head `(b, h)` into `dst`
+    /// (`[rows, seq_kv]`): written, or added times `share` when averaging heads.
+    fn weight_rows(
+        &self,
+        (b, h): (usize, usize),
+        rows: &[usize],
+        lse: &[f32],
+        dst: &mut [f32],
+        share: Option<f32>,
+        s: &mut Scratch,
+    ) {
+        let s_n = self.sh.seq_kv;
+        let kvh = self.sh.kv_head(h);
+        self.pack_q(b, h, rows, s);
+        for j0 in (0..s_n).step_by(BLOCK_KV) {
+            let keys = (s_n - j0).min(BLOCK_KV);
+            self.scores(b, kvh, rows.len(), (j0, keys), s);
+            for ((row, &i), dst) in s
+                .tile
+                .chunks_exact_mut(keys)
+                .zip(rows)
+                .zip(dst.chunks_exact_mut(s_n))
+            {
+                let dst = &mut dst[j0..][..keys];
+                if lse[i] == f32::NEG_INFINITY {
+                    // A row that sees nothing weighs 0 everywhere (already 0 in `dst`).
+                    continue;
+                }
+                self.finish_scores((b, h, i), j0, row);
+                self.isa.exp_sub_sum(row, lse[i]);
+                match share {
+                    None => dst.copy_from_slice(row),
+                    Some(share) => {
+                        for (d, &w) in dst.iter_mut().zip(row.iter()) {
+                            *d += share * w;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

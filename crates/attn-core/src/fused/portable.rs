@@ -1,0 +1,72 @@
+//! The portable kernels of the fused path: plain Rust, for any CPU. Same contracts as the
+//! AVX-512 kernels in `avx512.rs`; the compiler vectorises the inner loops for the baseline ISA.
+
+/// `C[m × n] (+)= A[m × k] · B[k × n]` (row-major, strides `lda`, `ldb`, `ldc`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_f32(
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    for r in 0..m {
+        let c_row = &mut c[r * ldc..][..n];
+        if !accumulate {
+            c_row.fill(0.0);
+        }
+        for (p, &x) in a[r * lda..][..k].iter().enumerate() {
+            for (cv, &bv) in c_row.iter_mut().zip(&b[p * ldb..][..n]) {
+                *cv += x * bv;
+            }
+        }
+    }
+}
+
+/// `x *= a`.
+pub(super) fn scale(x: &mut [f32], a: f32) {
+    x.iter_mut().for_each(|v| *v *= a);
+}
+
+/// The largest value of `x` (`−∞` when empty).
+pub(super) fn max(x: &[f32]) -> f32 {
+    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `x = e^(x − m)`, returning the sum of the new values.
+pub(super) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v;
+    }
+    sum
+}
+
+/// `C[m × n] = A[m × k2] · B[k2 × n]` over bf16 pairs packed in `u32` (low half first),
+/// widened to f32 exactly and accumulated in f32.
+pub(super) fn gemm_bf16(
+    (m, n, k2): (usize, usize, usize),
+    a: &[u32],
+    lda: usize,
+    b: &[u32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let lo = |x: u32| f32::from_bits(x << 16);
+    let hi = |x: u32| f32::from_bits(x & 0xffff_0000);
+    for r in 0..m {
+        let c_row = &mut c[r * ldc..][..n];
+        c_row.fill(0.0);
+        for (p, &x) in a[r * lda..][..k2].iter().enumerate() {
+            let (x0, x1) = (lo(x), hi(x));
+            for (cv, &y) in c_row.iter_mut().zip(&b[p * ldb..][..n]) {
+                *cv += x0 * lo(y) + x1 * hi(y);
+            }
+        }
+    }
+}
