@@ -2,6 +2,7 @@
 //! to the `attn-core`, `attn-models` and `attn-viz` crates.
 
 mod cmd;
+mod maps;
 
 use std::io::ErrorKind;
 use std::process::ExitCode;

@@ -1,6 +1,124 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope explain`: which words a word attends to, as bars (the notes' main example).
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use std::io::Write;
+
+use anyhow::Context;
+use attn_viz::bars::BarStyle;
+use attn_viz::explain::{ExplainOptions, Level, Method, explain, render};
+use attn_viz::select::Selection;
+
+use crate::maps::{ColorChoice, SourceArgs, progress_bar};
+
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  attnscope explain \"The cat that ate the mouse that lived in the barn ran away\" --focus ran
+  attnscope explain --question \"Where is the Eiffel Tower?\" --context \"The Eiffel Tower is located in Paris, France.\"
+  attnscope explain \"The cat sat on the mat\" --focus sat --layer 2 --head 5")]
+pub struct Args {
+    /// The text to look at.
+    #[arg(required_unless_present_any = ["question", "maps"], conflicts_with = "question")]
+    pub text: Option<String>,
+    /// A second text, run as a sentence pair with TEXT.
+    #[arg(long, value_name = "TEXT", conflicts_with = "question")]
+    pub pair: Option<String>,
+    /// Show the attention from this question's words to --context's words.
+    #[arg(
+        long,
+        value_name = "TEXT",
+        requires = "context",
+        conflicts_with = "maps"
+    )]
+    pub question: Option<String>,
+    /// The context the question's words attend to (with --question).
+    #[arg(long, value_name = "TEXT", requires = "question")]
+    pub context: Option<String>,
+    /// The word to look from ("the#2" for the second "the"); default: every word averaged.
+    #[arg(long, value_name = "WORD")]
+    pub focus: Option<String>,
+    /// One layer (0-based), its heads averaged; default: every layer and head averaged.
+    #[arg(long, value_name = "L")]
+    pub layer: Option<usize>,
+    /// One head (0-based) of --layer.
+    #[arg(long, value_name = "H", requires = "layer")]
+    pub head: Option<usize>,
+    /// Attention rollout through every layer (Abnar & Zuidema 2020).
+    #[arg(long, conflicts_with_all = ["layer", "head"])]
+    pub rollout: bool,
+    /// Attention flow (max-flow through the layers, Abnar & Zuidema 2020); up to 64 tokens.
+    #[arg(long, conflicts_with_all = ["layer", "head", "rollout"])]
+    pub flow: bool,
+    /// Raw tokens instead of words.
+    #[arg(long)]
+    pub tokens: bool,
+    /// Show special tokens ([CLS], [SEP]) instead of hiding them.
+    #[arg(long)]
+    pub special: bool,
+    /// Only the K heaviest words, heaviest first.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub top: Option<u32>,
+    /// Print JSON instead of bars.
+    #[arg(long)]
+    pub json: bool,
+    /// Colour: auto (on a terminal), always, never.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let (text, pair) = match (&args.question, &args.context) {
+        (Some(q), Some(c)) => (Some(q.as_str()), Some(c.as_str())),
+        _ => (args.text.as_deref(), args.pair.as_deref()),
+    };
+    let maps = args.source.maps(text, pair)?;
+    let selection = match (args.layer, args.head) {
+        (Some(layer), Some(head)) => Selection::Head { layer, head },
+        (Some(layer), None) => Selection::Layer { layer },
+        _ if args.rollout => Selection::Rollout,
+        _ => Selection::All,
+    };
+    let options = ExplainOptions {
+        method: if args.flow {
+            Method::Flow
+        } else {
+            Method::Attention { selection }
+        },
+        level: if args.tokens {
+            Level::Tokens
+        } else {
+            Level::Words
+        },
+        special: args.special,
+        focus: args.focus.clone(),
+        question: args.question.is_some(),
+        top: args.top.map(|k| k as usize),
+    };
+    let bar = if args.flow {
+        progress_bar(0, "attention flow")
+    } else {
+        None
+    };
+    let explanation = explain(&maps, &options, |done, total| {
+        if let Some(bar) = &bar {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &explanation).context("writing JSON")?;
+        writeln!(out)?;
+    } else {
+        let style = BarStyle {
+            colour: args.color.enabled(),
+            ..BarStyle::default()
+        };
+        out.write_all(render(&explanation, style).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
 }

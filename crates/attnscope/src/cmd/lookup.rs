@@ -1,6 +1,260 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope lookup`: attention as a soft database lookup (the notes' Paris/London/Tokyo
+//! example) over real sentence embeddings: the query is matched to each key by cosine
+//! similarity, scaled by a temperature, softmaxed, and the values are mixed by those weights.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use attn_viz::bars::{self, BarStyle};
+use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, soft_lookup};
+
+use crate::maps::{ColorChoice, ModelArgs};
+
+#[derive(clap::Args)]
+#[command(after_help = "Example:
+  attnscope lookup --query \"Where is the Eiffel Tower?\" \\
+    --entry \"Paris=Capital of France, home to Eiffel Tower\" \\
+    --entry \"London=Capital of UK, home to Big Ben\" \\
+    --entry \"Tokyo=Capital of Japan, largest city\"")]
+pub struct Args {
+    /// What to look up.
+    #[arg(long, value_name = "TEXT")]
+    pub query: String,
+    /// One database entry, KEY=VALUE (repeatable).
+    #[arg(long = "entry", value_name = "KEY=VALUE")]
+    pub entries: Vec<String>,
+    /// A file of entries, one KEY=VALUE a line (blank lines and lines starting with # skipped).
+    #[arg(long = "entries", value_name = "FILE")]
+    pub entries_file: Option<PathBuf>,
+    /// Softmax temperature: weights = softmax(cosine / T). The default, 0.05, is the scale
+    /// all-MiniLM-L6-v2 was trained with.
+    #[arg(long, value_name = "T", default_value_t = DEFAULT_TEMPERATURE)]
+    pub temperature: f32,
+    /// Print JSON instead of bars.
+    #[arg(long)]
+    pub json: bool,
+    /// Colour: auto (on a terminal), always, never.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// One `key=value` entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+struct Entry {
+    key: String,
+    value: String,
+}
+
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    model: &'a str,
+    query: &'a str,
+    temperature: f32,
+    entries: Vec<Scored<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct Scored<'a> {
+    key: &'a str,
+    value: &'a str,
+    cosine: f32,
+    scaled: f32,
+    weight: f32,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut entries = Vec::new();
+    for (n, raw) in args.entries.iter().enumerate() {
+        entries.push(parse_entry(raw).with_context(|| format!("--entry #{}", n + 1))?);
+    }
+    if let Some(path) = &args.entries_file {
+        entries.extend(read_entries(path)?);
+    }
+    if entries.is_empty() {
+        anyhow::bail!(
+            "no entries to look up: give --entry KEY=VALUE (repeatable) or --entries FILE"
+        );
+    }
+    if args.query.trim().is_empty() {
+        anyhow::bail!("the --query is empty");
+    }
+    if !(args.temperature.is_finite() && args.temperature > 0.0) {
+        anyhow::bail!(
+            "--temperature must be a number above 0, got {}",
+            args.temperature
+        );
+    }
+    let model = args.model.load()?;
+    let mut texts: Vec<&str> = vec![args.query.as_str()];
+    texts.extend(entries.iter().map(|e| e.key.as_str()));
+    let embeddings = model
+        .embed(&texts)
+        .context("embedding the query and keys")?;
+    let lookup = soft_lookup(&embeddings[0], &embeddings[1..], args.temperature)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let report = Report {
+            model: model.name(),
+            query: &args.query,
+            temperature: args.temperature,
+            entries: entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| Scored {
+                    key: &e.key,
+                    value: &e.value,
+                    cosine: lookup.cosine[i],
+                    scaled: lookup.scaled[i],
+                    weight: lookup.weights[i],
+                })
+                .collect(),
+        };
+        serde_json::to_writer_pretty(&mut out, &report).context("writing JSON")?;
+        writeln!(out)?;
+    } else {
+        let colour = args.color.enabled();
+        let text = render(
+            &args.query,
+            model.name(),
+            args.temperature,
+            &entries,
+            &lookup,
+            colour,
+        );
+        out.write_all(text.as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn render(
+    query: &str,
+    model: &str,
+    temperature: f32,
+    entries: &[Entry],
+    lookup: &Lookup,
+    colour: bool,
+) -> String {
+    let width = entries
+        .iter()
+        .map(|e| e.key.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    let mut s = format!("Query: {query:?}  ({model}, temperature {temperature})\n\n");
+    s.push_str("Step 1: match the query to each key (cosine similarity of sentence embeddings)\n");
+    for (e, (c, sc)) in entries.iter().zip(lookup.cosine.iter().zip(&lookup.scaled)) {
+        let pad = " ".repeat(width - e.key.chars().count());
+        s.push_str(&format!(
+            "  {}{pad} {c:>6.3}   / {temperature} = {sc:>7.2}\n",
+            e.key
+        ));
+    }
+    s.push_str("\nStep 2: softmax to get attention weights\n");
+    let rows: Vec<(String, f32)> = entries
+        .iter()
+        .zip(&lookup.weights)
+        .map(|(e, &w)| (e.key.clone(), w))
+        .collect();
+    let heavy = bars::heavy(&lookup.weights);
+    s.push_str(&bars::render_bars(
+        &rows,
+        &heavy,
+        BarStyle {
+            colour,
+            ..BarStyle::default()
+        },
+    ));
+    s.push_str("\nStep 3: retrieve the weighted combination of values (ranked by weight)\n");
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| lookup.weights[b].total_cmp(&lookup.weights[a]));
+    for &i in &order {
+        s.push_str(&format!(
+            "  {:.2} × {:?}  ({})\n",
+            lookup.weights[i], entries[i].value, entries[i].key
+        ));
+    }
+    if let Some(&top) = order.first() {
+        s.push_str(&format!("\nMostly {:?} information!\n", entries[top].key));
+    }
+    s
+}
+
+/// `key=value`, split at the first `=`, both sides trimmed and non-empty.
+fn parse_entry(raw: &str) -> anyhow::Result<Entry> {
+    let (key, value) = raw
+        .split_once('=')
+        .with_context(|| format!("{raw:?} is not KEY=VALUE (no '=')"))?;
+    let (key, value) = (key.trim(), value.trim());
+    if key.is_empty() {
+        anyhow::bail!("{raw:?} has an empty key");
+    }
+    if value.is_empty() {
+        anyhow::bail!("{raw:?} has an empty value");
+    }
+    Ok(Entry {
+        key: key.to_string(),
+        value: value.to_string(),
+    })
+}
+
+/// Entries of a file, one `key=value` a line.
+fn read_entries(path: &Path) -> anyhow::Result<Vec<Entry>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut entries = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        entries.push(
+            parse_entry(line).with_context(|| format!("{}, line {}", path.display(), n + 1))?,
+        );
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_split_at_the_first_equals_sign() {
+        let e = parse_entry(" Paris = Capital of France, a=b ").unwrap();
+        assert_eq!(e.key, "Paris");
+        assert_eq!(e.value, "Capital of France, a=b");
+    }
+
+    #[test]
+    fn bad_entries_are_named() {
+        for (raw, says) in [
+            ("Paris", "no '='"),
+            ("=Capital", "empty key"),
+            ("Paris=  ", "empty value"),
+        ] {
+            let err = parse_entry(raw).unwrap_err().to_string();
+            assert!(err.contains(says), "{raw:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn entry_files_skip_blanks_and_comments_and_name_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.txt");
+        std::fs::write(&good, "# cities\nParis=France\n\nTokyo=Japan\n").unwrap();
+        let entries = read_entries(&good).unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[1].key, "Tokyo");
+        let bad = dir.path().join("bad.txt");
+        std::fs::write(&bad, "Paris=France\nLondon\n").unwrap();
+        let err = format!("{:#}", read_entries(&bad).unwrap_err());
+        assert!(
+            err.contains("line 2") && err.contains("\"London\""),
+            "{err}"
+        );
+    }
 }

@@ -1,0 +1,170 @@
+//! Where the views' attention comes from: a real model run on the user's text (the default
+//! model, or `--model DIR`), or a saved [`AttentionMaps`] JSON file (`--maps FILE`). Shared by
+//! `explain`, `heatmap`, `heads` and `lookup`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use attn_models::{Model, RunOptions};
+use attn_viz::{AttentionMaps, Token};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Which model to run, or which saved maps to read.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json); default:
+    /// all-MiniLM-L6-v2 from the cache, fetched on first use.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// Loads the model (fetching the default one on first use).
+    pub fn load(&self) -> anyhow::Result<Model> {
+        let dir = match &self.model {
+            Some(dir) => dir.clone(),
+            None => attn_models::fetch::default_model_dir(std::io::stderr().is_terminal())
+                .context("finding the default model")?,
+        };
+        Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
+    }
+}
+
+/// The attention of one text (and its pair), from a model or a file.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SourceArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Read attention maps saved as JSON (an `AttentionMaps`: model, text, pair, tokens,
+    /// n_layers, n_heads, weights) instead of running a model.
+    #[arg(long, value_name = "FILE.json", conflicts_with = "model")]
+    pub maps: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    /// Runs the model on `text` (and `pair`), or reads `--maps`.
+    pub fn maps(&self, text: Option<&str>, pair: Option<&str>) -> anyhow::Result<AttentionMaps> {
+        match (&self.maps, text) {
+            (Some(path), _) => read_maps(path),
+            (None, Some(text)) => {
+                let model = self.model.load()?;
+                run_model(&model, text, pair)
+            }
+            (None, None) => anyhow::bail!("give a TEXT to look at (or --maps FILE.json)"),
+        }
+    }
+}
+
+/// Every layer's and head's attention of `model` on `text` (and `pair`).
+pub fn run_model(model: &Model, text: &str, pair: Option<&str>) -> anyhow::Result<AttentionMaps> {
+    let enc = model.encode(text, pair).context("tokenizing the text")?;
+    let spinner = spinner(&format!("running {} on {} tokens", model.name(), enc.len()));
+    let out = model
+        .forward(
+            &enc,
+            &RunOptions {
+                attentions: true,
+                ..RunOptions::default()
+            },
+        )
+        .context("running the model")?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    let weights = out
+        .attentions
+        .context("the model returned no attention weights")?;
+    let tokens = (0..enc.len())
+        .map(|i| Token {
+            text: enc.tokens[i].clone(),
+            id: enc.ids[i],
+            span: enc.spans[i],
+            segment: enc.segments[i],
+            special: enc.special[i],
+        })
+        .collect();
+    let maps = AttentionMaps {
+        model: model.name().to_string(),
+        text: text.to_string(),
+        pair: pair.map(str::to_string),
+        tokens,
+        n_layers: model.n_layers(),
+        n_heads: model.n_heads(),
+        weights,
+    };
+    maps.validate().context("the model's attention")?;
+    Ok(maps)
+}
+
+/// Reads and checks an `AttentionMaps` JSON file.
+pub fn read_maps(path: &Path) -> anyhow::Result<AttentionMaps> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let maps: AttentionMaps = serde_json::from_reader(std::io::BufReader::new(file))
+        .with_context(|| format!("{}: not attention maps JSON", path.display()))?;
+    maps.validate()
+        .with_context(|| format!("{}: bad attention maps", path.display()))?;
+    Ok(maps)
+}
+
+/// A spinner on stderr while something slow runs, only when stderr is a terminal.
+pub fn spinner(message: &str) -> Option<ProgressBar> {
+    std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new_spinner().with_message(message.to_string());
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    })
+}
+
+/// A progress bar on stderr of `total` steps, only when stderr is a terminal.
+pub fn progress_bar(total: u64, message: &str) -> Option<ProgressBar> {
+    std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(total).with_message(message.to_string());
+        if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({eta})") {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    })
+}
+
+/// Whether to colour output: `--color always/never`, or on a terminal unless `NO_COLOR` is set.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ColorChoice {
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    pub fn enabled(self) -> bool {
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+            }
+        }
+    }
+}
+
+/// Checks before any work that `path` can be written: its folder exists and it is not a folder.
+pub fn check_output(path: &Path) -> anyhow::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        anyhow::bail!(
+            "cannot write {}: the folder {} does not exist",
+            path.display(),
+            parent.display()
+        );
+    }
+    if path.is_dir() {
+        anyhow::bail!("cannot write {}: it is a folder", path.display());
+    }
+    Ok(())
+}
