@@ -104,6 +104,9 @@ pub enum ModelError {
     /// A sentence-transformers module this crate cannot reproduce.
     #[error("{}: {reason}", path.display())]
     UnsupportedPooling { path: PathBuf, reason: String },
+    /// The thread pool could not be set up.
+    #[error("threads: {reason}")]
+    Threads { reason: String },
     /// An attention call failed.
     #[error("attention: {0}")]
     Attention(#[from] AttnError),

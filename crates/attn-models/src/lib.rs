@@ -14,5 +14,5 @@ pub mod weights;
 
 pub use config::{Activation, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES};
 pub use error::ModelError;
-pub use model::{EMBED_BATCH, Model, ModelOutput, QueryKey, RunOptions};
+pub use model::{EMBED_BATCH, Model, ModelOutput, QueryKey, RunOptions, set_threads};
 pub use tokenize::Encoding;
