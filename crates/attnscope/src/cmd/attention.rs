@@ -1,6 +1,207 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope attention`: every layer's and head's attention of a real model for one text (or a
+//! text pair), as JSON or as readable head-averaged tables.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use attn_models::{Encoding, Model, RunOptions};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The text to look at (or --file).
+    #[arg(required_unless_present = "file")]
+    pub text: Option<String>,
+    /// Read the text from this UTF-8 file instead ("-" reads standard input).
+    #[arg(long, value_name = "FILE", conflicts_with = "text")]
+    pub file: Option<PathBuf>,
+    /// A second text: sentence B, or the context of a question (BERT token type 1).
+    #[arg(long)]
+    pub pair: Option<String>,
+    /// Model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else the cached
+    /// default model, fetched on first use].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Cut a text longer than the model's positions instead of refusing it.
+    #[arg(long)]
+    pub truncate: bool,
+    /// Print {"model", "tokens", "attentions": [layers][heads][T][T]} (row = query token).
+    #[arg(long)]
+    pub json: bool,
+    /// Readable form: show this layer only (0-based) [default: every layer].
+    #[arg(long, value_name = "L")]
+    pub layer: Option<usize>,
+    /// Readable form: show this head instead of the average over heads (0-based).
+    #[arg(long, value_name = "H")]
+    pub head: Option<usize>,
+    /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+/// Reads a text file that must be UTF-8; "-" is standard input.
+pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
+    let bytes = if path == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+            .context("cannot read standard input")?;
+        buf
+    } else {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+    };
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not valid UTF-8 (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// The model in `dir`, else the default one (fetched on first use, with progress on stderr).
+pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<Model> {
+    if let Some(n) = threads {
+        attn_models::set_threads(n)?;
+    }
+    let dir = match dir {
+        Some(dir) => dir.to_path_buf(),
+        None => attn_models::fetch::default_model_dir(true)?,
+    };
+    Model::load(&dir).with_context(|| format!("cannot load the model in {}", dir.display()))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let text = match (&args.text, &args.file) {
+        (Some(text), _) => text.clone(),
+        (None, Some(file)) => read_text_file(file)?,
+        (None, None) => bail!("give a TEXT or --file FILE"),
+    };
+    let model = load_model(args.model.as_deref(), args.threads)?;
+    if let Some(l) = args.layer.filter(|&l| l >= model.n_layers()) {
+        bail!(
+            "--layer {l} is out of range: the model has {} layers (0..{})",
+            model.n_layers(),
+            model.n_layers()
+        );
+    }
+    if let Some(h) = args.head.filter(|&h| h >= model.n_heads()) {
+        bail!(
+            "--head {h} is out of range: the model has {} heads (0..{})",
+            model.n_heads(),
+            model.n_heads()
+        );
+    }
+    let pair = args.pair.as_deref();
+    let enc = if args.truncate {
+        model.encode_truncated(&text, pair)?
+    } else {
+        model.encode(&text, pair)?
+    };
+    let out = model.forward(
+        &enc,
+        &RunOptions {
+            attentions: true,
+            ..RunOptions::default()
+        },
+    )?;
+    let Some(attentions) = out.attentions else {
+        bail!("the model returned no attention weights");
+    };
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    if args.json {
+        write_json(&mut w, &model, &enc, &attentions)?;
+    } else {
+        write_readable(&mut w, &model, &enc, &attentions, args.layer, args.head)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+fn write_json(
+    w: &mut impl Write,
+    model: &Model,
+    enc: &Encoding,
+    att: &[f32],
+) -> anyhow::Result<()> {
+    let t = enc.len();
+    let attentions: Vec<Vec<Vec<&[f32]>>> = att
+        .chunks_exact(model.n_heads() * t * t)
+        .map(|layer| {
+            layer
+                .chunks_exact(t * t)
+                .map(|head| head.chunks_exact(t).collect())
+                .collect()
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "model": model.name(),
+        "tokens": enc.tokens,
+        "attentions": attentions,
+    });
+    serde_json::to_writer(&mut *w, &doc)?;
+    writeln!(w)?;
+    Ok(())
+}
+
+fn write_readable(
+    w: &mut impl Write,
+    model: &Model,
+    enc: &Encoding,
+    att: &[f32],
+    layer: Option<usize>,
+    head: Option<usize>,
+) -> anyhow::Result<()> {
+    let (t, n_heads) = (enc.len(), model.n_heads());
+    writeln!(
+        w,
+        "model {} ({:?}, {} layers × {} heads), {} tokens",
+        model.name(),
+        model.kind(),
+        model.n_layers(),
+        n_heads,
+        t
+    )?;
+    let width = enc
+        .tokens
+        .iter()
+        .map(|s| s.chars().count())
+        .max()
+        .unwrap_or(1)
+        .clamp(5, 16);
+    let label = |s: &str| -> String { s.chars().take(width).collect() };
+    let layers: Vec<usize> = match layer {
+        Some(l) => vec![l],
+        None => (0..model.n_layers()).collect(),
+    };
+    for l in layers {
+        match head {
+            Some(h) => writeln!(
+                w,
+                "\nlayer {l}, head {h} (row = query token, column = key token)"
+            )?,
+            None => writeln!(
+                w,
+                "\nlayer {l}, average over {n_heads} heads (row = query token, column = key token)"
+            )?,
+        }
+        write!(w, "{:>width$} ", "")?;
+        for j in 0..t {
+            write!(w, " {:>5}", j)?;
+        }
+        writeln!(w)?;
+        for i in 0..t {
+            write!(w, "{:>width$} ", label(&enc.tokens[i]))?;
+            for j in 0..t {
+                let at = |h: usize| att[((l * n_heads + h) * t + i) * t + j];
+                let value = match head {
+                    Some(h) => at(h),
+                    None => (0..n_heads).map(at).sum::<f32>() / n_heads as f32,
+                };
+                write!(w, " {value:5.2}")?;
+            }
+            writeln!(w, "  {i}")?;
+        }
+    }
+    Ok(())
 }

@@ -1,6 +1,79 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope embed`: sentence embeddings of a real model (mean pooling over real tokens, L2
+//! normalised), as JSON or as a readable summary with the texts' cosine similarities.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::bail;
+
+use super::attention::{load_model, read_text_file};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The texts to embed (or --file).
+    #[arg(required_unless_present = "file")]
+    pub texts: Vec<String>,
+    /// Read the texts from this UTF-8 file, one per non-empty line ("-" reads standard input).
+    #[arg(long, value_name = "FILE", conflicts_with = "texts")]
+    pub file: Option<PathBuf>,
+    /// Model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else the cached
+    /// default model, fetched on first use].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Cut texts longer than the model's positions instead of refusing them.
+    #[arg(long)]
+    pub truncate: bool,
+    /// Print {"model", "embeddings": [[...], ...]}.
+    #[arg(long)]
+    pub json: bool,
+    /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let texts: Vec<String> = match &args.file {
+        Some(file) => read_text_file(file)?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect(),
+        None => args.texts.clone(),
+    };
+    if texts.is_empty() {
+        bail!("no texts to embed");
+    }
+    let model = load_model(args.model.as_deref(), args.threads)?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let embeddings = model.embed_with(&refs, args.truncate)?;
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    if args.json {
+        let doc = serde_json::json!({ "model": model.name(), "embeddings": embeddings });
+        serde_json::to_writer(&mut w, &doc)?;
+        writeln!(w)?;
+    } else {
+        writeln!(
+            w,
+            "model {}, {} dimensions",
+            model.name(),
+            model.hidden_size()
+        )?;
+        for (i, (text, e)) in texts.iter().zip(&embeddings).enumerate() {
+            let head: Vec<String> = e.iter().take(6).map(|v| format!("{v:+.4}")).collect();
+            writeln!(w, "{i}: {text:?}\n   [{}, …]", head.join(", "))?;
+        }
+        if embeddings.len() > 1 {
+            writeln!(w, "\ncosine similarity")?;
+            for (i, a) in embeddings.iter().enumerate() {
+                let row: Vec<String> = embeddings
+                    .iter()
+                    .map(|b| format!("{:6.3}", a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()))
+                    .collect();
+                writeln!(w, "{i:>3} {}", row.join(" "))?;
+            }
+        }
+    }
+    w.flush()?;
+    Ok(())
 }

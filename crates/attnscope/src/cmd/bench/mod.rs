@@ -1,15 +1,19 @@
 //! `attnscope bench …`: one module per benchmark.
 
+mod embed;
 mod sdpa;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
     /// Time one attention call (fused kernel): ms and GFLOP/s.
     Sdpa(sdpa::Args),
+    /// Sentence embeddings per second of a real model (the shared/bench/minilm_ref.py workload).
+    Embed(embed::Args),
 }
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Sdpa(args) => sdpa::run(args),
+        BenchCommand::Embed(args) => embed::run(args),
     }
 }

@@ -1,0 +1,82 @@
+//! `attnscope bench embed`: sentence-embedding throughput on the workload of
+//! `shared/bench/minilm_ref.py` (its sentences, batch size and median-of-reps timing), so the
+//! two can be compared in the same run.
+
+use std::time::Instant;
+
+use anyhow::bail;
+
+use crate::cmd::attention::load_model;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Threads for the model.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Texts run through the model at once.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Number of sentences per repetition.
+    #[arg(long, default_value_t = 256)]
+    pub sentences: usize,
+    /// Timed repetitions after one warm-up; the median counts.
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Model directory [default: $ATTNSCOPE_MODEL, else the cached default model].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<std::path::PathBuf>,
+    /// Print one JSON line: {"engine", "threads", "batch", "sentences", "sentences_per_s"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.batch == 0 || args.sentences == 0 || args.reps == 0 {
+        bail!("--batch, --sentences and --reps must be at least 1");
+    }
+    let model = load_model(args.model.as_deref(), Some(args.threads))?;
+    let sentences: Vec<String> = (0..args.sentences)
+        .map(|i| {
+            format!(
+                "The cat that ate the mouse that lived in the barn ran away number {i} and then some more words here to pad"
+            )
+        })
+        .collect();
+    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    let run_once = || -> anyhow::Result<()> {
+        for chunk in refs.chunks(args.batch) {
+            model.embed(chunk)?;
+        }
+        Ok(())
+    };
+    run_once()?;
+    let mut times = Vec::with_capacity(args.reps);
+    for _ in 0..args.reps {
+        let start = Instant::now();
+        run_once()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let per_s = args.sentences as f64 / times[times.len() / 2];
+    if args.json {
+        let doc = serde_json::json!({
+            "engine": "attnscope",
+            "model": model.name(),
+            "threads": args.threads,
+            "batch": args.batch,
+            "sentences": args.sentences,
+            "sentences_per_s": per_s,
+        });
+        println!("{doc}");
+    } else {
+        println!(
+            "{}: {per_s:.1} sentences/s ({} sentences, batches of {}, {} threads, median of {} runs)",
+            model.name(),
+            args.sentences,
+            args.batch,
+            args.threads,
+            args.reps
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,479 @@
+//! The model commands end to end: `attention`, `embed` and `bench embed` against the golden
+//! outputs of transformers, and each bad input as a clear error with exit code 1.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+fn golden() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden"
+    ))
+}
+
+fn tiny_gpt2() -> PathBuf {
+    golden().join("tiny-gpt2")
+}
+
+/// The default model's directory: the library fetches it when it is not cached yet.
+fn minilm() -> PathBuf {
+    attn_models::fetch::default_model_dir(false)
+        .expect("the default model is cached or can be fetched")
+}
+
+fn attnscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(args)
+        .env_remove("ATTNSCOPE_MODEL")
+        .output()
+        .expect("attnscope runs")
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let out = attnscope(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+/// Runs a command that must fail with exit code 1 and a message containing `needle`; returns
+/// stderr.
+fn fails_with(args: &[&str], needle: &str) -> String {
+    let out = attnscope(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} does not mention {needle:?}"
+    );
+    stderr
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("attnscope-cli-models-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A copy of tiny-gpt2 to break.
+fn tiny_copy() -> TempDir {
+    let dir = TempDir::new();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny_gpt2().join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+/// Golden tensor `name` of a safetensors file as f64 values.
+fn golden_tensor(path: &Path, name: &str) -> Vec<f64> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let view = st.tensor(name).unwrap();
+    assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+    view.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+        .collect()
+}
+
+fn golden_tokens(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    serde_json::from_str(&meta.metadata().as_ref().unwrap()["tokens"]).unwrap()
+}
+
+fn flatten(v: &Value, out: &mut Vec<f64>) {
+    match v {
+        Value::Array(items) => items.iter().for_each(|i| flatten(i, out)),
+        Value::Number(n) => out.push(n.as_f64().unwrap()),
+        other => panic!("unexpected {other}"),
+    }
+}
+
+fn max_abs_diff(got: &[f64], want: &[f64]) -> (f64, usize) {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0.0, 0), |acc, (i, e)| if e > acc.0 { (e, i) } else { acc })
+}
+
+#[test]
+fn attention_json_matches_transformers_for_minilm() {
+    let model = minilm();
+    let doc = ok_json(&[
+        "attention",
+        "The cat sat on the mat",
+        "--model",
+        model.to_str().unwrap(),
+        "--json",
+    ]);
+    let want = golden().join("minilm/text03.safetensors");
+    assert_eq!(doc["model"], "all-MiniLM-L6-v2");
+    let tokens: Vec<String> = serde_json::from_value(doc["tokens"].clone()).unwrap();
+    assert_eq!(tokens, golden_tokens(&want));
+    let t = tokens.len();
+    let att = &doc["attentions"];
+    assert_eq!(att.as_array().unwrap().len(), 6, "layers");
+    assert_eq!(att[0].as_array().unwrap().len(), 12, "heads");
+    assert_eq!(att[0][0].as_array().unwrap().len(), t, "query rows");
+    assert_eq!(att[0][0][0].as_array().unwrap().len(), t, "key columns");
+    let mut got = Vec::new();
+    flatten(att, &mut got);
+    let (err, at) = max_abs_diff(&got, &golden_tensor(&want, "attentions"));
+    assert!(err <= 1e-4, "max abs error {err:e} at flat index {at}");
+}
+
+#[test]
+fn attention_of_a_pair_uses_the_pair() {
+    let model = minilm();
+    let want = golden().join("minilm/text01.safetensors");
+    let doc = ok_json(&[
+        "attention",
+        "Where is the Eiffel Tower?",
+        "--pair",
+        "The Eiffel Tower is located in Paris, France.",
+        "--model",
+        model.to_str().unwrap(),
+        "--json",
+    ]);
+    let mut got = Vec::new();
+    flatten(&doc["attentions"], &mut got);
+    let (err, at) = max_abs_diff(&got, &golden_tensor(&want, "attentions"));
+    assert!(err <= 1e-4, "max abs error {err:e} at flat index {at}");
+}
+
+#[test]
+fn attention_json_matches_transformers_for_tiny_gpt2() {
+    let want = tiny_gpt2().join("expected/text00.safetensors");
+    let doc = ok_json(&[
+        "attention",
+        "The cat sat on the mat",
+        "--model",
+        tiny_gpt2().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(doc["model"], "tiny-gpt2");
+    let tokens: Vec<String> = serde_json::from_value(doc["tokens"].clone()).unwrap();
+    assert_eq!(tokens, golden_tokens(&want));
+    let mut got = Vec::new();
+    flatten(&doc["attentions"], &mut got);
+    let (err, at) = max_abs_diff(&got, &golden_tensor(&want, "attentions"));
+    assert!(err <= 1e-3, "max abs error {err:e} at flat index {at}");
+}
+
+#[test]
+fn attention_readable_form_shows_tokens_and_averages() {
+    let out = attnscope(&[
+        "attention",
+        "The cat sat",
+        "--model",
+        minilm().to_str().unwrap(),
+        "--layer",
+        "5",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("layer 5, average over 12 heads"), "{text}");
+    assert!(!text.contains("layer 4,"), "{text}");
+    for tok in ["[CLS]", "the", "cat", "sat", "[SEP]"] {
+        assert!(text.contains(tok), "{tok} missing from {text}");
+    }
+    let out = attnscope(&[
+        "attention",
+        "The cat sat",
+        "--model",
+        minilm().to_str().unwrap(),
+        "--head",
+        "3",
+    ]);
+    assert!(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .contains("layer 0, head 3")
+    );
+}
+
+#[test]
+fn attention_reads_text_from_a_file() {
+    let dir = TempDir::new();
+    let file = dir.path().join("text.txt");
+    std::fs::write(&file, "The cat sat on the mat").unwrap();
+    let from_file = ok_json(&[
+        "attention",
+        "--file",
+        file.to_str().unwrap(),
+        "--model",
+        tiny_gpt2().to_str().unwrap(),
+        "--json",
+    ]);
+    let inline = ok_json(&[
+        "attention",
+        "The cat sat on the mat",
+        "--model",
+        tiny_gpt2().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(from_file, inline);
+}
+
+#[test]
+fn embed_json_matches_sentence_transformers() {
+    let doc = ok_json(&[
+        "embed",
+        "The cat sat",
+        "The cat sat on the mat",
+        "--model",
+        minilm().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(doc["model"], "all-MiniLM-L6-v2");
+    let embeddings = doc["embeddings"].as_array().unwrap();
+    assert_eq!(embeddings.len(), 2);
+    for (e, file) in embeddings.iter().zip(["text02", "text03"]) {
+        let mut got = Vec::new();
+        flatten(e, &mut got);
+        let want = golden_tensor(
+            &golden().join(format!("minilm/{file}.safetensors")),
+            "embedding",
+        );
+        let dot: f64 = got.iter().zip(&want).map(|(a, b)| a * b).sum();
+        let norms = got.iter().map(|a| a * a).sum::<f64>().sqrt()
+            * want.iter().map(|b| b * b).sum::<f64>().sqrt();
+        assert!(dot / norms >= 0.99999, "{file}: cosine {}", dot / norms);
+    }
+}
+
+#[test]
+fn embed_readable_form_shows_similarities() {
+    let out = attnscope(&[
+        "embed",
+        "I love cats",
+        "I adore cats",
+        "--model",
+        minilm().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("384 dimensions") && text.contains("cosine similarity"),
+        "{text}"
+    );
+    // Each text's similarity with itself is 1 (unit vectors).
+    assert!(text.contains(" 1.000"), "{text}");
+}
+
+#[test]
+fn bench_embed_reports_sentences_per_second() {
+    let doc = ok_json(&[
+        "bench",
+        "embed",
+        "--model",
+        tiny_gpt2().to_str().unwrap(),
+        "--sentences",
+        "6",
+        "--batch",
+        "4",
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    let rate = doc["sentences_per_s"].as_f64().unwrap();
+    assert!(rate > 0.0 && rate.is_finite(), "{doc}");
+    assert_eq!(doc["sentences"], 6);
+}
+
+#[test]
+fn missing_model_is_an_error() {
+    fails_with(
+        &["attention", "hi", "--model", "/nonexistent/model", "--json"],
+        "/nonexistent/model",
+    );
+    let dir = tiny_copy();
+    std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
+    fails_with(
+        &["embed", "hi", "--model", dir.path().to_str().unwrap()],
+        "tokenizer.json",
+    );
+}
+
+#[test]
+fn hostile_safetensors_is_an_error() {
+    let dir = tiny_copy();
+    let weights = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(
+        &[
+            "attention",
+            "The cat",
+            "--model",
+            dir.path().to_str().unwrap(),
+        ],
+        "outside the",
+    );
+    // A header length of 2^64 − 1.
+    std::fs::write(&weights, [0xff; 16]).unwrap();
+    fails_with(
+        &[
+            "attention",
+            "The cat",
+            "--model",
+            dir.path().to_str().unwrap(),
+        ],
+        "header claims",
+    );
+}
+
+#[test]
+fn shape_disagreeing_with_config_is_an_error() {
+    let dir = tiny_copy();
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        config.replace("\"n_positions\": 64", "\"n_positions\": 65"),
+    )
+    .unwrap();
+    fails_with(
+        &[
+            "attention",
+            "The cat",
+            "--model",
+            dir.path().to_str().unwrap(),
+        ],
+        "transformer.wpe.weight",
+    );
+}
+
+#[test]
+fn empty_and_too_long_text_are_errors() {
+    let model = tiny_gpt2();
+    let m = model.to_str().unwrap();
+    fails_with(&["attention", "", "--model", m], "empty");
+    fails_with(&["attention", "   ", "--model", m], "empty");
+    fails_with(
+        &["attention", "The cat", "--pair", "", "--model", m],
+        "pair text is empty",
+    );
+    fails_with(&["embed", "fine", "", "--model", m], "empty");
+    let long = "The cat sat on the mat. ".repeat(40);
+    let stderr = fails_with(&["attention", &long, "--model", m, "--json"], "--truncate");
+    assert!(stderr.contains("64 positions"), "{stderr}");
+    fails_with(&["embed", &long, "--model", m], "--truncate");
+    let doc = ok_json(&["attention", &long, "--model", m, "--truncate", "--json"]);
+    assert_eq!(doc["tokens"].as_array().unwrap().len(), 64);
+    let doc = ok_json(&["embed", &long, "--model", m, "--truncate", "--json"]);
+    assert_eq!(doc["embeddings"][0].as_array().unwrap().len(), 32);
+}
+
+#[test]
+fn invalid_utf8_file_is_an_error() {
+    let dir = TempDir::new();
+    let file = dir.path().join("latin1.txt");
+    std::fs::write(&file, b"caf\xe9 au lait").unwrap();
+    fails_with(
+        &[
+            "attention",
+            "--file",
+            file.to_str().unwrap(),
+            "--model",
+            tiny_gpt2().to_str().unwrap(),
+        ],
+        "not valid UTF-8",
+    );
+    fails_with(
+        &[
+            "embed",
+            "--file",
+            file.to_str().unwrap(),
+            "--model",
+            tiny_gpt2().to_str().unwrap(),
+        ],
+        "offset 3",
+    );
+    fails_with(
+        &[
+            "embed",
+            "--file",
+            "/nonexistent/texts.txt",
+            "--model",
+            tiny_gpt2().to_str().unwrap(),
+        ],
+        "cannot read",
+    );
+}
+
+#[test]
+fn bad_flags_are_errors() {
+    let m = tiny_gpt2();
+    fails_with(
+        &[
+            "attention",
+            "The cat",
+            "--model",
+            m.to_str().unwrap(),
+            "--layer",
+            "2",
+        ],
+        "--layer 2 is out of range",
+    );
+    fails_with(
+        &[
+            "attention",
+            "The cat",
+            "--model",
+            m.to_str().unwrap(),
+            "--head",
+            "4",
+        ],
+        "--head 4 is out of range",
+    );
+    fails_with(
+        &[
+            "bench",
+            "embed",
+            "--model",
+            m.to_str().unwrap(),
+            "--batch",
+            "0",
+        ],
+        "at least 1",
+    );
+    // No text at all is a usage error (exit 2).
+    assert_eq!(attnscope(&["attention"]).status.code(), Some(2));
+}
