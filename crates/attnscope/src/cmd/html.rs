@@ -1,6 +1,153 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope html`: one text's attention as a self-contained interactive HTML file (head view,
+//! model view, heatmap, neuron view) that works offline. Also the model-to-page step that
+//! `attnscope serve` shares.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use attn_models::{Model, ModelKind, RunOptions};
+use attn_viz::html::{PageOptions, QueryKeys, standalone_page};
+use attn_viz::{AttentionMaps, Token};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The text to look at.
+    pub text: String,
+    /// A second text (sentence B, or the context of a question); the page can then show
+    /// attention from A to B and from B to A.
+    #[arg(long)]
+    pub pair: Option<String>,
+    /// Where to write the page (a .html or .htm file).
+    #[arg(short, long, value_name = "FILE.html")]
+    pub output: PathBuf,
+    /// Model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else the cached
+    /// default model, fetched on first use].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// The layer whose queries and keys the neuron view gets first [default: the last]; nearby
+    /// layers are added while the file stays small.
+    #[arg(long, value_name = "L")]
+    pub neuron_layer: Option<usize>,
+    /// Cut a text longer than the model's positions to fit (the longest segment first).
+    #[arg(long)]
+    pub truncate: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    check_output(&args.output)?;
+    let model = load_model(args.model.as_deref())?;
+    let (maps, qk) = analyse(&model, &args.text, args.pair.as_deref(), args.truncate)?;
+    let options = PageOptions {
+        neuron_layer: args.neuron_layer,
+        ..PageOptions::default()
+    };
+    let page = standalone_page(&maps, Some(&qk), &options)?;
+    std::fs::write(&args.output, &page)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    eprintln!(
+        "wrote {} ({} tokens, {} layers × {} heads, {:.2} MB)",
+        args.output.display(),
+        maps.tokens.len(),
+        maps.n_layers,
+        maps.n_heads,
+        page.len() as f64 / 1e6
+    );
+    Ok(())
+}
+
+/// Refuses, before any work, a file name that is not `.html`/`.htm` or whose directory does
+/// not exist.
+fn check_output(path: &Path) -> anyhow::Result<()> {
+    let extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if !matches!(extension.as_deref(), Some("html" | "htm")) {
+        bail!(
+            "{}: unknown extension; the explorer is written as a .html (or .htm) file",
+            path.display()
+        );
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(
+            "cannot write {}: directory {} does not exist",
+            path.display(),
+            parent.display()
+        );
+    }
+    if path.is_dir() {
+        bail!("cannot write {}: it is a directory", path.display());
+    }
+    Ok(())
+}
+
+/// The model in `dir`, else the default one (fetched on first use, with progress on stderr).
+pub(crate) fn load_model(dir: Option<&Path>) -> anyhow::Result<Model> {
+    let dir = match dir {
+        Some(dir) => dir.to_path_buf(),
+        None => attn_models::fetch::default_model_dir(true)?,
+    };
+    Model::load(&dir).with_context(|| format!("cannot load the model in {}", dir.display()))
+}
+
+/// Runs the model once and returns what the explorer shows: every head's attention and the
+/// queries and keys behind it.
+///
+/// # Shapes
+/// - returned `maps.weights`: `[n_layers, n_heads, T, T]`
+/// - returned `qk.q`, `qk.k`: `[n_layers, n_heads, T, head_dim]`
+pub(crate) fn analyse(
+    model: &Model,
+    text: &str,
+    pair: Option<&str>,
+    truncate: bool,
+) -> anyhow::Result<(AttentionMaps, QueryKeys)> {
+    let enc = if truncate {
+        model.encode_truncated(text, pair)?
+    } else {
+        model.encode(text, pair)?
+    };
+    let out = model.forward(
+        &enc,
+        &RunOptions {
+            attentions: true,
+            qk: true,
+            hidden_states: false,
+        },
+    )?;
+    let (Some(weights), Some(qk)) = (out.attentions, out.qk) else {
+        bail!("the model returned no attention weights or queries and keys");
+    };
+    let head_dim = model.hidden_size() / model.n_heads();
+    let tokens = (0..enc.len())
+        .map(|i| Token {
+            text: enc.tokens[i].clone(),
+            id: enc.ids[i],
+            span: enc.spans[i],
+            segment: enc.segments[i],
+            special: enc.special[i],
+        })
+        .collect();
+    let maps = AttentionMaps {
+        model: model.name().to_string(),
+        text: text.to_string(),
+        pair: pair.map(str::to_string),
+        tokens,
+        n_layers: model.n_layers(),
+        n_heads: model.n_heads(),
+        weights,
+    };
+    let qk = QueryKeys {
+        head_dim,
+        // Both BERT and GPT-2 (attn-models refuses other GPT-2 scalings) use 1/√head_dim.
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        causal: model.kind() == ModelKind::Gpt2,
+        q: qk.q,
+        k: qk.k,
+    };
+    Ok((maps, qk))
 }

@@ -1,0 +1,250 @@
+//! `attnscope html`: the file it writes (self-contained, the model's weights to 3 decimals,
+//! hostile text kept inert, also when Chromium opens it) and its errors.
+
+mod explorer_support;
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use explorer_support::{Browser, attnscope, embedded_data, label, tiny_gpt2, unpack_weights};
+use safetensors::SafeTensors;
+use serde_json::json;
+
+fn html(args: &[&str], out: &Path) -> Output {
+    attnscope()
+        .arg("html")
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg("--model")
+        .arg(tiny_gpt2())
+        .output()
+        .unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn f32s(tensors: &SafeTensors, name: &str) -> Vec<f32> {
+    tensors
+        .tensor(name)
+        .unwrap()
+        .data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn page_carries_the_models_attention_to_three_decimals() {
+    let bytes = std::fs::read(tiny_gpt2().join("expected/text00.safetensors")).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = meta.metadata().as_ref().unwrap();
+    let text: String = serde_json::from_str(&meta["text"]).unwrap();
+    let tokens: Vec<String> = serde_json::from_str(&meta["tokens"]).unwrap();
+    let golden = SafeTensors::deserialize(&bytes).unwrap();
+    let expected = f32s(&golden, "attentions"); // [2 layers, 4 heads, 6, 6]
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cat.html");
+    let output = html(&[&text], &out);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let page = std::fs::read_to_string(&out).unwrap();
+    let data = embedded_data(&page);
+    assert_eq!(data["text"], text.as_str());
+    assert_eq!(
+        (data["n_layers"].as_u64(), data["n_heads"].as_u64()),
+        (Some(2), Some(4))
+    );
+    let got_tokens: Vec<&str> = data["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(got_tokens, tokens);
+
+    let weights = unpack_weights(&data);
+    assert_eq!(weights.len(), expected.len());
+    // Rounding to 3 decimals moves a weight by at most 0.0005; allow 1e-5 for the model itself.
+    let (worst, at) = weights
+        .iter()
+        .zip(&expected)
+        .map(|(g, e)| (g - e).abs())
+        .enumerate()
+        .fold(
+            (0.0f32, 0),
+            |(m, at), (i, d)| if d > m { (d, i) } else { (m, at) },
+        );
+    assert!(
+        worst <= 0.0005 + 1e-5,
+        "max |error| {worst} at flat index {at}"
+    );
+
+    // GPT-2 is causal: the neuron view must mask keys after the query.
+    assert_eq!(data["neuron"]["causal"], true);
+    assert_eq!(data["neuron"]["head_dim"], 8); // n_embd 32 / n_head 4
+    assert_eq!(data["neuron"]["layers"], json!([1, 0])); // the last layer first, both fit
+}
+
+#[test]
+fn page_is_self_contained() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("page.htm");
+    let output = html(&["The cat sat", "--pair", "on the mat"], &out);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let page = std::fs::read_to_string(&out).unwrap().to_ascii_lowercase();
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "the page names a network address"
+    );
+    for attribute in ["src=", "href="] {
+        assert!(
+            !page.contains(attribute),
+            "the page has a {attribute} attribute"
+        );
+    }
+}
+
+#[test]
+fn hostile_text_is_data_not_markup() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("xss.html");
+    let text = "</script><script>alert(1)</script>";
+    let pair = "<img src=x onerror=alert(1)><!--";
+    let output = html(&[text, "--pair", pair], &out);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let page = std::fs::read_to_string(&out).unwrap();
+    // Only the template's two script elements; the data round-trips exactly.
+    assert_eq!(page.matches("<script").count(), 2);
+    assert!(!page.contains("<img"));
+    let data = embedded_data(&page);
+    assert_eq!(
+        (data["text"].as_str(), data["pair"].as_str()),
+        (Some(text), Some(pair))
+    );
+
+    // Chromium opens it offline: no script of the text runs, the tokens are shown as text.
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    assert_eq!(browser.alert_text(), None, "an alert opened");
+    let counts = browser.exec(
+        "return [document.scripts.length, document.images.length,
+                 document.querySelectorAll('#view-head .tokens.left .tok').length];",
+        json!([]),
+    );
+    let n_tokens = data["tokens"].as_array().unwrap().len();
+    assert_eq!(counts, json!([2, 0, n_tokens]));
+    let shown = browser.exec(
+        "return [...document.querySelectorAll('#view-head .tokens.left .tok')].map(t => t.textContent).join('');",
+        json!([]),
+    );
+    let expected: String = data["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| label(t["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(shown.as_str(), Some(expected.as_str()));
+    assert!(expected.contains("<") && expected.contains("script"));
+    browser.screenshot(dir.path(), "html-xss.png");
+
+    // The check above can fail: a script that does call alert() is seen.
+    browser.exec(
+        "setTimeout(() => alert('seen'), 0); return null;",
+        json!([]),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(browser.alert_text().as_deref(), Some("seen"));
+    browser.dismiss_alert();
+}
+
+#[test]
+fn unwritable_output_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir").join("x.html");
+    let output = html(&["The cat"], &missing);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("does not exist"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!missing.exists());
+
+    let is_dir = dir.path().join("a-dir.html");
+    std::fs::create_dir(&is_dir).unwrap();
+    let output = html(&["The cat"], &is_dir);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("is a directory"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn unknown_extension_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["x.png", "x"] {
+        let output = html(&["The cat"], &dir.path().join(name));
+        assert_eq!(output.status.code(), Some(1));
+        assert!(
+            stderr(&output).contains("unknown extension"),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn text_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.html");
+    // tiny-gpt2 has 64 positions; its byte-level BPE gives at least one token per 2 words here.
+    let long = "the cat sat on the mat ".repeat(40);
+    let output = html(&[&long], &out);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("64 positions"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = html(&[""], &out);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).starts_with("error:"), "{}", stderr(&output));
+    assert!(!out.exists());
+}
+
+#[test]
+fn neuron_layer_out_of_range_names_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = html(
+        &["The cat", "--neuron-layer", "2"],
+        &dir.path().join("x.html"),
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("0..=1"), "{}", stderr(&output));
+}
+
+#[test]
+fn bad_model_directory_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = attnscope()
+        .args(["html", "The cat", "-o"])
+        .arg(dir.path().join("x.html"))
+        .arg("--model")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("cannot load the model"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -1,0 +1,259 @@
+//! `attnscope serve` end to end: its JSON API and limits, then the page in headless Chromium —
+//! type text, submit, see every view draw the tokens; hostile text runs no script.
+
+mod explorer_support;
+
+use std::time::Duration;
+
+use explorer_support::{Browser, Server, get, label, post, tiny_gpt2, unpack_weights};
+use serde_json::{Value, json};
+
+fn labels(data: &Value) -> Vec<String> {
+    data["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| label(t["text"].as_str().unwrap()))
+        .collect()
+}
+
+#[test]
+fn api_answers_and_refuses_clearly() {
+    let mut server = Server::start(&tiny_gpt2());
+    assert!(
+        server.url.starts_with("http://127.0.0.1:"),
+        "{}",
+        server.url
+    );
+
+    let (status, page, csp) = get(&server.url);
+    assert_eq!(status, 200);
+    assert!(page.contains("data-mode=\"app\""));
+    assert!(csp.unwrap().contains("default-src 'none'"));
+
+    let (status, body) = post(
+        &server.api(),
+        &json!({"text": "The cat sat", "pair": "on the mat"}).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let data: Value = serde_json::from_str(&body).unwrap();
+    let n = data["tokens"].as_array().unwrap().len();
+    assert!(
+        data["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["segment"] == 1)
+    );
+    let weights = unpack_weights(&data);
+    assert_eq!(weights.len(), 2 * 4 * n * n);
+    // Every query row of every head sums to 1, up to n roundings of at most 0.0005 each.
+    for row in weights.chunks(n) {
+        let sum: f32 = row.iter().sum();
+        assert!(
+            (sum - 1.0).abs() <= 0.0005 * n as f32 + 1e-6,
+            "row sums to {sum}"
+        );
+    }
+
+    // A body over 1 MiB: 413, as JSON the page can show.
+    let big = json!({ "text": "a".repeat((1 << 20) + 1) }).to_string();
+    let (status, body) = post(&server.api(), &big);
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("larger than 1024 KiB"), "{body}");
+
+    // Text over the model's 64 positions: a readable error.
+    let long = json!({ "text": "the cat sat on the mat ".repeat(40) }).to_string();
+    let (status, body) = post(&server.api(), &long);
+    assert_eq!(status, 422, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        error["error"].as_str().unwrap().contains("at most 64"),
+        "{body}"
+    );
+
+    for (bad, why) in [
+        ("{", "not JSON"),
+        ("{\"txt\": \"a\"}", "unknown field"),
+        ("{\"text\": 5}", "wrong type"),
+        ("{\"text\": \"\"}", "empty text"),
+        (
+            "{\"text\": \"a\", \"neuron_layer\": 7}",
+            "layer out of range",
+        ),
+    ] {
+        let (status, body) = post(&server.api(), bad);
+        assert!((400..500).contains(&status), "{why}: {status} {body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert!(error["error"].is_string(), "{why}: {body}");
+    }
+
+    // Odd text never brings the server down.
+    for text in ["\u{0}\u{fffd}\u{202e}", "🙂🙂🙂", "\r\n\t", "\u{10ffff}"] {
+        let (status, body) = post(&server.api(), &json!({ "text": text }).to_string());
+        assert!(status == 200 || status == 422, "{text:?}: {status} {body}");
+    }
+    assert!(server.alive());
+}
+
+#[test]
+fn browser_shows_every_view_of_the_submitted_text() {
+    let server = Server::start(&tiny_gpt2());
+    let dir = tempfile::tempdir().unwrap();
+    let (text, pair) = ("The cat sat", "on the mat");
+    let (_, body) = post(
+        &server.api(),
+        &json!({"text": text, "pair": pair}).to_string(),
+    );
+    let expected = labels(&serde_json::from_str(&body).unwrap());
+
+    let browser = Browser::start();
+    browser.goto(&server.url);
+    assert_eq!(browser.settled_state(), "idle");
+    browser.type_into("#input-text", text);
+    browser.type_into("#input-pair", pair);
+    browser.click("#input-submit");
+    browser.expect_ready();
+
+    let column = |side: &str| {
+        browser.exec(
+            &format!("return [...document.querySelectorAll('#view-head .tokens.{side} .tok')].map(t => t.textContent);"),
+            json!([]),
+        )
+    };
+    assert_eq!(column("left"), json!(expected));
+    assert_eq!(column("right"), json!(expected));
+    // The head view drew lines: its canvas has coloured pixels.
+    let painted = "const c = document.querySelector(arguments[0]);
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n;";
+    assert!(
+        browser
+            .exec(painted, json!(["#view-head canvas"]))
+            .as_u64()
+            .unwrap()
+            > 100
+    );
+    assert_eq!(
+        browser.exec(
+            "return !document.getElementById('filter-control').hidden;",
+            json!([])
+        ),
+        json!(true),
+        "a pair offers the A/B filter"
+    );
+    browser.screenshot(dir.path(), "serve-head.png");
+
+    // Hovering isolates one token; the A→B filter keeps lines from A to B only.
+    browser.exec("document.getElementById('filter').value = 'AB'; document.getElementById('filter').dispatchEvent(new Event('change')); return null;", json!([]));
+    browser.expect_ready();
+
+    browser.click("#tabs button[data-view=model]");
+    browser.expect_ready();
+    assert_eq!(
+        browser.exec(
+            "return document.querySelectorAll('#view-model canvas').length;",
+            json!([])
+        ),
+        json!(2 * 4)
+    );
+    browser.click("#view-model canvas[data-layer='1'][data-head='2']");
+    assert_eq!(
+        browser.exec("return [document.getElementById('overlay').hidden, document.getElementById('overlay-title').textContent, document.querySelectorAll('#overlay-body .tokens.left .tok').length];", json!([])),
+        json!([false, "Layer 1, head 2", expected.len()])
+    );
+    browser.screenshot(dir.path(), "serve-model-enlarged.png");
+    browser.click("#overlay-close");
+
+    browser.click("#tabs button[data-view=heatmap]");
+    browser.expect_ready();
+    assert!(
+        browser
+            .exec(painted, json!(["#heatmap-canvas"]))
+            .as_u64()
+            .unwrap()
+            > 100
+    );
+    browser.screenshot(dir.path(), "serve-heatmap.png");
+
+    browser.click("#tabs button[data-view=neuron]");
+    browser.expect_ready();
+    let keys = browser.exec(
+        "return [...document.querySelectorAll('#neuron-body td.token')].map(t => t.textContent);",
+        json!([]),
+    );
+    assert_eq!(keys, json!(expected));
+    // Query 0 of a causal model sees only key 0: weight 1 there, the rest masked.
+    let first_row = browser.exec(
+        "return [...document.querySelectorAll('#neuron-body tr')[1].cells].slice(3, 7).map(c => c.textContent);",
+        json!([]),
+    );
+    assert_eq!(first_row[2], "1.000", "{first_row}");
+    assert_eq!(first_row[3], "1.000", "{first_row}");
+    browser.screenshot(dir.path(), "serve-neuron.png");
+
+    // A text over the model's limit: the page shows the server's message.
+    browser.type_into("#input-text", &"the cat sat on the mat ".repeat(40));
+    browser.click("#input-submit");
+    assert_eq!(browser.settled_state(), "error");
+    let message = browser.exec(
+        "return document.getElementById('error').textContent;",
+        json!([]),
+    );
+    assert!(
+        message.as_str().unwrap().contains("at most 64"),
+        "{message}"
+    );
+}
+
+#[test]
+fn hostile_text_runs_no_script_in_the_app() {
+    let server = Server::start(&tiny_gpt2());
+    let dir = tempfile::tempdir().unwrap();
+    let browser = Browser::start();
+    browser.goto(&server.url);
+    assert_eq!(browser.settled_state(), "idle");
+    // Any alert() from injected markup would count here (and also leave a dialog open).
+    browser.exec(
+        "window.__alerts = 0; window.alert = () => { window.__alerts++; }; return null;",
+        json!([]),
+    );
+    // The tiny model reads 64 tokens, about one per character of markup: one attack at a time.
+    let attacks = [
+        ("</script><script>alert(1)</script>", ""),
+        ("<img src=x onerror=alert(1)>", "<svg onload=alert(1)>"),
+        ("\"'&amp;<!--", "<iframe src=javascript:alert(1)>"),
+    ];
+    for (text, pair) in attacks {
+        browser.type_into("#input-text", text);
+        browser.type_into("#input-pair", pair);
+        browser.click("#input-submit");
+        browser.expect_ready();
+        for view in ["model", "heatmap", "neuron", "head"] {
+            browser.click(&format!("#tabs button[data-view={view}]"));
+            browser.expect_ready();
+        }
+        std::thread::sleep(Duration::from_millis(300)); // let any onerror/onload fire
+        assert_eq!(browser.alert_text(), None);
+        let state = browser.exec(
+            "return [window.__alerts, document.scripts.length, document.images.length,
+                     document.querySelectorAll('svg, iframe').length,
+                     document.getElementById('summary').textContent];",
+            json!([]),
+        );
+        assert_eq!(state[0], 0, "{text}: {state}");
+        assert_eq!(state[1], 2, "{text}: {state}");
+        assert_eq!(state[2], 0, "{text}: {state}");
+        assert_eq!(state[3], 0, "{text}: {state}");
+        let summary = state[4].as_str().unwrap();
+        assert!(
+            summary.contains(&serde_json::to_string(text).unwrap()),
+            "{summary}"
+        );
+    }
+    browser.screenshot(dir.path(), "serve-xss.png");
+
+    // The counter above is live: a script calling alert() is counted.
+    browser.exec("setTimeout(() => alert(2), 0); return null;", json!([]));
+    assert!(browser.wait_for("window.__alerts === 1", Duration::from_secs(5)));
+}
