@@ -156,8 +156,11 @@ impl FloatMask {
         Broadcast::new("mask", data, dims)
     }
 
+    /// NaN and +∞ are refused: +∞ would make the softmax ∞ − ∞ = NaN. −∞ hides the key.
     pub(crate) fn validate(&self, shape: &AttnShape) -> Result<(), AttnError> {
-        if let Some((index, &value)) = self.data.iter().enumerate().find(|(_, v)| v.is_nan()) {
+        if let Some((index, &value)) =
+            (self.data.iter().enumerate()).find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
+        {
             return Err(AttnError::NonFinite {
                 tensor: "mask",
                 index,

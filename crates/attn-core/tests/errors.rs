@@ -1,0 +1,423 @@
+//! One test per `AttnError` variant: each bad input gives that error, with a message naming the
+//! tensor or option and the shapes — never a panic.
+
+use attn_core::{
+    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Dropout, FloatMask, KeyPadding, Linear,
+    MhaConfig, MhaInput, MultiheadAttention, StateDict, WeightsRequest, sdpa, sdpa_reference,
+};
+
+/// A valid 1×2×3×4 call (batch 1, 2 heads, 3 queries, 4 keys, head_dim 2).
+fn shape() -> AttnShape {
+    AttnShape::new(1, 2, 3, 4, 2)
+}
+
+fn data(sh: AttnShape) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let n = |d: [usize; 4]| vec![0.5; d.iter().product()];
+    (n(sh.q_dims()), n(sh.k_dims()), n(sh.v_dims()))
+}
+
+/// Runs both kernels with `options` on the valid call; both must fail the same way.
+fn fails_with(options: AttnOptions) -> AttnError {
+    let sh = shape();
+    let (q, k, v) = data(sh);
+    let input = AttnInput::new(&q, &k, &v, sh).unwrap();
+    let a = sdpa_reference(&input, &options).unwrap_err();
+    let b = sdpa(&input, &options).unwrap_err();
+    // Compared as text: a NaN inside an error is not equal to itself.
+    assert_eq!(
+        format!("{a:?}"),
+        format!("{b:?}"),
+        "both kernels reject the same way"
+    );
+    a
+}
+
+#[test]
+fn shape_mismatch_names_the_tensor_and_both_shapes() {
+    // k's head_dim (3) differs from q's (2).
+    let err = AttnInput::from_dims(
+        (&[0.0; 12], &[1, 2, 3, 2]),
+        (&[0.0; 24], &[1, 2, 4, 3]),
+        (&[0.0; 16], &[1, 2, 4, 2]),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        AttnError::ShapeMismatch {
+            tensor: "k",
+            expected: vec![1, 2, 4, 2],
+            got: vec![1, 2, 4, 3],
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "k: expected shape [1, 2, 4, 2], got [1, 2, 4, 3]"
+    );
+    // Key padding for the wrong batch or length.
+    let kp = KeyPadding::from_vec(vec![true; 5], 1, 5).unwrap();
+    let err = fails_with(AttnOptions {
+        key_padding: Some(kp),
+        ..AttnOptions::default()
+    });
+    assert!(matches!(
+        err,
+        AttnError::ShapeMismatch {
+            tensor: "key_padding",
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("[1, 4]") && err.to_string().contains("[1, 5]"));
+}
+
+#[test]
+fn length_mismatch_when_a_slice_disagrees_with_its_shape() {
+    let sh = shape();
+    let (q, k, v) = data(sh);
+    let err = AttnInput::new(&q[1..], &k, &v, sh).unwrap_err();
+    assert_eq!(
+        err,
+        AttnError::LengthMismatch {
+            tensor: "q",
+            shape: vec![1, 2, 3, 2],
+            expected: 12,
+            got: 11,
+        }
+    );
+    assert!(
+        err.to_string()
+            .starts_with("q: shape [1, 2, 3, 2] needs 12 elements, got 11")
+    );
+    // The same rule guards masks and the MHA inputs.
+    assert!(matches!(
+        BoolMask::from_vec(vec![true; 5], &[2, 3]),
+        Err(AttnError::LengthMismatch { tensor: "mask", .. })
+    ));
+    let mha = tiny_mha();
+    let err = mha
+        .forward(
+            &MhaInput::self_attention(&[0.0; 7], 1, 2),
+            &AttnOptions::default(),
+        )
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        AttnError::LengthMismatch {
+            tensor: "query",
+            expected: 8,
+            got: 7,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn not_broadcastable_mask() {
+    // [3, 4] would need seq_q = 3 (ok) … but [2, 4] does not match seq_q = 3.
+    let mask = BoolMask::from_vec(vec![true; 8], &[2, 4]).unwrap();
+    let err = fails_with(AttnOptions {
+        bool_mask: Some(mask),
+        ..AttnOptions::default()
+    });
+    assert_eq!(
+        err,
+        AttnError::NotBroadcastable {
+            tensor: "mask",
+            got: vec![1, 1, 2, 4],
+            target: vec![1, 2, 3, 4],
+        }
+    );
+    let float = FloatMask::from_vec(vec![0.0; 3 * 3], &[3, 3]).unwrap();
+    let err = fails_with(AttnOptions {
+        float_mask: Some(float),
+        ..AttnOptions::default()
+    });
+    assert!(
+        err.to_string()
+            .contains("does not broadcast to [1, 2, 3, 4]")
+    );
+}
+
+#[test]
+fn heads_not_divisible() {
+    let sh = AttnShape {
+        n_kv_heads: 2,
+        ..AttnShape::new(1, 3, 1, 1, 1)
+    };
+    let err = AttnInput::new(&[0.0; 3], &[0.0; 2], &[0.0; 2], sh).unwrap_err();
+    assert_eq!(
+        err,
+        AttnError::HeadsNotDivisible {
+            n_heads: 3,
+            n_kv_heads: 2
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "n_heads (3) is not a multiple of n_kv_heads (2)"
+    );
+    let zero = AttnShape {
+        n_kv_heads: 0,
+        ..sh
+    };
+    assert!(matches!(
+        zero.validate(),
+        Err(AttnError::HeadsNotDivisible { n_kv_heads: 0, .. })
+    ));
+}
+
+#[test]
+fn embed_not_divisible_at_construction() {
+    assert_eq!(
+        MhaConfig::new(10, 3).unwrap_err(),
+        AttnError::EmbedNotDivisible {
+            embed_dim: 10,
+            num_heads: 3
+        }
+    );
+    assert!(matches!(
+        MhaConfig::new(8, 0),
+        Err(AttnError::EmbedNotDivisible { num_heads: 0, .. })
+    ));
+    assert_eq!(
+        MhaConfig::new(10, 3).unwrap_err().to_string(),
+        "embed_dim (10) is not a multiple of num_heads (3)"
+    );
+}
+
+/// A 2-head module with embed_dim 4 and zero weights.
+fn tiny_mha() -> MultiheadAttention {
+    let state = tiny_state();
+    MultiheadAttention::from_state_dict(MhaConfig::new(4, 2).unwrap(), &state).unwrap()
+}
+
+fn tiny_state() -> StateDict {
+    [
+        ("in_proj_weight", vec![12, 4]),
+        ("in_proj_bias", vec![12]),
+        ("out_proj.weight", vec![4, 4]),
+        ("out_proj.bias", vec![4]),
+    ]
+    .into_iter()
+    .map(|(name, dims)| {
+        let n = dims.iter().product();
+        (name.to_string(), (dims, vec![0.1; n]))
+    })
+    .collect()
+}
+
+#[test]
+fn missing_tensor_in_a_state_dict() {
+    let config = MhaConfig::new(4, 2).unwrap();
+    let mut state = tiny_state();
+    state.remove("out_proj.weight");
+    let err = MultiheadAttention::from_state_dict(config, &state).unwrap_err();
+    assert_eq!(
+        err,
+        AttnError::MissingTensor {
+            name: "out_proj.weight"
+        }
+    );
+    // Neither the packed nor the separate projections.
+    let mut state = tiny_state();
+    state.remove("in_proj_weight");
+    let err = MultiheadAttention::from_state_dict(config, &state).unwrap_err();
+    assert_eq!(err.to_string(), "state dict: missing tensor q_proj_weight");
+}
+
+#[test]
+fn unexpected_tensor_in_a_state_dict() {
+    let config = MhaConfig::new(4, 2).unwrap();
+    let mut state = tiny_state();
+    state.insert("bias_k".to_string(), (vec![1, 1, 4], vec![0.0; 4]));
+    let err = MultiheadAttention::from_state_dict(config, &state).unwrap_err();
+    assert!(matches!(&err, AttnError::UnexpectedTensor { name, .. } if name == "bias_k"));
+    assert!(err.to_string().contains("in_proj_weight"));
+    // Packed and separate projections at once.
+    let mut state = tiny_state();
+    state.insert("q_proj_weight".to_string(), (vec![4, 4], vec![0.0; 16]));
+    assert!(matches!(
+        MultiheadAttention::from_state_dict(config, &state),
+        Err(AttnError::UnexpectedTensor { .. })
+    ));
+}
+
+#[test]
+fn state_dict_tensor_of_the_wrong_shape() {
+    let config = MhaConfig::new(4, 2).unwrap();
+    let mut state = tiny_state();
+    state.insert("in_proj_weight".to_string(), (vec![4, 12], vec![0.0; 48]));
+    assert_eq!(
+        MultiheadAttention::from_state_dict(config, &state).unwrap_err(),
+        AttnError::ShapeMismatch {
+            tensor: "in_proj_weight",
+            expected: vec![12, 4],
+            got: vec![4, 12],
+        }
+    );
+    // A projection whose input width disagrees with kdim.
+    let lin = |name, o, i| Linear::new(name, vec![0.0; o * i], o, i, None).unwrap();
+    let err = MultiheadAttention::new(
+        MhaConfig::with_kv_dims(4, 2, 3, 4).unwrap(),
+        lin("q_proj_weight", 4, 4),
+        lin("k_proj_weight", 4, 4),
+        lin("v_proj_weight", 4, 4),
+        lin("out_proj.weight", 4, 4),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        AttnError::ShapeMismatch {
+            tensor: "k_proj_weight",
+            expected: vec![4, 3],
+            got: vec![4, 4],
+        }
+    );
+}
+
+#[test]
+fn per_head_length_of_alibi() {
+    let err = fails_with(AttnOptions {
+        alibi: Some(vec![0.5; 3]),
+        ..AttnOptions::default()
+    });
+    assert_eq!(
+        err,
+        AttnError::PerHeadLength {
+            what: "alibi",
+            expected: 2,
+            got: 3
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "alibi: expected 2 values (one per query head), got 3"
+    );
+}
+
+#[test]
+fn invalid_options() {
+    let cases = [
+        (
+            "scale",
+            AttnOptions {
+                scale: Some(f32::NAN),
+                ..AttnOptions::default()
+            },
+        ),
+        (
+            "softcap",
+            AttnOptions {
+                softcap: Some(0.0),
+                ..AttnOptions::default()
+            },
+        ),
+        (
+            "dropout",
+            AttnOptions {
+                dropout: Some(Dropout { p: 1.0, seed: 0 }),
+                ..AttnOptions::default()
+            },
+        ),
+    ];
+    for (option, options) in cases {
+        let err = fails_with(options);
+        assert!(
+            matches!(err, AttnError::InvalidOption { option: o, .. } if o == option),
+            "{option}: {err:?}"
+        );
+    }
+    // A rank-5 mask is refused when it is built.
+    let err = BoolMask::from_vec(vec![true; 4], &[1, 1, 1, 1, 4]).unwrap_err();
+    assert!(matches!(
+        err,
+        AttnError::InvalidOption { option: "mask", .. }
+    ));
+    assert!(err.to_string().contains("[1, 1, 1, 1, 4]"));
+    assert!(matches!(
+        MhaConfig::with_kv_dims(4, 2, 0, 4),
+        Err(AttnError::InvalidOption { option: "kdim", .. })
+    ));
+    assert!(matches!(
+        KeyPadding::from_lengths(&[5], 4),
+        Err(AttnError::InvalidOption {
+            option: "key_padding",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn row_out_of_range() {
+    let err = fails_with(AttnOptions {
+        weights: WeightsRequest::Rows(vec![0, 3]),
+        ..AttnOptions::default()
+    });
+    assert_eq!(err, AttnError::RowOutOfRange { row: 3, seq_q: 3 });
+}
+
+#[test]
+fn non_finite_mask_and_slopes() {
+    let nan_mask = FloatMask::from_vec(vec![0.0, f32::NAN, 0.0, 0.0], &[4]).unwrap();
+    let err = fails_with(AttnOptions {
+        float_mask: Some(nan_mask),
+        ..AttnOptions::default()
+    });
+    assert!(matches!(
+        err,
+        AttnError::NonFinite {
+            tensor: "mask",
+            index: 1,
+            ..
+        }
+    ));
+    // +∞ would turn the softmax into ∞ − ∞ = NaN; −∞ is allowed (it hides the key).
+    let inf_mask = FloatMask::from_vec(vec![0.0, 0.0, f32::INFINITY, 0.0], &[4]).unwrap();
+    let err = fails_with(AttnOptions {
+        float_mask: Some(inf_mask),
+        ..AttnOptions::default()
+    });
+    assert!(matches!(
+        err,
+        AttnError::NonFinite {
+            tensor: "mask",
+            index: 2,
+            ..
+        }
+    ));
+    let err = fails_with(AttnOptions {
+        alibi: Some(vec![0.5, f32::INFINITY]),
+        ..AttnOptions::default()
+    });
+    assert!(matches!(
+        err,
+        AttnError::NonFinite {
+            tensor: "alibi",
+            index: 1,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn too_large_weights_are_refused_before_allocating() {
+    // head_dim = value_dim = 0 keeps the inputs empty while the weights would be
+    // 2²⁰ × 2²⁰ f32 = 4 TiB.
+    let sh = AttnShape::new(1, 1, 1 << 20, 1 << 20, 0);
+    let input = AttnInput::new(&[], &[], &[], sh).unwrap();
+    let options = AttnOptions {
+        weights: WeightsRequest::All,
+        ..AttnOptions::default()
+    };
+    for err in [
+        sdpa_reference(&input, &options).unwrap_err(),
+        sdpa(&input, &options).unwrap_err(),
+    ] {
+        assert!(matches!(err, AttnError::TooLarge { bytes, .. } if bytes == 4 << 40));
+    }
+    // Dims whose product overflows usize.
+    let huge = AttnShape::new(usize::MAX, 2, 1, 1, 1);
+    assert!(matches!(
+        AttnInput::new(&[], &[], &[], huge),
+        Err(AttnError::TooLarge { .. })
+    ));
+}
