@@ -1,6 +1,144 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope mask causal 4` and `attnscope mask padding "The cat <PAD> <PAD>"`: print the 0/1
+//! mask matrices of `shared/attention-notes.txt` (1 = the query in that row may attend to the
+//! key in that column), computed by `attn-core`'s mask rules.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use anyhow::ensure;
+use attn_core::mask::causal_matrix;
+use attn_core::{Causal, KeyPadding};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    kind: Kind,
+}
+
+#[derive(clap::Subcommand)]
+enum Kind {
+    /// Causal mask: each token sees itself and the tokens before it.
+    Causal {
+        /// Number of query tokens.
+        seq_q: usize,
+        /// Number of key tokens (default: as many as queries).
+        #[arg(long)]
+        seq_kv: Option<usize>,
+        /// Where the diagonal sits when the lengths differ: top-left (PyTorch is_causal) or
+        /// bottom-right (FlashAttention, decoding with a cache: the last query sees every key).
+        #[arg(long, value_enum, default_value_t = Align::TopLeft)]
+        align: Align,
+    },
+    /// Padding mask of a sentence: tokens written <PAD> or [PAD] are padding no one attends to.
+    Padding {
+        /// The tokens, separated by spaces.
+        text: String,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Align {
+    TopLeft,
+    BottomRight,
+}
+
+/// The largest matrix side printed: beyond it the matrix would not fit a terminal anyway.
+const MAX_TOKENS: usize = 512;
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let text = match args.kind {
+        Kind::Causal {
+            seq_q,
+            seq_kv,
+            align,
+        } => {
+            let seq_kv = seq_kv.unwrap_or(seq_q);
+            for (what, n) in [("seq_q", seq_q), ("seq_kv", seq_kv)] {
+                ensure!(
+                    (1..=MAX_TOKENS).contains(&n),
+                    "{what} is {n}; expected 1 to {MAX_TOKENS} tokens"
+                );
+            }
+            let causal = match align {
+                Align::TopLeft => Causal::TopLeft,
+                Align::BottomRight => Causal::BottomRight,
+            };
+            let rows = causal_matrix(seq_q, seq_kv, causal);
+            let queries: Vec<String> = (0..seq_q).map(|i| i.to_string()).collect();
+            let keys: Vec<String> = (0..seq_kv).map(|j| j.to_string()).collect();
+            let how = match align {
+                Align::TopLeft => "query i sees keys j ≤ i",
+                Align::BottomRight => "query i sees keys j ≤ i + seq_kv − seq_q",
+            };
+            format!(
+                "Causal mask, {seq_q} queries × {seq_kv} keys ({how}; 1 = may attend, \
+                 rows = queries, columns = keys):\n{}",
+                render(&queries, &keys, &rows)
+            )
+        }
+        Kind::Padding { text } => padding(&text)?,
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// Whether a token is written as padding.
+pub fn is_pad(token: &str) -> bool {
+    token == "<PAD>" || token == "[PAD]"
+}
+
+fn padding(text: &str) -> anyhow::Result<String> {
+    let tokens: Vec<&str> = text.split_whitespace().collect();
+    ensure!(
+        !tokens.is_empty(),
+        "the text holds no tokens; give them separated by spaces, e.g. \"The cat <PAD> <PAD>\""
+    );
+    ensure!(
+        tokens.len() <= MAX_TOKENS,
+        "the text holds {} tokens; at most {MAX_TOKENS} are printed",
+        tokens.len()
+    );
+    let real: Vec<bool> = tokens.iter().map(|t| !is_pad(t)).collect();
+    let padding = KeyPadding::from_vec(real, 1, tokens.len())?;
+    let key_row: Vec<u8> = padding.row(0).iter().map(|&r| u8::from(r)).collect();
+    let labels: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
+    let flat = format!(
+        "[[{}]]",
+        key_row
+            .iter()
+            .map(u8::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let rows = vec![key_row; tokens.len()];
+    Ok(format!(
+        "Padding mask for \"{}\" ({} real, {} padding; 1 = a real token anyone may attend to):\n\
+         mask = {flat}\n\n\
+         As a matrix (rows = queries, columns = keys; every query sees only the real tokens):\n{}",
+        tokens.join(" "),
+        padding.row(0).iter().filter(|&&r| r).count(),
+        padding.row(0).iter().filter(|&&r| !r).count(),
+        render(&labels, &labels, &rows)
+    ))
+}
+
+/// A 0/1 matrix with row and column labels, one row a line.
+pub fn render(row_labels: &[String], col_labels: &[String], rows: &[Vec<u8>]) -> String {
+    let width = col_labels
+        .iter()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let label_width = row_labels
+        .iter()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut s = format!("{:label_width$}  ", "");
+    let header: Vec<String> = col_labels.iter().map(|l| format!("{l:>width$}")).collect();
+    s += &header.join(" ");
+    s.push('\n');
+    for (label, row) in row_labels.iter().zip(rows) {
+        let cells: Vec<String> = row.iter().map(|v| format!("{v:>width$}")).collect();
+        s += &format!("{label:<label_width$}  {}\n", cells.join(" "));
+    }
+    s
 }

@@ -1,6 +1,549 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope sdpa CASE.safetensors -o OUT.safetensors`: one attention call on tensors saved from
+//! PyTorch, in the format of `shared/golden/sdpa` (see its README): tensors `q`, `k`, `v`, optional
+//! `mask` (bool or f32) and `key_padding`; options in the metadata, each value JSON-encoded.
+//! Every tensor and option is checked before the call; the results go to OUT as F32 tensors, and
+//! when the case holds `expected_*` tensors the largest difference to each is printed.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail, ensure};
+use attn_core::{
+    AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
+    KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
+};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+#[derive(clap::Args)]
+#[command(after_help = "\
+Tensors (F32 unless said otherwise):
+  q [batch, n_heads, seq_q, head_dim]     k [batch, n_kv_heads, seq_kv, head_dim]
+  v [batch, n_kv_heads, seq_kv, value_dim]
+  mask (optional, BOOL: true = may attend, or F32: added to the scores), broadcastable to
+       [batch, n_heads, seq_q, seq_kv]
+  key_padding (optional, BOOL [batch, seq_kv]: true = a real key)
+  expected_out, expected_lse, expected_weights (optional): compared with the results
+Metadata (optional, each value JSON): scale, causal (\"top_left\" | \"bottom_right\"),
+  window ([left, right], null or -1 = unbounded), alibi ([one slope per query head]), softcap,
+  gqa (true when n_kv_heads < n_heads), dropout_p, seed, tolerance, note, case.
+OUT holds out [batch, n_heads, seq_q, value_dim], lse [batch, n_heads, seq_q] (-inf for a query
+that sees no key) and, with --weights, weights [batch, n_heads, seq_q, seq_kv].")]
+pub struct Args {
+    /// The attention call to run (a .safetensors file).
+    case: PathBuf,
+    /// Where to write the results (a .safetensors file).
+    #[arg(short, long, value_name = "OUT")]
+    output: PathBuf,
+    /// Also write the attention weights.
+    #[arg(long)]
+    weights: bool,
+    /// Run the plain reference twin instead of the fast path.
+    #[arg(long)]
+    reference: bool,
+}
+
+/// Metadata keys this command reads; any other key is an error, so a misspelt option
+/// cannot silently change the result.
+const KNOWN_METADATA: &[&str] = &[
+    "scale",
+    "causal",
+    "window",
+    "alibi",
+    "softcap",
+    "gqa",
+    "dropout_p",
+    "seed",
+    "tolerance",
+    "note",
+    "case",
+];
+
+/// Tensors this command reads or compares.
+const KNOWN_TENSORS: &[&str] = &[
+    "q",
+    "k",
+    "v",
+    "mask",
+    "key_padding",
+    "expected_out",
+    "expected_lse",
+    "expected_weights",
+];
+
+/// Tensors of the `shared/golden/grad` files: accepted and left alone.
+const IGNORED_TENSORS: &[&str] = &["dout", "expected_dq", "expected_dk", "expected_dv"];
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(&args.case).with_context(|| format!("reading {}", args.case.display()))?;
+    let case = Case::parse(&bytes).with_context(|| format!("{}", args.case.display()))?;
+    let mut options = case.options.clone();
+    if args.weights || case.expected_weights.is_some() {
+        options.weights = WeightsRequest::All;
+    }
+    let input = AttnInput::new(&case.q.data, &case.k.data, &case.v.data, case.shape)
+        .with_context(|| format!("{}", args.case.display()))?;
+    let result = if args.reference {
+        sdpa_reference(&input, &options)
+    } else {
+        sdpa(&input, &options)
+    }
+    .with_context(|| format!("{}", args.case.display()))?;
+
+    let weights = match &result.weights {
+        Some(Weights::All(w)) => Some(w.as_slice()),
+        _ => None,
+    };
+    write_results(&args.output, &case.shape, &result, args.weights)?;
+    println!(
+        "wrote out {:?}, lse {:?}{} to {}",
+        case.shape.out_dims(),
+        &case.shape.out_dims()[..3],
+        if args.weights {
+            format!(", weights {:?}", case.shape.score_dims())
+        } else {
+            String::new()
+        },
+        args.output.display()
+    );
+    report_differences(&case, &result, weights)
+}
+
+/// A tensor read from the case: its dims and f32 values.
+struct F32Tensor {
+    dims: Vec<usize>,
+    data: Vec<f32>,
+}
+
+/// A validated case: the inputs, the options and what to compare with.
+struct Case {
+    shape: AttnShape,
+    q: F32Tensor,
+    k: F32Tensor,
+    v: F32Tensor,
+    options: AttnOptions,
+    tolerance: f32,
+    expected_out: Option<F32Tensor>,
+    expected_lse: Option<F32Tensor>,
+    expected_weights: Option<F32Tensor>,
+}
+
+impl Case {
+    fn parse(bytes: &[u8]) -> anyhow::Result<Case> {
+        let (_, header) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}"))?;
+        let st = SafeTensors::deserialize(bytes)
+            .map_err(|e| anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}"))?;
+        let mut names = st.names();
+        names.sort();
+        if let Some(name) = names
+            .iter()
+            .find(|n| !KNOWN_TENSORS.contains(n) && !IGNORED_TENSORS.contains(n))
+        {
+            bail!(
+                "unknown tensor {name:?}; a case holds {}",
+                KNOWN_TENSORS.join(", ")
+            );
+        }
+        let meta = parse_metadata(header.metadata().clone().unwrap_or_default())?;
+
+        let q = read_f32(&st, "q", Some("[batch, n_heads, seq_q, head_dim]"))?;
+        let k = read_f32(&st, "k", Some("[batch, n_kv_heads, seq_kv, head_dim]"))?;
+        let v = read_f32(&st, "v", Some("[batch, n_kv_heads, seq_kv, value_dim]"))?;
+        let (qd, kd, vd) = (&q.dims, &k.dims, &v.dims);
+        ensure!(
+            kd[0] == qd[0] && kd[3] == qd[3],
+            "k has shape {kd:?} but q has shape {qd:?}: batch and head_dim must agree \
+             (q [batch, n_heads, seq_q, head_dim], k [batch, n_kv_heads, seq_kv, head_dim])"
+        );
+        ensure!(
+            vd[..3] == kd[..3],
+            "v has shape {vd:?} but k has shape {kd:?}: batch, n_kv_heads and seq_kv must agree \
+             (v [batch, n_kv_heads, seq_kv, value_dim])"
+        );
+        let gqa = meta.bool("gqa")?.unwrap_or(false);
+        ensure!(
+            gqa || kd[1] == qd[1],
+            "k has {} heads but q has {} (shapes {kd:?} and {qd:?}); set metadata gqa to true \
+             for grouped-query attention",
+            kd[1],
+            qd[1]
+        );
+        let shape = AttnShape {
+            batch: qd[0],
+            n_heads: qd[1],
+            n_kv_heads: kd[1],
+            seq_q: qd[2],
+            seq_kv: kd[2],
+            head_dim: qd[3],
+            value_dim: vd[3],
+        };
+        shape.validate()?;
+
+        let mut options = AttnOptions {
+            scale: meta.f32("scale")?,
+            softcap: meta.f32("softcap")?,
+            alibi: meta.f32_list("alibi")?,
+            causal: meta.causal()?,
+            window: meta.window()?,
+            ..AttnOptions::default()
+        };
+        if let Some(p) = meta.f32("dropout_p")? {
+            let seed = meta.u64("seed")?.unwrap_or(0);
+            options.dropout = Some(Dropout { p, seed });
+        } else if meta.get("seed").is_some() {
+            bail!("metadata seed is given without dropout_p");
+        }
+        match st.tensor("mask").ok().map(|t| t.dtype()) {
+            None => {}
+            Some(Dtype::BOOL) => {
+                let (dims, data) = read_bool(&st, "mask")?;
+                ensure!(
+                    (1..=4).contains(&dims.len()),
+                    "mask has shape {dims:?}: expected 1 to 4 dims broadcastable to \
+                     [batch, n_heads, seq_q, seq_kv] = {:?}",
+                    shape.score_dims()
+                );
+                options.bool_mask = Some(BoolMask::from_vec(data, &dims)?);
+            }
+            Some(Dtype::F32) => {
+                let m = read_f32(&st, "mask", None)?;
+                ensure!(
+                    (1..=4).contains(&m.dims.len()),
+                    "mask has shape {:?}: expected 1 to 4 dims broadcastable to \
+                     [batch, n_heads, seq_q, seq_kv] = {:?}",
+                    m.dims,
+                    shape.score_dims()
+                );
+                options.float_mask = Some(FloatMask::from_vec(m.data, &m.dims)?);
+            }
+            Some(other) => bail!("mask has dtype {other}; expected BOOL or F32"),
+        }
+        if st.tensor("key_padding").is_ok() {
+            let (dims, data) = read_bool(&st, "key_padding")?;
+            ensure!(
+                dims == [shape.batch, shape.seq_kv],
+                "key_padding has shape {dims:?}; expected [batch, seq_kv] = [{}, {}]",
+                shape.batch,
+                shape.seq_kv
+            );
+            options.key_padding = Some(KeyPadding::from_vec(data, dims[0], dims[1])?);
+        }
+        options.validate(&shape)?;
+        for t in [(&q, "q"), (&k, "k"), (&v, "v")] {
+            check_finite(t.1, t.0)?;
+        }
+
+        let expected = |name: &str, dims: Vec<usize>| -> anyhow::Result<Option<F32Tensor>> {
+            if st.tensor(name).is_err() {
+                return Ok(None);
+            }
+            let t = read_f32(&st, name, None)?;
+            ensure!(
+                t.dims == dims,
+                "{name} has shape {:?}; the results have shape {dims:?}",
+                t.dims
+            );
+            Ok(Some(t))
+        };
+        Ok(Case {
+            expected_out: expected("expected_out", shape.out_dims().to_vec())?,
+            expected_lse: expected("expected_lse", shape.out_dims()[..3].to_vec())?,
+            expected_weights: expected("expected_weights", shape.score_dims().to_vec())?,
+            tolerance: meta.f32("tolerance")?.unwrap_or(1e-5),
+            shape,
+            q,
+            k,
+            v,
+            options,
+        })
+    }
+}
+
+/// Reads an F32 tensor; `rank4` names the dims it must have when it is an input.
+fn read_f32(st: &SafeTensors<'_>, name: &str, rank4: Option<&str>) -> anyhow::Result<F32Tensor> {
+    let view = st.tensor(name).map_err(|_| match rank4 {
+        Some(dims) => anyhow::anyhow!("missing tensor {name} {dims}"),
+        None => anyhow::anyhow!("missing tensor {name}"),
+    })?;
+    ensure!(
+        view.dtype() == Dtype::F32,
+        "{name} has dtype {}; expected F32 (save it as float32)",
+        view.dtype()
+    );
+    let dims = view.shape().to_vec();
+    if let Some(want) = rank4 {
+        ensure!(
+            dims.len() == 4,
+            "{name} has shape {dims:?}; expected 4 dims {want}"
+        );
+    }
+    let data = view
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(F32Tensor { dims, data })
+}
+
+fn read_bool(st: &SafeTensors<'_>, name: &str) -> anyhow::Result<(Vec<usize>, Vec<bool>)> {
+    let view = st
+        .tensor(name)
+        .map_err(|_| anyhow::anyhow!("missing tensor {name}"))?;
+    ensure!(
+        view.dtype() == Dtype::BOOL,
+        "{name} has dtype {}; expected BOOL",
+        view.dtype()
+    );
+    let data = view
+        .data()
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| match b {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => bail!("{name} holds byte {other} at flat index {i}; a BOOL is 0 or 1"),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok((view.shape().to_vec(), data))
+}
+
+fn check_finite(name: &str, t: &F32Tensor) -> anyhow::Result<()> {
+    if let Some((i, x)) = t.data.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        bail!(
+            "{name} holds {x} at {:?} (shape {:?}); inputs must be finite",
+            unravel(i, &t.dims),
+            t.dims
+        );
+    }
+    Ok(())
+}
+
+/// The case's metadata, each value JSON-decoded.
+struct Metadata(HashMap<String, Value>);
+
+impl Metadata {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    fn f32(&self, key: &str) -> anyhow::Result<Option<f32>> {
+        self.get(key)
+            .map(|v| {
+                v.as_f64()
+                    .map(|x| x as f32)
+                    .filter(|x| x.is_finite())
+                    .with_context(|| format!("metadata {key} is {v}; expected a finite number"))
+            })
+            .transpose()
+    }
+
+    fn u64(&self, key: &str) -> anyhow::Result<Option<u64>> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64().with_context(|| {
+                    format!("metadata {key} is {v}; expected a non-negative integer")
+                })
+            })
+            .transpose()
+    }
+
+    fn bool(&self, key: &str) -> anyhow::Result<Option<bool>> {
+        self.get(key)
+            .map(|v| {
+                v.as_bool()
+                    .with_context(|| format!("metadata {key} is {v}; expected true or false"))
+            })
+            .transpose()
+    }
+
+    fn f32_list(&self, key: &str) -> anyhow::Result<Option<Vec<f32>>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let bad = || format!("metadata {key} is {v}; expected a list of finite numbers");
+        v.as_array()
+            .with_context(bad)?
+            .iter()
+            .map(|x| {
+                x.as_f64()
+                    .map(|x| x as f32)
+                    .filter(|x| x.is_finite())
+                    .with_context(bad)
+            })
+            .collect::<anyhow::Result<Vec<f32>>>()
+            .map(Some)
+    }
+
+    fn causal(&self) -> anyhow::Result<Option<Causal>> {
+        match self.get("causal") {
+            None => Ok(None),
+            Some(v) => match v.as_str() {
+                Some("top_left") => Ok(Some(Causal::TopLeft)),
+                Some("bottom_right") => Ok(Some(Causal::BottomRight)),
+                _ => bail!("metadata causal is {v}; expected \"top_left\" or \"bottom_right\""),
+            },
+        }
+    }
+
+    fn window(&self) -> anyhow::Result<Option<Window>> {
+        let Some(v) = self.get("window") else {
+            return Ok(None);
+        };
+        let bad = || {
+            format!(
+                "metadata window is {v}; expected [left, right], each a non-negative integer, \
+                 or null or -1 for unbounded"
+            )
+        };
+        let sides = v.as_array().filter(|a| a.len() == 2).with_context(bad)?;
+        let side = |x: &Value| -> anyhow::Result<Option<usize>> {
+            if x.is_null() || x.as_i64() == Some(-1) {
+                return Ok(None);
+            }
+            let n = x.as_u64().with_context(bad)?;
+            Ok(Some(usize::try_from(n).with_context(bad)?))
+        };
+        Ok(Some(Window {
+            left: side(&sides[0])?,
+            right: side(&sides[1])?,
+        }))
+    }
+}
+
+fn parse_metadata(raw: HashMap<String, String>) -> anyhow::Result<Metadata> {
+    let mut keys: Vec<&String> = raw.keys().collect();
+    keys.sort();
+    if let Some(key) = keys.iter().find(|k| !KNOWN_METADATA.contains(&k.as_str())) {
+        bail!(
+            "unknown metadata key {key:?}; known keys: {}",
+            KNOWN_METADATA.join(", ")
+        );
+    }
+    raw.into_iter()
+        .map(|(k, v)| {
+            let parsed = serde_json::from_str(&v)
+                .with_context(|| format!("metadata {k} is {v:?}, which is not JSON"))?;
+            Ok((k, parsed))
+        })
+        .collect::<anyhow::Result<_>>()
+        .map(Metadata)
+}
+
+fn write_results(
+    path: &Path,
+    shape: &AttnShape,
+    result: &AttnOutput,
+    with_weights: bool,
+) -> anyhow::Result<()> {
+    let bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let mut tensors: Vec<(&str, Vec<usize>, Vec<u8>)> = vec![
+        ("out", shape.out_dims().to_vec(), bytes(&result.out)),
+        ("lse", shape.out_dims()[..3].to_vec(), bytes(&result.lse)),
+    ];
+    if with_weights && let Some(Weights::All(w)) = &result.weights {
+        tensors.push(("weights", shape.score_dims().to_vec(), bytes(w)));
+    }
+    let views = tensors
+        .iter()
+        .map(|(name, dims, data)| Ok((*name, TensorView::new(Dtype::F32, dims.clone(), data)?)))
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+    safetensors::serialize_to_file(views, None, path)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Prints, for each `expected_*` tensor, the largest absolute difference and where it is, and
+/// whether the README's measure (|got − expected| / max(1, |expected|)) is within tolerance.
+fn report_differences(
+    case: &Case,
+    result: &AttnOutput,
+    weights: Option<&[f32]>,
+) -> anyhow::Result<()> {
+    let rows = [
+        (
+            "out",
+            case.expected_out.as_ref(),
+            Some(&result.out[..]),
+            case.tolerance,
+        ),
+        (
+            "lse",
+            case.expected_lse.as_ref(),
+            Some(&result.lse[..]),
+            1e-4,
+        ),
+        (
+            "weights",
+            case.expected_weights.as_ref(),
+            weights,
+            case.tolerance,
+        ),
+    ];
+    for (name, expected, got, tol) in rows {
+        let (Some(expected), Some(got)) = (expected, got) else {
+            continue;
+        };
+        let d = compare(got, &expected.data);
+        println!(
+            "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); relative {:.3e}, \
+             tolerance {tol:e}: {}",
+            d.abs,
+            unravel(d.abs_at, &expected.dims),
+            got[d.abs_at],
+            expected.data[d.abs_at],
+            d.relative,
+            if d.relative <= f64::from(tol) {
+                "ok"
+            } else {
+                "OVER"
+            }
+        );
+    }
+    Ok(())
+}
+
+struct Difference {
+    abs: f64,
+    abs_at: usize,
+    relative: f64,
+}
+
+/// `-3e38` or less in `expected` stands for −∞ (the golden files' convention).
+fn compare(got: &[f32], expected: &[f32]) -> Difference {
+    let mut d = Difference {
+        abs: 0.0,
+        abs_at: 0,
+        relative: 0.0,
+    };
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        let e = if e <= -3.0e38 { f32::NEG_INFINITY } else { e };
+        let (abs, rel) = if g == e {
+            (0.0, 0.0)
+        } else if g.is_finite() && e.is_finite() {
+            let abs = (f64::from(g) - f64::from(e)).abs();
+            (abs, abs / f64::from(e.abs()).max(1.0))
+        } else {
+            (f64::INFINITY, f64::INFINITY)
+        };
+        if abs > d.abs {
+            d.abs = abs;
+            d.abs_at = i;
+        }
+        d.relative = d.relative.max(rel);
+    }
+    d
+}
+
+/// Flat index → multi-dimensional index of a row-major tensor.
+fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; dims.len()];
+    for (slot, &d) in idx.iter_mut().zip(dims).rev() {
+        if d > 0 {
+            *slot = flat % d;
+            flat /= d;
+        }
+    }
+    idx
 }
