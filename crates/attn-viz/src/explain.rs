@@ -322,7 +322,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
         format!("{:?}", explanation.focus)
     };
     let mut out = format!(
-        "Attention weights from {from} ({}, {}):\n",
+        "Attention weights from {from} — {} — {}:\n",
         explanation.attention, explanation.model
     );
     out.push_str(&bars::render_bars(&rows, &highlight, style));

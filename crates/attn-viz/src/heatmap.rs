@@ -103,8 +103,14 @@ pub fn write_grid(
     let rows = panels.len().div_ceil(columns);
     let cell_w = side as i32 + 16;
     let cell_h = side as i32 + 26;
+    fonts()?;
+    let (title_w, _) = FontDesc::new(FontFamily::SansSerif, TITLE_FONT, FontStyle::Normal)
+        .box_size(title)
+        .map_err(|e| VizError::Draw {
+            message: format!("measuring the title: {e}"),
+        })?;
     let size = (
-        (40 + columns as i32 * cell_w + 90) as u32,
+        (40 + columns as i32 * cell_w + 90).max(title_w as i32 + 40) as u32,
         (50 + rows as i32 * cell_h + 20) as u32,
     );
     let vmax = panels
@@ -125,6 +131,9 @@ pub fn write_grid(
     let bytes = render(format, size, &grid)?;
     write(path, &bytes)
 }
+
+/// Title size in pixels.
+const TITLE_FONT: f64 = 18.0;
 
 /// Blocks per side of a grid panel at most (see [`write_grid`]).
 pub const GRID_MAX_CELLS: usize = 96;
@@ -185,7 +194,7 @@ impl HeatmapLayout {
         // Up to 128 labels each row gets ≥ 12 px, enough for a 10 px label; past that the
         // matrix stays ~1536 px and only every `step`-th label is written.
         let cell = if n <= 128 {
-            (760.0 / n as f64).clamp(12.0, 40.0)
+            (760.0 / n as f64).clamp(12.0, 56.0)
         } else {
             (1536.0 / n as f64).max(1.0)
         };
@@ -201,10 +210,16 @@ impl HeatmapLayout {
             label_w = label_w.max(w);
         }
         let label_w = label_w.min(220) as i32;
+        let title_desc = FontDesc::new(FontFamily::SansSerif, TITLE_FONT, FontStyle::Normal);
+        let (title_w, _) = title_desc
+            .box_size(heatmap.title)
+            .map_err(|e| VizError::Draw {
+                message: format!("measuring the title: {e}"),
+            })?;
         let side = (cell * n as f64).ceil() as i32;
         let origin = (label_w + 24, 56);
         let size = (
-            (origin.0 + side + 110).max(420) as u32,
+            (origin.0 + side + 110).max(title_w as i32 + 40) as u32,
             (origin.1 + side + label_w + 24) as u32,
         );
         let vmax = heatmap.matrix.iter().copied().fold(0.0f32, f32::max);
@@ -253,7 +268,7 @@ impl Drawing for GridDrawing<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let (cell_w, cell_h) = self.cell;
         root.fill(&WHITE)?;
-        root.draw_text(self.title, &text_style(18.0), (20, 14))?;
+        root.draw_text(self.title, &text_style(TITLE_FONT), (20, 14))?;
         let pixel = self.side as f64 / self.blocks as f64;
         for (k, panel) in self.panels.iter().enumerate() {
             let x = 20 + (k % self.columns) as i32 * cell_w;
@@ -279,7 +294,12 @@ fn draw_heatmap<DB: DrawingBackend>(
     let n = heatmap.labels.len();
     let (x0, y0) = layout.origin;
     root.fill(&WHITE)?;
-    root.draw_text(heatmap.title, &text_style(18.0), (16, 14))?;
+    root.draw_text(heatmap.title, &text_style(TITLE_FONT), (16, 14))?;
+    root.draw_text(
+        "rows: query (attending) · columns: key (attended to)",
+        &text_style(11.0),
+        (16, 38),
+    )?;
     draw_cells(
         root,
         heatmap.matrix,
@@ -299,11 +319,6 @@ fn draw_heatmap<DB: DrawingBackend>(
         root.draw_text(&label, &row_label, (x0 - 6, y0 + mid))?;
         root.draw_text(&label, &col_label, (x0 + mid, y0 + side + 6))?;
     }
-    root.draw_text(
-        "key (attended to) →",
-        &text_style(11.0).pos(Pos::new(HPos::Right, VPos::Top)),
-        (x0 + side, 38),
-    )?;
     draw_colour_bar(root, (x0 + side + 24, y0), side.max(60), layout.vmax)
 }
 

@@ -80,3 +80,54 @@ pub fn golden_maps(name: &str) -> AttentionMaps {
         weights,
     }
 }
+
+/// A hand-made token; specials have no span.
+pub fn tok(text: &str, span: Option<(usize, usize)>, segment: usize) -> Token {
+    Token {
+        text: text.to_string(),
+        id: 0,
+        span,
+        segment,
+        special: span.is_none(),
+    }
+}
+
+/// Hand-made maps.
+pub fn hand_maps(
+    text: &str,
+    pair: Option<&str>,
+    tokens: Vec<Token>,
+    n_layers: usize,
+    n_heads: usize,
+    weights: Vec<f32>,
+) -> AttentionMaps {
+    AttentionMaps {
+        model: "hand".to_string(),
+        text: text.to_string(),
+        pair: pair.map(str::to_string),
+        tokens,
+        n_layers,
+        n_heads,
+        weights,
+    }
+}
+
+/// Asserts two slices agree to `tol`, naming the worst index.
+pub fn assert_close(got: &[f32], expected: &[f32], tol: f32) {
+    assert_eq!(got.len(), expected.len(), "lengths differ");
+    let (worst, err) = got
+        .iter()
+        .zip(expected)
+        .map(|(g, e)| (g - e).abs())
+        .enumerate()
+        .fold(
+            (0, 0.0f32),
+            |acc, (i, e)| if e > acc.1 { (i, e) } else { acc },
+        );
+    assert!(
+        err <= tol,
+        "max abs error {err} at index {worst}: got {}, expected {}",
+        got[worst],
+        expected[worst]
+    );
+}

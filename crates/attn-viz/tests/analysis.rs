@@ -1,0 +1,411 @@
+//! Hand-derived small cases for word merging, selections, rollout, flow, statistics, lookup and
+//! bars; each expected value is worked out in a comment.
+
+mod common;
+
+use attn_viz::VizError;
+use attn_viz::bars::{BarStyle, bar, heavy, render_bars};
+use attn_viz::flow::attention_flow;
+use attn_viz::lookup::soft_lookup;
+use attn_viz::select::{Selection, residual_layers, rollout, select};
+use attn_viz::stats::{head_stats, notable_heads};
+use attn_viz::words::{self, keep_and_renormalise, merge_matrix};
+use common::{assert_close, hand_maps, tok};
+
+fn labels(units: &[words::Unit]) -> Vec<&str> {
+    units.iter().map(|u| u.label.as_str()).collect()
+}
+
+#[test]
+fn subwords_merge_into_the_words_of_the_input() {
+    // "The Eiffel": the 0..3, e 4..5, ##iff 5..8, ##el 8..10.
+    let tokens = vec![
+        tok("[CLS]", None, 0),
+        tok("the", Some((0, 3)), 0),
+        tok("e", Some((4, 5)), 0),
+        tok("##iff", Some((5, 8)), 0),
+        tok("##el", Some((8, 10)), 0),
+        tok("[SEP]", None, 0),
+    ];
+    let maps = hand_maps("The Eiffel", None, tokens, 1, 1, vec![0.0; 36]);
+    let units = words::words(&maps).unwrap();
+    assert_eq!(labels(&units), ["[CLS]", "The", "Eiffel", "[SEP]"]);
+    assert_eq!(units[2].tokens, [2, 3, 4]);
+    assert!(units[0].special && !units[2].special);
+}
+
+#[test]
+fn punctuation_touching_a_word_stays_its_own_word() {
+    // "Paris, France": paris 0..5, "," 5..6 (touches, but "," is not a letter), france 7..13.
+    let tokens = vec![
+        tok("paris", Some((0, 5)), 0),
+        tok(",", Some((5, 6)), 0),
+        tok("france", Some((7, 13)), 0),
+    ];
+    let maps = hand_maps("Paris, France", None, tokens, 1, 1, vec![0.0; 9]);
+    assert_eq!(
+        labels(&words::words(&maps).unwrap()),
+        ["Paris", ",", "France"]
+    );
+}
+
+#[test]
+fn byte_level_tokens_with_leading_spaces_start_new_words() {
+    // GPT-2 style: "The" 0..3, "Ġcat" 3..7 (its span holds the space), "s" 7..8 continues "cat".
+    let tokens = vec![
+        tok("The", Some((0, 3)), 0),
+        tok("Ġcat", Some((3, 7)), 0),
+        tok("s", Some((7, 8)), 0),
+    ];
+    let maps = hand_maps("The cats", None, tokens, 1, 1, vec![0.0; 9]);
+    let units = words::words(&maps).unwrap();
+    assert_eq!(labels(&units), ["The", "cats"]);
+    assert_eq!(units[1].tokens, [1, 2]);
+}
+
+#[test]
+fn pair_tokens_take_their_text_from_the_pair() {
+    let tokens = vec![tok("q", Some((0, 1)), 0), tok("x", Some((2, 3)), 1)];
+    let maps = hand_maps("q", Some("a x"), tokens, 1, 1, vec![0.0; 4]);
+    assert_eq!(labels(&words::words(&maps).unwrap()), ["q", "x"]);
+}
+
+#[test]
+fn bad_spans_and_segments_are_errors() {
+    let maps = hand_maps("ab", None, vec![tok("x", Some((1, 5)), 0)], 1, 1, vec![0.0]);
+    assert!(matches!(
+        words::words(&maps),
+        Err(VizError::BadSpan {
+            index: 0,
+            span: (1, 5),
+            text_len: 2
+        })
+    ));
+    // "é" is two bytes: a span ending inside it is not a character range.
+    let maps = hand_maps("é", None, vec![tok("x", Some((0, 1)), 0)], 1, 1, vec![0.0]);
+    assert!(matches!(words::words(&maps), Err(VizError::BadSpan { .. })));
+    let maps = hand_maps("ab", None, vec![tok("x", Some((0, 1)), 1)], 1, 1, vec![0.0]);
+    let err = words::words(&maps).unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::BadSegment {
+            index: 0,
+            segment: 1
+        }
+    ));
+    assert!(err.to_string().contains("segment 1"));
+}
+
+#[test]
+fn merging_sums_weights_to_a_word_and_averages_weights_from_it() {
+    // Units A = {0}, B = {1, 2}.
+    // A's row: to A 0.5, to B 0.25 + 0.25 = 0.5.
+    // B's row: mean of rows 1 and 2: to A (0.2 + 0.6) / 2 = 0.4, to B (0.8 + 0.4) / 2 = 0.6.
+    let m = [0.5, 0.25, 0.25, 0.2, 0.4, 0.4, 0.6, 0.2, 0.2];
+    let units = vec![
+        words::Unit {
+            label: "A".into(),
+            tokens: vec![0],
+            segment: 0,
+            special: false,
+        },
+        words::Unit {
+            label: "B".into(),
+            tokens: vec![1, 2],
+            segment: 0,
+            special: false,
+        },
+    ];
+    let merged = merge_matrix(&m, 3, &units);
+    assert_close(&merged, &[0.5, 0.5, 0.4, 0.6], 1e-6);
+    // Keeping only B: its row is [0.6] → renormalised to [1].
+    assert_close(&keep_and_renormalise(&merged, 2, &[1]), &[1.0], 1e-6);
+}
+
+/// 2 layers × 2 heads over 2 tokens:
+/// L0: H0 = [[1,0],[1,0]], H1 = [[0,1],[0,1]] → mean [[.5,.5],[.5,.5]]
+/// L1: H0 = H1 = [[0,1],[0,1]]               → mean [[0,1],[0,1]]
+fn two_layer_maps() -> attn_viz::AttentionMaps {
+    let weights = vec![
+        1.0, 0.0, 1.0, 0.0, // L0 H0
+        0.0, 1.0, 0.0, 1.0, // L0 H1
+        0.0, 1.0, 0.0, 1.0, // L1 H0
+        0.0, 1.0, 0.0, 1.0, // L1 H1
+    ];
+    let tokens = vec![tok("a", Some((0, 1)), 0), tok("b", Some((2, 3)), 0)];
+    hand_maps("a b", None, tokens, 2, 2, weights)
+}
+
+#[test]
+fn selections_average_the_right_heads() {
+    let maps = two_layer_maps();
+    let sel = |s| select(&maps, s).unwrap();
+    assert_close(
+        &sel(Selection::Head { layer: 0, head: 1 }),
+        &[0.0, 1.0, 0.0, 1.0],
+        0.0,
+    );
+    assert_close(
+        &sel(Selection::Layer { layer: 0 }),
+        &[0.5, 0.5, 0.5, 0.5],
+        1e-7,
+    );
+    // All = mean of the layer means: ([.5,.5] + [0,1]) / 2 = [.25,.75] in each row.
+    assert_close(&sel(Selection::All), &[0.25, 0.75, 0.25, 0.75], 1e-7);
+}
+
+#[test]
+fn rollout_multiplies_residual_layers_from_the_input_up() {
+    // A'0 = .5·[[.5,.5],[.5,.5]] + .5·I = [[.75,.25],[.25,.75]]
+    // A'1 = .5·[[0,1],[0,1]]     + .5·I = [[.5,.5],[0,1]]
+    // R = A'1 · A'0 = [[.5·.75+.5·.25, .5·.25+.5·.75], [.25, .75]] = [[.5,.5],[.25,.75]]
+    // (the other order, A'0 · A'1, would give [[.375,.625],[.125,.875]]).
+    let maps = two_layer_maps();
+    let layers = residual_layers(&maps).unwrap();
+    assert_close(&layers[0], &[0.75, 0.25, 0.25, 0.75], 1e-7);
+    assert_close(&layers[1], &[0.5, 0.5, 0.0, 1.0], 1e-7);
+    assert_close(&rollout(&maps).unwrap(), &[0.5, 0.5, 0.25, 0.75], 1e-7);
+    assert_close(
+        &select(&maps, Selection::Rollout).unwrap(),
+        &[0.5, 0.5, 0.25, 0.75],
+        1e-7,
+    );
+}
+
+#[test]
+fn attention_flow_is_the_max_flow_through_the_layers() {
+    // Capacities (A'1 from layer 2 to 1, A'0 from layer 1 to 0, see the rollout test):
+    // from (2,0) to (0,0): via (1,0) min(.5, .75) = .5, via (1,1) min(.5, .25) = .25 → .75
+    // from (2,0) to (0,1): via (1,0) min(.5, .25) = .25, via (1,1) min(.5, .75) = .5 → .75
+    // from (2,1): its only edge goes to (1,1) (capacity 1), then .25 to (0,0) and .75 to (0,1).
+    let maps = two_layer_maps();
+    let mut calls = 0;
+    let flows = attention_flow(&maps, &[0, 1], |done, total| {
+        calls += 1;
+        assert_eq!((done, total), (calls, 4));
+    })
+    .unwrap();
+    assert_close(&flows, &[0.75, 0.75, 0.25, 0.75], 1e-6);
+    assert_eq!(calls, 4);
+}
+
+#[test]
+fn attention_flow_refuses_long_inputs_and_bad_sources() {
+    let maps = two_layer_maps();
+    let err = attention_flow(&maps, &[2], |_, _| {}).unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::TokenOutOfRange {
+            index: 2,
+            seq_len: 2
+        }
+    ));
+    let t = 65;
+    let tokens = (0..t).map(|_| tok("[X]", None, 0)).collect();
+    let long = hand_maps("", None, tokens, 1, 1, vec![1.0 / t as f32; t * t]);
+    let err = attention_flow(&long, &[0], |_, _| {}).unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::FlowTooLong {
+            seq_len: 65,
+            max: 64
+        }
+    ));
+    assert!(err.to_string().contains("64 tokens"));
+}
+
+#[test]
+fn layer_and_head_out_of_range_name_the_valid_range() {
+    let maps = two_layer_maps();
+    let err = select(&maps, Selection::Layer { layer: 2 }).unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::LayerOutOfRange {
+            layer: 2,
+            n_layers: 2
+        }
+    ));
+    assert!(err.to_string().contains("layers are 0..=1"), "{err}");
+    let err = select(&maps, Selection::Head { layer: 1, head: 5 }).unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::HeadOutOfRange {
+            head: 5,
+            n_heads: 2
+        }
+    ));
+    assert!(err.to_string().contains("heads are 0..=1"), "{err}");
+}
+
+#[test]
+fn malformed_maps_are_refused() {
+    let mut maps = two_layer_maps();
+    maps.weights.pop();
+    let err = maps.validate().unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::WeightsShape {
+            got: 15,
+            seq_len: 2,
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("need 16"), "{err}");
+    let mut maps = two_layer_maps();
+    maps.weights[13] = f32::NAN; // L1 H1, row 0, column 1
+    assert!(matches!(
+        maps.validate(),
+        Err(VizError::BadWeight {
+            layer: 1,
+            head: 1,
+            row: 0,
+            col: 1,
+            ..
+        })
+    ));
+    let mut maps = two_layer_maps();
+    maps.weights[2] = -0.5;
+    assert!(matches!(maps.validate(), Err(VizError::BadWeight { .. })));
+    let mut maps = two_layer_maps();
+    maps.tokens.clear();
+    assert!(matches!(maps.validate(), Err(VizError::NoTokens)));
+    let mut maps = two_layer_maps();
+    maps.n_heads = 0;
+    assert!(matches!(maps.validate(), Err(VizError::NoHeads { .. })));
+}
+
+#[test]
+fn head_statistics_of_a_hand_made_head() {
+    // Tokens [CLS] a [SEP]; rows [1,0,0], [.5,0,.5], [0,0,1].
+    // entropy: (0 + ln 2 + 0) / 3; [CLS]: (1 + .5 + 0) / 3 = .5; [SEP]: (0 + .5 + 1) / 3 = .5
+    // same: (1 + 0 + 1) / 3; previous (queries 1, 2): (.5 + 0) / 2; next (queries 0, 1): (0 + .5) / 2
+    // distance: (0 + (.5·1 + .5·1) + 0) / 3 = 1/3
+    let tokens = vec![
+        tok("[CLS]", None, 0),
+        tok("a", Some((0, 1)), 0),
+        tok("[SEP]", None, 0),
+    ];
+    let w = vec![1.0, 0.0, 0.0, 0.5, 0.0, 0.5, 0.0, 0.0, 1.0];
+    let maps = hand_maps("a", None, tokens, 1, 1, w);
+    let s = &head_stats(&maps).unwrap()[0];
+    let got = [
+        s.entropy, s.cls, s.sep, s.same, s.previous, s.next, s.distance,
+    ];
+    let ln2 = std::f32::consts::LN_2;
+    assert_close(
+        &got,
+        &[ln2 / 3.0, 0.5, 0.5, 2.0 / 3.0, 0.25, 0.25, 1.0 / 3.0],
+        1e-6,
+    );
+    let notable = notable_heads(&head_stats(&maps).unwrap());
+    let roles: Vec<&str> = notable.iter().map(|n| n.role.as_str()).collect();
+    // previous/next (.25) are under the 0.3 floor; [CLS], [SEP] and self (≥ .5) are named.
+    assert!(roles.contains(&"attends to [CLS]") && roles.contains(&"attends to the token itself"));
+    assert!(
+        !roles
+            .iter()
+            .any(|r| r.contains("previous") || r.contains("next")),
+        "{roles:?}"
+    );
+}
+
+#[test]
+fn soft_lookup_is_a_softmax_of_scaled_cosines() {
+    // cosines 1, 0, -1 (the first key is [2, 0]: length does not matter).
+    // T = 1: softmax(1, 0, -1) = (e, 1, 1/e) / (e + 1 + 1/e) = (.665241, .244728, .090031)
+    let keys = [vec![2.0, 0.0], vec![0.0, 3.0], vec![-1.0, 0.0]];
+    let l = soft_lookup(&[1.0, 0.0], &keys, 1.0).unwrap();
+    assert_close(&l.cosine, &[1.0, 0.0, -1.0], 1e-6);
+    assert_close(&l.weights, &[0.665_241, 0.244_728, 0.090_031], 1e-6);
+    // T = 0.5 doubles the scores: softmax(2, 0, -2) = (e², 1, e⁻²) / (7.389056 + 1 + .135335)
+    //   = (.866813, .117310, .015876)
+    let l = soft_lookup(&[1.0, 0.0], &keys, 0.5).unwrap();
+    assert_close(&l.scaled, &[2.0, 0.0, -2.0], 1e-6);
+    assert_close(&l.weights, &[0.866_813, 0.117_310, 0.015_876], 1e-6);
+}
+
+#[test]
+fn soft_lookup_errors() {
+    let none: [Vec<f32>; 0] = [];
+    assert!(matches!(
+        soft_lookup(&[1.0], &none, 1.0),
+        Err(VizError::NoEntries)
+    ));
+    for t in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        assert!(matches!(
+            soft_lookup(&[1.0], &[vec![1.0]], t),
+            Err(VizError::BadTemperature { .. })
+        ));
+    }
+    let err = soft_lookup(&[1.0, 0.0], &[vec![1.0, 0.0], vec![1.0]], 1.0).unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::EmbeddingSize {
+            index: 1,
+            expected: 2,
+            got: 1
+        }
+    ));
+    let err = soft_lookup(&[1.0, 0.0], &[vec![1.0, 0.0], vec![0.0, 0.0]], 1.0).unwrap_err();
+    assert!(err.to_string().contains("key 1"), "{err}");
+    let err = soft_lookup(&[0.0, 0.0], &[vec![1.0, 0.0]], 1.0).unwrap_err();
+    assert!(err.to_string().contains("the query"), "{err}");
+}
+
+#[test]
+fn bars_scale_to_the_largest_weight() {
+    // 0.30 of max 0.30 → 8 of 8 blocks; 0.25 → 8·0.25/0.30 = 6.67 → 7; 0.02 → 0.53 → 1;
+    // 0.01 → 0.27 → 0 blocks, shown as "▁"; 0 → "▁".
+    assert_eq!(bar(0.30, 0.30, 8), "████████");
+    assert_eq!(bar(0.25, 0.30, 8), "███████");
+    assert_eq!(bar(0.02, 0.30, 8), "█");
+    assert_eq!(bar(0.01, 0.30, 8), "▁");
+    assert_eq!(bar(0.0, 0.30, 8), "▁");
+}
+
+#[test]
+fn bar_lines_look_like_the_notes() {
+    let rows = vec![("The".to_string(), 0.05), ("Eiffel".to_string(), 0.30)];
+    let plain = render_bars(
+        &rows,
+        &[1],
+        BarStyle {
+            width: 8,
+            colour: false,
+        },
+    );
+    // 0.05 / 0.30 · 8 = 1.33 → 1 block.
+    assert_eq!(plain, "  The      [0.05]  █\n  Eiffel   [0.30]  ████████\n");
+    let coloured = render_bars(
+        &rows,
+        &[1],
+        BarStyle {
+            width: 8,
+            colour: true,
+        },
+    );
+    assert!(coloured.contains("\x1b[") && !plain.contains('\x1b'));
+    // Labels longer than 8 widen the column for every row.
+    let rows = vec![("architecture".to_string(), 0.2), ("by".to_string(), 0.1)];
+    let lines = render_bars(
+        &rows,
+        &[],
+        BarStyle {
+            width: 4,
+            colour: false,
+        },
+    );
+    assert_eq!(
+        lines,
+        "  architecture [0.20]  ████\n  by           [0.10]  ██\n"
+    );
+}
+
+#[test]
+fn heavy_words_are_those_at_least_half_the_largest() {
+    assert_eq!(heavy(&[0.30, 0.25, 0.05, 0.25]), [0, 1, 3]);
+    assert_eq!(heavy(&[0.5, 0.1]), [0]);
+    // At most three.
+    assert_eq!(heavy(&[0.2, 0.2, 0.2, 0.2, 0.2]), [0, 1, 2]);
+    assert!(heavy(&[0.0, 0.0]).is_empty());
+}

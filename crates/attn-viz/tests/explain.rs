@@ -1,0 +1,262 @@
+//! `explain` on hand-made maps: focus rows, word merging, hiding and renormalising special
+//! tokens, question/context pairs, top-K and the errors. Expected values are derived in comments.
+
+mod common;
+
+use attn_viz::VizError;
+use attn_viz::bars::BarStyle;
+use attn_viz::explain::{ExplainOptions, Explanation, Level, Method, explain, render};
+use attn_viz::select::Selection;
+use common::{assert_close, hand_maps, tok};
+
+/// "a bc": [CLS] a b ##c [SEP], one layer, one head. Rows (query → key):
+///   [CLS] [.2 .2 .2 .2 .2]
+///   a     [.5 .1 .2 .1 .1]   → words: [CLS] .5, a .1, bc .3, [SEP] .1
+///   b     [.4 .2 .1 .1 .2]
+///   ##c   [.2 .2 .3 .1 .2]   → bc = mean(b, ##c) = [.3 .2 .2 .1 .2] → [CLS] .3, a .2, bc .3, [SEP] .2
+///   [SEP] [.2 .2 .2 .2 .2]
+fn maps() -> attn_viz::AttentionMaps {
+    let tokens = vec![
+        tok("[CLS]", None, 0),
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("##c", Some((3, 4)), 0),
+        tok("[SEP]", None, 0),
+    ];
+    #[rustfmt::skip]
+    let w = vec![
+        0.2, 0.2, 0.2, 0.2, 0.2,
+        0.5, 0.1, 0.2, 0.1, 0.1,
+        0.4, 0.2, 0.1, 0.1, 0.2,
+        0.2, 0.2, 0.3, 0.1, 0.2,
+        0.2, 0.2, 0.2, 0.2, 0.2,
+    ];
+    hand_maps("a bc", None, tokens, 1, 1, w)
+}
+
+fn options(focus: Option<&str>) -> ExplainOptions {
+    ExplainOptions {
+        method: Method::Attention {
+            selection: Selection::All,
+        },
+        level: Level::Words,
+        special: false,
+        focus: focus.map(str::to_string),
+        question: false,
+        top: None,
+    }
+}
+
+fn run(maps: &attn_viz::AttentionMaps, options: &ExplainOptions) -> Explanation {
+    explain(maps, options, |_, _| {}).unwrap()
+}
+
+fn words_and_weights(e: &Explanation) -> (Vec<&str>, Vec<f32>) {
+    (
+        e.rows.iter().map(|r| r.word.as_str()).collect(),
+        e.rows.iter().map(|r| r.weight).collect(),
+    )
+}
+
+#[test]
+fn a_focus_word_row_is_renormalised_over_the_words_shown() {
+    // a → a .1, bc .3 (of 1; [CLS] and [SEP] took .6) → .25, .75.
+    let e = run(&maps(), &options(Some("a")));
+    let (words, weights) = words_and_weights(&e);
+    assert_eq!(words, ["a", "bc"]);
+    assert_close(&weights, &[0.25, 0.75], 1e-6);
+    assert_close(&[e.hidden_share], &[0.6], 1e-6);
+    assert_eq!(e.focuses_on, ["bc"]);
+    assert!(!e.focus_is_default);
+    assert!(e.notes.iter().any(|n| n.contains("60%")), "{:?}", e.notes);
+}
+
+#[test]
+fn a_multi_token_focus_word_averages_its_tokens() {
+    // bc → a .2, bc .3 → .4, .6; hidden .5. Case is ignored.
+    let e = run(&maps(), &options(Some("BC")));
+    assert_close(&words_and_weights(&e).1, &[0.4, 0.6], 1e-6);
+    assert_close(&[e.hidden_share], &[0.5], 1e-6);
+}
+
+#[test]
+fn without_a_focus_every_word_counts_once() {
+    // mean(a's row, bc's row) = [CLS] .4, a .15, bc .3, [SEP] .15 → a 1/3, bc 2/3.
+    let e = run(&maps(), &options(None));
+    assert!(e.focus_is_default);
+    assert_close(&words_and_weights(&e).1, &[1.0 / 3.0, 2.0 / 3.0], 1e-6);
+    assert!(
+        e.notes.iter().any(|n| n.contains("no --focus")),
+        "{:?}",
+        e.notes
+    );
+}
+
+#[test]
+fn special_tokens_shown_on_request_without_renormalising() {
+    let mut o = options(Some("a"));
+    o.special = true;
+    let e = run(&maps(), &o);
+    let (words, weights) = words_and_weights(&e);
+    assert_eq!(words, ["[CLS]", "a", "bc", "[SEP]"]);
+    assert_close(&weights, &[0.5, 0.1, 0.3, 0.1], 1e-6);
+    assert_close(&[e.hidden_share], &[0.0], 1e-6);
+}
+
+#[test]
+fn raw_tokens_on_request() {
+    // ##c's row: a .2, b .3, ##c .1 (sum .6) → 1/3, 1/2, 1/6.
+    let mut o = options(Some("##c"));
+    o.level = Level::Tokens;
+    let e = run(&maps(), &o);
+    let (words, weights) = words_and_weights(&e);
+    assert_eq!(words, ["a", "b", "##c"]);
+    assert_close(&weights, &[1.0 / 3.0, 0.5, 1.0 / 6.0], 1e-6);
+}
+
+#[test]
+fn top_k_keeps_the_heaviest_first() {
+    let mut o = options(Some("a"));
+    o.top = Some(1);
+    let e = run(&maps(), &o);
+    assert_eq!(words_and_weights(&e).0, ["bc"]);
+}
+
+#[test]
+fn an_unknown_focus_lists_the_words() {
+    let err = explain(&maps(), &options(Some("zzz")), |_, _| {}).unwrap_err();
+    match &err {
+        VizError::UnknownFocus { word, available } => {
+            assert_eq!(word, "zzz");
+            assert_eq!(available, &["a", "bc"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        err.to_string().contains(r#"the words are: "a", "bc""#),
+        "{err}"
+    );
+}
+
+#[test]
+fn repeated_words_are_picked_by_number() {
+    // "a a": [a a], rows [.9 .1] and [.3 .7].
+    let tokens = vec![tok("a", Some((0, 1)), 0), tok("a", Some((2, 3)), 0)];
+    let maps = hand_maps("a a", None, tokens, 1, 1, vec![0.9, 0.1, 0.3, 0.7]);
+    let first = run(&maps, &options(Some("a")));
+    assert_close(&words_and_weights(&first).1, &[0.9, 0.1], 1e-6);
+    assert!(first.notes.iter().any(|n| n.contains("occurs 2 times")));
+    let second = run(&maps, &options(Some("a#2")));
+    assert_close(&words_and_weights(&second).1, &[0.3, 0.7], 1e-6);
+    let err = explain(&maps, &options(Some("a#3")), |_, _| {}).unwrap_err();
+    assert!(matches!(
+        err,
+        VizError::FocusOccurrence {
+            count: 2,
+            occurrence: 3,
+            ..
+        }
+    ));
+}
+
+/// Question "q" and context "x y": [CLS] q [SEP] | x y [SEP]; q's row is
+/// [.1 .2 .1 .3 .1 .2] → context words x .3, y .1 → .75, .25 (the rest, .6, hidden).
+fn pair_maps() -> attn_viz::AttentionMaps {
+    let tokens = vec![
+        tok("[CLS]", None, 0),
+        tok("q", Some((0, 1)), 0),
+        tok("[SEP]", None, 0),
+        tok("x", Some((0, 1)), 1),
+        tok("y", Some((2, 3)), 1),
+        tok("[SEP]", None, 1),
+    ];
+    let mut w = vec![1.0 / 6.0; 36];
+    w[6..12].copy_from_slice(&[0.1, 0.2, 0.1, 0.3, 0.1, 0.2]);
+    hand_maps("q", Some("x y"), tokens, 1, 1, w)
+}
+
+#[test]
+fn questions_attend_to_the_context() {
+    let mut o = options(None);
+    o.question = true;
+    let e = run(&pair_maps(), &o);
+    let (words, weights) = words_and_weights(&e);
+    assert_eq!(words, ["x", "y"]);
+    assert_close(&weights, &[0.75, 0.25], 1e-6);
+    assert_eq!(e.focus, "the question's words (averaged)");
+    // A focus must be a question word.
+    o.focus = Some("x".into());
+    let err = explain(&pair_maps(), &o, |_, _| {}).unwrap_err();
+    assert!(matches!(err, VizError::UnknownFocus { ref available, .. } if available == &["q"]));
+}
+
+#[test]
+fn a_question_needs_a_pair() {
+    let mut o = options(None);
+    o.question = true;
+    assert!(matches!(
+        explain(&maps(), &o, |_, _| {}),
+        Err(VizError::NoPair)
+    ));
+}
+
+#[test]
+fn only_special_tokens_is_nothing_to_show() {
+    let tokens = vec![tok("[CLS]", None, 0), tok("[SEP]", None, 0)];
+    let maps = hand_maps("", None, tokens, 1, 1, vec![0.5; 4]);
+    let err = explain(&maps, &options(None), |_, _| {}).unwrap_err();
+    assert!(matches!(err, VizError::NothingToShow { .. }));
+}
+
+#[test]
+fn out_of_range_selections_are_refused_before_anything_else() {
+    let mut o = options(Some("a"));
+    o.method = Method::Attention {
+        selection: Selection::Head { layer: 0, head: 3 },
+    };
+    let err = explain(&maps(), &o, |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("heads are 0..=0"), "{err}");
+}
+
+#[test]
+fn flow_rows_are_scaled_to_sum_to_one() {
+    // One layer: the flow from a to each input token is A'[a][j] (a single edge each), where
+    // A' = .5·A + .5·I: a's row [.25 .55 .1 .05 .05] → words a .55, bc .15 → .55/.7, .15/.7.
+    let mut o = options(Some("a"));
+    o.method = Method::Flow;
+    let e = run(&maps(), &o);
+    assert_close(&words_and_weights(&e).1, &[0.55 / 0.7, 0.15 / 0.7], 1e-6);
+}
+
+#[test]
+fn rendering_follows_the_notes() {
+    let e = run(&maps(), &options(Some("a")));
+    let text = render(
+        &e,
+        BarStyle {
+            width: 8,
+            colour: false,
+        },
+    );
+    // .25 / .75 · 8 = 2.67 → 3 blocks.
+    assert!(
+        text.contains("\n  a        [0.25]  ███\n  bc       [0.75]  ████████\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Model focuses heavily on: \"bc\"\n"),
+        "{text}"
+    );
+    assert!(text.starts_with("Attention weights from \"a\""), "{text}");
+    assert!(!text.contains('\x1b'));
+    assert!(
+        render(
+            &e,
+            BarStyle {
+                width: 8,
+                colour: true
+            }
+        )
+        .contains('\x1b')
+    );
+}
