@@ -1,26 +1,264 @@
-mod common;
+//! Views of real attention (shared/golden/minilm, made by Hugging Face transformers) checked
+//! against independent brute-force sums, plus pictures written and read back.
 
-use attn_viz::heatmap::{Heatmap, write_heatmap};
-use attn_viz::select::{Selection, select};
+mod common;
+mod golden;
+
+use attn_viz::VizError;
+use attn_viz::explain::{ExplainOptions, Level, Method, explain};
+use attn_viz::flow::attention_flow;
+use attn_viz::heatmap::{Heatmap, Panel, write_grid, write_heatmap};
+use attn_viz::select::{Selection, residual_layers, select};
+use attn_viz::stats::head_stats;
 use attn_viz::words;
+use common::{assert_close, hand_maps, tok};
+use golden::golden_maps;
 
 #[test]
-fn heatmap_png_of_real_attention() {
-    let maps = common::golden_maps("text01");
+fn eiffel_is_one_word_and_punctuation_stays_apart() {
+    let maps = golden_maps("text01");
     let units = words::words(&maps).unwrap();
-    let m = select(&maps, Selection::All).unwrap();
-    let merged = words::merge_matrix(&m, maps.seq_len(), &units);
-    let labels: Vec<String> = units.iter().map(|u| u.label.clone()).collect();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.png");
-    write_heatmap(
-        &path,
-        &Heatmap {
-            title: "test",
-            labels: &labels,
-            matrix: &merged,
+    let context: Vec<&str> = units
+        .iter()
+        .filter(|u| u.segment == 1 && !u.special)
+        .map(|u| u.label.as_str())
+        .collect();
+    assert_eq!(
+        context,
+        [
+            "The", "Eiffel", "Tower", "is", "located", "in", "Paris", ",", "France", "."
+        ]
+    );
+    let eiffel = units.iter().find(|u| u.label == "Eiffel" && u.segment == 1);
+    assert_eq!(eiffel.unwrap().tokens.len(), 3); // e ##iff ##el
+}
+
+/// The question → context row, summed straight from the raw `[L, H, T, T]` weights: mean over
+/// layers and heads, over each question word's tokens, then over the question's words; summed
+/// over each context word's tokens; renormalised over the context's words.
+fn brute_force_question_row(maps: &attn_viz::AttentionMaps) -> Vec<f32> {
+    let units = words::words(maps).unwrap();
+    let t = maps.seq_len();
+    let (l, h) = (maps.n_layers, maps.n_heads);
+    let at = |layer: usize, head: usize, i: usize, j: usize| {
+        f64::from(maps.weights[((layer * h + head) * t + i) * t + j])
+    };
+    let question: Vec<_> = units
+        .iter()
+        .filter(|u| u.segment == 0 && !u.special)
+        .collect();
+    let context: Vec<_> = units
+        .iter()
+        .filter(|u| u.segment == 1 && !u.special)
+        .collect();
+    let mut row = Vec::new();
+    for c in &context {
+        let mut total = 0.0f64;
+        for q in &question {
+            let mut word = 0.0f64;
+            for &i in &q.tokens {
+                for &j in &c.tokens {
+                    for layer in 0..l {
+                        for head in 0..h {
+                            word += at(layer, head, i, j);
+                        }
+                    }
+                }
+            }
+            total += word / (l * h * q.tokens.len()) as f64;
+        }
+        row.push(total / question.len() as f64);
+    }
+    let sum: f64 = row.iter().sum();
+    row.iter().map(|x| (x / sum) as f32).collect()
+}
+
+#[test]
+fn the_eiffel_question_matches_a_brute_force_sum() {
+    let maps = golden_maps("text01");
+    let options = ExplainOptions {
+        method: Method::Attention {
+            selection: Selection::All,
         },
-    )
-    .unwrap();
-    std::fs::copy(&path, "/tmp/viz_check.png").unwrap();
+        level: Level::Words,
+        special: false,
+        focus: None,
+        question: true,
+        top: None,
+    };
+    let e = explain(&maps, &options, |_, _| {}).unwrap();
+    let got: Vec<f32> = e.rows.iter().map(|r| r.weight).collect();
+    assert_close(&got, &brute_force_question_row(&maps), 1e-5);
+    assert_close(&[got.iter().sum::<f32>()], &[1.0], 1e-5);
+}
+
+#[test]
+fn rollout_rows_sum_to_one_on_real_attention() {
+    let maps = golden_maps("text00");
+    let t = maps.seq_len();
+    let r = select(&maps, Selection::Rollout).unwrap();
+    let sums: Vec<f32> = r.chunks_exact(t).map(|row| row.iter().sum()).collect();
+    assert_close(&sums, &vec![1.0; t], 1e-4);
+}
+
+#[test]
+fn one_layer_flow_is_the_residual_attention() {
+    // With one layer every (query, key) pair is joined by one edge: its capacity is the flow.
+    let mut maps = golden_maps("text02");
+    let t = maps.seq_len();
+    maps.n_layers = 1;
+    maps.weights.truncate(maps.n_heads * t * t);
+    let all: Vec<usize> = (0..t).collect();
+    let flows = attention_flow(&maps, &all, |_, _| {}).unwrap();
+    assert_close(&flows, &residual_layers(&maps).unwrap()[0], 1e-6);
+}
+
+#[test]
+fn head_statistics_of_real_heads_are_in_range() {
+    let maps = golden_maps("text00");
+    let stats = head_stats(&maps).unwrap();
+    assert_eq!(stats.len(), 6 * 12);
+    let ln_t = (maps.seq_len() as f32).ln();
+    for s in &stats {
+        assert!(s.entropy >= 0.0 && s.entropy <= ln_t + 1e-5, "{s:?}");
+        for share in [s.cls, s.sep, s.previous, s.next, s.same] {
+            assert!((0.0..=1.0 + 1e-5).contains(&share), "{s:?}");
+        }
+        assert!(s.cls + s.sep <= 1.0 + 1e-5, "{s:?}");
+        assert!(
+            s.distance >= 0.0 && s.distance <= maps.seq_len() as f32,
+            "{s:?}"
+        );
+    }
+}
+
+fn png_size(path: &std::path::Path) -> (u32, u32) {
+    let decoder = png::Decoder::new(std::fs::File::open(path).unwrap());
+    let reader = decoder.read_info().unwrap();
+    let info = reader.info();
+    (info.width, info.height)
+}
+
+fn merged_all(maps: &attn_viz::AttentionMaps) -> (Vec<String>, Vec<f32>) {
+    let units = words::words(maps).unwrap();
+    let m = select(maps, Selection::All).unwrap();
+    let merged = words::merge_matrix(&m, maps.seq_len(), &units);
+    (units.iter().map(|u| u.label.clone()).collect(), merged)
+}
+
+#[test]
+fn heatmaps_of_real_attention_are_written_as_png_and_svg() {
+    let maps = golden_maps("text01");
+    let (labels, matrix) = merged_all(&maps);
+    let dir = tempfile::tempdir().unwrap();
+    let heatmap = Heatmap {
+        title: "Eiffel",
+        labels: &labels,
+        matrix: &matrix,
+    };
+    let png = dir.path().join("a.PNG");
+    write_heatmap(&png, &heatmap).unwrap();
+    let (w, h) = png_size(&png);
+    // 19 words at 40 px a cell (760 / 19) make a 760 px matrix, plus labels and the colour bar.
+    assert!(w > 760 && h > 760, "{w}×{h}");
+    let svg = dir.path().join("a.svg");
+    write_heatmap(&svg, &heatmap).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.starts_with("<svg") && text.contains("\nEiffel\n"),
+        "{}",
+        &text[..200]
+    );
+}
+
+#[test]
+fn grids_hold_every_head() {
+    let maps = golden_maps("text02");
+    let t = maps.seq_len();
+    let panels: Vec<Panel> = (0..maps.n_layers * maps.n_heads)
+        .map(|k| Panel {
+            title: format!("L{} H{}", k / maps.n_heads, k % maps.n_heads),
+            matrix: maps.weights[k * t * t..(k + 1) * t * t].to_vec(),
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("grid.png");
+    write_grid(&png, "grid", t, maps.n_heads, &panels).unwrap();
+    let (w, h) = png_size(&png);
+    assert!(w > 12 * 100 && h > 6 * 100, "{w}×{h}");
+    let svg = dir.path().join("grid.svg");
+    write_grid(&svg, "grid", t, maps.n_heads, &panels).unwrap();
+    assert!(
+        std::fs::read_to_string(&svg)
+            .unwrap()
+            .contains("\nL5 H11\n")
+    );
+}
+
+#[test]
+fn a_128_token_heatmap_keeps_12_pixels_a_row() {
+    let n = 128;
+    let labels: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
+    let matrix = vec![1.0 / n as f32; n * n];
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("long.png");
+    let heatmap = Heatmap {
+        title: "long",
+        labels: &labels,
+        matrix: &matrix,
+    };
+    write_heatmap(&png, &heatmap).unwrap();
+    let (w, h) = png_size(&png);
+    assert!(w >= 128 * 12 && h >= 128 * 12, "{w}×{h}");
+}
+
+#[test]
+fn picture_errors_name_the_problem() {
+    let labels = vec!["a".to_string(), "b".to_string()];
+    let matrix = vec![0.5; 4];
+    let heatmap = Heatmap {
+        title: "t",
+        labels: &labels,
+        matrix: &matrix,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a.jpg", "noextension"] {
+        let err = write_heatmap(&dir.path().join(name), &heatmap).unwrap_err();
+        assert!(matches!(err, VizError::UnknownImageFormat { .. }), "{err}");
+        assert!(err.to_string().contains(".png or .svg"), "{err}");
+    }
+    let missing = dir.path().join("no/such/folder/a.png");
+    let err = write_heatmap(&missing, &heatmap).unwrap_err();
+    assert!(matches!(err, VizError::Write { .. }));
+    assert!(err.to_string().contains("no/such/folder/a.png"), "{err}");
+    assert!(!missing.exists());
+    let short = vec![0.5; 3];
+    let bad = Heatmap {
+        matrix: &short,
+        ..heatmap
+    };
+    let err = write_heatmap(&dir.path().join("a.png"), &bad).unwrap_err();
+    assert!(matches!(err, VizError::WeightsShape { got: 3, .. }));
+    let err = write_grid(&dir.path().join("g.png"), "g", 2, 4, &[]).unwrap_err();
+    assert!(matches!(err, VizError::NothingToShow { .. }));
+}
+
+#[test]
+fn merged_rows_of_real_attention_still_sum_to_one() {
+    let maps = golden_maps("text06");
+    let (labels, merged) = merged_all(&maps);
+    let n = labels.len();
+    let sums: Vec<f32> = merged.chunks_exact(n).map(|r| r.iter().sum()).collect();
+    assert_close(&sums, &vec![1.0; n], 1e-4);
+    assert!(labels.contains(&"Vaswani".to_string()), "{labels:?}");
+    // A hand-made token keeps its segment's spelling.
+    let maps = hand_maps(
+        "Ab",
+        None,
+        vec![tok("ab", Some((0, 2)), 0)],
+        1,
+        1,
+        vec![1.0],
+    );
+    assert_eq!(words::words(&maps).unwrap()[0].label, "Ab");
 }
