@@ -1,0 +1,461 @@
+//! `explain`, `heatmap`, `heads` and `lookup` end to end: on the real default model (checked
+//! against the golden attentions of Hugging Face transformers), and each bad input as a clear
+//! error with exit code 1 (usage errors: 2), run on small hand-made maps files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
+const MAIN_JOB: &str = "The cat that ate the mouse that lived in the barn ran away";
+const QUESTION: &str = "Where is the Eiffel Tower?";
+const CONTEXT: &str = "The Eiffel Tower is located in Paris, France.";
+
+/// The default model, fetched once for the whole test binary when it is not cached.
+fn model_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        attn_models::fetch::default_model_dir(false).expect("the default model can be had")
+    })
+}
+
+fn attnscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(args)
+        .env("ATTNSCOPE_MODEL", model_dir())
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("attnscope runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = attnscope(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("stdout is UTF-8")
+}
+
+fn fails_with(args: &[&str], code: i32, needle: &str) -> String {
+    let out = attnscope(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{args:?}: stderr {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    stderr
+}
+
+/// Golden attentions `[6, 12, T, T]` and tokens of `shared/golden/minilm/{name}`.
+fn golden(name: &str) -> (Vec<f32>, Vec<String>) {
+    let bytes = std::fs::read(format!("{GOLDEN}/minilm/{name}.safetensors")).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let tokens = &header.metadata().as_ref().unwrap()["tokens"];
+    let tokens: Vec<String> = serde_json::from_str(tokens).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let weights = st
+        .tensor("attentions")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (weights, tokens)
+}
+
+#[test]
+fn the_main_job_prints_one_bar_per_word() {
+    let out = ok(&["explain", MAIN_JOB, "--focus", "ran"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("Attention weights from \"ran\""),
+        "{out}"
+    );
+    let words: Vec<&str> = lines[1..14]
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(words, MAIN_JOB.split(' ').collect::<Vec<_>>());
+    for line in &lines[1..14] {
+        // "  The      [0.07]  ███████"
+        assert!(
+            line.starts_with("  ") && line.contains(" [0.") && line.contains("]  "),
+            "{line}"
+        );
+        assert!(line.ends_with('█') || line.ends_with('▁'), "{line}");
+    }
+    assert!(out.contains("\nModel focuses heavily on: \""), "{out}");
+    assert!(!out.contains('\x1b'), "piped output has no colour");
+    assert!(
+        out.contains("[CLS]/[SEP] took"),
+        "the footer says what was hidden: {out}"
+    );
+    let coloured = ok(&["explain", MAIN_JOB, "--focus", "ran", "--color", "always"]);
+    assert!(coloured.contains("\x1b["));
+}
+
+#[test]
+fn the_eiffel_question_matches_the_golden_attention() {
+    // Raw tokens, specials hidden: the mean over the question's 8 tokens (1..=8) of the
+    // all-layer, all-head mean, on the context's tokens 10..=21, renormalised over them.
+    let (weights, tokens) = golden("text01");
+    let t = tokens.len();
+    let mean = |i: usize, j: usize| {
+        (0..72)
+            .map(|lh| f64::from(weights[(lh * t + i) * t + j]))
+            .sum::<f64>()
+            / 72.0
+    };
+    let raw: Vec<f64> = (10..=21)
+        .map(|j| (1..=8).map(|i| mean(i, j)).sum::<f64>() / 8.0)
+        .collect();
+    let sum: f64 = raw.iter().sum();
+    let args = [
+        "explain",
+        "--question",
+        QUESTION,
+        "--context",
+        CONTEXT,
+        "--tokens",
+        "--json",
+    ];
+    let e: Value = serde_json::from_str(&ok(&args)).unwrap();
+    let rows = e["rows"].as_array().unwrap();
+    let got_tokens: Vec<&str> = rows.iter().map(|r| r["word"].as_str().unwrap()).collect();
+    assert_eq!(
+        got_tokens,
+        tokens[10..=21]
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+    );
+    for (row, expected) in rows.iter().zip(&raw) {
+        let got = row["weight"].as_f64().unwrap();
+        assert!(
+            (got - expected / sum).abs() < 1e-4,
+            "{row}: expected {}",
+            expected / sum
+        );
+    }
+    // Word level: "e ##iff ##el" is one word, and it is among the heaviest.
+    let words: Value = serde_json::from_str(&ok(&[
+        "explain",
+        "--question",
+        QUESTION,
+        "--context",
+        CONTEXT,
+        "--json",
+    ]))
+    .unwrap();
+    let labels: Vec<&str> = words["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["word"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "The", "Eiffel", "Tower", "is", "located", "in", "Paris", ",", "France", "."
+        ]
+    );
+    assert!(
+        words["focuses_on"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("Eiffel"))
+    );
+}
+
+#[test]
+fn every_selection_runs_on_the_real_model() {
+    for extra in [
+        &["--layer", "5"][..],
+        &["--layer", "0", "--head", "11"],
+        &["--rollout"],
+        &["--flow"],
+        &["--special", "--top", "3"],
+    ] {
+        let mut args = vec!["explain", "The cat sat on the mat", "--focus", "sat"];
+        args.extend_from_slice(extra);
+        let out = ok(&args);
+        assert!(
+            out.contains("Model focuses heavily on:"),
+            "{extra:?}: {out}"
+        );
+    }
+    let top: Value = serde_json::from_str(&ok(&[
+        "explain",
+        "The cat sat on the mat",
+        "--special",
+        "--top",
+        "3",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(top["rows"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn heatmaps_heads_and_lookup_on_the_real_model() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, extra) in [
+        ("all.png", &[][..]),
+        ("head.svg", &["--layer", "2", "--head", "3"]),
+        ("rollout.png", &["--rollout", "--tokens", "--special"]),
+        ("grid.png", &["--grid"]),
+    ] {
+        let path = dir.path().join(name);
+        let mut args = vec!["heatmap", MAIN_JOB, "-o", path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        ok(&args);
+        let bytes = std::fs::read(&path).unwrap();
+        if name.ends_with(".png") {
+            assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{name}");
+        } else {
+            assert!(bytes.starts_with(b"<svg"), "{name}");
+        }
+    }
+    let heads: Value = serde_json::from_str(&ok(&["heads", MAIN_JOB, "--json"])).unwrap();
+    assert_eq!(heads["heads"].as_array().unwrap().len(), 72);
+    assert!(!heads["notable"].as_array().unwrap().is_empty());
+    let table = ok(&["heads", MAIN_JOB]);
+    assert!(
+        table.contains("Notable heads:") && table.lines().count() > 72,
+        "{table}"
+    );
+
+    let entries = [
+        "--entry",
+        "Paris=Capital of France, home to Eiffel Tower",
+        "--entry",
+        "London=Capital of UK, home to Big Ben",
+        "--entry",
+        "Tokyo=Capital of Japan, largest city",
+    ];
+    let mut args = vec!["lookup", "--query", QUESTION, "--json"];
+    args.extend_from_slice(&entries);
+    let l: Value = serde_json::from_str(&ok(&args)).unwrap();
+    let weights: Vec<f64> = l["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["weight"].as_f64().unwrap())
+        .collect();
+    assert!((weights.iter().sum::<f64>() - 1.0).abs() < 1e-5);
+    assert!(
+        weights[0] > weights[1] && weights[0] > weights[2],
+        "{weights:?}"
+    );
+    let file = dir.path().join("entries.txt");
+    std::fs::write(
+        &file,
+        "# the notes' database\nParis=Capital of France\nTokyo=Capital of Japan\n",
+    )
+    .unwrap();
+    let text = ok(&[
+        "lookup",
+        "--query",
+        QUESTION,
+        "--entries",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        text.contains("Step 2: softmax") && text.contains("information!"),
+        "{text}"
+    );
+}
+
+#[test]
+fn model_input_errors_are_clear() {
+    fails_with(&["explain", ""], 1, "empty");
+    let long = "word ".repeat(600);
+    fails_with(&["explain", &long], 1, "512");
+    fails_with(&["explain", MAIN_JOB, "--focus", "dog"], 1, "\"ran\"");
+    fails_with(
+        &["explain", MAIN_JOB, "--layer", "6"],
+        1,
+        "layers are 0..=5",
+    );
+    fails_with(
+        &["explain", MAIN_JOB, "--layer", "1", "--head", "12"],
+        1,
+        "heads are 0..=11",
+    );
+    fails_with(
+        &["heatmap", MAIN_JOB, "-o", "x.png", "--layer", "9"],
+        1,
+        "layers are 0..=5",
+    );
+    let flow_long = "cat ".repeat(70);
+    fails_with(&["explain", &flow_long, "--flow"], 1, "64 tokens");
+}
+
+/// A one-layer, one-head maps file for "a bc" (tokens [CLS] a b ##c [SEP]), uniform weights.
+fn maps_file(dir: &Path) -> PathBuf {
+    let tokens: Vec<Value> = [
+        ("[CLS]", None, true),
+        ("a", Some([0, 1]), false),
+        ("b", Some([2, 3]), false),
+        ("##c", Some([3, 4]), false),
+        ("[SEP]", None, true),
+    ]
+    .iter()
+    .map(|(text, span, special)| {
+        json!({"text": text, "id": 0, "span": span, "segment": 0, "special": special})
+    })
+    .collect();
+    let maps = json!({
+        "model": "hand", "text": "a bc", "pair": null, "tokens": tokens,
+        "n_layers": 1, "n_heads": 1, "weights": vec![0.2; 25],
+    });
+    let path = dir.join("maps.json");
+    std::fs::write(&path, maps.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn saved_maps_are_explained_and_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let maps = maps_file(dir.path());
+    let maps = maps.to_str().unwrap();
+    // Uniform .2: a → a .2, bc .4 of .6 shown → 1/3, 2/3.
+    let out = ok(&["explain", "--maps", maps, "--focus", "a"]);
+    assert!(
+        out.contains("  a        [0.33]") && out.contains("  bc       [0.67]"),
+        "{out}"
+    );
+    let png = dir.path().join("m.png");
+    ok(&["heatmap", "--maps", maps, "-o", png.to_str().unwrap()]);
+    assert!(png.is_file());
+    assert!(ok(&["heads", "--maps", maps]).contains("Notable heads:"));
+}
+
+#[test]
+fn bad_flags_and_files_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let maps_path = maps_file(dir.path());
+    let maps = maps_path.to_str().unwrap();
+    let stderr = fails_with(
+        &["explain", "--maps", maps, "--focus", "zzz"],
+        1,
+        "no word \"zzz\"",
+    );
+    assert!(
+        stderr.contains("\"a\", \"bc\""),
+        "lists the words: {stderr}"
+    );
+    fails_with(
+        &["explain", "--maps", maps, "--layer", "1"],
+        1,
+        "layers are 0..=0",
+    );
+    fails_with(
+        &["explain", "--maps", maps, "--layer", "0", "--head", "1"],
+        1,
+        "heads are 0..=0",
+    );
+    fails_with(&["explain", "--maps", maps, "--top", "0"], 2, "--top");
+    fails_with(&["explain", "--maps", maps, "--head", "0"], 2, "--layer");
+    fails_with(
+        &["explain", "--maps", maps, "--rollout", "--flow"],
+        2,
+        "cannot be used",
+    );
+    fails_with(
+        &[
+            "explain",
+            "--maps",
+            maps,
+            "--question",
+            "q",
+            "--context",
+            "c",
+        ],
+        2,
+        "cannot be used",
+    );
+
+    let out = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    fails_with(
+        &["heatmap", "--maps", maps, "-o", &out("a.jpg")],
+        1,
+        "use a .png or .svg",
+    );
+    fails_with(
+        &["heatmap", "--maps", maps, "-o", &out("no/dir/a.png")],
+        1,
+        "does not exist",
+    );
+    fails_with(
+        &["heatmap", "--maps", maps, "-o", &out("")],
+        1,
+        "unknown image format",
+    );
+    let folder = dir.path().join("folder.png");
+    std::fs::create_dir(&folder).unwrap();
+    fails_with(
+        &["heatmap", "--maps", maps, "-o", folder.to_str().unwrap()],
+        1,
+        "is a folder",
+    );
+    fails_with(
+        &[
+            "heatmap",
+            "--maps",
+            maps,
+            "-o",
+            &out("x.png"),
+            "--grid",
+            "--rollout",
+        ],
+        2,
+        "cannot be used",
+    );
+
+    fails_with(&["heads", "--maps", &out("missing.json")], 1, "cannot read");
+    std::fs::write(out("bad.json"), "{not json").unwrap();
+    fails_with(
+        &["heads", "--maps", &out("bad.json")],
+        1,
+        "not attention maps JSON",
+    );
+    let mut short: Value =
+        serde_json::from_str(&std::fs::read_to_string(&maps_path).unwrap()).unwrap();
+    short["weights"] = json!(vec![0.2; 24]);
+    std::fs::write(out("short.json"), short.to_string()).unwrap();
+    fails_with(&["explain", "--maps", &out("short.json")], 1, "need 25");
+
+    fails_with(&["lookup", "--query", "q"], 1, "no entries");
+    fails_with(
+        &["lookup", "--query", "q", "--entry", "Paris"],
+        1,
+        "not KEY=VALUE",
+    );
+    fails_with(&["lookup", "--query", "q", "--entry", "=x"], 1, "empty key");
+    fails_with(
+        &["lookup", "--query", "q", "--entries", &out("none.txt")],
+        1,
+        "cannot read",
+    );
+    fails_with(
+        &[
+            "lookup",
+            "--query",
+            "q",
+            "--entry",
+            "a=b",
+            "--temperature",
+            "0",
+        ],
+        1,
+        "above 0",
+    );
+    fails_with(&["lookup", "--query", " ", "--entry", "a=b"], 1, "empty");
+}
