@@ -132,10 +132,11 @@ struct Case {
 
 impl Case {
     fn parse(bytes: &[u8]) -> anyhow::Result<Case> {
-        let (_, header) = SafeTensors::read_metadata(bytes)
-            .map_err(|e| anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}"))?;
-        let st = SafeTensors::deserialize(bytes)
-            .map_err(|e| anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}"))?;
+        let invalid = |e: safetensors::SafeTensorError| {
+            anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}")
+        };
+        let (_, header) = SafeTensors::read_metadata(bytes).map_err(invalid)?;
+        let st = SafeTensors::deserialize(bytes).map_err(invalid)?;
         let mut names = st.names();
         names.sort();
         if let Some(name) = names

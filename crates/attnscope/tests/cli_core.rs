@@ -1,0 +1,762 @@
+//! The core commands end to end: `sdpa` on every golden case and on each kind of bad file
+//! (literal bytes), `walkthrough` and `mask` against numbers derived in the tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+fn golden(sub: &str) -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden"
+    ))
+    .join(sub)
+}
+
+fn attnscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(args)
+        .output()
+        .expect("attnscope runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = attnscope(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("stdout is UTF-8")
+}
+
+/// Runs a command that must fail with exit code 1 and a message containing every `needle`.
+fn fails_with(args: &[&str], needles: &[&str]) {
+    let out = attnscope(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
+    assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: expected {needle:?} in {stderr}"
+        );
+    }
+}
+
+/// A tensor's name, dims and values.
+type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
+/// The F32 tensors of a safetensors file (BOOL tensors are skipped) and its `tolerance`.
+fn read_f32s(path: &Path) -> (Vec<NamedTensor>, Option<Value>) {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let tolerance = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("tolerance"))
+        .map(|t| serde_json::from_str(t).unwrap());
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let tensors = st
+        .tensors()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == Dtype::F32)
+        .map(|(name, t)| {
+            let data = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (name, t.shape().to_vec(), data)
+        })
+        .collect();
+    (tensors, tolerance)
+}
+
+/// |got − expected| / max(1, |expected|), the golden README's measure; −3e38 stands for −∞.
+fn worst(got: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(got.len(), expected.len());
+    got.iter()
+        .zip(expected)
+        .map(|(&g, &e)| {
+            if e <= -3.0e38 {
+                if g == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    f32::INFINITY
+                }
+            } else if g.is_finite() {
+                (g - e).abs() / e.abs().max(1.0)
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn sdpa_reproduces_every_golden_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("out.safetensors");
+    let out_arg = out_path.to_str().unwrap();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(golden("sdpa"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 65, "shared/golden/sdpa should hold 65 cases");
+    for (n, case) in files.iter().enumerate() {
+        let case_arg = case.to_str().unwrap();
+        // Every fourth case through the reference twin, the rest through the fast path.
+        let mut args = vec!["sdpa", case_arg, "-o", out_arg, "--weights"];
+        if n % 4 == 0 {
+            args.push("--reference");
+        }
+        let stdout = ok(&args);
+        // The printed report: one line per expected tensor, each within tolerance.
+        for name in ["out ", "lse ", "weights "] {
+            let line = stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("max abs diff {name}")))
+                .unwrap_or_else(|| panic!("{case:?}: no line for {name} in {stdout}"));
+            assert!(line.ends_with(": ok"), "{case:?}: {line}");
+        }
+        // The written results, compared here with the case's expected tensors.
+        let (expected, tolerance) = read_f32s(case);
+        let tol = tolerance.map_or(1e-5, |t| t.as_f64().unwrap() as f32);
+        let (written, _) = read_f32s(&out_path);
+        let mut names: Vec<&str> = written.iter().map(|(n, _, _)| n.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["lse", "out", "weights"], "{case:?}");
+        for (name, dims, data) in &written {
+            let (_, want_dims, want) = expected
+                .iter()
+                .find(|(n, _, _)| *n == format!("expected_{name}"))
+                .unwrap();
+            assert_eq!(dims, want_dims, "{case:?}: {name} shape");
+            let limit = if name == "lse" { 1e-4 } else { tol };
+            let d = worst(data, want);
+            assert!(d <= limit, "{case:?}: {name} differs by {d:e}");
+        }
+    }
+}
+
+#[test]
+fn sdpa_without_weights_writes_out_and_lse_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.safetensors");
+    let case = golden("sdpa").join("the_cat_sat.safetensors");
+    ok(&["sdpa", case.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let (written, _) = read_f32s(&out);
+    let mut names: Vec<&str> = written.iter().map(|(n, _, _)| n.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["lse", "out"]);
+}
+
+/// A safetensors file from a literal header and data bytes: 8-byte little-endian header length,
+/// the header JSON, the data.
+fn st_bytes(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend_from_slice(data);
+    b
+}
+
+/// A valid one-head case, q [1,1,1,2], k and v [1,1,2,2], plus extra entries: `extra_header`
+/// (tensors placed after byte 40 of data, given with `extra_data`) and `metadata` (JSON object
+/// text of string values).
+fn case_bytes(q: (&str, &str), extra_header: &str, extra_data: &[u8], metadata: &str) -> Vec<u8> {
+    let (q_dtype, q_shape) = q;
+    let q_len: usize = if q_dtype == "F64" { 16 } else { 8 };
+    let header = format!(
+        "{{\"__metadata__\":{metadata},\
+         \"q\":{{\"dtype\":\"{q_dtype}\",\"shape\":{q_shape},\"data_offsets\":[0,{q_len}]}},\
+         \"k\":{{\"dtype\":\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[{q_len},{}]}},\
+         \"v\":{{\"dtype\":\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[{},{}]}}{extra_header}}}",
+        q_len + 16,
+        q_len + 16,
+        q_len + 32
+    );
+    let mut data: Vec<u8> = Vec::new();
+    let floats = |n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (0.25 * i as f32).to_le_bytes())
+            .collect()
+    };
+    data.extend(if q_dtype == "F64" {
+        [0.5f64, 1.0].iter().flat_map(|x| x.to_le_bytes()).collect()
+    } else {
+        floats(2)
+    });
+    data.extend(floats(8));
+    data.extend_from_slice(extra_data);
+    st_bytes(&header, &data)
+}
+
+fn valid_case() -> Vec<u8> {
+    case_bytes(("F32", "[1,1,1,2]"), "", &[], "{}")
+}
+
+/// Writes `bytes` as a case and runs `sdpa` on it, expecting failure with `needles`.
+fn bad_case(dir: &Path, name: &str, bytes: &[u8], needles: &[&str]) {
+    let path = dir.join(format!("{name}.safetensors"));
+    std::fs::write(&path, bytes).unwrap();
+    let out = dir.join("out.safetensors");
+    fails_with(
+        &["sdpa", path.to_str().unwrap(), "-o", out.to_str().unwrap()],
+        needles,
+    );
+    assert!(!out.exists(), "{name}: no output is written for a bad case");
+}
+
+#[test]
+fn sdpa_accepts_the_hand_made_case() {
+    // The helper's valid case runs, so each bad case below fails for its own reason.
+    // q = [0, 0.25]; k rows [0, 0.25] and [0.5, 0.75]; scale 1/√2.
+    // scores: 0.25·0.25/√2 = 0.0442 and 0.25·0.75/√2 = 0.1326; softmax → 0.4779, 0.5221.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.safetensors");
+    std::fs::write(&path, valid_case()).unwrap();
+    let out = dir.path().join("out.safetensors");
+    ok(&[
+        "sdpa",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--weights",
+    ]);
+    let (written, _) = read_f32s(&out);
+    let (_, _, w) = written.iter().find(|(n, _, _)| n == "weights").unwrap();
+    let s0 = 0.25f64 * 0.25 / 2f64.sqrt();
+    let s1 = 0.25f64 * 0.75 / 2f64.sqrt();
+    let w0 = (s0.exp() / (s0.exp() + s1.exp())) as f32;
+    assert!((w[0] - w0).abs() < 1e-6 && (w[1] - (1.0 - w0)).abs() < 1e-6);
+}
+
+#[test]
+fn sdpa_rejects_each_bad_file_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let valid = valid_case();
+    let mask_header = |dtype: &str, shape: &str, len: usize| {
+        format!(
+            ",\"mask\":{{\"dtype\":\"{dtype}\",\"shape\":{shape},\"data_offsets\":[40,{}]}}",
+            40 + len
+        )
+    };
+
+    // Files that are not safetensors at all.
+    bad_case(
+        d,
+        "truncated",
+        &valid[..valid.len() - 3],
+        &["not a valid safetensors file"],
+    );
+    bad_case(d, "tiny", &[1, 0, 0], &["not a valid safetensors file"]);
+    bad_case(
+        d,
+        "header_past_end",
+        &[0xff, 0xff, 0, 0, 0, 0, 0, 0, b'{', b'}'],
+        &["not a valid safetensors file"],
+    );
+    bad_case(
+        d,
+        "malformed_header",
+        &st_bytes("{\"q\": [", &[]),
+        &["not a valid safetensors file"],
+    );
+    bad_case(
+        d,
+        "offsets_past_data",
+        &st_bytes(
+            "{\"q\":{\"dtype\":\"F32\",\"shape\":[1,1,1,2],\"data_offsets\":[0,8]}}",
+            &[0; 4],
+        ),
+        &["not a valid safetensors file"],
+    );
+
+    // Tensors that are missing, of the wrong dtype or rank, or that disagree.
+    bad_case(
+        d,
+        "missing_v",
+        &st_bytes(
+            "{\"q\":{\"dtype\":\"F32\",\"shape\":[1,1,1,2],\"data_offsets\":[0,8]},\
+              \"k\":{\"dtype\":\"F32\",\"shape\":[1,1,2,2],\"data_offsets\":[8,24]}}",
+            &[0; 24],
+        ),
+        &["missing tensor v", "[batch, n_kv_heads, seq_kv, value_dim]"],
+    );
+    bad_case(
+        d,
+        "q_f64",
+        &case_bytes(("F64", "[1,1,1,2]"), "", &[], "{}"),
+        &["q has dtype F64", "expected F32"],
+    );
+    bad_case(
+        d,
+        "q_rank3",
+        &case_bytes(("F32", "[1,1,2]"), "", &[], "{}"),
+        &["q has shape [1, 1, 2]", "expected 4 dims"],
+    );
+    bad_case(
+        d,
+        "head_dim_disagrees",
+        &case_bytes(("F32", "[1,1,2,1]"), "", &[], "{}"),
+        &["k has shape [1, 1, 2, 2] but q has shape [1, 1, 2, 1]"],
+    );
+    bad_case(
+        d,
+        "q_nan",
+        &{
+            let mut b = valid.clone();
+            let at = b.len() - 32 - 4; // q's second value
+            b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+            b
+        },
+        &["q holds NaN at [0, 0, 0, 1]"],
+    );
+    bad_case(
+        d,
+        "unknown_tensor",
+        &case_bytes(
+            ("F32", "[1,1,1,2]"),
+            ",\"maks\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[40,42]}",
+            &[1, 1],
+            "{}",
+        ),
+        &["unknown tensor \"maks\""],
+    );
+
+    // Masks.
+    bad_case(
+        d,
+        "mask_not_broadcastable",
+        &case_bytes(
+            ("F32", "[1,1,1,2]"),
+            &mask_header("BOOL", "[3]", 3),
+            &[1, 1, 1],
+            "{}",
+        ),
+        &["mask: shape [1, 1, 1, 3] does not broadcast to [1, 1, 1, 2]"],
+    );
+    bad_case(
+        d,
+        "mask_i32",
+        &case_bytes(
+            ("F32", "[1,1,1,2]"),
+            &mask_header("I32", "[2]", 8),
+            &[0; 8],
+            "{}",
+        ),
+        &["mask has dtype I32", "BOOL or F32"],
+    );
+    bad_case(
+        d,
+        "mask_bad_bool",
+        &case_bytes(
+            ("F32", "[1,1,1,2]"),
+            &mask_header("BOOL", "[2]", 2),
+            &[1, 7],
+            "{}",
+        ),
+        &["mask holds byte 7 at flat index 1"],
+    );
+    bad_case(
+        d,
+        "key_padding_shape",
+        &case_bytes(
+            ("F32", "[1,1,1,2]"),
+            ",\"key_padding\":{\"dtype\":\"BOOL\",\"shape\":[1,3],\"data_offsets\":[40,43]}",
+            &[1, 1, 1],
+            "{}",
+        ),
+        &["key_padding has shape [1, 3]", "[batch, seq_kv] = [1, 2]"],
+    );
+
+    // Options in the metadata.
+    let meta = |m: &str| case_bytes(("F32", "[1,1,1,2]"), "", &[], m);
+    bad_case(
+        d,
+        "alibi_length",
+        &meta(r#"{"alibi":"[0.5, 0.25]"}"#),
+        &["alibi: expected 1 values (one per query head), got 2"],
+    );
+    bad_case(
+        d,
+        "window_length",
+        &meta(r#"{"window":"[3]"}"#),
+        &["metadata window is [3]", "[left, right]"],
+    );
+    bad_case(
+        d,
+        "window_negative",
+        &meta(r#"{"window":"[-2, 0]"}"#),
+        &["metadata window is [-2,0]"],
+    );
+    bad_case(
+        d,
+        "causal_unknown",
+        &meta(r#"{"causal":"\"diagonal\""}"#),
+        &["metadata causal is \"diagonal\"", "top_left"],
+    );
+    bad_case(
+        d,
+        "scale_not_json",
+        &meta(r#"{"scale":"abc"}"#),
+        &["metadata scale is \"abc\", which is not JSON"],
+    );
+    bad_case(
+        d,
+        "softcap_negative",
+        &meta(r#"{"softcap":"-1.0"}"#),
+        &["softcap: must be finite and > 0"],
+    );
+    bad_case(
+        d,
+        "unknown_key",
+        &meta(r#"{"casual":"\"top_left\""}"#),
+        &["unknown metadata key \"casual\""],
+    );
+    bad_case(
+        d,
+        "dropout_p_one",
+        &meta(r#"{"dropout_p":"1.0"}"#),
+        &["dropout: p must be in [0, 1)"],
+    );
+
+    // Head counts: different without gqa, and not dividing with it.
+    let heads = |hq: usize, hkv: usize, meta: &str| {
+        let (nq, nk) = (hq * 2, hkv * 4);
+        let header = format!(
+            "{{\"__metadata__\":{meta},\
+             \"q\":{{\"dtype\":\"F32\",\"shape\":[1,{hq},1,2],\"data_offsets\":[0,{}]}},\
+             \"k\":{{\"dtype\":\"F32\",\"shape\":[1,{hkv},2,2],\"data_offsets\":[{},{}]}},\
+             \"v\":{{\"dtype\":\"F32\",\"shape\":[1,{hkv},2,2],\"data_offsets\":[{},{}]}}}}",
+            4 * nq,
+            4 * nq,
+            4 * (nq + nk),
+            4 * (nq + nk),
+            4 * (nq + 2 * nk)
+        );
+        st_bytes(&header, &vec![0; 4 * (nq + 2 * nk)])
+    };
+    bad_case(
+        d,
+        "heads_without_gqa",
+        &heads(4, 2, "{}"),
+        &["k has 2 heads but q has 4", "gqa"],
+    );
+    bad_case(
+        d,
+        "heads_not_dividing",
+        &heads(3, 2, r#"{"gqa":"true"}"#),
+        &["n_heads (3) is not a multiple of n_kv_heads (2)"],
+    );
+
+    // The file itself.
+    fails_with(
+        &[
+            "sdpa",
+            d.join("nope.safetensors").to_str().unwrap(),
+            "-o",
+            "x",
+        ],
+        &["reading", "nope.safetensors"],
+    );
+    let good = d.join("good.safetensors");
+    std::fs::write(&good, &valid).unwrap();
+    fails_with(
+        &[
+            "sdpa",
+            good.to_str().unwrap(),
+            "-o",
+            d.join("no/such/dir/out.safetensors").to_str().unwrap(),
+        ],
+        &["writing", "out.safetensors"],
+    );
+    // A missing -o is a usage error: exit code 2.
+    assert_eq!(
+        attnscope(&["sdpa", good.to_str().unwrap()]).status.code(),
+        Some(2)
+    );
+}
+
+/// The notes' embeddings and the walkthrough's documented illustrative matrices.
+const X: [[f64; 4]; 3] = [
+    [0.2, 0.1, 0.5, 0.3],
+    [0.5, 0.8, 0.2, 0.1],
+    [0.1, 0.3, 0.9, 0.4],
+];
+const H: [[f64; 4]; 4] = [
+    [1.0, 1.0, 1.0, 1.0],
+    [1.0, -1.0, 1.0, -1.0],
+    [1.0, 1.0, -1.0, -1.0],
+    [1.0, -1.0, -1.0, 1.0],
+];
+const W_V: [[f64; 4]; 4] = [
+    [1.0, 0.0, 0.0, 0.5],
+    [0.0, 1.0, 0.5, 0.0],
+    [0.0, 0.5, 1.0, 0.0],
+    [0.5, 0.0, 0.0, 1.0],
+];
+
+fn matmul<const N: usize, const K: usize, const M: usize>(
+    a: &[[f64; K]; N],
+    b: &[[f64; M]; K],
+) -> [[f64; M]; N] {
+    let mut c = [[0.0; M]; N];
+    for i in 0..N {
+        for j in 0..M {
+            c[i][j] = (0..K).map(|k| a[i][k] * b[k][j]).sum();
+        }
+    }
+    c
+}
+
+/// Softmax of `scores[i] / 2` (√d_k = 2) over the keys `visible[i][j]`.
+fn softmax_rows(scores: &[[f64; 3]; 3], visible: &[[bool; 3]; 3]) -> [[f64; 3]; 3] {
+    let mut w = [[0.0; 3]; 3];
+    for i in 0..3 {
+        let z: f64 = (0..3)
+            .filter(|&j| visible[i][j])
+            .map(|j| (scores[i][j] / 2.0).exp())
+            .sum();
+        for j in 0..3 {
+            if visible[i][j] {
+                w[i][j] = (scores[i][j] / 2.0).exp() / z;
+            }
+        }
+    }
+    w
+}
+
+fn percent_line(word: &str, words: &[&str], i: usize, w: &[f64; 3], masked: &[bool; 3]) -> String {
+    let parts: Vec<String> = (0..3)
+        .map(|j| {
+            let to = if j == i { "itself" } else { words[j] };
+            let m = if masked[j] { " (masked)" } else { "" };
+            format!("{:.0}% to {to}{m}", 100.0 * w[j])
+        })
+        .collect();
+    format!("{word}: {}", parts.join(", "))
+}
+
+#[test]
+fn walkthrough_prints_the_notes_example_with_numbers_derived_here() {
+    let stdout = ok(&["walkthrough"]);
+    assert!(stdout.contains("ILLUSTRATIVE"), "{stdout}");
+    // Q = K = X·H, V = X·W_v; scores Q·Kᵀ; weights softmax(scores / 2), computed here in f64.
+    let q = matmul(&X, &H);
+    let kt: [[f64; 3]; 4] = std::array::from_fn(|c| std::array::from_fn(|r| q[r][c]));
+    let scores = matmul(&q, &kt);
+    let w = softmax_rows(&scores, &[[true; 3]; 3]);
+    let words = ["The", "cat", "sat"];
+    for (i, word) in words.iter().enumerate() {
+        let line = percent_line(word, &words, i, &w[i], &[false; 3]);
+        assert!(
+            stdout.contains(&format!("   {line}\n")),
+            "missing {line:?} in\n{stdout}"
+        );
+    }
+    // The row for "cat" as a weighted sum of V rows, then its value.
+    let v = matmul(&X, &W_V);
+    let symbolic = format!(
+        "output[1] = {:.2}·V[0] + {:.2}·V[1] + {:.2}·V[2]",
+        w[1][0], w[1][1], w[1][2]
+    );
+    assert!(stdout.contains(&symbolic), "missing {symbolic:?}");
+    let out1: Vec<String> = (0..4)
+        .map(|c| format!("{:.3}", (0..3).map(|j| w[1][j] * v[j][c]).sum::<f64>()))
+        .collect();
+    let value = format!("= [{}]", out1.join(", "));
+    assert!(stdout.contains(&value), "missing {value:?} in\n{stdout}");
+    // The scaled score of cat → cat: 4·|x_cat|² / 2 = 2 · 0.94 = 1.880.
+    assert!(stdout.contains("1.880"));
+}
+
+#[test]
+fn walkthrough_masks_follow_the_mask_matrix() {
+    let words = ["The", "cat", "sat"];
+    let q = matmul(&X, &H);
+    let kt: [[f64; 3]; 4] = std::array::from_fn(|c| std::array::from_fn(|r| q[r][c]));
+    let scores = matmul(&q, &kt);
+
+    // Causal: word i sees words 0..=i.
+    let causal: [[bool; 3]; 3] = std::array::from_fn(|i| std::array::from_fn(|j| j <= i));
+    let stdout = ok(&["walkthrough", "--mask", "causal"]);
+    assert!(stdout.contains("The    1   0   0\n") && stdout.contains("sat    1   1   1\n"));
+    let w = softmax_rows(&scores, &causal);
+    for (i, word) in words.iter().enumerate() {
+        let masked = causal[i].map(|v| !v);
+        let line = percent_line(word, &words, i, &w[i], &masked);
+        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
+    }
+    // The first word sees only itself.
+    assert!(stdout.contains("The: 100% to itself, 0% to cat (masked), 0% to sat (masked)"));
+
+    // padding:1: "sat" is padding, nobody attends to it.
+    let padded = [[true, true, false]; 3];
+    let stdout = ok(&["walkthrough", "--mask", "padding:1"]);
+    assert!(stdout.contains("cat    1   1   0\n"));
+    let w = softmax_rows(&scores, &padded);
+    for (i, word) in words.iter().enumerate() {
+        let line = percent_line(word, &words, i, &w[i], &[false, false, true]);
+        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}");
+    }
+}
+
+#[test]
+fn walkthrough_takes_a_users_matrices() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mine.json");
+    // W_q = 0 makes every score 0, so each row's weights are uniform over what it sees:
+    // 1/3 each without a mask (33%), and under the causal mask 1, 1/2, 1/3.
+    // V = X·I = X, so output[1] causal = (x0 + x1) / 2 = [(1+3)/2, (2+4)/2] = [2, 3].
+    std::fs::write(
+        &path,
+        r#"{"words": ["a", "b", "c"], "x": [[1, 2], [3, 4], [5, 6]],
+            "w_q": [[0, 0], [0, 0]], "w_k": [[1, 0], [0, 1]], "w_v": [[1, 0], [0, 1]]}"#,
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let stdout = ok(&["walkthrough", "--input", p]);
+    assert!(
+        stdout.contains("a: 33% to itself, 33% to b, 33% to c"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("ILLUSTRATIVE"));
+    let stdout = ok(&[
+        "walkthrough",
+        "--input",
+        p,
+        "--mask",
+        "causal",
+        "--word",
+        "b",
+    ]);
+    assert!(
+        stdout.contains("b: 50% to a, 50% to itself, 0% to c (masked)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("c: 33% to a, 33% to b, 33% to itself"));
+    assert!(stdout.contains("output[1] = 0.50·V[0] + 0.50·V[1] + 0.00·V[2]"));
+    assert!(stdout.contains("= [2.000, 3.000]"), "{stdout}");
+    // All words padding: no row sees anything, outputs are 0.
+    let stdout = ok(&["walkthrough", "--input", p, "--mask", "padding:3"]);
+    assert!(stdout.contains("a: sees no word"), "{stdout}");
+}
+
+#[test]
+fn walkthrough_rejects_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let ok_x = r#""x": [[1, 2], [3, 4]], "w_k": [[1, 0], [0, 1]], "w_v": [[1], [1]]"#;
+    let cases = [
+        ("not_json", "{".to_string(), vec!["not valid JSON"]),
+        (
+            "w_q_rows",
+            format!(r#"{{{ok_x}, "w_q": [[1, 0, 0]]}}"#),
+            vec!["w_q is 1×3 but x is 2×2", "d_model = 2 rows"],
+        ),
+        (
+            "ragged",
+            r#"{"x": [[1, 2], [3]], "w_q": [[1]], "w_k": [[1]], "w_v": [[1]]}"#.to_string(),
+            vec!["x row 1 has 1 values but row 0 has 2"],
+        ),
+        (
+            "d_k_differs",
+            format!(r#"{{{ok_x}, "w_q": [[1], [1]]}}"#),
+            vec!["w_q is 2×1 but w_k is 2×2", "same width d_k"],
+        ),
+        (
+            "missing",
+            r#"{"x": [[1]], "w_q": [[1]], "w_k": [[1]]}"#.to_string(),
+            vec!["missing field w_v"],
+        ),
+        (
+            "words",
+            format!(r#"{{{ok_x}, "w_q": [[1, 0], [0, 1]], "words": ["one"]}}"#),
+            vec!["words holds 1 words but x has 2 rows"],
+        ),
+        (
+            "text_value",
+            r#"{"x": [["a"]], "w_q": [[1]], "w_k": [[1]], "w_v": [[1]]}"#.to_string(),
+            vec!["x[0][0] is \"a\"; expected a finite number"],
+        ),
+    ];
+    for (name, text, needles) in cases {
+        let p = write(&format!("{name}.json"), &text);
+        fails_with(&["walkthrough", "--input", &p], &needles);
+    }
+    fails_with(
+        &["walkthrough", "--mask", "diagonal"],
+        &["expected causal or padding:N"],
+    );
+    fails_with(
+        &["walkthrough", "--mask", "padding:x"],
+        &["N must be a whole number"],
+    );
+    fails_with(&["walkthrough", "--mask", "padding:4"], &["only 3 words"]);
+    fails_with(
+        &["walkthrough", "--word", "dog"],
+        &["\"dog\" is not one of the words: The, cat, sat"],
+    );
+    fails_with(
+        &["walkthrough", "--input", "/nonexistent/x.json"],
+        &["reading /nonexistent/x.json"],
+    );
+}
+
+#[test]
+fn mask_matrices_match_the_notes() {
+    // Causal over 4 tokens: row i has ones in columns 0..=i (the notes' lower triangle).
+    let stdout = ok(&["mask", "causal", "4"]);
+    let rows: Vec<Vec<u8>> = stdout
+        .lines()
+        .skip(2)
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map(|x| x.parse().unwrap())
+                .collect()
+        })
+        .collect();
+    let want: Vec<Vec<u8>> = (0..4)
+        .map(|i| (0..4).map(|j| u8::from(j <= i)).collect())
+        .collect();
+    assert_eq!(rows, want, "{stdout}");
+
+    // Bottom-right, 2 queries over 4 keys: offset 2, so row 0 sees keys 0..=2, row 1 all 4.
+    let stdout = ok(&[
+        "mask",
+        "causal",
+        "2",
+        "--seq-kv",
+        "4",
+        "--align",
+        "bottom-right",
+    ]);
+    assert!(stdout.ends_with("0  1 1 1 0\n1  1 1 1 1\n"), "{stdout}");
+
+    // Padding: <PAD> and [PAD] are padding.
+    let stdout = ok(&["mask", "padding", "The cat <PAD> <PAD>"]);
+    assert!(stdout.contains("mask = [[1, 1, 0, 0]]"), "{stdout}");
+    assert!(stdout.contains("2 real, 2 padding"));
+    assert!(
+        stdout.contains("<PAD>      1     1     0     0\n"),
+        "{stdout}"
+    );
+    let stdout = ok(&["mask", "padding", "[CLS] hi [SEP] [PAD]"]);
+    assert!(stdout.contains("mask = [[1, 1, 1, 0]]"), "{stdout}");
+
+    fails_with(&["mask", "causal", "0"], &["seq_q is 0"]);
+    fails_with(&["mask", "padding", "   "], &["no tokens"]);
+    assert_eq!(attnscope(&["mask", "causal", "-3"]).status.code(), Some(2));
+}
