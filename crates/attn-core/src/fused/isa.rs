@@ -4,6 +4,7 @@
 use std::sync::OnceLock;
 
 use super::{avx512_or_portable, portable};
+use crate::AttnError;
 
 /// An instruction set the fused kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,5 +127,31 @@ impl Isa {
             Isa::Avx512 => unsafe { avx512_or_portable::exp_sub_sum(x, m) },
             Isa::Portable => portable::exp_sub_sum(x, m),
         }
+    }
+}
+
+/// Sizes rayon's global pool, which the fused kernels run on, to `threads` workers. Call it once,
+/// before any attention call; asking again for the size the pool already has is fine.
+///
+/// # Errors
+/// `threads` is 0, or the pool already runs with another size.
+pub fn set_global_threads(threads: usize) -> Result<(), AttnError> {
+    let invalid = |reason: String| AttnError::InvalidOption {
+        option: "threads",
+        reason,
+    };
+    if threads == 0 {
+        return Err(invalid("must be at least 1".into()));
+    }
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+    {
+        Ok(()) => Ok(()),
+        Err(_) if rayon::current_num_threads() == threads => Ok(()),
+        Err(e) => Err(invalid(format!(
+            "cannot size the thread pool to {threads}: {e} (it has {})",
+            rayon::current_num_threads()
+        ))),
     }
 }

@@ -29,10 +29,13 @@ use avx512 as avx512_or_portable;
 use portable as avx512_or_portable;
 
 pub use input_bf16::AttnInputBf16;
-pub use isa::Isa;
+pub use isa::{Isa, set_global_threads};
 
-use half::bf16;
+/// The bf16 type of [`AttnInputBf16`] (from the `half` crate), for callers without that dependency.
+pub use half::bf16;
+
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 use crate::mask::{diagonal_offset, key_range};
 use crate::{
@@ -184,13 +187,42 @@ struct Scratch {
     /// Query rows, `[rows, head_dim]` (f32) or `[rows, pairs]` (bf16 pairs).
     q_f32: Vec<f32>,
     q_pairs: Vec<u32>,
-    /// A key block transposed, `[head_dim, keys]` (f32) or `[pairs, keys]` (bf16 pairs).
-    k_f32: Vec<f32>,
-    k_pairs: Vec<u32>,
-    /// A value block widened to f32, `[keys, value_dim]` (bf16 inputs only).
-    v_f32: Vec<f32>,
     /// Scores, then probabilities: `[rows, keys]`.
     tile: Vec<f32>,
+}
+
+/// One key/value head, packed once for all the query blocks that read it.
+struct Head<'a> {
+    /// Keys transposed block by block: block `jb` (keys `jb·BLOCK_KV..`, `keys` of them) is
+    /// `[head_dim, keys]` at `jb·BLOCK_KV·head_dim` (f32 inputs) or `[pairs, keys]` at
+    /// `jb·BLOCK_KV·pairs` (bf16 pairs).
+    k_f32: Vec<f32>,
+    k_pairs: Vec<u32>,
+    /// Values as f32, `[seq_kv, value_dim]`: borrowed from f32 inputs, widened from bf16.
+    v: Cow<'a, [f32]>,
+}
+
+impl Head<'_> {
+    /// Values `j0..j0 + keys`, `[keys, value_dim]`.
+    fn values(&self, (j0, keys): (usize, usize), value_dim: usize) -> &[f32] {
+        &self.v[j0 * value_dim..][..keys * value_dim]
+    }
+}
+
+/// Transposes `src` (`[rows, width]`) block by block into `dst`: rows `jb·BLOCK_KV..` become
+/// block `jb`, `[width, keys]`, at `jb·BLOCK_KV·width`.
+fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [T]) {
+    for (src, dst) in src
+        .chunks(BLOCK_KV * width)
+        .zip(dst.chunks_mut(BLOCK_KV * width))
+    {
+        let keys = src.len() / width;
+        for (j, row) in src.chunks_exact(width).enumerate() {
+            for (p, &x) in row.iter().enumerate() {
+                dst[p * keys + j] = x;
+            }
+        }
+    }
 }
 
 /// Two bf16 values in one `u32`, `lo` in the low half (the order `VDPBF16PS` pairs them).
@@ -225,62 +257,68 @@ impl Plan<'_> {
         }
     }
 
-    /// Raw scores `q·k` of the packed query rows against keys `j0..j0 + keys` of key/value head
-    /// `(b, kvh)`, into `s.tile` as `[rows, keys]`.
-    fn scores(
-        &self,
-        b: usize,
-        kvh: usize,
-        rows: usize,
-        (j0, keys): (usize, usize),
-        s: &mut Scratch,
-    ) {
-        let d = self.sh.head_dim;
-        let head = (b * self.sh.n_kv_heads + kvh) * self.sh.seq_kv;
-        s.tile.resize(rows * keys, 0.0);
+    /// Packs key/value head `(b, kvh)` for [`Self::scores`] and [`Head::values`].
+    fn pack_head(&self, b: usize, kvh: usize) -> Head<'_> {
+        let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
+        let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         match self.src {
-            Src::F32 { k, .. } => {
-                s.k_f32.resize(d * keys, 0.0);
-                for (j, k_row) in k[(head + j0) * d..][..keys * d].chunks_exact(d).enumerate() {
-                    for (p, &x) in k_row.iter().enumerate() {
-                        s.k_f32[p * keys + j] = x;
-                    }
+            Src::F32 { k, v, .. } => {
+                let mut k_f32 = vec![0.0; s_n * d];
+                transpose_blocks(&k[head * d..][..s_n * d], d, &mut k_f32);
+                Head {
+                    k_f32,
+                    k_pairs: Vec::new(),
+                    v: Cow::Borrowed(&v[head * dv..][..s_n * dv]),
                 }
-                let (a, bm) = (&s.q_f32, &s.k_f32);
-                self.isa
-                    .gemm_f32((rows, keys, d), a, d, bm, keys, &mut s.tile, keys, false);
             }
-            Src::Bf16 { k, .. } => {
-                let pairs = self.pairs;
-                s.k_pairs.resize(pairs * keys, 0);
-                for (j, k_row) in k[(head + j0) * d..][..keys * d].chunks_exact(d).enumerate() {
-                    for (p, x) in row_pairs(k_row).enumerate() {
-                        s.k_pairs[p * keys + j] = x;
-                    }
+            Src::Bf16 { k, v, .. } => {
+                let pairs: Vec<u32> = k[head * d..][..s_n * d]
+                    .chunks_exact(d)
+                    .flat_map(row_pairs)
+                    .collect();
+                let mut k_pairs = vec![0; s_n * self.pairs];
+                transpose_blocks(&pairs, self.pairs, &mut k_pairs);
+                let v = &v[head * dv..][..s_n * dv];
+                Head {
+                    k_f32: Vec::new(),
+                    k_pairs,
+                    v: Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
                 }
-                let (a, bm) = (&s.q_pairs, &s.k_pairs);
-                self.isa
-                    .gemm_bf16((rows, keys, pairs), a, pairs, bm, keys, &mut s.tile, keys);
             }
         }
     }
 
-    /// Values `j0..j0 + keys` of key/value head `(b, kvh)` as f32, `[keys, value_dim]`.
-    fn values<'s>(
-        &'s self,
-        b: usize,
-        kvh: usize,
-        (j0, keys): (usize, usize),
-        buf: &'s mut Vec<f32>,
-    ) -> &'s [f32] {
-        let dv = self.sh.value_dim;
-        let start = ((b * self.sh.n_kv_heads + kvh) * self.sh.seq_kv + j0) * dv;
+    /// Raw scores `q·k` of the packed query rows against key block `jb` (`keys` keys) of
+    /// `head`, into `s.tile` as `[rows, keys]`.
+    fn scores(&self, head: &Head<'_>, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
+        s.tile.resize(rows * keys, 0.0);
         match self.src {
-            Src::F32 { v, .. } => &v[start..][..keys * dv],
-            Src::Bf16 { v, .. } => {
-                buf.clear();
-                buf.extend(v[start..][..keys * dv].iter().map(|x| x.to_f32()));
-                buf
+            Src::F32 { .. } => {
+                let d = self.sh.head_dim;
+                let kt = &head.k_f32[jb * BLOCK_KV * d..][..d * keys];
+                self.isa.gemm_f32(
+                    (rows, keys, d),
+                    &s.q_f32,
+                    d,
+                    kt,
+                    keys,
+                    &mut s.tile,
+                    keys,
+                    false,
+                );
+            }
+            Src::Bf16 { .. } => {
+                let pairs = self.pairs;
+                let kt = &head.k_pairs[jb * BLOCK_KV * pairs..][..pairs * keys];
+                self.isa.gemm_bf16(
+                    (rows, keys, pairs),
+                    &s.q_pairs,
+                    pairs,
+                    kt,
+                    keys,
+                    &mut s.tile,
+                    keys,
+                );
             }
         }
     }
@@ -346,11 +384,12 @@ impl Plan<'_> {
             .enumerate()
             .for_each(|(bh, (out, lse))| {
                 let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                let head = self.pack_head(b, sh.kv_head(h));
                 out.par_chunks_mut(BLOCK_Q * dv)
                     .zip(lse.par_chunks_mut(BLOCK_Q))
                     .enumerate()
                     .for_each_init(Scratch::default, |s, (qb, (out, lse))| {
-                        self.forward_block((b, h, qb * BLOCK_Q), out, lse, s);
+                        self.forward_block((b, h, qb * BLOCK_Q), &head, out, lse, s);
                     });
             });
         (out, lse)
@@ -361,12 +400,12 @@ impl Plan<'_> {
     fn forward_block(
         &self,
         (b, h, i0): (usize, usize, usize),
+        head: &Head<'_>,
         out: &mut [f32],
         lse: &mut [f32],
         s: &mut Scratch,
     ) {
         let (n, dv, s_n) = (lse.len(), self.sh.value_dim, self.sh.seq_kv);
-        let kvh = self.sh.kv_head(h);
         let rows: Vec<usize> = (i0..i0 + n).collect();
         self.pack_q(b, h, &rows, s);
         // Visible ranges only move right as `i` grows: the block sees the union of its rows'.
@@ -380,9 +419,10 @@ impl Plan<'_> {
         );
         let mut m = vec![f32::NEG_INFINITY; n];
         let mut sum = vec![0.0f32; n];
-        for j0 in (lo..hi).step_by(BLOCK_KV) {
-            let keys = (hi - j0).min(BLOCK_KV);
-            self.scores(b, kvh, n, (j0, keys), s);
+        for jb in lo / BLOCK_KV..hi.div_ceil(BLOCK_KV) {
+            let j0 = jb * BLOCK_KV;
+            let keys = (s_n - j0).min(BLOCK_KV);
+            self.scores(head, n, (jb, keys), s);
             for (r, row) in s.tile.chunks_exact_mut(keys).enumerate() {
                 let i = i0 + r;
                 self.finish_scores((b, h, i), j0, row);
@@ -405,7 +445,7 @@ impl Plan<'_> {
                     }
                 }
             }
-            let v = self.values(b, kvh, (j0, keys), &mut s.v_f32);
+            let v = head.values((j0, keys), dv);
             self.isa
                 .gemm_f32((n, dv, keys), &s.tile, keys, v, dv, out, dv, true);
         }
@@ -428,6 +468,9 @@ impl Plan<'_> {
         let heads = sh.batch * sh.n_heads;
         // Chunk sizes must not be 0; with no keys or no queries every weights tensor is empty.
         let row_len = s_n.max(1);
+        let block_rows = |qb: usize, dst: &[f32]| -> Vec<usize> {
+            (qb * BLOCK_Q..).take(dst.len() / row_len).collect()
+        };
         match &self.opt.weights {
             WeightsRequest::None => None,
             WeightsRequest::All => {
@@ -436,13 +479,13 @@ impl Plan<'_> {
                     .enumerate()
                     .for_each(|(bh, all)| {
                         let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                        let head = self.pack_head(b, sh.kv_head(h));
                         let lse = &lse[bh * l..][..l];
                         all.par_chunks_mut(BLOCK_Q * row_len)
                             .enumerate()
                             .for_each_init(Scratch::default, |s, (qb, dst)| {
-                                let rows: Vec<usize> =
-                                    (qb * BLOCK_Q..).take(dst.len() / row_len).collect();
-                                self.weight_rows((b, h), &rows, lse, dst, None, s);
+                                let rows = block_rows(qb, dst);
+                                self.weight_rows((b, h), &head, &rows, lse, dst, None, s);
                             });
                     });
                 Some(Weights::All(all))
@@ -453,11 +496,12 @@ impl Plan<'_> {
                     .enumerate()
                     .for_each(|(bh, data)| {
                         let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                        let head = self.pack_head(b, sh.kv_head(h));
                         let lse = &lse[bh * l..][..l];
                         data.par_chunks_mut(BLOCK_Q * row_len)
                             .zip(rows.par_chunks(BLOCK_Q))
                             .for_each_init(Scratch::default, |s, (dst, rows)| {
-                                self.weight_rows((b, h), rows, lse, dst, None, s);
+                                self.weight_rows((b, h), &head, rows, lse, dst, None, s);
                             });
                     });
                 Some(Weights::Rows {
@@ -467,21 +511,19 @@ impl Plan<'_> {
             }
             WeightsRequest::HeadAverage => {
                 let mut avg = vec![0.0f32; sh.batch * l * s_n];
-                let share = 1.0 / sh.n_heads as f32;
-                avg.par_chunks_mut((l * row_len).max(1))
-                    .enumerate()
-                    .for_each(|(b, avg)| {
+                let share = Some(1.0 / sh.n_heads as f32);
+                for (b, avg) in avg.chunks_mut((l * row_len).max(1)).enumerate() {
+                    for h in 0..sh.n_heads {
+                        let head = self.pack_head(b, sh.kv_head(h));
+                        let lse = &lse[(b * sh.n_heads + h) * l..][..l];
                         avg.par_chunks_mut(BLOCK_Q * row_len)
                             .enumerate()
                             .for_each_init(Scratch::default, |s, (qb, dst)| {
-                                let rows: Vec<usize> =
-                                    (qb * BLOCK_Q..).take(dst.len() / row_len).collect();
-                                for h in 0..sh.n_heads {
-                                    let lse = &lse[(b * sh.n_heads + h) * l..][..l];
-                                    self.weight_rows((b, h), &rows, lse, dst, Some(share), s);
-                                }
+                                let rows = block_rows(qb, dst);
+                                self.weight_rows((b, h), &head, &rows, lse, dst, share, s);
                             });
-                    });
+                    }
+                }
                 Some(Weights::HeadAverage(avg))
             }
         }
@@ -489,9 +531,11 @@ impl Plan<'_> {
 
     /// Weights `e^(score − lse)` of query rows `rows` of head `(b, h)` into `dst`
     /// (`[rows, seq_kv]`): written, or added times `share` when averaging heads.
+    #[allow(clippy::too_many_arguments)]
     fn weight_rows(
         &self,
         (b, h): (usize, usize),
+        head: &Head<'_>,
         rows: &[usize],
         lse: &[f32],
         dst: &mut [f32],
@@ -499,11 +543,11 @@ impl Plan<'_> {
         s: &mut Scratch,
     ) {
         let s_n = self.sh.seq_kv;
-        let kvh = self.sh.kv_head(h);
         self.pack_q(b, h, rows, s);
-        for j0 in (0..s_n).step_by(BLOCK_KV) {
+        for jb in 0..s_n.div_ceil(BLOCK_KV) {
+            let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
-            self.scores(b, kvh, rows.len(), (j0, keys), s);
+            self.scores(head, rows.len(), (jb, keys), s);
             for ((row, &i), dst) in s
                 .tile
                 .chunks_exact_mut(keys)

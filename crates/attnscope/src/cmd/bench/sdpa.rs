@@ -1,6 +1,206 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `attnscope bench sdpa`: times the fused attention kernel on random inputs and prints the
+//! median time and GFLOP/s (FLOPs = 4·batch·n_heads·seq_q·seq_kv·head_dim, halved when causal —
+//! the count `shared/bench/sdpa_torch.py` uses), plus the process's peak memory.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use attn_core::fused::{AttnInputBf16, bf16, set_global_threads};
+use attn_core::{AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightsArg {
+    /// No weights.
+    None,
+    /// The weights of one query row (the middle one) of every head.
+    Row,
+    /// Every row's weights.
+    All,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Query length (and key length unless --seq-kv is given).
+    #[arg(long)]
+    seq: usize,
+    /// Key/value length.
+    #[arg(long)]
+    seq_kv: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long)]
+    heads: usize,
+    #[arg(long)]
+    head_dim: usize,
+    /// Causal mask (bottom-right aligned when --seq-kv differs from --seq).
+    #[arg(long)]
+    causal: bool,
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    dtype: Dtype,
+    /// Worker threads (rayon's global pool).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, value_enum, default_value_t = WeightsArg::None)]
+    weights: WeightsArg,
+    /// Timed repetitions (after one warm-up call); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Print one JSON object instead of a line of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    for (flag, value) in [
+        ("--seq", args.seq),
+        ("--heads", args.heads),
+        ("--head-dim", args.head_dim),
+        ("--batch", args.batch),
+    ] {
+        if value == 0 {
+            bail!("{flag} must be at least 1");
+        }
+    }
+    set_global_threads(args.threads).context("--threads")?;
+    let seq_kv = args.seq_kv.unwrap_or(args.seq);
+    let shape = AttnShape::new(args.batch, args.heads, args.seq, seq_kv, args.head_dim);
+    let options = AttnOptions {
+        causal: args.causal.then_some(Causal::BottomRight),
+        weights: match args.weights {
+            WeightsArg::None => WeightsRequest::None,
+            WeightsArg::Row => WeightsRequest::Rows(vec![args.seq / 2]),
+            WeightsArg::All => WeightsRequest::All,
+        },
+        ..AttnOptions::default()
+    };
+    // Refuse impossible requests before allocating the inputs.
+    options.validate(&shape)?;
+    let numel = |dims: [usize; 4]| -> anyhow::Result<usize> {
+        attn_core::shape::checked_numel(&dims).context("the inputs' size overflows")
+    };
+    let (nq, nk) = (numel(shape.q_dims())?, numel(shape.k_dims())?);
+    let mut rng = Rng(0x5eed);
+    let q: Vec<f32> = (0..nq).map(|_| rng.normal()).collect();
+    let k: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
+    let v: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
+    let mut call: Box<dyn FnMut() -> anyhow::Result<AttnOutput>> = match args.dtype {
+        Dtype::F32 => {
+            let input = AttnInput::new(&q, &k, &v, shape)?;
+            Box::new(move || Ok(attn_core::sdpa(&input, &options)?))
+        }
+        Dtype::Bf16 => {
+            let to_bf16 = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+            let (q, k, v) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
+            Box::new(move || {
+                let input = AttnInputBf16::new(&q, &k, &v, shape)?;
+                Ok(attn_core::sdpa_bf16(&input, &options)?)
+            })
+        }
+    };
+    let first = call()?;
+    let out_bytes = 4
+        * (first.out.len()
+            + first.lse.len()
+            + first.weights.as_ref().map_or(0, |w| w.data().len()));
+    drop(first);
+    let mut times = Vec::with_capacity(args.reps);
+    for _ in 0..args.reps {
+        let t = Instant::now();
+        let out = call()?;
+        times.push(t.elapsed().as_secs_f64());
+        drop(out);
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let flops = 4.0
+        * (args.batch * args.heads) as f64
+        * args.seq as f64
+        * seq_kv as f64
+        * args.head_dim as f64
+        * if args.causal { 0.5 } else { 1.0 };
+    let gflops = flops / median / 1e9;
+    let elem = if args.dtype == Dtype::F32 { 4 } else { 2 };
+    let in_mib = (elem * (nq + 2 * nk)) as f64 / (1 << 20) as f64;
+    let out_mib = out_bytes as f64 / (1 << 20) as f64;
+    let peak_mib = peak_rss_mib();
+    if args.json {
+        let report = serde_json::json!({
+            "impl": "attnscope-fused",
+            "dtype": format!("{:?}", args.dtype).to_lowercase(),
+            "batch": args.batch,
+            "seq": args.seq,
+            "seq_kv": seq_kv,
+            "heads": args.heads,
+            "head_dim": args.head_dim,
+            "causal": args.causal,
+            "threads": args.threads,
+            "weights": format!("{:?}", args.weights).to_lowercase(),
+            "isa": format!("{:?}", attn_core::fused::Isa::best()),
+            "reps": args.reps,
+            "ms": median * 1e3,
+            "gflops": gflops,
+            "inputs_mib": in_mib,
+            "outputs_mib": out_mib,
+            "peak_rss_mib": peak_mib,
+        });
+        println!("{report}");
+    } else {
+        println!(
+            "sdpa {:?} B{} H{} L{} S{} d{}{} weights={:?} threads={}: {:.3} ms (median of {}), \
+             {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
+            args.dtype,
+            args.batch,
+            args.heads,
+            args.seq,
+            seq_kv,
+            args.head_dim,
+            if args.causal { " causal" } else { "" },
+            args.weights,
+            args.threads,
+            median * 1e3,
+            args.reps,
+            gflops,
+            in_mib,
+            out_mib,
+            peak_mib.map_or("unknown".into(), |m| format!("{m:.1} MiB")),
+        );
+    }
+    Ok(())
+}
+
+/// The process's peak resident memory (`VmHWM`), where `/proc` tells it.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// A small deterministic generator (SplitMix64), so every run times the same inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A standard normal value (Box–Muller), like the `torch.randn` inputs of the PyTorch side.
+    fn normal(&mut self) -> f32 {
+        let u1 = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
 }

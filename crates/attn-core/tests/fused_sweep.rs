@@ -1,0 +1,566 @@
+//! The fused kernel against the reference twin on a randomized sweep of awkward shapes and
+//! every option, on each instruction set this CPU runs (AVX-512 and the portable fallback),
+//! for f32 and bf16 inputs; plus the golden files on the portable path, and bad input.
+
+mod common;
+
+use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
+use attn_core::options::MAX_WEIGHTS_BYTES;
+use attn_core::{
+    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
+    KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
+};
+use common::{assert_close, golden_files, load_case};
+
+/// The f32 tolerance of fused vs reference: both compute in f32 and differ only in the order
+/// of the sums (a 128-term dot product of N(0,1) values rounds to ~1e-6 relative), so 1e-4
+/// relative to max(1, |x|) leaves a wide margin while catching any wrong mask or scale.
+const TOL: f32 = 1e-4;
+
+/// SplitMix64: reproducible inputs without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Uniform in [-a, a).
+    fn sym(&mut self, a: f32) -> f32 {
+        (self.uniform() * 2.0 - 1.0) * a
+    }
+    fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
+        (0..n).map(|_| self.sym(a)).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// The instruction sets to test here: the portable path always, and the best one.
+fn isas() -> Vec<Isa> {
+    let mut isas = vec![Isa::Portable];
+    if Isa::best() != Isa::Portable {
+        isas.push(Isa::best());
+    }
+    isas
+}
+
+#[test]
+fn avx512_is_used_where_the_cpu_has_it() {
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(
+        Isa::best() == Isa::Avx512,
+        std::arch::is_x86_feature_detected!("avx512f")
+    );
+    assert!(Isa::Portable.is_available());
+}
+
+/// Options number `which` of the sweep (0..=11), built for `shape`.
+fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str, AttnOptions) {
+    let (b, h, l, s) = (shape.batch, shape.n_heads, shape.seq_q, shape.seq_kv);
+    let bool_mask = |rng: &mut Rng| {
+        // [B, 1, L, S], about 30% hidden; row 0 of batch 0 fully hidden.
+        let data = (0..b * l * s)
+            .map(|idx| idx >= s && rng.uniform() > 0.3)
+            .collect();
+        BoolMask::from_vec(data, &[b, 1, l, s]).unwrap()
+    };
+    let float_mask = |rng: &mut Rng| {
+        // [L, S] of small values, about 10% −∞.
+        let data = (0..l * s)
+            .map(|_| {
+                if rng.uniform() < 0.1 {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.sym(2.0)
+                }
+            })
+            .collect();
+        FloatMask::from_vec(data, &[l, s]).unwrap()
+    };
+    let padding = |rng: &mut Rng| {
+        // Batch 0 keeps a random prefix (possibly empty), the others everything.
+        let lengths: Vec<usize> = (0..b)
+            .map(|bi| if bi == 0 { rng.below(s + 1) } else { s })
+            .collect();
+        KeyPadding::from_lengths(&lengths, s).unwrap()
+    };
+    let slopes: Vec<f32> = (0..h).map(|i| 0.5f32.powi(i as i32 + 1)).collect();
+    let window = Window {
+        left: Some(5),
+        right: Some(3),
+    };
+    let o = AttnOptions::default();
+    match which {
+        0 => ("plain", o),
+        1 => (
+            "causal top-left",
+            AttnOptions {
+                causal: Some(Causal::TopLeft),
+                ..o
+            },
+        ),
+        2 => (
+            "causal bottom-right",
+            AttnOptions {
+                causal: Some(Causal::BottomRight),
+                ..o
+            },
+        ),
+        3 => (
+            "window",
+            AttnOptions {
+                window: Some(window),
+                ..o
+            },
+        ),
+        4 => (
+            "causal bottom-right + left window",
+            AttnOptions {
+                causal: Some(Causal::BottomRight),
+                window: Some(Window {
+                    left: Some(10),
+                    right: None,
+                }),
+                ..o
+            },
+        ),
+        5 => (
+            "bool mask",
+            AttnOptions {
+                bool_mask: Some(bool_mask(rng)),
+                ..o
+            },
+        ),
+        6 => (
+            "float mask with -inf",
+            AttnOptions {
+                float_mask: Some(float_mask(rng)),
+                ..o
+            },
+        ),
+        7 => (
+            "key padding",
+            AttnOptions {
+                key_padding: Some(padding(rng)),
+                ..o
+            },
+        ),
+        8 => (
+            "alibi + causal",
+            AttnOptions {
+                alibi: Some(slopes),
+                causal: Some(Causal::TopLeft),
+                ..o
+            },
+        ),
+        9 => (
+            "softcap + scale",
+            AttnOptions {
+                softcap: Some(5.0),
+                scale: Some(0.5),
+                ..o
+            },
+        ),
+        10 => (
+            "dropout",
+            AttnOptions {
+                dropout: Some(Dropout { p: 0.3, seed: 7 }),
+                ..o
+            },
+        ),
+        _ => (
+            "everything",
+            AttnOptions {
+                scale: Some(0.3),
+                softcap: Some(8.0),
+                alibi: Some(slopes),
+                float_mask: Some(float_mask(rng)),
+                causal: Some(Causal::BottomRight),
+                window: Some(window),
+                bool_mask: Some(bool_mask(rng)),
+                key_padding: Some(padding(rng)),
+                dropout: Some(Dropout { p: 0.2, seed: 3 }),
+                weights: WeightsRequest::None,
+            },
+        ),
+    }
+}
+
+const OPTIONS: usize = 12;
+
+/// The weights request number `which` (0..=2) for `seq_q` queries.
+fn weights_for(which: usize, seq_q: usize) -> WeightsRequest {
+    match which {
+        0 => WeightsRequest::All,
+        1 if seq_q > 0 => WeightsRequest::Rows(vec![seq_q - 1, 0, seq_q / 2]),
+        1 => WeightsRequest::Rows(vec![]),
+        _ => WeightsRequest::HeadAverage,
+    }
+}
+
+/// Asserts that `got` matches the reference `want` for case `name`.
+fn assert_same(name: &str, got: &AttnOutput, want: &AttnOutput, tol: f32) {
+    assert!(
+        got.out.iter().chain(&got.lse).all(|x| !x.is_nan()),
+        "{name}: NaN in the output"
+    );
+    assert_close("out", name, &got.out, &want.out, tol);
+    assert_close("lse", name, &got.lse, &want.lse, tol);
+    match (&got.weights, &want.weights) {
+        (None, None) => {}
+        (Some(Weights::All(g)), Some(Weights::All(w)))
+        | (Some(Weights::HeadAverage(g)), Some(Weights::HeadAverage(w))) => {
+            assert_close("weights", name, g, w, tol)
+        }
+        (Some(Weights::Rows { rows: gr, data: g }), Some(Weights::Rows { rows: wr, data: w })) => {
+            assert_eq!(gr, wr, "{name}: rows");
+            assert_close("weights", name, g, w, tol);
+        }
+        (g, w) => panic!(
+            "{name}: weights kind differs: {:?} vs {:?}",
+            g.as_ref().map(|x| x.data().len()),
+            w.as_ref().map(|x| x.data().len())
+        ),
+    }
+}
+
+/// `(seq_q, seq_kv)` pairs of the sweep: the lengths, equal and unequal, and 0.
+const SEQS: [(usize, usize); 14] = [
+    (1, 1),
+    (7, 7),
+    (63, 63),
+    (65, 65),
+    (129, 129),
+    (1000, 1000),
+    (7, 65),
+    (65, 7),
+    (1, 129),
+    (129, 63),
+    (63, 1000),
+    (200, 130),
+    (0, 5),
+    (5, 0),
+];
+const HEAD_DIMS: [usize; 5] = [8, 40, 64, 80, 128];
+/// `(n_heads, n_kv_heads)`: plain, grouped-query and multi-query.
+const HEADS: [(usize, usize); 3] = [(2, 2), (4, 2), (3, 1)];
+
+/// Runs every (shape, options) combination of the sweep for each instruction set; `seqs` picks
+/// which lengths, so the large ones can get a lighter option set.
+fn sweep(seqs: &[(usize, usize)], options: impl Fn(usize) -> Vec<usize>) {
+    let mut rng = Rng(42);
+    let mut cases = 0;
+    for (si, &(seq_q, seq_kv)) in seqs.iter().enumerate() {
+        for (di, &head_dim) in HEAD_DIMS.iter().enumerate() {
+            let (n_heads, n_kv_heads) = HEADS[(si + di) % HEADS.len()];
+            let shape = AttnShape {
+                batch: 1 + (si + di) % 2,
+                n_heads,
+                n_kv_heads,
+                seq_q,
+                seq_kv,
+                head_dim,
+                // value_dim differs from head_dim in some cases.
+                value_dim: if di % 2 == 0 { head_dim } else { 24 },
+            };
+            let q = rng.vec(shape.q_dims().iter().product(), 1.5);
+            let k = rng.vec(shape.k_dims().iter().product(), 1.5);
+            let v = rng.vec(shape.v_dims().iter().product(), 1.0);
+            let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+            for which in options(si * HEAD_DIMS.len() + di) {
+                let (label, mut opts) = options_for(which, &shape, &mut rng);
+                opts.weights = weights_for((which + di) % 3, seq_q);
+                let want = sdpa_reference(&input, &opts).unwrap();
+                for isa in isas() {
+                    let name = format!("{label} {shape:?} {:?} on {isa:?}", opts.weights);
+                    let got = sdpa_with(isa, &input, &opts).unwrap();
+                    assert_same(&name, &got, &want, TOL);
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases > 0);
+}
+
+#[test]
+fn sweep_small_shapes_every_option() {
+    let small: Vec<_> = SEQS
+        .iter()
+        .copied()
+        .filter(|&(l, s)| l * s < 100_000)
+        .collect();
+    sweep(&small, |_| (0..OPTIONS).collect());
+}
+
+#[test]
+fn sweep_long_sequences() {
+    let long: Vec<_> = SEQS
+        .iter()
+        .copied()
+        .filter(|&(l, s)| l * s >= 100_000)
+        .collect();
+    // Each shape gets plain, one causal alignment and two other options, rotating.
+    sweep(&long, |n| vec![0, 1 + n % 2, 3 + n % 4, 7 + n % 5]);
+}
+
+#[test]
+fn huge_logits_stay_finite() {
+    // q·k·scale reaches ~±1e4: scores must neither overflow nor turn into NaN. The tolerance
+    // is the golden `hugelogits_*` one: f32 rounding of a score near 1e4 alone moves a weight
+    // by ~1e-4.
+    let mut rng = Rng(9);
+    for causal in [None, Some(Causal::BottomRight)] {
+        let shape = AttnShape::new(1, 2, 65, 129, 64);
+        let q = rng.vec(2 * 65 * 64, 60.0);
+        let k = rng.vec(2 * 129 * 64, 60.0);
+        let v = rng.vec(2 * 129 * 64, 1.0);
+        let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+        let opts = AttnOptions {
+            causal,
+            weights: WeightsRequest::All,
+            ..AttnOptions::default()
+        };
+        let want = sdpa_reference(&input, &opts).unwrap();
+        let max_lse = want.lse.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
+        assert!(max_lse > 1e3, "the inputs should give huge logits");
+        for isa in isas() {
+            let got = sdpa_with(isa, &input, &opts).unwrap();
+            assert!(got.out.iter().chain(&got.lse).all(|x| x.is_finite()));
+            assert_same(
+                &format!("huge logits {causal:?} on {isa:?}"),
+                &got,
+                &want,
+                1e-3,
+            );
+        }
+    }
+}
+
+#[test]
+fn fully_masked_rows_give_zero_and_minus_infinity() {
+    // Bottom-right causal with seq_q > seq_kv: the first seq_q − seq_kv rows see no key.
+    let shape = AttnShape::new(1, 1, 70, 3, 8);
+    let mut rng = Rng(5);
+    let (q, k, v) = (
+        rng.vec(70 * 8, 1.0),
+        rng.vec(3 * 8, 1.0),
+        rng.vec(3 * 8, 1.0),
+    );
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let opts = AttnOptions {
+        causal: Some(Causal::BottomRight),
+        weights: WeightsRequest::All,
+        ..AttnOptions::default()
+    };
+    for isa in isas() {
+        let got = sdpa_with(isa, &input, &opts).unwrap();
+        for i in 0..67 {
+            assert_eq!(got.lse[i], f32::NEG_INFINITY, "row {i} on {isa:?}");
+            assert!(got.out[i * 8..][..8].iter().all(|&x| x == 0.0));
+        }
+        assert!(got.lse[67..].iter().all(|x| x.is_finite()));
+        let Some(Weights::All(w)) = &got.weights else {
+            panic!("no weights")
+        };
+        assert!(w[..67 * 3].iter().all(|&x| x == 0.0));
+        // Each visible row's weights sum to 1.
+        for row in w[67 * 3..].chunks(3) {
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn golden_cases_on_the_portable_path() {
+    for path in golden_files("sdpa") {
+        let case = load_case(&path);
+        let input = AttnInput::new(&case.q, &case.k, &case.v, case.shape).unwrap();
+        let opts = AttnOptions {
+            weights: WeightsRequest::All,
+            ..case.options.clone()
+        };
+        let got = sdpa_with(Isa::Portable, &input, &opts).unwrap();
+        let tol = case.tolerance;
+        assert_close("out", &case.name, &got.out, &case.expected_out, tol);
+        assert_close("lse", &case.name, &got.lse, &case.expected_lse, 1e-4);
+        let Some(Weights::All(w)) = got.weights else {
+            panic!("{}: no weights", case.name)
+        };
+        assert_close("weights", &case.name, &w, &case.expected_weights, tol);
+    }
+}
+
+#[test]
+fn bf16_matches_the_reference_on_rounded_inputs() {
+    // Tolerance: widening bf16 to f32 is exact, and a product of two bf16 values (8-bit
+    // significands) is exact in f32 (24 bits), so the fused bf16 kernel and the reference run
+    // on the widened inputs differ only in the order of f32 sums, as in the f32 sweep: TOL.
+    // Against the unrounded f32 inputs the difference is the bf16 rounding itself (relative
+    // 2^-9 per input), checked loosely below to show the inputs really are bf16.
+    let mut rng = Rng(11);
+    for (si, &(seq_q, seq_kv)) in [(1, 1), (7, 65), (65, 7), (129, 129), (200, 1000)]
+        .iter()
+        .enumerate()
+    {
+        for (di, &head_dim) in HEAD_DIMS.iter().enumerate() {
+            let (n_heads, n_kv_heads) = HEADS[(si + di) % HEADS.len()];
+            let shape = AttnShape {
+                batch: 1,
+                n_heads,
+                n_kv_heads,
+                seq_q,
+                seq_kv,
+                head_dim,
+                value_dim: head_dim,
+            };
+            let round = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+            let widen = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
+            let q = round(rng.vec(shape.q_dims().iter().product(), 1.5));
+            let k = round(rng.vec(shape.k_dims().iter().product(), 1.5));
+            let v = round(rng.vec(shape.v_dims().iter().product(), 1.0));
+            let (qf, kf, vf) = (widen(&q), widen(&k), widen(&v));
+            let (label, mut opts) = options_for((si + di) % OPTIONS, &shape, &mut rng);
+            opts.weights = weights_for(di % 3, seq_q);
+            let want = sdpa_reference(&AttnInput::new(&qf, &kf, &vf, shape).unwrap(), &opts);
+            let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
+            for isa in isas() {
+                let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
+                let name = format!("bf16 {label} {shape:?} on {isa:?}");
+                assert_same(&name, &got, want.as_ref().unwrap(), TOL);
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_default_entry_uses_the_best_isa() {
+    let shape = AttnShape::new(1, 2, 33, 47, 40);
+    let mut rng = Rng(1);
+    let q: Vec<bf16> = rng
+        .vec(2 * 33 * 40, 1.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let k: Vec<bf16> = rng
+        .vec(2 * 47 * 40, 1.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let v: Vec<bf16> = rng
+        .vec(2 * 47 * 40, 1.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
+    let opts = AttnOptions::default();
+    let got = attn_core::sdpa_bf16(&input, &opts).unwrap();
+    let want = sdpa_bf16_with(Isa::Portable, &input, &opts).unwrap();
+    assert_same("bf16 default", &got, &want, TOL);
+    assert!(matches!(
+        AttnInputBf16::new(&q[1..], &k, &v, shape),
+        Err(AttnError::LengthMismatch { tensor: "q", .. })
+    ));
+}
+
+#[test]
+fn bad_input_is_rejected_like_the_reference() {
+    let shape = AttnShape::new(2, 4, 5, 6, 8);
+    let q = vec![0.1f32; 2 * 4 * 5 * 8];
+    let kv = vec![0.2f32; 2 * 4 * 6 * 8];
+    let input = AttnInput::new(&q, &kv, &kv, shape).unwrap();
+    let o = AttnOptions::default;
+    let bad = [
+        AttnOptions {
+            alibi: Some(vec![0.5; 3]),
+            ..o()
+        },
+        AttnOptions {
+            softcap: Some(0.0),
+            ..o()
+        },
+        AttnOptions {
+            scale: Some(f32::NAN),
+            ..o()
+        },
+        AttnOptions {
+            dropout: Some(Dropout { p: 1.0, seed: 0 }),
+            ..o()
+        },
+        AttnOptions {
+            weights: WeightsRequest::Rows(vec![5]),
+            ..o()
+        },
+        AttnOptions {
+            bool_mask: Some(BoolMask::from_vec(vec![true; 3 * 6], &[3, 6]).unwrap()),
+            ..o()
+        },
+        AttnOptions {
+            float_mask: Some(FloatMask::from_vec(vec![f32::NAN; 6], &[6]).unwrap()),
+            ..o()
+        },
+        AttnOptions {
+            key_padding: Some(KeyPadding::from_vec(vec![true; 6], 1, 6).unwrap()),
+            ..o()
+        },
+    ];
+    for opts in &bad {
+        let want = sdpa_reference(&input, opts).unwrap_err();
+        for isa in isas() {
+            // Compared as text: a NaN inside an error is never `==` to itself.
+            let got = sdpa_with(isa, &input, opts).unwrap_err();
+            assert_eq!(format!("{got:?}"), format!("{want:?}"));
+        }
+    }
+    // Bad head grouping is caught by `validate` even if the input was built by hand.
+    let bad_shape = AttnShape {
+        n_kv_heads: 3,
+        ..shape
+    };
+    let input = AttnInput {
+        q: &q,
+        k: &kv,
+        v: &kv,
+        shape: bad_shape,
+    };
+    assert_eq!(
+        sdpa(&input, &o()).unwrap_err(),
+        AttnError::HeadsNotDivisible {
+            n_heads: 4,
+            n_kv_heads: 3
+        }
+    );
+}
+
+#[test]
+fn huge_weights_are_refused_before_allocating() {
+    // 2^20 × 2^20 f32 weights are 4 TiB, far above MAX_WEIGHTS_BYTES (8 GiB); the call must
+    // fail at once with TooLarge (it would need hours and terabytes otherwise).
+    let n = 1 << 20;
+    let shape = AttnShape::new(1, 1, n, n, 1);
+    let x = vec![0.0f32; n];
+    let input = AttnInput::new(&x, &x, &x, shape).unwrap();
+    for weights in [WeightsRequest::All, WeightsRequest::HeadAverage] {
+        let opts = AttnOptions {
+            weights,
+            ..AttnOptions::default()
+        };
+        match sdpa(&input, &opts) {
+            Err(AttnError::TooLarge { bytes, shape, .. }) => {
+                assert_eq!(bytes, 4 << 40);
+                assert!(bytes > MAX_WEIGHTS_BYTES);
+                assert_eq!(shape.last(), Some(&n));
+            }
+            other => panic!("expected TooLarge, got {:?}", other.map(|o| o.out.len())),
+        }
+    }
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Fused attention vs PyTorch's CPU scaled_dot_product_attention, measured in the same run.
+#
+# usage: scripts/bench-sdpa.sh            (after: cargo build --release -p attnscope)
+# env:   PYTHON   python with torch (default python3)
+#        ROUNDS   alternations per shape, ours then PyTorch (default 3)
+#        THREADS  threads for both sides (default 2)
+#
+# For each shape it runs `attnscope bench sdpa --json` and `shared/bench/sdpa_torch.py`
+# alternately, takes the median GFLOP/s of each side over the rounds, and prints the ratio
+# ours/PyTorch next to the issue's target. Then: the 65536² run's peak memory, and what one
+# query row's weights add to a call (again alternating).
+set -euo pipefail
+
+root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+shared="$root/../shared"
+ours="$root/target/release/attnscope"
+torch_py="$shared/bench/sdpa_torch.py"
+PYTHON=${PYTHON:-python3}
+ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-2}
+
+[[ -x "$ours" ]] || { echo "error: $ours missing: run cargo build --release -p attnscope" >&2; exit 1; }
+[[ -f "$torch_py" ]] || { echo "error: $torch_py missing (shared/ must sit next to the repo)" >&2; exit 1; }
+"$PYTHON" -c "import torch" 2>/dev/null || { echo "error: $PYTHON cannot import torch (set PYTHON)" >&2; exit 1; }
+
+# field NAME JSON: the number after "NAME": in a one-line JSON object.
+field() { sed -E "s/.*\"$1\": ?([-0-9.eE+]+).*/\1/" <<<"$2"; }
+# median of the numbers given as arguments.
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+printf '%-34s %10s %10s %8s %8s\n' "shape (threads=$THREADS, rounds=$ROUNDS)" "ours GF/s" "torch GF/s" "ratio" "target"
+# compare LABEL TARGET DTYPE SEQ HEADS [--causal]
+compare() {
+  local label=$1 target=$2 dtype=$3 seq=$4 heads=$5; shift 5
+  local ours_g=() torch_g=() r
+  for ((r = 0; r < ROUNDS; r++)); do
+    ours_g+=("$(field gflops "$("$ours" bench sdpa --seq "$seq" --heads "$heads" --head-dim 64 \
+      --dtype "$dtype" --threads "$THREADS" --reps 5 --json "$@")")")
+    torch_g+=("$(field gflops "$("$PYTHON" "$torch_py" --seq "$seq" --heads "$heads" --head-dim 64 \
+      --dtype "$dtype" --threads "$THREADS" --reps 5 "$@")")")
+  done
+  local o t
+  o=$(median "${ours_g[@]}")
+  t=$(median "${torch_g[@]}")
+  printf '%-34s %10.1f %10.1f %7.2fx %7sx\n' "$label" "$o" "$t" "$(awk -v o="$o" -v t="$t" 'BEGIN {print o / t}')" "$target"
+}
+
+compare "f32 B1 H8 L=S=2048 d64"        2.0 f32 2048 8
+compare "f32 B1 H8 L=S=2048 d64 causal" 2.0 f32 2048 8 --causal
+compare "f32 B1 H8 L=S=512 d64"         1.8 f32 512 8
+compare "f32 B1 H2 L=S=8192 d64"        1.8 f32 8192 2
+compare "bf16 B1 H8 L=S=2048 d64"       3.0 bf16 2048 8
+
+echo
+big=$("$ours" bench sdpa --seq 65536 --heads 1 --head-dim 64 --threads "$THREADS" --reps 1 --json)
+in_mib=$(field inputs_mib "$big"); out_mib=$(field outputs_mib "$big"); peak=$(field peak_rss_mib "$big")
+extra=$(awk -v p="$peak" -v i="$in_mib" -v o="$out_mib" 'BEGIN {print p - i - o}')
+printf 'f32 H1 L=S=65536 d64: %.0f ms, %.1f GFLOP/s; peak RSS %.1f MiB = inputs %.1f + outputs %.1f + %.1f MiB (target < 64)\n' \
+  "$(field ms "$big")" "$(field gflops "$big")" "$peak" "$in_mib" "$out_mib" "$extra"
+
+none_ms=() row_ms=()
+for ((r = 0; r < ROUNDS; r++)); do
+  none_ms+=("$(field ms "$("$ours" bench sdpa --seq 2048 --heads 8 --head-dim 64 --threads "$THREADS" --reps 9 --json)")")
+  row_ms+=("$(field ms "$("$ours" bench sdpa --seq 2048 --heads 8 --head-dim 64 --threads "$THREADS" --reps 9 --weights row --json)")")
+done
+n=$(median "${none_ms[@]}"); w=$(median "${row_ms[@]}")
+printf 'f32 H8 L=S=2048 d64, one row of weights: %.2f ms vs %.2f ms without: %+.1f%% (target < 5%%)\n' \
+  "$w" "$n" "$(awk -v w="$w" -v n="$n" 'BEGIN {print (w / n - 1) * 100}')"
