@@ -7,10 +7,33 @@ use attn_core::{
     AttnOptions, BoolMask, KeyPadding, MhaConfig, MhaInput, MultiheadAttention, StateDict, Weights,
     WeightsRequest,
 };
-use common::{assert_close, golden_files, load_tensors};
+use common::{Tensor, assert_close, golden_files, load_tensors};
+use serde_json::Value;
+use std::collections::HashMap;
 
-fn meta_usize(md: &std::collections::HashMap<String, serde_json::Value>, key: &str) -> usize {
+fn meta_usize(md: &HashMap<String, Value>, key: &str) -> usize {
     md[key].as_u64().unwrap_or_else(|| panic!("metadata {key}")) as usize
+}
+
+/// The module of a golden file: sizes from the metadata, weights from the `state.` tensors.
+fn load_module(t: &HashMap<String, Tensor>, md: &HashMap<String, Value>) -> MultiheadAttention {
+    let config = MhaConfig::with_kv_dims(
+        meta_usize(md, "embed_dim"),
+        meta_usize(md, "num_heads"),
+        meta_usize(md, "kdim"),
+        meta_usize(md, "vdim"),
+    )
+    .unwrap();
+    MultiheadAttention::from_state_dict(config, &state_dict(t)).unwrap()
+}
+
+fn state_dict(t: &HashMap<String, Tensor>) -> StateDict {
+    t.iter()
+        .filter_map(|(k, v)| {
+            let k = k.strip_prefix("state.")?;
+            Some((k.to_string(), (v.dims.clone(), v.f32.clone())))
+        })
+        .collect()
 }
 
 #[test]
@@ -20,21 +43,7 @@ fn every_golden_mha_case_matches_pytorch() {
     for path in files {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         let (mut t, md) = load_tensors(&path);
-        let config = MhaConfig::with_kv_dims(
-            meta_usize(&md, "embed_dim"),
-            meta_usize(&md, "num_heads"),
-            meta_usize(&md, "kdim"),
-            meta_usize(&md, "vdim"),
-        )
-        .unwrap();
-        let state: StateDict = t
-            .iter()
-            .filter_map(|(k, v)| {
-                let k = k.strip_prefix("state.")?;
-                Some((k.to_string(), (v.dims.clone(), v.f32.clone())))
-            })
-            .collect();
-        let mha = MultiheadAttention::from_state_dict(config, &state).unwrap();
+        let mha = load_module(&t, &md);
 
         let (query, key, value) = (
             t.remove("query").unwrap(),
@@ -84,15 +93,7 @@ fn packed_and_separate_projections_agree() {
     let (t, _) = load_tensors(&path);
     let e = 16;
     let config = MhaConfig::new(e, 4).unwrap();
-    let packed: StateDict = t
-        .iter()
-        .filter_map(|(k, v)| {
-            Some((
-                k.strip_prefix("state.")?.to_string(),
-                (v.dims.clone(), v.f32.clone()),
-            ))
-        })
-        .collect();
+    let packed = state_dict(&t);
     let mut separate = packed.clone();
     let (_, w) = separate.remove("in_proj_weight").unwrap();
     for (i, name) in ["q_proj_weight", "k_proj_weight", "v_proj_weight"]
@@ -111,4 +112,56 @@ fn packed_and_separate_projections_agree() {
         a.forward(&input, &options).unwrap(),
         b.forward(&input, &options).unwrap()
     );
+}
+
+#[test]
+fn causal_option_and_minus_infinity_mask_equal_the_golden_causal_mask() {
+    // The golden causal cases pass triu(ones(L, S), 1) as "ignore": query i sees keys j ≤ i,
+    // which is `Causal::TopLeft`, and also a float mask of −∞ above the diagonal.
+    let files: Vec<_> = golden_files("mha")
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("causal_avg"))
+        .collect();
+    assert_eq!(files.len(), 4, "one causal_avg case per module spec");
+    for path in files {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let (t, md) = load_tensors(&path);
+        let mha = load_module(&t, &md);
+        let (query, key, value) = (&t["query"], &t["key"], &t["value"]);
+        let input = MhaInput {
+            query: &query.f32,
+            key: &key.f32,
+            value: &value.f32,
+            batch: query.dims[0],
+            seq_q: query.dims[1],
+            seq_kv: key.dims[1],
+        };
+        let ignore = &t["attn_mask_ignore"];
+        let additive = ignore
+            .bool
+            .iter()
+            .map(|&i| if i { f32::NEG_INFINITY } else { 0.0 })
+            .collect();
+        for options in [
+            AttnOptions {
+                causal: Some(attn_core::Causal::TopLeft),
+                ..AttnOptions::default()
+            },
+            AttnOptions {
+                float_mask: Some(attn_core::FloatMask::from_vec(additive, &ignore.dims).unwrap()),
+                ..AttnOptions::default()
+            },
+        ] {
+            let options = AttnOptions {
+                weights: WeightsRequest::HeadAverage,
+                ..options
+            };
+            let got = mha.forward(&input, &options).unwrap();
+            assert_close("out", &name, &got.out, &t["expected_out"].f32, 1e-5);
+            let Some(Weights::HeadAverage(w)) = got.weights else {
+                panic!("{name}: no averaged weights")
+            };
+            assert_close("weights", &name, &w, &t["expected_weights"].f32, 1e-5);
+        }
+    }
 }
