@@ -57,6 +57,15 @@ impl MhaConfig {
                 });
             }
         }
+        // The packed projection [3E, max(E, kdim, vdim)] must be countable.
+        let widest = embed_dim.max(kdim).max(vdim);
+        if crate::shape::checked_numel(&[3, embed_dim, widest]).is_none() {
+            return Err(AttnError::TooLarge {
+                what: "the three input projections",
+                shape: vec![3, embed_dim, widest],
+                bytes: u128::MAX,
+            });
+        }
         Ok(MhaConfig {
             embed_dim,
             num_heads,

@@ -414,6 +414,14 @@ fn too_large_weights_are_refused_before_allocating() {
     ] {
         assert!(matches!(err, AttnError::TooLarge { bytes, .. } if bytes == 4 << 40));
     }
+    // A module whose projection weights could not even be counted.
+    assert!(matches!(
+        MhaConfig::new(1 << 40, 1),
+        Err(AttnError::TooLarge {
+            what: "the three input projections",
+            ..
+        })
+    ));
     // Dims whose product overflows usize.
     let huge = AttnShape::new(usize::MAX, 2, 1, 1, 1);
     assert!(matches!(
