@@ -59,6 +59,7 @@ pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle)
         .unwrap_or(0)
         .max(8);
     let max = rows.iter().map(|(_, w)| *w).fold(0.0f32, f32::max);
+    let decimals = decimals_for(max);
     let mut out = String::new();
     for (index, (label, weight)) in rows.iter().enumerate() {
         let pad = " ".repeat(label_width - label.chars().count());
@@ -69,13 +70,23 @@ pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle)
             } else {
                 ("", CYAN)
             };
-            format!("  {on}{label}{RESET}{pad} [{weight:.2}]  {colour}{bar}{RESET}")
+            format!("  {on}{label}{RESET}{pad} [{weight:.decimals$}]  {colour}{bar}{RESET}")
         } else {
-            format!("  {label}{pad} [{weight:.2}]  {bar}")
+            format!("  {label}{pad} [{weight:.decimals$}]  {bar}")
         };
         let _ = writeln!(out, "{line}");
     }
     out
+}
+
+/// Two decimals as in the notes, more when even the largest weight is small (long inputs), so
+/// that it shows two significant digits: 0.0037, not 0.00.
+pub fn decimals_for(max: f32) -> usize {
+    if max >= 0.1 || max <= 0.0 {
+        2
+    } else {
+        (-max.log10()).ceil() as usize + 1
+    }
 }
 
 /// The rows a reader should look at first: weights at least half the largest, largest first,

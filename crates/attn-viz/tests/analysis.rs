@@ -4,7 +4,7 @@
 mod common;
 
 use attn_viz::VizError;
-use attn_viz::bars::{BarStyle, bar, heavy, render_bars};
+use attn_viz::bars::{BarStyle, bar, decimals_for, heavy, render_bars};
 use attn_viz::flow::attention_flow;
 use attn_viz::lookup::soft_lookup;
 use attn_viz::select::{Selection, residual_layers, rollout, select};
@@ -408,4 +408,24 @@ fn heavy_words_are_those_at_least_half_the_largest() {
     // At most three.
     assert_eq!(heavy(&[0.2, 0.2, 0.2, 0.2, 0.2]), [0, 1, 2]);
     assert!(heavy(&[0.0, 0.0]).is_empty());
+}
+
+#[test]
+fn small_weights_get_more_decimals() {
+    // Largest ≥ 0.1: the notes' two decimals. 0.05 → -log10 = 1.3 → 3 decimals ("0.050");
+    // 0.0037 → 2.43 → 4 decimals ("0.0037").
+    assert_eq!(decimals_for(0.30), 2);
+    assert_eq!(decimals_for(0.05), 3);
+    assert_eq!(decimals_for(0.0037), 4);
+    assert_eq!(decimals_for(0.0), 2);
+    let rows = vec![("a".to_string(), 0.0037), ("b".to_string(), 0.001)];
+    let lines = render_bars(
+        &rows,
+        &[],
+        BarStyle {
+            width: 4,
+            colour: false,
+        },
+    );
+    assert_eq!(lines, "  a        [0.0037]  ████\n  b        [0.0010]  █\n");
 }

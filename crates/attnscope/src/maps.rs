@@ -41,6 +41,9 @@ pub struct SourceArgs {
     /// n_layers, n_heads, weights) instead of running a model.
     #[arg(long, value_name = "FILE.json", conflicts_with = "model")]
     pub maps: Option<PathBuf>,
+    /// Cut a text longer than the model's positions to fit (the longest segment first).
+    #[arg(long, conflicts_with = "maps")]
+    pub truncate: bool,
 }
 
 impl SourceArgs {
@@ -50,7 +53,7 @@ impl SourceArgs {
             (Some(path), _) => read_maps(path),
             (None, Some(text)) => {
                 let model = self.model.load()?;
-                run_model(&model, text, pair)
+                run_model(&model, text, pair, self.truncate)
             }
             (None, None) => anyhow::bail!("give a TEXT to look at (or --maps FILE.json)"),
         }
@@ -58,8 +61,18 @@ impl SourceArgs {
 }
 
 /// Every layer's and head's attention of `model` on `text` (and `pair`).
-pub fn run_model(model: &Model, text: &str, pair: Option<&str>) -> anyhow::Result<AttentionMaps> {
-    let enc = model.encode(text, pair).context("tokenizing the text")?;
+pub fn run_model(
+    model: &Model,
+    text: &str,
+    pair: Option<&str>,
+    truncate: bool,
+) -> anyhow::Result<AttentionMaps> {
+    let enc = if truncate {
+        model.encode_truncated(text, pair)
+    } else {
+        model.encode(text, pair)
+    }
+    .context("tokenizing the text")?;
     let spinner = spinner(&format!("running {} on {} tokens", model.name(), enc.len()));
     let out = model
         .forward(

@@ -277,6 +277,8 @@ fn model_input_errors_are_clear() {
     fails_with(&["explain", ""], 1, "empty");
     let long = "word ".repeat(600);
     fails_with(&["explain", &long], 1, "512");
+    let cut = ok(&["explain", &long, "--truncate", "--top", "2"]);
+    assert!(cut.contains("Model focuses heavily on:"), "{cut}");
     fails_with(&["explain", MAIN_JOB, "--focus", "dog"], 1, "\"ran\"");
     fails_with(
         &["explain", MAIN_JOB, "--layer", "6"],

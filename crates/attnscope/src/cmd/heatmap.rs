@@ -82,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             for head in 0..maps.n_heads {
                 panels.push(Panel {
                     title: format!("L{layer} H{head}"),
-                    matrix: view.matrix(Selection::Head { layer, head })?,
+                    matrix: view.merge(maps.head(layer, head)?),
                 });
                 if let Some(bar) = &bar {
                     bar.inc(1);
@@ -105,7 +105,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ if args.rollout => Selection::Rollout,
             _ => Selection::All,
         };
-        let matrix = view.matrix(selection)?;
+        let matrix = view.merge(&select(&maps, selection)?);
         let title = format!(
             "{} — {} — {} ({level}{hidden})",
             short(&maps.text),
@@ -133,14 +133,13 @@ struct View<'a> {
 }
 
 impl View<'_> {
-    /// The selection merged into units, the shown ones kept, rows renormalised.
+    /// A token matrix merged into units, the shown ones kept, rows renormalised.
     ///
     /// # Shapes
-    /// `[S, S]` with `S = shown.len()`.
-    fn matrix(&self, selection: Selection) -> anyhow::Result<Vec<f32>> {
-        let m = select(self.maps, selection)?;
-        let merged = merge_matrix(&m, self.maps.seq_len(), self.units);
-        Ok(keep_and_renormalise(&merged, self.units.len(), self.shown))
+    /// `tokens: [T, T]` → `[S, S]` with `S = shown.len()`.
+    fn merge(&self, tokens: &[f32]) -> Vec<f32> {
+        let merged = merge_matrix(tokens, self.maps.seq_len(), self.units);
+        keep_and_renormalise(&merged, self.units.len(), self.shown)
     }
 }
 
