@@ -104,11 +104,26 @@
     return seg[i].segment === (S.filter[0] === "A" ? 0 : 1) && seg[j].segment === (S.filter[1] === "A" ? 0 : 1);
   }
 
+  // The smallest weight (quantised, >= minWeight) whose lines number at most maxLines, so that
+  // long inputs draw their strongest lines quickly instead of a million faint ones.
+  function lineFloor(layer, heads, minWeight, maxLines) {
+    const T = S.T, counts = new Uint32Array(S.scale + 1);
+    for (const h of heads) {
+      const base = (layer * S.H + h) * T * T;
+      for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) if (filterPass(i, j)) counts[S.W[base + i * T + j]]++;
+    }
+    let floor = S.scale + 1, total = 0;
+    const lowest = Math.max(1, Math.round(minWeight * S.scale));
+    while (floor > lowest && total + counts[floor - 1] <= maxLines) total += counts[--floor];
+    return { floor, shown: total, all: counts.reduce((a, b) => a + b, 0) - counts[0] };
+  }
+
   // Lines from queries (x0) to keys (x1), opacity = weight, one colour per head; `only` limits
-  // them to one query ({side: "left"}) or one key ({side: "right"}).
-  function drawLines(ctx, layer, heads, geometry, only, minWeight) {
+  // them to one query ({side: "left"}) or one key ({side: "right"}); weights below minQ
+  // (quantised) are not drawn.
+  function drawLines(ctx, layer, heads, geometry, only, minQ) {
     const { x0, x1, y0, step } = geometry;
-    const T = S.T, minQ = Math.max(1, Math.round(minWeight * S.scale));
+    const T = S.T;
     for (const h of heads) {
       const paths = Array.from({ length: BUCKETS }, () => new Path2D());
       const used = new Array(BUCKETS).fill(false);
@@ -164,11 +179,22 @@
     });
     view.append(left, canvas, right);
     container.appendChild(view);
+    const caption = el("p", "muted", "");
+    container.appendChild(caption);
     let hover = null;
     const draw = () => {
       const ctx = sizedCanvas(canvas, 240, S.T * ROW);
       const heads = headsOf();
-      drawLines(ctx, layerOf(), heads, { x0: 4, x1: 236, y0: 0, step: ROW }, hover, hover ? 0.001 : 0.005);
+      let minQ = 1;
+      if (!hover) {
+        const lines = lineFloor(layerOf(), heads, 0.005, 40000);
+        minQ = lines.floor;
+        caption.textContent = lines.shown < lines.all
+          ? "Showing the " + lines.shown.toLocaleString("en") + " strongest of " + lines.all.toLocaleString("en") +
+            " lines (weight ≥ " + (minQ / S.scale).toFixed(3) + "); point at a token to see all of its lines."
+          : "Point at a token to see only its lines.";
+      }
+      drawLines(ctx, layerOf(), heads, { x0: 4, x1: 236, y0: 0, step: ROW }, hover, minQ);
       for (const tok of view.querySelectorAll(".tok.hover")) tok.classList.remove("hover");
       if (hover) (hover.side === "left" ? left : right).children[hover.index].classList.add("hover");
     };
@@ -205,8 +231,9 @@
         canvas.dataset.layer = layer;
         canvas.dataset.head = h;
         const ctx = sizedCanvas(canvas, size, size);
-        ctx.lineWidth = 0.7;
-        drawLines(ctx, layer, [h], { x0: pad + 6, x1: size - pad - 6, y0: pad, step: (size - 2 * pad) / S.T }, null, 0.01);
+        ctx.lineWidth = S.T > 128 ? 0.35 : 0.7;
+        const minQ = lineFloor(layer, [h], 0.01, 3000).floor;
+        drawLines(ctx, layer, [h], { x0: pad + 6, x1: size - pad - 6, y0: pad, step: (size - 2 * pad) / S.T }, null, minQ);
         grid.appendChild(canvas);
       }
       // Let the browser paint between layers; stop if a newer render started.
@@ -256,8 +283,10 @@
     const width = left + cols.length * cell + barW, height = top + rows.length * cell + 4;
     const ctx = sizedCanvas(canvas, width, height);
     ctx.font = font;
+    const sqrt = $("heatmap-scale").value === "sqrt";
     const colour = (v) => {
-      const t = max > 0 ? v / max : 0; // white -> deep blue, like seaborn's "Blues"
+      const linear = max > 0 ? v / max : 0;
+      const t = sqrt ? Math.sqrt(linear) : linear; // white -> deep blue, like seaborn's "Blues"
       return [Math.round(247 - t * 239), Math.round(251 - t * 203), Math.round(255 - t * 148)];
     };
     const image = ctx.createImageData(cols.length, rows.length);
@@ -410,9 +439,14 @@
 
   function buildControls() {
     $("controls").hidden = false;
+    const clip = (text) => JSON.stringify(text.length > 300 ? text.slice(0, 300) + "…" : text);
     const summary = S.data.model + " · " + S.T + " tokens · " + S.L + " layers × " + S.H + " heads · " +
-      JSON.stringify(S.data.text) + (S.data.pair !== null ? " + " + JSON.stringify(S.data.pair) : "");
+      clip(S.data.text) + (S.data.pair !== null ? " + " + clip(S.data.pair) : "");
     $("summary").textContent = summary;
+    const floor = S.data.weight_floor;
+    $("notice").hidden = !floor;
+    $("notice").textContent = floor ? "To keep this page small, weights below " + (floor / S.scale).toFixed(3) +
+      " are stored as 0; every larger weight is exact to 3 decimals." : "";
     document.title = "attnscope: " + S.data.text.slice(0, 60);
     fillSelect($("layer"), [...Array(S.L).keys()].map((l) => [l, String(l)]), S.layer);
     const hasPair = S.data.tokens.some((t) => t.segment === 1);
@@ -443,6 +477,7 @@
 
   async function render() {
     const renderId = ++S.renderId;
+    const started = performance.now();
     setState("rendering");
     for (const button of document.querySelectorAll("#tabs button")) button.classList.toggle("active", button.dataset.view === S.view);
     for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
@@ -456,7 +491,10 @@
       showError("Could not draw the " + S.view + " view: " + error.message);
       return;
     }
-    if (renderId === S.renderId && document.body.dataset.state !== "error") setState("ready");
+    if (renderId === S.renderId && document.body.dataset.state !== "error") {
+      document.body.dataset.renderMs = Math.round(performance.now() - started);
+      setState("ready");
+    }
   }
 
   function wireControls() {
@@ -465,7 +503,7 @@
     }
     $("layer").addEventListener("change", () => { S.layer = Number($("layer").value); render(); });
     $("filter").addEventListener("change", () => { S.filter = $("filter").value; render(); });
-    for (const id of ["heatmap-head", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
+    for (const id of ["heatmap-head", "heatmap-scale", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
     $("overlay-close").addEventListener("click", () => { $("overlay").hidden = true; $("overlay-body").replaceChildren(); });
     $("overlay").addEventListener("click", (event) => { if (event.target === $("overlay")) $("overlay-close").click(); });
   }

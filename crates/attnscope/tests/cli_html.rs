@@ -67,6 +67,7 @@ fn page_carries_the_models_attention_to_three_decimals() {
     assert_eq!(got_tokens, tokens);
 
     let weights = unpack_weights(&data);
+    assert_eq!(data["weight_floor"], 0, "a short text is stored exactly");
     assert_eq!(weights.len(), expected.len());
     // Rounding to 3 decimals moves a weight by at most 0.0005; allow 1e-5 for the model itself.
     let (worst, at) = weights

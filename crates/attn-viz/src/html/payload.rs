@@ -5,6 +5,12 @@
 //! view are IEEE half floats, packed the same way, for as many layers as a byte budget allows.
 //! The page unpacks both with the browser's own `DecompressionStream("deflate")`, so nothing
 //! but the page itself is needed.
+//!
+//! Size: 3-decimal weights carry about 2.2 bits each on real text (MiniLM, 512 tokens:
+//! 18.9 M weights, 6.4 MB packed), more than a 5 MB file can hold. When a size budget is set and
+//! the exact weights would exceed it, the smallest weights are stored as 0: the payload's
+//! `weight_floor` (in thousandths) says below which; every weight at or above it is still exact
+//! to 3 decimals. Such weights are invisible in every view (line opacity < 0.5 %).
 
 use std::io::Write;
 
@@ -45,14 +51,19 @@ pub struct PageOptions {
     /// How many bytes of packed queries and keys (before compression) may be included; layers
     /// after the first are added, nearest first, while they fit.
     pub qk_budget_bytes: usize,
+    /// Largest payload (bytes of JSON) wanted; weights below a floor are stored as 0 when that
+    /// is what it takes (see the module docs). `None`: always exact.
+    pub size_budget_bytes: Option<usize>,
 }
 
 impl Default for PageOptions {
-    /// Budget for a file that stays well under 5 MB at 512 tokens (MiniLM: two layers).
+    /// Budgets for a file under 5 MB at 512 tokens: queries and keys of one MiniLM layer
+    /// (12 heads × 512 tokens × 32 dims × 2 tensors × 2 bytes = 786 KB), 4.5 MB in all.
     fn default() -> Self {
         Self {
             neuron_layer: None,
-            qk_budget_bytes: 2 << 20,
+            qk_budget_bytes: 1 << 20,
+            size_budget_bytes: Some(4_500_000),
         }
     }
 }
@@ -67,6 +78,8 @@ struct Payload<'a> {
     n_layers: usize,
     n_heads: usize,
     weight_scale: u16,
+    /// Weights below this many thousandths are stored as 0 (0: every weight is exact).
+    weight_floor: u16,
     /// Packed `[n_layers, n_heads, T, T]`.
     weights: String,
     neuron: Option<Neuron>,
@@ -108,7 +121,7 @@ pub fn payload_json(
         Some(qk) => Some(pack_neuron(maps, n_tokens, qk, options)?),
         None => None,
     };
-    let payload = Payload {
+    let mut payload = Payload {
         format: FORMAT,
         model: &maps.model,
         text: &maps.text,
@@ -125,25 +138,84 @@ pub fn payload_json(
         n_layers: maps.n_layers,
         n_heads: maps.n_heads,
         weight_scale: WEIGHT_SCALE,
-        weights: pack_weights(&maps.weights)?,
+        weight_floor: 0,
+        weights: String::new(),
         neuron,
     };
-    serde_json::to_string(&payload).map_err(|source| HtmlError::Encode {
+    let quantised = quantise(&maps.weights);
+    let rest = to_json(&payload)?.len();
+    let weights_budget = options
+        .size_budget_bytes
+        .map(|budget| budget.saturating_sub(rest));
+    (payload.weight_floor, payload.weights) = pack_weights(&quantised, weights_budget)?;
+    to_json(&payload)
+}
+
+fn to_json(payload: &Payload) -> Result<String, HtmlError> {
+    serde_json::to_string(payload).map_err(|source| HtmlError::Encode {
         what: "payload JSON",
         source: source.into(),
     })
 }
 
-/// Quantises weights in `[0, 1]` to 3 decimals and packs them (see the module docs).
-fn pack_weights(weights: &[f32]) -> Result<String, HtmlError> {
-    let mut bytes = Vec::with_capacity(weights.len() + weights.len() / 8);
-    for &w in weights {
-        // Validated finite and not negative; rows sum to 1, and the clamp keeps rounding
-        // excess (1.0000001) at 1000.
-        let q = (w * f32::from(WEIGHT_SCALE))
-            .round()
-            .min(f32::from(WEIGHT_SCALE)) as u16;
-        push_varint(&mut bytes, q);
+/// `round(w * 1000)` for weights validated finite and not negative; rows sum to 1, and the
+/// clamp keeps rounding excess (1.0000001) at 1000.
+fn quantise(weights: &[f32]) -> Vec<u16> {
+    let scale = f32::from(WEIGHT_SCALE);
+    weights
+        .iter()
+        .map(|&w| (w * scale).round().min(scale) as u16)
+        .collect()
+}
+
+/// Floors tried, in thousandths, when the exact weights are over budget.
+const FLOORS: [u16; 8] = [0, 2, 3, 5, 10, 20, 50, 100];
+
+/// Packs quantised weights; returns the floor used and the packed text. With a budget, starts
+/// at the smallest floor whose estimated size fits (order-0 entropy, which deflate matches
+/// or beats on attention), and goes up while the packed text is still over budget.
+fn pack_weights(quantised: &[u16], budget: Option<usize>) -> Result<(u16, String), HtmlError> {
+    let Some(budget) = budget else {
+        return Ok((0, pack_floored(quantised, 0)?));
+    };
+    let mut histogram = vec![0usize; usize::from(WEIGHT_SCALE) + 1];
+    for &q in quantised {
+        histogram[usize::from(q)] += 1;
+    }
+    let start = FLOORS
+        .iter()
+        .position(|&floor| estimated_base64_bytes(&histogram, floor) <= budget)
+        .unwrap_or(FLOORS.len() - 1);
+    let mut packed = (0, String::new());
+    for &floor in &FLOORS[start..] {
+        packed = (floor, pack_floored(quantised, floor)?);
+        if packed.1.len() <= budget {
+            break;
+        }
+    }
+    Ok(packed)
+}
+
+/// Order-0 entropy of the floored values, in base64 bytes.
+fn estimated_base64_bytes(histogram: &[usize], floor: u16) -> usize {
+    let floor = usize::from(floor);
+    let total: usize = histogram.iter().sum();
+    let zeros: usize = histogram[..floor.max(1)].iter().sum();
+    let counts = std::iter::once(zeros).chain(histogram[floor.max(1)..].iter().copied());
+    let bits: f64 = counts
+        .filter(|&c| c > 0)
+        .map(|c| {
+            let c = c as f64;
+            -c * (c / total as f64).log2()
+        })
+        .sum();
+    (bits / 8.0 * 4.0 / 3.0) as usize
+}
+
+fn pack_floored(quantised: &[u16], floor: u16) -> Result<String, HtmlError> {
+    let mut bytes = Vec::with_capacity(quantised.len() + quantised.len() / 8);
+    for &q in quantised {
+        push_varint(&mut bytes, if q < floor { 0 } else { q });
     }
     deflate_base64(&bytes, "weights")
 }
@@ -159,7 +231,7 @@ fn push_varint(bytes: &mut Vec<u8>, value: u16) {
 }
 
 fn deflate_base64(bytes: &[u8], what: &'static str) -> Result<String, HtmlError> {
-    let mut encoder = ZlibEncoder::new(Vec::new(), Compression::fast());
+    let mut encoder = ZlibEncoder::new(Vec::new(), Compression::default());
     encoder
         .write_all(bytes)
         .map_err(|source| HtmlError::Encode { what, source })?;
@@ -320,8 +392,50 @@ mod tests {
         assert_eq!(values, [1000, 0, 250, 750, 123, 877, 500, 500]);
         assert_eq!(json["format"], 1);
         assert_eq!(json["weight_scale"], 1000);
+        assert_eq!(json["weight_floor"], 0);
         assert_eq!(json["tokens"][1]["text"], "b");
         assert!(json["neuron"].is_null());
+    }
+
+    #[test]
+    fn over_budget_weights_get_a_floor_and_stay_exact_above_it() {
+        // 1 layer, 1 head, 40 tokens; row i puts 0.001 * (k % 7) on key k and the rest on key i.
+        let t = 40;
+        let mut weights = vec![0.0f32; t * t];
+        for i in 0..t {
+            let row = &mut weights[i * t..(i + 1) * t];
+            for (k, w) in row.iter_mut().enumerate() {
+                *w = 0.001 * (k % 7) as f32;
+            }
+            let rest: f32 = row.iter().sum::<f32>() - row[i];
+            row[i] = 1.0 - rest;
+        }
+        let exact = quantise(&weights);
+        let (floor, _) = pack_weights(&exact, None).unwrap();
+        assert_eq!(floor, 0);
+        let (floor, packed) = pack_weights(&exact, Some(8)).unwrap();
+        assert_eq!(
+            floor, 100,
+            "nothing fits 8 bytes: the largest floor is used"
+        );
+        let (floor, packed_mid) = pack_weights(&exact, Some(packed.len() + 40)).unwrap();
+        assert!(floor > 0 && floor < 100, "floor {floor}");
+        let got = decode_varints(&unpack(&packed_mid));
+        for (g, e) in got.iter().zip(&exact) {
+            assert_eq!(*g, if *e < floor { 0 } else { *e });
+        }
+    }
+
+    #[test]
+    fn entropy_estimate_counts_only_what_varies() {
+        let mut histogram = vec![0usize; 1001];
+        histogram[0] = 6;
+        assert_eq!(estimated_base64_bytes(&histogram, 0), 0);
+        // Two values, 3 each: 1 bit per value, 6 bits, 0.75 bytes, 1.0 base64 bytes.
+        histogram[0] = 3;
+        histogram[7] = 3;
+        assert_eq!(estimated_base64_bytes(&histogram, 0), 1);
+        assert_eq!(estimated_base64_bytes(&histogram, 8), 0);
     }
 
     #[test]
@@ -353,6 +467,7 @@ mod tests {
         let options = PageOptions {
             neuron_layer: Some(1),
             qk_budget_bytes: 24,
+            size_budget_bytes: None,
         };
         let json: serde_json::Value =
             serde_json::from_str(&payload_json(&maps, Some(&qk), &options).unwrap()).unwrap();
@@ -368,6 +483,7 @@ mod tests {
         let all = PageOptions {
             neuron_layer: Some(1),
             qk_budget_bytes: 48,
+            size_budget_bytes: None,
         };
         let json: serde_json::Value =
             serde_json::from_str(&payload_json(&maps, Some(&qk), &all).unwrap()).unwrap();
