@@ -74,7 +74,7 @@ pub struct Explanation {
     pub focus_is_default: bool,
     /// Rows shown: input order, or heaviest first with `top`.
     pub rows: Vec<Row>,
-    /// The heaviest words ([`bars::heavy`]), heaviest first.
+    /// The heaviest words ([`bars::heavy`]), heaviest first; punctuation is not named.
     pub focuses_on: Vec<String>,
     /// Share of the row's raw weight that went to words not shown (special tokens, the
     /// question's own words).
@@ -181,7 +181,18 @@ pub fn explain(
             raw,
         })
         .collect();
-    let focuses_on = bars::heavy(&shown)
+    // Punctuation keeps its bar but is not named as what the model "focuses on".
+    let wordlike: Vec<f32> = rows
+        .iter()
+        .map(|r| {
+            if r.word.chars().any(char::is_alphanumeric) {
+                r.weight
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let focuses_on = bars::heavy(&wordlike)
         .into_iter()
         .map(|i| rows[i].word.clone())
         .collect();

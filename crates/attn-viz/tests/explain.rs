@@ -260,3 +260,13 @@ fn rendering_follows_the_notes() {
         .contains('\x1b')
     );
 }
+
+#[test]
+fn punctuation_is_shown_but_not_named_as_a_focus() {
+    // "a .": both rows [.3 .7]; "." has the larger bar, but only "a" is named.
+    let tokens = vec![tok("a", Some((0, 1)), 0), tok(".", Some((2, 3)), 0)];
+    let maps = hand_maps("a .", None, tokens, 1, 1, vec![0.3, 0.7, 0.3, 0.7]);
+    let e = run(&maps, &options(Some("a")));
+    assert_eq!(words_and_weights(&e).0, ["a", "."]);
+    assert_eq!(e.focuses_on, ["a"]);
+}
