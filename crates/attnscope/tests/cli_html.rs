@@ -7,7 +7,9 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use explorer_support::{Browser, attnscope, embedded_data, label, tiny_gpt2, unpack_weights};
+use explorer_support::{
+    Browser, attnscope, embedded_data, golden, label, tiny_gpt2, unpack_weights,
+};
 use safetensors::SafeTensors;
 use serde_json::json;
 
@@ -88,6 +90,71 @@ fn page_carries_the_models_attention_to_three_decimals() {
     assert_eq!(data["neuron"]["causal"], true);
     assert_eq!(data["neuron"]["head_dim"], 8); // n_embd 32 / n_head 4
     assert_eq!(data["neuron"]["layers"], json!([1, 0])); // the last layer first, both fit
+}
+
+/// The default model (all-MiniLM-L6-v2, fetched into the cache on first use) on the golden
+/// text: the page's weights match transformers' to 3 decimals, and the neuron view's own
+/// softmax of q·k (half-float q and k) matches the model's weights for every head.
+#[test]
+fn real_model_page_matches_golden_and_neuron_view_agrees() {
+    let bytes = std::fs::read(golden().join("minilm/text00.safetensors")).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = meta.metadata().as_ref().unwrap();
+    let text: String = serde_json::from_str(&meta["text"]).unwrap();
+    let golden_tensors = SafeTensors::deserialize(&bytes).unwrap();
+    let expected = f32s(&golden_tensors, "attentions"); // [6, 12, 15, 15]
+
+    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("minilm.html");
+    let output = attnscope()
+        .args(["html", &text, "-o"])
+        .arg(&out)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
+    let weights = unpack_weights(&data);
+    assert_eq!(weights.len(), expected.len());
+    let worst = weights
+        .iter()
+        .zip(&expected)
+        .map(|(g, e)| (g - e).abs())
+        .fold(0.0f32, f32::max);
+    // Rounding to 3 decimals: at most 0.0005; the model itself: 1e-5 (attn-models' golden test).
+    assert!(worst <= 0.0005 + 1e-5, "max |error| {worst}");
+    assert_eq!(data["neuron"]["layers"], json!([5, 4, 3, 2, 1, 0]));
+
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}?view=neuron", out.display()));
+    browser.expect_ready();
+    let mut worst = 0.0f64;
+    for head in 0..12 {
+        let pairs = browser.exec(
+            "document.getElementById('neuron-query').value = '12';
+             const h = document.getElementById('neuron-head'); h.value = String(arguments[0]);
+             h.dispatchEvent(new Event('change'));
+             return [...document.querySelectorAll('#neuron-body tr')].slice(1)
+                 .map(r => [Number(r.cells[5].textContent), Number(r.cells[6].textContent)]);",
+            json!([head]),
+        );
+        let pairs = pairs.as_array().unwrap();
+        assert_eq!(pairs.len(), 15);
+        for pair in pairs {
+            let (ours, model) = (pair[0].as_f64().unwrap(), pair[1].as_f64().unwrap());
+            worst = worst.max((ours - model).abs());
+        }
+    }
+    // Both columns are rounded to 3 decimals (0.001 apart at most) and half floats move a
+    // score by about 1e-3 (11-bit mantissa on q and k), which moves a weight w by that times w
+    // (measured: 0.001 at most, all from rounding).
+    assert!(
+        worst <= 0.002,
+        "neuron softmax vs model: max |difference| {worst}"
+    );
+    browser.screenshot(dir.path(), "html-minilm-neuron.png");
 }
 
 #[test]

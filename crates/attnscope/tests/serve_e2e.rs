@@ -56,6 +56,15 @@ fn api_answers_and_refuses_clearly() {
         );
     }
 
+    // The neuron view asks for the layer it shows first.
+    let (status, body) = post(
+        &server.api(),
+        &json!({"text": "The cat", "neuron_layer": 0}).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let data: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(data["neuron"]["layers"], json!([0, 1]));
+
     // A body over 1 MiB: 413, as JSON the page can show.
     let big = json!({ "text": "a".repeat((1 << 20) + 1) }).to_string();
     let (status, body) = post(&server.api(), &big);
@@ -190,6 +199,28 @@ fn browser_shows_every_view_of_the_submitted_text() {
     );
     assert_eq!(first_row[2], "1.000", "{first_row}");
     assert_eq!(first_row[3], "1.000", "{first_row}");
+    // The last query sees every key: the softmax of the page's own q·k (from half-float q and
+    // k) must match the model's weights, which checks the q/k layout, scale and masking.
+    browser.exec(
+        "const s = document.getElementById('neuron-query'); s.value = String(s.options.length - 1);
+         s.dispatchEvent(new Event('change')); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    let pairs = browser.exec(
+        "return [...document.querySelectorAll('#neuron-body tr')].slice(1)
+            .map(r => [Number(r.cells[5].textContent), Number(r.cells[6].textContent)]);",
+        json!([]),
+    );
+    let pairs = pairs.as_array().unwrap();
+    assert_eq!(pairs.len(), expected.len());
+    for pair in pairs {
+        let (ours, model) = (pair[0].as_f64().unwrap(), pair[1].as_f64().unwrap());
+        assert!(
+            (ours - model).abs() <= 0.003,
+            "softmax {ours} vs model {model}"
+        );
+    }
     browser.screenshot(dir.path(), "serve-neuron.png");
 
     // A text over the model's limit: the page shows the server's message.
