@@ -267,7 +267,7 @@ fn weighted_rows(matrix: &[f32], rows: &[(usize, f64)], t: usize) -> Vec<f32> {
 }
 
 /// Resolves `"word"` or `"word#n"` (the n-th occurrence, from 1) among `candidates`, ignoring
-/// case. Returns the unit and, when the word is ambiguous, a note saying which one was used.
+/// case, and with raw tokens also the tokenizer's marks (`Ġ`, `▁`, `##`). Returns the unit and, when the word is ambiguous, a note saying which one was used.
 fn find_focus(
     asked: &str,
     units: &[Unit],
@@ -281,11 +281,22 @@ fn find_focus(
         }
         _ => (asked, None),
     };
-    let matches: Vec<usize> = candidates
-        .iter()
-        .copied()
-        .filter(|&u| units[u].label.to_lowercase() == word.to_lowercase())
-        .collect();
+    let find = |key: fn(&str) -> String| -> Vec<usize> {
+        candidates
+            .iter()
+            .copied()
+            .filter(|&u| key(&units[u].label) == key(word))
+            .collect()
+    };
+    // The label as written, else without a tokenizer's marks ("mat" finds GPT-2's "Ġmat").
+    let mut matches = find(|s| s.to_lowercase());
+    if matches.is_empty() {
+        matches = find(|s| {
+            s.trim_start_matches(['Ġ', '▁'])
+                .trim_start_matches("##")
+                .to_lowercase()
+        });
+    }
     if matches.is_empty() {
         let mut available: Vec<String> = Vec::new();
         for &u in candidates {

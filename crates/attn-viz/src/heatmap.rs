@@ -340,9 +340,19 @@ fn draw_cells<DB: DrawingBackend>(
     vmax: f32,
 ) -> DrawResult<DB> {
     let edge = |k: usize| (k as f64 * cell).round() as i32;
+    // Most weights are near 0: one background rectangle in 0's colour, then only the cells of
+    // another colour (a 512-token SVG shrinks several-fold, and looks the same).
+    let background = viridis(0.0);
+    root.draw(&Rectangle::new(
+        [origin, (origin.0 + edge(n), origin.1 + edge(n))],
+        background.filled(),
+    ))?;
     for i in 0..n {
         for j in 0..n {
             let colour = viridis(scale(matrix[i * n + j], vmax));
+            if colour == background {
+                continue;
+            }
             root.draw(&Rectangle::new(
                 [
                     (origin.0 + edge(j), origin.1 + edge(i)),

@@ -3,7 +3,8 @@
 //! A word is a run of tokens of one segment whose byte spans touch (`end == next start`) and join
 //! two letters or digits: `e ##iff ##el` (spans 4..5, 5..8, 8..10 of "The Eiffel") is "Eiffel",
 //! while `paris ,` stays two words ("Paris" and ","). GPT-2's `Ġcat` carries its leading space in
-//! its span under some tokenizers: a space is not a letter, so it starts a new word either way.
+//! its span under some tokenizers: a space is not a letter, so it starts a new word either way;
+//! a token that is only a space (`Ġ` before `un ##believ ##ably`) joins the word after it.
 //! Special tokens are words of their own.
 //!
 //! Merging a `[T, T]` matrix into words: the weight TO a word is the sum over its tokens (the
@@ -48,17 +49,23 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
             span,
             text_len: text.len(),
         })?;
-        let joins = open == Some((token.segment, span.0))
-            && text[..span.0]
-                .chars()
-                .next_back()
-                .is_some_and(char::is_alphanumeric)
-            && piece.chars().next().is_some_and(char::is_alphanumeric);
+        // A unit that is only a space so far (GPT-2's lone "Ġ") is the next word's leading space.
+        let blank_so_far = units
+            .last()
+            .is_some_and(|u| !u.special && u.tokens.iter().all(|&t| blank(maps, t)));
+        let touches = open == Some((token.segment, span.0));
+        let joins = touches
+            && (blank_so_far
+                || text[..span.0]
+                    .chars()
+                    .next_back()
+                    .is_some_and(char::is_alphanumeric)
+                    && piece.chars().next().is_some_and(char::is_alphanumeric));
         match units.last_mut() {
             Some(last) if joins => {
                 last.tokens.push(index);
                 let first = maps.tokens[last.tokens[0]].span.map_or(span.0, |s| s.0);
-                last.label = text[first..span.1].trim().to_string();
+                last.label = label_of(&text[first..span.1], token);
             }
             _ => units.push(Unit {
                 label: label_of(piece, token),
@@ -70,6 +77,15 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
         open = Some((token.segment, span.1));
     }
     Ok(units)
+}
+
+/// Whether token `t`'s span covers only whitespace.
+fn blank(maps: &AttentionMaps, t: usize) -> bool {
+    let token = &maps.tokens[t];
+    match (token.span, maps.segment_text(token.segment)) {
+        (Some((a, b)), Some(text)) => text.get(a..b).is_some_and(|p| p.trim().is_empty()),
+        _ => false,
+    }
 }
 
 /// Every token a unit of its own, labelled as the tokenizer writes it.

@@ -429,3 +429,18 @@ fn small_weights_get_more_decimals() {
     );
     assert_eq!(lines, "  a        [0.0037]  ████\n  b        [0.0010]  █\n");
 }
+
+#[test]
+fn a_lone_space_token_joins_the_word_after_it() {
+    // "a unb": "a" 0..1, "Ġ" 1..2 (only the space), "un" 2..4, "b" 4..5 → "a", "unb".
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("Ġ", Some((1, 2)), 0),
+        tok("un", Some((2, 4)), 0),
+        tok("b", Some((4, 5)), 0),
+    ];
+    let maps = hand_maps("a unb", None, tokens, 1, 1, vec![0.25; 16]);
+    let units = words::words(&maps).unwrap();
+    assert_eq!(labels(&units), ["a", "unb"]);
+    assert_eq!(units[1].tokens, [1, 2, 3]);
+}

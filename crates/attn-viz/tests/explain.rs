@@ -270,3 +270,15 @@ fn punctuation_is_shown_but_not_named_as_a_focus() {
     assert_eq!(words_and_weights(&e).0, ["a", "."]);
     assert_eq!(e.focuses_on, ["a"]);
 }
+
+#[test]
+fn raw_token_focus_ignores_the_tokenizers_marks() {
+    // GPT-2 tokens "The" "Ġcat": --tokens --focus cat finds "Ġcat" (row [.4 .6]).
+    let tokens = vec![tok("The", Some((0, 3)), 0), tok("Ġcat", Some((3, 7)), 0)];
+    let maps = hand_maps("The cat", None, tokens, 1, 1, vec![1.0, 0.0, 0.4, 0.6]);
+    let mut o = options(Some("cat"));
+    o.level = Level::Tokens;
+    let e = run(&maps, &o);
+    assert_eq!(e.focus, "Ġcat");
+    assert_close(&words_and_weights(&e).1, &[0.4, 0.6], 1e-6);
+}
