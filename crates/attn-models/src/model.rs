@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest};
 use faer::Par;
+use rayon::prelude::*;
 
 use crate::checkpoint::Checkpoint;
 use crate::ops::{bias_activation, gemm_bt, residual_bias_add};
@@ -238,6 +239,16 @@ impl Model {
         encs: &[Encoding],
         options: &RunOptions,
     ) -> Result<ModelOutput, ModelError> {
+        self.run_batch(encs, options, parallelism())
+    }
+
+    /// [`Model::forward_batch`] with the GEMMs' parallelism chosen by the caller.
+    fn run_batch(
+        &self,
+        encs: &[Encoding],
+        options: &RunOptions,
+        par: Par,
+    ) -> Result<ModelOutput, ModelError> {
         let c = &self.config;
         if encs.is_empty() {
             return Err(ModelError::EmptyBatch);
@@ -276,7 +287,6 @@ impl Model {
         let (batch, h, n_heads, d) = (encs.len(), c.hidden_size, c.n_heads, c.head_dim());
         let n_layers = c.n_layers;
         let rows = batch * seq_len;
-        let par = parallelism();
         let mut ws = Workspace::new(rows, c);
         self.embed_tokens(encs, seq_len, &mut ws.hidden)?;
 
@@ -422,13 +432,25 @@ impl Model {
             return Err(ModelError::EmptyBatch);
         }
         let encs = texts
-            .iter()
+            .par_iter()
             .map(|t| self.tokenizer.encode(t, None, truncate))
             .collect::<Result<Vec<_>, _>>()?;
+        let threads = rayon::current_num_threads().max(1);
         let mut out = Vec::with_capacity(texts.len());
         for chunk in encs.chunks(EMBED_BATCH) {
-            let run = self.forward_batch(chunk, &RunOptions::default())?;
-            out.extend(self.pool(&run));
+            // Each thread runs its share of the batch on its own: the GEMMs then need no
+            // synchronisation, and each share pads only to its own longest text.
+            let share = chunk.len().div_ceil(threads);
+            let parts: Vec<Result<Vec<Vec<f32>>, ModelError>> = chunk
+                .par_chunks(share)
+                .map(|part| {
+                    let run = self.run_batch(part, &RunOptions::default(), Par::Seq)?;
+                    Ok(self.pool(&run))
+                })
+                .collect();
+            for part in parts {
+                out.extend(part?);
+            }
         }
         Ok(out)
     }

@@ -74,11 +74,70 @@ pub fn gemm_bt(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, y: &mut [f32]
     matmul(y, Accum::Replace, a, b, 1.0f32, par);
 }
 
-/// `y = act(y + bias)` row by row, in one pass.
+/// `y = act(y + bias)` row by row, in one pass, with the widest SIMD the CPU has.
 ///
 /// # Shapes
 /// - `y`: `[rows, n]`, `bias`: `[n]`
 pub fn bias_activation(y: &mut [f32], bias: &[f32], act: Option<Activation>) {
+    match Isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `detect` saw AVX-512F and FMA on this CPU.
+        Isa::Avx512 => unsafe { bias_activation_avx512(y, bias, act) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `detect` saw AVX2 and FMA on this CPU.
+        Isa::Avx2 => unsafe { bias_activation_avx2(y, bias, act) },
+        Isa::Scalar => bias_activation_body(y, bias, act),
+    }
+}
+
+/// The instruction sets the element-wise loops are compiled for, detected once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Scalar,
+}
+
+impl Isa {
+    /// The best instruction set of this CPU (cached after the first call).
+    pub fn detect() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+                    return Isa::Avx512;
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Scalar
+        })
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn bias_activation_avx512(y: &mut [f32], bias: &[f32], act: Option<Activation>) {
+    bias_activation_body(y, bias, act);
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bias_activation_avx2(y: &mut [f32], bias: &[f32], act: Option<Activation>) {
+    bias_activation_body(y, bias, act);
+}
+
+/// The loop every ISA path compiles (inlined so each gets its own vector width).
+#[inline(always)]
+fn bias_activation_body(y: &mut [f32], bias: &[f32], act: Option<Activation>) {
     for row in y.chunks_exact_mut(bias.len()) {
         match act {
             None => row.iter_mut().zip(bias).for_each(|(v, b)| *v += b),
@@ -112,9 +171,7 @@ impl LayerNorm {
     /// # Shapes
     /// - `x`: `[rows, n]` with `n = gamma.len()`
     pub fn apply(&self, x: &mut [f32]) {
-        for row in x.chunks_exact_mut(self.gamma.len()) {
-            self.row(row);
-        }
+        self.dispatch(x, None);
     }
 
     /// `out = LayerNorm(x)`, row by row.
@@ -132,27 +189,71 @@ impl LayerNorm {
     /// # Shapes
     /// - `residual`, `y`: `[rows, n]`, `bias`: `[n]`
     pub fn residual_bias_apply(&self, residual: &mut [f32], y: &[f32], bias: &[f32]) {
-        let n = self.gamma.len();
-        for (r, yr) in residual.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
-            r.iter_mut()
-                .zip(yr)
-                .zip(bias)
-                .for_each(|((r, y), b)| *r += y + b);
-            self.row(r);
-        }
+        self.dispatch(residual, Some((y, bias)));
     }
 
-    fn row(&self, row: &mut [f32]) {
-        // Two-pass mean and variance in f32 over at most a few thousand values, like PyTorch.
-        let n = row.len() as f32;
-        let mean = row.iter().sum::<f32>() / n;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-        let inv = 1.0 / (var + self.eps).sqrt();
+    fn dispatch(&self, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
+        match Isa::detect() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `detect` saw AVX-512F and FMA on this CPU.
+            Isa::Avx512 => unsafe { layer_norm_avx512(self, x, add) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `detect` saw AVX2 and FMA on this CPU.
+            Isa::Avx2 => unsafe { layer_norm_avx2(self, x, add) },
+            Isa::Scalar => layer_norm_body(self, x, add),
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn layer_norm_avx512(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
+    layer_norm_body(ln, x, add);
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn layer_norm_avx2(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
+    layer_norm_body(ln, x, add);
+}
+
+/// Per row: optionally `x += y + bias`, then the LayerNorm, in one visit of the row.
+#[inline(always)]
+fn layer_norm_body(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
+    let n = ln.gamma.len();
+    for (i, row) in x.chunks_exact_mut(n).enumerate() {
+        if let Some((y, bias)) = add {
+            row.iter_mut()
+                .zip(&y[i * n..][..n])
+                .zip(bias)
+                .for_each(|((r, y), b)| *r += y + b);
+        }
+        // Two-pass mean and variance in f32, like PyTorch; summed in 16 lanes so it vectorises.
+        let inv_n = 1.0 / n as f32;
+        let mean = lane_sum(row, |v| v) * inv_n;
+        let var = lane_sum(row, |v| (v - mean) * (v - mean)) * inv_n;
+        let inv = 1.0 / (var + ln.eps).sqrt();
         row.iter_mut()
-            .zip(&self.gamma)
-            .zip(&self.beta)
+            .zip(&ln.gamma)
+            .zip(&ln.beta)
             .for_each(|((v, g), b)| *v = (*v - mean) * inv * g + b);
     }
+}
+
+/// `Σ f(v)` accumulated in 16 independent lanes (a SIMD-friendly summation order).
+#[inline(always)]
+fn lane_sum(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let chunks = row.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for chunk in chunks {
+        lanes.iter_mut().zip(chunk).for_each(|(l, &v)| *l += f(v));
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// `residual += y + bias`: GPT-2's pre-norm sublayer end.
@@ -170,11 +271,13 @@ pub fn residual_bias_add(residual: &mut [f32], y: &[f32], bias: &[f32]) {
 }
 
 /// `x · Φ(x) = 0.5·x·(1 + erf(x/√2))`, PyTorch's exact `gelu`.
+#[inline(always)]
 pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, GPT-2's `gelu_new`.
+#[inline(always)]
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
@@ -184,6 +287,9 @@ pub fn gelu_tanh(x: f32) -> f32 {
 ///
 /// The odd numerator / even denominator minimax fit of Eigen's `generic_fast_erf_float`
 /// (and XLA's `ErfImpl32`), accurate to a few ulp on `[-4, 4]`; outside, `erf` is ±1 in f32.
+/// Plain multiply-adds rather than `mul_add`: without FMA in the target, `mul_add` is a libm
+/// call that blocks vectorisation.
+#[inline(always)]
 pub fn erf(x: f32) -> f32 {
     const A: [f32; 7] = [
         -2.726_142_3e-10,
@@ -201,10 +307,10 @@ pub fn erf(x: f32) -> f32 {
         -7.373_329_2e-3,
         -1.426_474e-2,
     ];
-    let x = x.clamp(-4.0, 4.0);
+    let x = x.max(-4.0).min(4.0);
     let x2 = x * x;
-    let p = A.iter().fold(0.0f32, |acc, &a| acc.mul_add(x2, a)) * x;
-    let q = B.iter().fold(0.0f32, |acc, &b| acc.mul_add(x2, b));
+    let p = A.iter().fold(0.0f32, |acc, &a| acc * x2 + a) * x;
+    let q = B.iter().fold(0.0f32, |acc, &b| acc * x2 + b);
     p / q
 }
 
