@@ -8,11 +8,16 @@
 //!
 //! User text reaches the page only as JSON inside `<script type="application/json">`, escaped by
 //! [`script_json`] so that no `</script>` or `<!--` can end the element, and the page inserts
-//! every token with `textContent`, never as markup.
+//! every token with `textContent`, never as markup. As a second wall, the page's
+//! [`content_security_policy`] lets only its own script run (by hash) and load nothing.
 
 mod payload;
 
 pub use payload::{FORMAT, PageOptions, QueryKeys, WEIGHT_SCALE, payload_json};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use sha2::{Digest, Sha256};
 
 use crate::{AttentionMaps, VizError};
 
@@ -93,16 +98,31 @@ pub fn app_page() -> String {
     render("app", "null")
 }
 
-/// Fills the template. The data goes in last and in one piece, so nothing in it is ever
-/// searched for placeholders.
+/// The page's Content-Security-Policy (also in its `<meta>`; `attnscope serve` sends it as a
+/// header): no request to anywhere but the serving origin, no plugin, no frame, and no script
+/// but the page's own, named by its SHA-256 — injected markup could not run even if it got in.
+pub fn content_security_policy() -> String {
+    let hash = BASE64.encode(Sha256::digest(SCRIPT.as_bytes()));
+    format!(
+        "default-src 'none'; script-src 'sha256-{hash}'; style-src 'unsafe-inline'; \
+         img-src data: blob:; connect-src 'self'; base-uri 'none'; form-action 'none'"
+    )
+}
+
+/// Fills the template. The data goes in last but one and in one piece, so nothing in it is
+/// ever searched for placeholders.
 fn render(mode: &str, data: &str) -> String {
-    let (head, rest) = split(TEMPLATE, "{{STYLE}}");
+    let csp = content_security_policy();
+    let (head, rest) = split(TEMPLATE, "{{CSP}}");
+    let (before_style, rest) = split(rest, "{{STYLE}}");
     let (middle, rest) = split(rest, "{{MODE}}");
     let (before_data, rest) = split(rest, "{{DATA}}");
     let (before_script, tail) = split(rest, "{{SCRIPT}}");
     let mut page = String::with_capacity(TEMPLATE.len() + STYLE.len() + SCRIPT.len() + data.len());
     for piece in [
         head,
+        &csp,
+        before_style,
         STYLE,
         middle,
         mode,
@@ -160,7 +180,7 @@ mod tests {
 
     #[test]
     fn markers_appear_once_in_the_template() {
-        for marker in ["{{STYLE}}", "{{MODE}}", "{{DATA}}", "{{SCRIPT}}"] {
+        for marker in ["{{CSP}}", "{{STYLE}}", "{{MODE}}", "{{DATA}}", "{{SCRIPT}}"] {
             assert_eq!(TEMPLATE.matches(marker).count(), 1, "{marker}");
         }
     }
@@ -215,6 +235,21 @@ mod tests {
         }
         assert!(!lower.contains("http://") && !lower.contains("https://"));
         assert!(page.contains("data-mode=\"file\""));
+    }
+
+    #[test]
+    fn policy_names_the_hash_of_the_one_script_that_runs() {
+        let page = app_page();
+        let open = page.rfind("<script>").unwrap() + "<script>".len();
+        let close = open + page[open..].find("</script>").unwrap();
+        let hash = BASE64.encode(Sha256::digest(&page.as_bytes()[open..close]));
+        let policy = content_security_policy();
+        assert!(
+            policy.contains(&format!("script-src 'sha256-{hash}';")),
+            "{policy}"
+        );
+        assert!(policy.starts_with("default-src 'none';"));
+        assert!(page.contains(&format!("content=\"{policy}\"")));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use attn_models::{Model, ModelError};
-use attn_viz::html::{PageOptions, app_page, payload_json};
+use attn_viz::html::{PageOptions, app_page, content_security_policy, payload_json};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
@@ -29,10 +29,6 @@ pub const BODY_LIMIT: usize = 1 << 20;
 
 /// Forward passes allowed at once; more would only compete for the same cores and memory.
 const CONCURRENT_RUNS: usize = 2;
-
-/// Same policy as the page's own `<meta>`: nothing loads from anywhere but this server.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
-     style-src 'unsafe-inline'; img-src data: blob:; connect-src 'self'";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -115,7 +111,10 @@ async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                content_security_policy().as_str(),
+            ),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
         app_page(),
