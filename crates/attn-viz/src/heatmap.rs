@@ -220,7 +220,8 @@ impl HeatmapLayout {
         let origin = (label_w + 24, 56);
         let size = (
             (origin.0 + side + 110).max(title_w as i32 + 40) as u32,
-            (origin.1 + side + label_w + 24) as u32,
+            // Rotated labels under the matrix; their measured width runs a little short.
+            (origin.1 + side + label_w + label_w / 8 + 30) as u32,
         );
         let vmax = heatmap.matrix.iter().copied().fold(0.0f32, f32::max);
         Ok(HeatmapLayout {

@@ -70,10 +70,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         shown: &shown,
     };
     let level = if args.tokens { "tokens" } else { "words" };
-    let hidden = if args.special {
-        String::new()
+    let hidden = if shown.len() < units.len() {
+        "; [CLS]/[SEP] hidden, rows renormalised"
     } else {
-        "; [CLS]/[SEP] hidden, rows renormalised".to_string()
+        ""
     };
     if args.grid {
         let bar = progress_bar((maps.n_layers * maps.n_heads) as u64, "heads");
