@@ -12,31 +12,21 @@ use crate::AttnError;
 pub enum Isa {
     /// Plain Rust: runs on every CPU.
     Portable,
-    /// AVX-512F register-blocked kernels; bf16 dot products use AVX512_BF16 when present.
+    /// AVX-512F register-blocked kernels.
     Avx512,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Features {
-    avx512: bool,
-    avx512bf16: bool,
-}
-
-fn features() -> Features {
-    static FEATURES: OnceLock<Features> = OnceLock::new();
-    *FEATURES.get_or_init(|| {
+/// Whether the CPU has AVX-512F, detected once.
+fn has_avx512() -> bool {
+    static AVX512: OnceLock<bool> = OnceLock::new();
+    *AVX512.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-            Features {
-                avx512,
-                avx512bf16: avx512 && std::arch::is_x86_feature_detected!("avx512bf16"),
-            }
+            std::arch::is_x86_feature_detected!("avx512f")
         }
         #[cfg(not(target_arch = "x86_64"))]
-        Features {
-            avx512: false,
-            avx512bf16: false,
+        {
+            false
         }
     })
 }
@@ -44,7 +34,7 @@ fn features() -> Features {
 impl Isa {
     /// The fastest instruction set this CPU supports (detected once, then cached).
     pub fn best() -> Isa {
-        if features().avx512 {
+        if has_avx512() {
             Isa::Avx512
         } else {
             Isa::Portable
@@ -55,7 +45,7 @@ impl Isa {
     pub fn is_available(self) -> bool {
         match self {
             Isa::Portable => true,
-            Isa::Avx512 => features().avx512,
+            Isa::Avx512 => has_avx512(),
         }
     }
 
@@ -78,27 +68,6 @@ impl Isa {
                 avx512_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
             },
             Isa::Portable => portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate),
-        }
-    }
-
-    /// `C[m × n] = A[m × k2] · B[k2 × n]` over bf16 pairs packed in `u32` (the low half is the
-    /// first element), accumulated in f32: `VDPBF16PS` where the CPU has AVX512_BF16.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm_bf16(
-        self,
-        mnk: (usize, usize, usize),
-        a: &[u32],
-        lda: usize,
-        b: &[u32],
-        ldb: usize,
-        c: &mut [f32],
-        ldc: usize,
-    ) {
-        if self == Isa::Avx512 && features().avx512bf16 {
-            // SAFETY: AVX-512F and AVX512_BF16 were detected.
-            unsafe { avx512_or_portable::gemm_bf16(mnk, a, lda, b, ldb, c, ldc) }
-        } else {
-            portable::gemm_bf16(mnk, a, lda, b, ldb, c, ldc)
         }
     }
 

@@ -74,9 +74,10 @@ pub fn sdpa_with(
     })
 }
 
-/// Scaled dot-product attention on bf16 inputs, accumulated in f32 (the best [`Isa`] of this
-/// CPU; `VDPBF16PS` for `Q·Kᵀ` where present). The result equals [`crate::sdpa`] on the inputs
-/// widened to f32, up to f32 rounding of the sums.
+/// Scaled dot-product attention on bf16 inputs, accumulated in f32 on the best [`Isa`] of this
+/// CPU. Inputs are widened to f32 (exactly) as they are packed, once per head, so the result
+/// equals [`crate::sdpa`] on the widened inputs up to f32 rounding of the sums; bf16 halves the
+/// input memory, not the arithmetic (see `avx512.rs` for why not `VDPBF16PS`).
 ///
 /// # Shapes
 /// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
@@ -160,7 +161,6 @@ fn run(
             || options.float_mask.is_some()
             || options.bool_mask.is_some()
             || options.key_padding.is_some(),
-        pairs: shape.head_dim.div_ceil(2),
     };
     let (out, lse) = plan.forward();
     let weights = plan.weights(&lse);
@@ -177,16 +177,13 @@ struct Plan<'a> {
     offset: isize,
     /// Whether any rule beyond scale, causal and window applies (the per-key slow lane).
     extras: bool,
-    /// bf16 pairs per query or key row.
-    pairs: usize,
 }
 
 /// Per-task buffers, reused across the blocks of a task.
 #[derive(Default)]
 struct Scratch {
-    /// Query rows, `[rows, head_dim]` (f32) or `[rows, pairs]` (bf16 pairs).
-    q_f32: Vec<f32>,
-    q_pairs: Vec<u32>,
+    /// Query rows times the scale, `[rows, head_dim]`.
+    q: Vec<f32>,
     /// Scores, then probabilities: `[rows, keys]`.
     tile: Vec<f32>,
 }
@@ -194,10 +191,8 @@ struct Scratch {
 /// One key/value head, packed once for all the query blocks that read it.
 struct Head<'a> {
     /// Keys transposed block by block: block `jb` (keys `jb·BLOCK_KV..`, `keys` of them) is
-    /// `[head_dim, keys]` at `jb·BLOCK_KV·head_dim` (f32 inputs) or `[pairs, keys]` at
-    /// `jb·BLOCK_KV·pairs` (bf16 pairs).
-    k_f32: Vec<f32>,
-    k_pairs: Vec<u32>,
+    /// `[head_dim, keys]` at `jb·BLOCK_KV·head_dim`.
+    k: Vec<f32>,
     /// Values as f32, `[seq_kv, value_dim]`: borrowed from f32 inputs, widened from bf16.
     v: Cow<'a, [f32]>,
 }
@@ -211,7 +206,7 @@ impl Head<'_> {
 
 /// Transposes `src` (`[rows, width]`) block by block into `dst`: rows `jb·BLOCK_KV..` become
 /// block `jb`, `[width, keys]`, at `jb·BLOCK_KV·width`.
-fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [T]) {
+fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [f32], widen: impl Fn(T) -> f32) {
     for (src, dst) in src
         .chunks(BLOCK_KV * width)
         .zip(dst.chunks_mut(BLOCK_KV * width))
@@ -219,114 +214,67 @@ fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [T]) {
         let keys = src.len() / width;
         for (j, row) in src.chunks_exact(width).enumerate() {
             for (p, &x) in row.iter().enumerate() {
-                dst[p * keys + j] = x;
+                dst[p * keys + j] = widen(x);
             }
         }
     }
-}
-
-/// Two bf16 values in one `u32`, `lo` in the low half (the order `VDPBF16PS` pairs them).
-fn pair(lo: bf16, hi: bf16) -> u32 {
-    u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
-}
-
-/// The bf16 pairs of one row; an odd last element is paired with 0.
-fn row_pairs(row: &[bf16]) -> impl Iterator<Item = u32> + '_ {
-    row.chunks(2)
-        .map(|c| pair(c[0], c.get(1).copied().unwrap_or(bf16::ZERO)))
 }
 
 impl Plan<'_> {
-    /// Copies query rows `rows` of head `(b, h)` into the scratch, packed for [`Self::scores`].
+    /// Copies query rows `rows` of head `(b, h)` into `s.q`, as f32 times the scale:
+    /// `(scale·q)·k` saves a pass over every score tile.
     fn pack_q(&self, b: usize, h: usize, rows: &[usize], s: &mut Scratch) {
         let d = self.sh.head_dim;
         let head = (b * self.sh.n_heads + h) * self.sh.seq_q;
-        match self.src {
-            Src::F32 { q, .. } => {
-                s.q_f32.clear();
-                for &i in rows {
-                    s.q_f32.extend_from_slice(&q[(head + i) * d..][..d]);
-                }
-            }
-            Src::Bf16 { q, .. } => {
-                s.q_pairs.clear();
-                for &i in rows {
-                    s.q_pairs.extend(row_pairs(&q[(head + i) * d..][..d]));
+        s.q.clear();
+        for &i in rows {
+            let at = (head + i) * d;
+            match self.src {
+                Src::F32 { q, .. } => s.q.extend(q[at..][..d].iter().map(|&x| x * self.scale)),
+                Src::Bf16 { q, .. } => {
+                    s.q.extend(q[at..][..d].iter().map(|&x| x.to_f32() * self.scale))
                 }
             }
         }
     }
 
-    /// Packs key/value head `(b, kvh)` for [`Self::scores`] and [`Head::values`].
+    /// Packs key/value head `(b, kvh)` for [`Self::scores`] and [`Head::values`]; bf16 inputs
+    /// are widened to f32 here (exactly), once per head.
     fn pack_head(&self, b: usize, kvh: usize) -> Head<'_> {
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
-        match self.src {
+        let mut packed = vec![0.0; s_n * d];
+        let v = match self.src {
             Src::F32 { k, v, .. } => {
-                let mut k_f32 = vec![0.0; s_n * d];
-                transpose_blocks(&k[head * d..][..s_n * d], d, &mut k_f32);
-                Head {
-                    k_f32,
-                    k_pairs: Vec::new(),
-                    v: Cow::Borrowed(&v[head * dv..][..s_n * dv]),
-                }
+                transpose_blocks(&k[head * d..][..s_n * d], d, &mut packed, |x| x);
+                Cow::Borrowed(&v[head * dv..][..s_n * dv])
             }
             Src::Bf16 { k, v, .. } => {
-                let pairs: Vec<u32> = k[head * d..][..s_n * d]
-                    .chunks_exact(d)
-                    .flat_map(row_pairs)
-                    .collect();
-                let mut k_pairs = vec![0; s_n * self.pairs];
-                transpose_blocks(&pairs, self.pairs, &mut k_pairs);
-                let v = &v[head * dv..][..s_n * dv];
-                Head {
-                    k_f32: Vec::new(),
-                    k_pairs,
-                    v: Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
-                }
+                transpose_blocks(&k[head * d..][..s_n * d], d, &mut packed, bf16::to_f32);
+                Cow::Owned(
+                    v[head * dv..][..s_n * dv]
+                        .iter()
+                        .map(|x| x.to_f32())
+                        .collect(),
+                )
             }
-        }
+        };
+        Head { k: packed, v }
     }
 
-    /// Raw scores `q·k` of the packed query rows against key block `jb` (`keys` keys) of
-    /// `head`, into `s.tile` as `[rows, keys]`.
+    /// Raw scores `(scale·q)·k` of the packed query rows against key block `jb` (`keys` keys)
+    /// of `head`, into `s.tile` as `[rows, keys]`.
     fn scores(&self, head: &Head<'_>, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
+        let d = self.sh.head_dim;
         s.tile.resize(rows * keys, 0.0);
-        match self.src {
-            Src::F32 { .. } => {
-                let d = self.sh.head_dim;
-                let kt = &head.k_f32[jb * BLOCK_KV * d..][..d * keys];
-                self.isa.gemm_f32(
-                    (rows, keys, d),
-                    &s.q_f32,
-                    d,
-                    kt,
-                    keys,
-                    &mut s.tile,
-                    keys,
-                    false,
-                );
-            }
-            Src::Bf16 { .. } => {
-                let pairs = self.pairs;
-                let kt = &head.k_pairs[jb * BLOCK_KV * pairs..][..pairs * keys];
-                self.isa.gemm_bf16(
-                    (rows, keys, pairs),
-                    &s.q_pairs,
-                    pairs,
-                    kt,
-                    keys,
-                    &mut s.tile,
-                    keys,
-                );
-            }
-        }
+        let kt = &head.k[jb * BLOCK_KV * d..][..d * keys];
+        self.isa
+            .gemm_f32((rows, keys, d), &s.q, d, kt, keys, &mut s.tile, keys, false);
     }
 
     /// Turns raw scores of query `i` (head `(b, h)`) against keys `j0..` into the final scores
     /// of the reference's steps 1–5: hidden keys become `−∞`.
     fn finish_scores(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
-        self.isa.scale(row, self.scale);
         if self.extras {
             self.extra_rules((b, h, i), j0, row);
         }
@@ -431,10 +379,13 @@ impl Plan<'_> {
                     row.fill(0.0);
                     continue;
                 }
-                let alpha = (m[r] - m_new).exp();
-                sum[r] = sum[r] * alpha + self.isa.exp_sub_sum(row, m_new);
-                m[r] = m_new;
-                if alpha != 1.0 {
+                let block_sum = self.isa.exp_sub_sum(row, m_new);
+                if m_new == m[r] {
+                    sum[r] += block_sum;
+                } else {
+                    let alpha = (m[r] - m_new).exp();
+                    sum[r] = sum[r] * alpha + block_sum;
+                    m[r] = m_new;
                     self.isa.scale(&mut out[r * dv..][..dv], alpha);
                 }
                 if let Some(drop) = self.opt.dropout {

@@ -45,28 +45,3 @@ pub(super) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
     }
     sum
 }
-
-/// `C[m × n] = A[m × k2] · B[k2 × n]` over bf16 pairs packed in `u32` (low half first),
-/// widened to f32 exactly and accumulated in f32.
-pub(super) fn gemm_bf16(
-    (m, n, k2): (usize, usize, usize),
-    a: &[u32],
-    lda: usize,
-    b: &[u32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
-) {
-    let lo = |x: u32| f32::from_bits(x << 16);
-    let hi = |x: u32| f32::from_bits(x & 0xffff_0000);
-    for r in 0..m {
-        let c_row = &mut c[r * ldc..][..n];
-        c_row.fill(0.0);
-        for (p, &x) in a[r * lda..][..k2].iter().enumerate() {
-            let (x0, x1) = (lo(x), hi(x));
-            for (cv, &y) in c_row.iter_mut().zip(&b[p * ldb..][..n]) {
-                *cv += x0 * lo(y) + x1 * hi(y);
-            }
-        }
-    }
-}
