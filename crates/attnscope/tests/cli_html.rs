@@ -248,7 +248,7 @@ fn unwritable_output_is_an_error() {
     let output = html(&["The cat"], &is_dir);
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        stderr(&output).contains("is a directory"),
+        stderr(&output).contains("is a folder"),
         "{}",
         stderr(&output)
     );
@@ -311,7 +311,49 @@ fn bad_model_directory_is_an_error() {
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        stderr(&output).contains("cannot load the model"),
+        stderr(&output).contains("loading the model in"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn saved_maps_make_a_page_without_the_neuron_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let token =
+        |text: &str| json!({"text": text, "id": 0, "span": null, "segment": 0, "special": false});
+    // 1 layer, 1 head, 2 tokens: rows [0.25, 0.75] and [0.5, 0.5].
+    let maps = json!({
+        "model": "saved", "text": "a b", "pair": null,
+        "tokens": [token("a"), token("b")],
+        "n_layers": 1, "n_heads": 1, "weights": [0.25, 0.75, 0.5, 0.5]
+    });
+    let saved = dir.path().join("maps.json");
+    std::fs::write(&saved, maps.to_string()).unwrap();
+    let out = dir.path().join("saved.html");
+    let output = attnscope()
+        .args(["html", "--maps"])
+        .arg(&saved)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(unpack_weights(&data), [0.25, 0.75, 0.5, 0.5]);
+    assert!(data["neuron"].is_null());
+
+    std::fs::write(&saved, "{\"model\": 1}").unwrap();
+    let output = attnscope()
+        .args(["html", "--maps"])
+        .arg(&saved)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("not attention maps JSON"),
         "{}",
         stderr(&output)
     );

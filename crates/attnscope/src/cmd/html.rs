@@ -1,6 +1,7 @@
 //! `attnscope html`: one text's attention as a self-contained interactive HTML file (head view,
-//! model view, heatmap, neuron view) that works offline. Also the model-to-page step that
-//! `attnscope serve` shares.
+//! model view, heatmap, neuron view) that works offline. Also the model run behind it (with
+//! queries and keys, which `crate::maps::run_model` does not ask for) that `attnscope serve`
+//! shares.
 
 use std::path::{Path, PathBuf};
 
@@ -9,39 +10,49 @@ use attn_models::{Model, ModelKind, RunOptions};
 use attn_viz::html::{PageOptions, QueryKeys, standalone_page};
 use attn_viz::{AttentionMaps, Token};
 
+use crate::maps::{SourceArgs, check_output, read_maps, spinner};
+
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  attnscope html \"The cat sat on the mat\" -o cat.html
+  attnscope html \"Where is the Eiffel Tower?\" --pair \"The Eiffel Tower is in Paris.\" -o pair.html")]
 pub struct Args {
     /// The text to look at.
-    pub text: String,
+    #[arg(required_unless_present = "maps")]
+    pub text: Option<String>,
     /// A second text (sentence B, or the context of a question); the page can then show
     /// attention from A to B and from B to A.
-    #[arg(long)]
+    #[arg(long, value_name = "TEXT")]
     pub pair: Option<String>,
     /// Where to write the page (a .html or .htm file).
     #[arg(short, long, value_name = "FILE.html")]
     pub output: PathBuf,
-    /// Model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else the cached
-    /// default model, fetched on first use].
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
     /// The layer whose queries and keys the neuron view gets first [default: the last]; nearby
     /// layers are added while the file stays small.
     #[arg(long, value_name = "L")]
     pub neuron_layer: Option<usize>,
-    /// Cut a text longer than the model's positions to fit (the longest segment first).
-    #[arg(long)]
-    pub truncate: bool,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    check_extension(&args.output)?;
     check_output(&args.output)?;
-    let model = load_model(args.model.as_deref())?;
-    let (maps, qk) = analyse(&model, &args.text, args.pair.as_deref(), args.truncate)?;
+    // Saved maps carry no queries and keys: the page then says the neuron view is unavailable.
+    let (maps, qk) = match (&args.source.maps, &args.text) {
+        (Some(path), _) => (read_maps(path)?, None),
+        (None, Some(text)) => {
+            let model = args.source.model.load()?;
+            let (maps, qk) = analyse(&model, text, args.pair.as_deref(), args.source.truncate)?;
+            (maps, Some(qk))
+        }
+        (None, None) => bail!("give a TEXT to look at (or --maps FILE.json)"),
+    };
     let options = PageOptions {
         neuron_layer: args.neuron_layer,
         ..PageOptions::default()
     };
-    let page = standalone_page(&maps, Some(&qk), &options)?;
+    let page = standalone_page(&maps, qk.as_ref(), &options)?;
     std::fs::write(&args.output, &page)
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     eprintln!(
@@ -55,9 +66,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Refuses, before any work, a file name that is not `.html`/`.htm` or whose directory does
-/// not exist.
-fn check_output(path: &Path) -> anyhow::Result<()> {
+/// Refuses, before any work, a file name that is not `.html`/`.htm`.
+fn check_extension(path: &Path) -> anyhow::Result<()> {
     let extension = path
         .extension()
         .and_then(|e| e.to_str())
@@ -68,30 +78,7 @@ fn check_output(path: &Path) -> anyhow::Result<()> {
             path.display()
         );
     }
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !parent.is_dir() {
-        bail!(
-            "cannot write {}: directory {} does not exist",
-            path.display(),
-            parent.display()
-        );
-    }
-    if path.is_dir() {
-        bail!("cannot write {}: it is a directory", path.display());
-    }
     Ok(())
-}
-
-/// The model in `dir`, else the default one (fetched on first use, with progress on stderr).
-pub(crate) fn load_model(dir: Option<&Path>) -> anyhow::Result<Model> {
-    let dir = match dir {
-        Some(dir) => dir.to_path_buf(),
-        None => attn_models::fetch::default_model_dir(true)?,
-    };
-    Model::load(&dir).with_context(|| format!("cannot load the model in {}", dir.display()))
 }
 
 /// Runs the model once and returns what the explorer shows: every head's attention and the
@@ -111,6 +98,7 @@ pub(crate) fn analyse(
     } else {
         model.encode(text, pair)?
     };
+    let spinner = spinner(&format!("running {} on {} tokens", model.name(), enc.len()));
     let out = model.forward(
         &enc,
         &RunOptions {
@@ -119,6 +107,9 @@ pub(crate) fn analyse(
             hidden_states: false,
         },
     )?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
     let (Some(weights), Some(qk)) = (out.attentions, out.qk) else {
         bail!("the model returned no attention weights or queries and keys");
     };

@@ -7,7 +7,6 @@
 //! panic inside the model, becomes a JSON `{"error": ...}` answer rather than a dead server.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -22,7 +21,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-use super::html::{analyse, load_model};
+use super::html::analyse;
+use crate::maps::ModelArgs;
 
 /// Largest request body accepted; larger ones get 413 Payload Too Large.
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -38,10 +38,8 @@ pub struct Args {
     /// Address to bind. Anything but 127.0.0.1 / ::1 exposes the app to your network.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     pub host: IpAddr,
-    /// Model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else the cached
-    /// default model, fetched on first use].
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
 }
 
 struct App {
@@ -62,7 +60,7 @@ struct AttentionRequest {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = load_model(args.model.as_deref())?;
+    let model = args.model.load()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_io()
