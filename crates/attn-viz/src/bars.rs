@@ -91,6 +91,9 @@ pub fn decimals_for(max: f32) -> usize {
 
 /// The rows a reader should look at first: weights at least half the largest, largest first,
 /// at most three (the notes name two or three words).
+///
+/// # Shapes
+/// `weights: [n]` → indices into it.
 pub fn heavy(weights: &[f32]) -> Vec<usize> {
     let max = weights.iter().copied().fold(0.0f32, f32::max);
     if max <= 0.0 {

@@ -163,6 +163,9 @@ pub fn keep_and_renormalise(matrix: &[f32], n_units: usize, shown: &[usize]) -> 
 }
 
 /// `row / sum(row)`, or zeros when the sum is 0.
+///
+/// # Shapes
+/// `row: [n]` → `[n]`.
 pub fn renormalised(row: &[f32]) -> Vec<f32> {
     let sum: f32 = row.iter().sum();
     if sum > 0.0 {

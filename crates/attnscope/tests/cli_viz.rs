@@ -461,3 +461,61 @@ fn bad_flags_and_files_are_clear_errors() {
     );
     fails_with(&["lookup", "--query", " ", "--entry", "a=b"], 1, "empty");
 }
+
+#[test]
+fn gpt2_words_read_the_golden_causal_attention() {
+    // tiny-gpt2 adds no special tokens and each word is one token ("The", "Ġcat", ...), so
+    // the row of "mat" at layer 1, head 2 is the golden row as it is (nothing to renormalise).
+    let bytes = std::fs::read(format!("{GOLDEN}/tiny-gpt2/expected/text00.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let att: Vec<f32> = st
+        .tensor("attentions")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let (t, heads) = (6, 4);
+    let row = &att[((heads + 2) * t + 5) * t..((heads + 2) * t + 6) * t];
+    let model = format!("{GOLDEN}/tiny-gpt2");
+    let args = [
+        "explain",
+        "The cat sat on the mat",
+        "--model",
+        &model,
+        "--focus",
+        "mat",
+        "--layer",
+        "1",
+        "--head",
+        "2",
+        "--json",
+    ];
+    let e: Value = serde_json::from_str(&ok(&args)).unwrap();
+    let rows = e["rows"].as_array().unwrap();
+    let words: Vec<&str> = rows.iter().map(|r| r["word"].as_str().unwrap()).collect();
+    assert_eq!(words, ["The", "cat", "sat", "on", "the", "mat"]);
+    for (r, expected) in rows.iter().zip(row) {
+        let got = r["weight"].as_f64().unwrap();
+        assert!(
+            (got - f64::from(*expected)).abs() < 1e-4,
+            "{r}: expected {expected}"
+        );
+    }
+    // Causal: "cat" sees nothing after itself.
+    let args = [
+        "explain",
+        "The cat sat on the mat",
+        "--model",
+        &model,
+        "--focus",
+        "cat",
+        "--json",
+    ];
+    let e: Value = serde_json::from_str(&ok(&args)).unwrap();
+    let after: f64 = e["rows"].as_array().unwrap()[2..]
+        .iter()
+        .map(|r| r["weight"].as_f64().unwrap())
+        .sum();
+    assert_eq!(after, 0.0);
+}
