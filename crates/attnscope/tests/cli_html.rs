@@ -358,3 +358,56 @@ fn saved_maps_make_a_page_without_the_neuron_view() {
         stderr(&output)
     );
 }
+
+/// 512 tokens (the default model's limit) stay under 5 MB, and the page still draws.
+#[test]
+fn a_512_token_page_is_small_and_renders() {
+    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let text = "The cat that ate the mouse that lived in the barn ran away. ".repeat(60);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("long.html");
+    let output = attnscope()
+        .args(["html", &text, "--truncate", "-o"])
+        .arg(&out)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let page = std::fs::read_to_string(&out).unwrap();
+    assert!(page.len() < 5_000_000, "{} bytes", page.len());
+    let data = embedded_data(&page);
+    let n = data["tokens"].as_array().unwrap().len();
+    assert_eq!(n, 512);
+    // Weights below the floor are stored as 0: a row loses at most n * floor; rounding moves
+    // it by at most n * 0.0005.
+    let floor = data["weight_floor"].as_f64().unwrap() / 1000.0;
+    for row in unpack_weights(&data).chunks(n) {
+        let sum: f64 = row.iter().map(|&w| f64::from(w)).sum();
+        assert!(
+            sum <= 1.0 + n as f64 * 0.0005 && sum >= 1.0 - n as f64 * (floor + 0.0005),
+            "row sums to {sum} (floor {floor})"
+        );
+    }
+    // Only the last layer's queries and keys fit; the neuron view says so for the others.
+    assert_eq!(data["neuron"]["layers"], json!([5]));
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    browser.exec(
+        "const l = document.getElementById('layer'); l.value = '0';
+         l.dispatchEvent(new Event('change'));
+         document.querySelector('#tabs button[data-view=neuron]').click(); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    let message = browser.exec(
+        "return document.getElementById('neuron-body').textContent;",
+        json!([]),
+    );
+    assert!(
+        message.as_str().unwrap().contains("--neuron-layer 0"),
+        "{message}"
+    );
+    browser.screenshot(dir.path(), "html-512-neuron.png");
+}

@@ -106,6 +106,30 @@ fn api_answers_and_refuses_clearly() {
 }
 
 #[test]
+fn a_hundred_concurrent_requests_all_complete() {
+    let mut server = Server::start(&tiny_gpt2());
+    let api = server.api();
+    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..100)
+            .map(|i| {
+                let api = &api;
+                scope.spawn(move || {
+                    let text = "the cat sat on the mat ".repeat(1 + i % 10);
+                    post(api, &json!({ "text": text }).to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        let data: Value = serde_json::from_str(body).unwrap();
+        assert!(!data["tokens"].as_array().unwrap().is_empty());
+    }
+    assert!(server.alive());
+}
+
+#[test]
 fn browser_shows_every_view_of_the_submitted_text() {
     let server = Server::start(&tiny_gpt2());
     let dir = tempfile::tempdir().unwrap();
