@@ -65,12 +65,12 @@ pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle)
         let pad = " ".repeat(label_width - label.chars().count());
         let bar = bar(*weight, max, style.width);
         let line = if style.colour {
-            let (on, colour) = if highlight.contains(&index) {
-                (BOLD, YELLOW)
+            let (label, colour) = if highlight.contains(&index) {
+                (format!("{BOLD}{label}{RESET}"), YELLOW)
             } else {
-                ("", CYAN)
+                (label.clone(), CYAN)
             };
-            format!("  {on}{label}{RESET}{pad} [{weight:.decimals$}]  {colour}{bar}{RESET}")
+            format!("  {label}{pad} [{weight:.decimals$}]  {colour}{bar}{RESET}")
         } else {
             format!("  {label}{pad} [{weight:.decimals$}]  {bar}")
         };
