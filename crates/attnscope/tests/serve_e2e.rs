@@ -177,9 +177,41 @@ fn browser_shows_every_view_of_the_submitted_text() {
     );
     browser.screenshot(dir.path(), "serve-head.png");
 
-    // Hovering isolates one token; the A→B filter keeps lines from A to B only.
-    browser.exec("document.getElementById('filter').value = 'AB'; document.getElementById('filter').dispatchEvent(new Event('change')); return null;", json!([]));
-    browser.expect_ready();
+    // Pointing at a token isolates its lines: the first query of a causal model sees only
+    // itself, one line instead of every line.
+    let all_lines = browser.exec(painted, json!(["#view-head canvas"]));
+    browser.exec(
+        "document.querySelector('#view-head .tokens.left .tok')
+             .dispatchEvent(new MouseEvent('mouseover', { bubbles: true })); return null;",
+        json!([]),
+    );
+    let one_token = browser.exec(painted, json!(["#view-head canvas"]));
+    assert!(
+        one_token.as_u64().unwrap() * 3 < all_lines.as_u64().unwrap(),
+        "{one_token} vs {all_lines}"
+    );
+    browser.exec(
+        "document.querySelector('#view-head .headview').dispatchEvent(new MouseEvent('mouseleave'));
+         return null;",
+        json!([]),
+    );
+
+    // The A/B filter: GPT-2 is causal and the text (A) comes first, so A's queries never see
+    // B's keys (no line at all) while B's queries do see A's keys.
+    let set_filter = |value: &str| {
+        browser.exec(
+            "const f = document.getElementById('filter'); f.value = arguments[0];
+             f.dispatchEvent(new Event('change')); return null;",
+            json!([value]),
+        );
+        browser.expect_ready();
+        browser
+            .exec(painted, json!(["#view-head canvas"]))
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(set_filter("AB"), 0);
+    assert!(set_filter("BA") > 0);
 
     browser.click("#tabs button[data-view=model]");
     browser.expect_ready();
@@ -190,10 +222,27 @@ fn browser_shows_every_view_of_the_submitted_text() {
         ),
         json!(2 * 4)
     );
+    assert!(
+        browser
+            .exec(
+                painted,
+                json!(["#view-model canvas[data-layer='1'][data-head='2']"])
+            )
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     browser.click("#view-model canvas[data-layer='1'][data-head='2']");
     assert_eq!(
         browser.exec("return [document.getElementById('overlay').hidden, document.getElementById('overlay-title').textContent, document.querySelectorAll('#overlay-body .tokens.left .tok').length];", json!([])),
         json!([false, "Layer 1, head 2", expected.len()])
+    );
+    assert!(
+        browser
+            .exec(painted, json!(["#overlay-body canvas"]))
+            .as_u64()
+            .unwrap()
+            > 0
     );
     browser.screenshot(dir.path(), "serve-model-enlarged.png");
     browser.click("#overlay-close");
