@@ -156,17 +156,11 @@ pub fn explain(
             weighted_rows(&matrix, &from, t)
         }
         Method::Flow => {
-            let rows: Vec<usize> = from.iter().map(|&(i, _)| i).collect();
-            let flows = attention_flow(maps, &rows, progress)?;
-            weighted_rows(
-                &flows,
-                &from
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &(_, w))| (k, w))
-                    .collect::<Vec<_>>(),
-                t,
-            )
+            // Flows come back one row per source token, in `from`'s order.
+            let sources: Vec<usize> = from.iter().map(|&(i, _)| i).collect();
+            let flows = attention_flow(maps, &sources, progress)?;
+            let by_row: Vec<(usize, f64)> = from.iter().map(|&(_, w)| w).enumerate().collect();
+            weighted_rows(&flows, &by_row, t)
         }
     };
     let unit_row = row_to_units(&token_row, &units);
