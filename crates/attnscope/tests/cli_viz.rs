@@ -290,11 +290,21 @@ fn model_input_errors_are_clear() {
         1,
         "heads are 0..=11",
     );
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("x.png");
     fails_with(
-        &["heatmap", MAIN_JOB, "-o", "x.png", "--layer", "9"],
+        &[
+            "heatmap",
+            MAIN_JOB,
+            "-o",
+            png.to_str().unwrap(),
+            "--layer",
+            "9",
+        ],
         1,
         "layers are 0..=5",
     );
+    assert!(!png.exists());
     let flow_long = "cat ".repeat(70);
     fails_with(&["explain", &flow_long, "--flow"], 1, "64 tokens");
 }
