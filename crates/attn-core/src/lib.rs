@@ -13,6 +13,7 @@
 //! [`sdpa`] is the fast path; [`sdpa_reference`] is its plain, readable twin that tests compare
 //! against. [`mha`] builds multi-head attention (projections, masks, weights) on top.
 
+pub mod backward;
 pub mod error;
 pub mod fused;
 pub mod mask;
@@ -21,6 +22,7 @@ pub mod options;
 pub mod reference;
 pub mod shape;
 
+pub use backward::{Grads, sdpa_backward, sdpa_backward_reference};
 pub use error::AttnError;
 pub use fused::{AttnInputBf16, sdpa_bf16};
 pub use mask::{BoolMask, Causal, FloatMask, KeyPadding, Window};
