@@ -1,6 +1,7 @@
 //! `attnscope bench sdpa`: times the fused attention kernel on random inputs and prints the
 //! median time and GFLOP/s (FLOPs = 4·batch·n_heads·seq_q·seq_kv·head_dim, halved when causal —
-//! the count `shared/bench/sdpa_torch.py` uses), plus the process's peak memory.
+//! the count `shared/bench/sdpa_torch.py` uses, times 3.5 with `--backward`), plus the process's
+//! peak memory. `--backward` times the forward pass plus [`attn_core::sdpa_backward`] (f32 only).
 
 use std::time::Instant;
 
@@ -51,6 +52,9 @@ pub struct Args {
     /// Timed repetitions (after one warm-up call); the median is reported.
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Time the forward and the backward pass (gradients of q, k, v for a random dout).
+    #[arg(long)]
+    backward: bool,
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
@@ -69,6 +73,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if value == 0 {
             bail!("{flag} must be at least 1");
         }
+    }
+    if args.backward && args.dtype != Dtype::F32 {
+        bail!("--backward needs --dtype f32");
     }
     set_global_threads(args.threads).context("--threads")?;
     let seq_kv = args.seq_kv.unwrap_or(args.seq);
@@ -93,6 +100,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let k: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
     let v: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
     let mut call: Box<dyn FnMut() -> anyhow::Result<AttnOutput>> = match args.dtype {
+        Dtype::F32 if args.backward => {
+            let input = AttnInput::new(&q, &k, &v, shape)?;
+            let dout: Vec<f32> = (0..numel(shape.out_dims())?)
+                .map(|_| rng.normal())
+                .collect();
+            Box::new(move || {
+                let fwd = attn_core::sdpa(&input, &options)?;
+                let grads = attn_core::sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &dout)?;
+                drop(grads);
+                Ok(fwd)
+            })
+        }
         Dtype::F32 => {
             let input = AttnInput::new(&q, &k, &v, shape)?;
             Box::new(move || Ok(attn_core::sdpa(&input, &options)?))
@@ -126,7 +145,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         * args.seq as f64
         * seq_kv as f64
         * args.head_dim as f64
-        * if args.causal { 0.5 } else { 1.0 };
+        * if args.causal { 0.5 } else { 1.0 }
+        * if args.backward { 3.5 } else { 1.0 };
     let gflops = flops / median / 1e9;
     let elem = if args.dtype == Dtype::F32 { 4 } else { 2 };
     let in_mib = (elem * (nq + 2 * nk)) as f64 / (1 << 20) as f64;
@@ -142,6 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "heads": args.heads,
             "head_dim": args.head_dim,
             "causal": args.causal,
+            "backward": args.backward,
             "threads": args.threads,
             "weights": format!("{:?}", args.weights).to_lowercase(),
             "isa": format!("{:?}", attn_core::fused::Isa::best()),
@@ -155,8 +176,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{report}");
     } else {
         println!(
-            "sdpa {:?} B{} H{} L{} S{} d{}{} weights={:?} threads={}: {:.3} ms (median of {}), \
+            "sdpa{} {:?} B{} H{} L{} S{} d{}{} weights={:?} threads={}: {:.3} ms (median of {}), \
              {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
+            if args.backward {
+                " forward+backward"
+            } else {
+                ""
+            },
             args.dtype,
             args.batch,
             args.heads,
