@@ -10,7 +10,9 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use serde::Deserialize;
@@ -33,7 +35,7 @@ pub struct TensorInfo {
 /// A safetensors file mapped into memory, with its header validated.
 pub struct Checkpoint {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
     data_start: usize,
     tensors: BTreeMap<String, TensorInfo>,
 }
@@ -66,7 +68,7 @@ impl Checkpoint {
         let (data_start, tensors) = parse_header(path, &mmap)?;
         Ok(Checkpoint {
             path: path.to_path_buf(),
-            mmap,
+            mmap: Arc::new(mmap),
             data_start,
             tensors,
         })
@@ -114,12 +116,66 @@ impl Checkpoint {
         Ok(&self.mmap[self.data_start + info.begin..self.data_start + info.end])
     }
 
+    /// An F32 tensor checked to have `shape`, read in place from the map when it is aligned
+    /// (little-endian targets), else copied.
+    ///
+    /// # Shapes
+    /// - returns `numel(shape)` values, row-major
+    pub fn f32_data(&self, name: &str, shape: &[usize]) -> Result<F32Data, ModelError> {
+        let bytes = self.f32_bytes(name, shape)?;
+        if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok() {
+            let start = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
+            return Ok(F32Data::Mapped {
+                map: Arc::clone(&self.mmap),
+                start,
+                len: bytes.len() / 4,
+            });
+        }
+        Ok(F32Data::Owned(f32_from_le(bytes)))
+    }
+
     /// An F32 tensor copied out of the map, checked to have `shape`.
     ///
     /// # Shapes
     /// - returns `numel(shape)` values, row-major
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         Ok(f32_from_le(self.f32_bytes(name, shape)?))
+    }
+}
+
+/// f32 values either owned or borrowed from a mapped checkpoint (kept alive by the `Arc`).
+#[derive(Clone)]
+pub enum F32Data {
+    Owned(Vec<f32>),
+    /// `len` values at byte `start` of the map; 4-byte aligned and little-endian, checked when
+    /// made by [`Checkpoint::f32_data`].
+    Mapped {
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+    },
+}
+
+impl Deref for F32Data {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            F32Data::Owned(v) => v,
+            F32Data::Mapped { map, start, len } => {
+                bytemuck::cast_slice(&map[*start..*start + *len * 4])
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for F32Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            F32Data::Owned(_) => "owned",
+            F32Data::Mapped { .. } => "mapped",
+        };
+        write!(f, "F32Data({kind}, {} values)", self.len())
     }
 }
 

@@ -70,7 +70,6 @@ pub struct Model {
     dir: PathBuf,
     config: ModelConfig,
     tokenizer: TextTokenizer,
-    checkpoint: Checkpoint,
     weights: Weights,
     pooling: Pooling,
 }
@@ -176,7 +175,6 @@ impl Model {
             dir: dir.to_path_buf(),
             config,
             tokenizer,
-            checkpoint,
             weights,
             pooling,
         })
@@ -288,7 +286,7 @@ impl Model {
         let n_layers = c.n_layers;
         let rows = batch * seq_len;
         let mut ws = Workspace::new(rows, c);
-        self.embed_tokens(encs, seq_len, &mut ws.hidden)?;
+        self.embed_tokens(encs, seq_len, &mut ws.hidden);
 
         let per_layer = |extra: usize| batch * n_layers * n_heads * seq_len * extra;
         let mut attentions = options.attentions.then(|| vec![0.0f32; per_layer(seq_len)]);
@@ -377,15 +375,10 @@ impl Model {
             layer.ff_in.matmul(x, &mut ws.intermediate, par);
             bias_activation(&mut ws.intermediate, &layer.ff_in.bias, Some(c.activation));
             layer.ff_out.matmul(&ws.intermediate, &mut ws.sublayer, par);
+            let (hidden, out, bias) = (&mut ws.hidden, &ws.sublayer, &layer.ff_out.bias);
             match c.kind {
-                ModelKind::Bert => layer.norm_ff.residual_bias_apply(
-                    &mut ws.hidden,
-                    &ws.sublayer,
-                    &layer.ff_out.bias,
-                ),
-                ModelKind::Gpt2 => {
-                    residual_bias_add(&mut ws.hidden, &ws.sublayer, &layer.ff_out.bias)
-                }
+                ModelKind::Bert => layer.norm_ff.residual_bias_apply(hidden, out, bias),
+                ModelKind::Gpt2 => residual_bias_add(hidden, out, bias),
             }
             if l + 1 < n_layers || self.weights.final_norm.is_none() {
                 save_hidden(&mut hidden_states, l + 1, &ws.hidden);
@@ -396,8 +389,10 @@ impl Model {
             norm.apply(&mut ws.hidden);
             save_hidden(&mut hidden_states, n_layers, &ws.hidden);
         }
-        let logits = self.weights.lm_head.as_ref().map(|wte| {
+        // GPT-2's language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
+        let logits = (c.kind == ModelKind::Gpt2).then(|| {
             let mut logits = vec![0.0f32; rows * c.vocab_size];
+            let wte = &self.weights.word_embeddings;
             gemm_bt(&ws.hidden, rows, h, wte, c.vocab_size, &mut logits, par);
             logits
         });
@@ -470,17 +465,10 @@ impl Model {
 
     /// Word + position (+ token type) embeddings, then BERT's embedding LayerNorm. Padded
     /// positions hold the pad token.
-    fn embed_tokens(
-        &self,
-        encs: &[Encoding],
-        seq_len: usize,
-        hidden: &mut [f32],
-    ) -> Result<(), ModelError> {
+    fn embed_tokens(&self, encs: &[Encoding], seq_len: usize, hidden: &mut [f32]) {
         let c = &self.config;
         let h = c.hidden_size;
-        let words = self
-            .checkpoint
-            .f32_bytes(&self.weights.word_embeddings, &[c.vocab_size, h])?;
+        let words = &self.weights.word_embeddings;
         let pad = (c.pad_token_id as usize).min(c.vocab_size - 1);
         for (b, enc) in encs.iter().enumerate() {
             for t in 0..seq_len {
@@ -489,11 +477,12 @@ impl Model {
                     None => (pad, 0),
                 };
                 let row = &mut hidden[(b * seq_len + t) * h..][..h];
-                let word = &words[id * h * 4..][..h * 4];
+                let word = &words[id * h..][..h];
                 let pos = &self.weights.position[t * h..][..h];
-                for ((v, w), p) in row.iter_mut().zip(word.chunks_exact(4)).zip(pos) {
-                    *v = f32::from_le_bytes([w[0], w[1], w[2], w[3]]) + p;
-                }
+                row.iter_mut()
+                    .zip(word)
+                    .zip(pos)
+                    .for_each(|((v, w), p)| *v = w + p);
                 if c.kind == ModelKind::Bert {
                     let ty = &self.weights.token_type[segment * h..][..h];
                     row.iter_mut().zip(ty).for_each(|(v, t)| *v += t);
@@ -503,7 +492,6 @@ impl Model {
         if let Some(norm) = &self.weights.embed_norm {
             norm.apply(hidden);
         }
-        Ok(())
     }
 }
 

@@ -6,13 +6,24 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 
 use crate::Activation;
+use crate::checkpoint::F32Data;
 
-/// A linear layer `y = x·W + b`, its weight packed once at load time as `[n_in, n_out]`
-/// row-major (the layout of GPT-2's Conv1D; PyTorch `nn.Linear` weights are transposed into it).
+/// How a linear layer's weight is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// `[n_out, n_in]`: PyTorch `nn.Linear`.
+    OutIn,
+    /// `[n_in, n_out]`: GPT-2 `Conv1D`.
+    InOut,
+}
+
+/// A linear layer `y = x·W + b`, its weight used in the checkpoint's own layout (read in place
+/// from the map when possible), since the GEMM packs either layout as it goes.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `[n_in, n_out]`
-    pub weight: Vec<f32>,
+    /// `[n_out, n_in]` or `[n_in, n_out]`, as `layout` says.
+    pub weight: F32Data,
+    pub layout: WeightLayout,
     /// `[n_out]`
     pub bias: Vec<f32>,
     pub n_in: usize,
@@ -20,26 +31,6 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Packs a PyTorch `nn.Linear` weight (`[n_out, n_in]`) into `[n_in, n_out]`.
-    ///
-    /// # Shapes
-    /// - `weight_out_in`: `[n_out, n_in]`, `bias`: `[n_out]`
-    pub fn from_out_in(weight_out_in: &[f32], bias: Vec<f32>, n_in: usize, n_out: usize) -> Linear {
-        debug_assert_eq!(weight_out_in.len(), n_in * n_out);
-        let mut weight = vec![0.0; n_in * n_out];
-        for (o, row) in weight_out_in.chunks_exact(n_in).enumerate() {
-            for (i, &w) in row.iter().enumerate() {
-                weight[i * n_out + o] = w;
-            }
-        }
-        Linear {
-            weight,
-            bias,
-            n_in,
-            n_out,
-        }
-    }
-
     /// `y = x·W` without the bias (the caller fuses it into the next pass).
     ///
     /// # Shapes
@@ -48,7 +39,10 @@ impl Linear {
         let rows = x.len() / self.n_in;
         debug_assert_eq!(x.len(), rows * self.n_in);
         debug_assert_eq!(y.len(), rows * self.n_out);
-        gemm(x, rows, self.n_in, &self.weight, self.n_out, y, par);
+        match self.layout {
+            WeightLayout::InOut => gemm(x, rows, self.n_in, &self.weight, self.n_out, y, par),
+            WeightLayout::OutIn => gemm_bt(x, rows, self.n_in, &self.weight, self.n_out, y, par),
+        }
     }
 }
 
@@ -307,7 +301,7 @@ pub fn erf(x: f32) -> f32 {
         -7.373_329_2e-3,
         -1.426_474e-2,
     ];
-    let x = x.max(-4.0).min(4.0);
+    let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
     let p = A.iter().fold(0.0f32, |acc, &a| acc * x2 + a) * x;
     let q = B.iter().fold(0.0f32, |acc, &b| acc * x2 + b);
@@ -373,12 +367,27 @@ mod tests {
     }
 
     #[test]
-    fn linear_packing_transposes() {
+    fn linear_layouts_agree() {
         // PyTorch weight [n_out=3, n_in=2] = [[1, 2], [3, 4], [5, 6]]; x = [1, 1] → [3, 7, 11] + b.
-        let lin = Linear::from_out_in(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], vec![0.5, 0.0, -1.0], 2, 3);
+        let torch = Linear {
+            weight: F32Data::Owned(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            layout: WeightLayout::OutIn,
+            bias: vec![0.5, 0.0, -1.0],
+            n_in: 2,
+            n_out: 3,
+        };
         let mut y = [0.0; 3];
-        lin.matmul(&[1.0, 1.0], &mut y, Par::Seq);
-        bias_activation(&mut y, &lin.bias, None);
+        torch.matmul(&[1.0, 1.0], &mut y, Par::Seq);
+        bias_activation(&mut y, &torch.bias, None);
+        assert_eq!(y, [3.5, 7.0, 10.0]);
+        // The same weight as Conv1D [n_in=2, n_out=3] = [[1, 3, 5], [2, 4, 6]].
+        let conv = Linear {
+            weight: F32Data::Owned(vec![1.0, 3.0, 5.0, 2.0, 4.0, 6.0]),
+            layout: WeightLayout::InOut,
+            ..torch
+        };
+        conv.matmul(&[1.0, 1.0], &mut y, Par::Seq);
+        bias_activation(&mut y, &conv.bias, None);
         assert_eq!(y, [3.5, 7.0, 10.0]);
     }
 

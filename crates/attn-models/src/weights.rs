@@ -6,8 +6,8 @@
 //! `.../models/gpt2/modeling_gpt2.py`), with or without the `bert.` / `transformer.` prefix that
 //! task heads add.
 
-use crate::checkpoint::Checkpoint;
-use crate::ops::{LayerNorm, Linear};
+use crate::checkpoint::{Checkpoint, F32Data};
+use crate::ops::{LayerNorm, Linear, WeightLayout};
 use crate::{ModelConfig, ModelError, ModelKind};
 
 /// One transformer block. For BERT the norms come after each sublayer (post-norm: attention
@@ -22,11 +22,11 @@ pub struct Layer {
     pub norm_ff: LayerNorm,
 }
 
-/// Everything but the word embeddings, which stay in the map (only the rows a text uses are
-/// ever read).
+/// Every tensor the forward pass reads. Large ones stay in the map (only the pages a run
+/// touches are ever read).
 pub struct Weights {
-    /// Name of the word embedding tensor `[vocab, hidden]` in the checkpoint.
-    pub word_embeddings: String,
+    /// `[vocab, hidden]`; GPT-2's language-model head too (tied).
+    pub word_embeddings: F32Data,
     /// `[max_positions, hidden]`
     pub position: Vec<f32>,
     /// `[type_vocab_size, hidden]`; empty for GPT-2.
@@ -36,8 +36,6 @@ pub struct Weights {
     pub layers: Vec<Layer>,
     /// GPT-2's `ln_f`.
     pub final_norm: Option<LayerNorm>,
-    /// GPT-2's language-model head, tied to the word embeddings: `[vocab, hidden]`.
-    pub lm_head: Option<Vec<f32>>,
 }
 
 fn prefix_of(
@@ -69,15 +67,20 @@ fn torch_linear(
     n_in: usize,
     n_out: usize,
 ) -> Result<Linear, ModelError> {
-    let w = ckpt.f32(&format!("{name}.weight"), &[n_out, n_in])?;
-    let b = ckpt.f32(&format!("{name}.bias"), &[n_out])?;
-    Ok(Linear::from_out_in(&w, b, n_in, n_out))
+    Ok(Linear {
+        weight: ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?,
+        layout: WeightLayout::OutIn,
+        bias: ckpt.f32(&format!("{name}.bias"), &[n_out])?,
+        n_in,
+        n_out,
+    })
 }
 
-/// A GPT-2 `Conv1D` (`weight` `[n_in, n_out]`, already the packed layout).
+/// A GPT-2 `Conv1D` (`weight` `[n_in, n_out]`).
 fn conv1d(ckpt: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Linear, ModelError> {
     Ok(Linear {
-        weight: ckpt.f32(&format!("{name}.weight"), &[n_in, n_out])?,
+        weight: ckpt.f32_data(&format!("{name}.weight"), &[n_in, n_out])?,
+        layout: WeightLayout::InOut,
         bias: ckpt.f32(&format!("{name}.bias"), &[n_out])?,
         n_in,
         n_out,
@@ -97,12 +100,14 @@ impl Weights {
 fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
     let p = prefix_of(ckpt, &["", "bert."], "embeddings.word_embeddings.weight")?;
     let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
-    let word_embeddings = format!("{p}embeddings.word_embeddings.weight");
-    ckpt.f32_bytes(&word_embeddings, &[c.vocab_size, h])?;
+    let word_embeddings = ckpt.f32_data(
+        &format!("{p}embeddings.word_embeddings.weight"),
+        &[c.vocab_size, h],
+    )?;
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}encoder.layer.{l}.");
-            // Stack the three [h, h] projections into one [3h, h] before packing to [h, 3h].
+            // Stack the three [h, h] projections into one [3h, h]: one GEMM instead of three.
             let mut w = Vec::with_capacity(3 * h * h);
             let mut b = Vec::with_capacity(3 * h);
             for part in ["query", "key", "value"] {
@@ -110,7 +115,13 @@ fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
                 b.extend(ckpt.f32(&format!("{lp}attention.self.{part}.bias"), &[h])?);
             }
             Ok(Layer {
-                qkv: Linear::from_out_in(&w, b, h, 3 * h),
+                qkv: Linear {
+                    weight: F32Data::Owned(w),
+                    layout: WeightLayout::OutIn,
+                    bias: b,
+                    n_in: h,
+                    n_out: 3 * h,
+                },
                 attn_out: torch_linear(ckpt, &format!("{lp}attention.output.dense"), h, h)?,
                 norm_attn: norm(ckpt, &format!("{lp}attention.output.LayerNorm"), h, eps)?,
                 ff_in: torch_linear(ckpt, &format!("{lp}intermediate.dense"), h, i)?,
@@ -132,15 +143,13 @@ fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
         embed_norm: Some(norm(ckpt, &format!("{p}embeddings.LayerNorm"), h, eps)?),
         layers,
         final_norm: None,
-        lm_head: None,
     })
 }
 
 fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
     let p = prefix_of(ckpt, &["", "transformer."], "wte.weight")?;
     let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
-    let word_embeddings = format!("{p}wte.weight");
-    let wte = ckpt.f32(&word_embeddings, &[c.vocab_size, h])?;
+    let word_embeddings = ckpt.f32_data(&format!("{p}wte.weight"), &[c.vocab_size, h])?;
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}h.{l}.");
@@ -161,6 +170,5 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
         embed_norm: None,
         layers,
         final_norm: Some(norm(ckpt, &format!("{p}ln_f"), h, eps)?),
-        lm_head: Some(wte),
     })
 }

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use attn_models::checkpoint::Checkpoint;
+use attn_models::checkpoint::{Checkpoint, F32Data};
 use attn_models::fetch::{unpack_model, verify_sha256};
 use attn_models::{Model, ModelConfig, ModelError};
 
@@ -63,6 +63,31 @@ fn a_valid_checkpoint_reads_back() {
         ckpt.f32("c", &[1]),
         Err(ModelError::MissingTensor { .. })
     ));
+}
+
+#[test]
+fn aligned_tensors_are_read_in_place_and_unaligned_ones_copied() {
+    let data: Vec<u8> = [1.5f32, -2.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let header = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    // Pad the header with spaces so that the data starts at a multiple of 4, then one byte off.
+    let aligned = format!(
+        "{header:<width$}",
+        width = (header.len() + 8).next_multiple_of(4) - 8
+    );
+    let unaligned = format!("{aligned} ");
+    for (header, mapped) in [(aligned, true), (unaligned, false)] {
+        let ckpt = open_bytes(&safetensors_bytes(&header, &data)).unwrap();
+        let values = ckpt.f32_data("a", &[2]).unwrap();
+        assert_eq!(&values[..], &[1.5, -2.0]);
+        assert_eq!(
+            matches!(values, F32Data::Mapped { .. }),
+            mapped,
+            "{values:?}"
+        );
+    }
 }
 
 #[test]
