@@ -104,9 +104,47 @@ pub struct AttnInput<'a> {
     pub shape: AttnShape,
 }
 
+/// The first NaN or infinity of `data`, as the error that names `tensor`.
+fn check_finite(tensor: &'static str, data: &[f32]) -> Result<(), AttnError> {
+    match data.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(AttnError::NonFinite {
+            tensor,
+            index,
+            value: data[index],
+        }),
+    }
+}
+
 impl<'a> AttnInput<'a> {
-    /// Checks the head grouping and every slice's length against `shape`.
+    /// Checks the head grouping, every slice's length against `shape`, and that every value is
+    /// finite: a NaN or infinity in `q`, `k` or `v` is [`AttnError::NonFinite`] naming the
+    /// tensor and the first bad index.
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, n_heads, seq_q, head_dim]`
+    /// - `k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+    /// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
     pub fn new(
+        q: &'a [f32],
+        k: &'a [f32],
+        v: &'a [f32],
+        shape: AttnShape,
+    ) -> Result<Self, AttnError> {
+        let input = Self::allowing_non_finite(q, k, v, shape)?;
+        check_finite("q", q)?;
+        check_finite("k", k)?;
+        check_finite("v", v)?;
+        Ok(input)
+    }
+
+    /// Like [`AttnInput::new`] without the finiteness check, for callers that want NaN and
+    /// infinity to flow through. A non-finite query element then reaches only its own output
+    /// row; a non-finite key or value only the rows that can see it.
+    ///
+    /// # Shapes
+    /// As [`AttnInput::new`].
+    pub fn allowing_non_finite(
         q: &'a [f32],
         k: &'a [f32],
         v: &'a [f32],
@@ -119,8 +157,13 @@ impl<'a> AttnInput<'a> {
         Ok(AttnInput { q, k, v, shape })
     }
 
-    /// Builds the input from tensors given with their own dims, checking that they agree:
-    /// q `[B, Hq, L, d]`, k `[B, Hkv, S, d]`, v `[B, Hkv, S, dv]`.
+    /// Builds the input from tensors given with their own dims, checking that they agree and
+    /// that every value is finite (as [`AttnInput::new`]).
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, n_heads, seq_q, head_dim]`
+    /// - `k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+    /// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
     pub fn from_dims(
         q: (&'a [f32], &[usize]),
         k: (&'a [f32], &[usize]),
