@@ -201,7 +201,12 @@ fn bits(x: &[f32]) -> Vec<u32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    // No regression file: tests write nothing into the source tree.
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// Rows of weights sum to 1, or are all 0 (output 0, lse −∞) for a row that sees nothing;
     /// a masked weight is exactly 0.
