@@ -341,23 +341,30 @@ fn draw_cells<DB: DrawingBackend>(
     vmax: f32,
 ) -> DrawResult<DB> {
     let edge = |k: usize| (k as f64 * cell).round() as i32;
-    // Most weights are near 0: one background rectangle in 0's colour, then only the cells of
-    // another colour (a 512-token SVG shrinks several-fold, and looks the same).
+    // Colours come from a 256-step scale (as matplotlib's colormaps do). The matrix is first
+    // filled with 0's colour; then each row draws one rectangle per run of equal colour, skipping
+    // runs of the background: a 512-token SVG shrinks several-fold and looks the same.
+    let colour_of = |k: usize| viridis((scale(matrix[k], vmax) * 255.0).round() / 255.0);
     let background = viridis(0.0);
     root.draw(&Rectangle::new(
         [origin, (origin.0 + edge(n), origin.1 + edge(n))],
         background.filled(),
     ))?;
     for i in 0..n {
-        for j in 0..n {
-            let colour = viridis(scale(matrix[i * n + j], vmax));
+        let mut j = 0;
+        while j < n {
+            let colour = colour_of(i * n + j);
+            let start = j;
+            while j < n && colour_of(i * n + j) == colour {
+                j += 1;
+            }
             if colour == background {
                 continue;
             }
             root.draw(&Rectangle::new(
                 [
-                    (origin.0 + edge(j), origin.1 + edge(i)),
-                    (origin.0 + edge(j + 1), origin.1 + edge(i + 1)),
+                    (origin.0 + edge(start), origin.1 + edge(i)),
+                    (origin.0 + edge(j), origin.1 + edge(i + 1)),
                 ],
                 colour.filled(),
             ))?;
