@@ -1,0 +1,760 @@
+//! Every command against hostile input: broken model directories, broken weight files, bad
+//! text files, out-of-range flags, malformed saved maps and attention cases. Each must end with
+//! exit status 1 (2 for a usage error), an `error:` line naming what was wrong, no panic, and
+//! no existing output file touched.
+//!
+//! The test prints one table row per case (`| command | hostile input | exit | first line |`);
+//! `scripts/reliability.sh` collects them into the reliability table.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// `shared/golden`, next to the repository.
+fn golden() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden"
+    ))
+}
+
+fn tiny_gpt2() -> PathBuf {
+    golden().join("tiny-gpt2")
+}
+
+fn attnscope(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(args)
+        // Never the real cache: a command that wanted the default model would fail here
+        // instead of fetching it.
+        .env("ATTNSCOPE_CACHE", "/nonexistent/attnscope-cache")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("running attnscope")
+}
+
+/// One hostile invocation and what its error must say.
+struct Case {
+    command: &'static str,
+    input: String,
+    args: Vec<String>,
+    exit: i32,
+    /// Fragments the error must contain (case-insensitive).
+    needles: Vec<&'static str>,
+}
+
+fn case(command: &'static str, input: &str, args: &[&str], needles: &[&'static str]) -> Case {
+    let mut all = vec![command.to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    Case {
+        command,
+        input: input.to_string(),
+        args: all,
+        exit: 1,
+        needles: needles.to_vec(),
+    }
+}
+
+fn usage(command: &'static str, input: &str, args: &[&str], needles: &[&'static str]) -> Case {
+    Case {
+        exit: 2,
+        ..case(command, input, args, needles)
+    }
+}
+
+/// A copy of tiny-gpt2 in `root/name` with `edit` applied to its files.
+fn model_dir(root: &Path, name: &str, edit: impl FnOnce(&Path)) -> String {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny_gpt2().join(file), dir.join(file)).unwrap();
+    }
+    edit(&dir);
+    dir.to_str().unwrap().to_string()
+}
+
+/// tiny-gpt2's config with `field` set to `value` (JSON).
+fn config_with(dir: &Path, field: &str, value: &str) {
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config[field] = serde_json::from_str(value).unwrap();
+    std::fs::write(path, config.to_string()).unwrap();
+}
+
+fn write(dir: &Path, name: &str, bytes: impl AsRef<[u8]>) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// A safetensors file from a header and data.
+fn safetensors(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+/// An attention case with q, k, v of shape `dims` filled with `fill`, and `metadata`.
+fn sdpa_case(dims: &str, numel: usize, fill: f32, metadata: &str) -> Vec<u8> {
+    let bytes: Vec<u8> = (0..numel).flat_map(|_| fill.to_le_bytes()).collect();
+    let n = bytes.len();
+    let header = format!(
+        r#"{{"__metadata__":{metadata},"q":{{"dtype":"F32","shape":{dims},"data_offsets":[0,{n}]}},"k":{{"dtype":"F32","shape":{dims},"data_offsets":[{n},{}]}},"v":{{"dtype":"F32","shape":{dims},"data_offsets":[{},{}]}}}}"#,
+        2 * n,
+        2 * n,
+        3 * n
+    );
+    safetensors(&header, &bytes.repeat(3))
+}
+
+fn maps_json(n_layers: usize, n_heads: usize, weights: &str) -> String {
+    format!(
+        r#"{{"model":"m","text":"a b","pair":null,"tokens":[{{"text":"a","id":0,"span":[0,1],"segment":0,"special":false}},{{"text":"b","id":1,"span":[2,3],"segment":0,"special":false}}],"n_layers":{n_layers},"n_heads":{n_heads},"weights":{weights}}}"#
+    )
+}
+
+fn cases(root: &Path) -> Vec<Case> {
+    let tiny = tiny_gpt2();
+    let tiny = tiny.to_str().unwrap();
+    let out = |name: &str| root.join(name).to_str().unwrap().to_string();
+
+    // Broken model directories: every command that loads a model shares the loader, and each
+    // command is tried with at least two of them.
+    let missing = out("no-such-model");
+    let not_json = model_dir(root, "config-not-json", |d| {
+        write(d, "config.json", "{ \"model_type\": ");
+    });
+    let llama = model_dir(root, "llama", |d| config_with(d, "model_type", "\"llama\""));
+    let indivisible = model_dir(root, "indivisible", |d| config_with(d, "n_embd", "30"));
+    let wider = model_dir(root, "wider-than-weights", |d| {
+        config_with(d, "n_embd", "64")
+    });
+    let zero_positions = model_dir(root, "zero-positions", |d| {
+        config_with(d, "n_positions", "0")
+    });
+    let huge_vocab = model_dir(root, "huge-vocab", |d| {
+        config_with(d, "vocab_size", "1000000000000000")
+    });
+    let negative_eps = model_dir(root, "negative-eps", |d| {
+        config_with(d, "layer_norm_epsilon", "-1e-5")
+    });
+    let truncated = model_dir(root, "truncated-weights", |d| {
+        let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+        write(d, "model.safetensors", &bytes[..bytes.len() / 2]);
+    });
+    let header_past_end = model_dir(root, "header-past-end", |d| {
+        write(d, "model.safetensors", [0xff; 64]);
+    });
+    let empty_weights = model_dir(root, "empty-weights", |d| {
+        write(d, "model.safetensors", []);
+    });
+    let weights_dir = model_dir(root, "weights-are-a-directory", |d| {
+        std::fs::remove_file(d.join("model.safetensors")).unwrap();
+        std::fs::create_dir(d.join("model.safetensors")).unwrap();
+    });
+    let overlapping = model_dir(root, "overlapping-tensors", |d| {
+        let header = r#"{"wte.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"wpe.weight":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
+        write(d, "model.safetensors", safetensors(header, &[0; 12]));
+    });
+    let overflowing = model_dir(root, "overflowing-shape", |d| {
+        let header = r#"{"wte.weight":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,16]}}"#;
+        write(d, "model.safetensors", safetensors(header, &[0; 16]));
+    });
+    let bad_tokenizer = model_dir(root, "bad-tokenizer", |d| {
+        write(d, "tokenizer.json", "[1, 2, 3]");
+    });
+    let no_tokenizer = model_dir(root, "no-tokenizer", |d| {
+        std::fs::remove_file(d.join("tokenizer.json")).unwrap();
+    });
+    let bad_modules = model_dir(root, "bad-modules", |d| {
+        write(
+            d,
+            "modules.json",
+            r#"[{"path": "1_Pooling", "type": "Pooling"}]"#,
+        );
+    });
+
+    // Text files and saved maps.
+    let latin1 = write(root, "latin1.txt", b"caf\xe9 cr\xe8me");
+    let empty_text = write(root, "empty.txt", "");
+    let long_text = write(root, "long.txt", "the cat sat on the mat ".repeat(40));
+    let maps_not_json = write(root, "maps-not-json.json", "[");
+    let maps_short = write(root, "maps-short.json", maps_json(1, 1, "[0.5, 0.5, 1.0]"));
+    let maps_negative = write(
+        root,
+        "maps-negative.json",
+        maps_json(1, 1, "[1.5, -0.5, 0.0, 1.0]"),
+    );
+    let maps_no_heads = write(root, "maps-no-heads.json", maps_json(0, 1, "[]"));
+    let maps_overflow = write(
+        root,
+        "maps-overflow.json",
+        maps_json(usize::MAX, 2, "[1.0, 0.0, 0.0, 1.0]"),
+    );
+    let entries_bad = write(root, "entries.txt", "no equals sign here\n");
+
+    // Attention cases.
+    let case_empty = write(root, "case-empty.safetensors", []);
+    let case_header = write(root, "case-header.safetensors", [0xff; 16]);
+    let case_rank3 = write(
+        root,
+        "case-rank3.safetensors",
+        sdpa_case("[1,2,2]", 4, 0.5, "{}"),
+    );
+    let case_nan = write(
+        root,
+        "case-nan.safetensors",
+        sdpa_case("[1,1,2,2]", 4, f32::NAN, "{}"),
+    );
+    let case_inf = write(
+        root,
+        "case-inf.safetensors",
+        sdpa_case("[1,1,2,2]", 4, f32::INFINITY, "{}"),
+    );
+    let case_causal = write(
+        root,
+        "case-causal.safetensors",
+        sdpa_case("[1,1,2,2]", 4, 0.5, r#"{"causal":"\"diagonal\""}"#),
+    );
+    let case_meta = write(
+        root,
+        "case-meta.safetensors",
+        sdpa_case("[1,1,2,2]", 4, 0.5, r#"{"sacle":"0.5"}"#),
+    );
+    let case_scale = write(
+        root,
+        "case-scale.safetensors",
+        sdpa_case("[1,1,2,2]", 4, 0.5, r#"{"scale":"\"big\""}"#),
+    );
+    let case_zero_dim = write(
+        root,
+        "case-zero-dim.safetensors",
+        sdpa_case("[1,1,0,2]", 0, 0.5, "{}"),
+    );
+    let walk_bad = write(
+        root,
+        "walk.json",
+        r#"{"x": [[1, 2], [3]], "w_q": [], "w_k": [], "w_v": []}"#,
+    );
+    let walk_nan = write(
+        root,
+        "walk-nan.json",
+        r#"{"x": [[1e39, 2]], "w_q": [[1],[1]], "w_k": [[1],[1]], "w_v": [[1],[1]]}"#,
+    );
+    let out_png = out("out.png");
+    let out_html = out("out.html");
+    let out_st = out("out.safetensors");
+    let no_dir_png = out("no/such/dir/out.png");
+
+    let mut cases = Vec::new();
+    for (input, dir, needles) in [
+        ("model dir does not exist", &missing, &["no-such-model"][..]),
+        ("config.json not JSON", &not_json, &["config.json"]),
+        ("model_type llama", &llama, &["llama"]),
+        (
+            "n_embd 30 with 4 heads",
+            &indivisible,
+            &["hidden_size", "30"],
+        ),
+        ("config wider than the weights", &wider, &["shape"]),
+        (
+            "n_positions 0",
+            &zero_positions,
+            &["max_position_embeddings"],
+        ),
+        ("vocab_size 1e15", &huge_vocab, &["vocab_size"]),
+        ("layer_norm_epsilon < 0", &negative_eps, &["layer_norm_eps"]),
+        ("weights truncated", &truncated, &["model.safetensors"]),
+        (
+            "weights header length past EOF",
+            &header_past_end,
+            &["header"],
+        ),
+        ("weights file empty", &empty_weights, &["model.safetensors"]),
+        (
+            "weights path is a directory",
+            &weights_dir,
+            &["model.safetensors"],
+        ),
+        (
+            "overlapping tensor ranges",
+            &overlapping,
+            &["model.safetensors"],
+        ),
+        ("tensor shape overflows", &overflowing, &["wte.weight"]),
+        (
+            "tokenizer.json not a tokenizer",
+            &bad_tokenizer,
+            &["tokenizer"],
+        ),
+        ("tokenizer.json missing", &no_tokenizer, &["tokenizer.json"]),
+        (
+            "modules.json names a missing pooling config",
+            &bad_modules,
+            &["config.json"],
+        ),
+    ] {
+        cases.push(case(
+            "attention",
+            input,
+            &["hello", "--model", dir],
+            needles,
+        ));
+    }
+    for (input, dir, needles) in [
+        ("config wider than the weights", &wider, &["shape"][..]),
+        ("weights truncated", &truncated, &["model.safetensors"]),
+    ] {
+        cases.push(case("embed", input, &["hello", "--model", dir], needles));
+        cases.push(case("explain", input, &["hello", "--model", dir], needles));
+        cases.push(case("heads", input, &["hello", "--model", dir], needles));
+        cases.push(case(
+            "heatmap",
+            input,
+            &["hello", "--model", dir, "-o", &out_png],
+            needles,
+        ));
+        cases.push(case(
+            "html",
+            input,
+            &["hello", "--model", dir, "-o", &out_html],
+            needles,
+        ));
+        cases.push(case(
+            "lookup",
+            input,
+            &["--query", "a", "--entry", "k=v", "--model", dir],
+            needles,
+        ));
+    }
+
+    cases.extend([
+        case(
+            "attention",
+            "empty text",
+            &["", "--model", tiny],
+            &["empty"],
+        ),
+        case(
+            "attention",
+            "text over 64 tokens",
+            &["--file", &long_text, "--model", tiny],
+            &["64"],
+        ),
+        case(
+            "attention",
+            "Latin-1 file (invalid UTF-8)",
+            &["--file", &latin1, "--model", tiny],
+            &["UTF-8"],
+        ),
+        case(
+            "attention",
+            "empty file",
+            &["--file", &empty_text, "--model", tiny],
+            &["empty"],
+        ),
+        case(
+            "attention",
+            "file does not exist",
+            &["--file", &out("nope.txt"), "--model", tiny],
+            &["nope.txt"],
+        ),
+        case(
+            "attention",
+            "file is a directory",
+            &["--file", root.to_str().unwrap(), "--model", tiny],
+            &["directory"],
+        ),
+        case(
+            "attention",
+            "--layer 99",
+            &["hi", "--model", tiny, "--layer", "99"],
+            &["layer", "99"],
+        ),
+        case(
+            "attention",
+            "--head 99",
+            &["hi", "--model", tiny, "--layer", "0", "--head", "99"],
+            &["head", "99"],
+        ),
+        case(
+            "attention",
+            "--threads 0",
+            &["hi", "--model", tiny, "--threads", "0"],
+            &["threads"],
+        ),
+        usage(
+            "attention",
+            "--layer -1",
+            &["hi", "--model", tiny, "--layer", "-1"],
+            &["-1"],
+        ),
+        case(
+            "embed",
+            "empty text among texts",
+            &["a", "", "--model", tiny],
+            &["empty"],
+        ),
+        case(
+            "embed",
+            "Latin-1 file",
+            &["--file", &latin1, "--model", tiny],
+            &["UTF-8"],
+        ),
+        case(
+            "explain",
+            "--focus not in the text",
+            &["the cat", "--model", tiny, "--focus", "dog"],
+            &["dog"],
+        ),
+        case(
+            "explain",
+            "--layer 2 of 2",
+            &["the cat", "--model", tiny, "--layer", "2"],
+            &["layer", "2"],
+        ),
+        usage(
+            "explain",
+            "--top 0",
+            &["the cat", "--model", tiny, "--top", "0"],
+            &["--top"],
+        ),
+        case(
+            "explain",
+            "maps not JSON",
+            &["--maps", &maps_not_json],
+            &["maps-not-json.json"],
+        ),
+        case(
+            "explain",
+            "maps weights too short",
+            &["--maps", &maps_short],
+            &["maps-short.json"],
+        ),
+        case(
+            "explain",
+            "maps negative weight",
+            &["--maps", &maps_negative],
+            &["-0.5"],
+        ),
+        case(
+            "explain",
+            "maps 0 layers",
+            &["--maps", &maps_no_heads],
+            &["maps-no-heads.json"],
+        ),
+        case(
+            "explain",
+            "maps n_layers usize::MAX",
+            &["--maps", &maps_overflow],
+            &["maps-overflow.json"],
+        ),
+        case(
+            "heads",
+            "maps weights too short",
+            &["--maps", &maps_short],
+            &["maps-short.json"],
+        ),
+        case(
+            "heads",
+            "maps negative weight",
+            &["--maps", &maps_negative],
+            &["-0.5"],
+        ),
+        case(
+            "heatmap",
+            "unknown image extension",
+            &["the cat", "--model", tiny, "-o", &out("x.bmp")],
+            &["bmp"],
+        ),
+        case(
+            "heatmap",
+            "output directory missing",
+            &["the cat", "--model", tiny, "-o", &no_dir_png],
+            &["no/such/dir"],
+        ),
+        case(
+            "heatmap",
+            "maps n_layers usize::MAX",
+            &["--maps", &maps_overflow, "-o", &out_png],
+            &["maps-overflow.json"],
+        ),
+        case(
+            "html",
+            "output directory missing",
+            &["the cat", "--model", tiny, "-o", &out("no/such/dir/x.html")],
+            &["no/such/dir"],
+        ),
+        case(
+            "html",
+            "--neuron-layer 5 of 2",
+            &[
+                "the cat",
+                "--model",
+                tiny,
+                "-o",
+                &out_html,
+                "--neuron-layer",
+                "5",
+            ],
+            &["5"],
+        ),
+        case(
+            "html",
+            "maps negative weight",
+            &["--maps", &maps_negative, "-o", &out_html],
+            &["-0.5"],
+        ),
+        case(
+            "lookup",
+            "--temperature 0",
+            &[
+                "--query",
+                "a",
+                "--entry",
+                "k=v",
+                "--model",
+                tiny,
+                "--temperature",
+                "0",
+            ],
+            &["temperature"],
+        ),
+        case(
+            "lookup",
+            "--temperature NaN",
+            &[
+                "--query",
+                "a",
+                "--entry",
+                "k=v",
+                "--model",
+                tiny,
+                "--temperature",
+                "NaN",
+            ],
+            &["temperature"],
+        ),
+        case(
+            "lookup",
+            "--entry without =",
+            &["--query", "a", "--entry", "kv", "--model", tiny],
+            &["kv"],
+        ),
+        case(
+            "lookup",
+            "--entries line without =",
+            &["--query", "a", "--entries", &entries_bad, "--model", tiny],
+            &["entries.txt"],
+        ),
+        case(
+            "lookup",
+            "no entries",
+            &["--query", "a", "--model", tiny],
+            &["entr"],
+        ),
+        case(
+            "sdpa",
+            "case file does not exist",
+            &[&out("nope.safetensors"), "-o", &out_st],
+            &["nope.safetensors"],
+        ),
+        case(
+            "sdpa",
+            "empty case file",
+            &[&case_empty, "-o", &out_st],
+            &["case-empty"],
+        ),
+        case(
+            "sdpa",
+            "header length past EOF",
+            &[&case_header, "-o", &out_st],
+            &["case-header"],
+        ),
+        case("sdpa", "q of rank 3", &[&case_rank3, "-o", &out_st], &["q"]),
+        case(
+            "sdpa",
+            "NaN in q",
+            &[&case_nan, "-o", &out_st],
+            &["q", "NaN"],
+        ),
+        case(
+            "sdpa",
+            "+inf in q",
+            &[&case_inf, "-o", &out_st],
+            &["q", "inf"],
+        ),
+        case(
+            "sdpa",
+            "causal \"diagonal\"",
+            &[&case_causal, "-o", &out_st],
+            &["causal", "diagonal"],
+        ),
+        case(
+            "sdpa",
+            "misspelt metadata key",
+            &[&case_meta, "-o", &out_st],
+            &["sacle"],
+        ),
+        case(
+            "sdpa",
+            "scale is a string",
+            &[&case_scale, "-o", &out_st],
+            &["scale"],
+        ),
+        case(
+            "sdpa",
+            "output directory missing",
+            &[&case_zero_dim, "-o", &out("no/such/dir/o.safetensors")],
+            &["no/such/dir"],
+        ),
+        case(
+            "walkthrough",
+            "ragged x",
+            &["--input", &walk_bad],
+            &["walk.json"],
+        ),
+        case(
+            "walkthrough",
+            "value beyond f32",
+            &["--input", &walk_nan],
+            &["walk-nan.json"],
+        ),
+        case(
+            "walkthrough",
+            "--mask padding:99",
+            &["--mask", "padding:99"],
+            &["padding"],
+        ),
+        case(
+            "walkthrough",
+            "--mask sideways",
+            &["--mask", "sideways"],
+            &["sideways"],
+        ),
+        case(
+            "walkthrough",
+            "--word not in the sentence",
+            &["--word", "zebra"],
+            &["zebra"],
+        ),
+        case("mask", "causal 0 queries", &["causal", "0"], &["seq_q"]),
+        usage("mask", "causal -3", &["causal", "-3"], &["-3"]),
+        usage(
+            "serve",
+            "--host not an address",
+            &["--host", "999.1.1.1", "--model", tiny],
+            &["999.1.1.1"],
+        ),
+        case(
+            "serve",
+            "model dir does not exist",
+            &["--port", "0", "--model", &missing],
+            &["no-such-model"],
+        ),
+        usage(
+            "serve",
+            "--port 70000",
+            &["--port", "70000", "--model", tiny],
+            &["70000"],
+        ),
+    ]);
+    cases
+}
+
+#[test]
+fn every_command_refuses_hostile_input_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = cases(tmp.path());
+    let mut failures = Vec::new();
+    println!("| command | hostile input | exit | error |");
+    println!("|---|---|---|---|");
+    for c in &cases {
+        let output = attnscope(&c.args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // The `error:` line (a usage error's is the first of several).
+        let first = stderr
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .unwrap_or("")
+            .to_string();
+        let code = output.status.code().unwrap_or(-1);
+        println!(
+            "| {} | {} | {} | {} |",
+            c.command,
+            c.input,
+            code,
+            first.replace('|', "\\|")
+        );
+        let lower = stderr.to_lowercase();
+        let mut why = Vec::new();
+        if code != c.exit {
+            why.push(format!("exit {code}, expected {}", c.exit));
+        }
+        if stderr.contains("panicked") || stderr.contains("RUST_BACKTRACE") {
+            why.push("panicked".into());
+        }
+        if !first.starts_with("error: ") {
+            why.push("no `error:` line".into());
+        }
+        for needle in &c.needles {
+            if !lower.contains(&needle.to_lowercase()) {
+                why.push(format!("does not say {needle:?}"));
+            }
+        }
+        if !why.is_empty() {
+            failures.push(format!(
+                "{} ({}): {}\n  args: {:?}\n  stderr: {}",
+                c.command,
+                c.input,
+                why.join("; "),
+                c.args,
+                stderr.trim()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} hostile cases misbehaved:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+/// A failed run leaves an existing output file as it was: nothing the user had is lost.
+#[test]
+fn a_failed_run_leaves_the_output_file_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let bad = model_dir(root, "wider", |d| config_with(d, "n_embd", "64"));
+    let maps = write(root, "maps.json", maps_json(1, 1, "[1.5, -0.5, 0.0, 1.0]"));
+    let case = write(
+        root,
+        "case.safetensors",
+        sdpa_case("[1,1,2,2]", 4, f32::NAN, "{}"),
+    );
+    let runs: [(&str, Vec<&str>); 5] = [
+        (
+            "keep.png",
+            vec!["heatmap", "the cat", "--model", &bad, "-o"],
+        ),
+        ("keep.svg", vec!["heatmap", "--maps", &maps, "-o"]),
+        ("keep.html", vec!["html", "the cat", "--model", &bad, "-o"]),
+        ("keep2.html", vec!["html", "--maps", &maps, "-o"]),
+        ("keep.safetensors", vec!["sdpa", &case, "-o"]),
+    ];
+    for (name, args) in runs {
+        let path = write(root, name, "precious");
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.push(path.clone());
+        let output = attnscope(&args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "precious",
+            "{args:?} touched its output"
+        );
+    }
+}
