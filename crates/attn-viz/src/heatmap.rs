@@ -186,6 +186,8 @@ struct HeatmapLayout {
     /// Draw every `step`-th label (1 up to 128 tokens).
     step: usize,
     vmax: f32,
+    /// The title, wrapped at its " — " separators to the picture's width.
+    title: Vec<String>,
 }
 
 impl HeatmapLayout {
@@ -210,16 +212,12 @@ impl HeatmapLayout {
             label_w = label_w.max(w);
         }
         let label_w = label_w.min(220) as i32;
-        let title_desc = FontDesc::new(FontFamily::SansSerif, TITLE_FONT, FontStyle::Normal);
-        let (title_w, _) = title_desc
-            .box_size(heatmap.title)
-            .map_err(|e| VizError::Draw {
-                message: format!("measuring the title: {e}"),
-            })?;
         let side = (cell * n as f64).ceil() as i32;
-        let origin = (label_w + 24, 56);
+        let width = (label_w + 24 + side + 110).max(420);
+        let (title, title_w) = wrap_title(heatmap.title, width - 32)?;
+        let origin = (label_w + 24, 14 + TITLE_LINE * title.len() as i32 + 18);
         let size = (
-            (origin.0 + side + 110).max(title_w as i32 + 40) as u32,
+            width.max(title_w + 32) as u32,
             // Rotated labels under the matrix; their measured width runs a little short.
             (origin.1 + side + label_w + label_w / 8 + 30) as u32,
         );
@@ -231,8 +229,40 @@ impl HeatmapLayout {
             font,
             step,
             vmax,
+            title,
         })
     }
+}
+
+/// Pixels from one title line to the next.
+const TITLE_LINE: i32 = 24;
+
+/// Splits `title` at its " — " separators into lines of at most `max_width` pixels (a piece
+/// wider than that gets a line of its own). Returns the lines and the widest one's width.
+fn wrap_title(title: &str, max_width: i32) -> Result<(Vec<String>, i32), VizError> {
+    let desc = FontDesc::new(FontFamily::SansSerif, TITLE_FONT, FontStyle::Normal);
+    let width = |text: &str| {
+        desc.box_size(text)
+            .map(|(w, _)| w as i32)
+            .map_err(|e| VizError::Draw {
+                message: format!("measuring the title: {e}"),
+            })
+    };
+    let mut lines: Vec<String> = Vec::new();
+    for piece in title.split(" — ") {
+        match lines.last_mut() {
+            Some(line) if width(&format!("{line} — {piece}"))? <= max_width => {
+                line.push_str(" — ");
+                line.push_str(piece);
+            }
+            _ => lines.push(piece.to_string()),
+        }
+    }
+    let mut widest = 0;
+    for line in &lines {
+        widest = widest.max(width(line)?);
+    }
+    Ok((lines, widest))
 }
 
 /// Something drawn the same way on either backend.
@@ -295,11 +325,13 @@ fn draw_heatmap<DB: DrawingBackend>(
     let n = heatmap.labels.len();
     let (x0, y0) = layout.origin;
     root.fill(&WHITE)?;
-    root.draw_text(heatmap.title, &text_style(TITLE_FONT), (16, 14))?;
+    for (k, line) in layout.title.iter().enumerate() {
+        root.draw_text(line, &text_style(TITLE_FONT), (16, 14 + TITLE_LINE * k as i32))?;
+    }
     root.draw_text(
         "rows: query (attending) · columns: key (attended to)",
         &text_style(11.0),
-        (16, 38),
+        (16, y0 - 18),
     )?;
     draw_cells(
         root,
