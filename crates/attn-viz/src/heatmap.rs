@@ -326,7 +326,11 @@ fn draw_heatmap<DB: DrawingBackend>(
     let (x0, y0) = layout.origin;
     root.fill(&WHITE)?;
     for (k, line) in layout.title.iter().enumerate() {
-        root.draw_text(line, &text_style(TITLE_FONT), (16, 14 + TITLE_LINE * k as i32))?;
+        root.draw_text(
+            line,
+            &text_style(TITLE_FONT),
+            (16, 14 + TITLE_LINE * k as i32),
+        )?;
     }
     root.draw_text(
         "rows: query (attending) · columns: key (attended to)",
