@@ -4,7 +4,7 @@
 
 mod common;
 
-use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
+use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with, set_global_threads};
 use attn_core::options::MAX_WEIGHTS_BYTES;
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
@@ -563,4 +563,25 @@ fn huge_weights_are_refused_before_allocating() {
             other => panic!("expected TooLarge, got {:?}", other.map(|o| o.out.len())),
         }
     }
+}
+
+#[test]
+fn thread_count_is_checked() {
+    assert!(matches!(
+        set_global_threads(0),
+        Err(AttnError::InvalidOption {
+            option: "threads",
+            ..
+        })
+    ));
+    // Once the pool runs, asking for its own size is fine and another size is refused.
+    let running = rayon::current_num_threads();
+    set_global_threads(running).unwrap();
+    assert!(matches!(
+        set_global_threads(running + 1),
+        Err(AttnError::InvalidOption {
+            option: "threads",
+            ..
+        })
+    ));
 }

@@ -11,8 +11,9 @@
 //! Causal and window rules bound the key blocks a query block visits, so hidden blocks cost
 //! nothing; the blocks on the boundary are masked in place.
 //!
-//! Extra memory is one score tile, one packed key block and one value block per task:
-//! `O((BLOCK_Q + head_dim + value_dim) · BLOCK_KV)`. Weights, when asked for, are recomputed
+//! Extra memory: per task, its query rows and one score tile, `O(BLOCK_Q · (head_dim +
+//! BLOCK_KV))`; per key/value head in flight, its keys transposed for the GEMM (and bf16 values
+//! widened), `O(seq_kv · (head_dim + value_dim))`. Weights, when asked for, are recomputed
 //! afterwards from the saved `lse` as `e^(score − lse)`, only for the rows asked.
 //!
 //! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
@@ -44,7 +45,7 @@ use crate::{
 };
 
 /// Query rows per task.
-const BLOCK_Q: usize = 64;
+const BLOCK_Q: usize = 96;
 /// Keys per score tile.
 const BLOCK_KV: usize = 128;
 
