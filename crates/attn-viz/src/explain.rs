@@ -2,7 +2,8 @@
 //!
 //! The row is the focus word's attention (the mean over its tokens), or, without a focus, the
 //! mean over every word shown (each word counts once, however many tokens it has). For a
-//! question/context pair, rows come from the question's words and columns are the context's.
+//! question/context pair, rows come from the question's words and columns are the context's;
+//! `across` a pair, columns are the words of the text the focus word is not in.
 //!
 //! Special tokens (`[CLS]`, `[SEP]`) usually take much of BERT's attention; hidden (the default)
 //! they would leave rows that sum to well under 1. The weights shown are therefore renormalised to
@@ -44,6 +45,9 @@ pub struct ExplainOptions {
     /// Sentence pair as question (segment 0) and context (segment 1): rows from the question,
     /// columns of the context.
     pub question: bool,
+    /// For a sentence pair: columns are the words of the other text than the focus word's (the
+    /// notes' translation example); without a focus, as `question`.
+    pub across: bool,
     /// Show only the `top` heaviest words, heaviest first.
     pub top: Option<usize>,
 }
@@ -98,7 +102,7 @@ pub fn explain(
     if let Method::Attention { selection } = options.method {
         selection.check(maps)?;
     }
-    if options.question && maps.pair.is_none() {
+    if (options.question || options.across) && maps.pair.is_none() {
         return Err(VizError::NoPair);
     }
     let units = match options.level {
@@ -106,23 +110,18 @@ pub fn explain(
         Level::Tokens => words::tokens(maps),
     };
     let visible = |u: &Unit| options.special || !u.special;
+    // Question → context: rows from segment 0, columns of segment 1.
+    let one_way = options.question || (options.across && options.focus.is_none());
     let sources: Vec<usize> = (0..units.len())
-        .filter(|&u| visible(&units[u]) && (!options.question || units[u].segment == 0))
+        .filter(|&u| visible(&units[u]) && (!one_way || units[u].segment == 0))
         .collect();
-    let targets: Vec<usize> = (0..units.len())
-        .filter(|&u| visible(&units[u]) && (!options.question || units[u].segment == 1))
-        .collect();
-    if sources.is_empty() || targets.is_empty() {
-        return Err(VizError::NothingToShow {
-            what: format!(
-                "the input has no {} to show (special tokens are hidden without --special)",
-                if options.question {
-                    "question or context words"
-                } else {
-                    "words"
-                }
-            ),
-        });
+    let nothing = |what: &str| VizError::NothingToShow {
+        what: format!(
+            "the input has no {what} to show (special tokens are hidden without --special)"
+        ),
+    };
+    if sources.is_empty() {
+        return Err(nothing(if one_way { "question words" } else { "words" }));
     }
     let mut notes = Vec::new();
     let (focus_units, focus, focus_is_default) = match &options.focus {
@@ -132,7 +131,7 @@ pub fn explain(
             (vec![unit], units[unit].label.clone(), false)
         }
         None => {
-            let what = if options.question {
+            let what = if one_way {
                 "the question's words (averaged)"
             } else {
                 "every word (averaged)"
@@ -141,6 +140,23 @@ pub fn explain(
             (sources.clone(), what.to_string(), true)
         }
     };
+    let target_segment = if one_way {
+        Some(1)
+    } else if options.across {
+        Some(1 - units[focus_units[0]].segment.min(1))
+    } else {
+        None
+    };
+    let targets: Vec<usize> = (0..units.len())
+        .filter(|&u| visible(&units[u]) && target_segment.is_none_or(|s| units[u].segment == s))
+        .collect();
+    if targets.is_empty() {
+        return Err(nothing(if target_segment.is_some() {
+            "words in the other text"
+        } else {
+            "words"
+        }));
+    }
     // Token weights of the row: each focus unit counts once, split over its tokens.
     let mut from: Vec<(usize, f64)> = Vec::new();
     for &u in &focus_units {
@@ -239,9 +255,9 @@ pub fn explain(
 }
 
 fn hidden_what(options: &ExplainOptions) -> &'static str {
-    match (options.question, options.special) {
-        (true, true) => "the question's own tokens",
-        (true, false) => "the question's own words and [CLS]/[SEP]",
+    match (options.question || options.across, options.special) {
+        (true, true) => "the words of its own text",
+        (true, false) => "the words of its own text and [CLS]/[SEP]",
         (false, _) => "[CLS]/[SEP]",
     }
 }

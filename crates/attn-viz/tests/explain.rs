@@ -43,6 +43,7 @@ fn options(focus: Option<&str>) -> ExplainOptions {
         special: false,
         focus: focus.map(str::to_string),
         question: false,
+        across: false,
         top: None,
     }
 }
@@ -281,4 +282,25 @@ fn raw_token_focus_ignores_the_tokenizers_marks() {
     let e = run(&maps, &o);
     assert_eq!(e.focus, "Ġcat");
     assert_close(&words_and_weights(&e).1, &[0.4, 0.6], 1e-6);
+}
+
+#[test]
+fn across_a_pair_shows_the_other_texts_words() {
+    // Pair maps: [CLS] q [SEP] | x y [SEP]. From "y" (row 4, all 1/6) across: only "q" is in
+    // the other text → weight 1. From "q" across: x, y as in the question view (.75, .25).
+    let mut o = options(Some("y"));
+    o.across = true;
+    let e = run(&pair_maps(), &o);
+    let (words, weights) = words_and_weights(&e);
+    assert_eq!(words, ["q"]);
+    assert_close(&weights, &[1.0], 1e-6);
+    o.focus = Some("q".into());
+    let e = run(&pair_maps(), &o);
+    assert_eq!(words_and_weights(&e).0, ["x", "y"]);
+    assert_close(&words_and_weights(&e).1, &[0.75, 0.25], 1e-6);
+    // Without a pair there is no other text.
+    assert!(matches!(
+        explain(&maps(), &o, |_, _| {}),
+        Err(VizError::NoPair)
+    ));
 }

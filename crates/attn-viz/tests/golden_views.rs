@@ -84,6 +84,7 @@ fn the_eiffel_question_matches_a_brute_force_sum() {
         special: false,
         focus: None,
         question: true,
+        across: false,
         top: None,
     };
     let e = explain(&maps, &options, |_, _| {}).unwrap();

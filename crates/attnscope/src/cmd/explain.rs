@@ -13,6 +13,7 @@ use crate::maps::{ColorChoice, SourceArgs, progress_bar};
 #[command(after_help = "Examples:
   attnscope explain \"The cat that ate the mouse that lived in the barn ran away\" --focus ran
   attnscope explain --question \"Where is the Eiffel Tower?\" --context \"The Eiffel Tower is located in Paris, France.\"
+  attnscope explain \"I love machine learning\" --pair \"J'adore l'apprentissage automatique\" --focus apprentissage --across
   attnscope explain \"The cat sat on the mat\" --focus sat --layer 2 --head 5")]
 pub struct Args {
     /// The text to look at.
@@ -32,6 +33,10 @@ pub struct Args {
     /// The context the question's words attend to (with --question).
     #[arg(long, value_name = "TEXT", requires = "question")]
     pub context: Option<String>,
+    /// With --pair: show only the words of the other text than the focus word's (e.g. which
+    /// English words a French word attends to).
+    #[arg(long, conflicts_with = "question")]
+    pub across: bool,
     /// The word to look from ("the#2" for the second "the"); default: every word averaged.
     #[arg(long, value_name = "WORD")]
     pub focus: Option<String>,
@@ -92,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         special: args.special,
         focus: args.focus.clone(),
         question: args.question.is_some(),
+        across: args.across,
         top: args.top.map(|k| k as usize),
     };
     let bar = if args.flow {
