@@ -1,0 +1,309 @@
+//! `attnscope serve` under load, from outside: a local load generator (std threads speaking
+//! HTTP/1.1 over raw sockets, no client library between the test and the wire) against the
+//! server on 127.0.0.1.
+//!
+//! - Rounds of 100 concurrent mixed requests (good texts, pairs, bodies over 1 MiB, texts over
+//!   the model's limit, malformed JSON) all get their expected answer, and the server's memory
+//!   stays bounded from round to round.
+//! - Hundreds of idle or half-sent connections do not stop a real request.
+//! - The 1 MiB limit holds for chunked bodies and for a body cut short after the limit.
+//!
+//! Each test prints its measurements (`load: ...` lines) for `scripts/reliability.sh`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `shared/golden`, next to the repository.
+fn tiny_gpt2() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden/tiny-gpt2"
+    ))
+}
+
+/// The server, killed when dropped.
+struct Server {
+    child: Child,
+    /// `127.0.0.1:PORT`
+    address: String,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+            .args(["serve", "--port", "0", "--model"])
+            .arg(tiny_gpt2())
+            .env("ATTNSCOPE_CACHE", "/nonexistent/attnscope-cache")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting attnscope serve");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        // Keep reading: a closed pipe would make the server's next print fail.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        // "attnscope serve: http://127.0.0.1:PORT/ (model ...)"
+        let address = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        assert!(address.starts_with("127.0.0.1:"), "{address}");
+        Server { child, address }
+    }
+
+    /// Resident memory of the server process, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status")
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP answer: status and body (de-chunked).
+struct Answer {
+    status: u16,
+    body: String,
+}
+
+/// Sends raw request bytes and reads the whole answer (`Connection: close`).
+fn exchange(address: &str, request: &[u8]) -> std::io::Result<Answer> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    // The server may answer 413 and close before the whole body is written: a failed write is
+    // fine as long as the answer can be read.
+    let _ = stream.write_all(request);
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).or_else(|e| {
+        if raw.is_empty() {
+            Err(e)
+        } else {
+            Ok(raw.len())
+        }
+    })?;
+    parse(&raw)
+}
+
+fn parse(raw: &[u8]) -> std::io::Result<Answer> {
+    let bad = |what: &str| std::io::Error::other(format!("bad HTTP answer: {what}"));
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no end of headers"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no status"))?;
+    let mut body = raw[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut plain = Vec::new();
+        let mut rest = &body[..];
+        loop {
+            let line_end = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .ok_or_else(|| bad("chunk size"))?;
+            let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..line_end]).trim(), 16)
+                .map_err(|_| bad("chunk size"))?;
+            if size == 0 {
+                break;
+            }
+            let start = line_end + 2;
+            plain.extend_from_slice(rest.get(start..start + size).ok_or_else(|| bad("chunk"))?);
+            rest = rest
+                .get(start + size + 2..)
+                .ok_or_else(|| bad("chunk end"))?;
+        }
+        body = plain;
+    }
+    Ok(Answer {
+        status,
+        body: String::from_utf8_lossy(&body).to_string(),
+    })
+}
+
+fn post_request(body: &str) -> Vec<u8> {
+    format!(
+        "POST /api/attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The request of kind `i % 5` and the status it must get.
+fn mixed(i: usize) -> (Vec<u8>, u16, &'static str) {
+    let json = |v: serde_json::Value| post_request(&v.to_string());
+    match i % 5 {
+        0 => (
+            json(serde_json::json!({ "text": "the cat sat on the mat ".repeat(1 + i % 7) })),
+            200,
+            "a text",
+        ),
+        1 => (
+            json(serde_json::json!({ "text": "Who sat?", "pair": "The cat <b>sat</b>." })),
+            200,
+            "a pair",
+        ),
+        2 => (
+            json(serde_json::json!({ "text": "a".repeat((1 << 20) + 1) })),
+            413,
+            "a body over 1 MiB",
+        ),
+        3 => (
+            json(serde_json::json!({ "text": "the cat sat on the mat ".repeat(40) })),
+            422,
+            "a text over 64 tokens",
+        ),
+        _ => (post_request("{\"text\": "), 400, "malformed JSON"),
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[test]
+fn rounds_of_a_hundred_concurrent_mixed_requests_all_answer_and_memory_stays_bounded() {
+    let mut server = Server::start();
+    let mut rss = Vec::new();
+    for round in 0..3 {
+        let started = Instant::now();
+        let answers: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..100)
+                .map(|i| {
+                    let address = &server.address;
+                    scope.spawn(move || {
+                        let (request, want, what) = mixed(i);
+                        let t = Instant::now();
+                        (exchange(address, &request), want, what, t.elapsed())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let wall = started.elapsed();
+        let mut latencies = Vec::new();
+        for (answer, want, what, latency) in answers {
+            let answer = answer.unwrap_or_else(|e| panic!("round {round}, {what}: {e}"));
+            assert_eq!(
+                answer.status, want,
+                "round {round}, {what}: {}",
+                answer.body
+            );
+            let data: serde_json::Value = serde_json::from_str(&answer.body)
+                .unwrap_or_else(|e| panic!("{what}: answer is not JSON ({e}): {}", answer.body));
+            if want == 200 {
+                assert!(!data["tokens"].as_array().unwrap().is_empty(), "{what}");
+            } else {
+                let message = data["error"].as_str().expect("an error message");
+                if want == 422 {
+                    assert!(message.contains("at most 64"), "{message}");
+                }
+            }
+            latencies.push(latency);
+        }
+        latencies.sort();
+        rss.push(server.rss_kib());
+        println!(
+            "load: round {round}: 100 concurrent mixed requests in {:.2} s, latency p50 {:.0} ms, \
+             p99 {:.0} ms, server RSS {} MiB",
+            wall.as_secs_f64(),
+            percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+            percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+            rss[round] / 1024
+        );
+    }
+    assert!(server.alive());
+    // Bounded: after the first round has warmed the allocator, two more rounds of the same
+    // load may not grow the server by more than 64 MiB (one round's bodies alone are 20 MiB).
+    assert!(
+        rss[2] <= rss[0] + 64 * 1024,
+        "server memory grew from {} KiB to {} KiB",
+        rss[0],
+        rss[2]
+    );
+}
+
+#[test]
+fn idle_and_half_sent_connections_do_not_block_a_real_request() {
+    let mut server = Server::start();
+    let mut idle = Vec::new();
+    for i in 0..300 {
+        let mut stream = TcpStream::connect(&server.address).unwrap();
+        if i % 2 == 0 {
+            // Half a request line and no more: the slow-loris pattern.
+            stream
+                .write_all(b"POST /api/attention HTTP/1.1\r\nHost: loc")
+                .unwrap();
+        }
+        idle.push(stream);
+    }
+    let started = Instant::now();
+    let (request, want, _) = mixed(0);
+    let answer = exchange(&server.address, &request).unwrap();
+    assert_eq!(answer.status, want, "{}", answer.body);
+    let elapsed = started.elapsed();
+    println!(
+        "load: a request among 300 idle or half-sent connections answered in {:.0} ms",
+        elapsed.as_secs_f64() * 1e3
+    );
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    drop(idle);
+    assert!(server.alive());
+}
+
+#[test]
+fn the_body_limit_holds_for_chunked_and_unsent_bodies() {
+    let mut server = Server::start();
+    // 1.5 MiB in 64 KiB chunks, without a Content-Length.
+    let text = "a".repeat(3 << 19);
+    let body = serde_json::json!({ "text": text }).to_string();
+    let mut request = b"POST /api/attention HTTP/1.1\r\nHost: localhost\r\n\
+        Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        .to_vec();
+    for chunk in body.as_bytes().chunks(1 << 16) {
+        request.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        request.extend_from_slice(chunk);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    let answer = exchange(&server.address, &request).unwrap();
+    assert_eq!(answer.status, 413, "chunked: {}", answer.body);
+
+    // A Content-Length of 2 MiB of which only the first 1 MiB + 1 byte ever arrive: refused as
+    // soon as the limit is crossed, without waiting for the rest.
+    let started = Instant::now();
+    let mut request = b"POST /api/attention HTTP/1.1\r\nHost: localhost\r\n\
+        Content-Type: application/json\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\n"
+        .to_vec();
+    request.extend(std::iter::repeat_n(b' ', (1 << 20) + 1));
+    let answer = exchange(&server.address, &request).unwrap();
+    assert_eq!(answer.status, 413, "declared length: {}", answer.body);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(server.alive());
+}
