@@ -4,7 +4,7 @@
 "use strict";
 
 (function () {
-  const FORMAT = 1;
+  const FORMAT = 2;
   const ROW = 18; // head-view row height in px, matches .tok in the CSS
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3b4cc0", "#b40426"];
@@ -43,15 +43,22 @@
     return new Uint8Array(await new Response(stream).arrayBuffer());
   }
 
-  // LEB128 varints, one per weight.
+  // LEB128 varint tokens: 2v for a weight of v thousandths, 2r + 1 for r zeros (payload.rs).
   function decodeWeights(bytes, n) {
     const out = new Uint16Array(n);
     let i = 0, k = 0;
-    while (i < bytes.length && k < n) {
-      const b = bytes[i++];
-      out[k++] = b < 128 ? b : (b & 127) | (bytes[i++] << 7);
+    while (i < bytes.length) {
+      let token = 0, scale = 1, b;
+      do {
+        b = bytes[i++];
+        token += (b & 127) * scale;
+        scale *= 128;
+      } while (b & 128 && i < bytes.length);
+      if (token % 2 === 1) k += (token - 1) / 2;
+      else out[k++] = token / 2;
+      if (k > n) break;
     }
-    if (k !== n || i !== bytes.length) throw new Error("weights are corrupt: expected " + n + " values");
+    if (k !== n) throw new Error("weights are corrupt: expected " + n + " values");
     return out;
   }
 

@@ -284,7 +284,11 @@ fn text_errors_are_clear() {
 
     let output = html(&[""], &out);
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).starts_with("error:"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("error: the text is empty"),
+        "{}",
+        stderr(&output)
+    );
     assert!(!out.exists());
 }
 

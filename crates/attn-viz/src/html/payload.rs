@@ -1,7 +1,8 @@
 //! The data the explorer page receives, and how it is packed small enough for 512-token inputs.
 //!
-//! Weights are quantised to 3 decimals (integers 0..=1000), written as LEB128 varints (one byte
-//! below 128, two above), zlib-compressed and base64-encoded. Queries and keys for the neuron
+//! Weights are quantised to 3 decimals (integers 0..=1000) and written as LEB128 varints of
+//! tokens — `2v` for a weight of v thousandths (v > 0), `2r + 1` for a run of r zeros — then
+//! zlib-compressed and base64-encoded. Queries and keys for the neuron
 //! view are IEEE half floats, packed the same way, for as many layers as a byte budget allows.
 //! The page unpacks both with the browser's own `DecompressionStream("deflate")`, so nothing
 //! but the page itself is needed.
@@ -27,7 +28,7 @@ use crate::AttentionMaps;
 pub const WEIGHT_SCALE: u16 = 1000;
 
 /// Version of the payload layout; the page refuses any other.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 /// Queries and keys after projection, for the neuron view.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,7 +148,8 @@ pub fn payload_json(
     let weights_budget = options
         .size_budget_bytes
         .map(|budget| budget.saturating_sub(rest));
-    (payload.weight_floor, payload.weights) = pack_weights(&quantised, weights_budget)?;
+    (payload.weight_floor, payload.weights) =
+        pack_weights(&quantised, n_tokens * n_tokens, weights_budget)?;
     to_json(&payload)
 }
 
@@ -171,21 +173,35 @@ fn quantise(weights: &[f32]) -> Vec<u16> {
 /// Floors tried, in thousandths, when the exact weights are over budget.
 const FLOORS: [u16; 8] = [0, 2, 3, 5, 10, 20, 50, 100];
 
-/// Packs quantised weights; returns the floor used and the packed text. With a budget, starts
-/// at the smallest floor whose estimated size fits (order-0 entropy, which deflate matches
-/// or beats on attention), and goes up while the packed text is still over budget.
-fn pack_weights(quantised: &[u16], budget: Option<usize>) -> Result<(u16, String), HtmlError> {
+/// Packs quantised weights; returns the floor used and the packed text. With a budget, a
+/// sample of the heads (every k-th `[T, T]` block, about an eighth of the weights) predicts
+/// each floor's packed size; the smallest floor predicted to fit (with 5 % to spare) is packed
+/// in full, and higher floors follow only if that is still over budget. One full compression
+/// is the usual cost.
+fn pack_weights(
+    quantised: &[u16],
+    block: usize,
+    budget: Option<usize>,
+) -> Result<(u16, String), HtmlError> {
     let Some(budget) = budget else {
         return Ok((0, pack_floored(quantised, 0)?));
     };
-    let mut histogram = vec![0usize; usize::from(WEIGHT_SCALE) + 1];
-    for &q in quantised {
-        histogram[usize::from(q)] += 1;
-    }
-    let start = FLOORS
+    let blocks: Vec<&[u16]> = quantised.chunks(block.max(1)).collect();
+    let stride = (blocks.len() / 8).max(1);
+    let sample: Vec<u16> = blocks
         .iter()
-        .position(|&floor| estimated_base64_bytes(&histogram, floor) <= budget)
-        .unwrap_or(FLOORS.len() - 1);
+        .step_by(stride)
+        .flat_map(|b| b.iter().copied())
+        .collect();
+    let scale = quantised.len() as f64 / sample.len().max(1) as f64;
+    let mut start = FLOORS.len() - 1;
+    for (i, &floor) in FLOORS.iter().enumerate() {
+        let predicted = pack_floored(&sample, floor)?.len() as f64 * scale * 1.05;
+        if predicted <= budget as f64 {
+            start = i;
+            break;
+        }
+    }
     let mut packed = (0, String::new());
     for &floor in &FLOORS[start..] {
         packed = (floor, pack_floored(quantised, floor)?);
@@ -196,38 +212,38 @@ fn pack_weights(quantised: &[u16], budget: Option<usize>) -> Result<(u16, String
     Ok(packed)
 }
 
-/// Order-0 entropy of the floored values, in base64 bytes.
-fn estimated_base64_bytes(histogram: &[usize], floor: u16) -> usize {
-    let floor = usize::from(floor);
-    let total: usize = histogram.iter().sum();
-    let zeros: usize = histogram[..floor.max(1)].iter().sum();
-    let counts = std::iter::once(zeros).chain(histogram[floor.max(1)..].iter().copied());
-    let bits: f64 = counts
-        .filter(|&c| c > 0)
-        .map(|c| {
-            let c = c as f64;
-            -c * (c / total as f64).log2()
-        })
-        .sum();
-    (bits / 8.0 * 4.0 / 3.0) as usize
-}
-
 fn pack_floored(quantised: &[u16], floor: u16) -> Result<String, HtmlError> {
-    let mut bytes = Vec::with_capacity(quantised.len() + quantised.len() / 8);
-    for &q in quantised {
-        push_varint(&mut bytes, if q < floor { 0 } else { q });
-    }
-    deflate_base64(&bytes, "weights")
+    deflate_base64(&encode_weights(quantised, floor), "weights")
 }
 
-/// LEB128 for values below 2^14: low 7 bits first, high bit set when another byte follows.
-fn push_varint(bytes: &mut Vec<u8>, value: u16) {
-    if value < 0x80 {
-        bytes.push(value as u8);
-    } else {
-        bytes.push(0x80 | (value & 0x7f) as u8);
-        bytes.push((value >> 7) as u8);
+/// The token stream of the module docs, with weights below `floor` written as zeros.
+fn encode_weights(quantised: &[u16], floor: u16) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(quantised.len() / 2);
+    let mut zeros: u64 = 0;
+    for &q in quantised {
+        if q == 0 || q < floor {
+            zeros += 1;
+            continue;
+        }
+        if zeros > 0 {
+            push_varint(&mut bytes, zeros << 1 | 1);
+            zeros = 0;
+        }
+        push_varint(&mut bytes, u64::from(q) << 1);
     }
+    if zeros > 0 {
+        push_varint(&mut bytes, zeros << 1 | 1);
+    }
+    bytes
+}
+
+/// LEB128: 7 bits at a time, low bits first, the high bit set when another byte follows.
+fn push_varint(bytes: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        bytes.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    bytes.push(value as u8);
 }
 
 fn deflate_base64(bytes: &[u8], what: &'static str) -> Result<String, HtmlError> {
@@ -367,16 +383,25 @@ mod tests {
         out
     }
 
-    fn decode_varints(bytes: &[u8]) -> Vec<u16> {
+    /// The page's decoder (explorer.js `decodeWeights`), written again.
+    fn decode_weights(bytes: &[u8]) -> Vec<u16> {
         let mut values = Vec::new();
         let mut i = 0;
         while i < bytes.len() {
-            if bytes[i] < 0x80 {
-                values.push(u16::from(bytes[i]));
+            let (mut token, mut shift) = (0u64, 0);
+            loop {
+                let byte = bytes[i];
                 i += 1;
+                token |= u64::from(byte & 0x7f) << shift;
+                shift += 7;
+                if byte < 0x80 {
+                    break;
+                }
+            }
+            if token & 1 == 1 {
+                values.extend(std::iter::repeat_n(0, (token >> 1) as usize));
             } else {
-                values.push(u16::from(bytes[i] & 0x7f) | u16::from(bytes[i + 1]) << 7);
-                i += 2;
+                values.push((token >> 1) as u16);
             }
         }
         values
@@ -387,10 +412,10 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(&payload_json(&maps(), None, &PageOptions::default()).unwrap())
                 .unwrap();
-        let values = decode_varints(&unpack(json["weights"].as_str().unwrap()));
-        // round(w * 1000): 1.0 -> 1000 (two bytes: 0xE8 0x07), 0.1234 -> 123, 0.8766 -> 877.
+        let values = decode_weights(&unpack(json["weights"].as_str().unwrap()));
+        // round(w * 1000): 1.0 -> 1000, 0.1234 -> 123, 0.8766 -> 877.
         assert_eq!(values, [1000, 0, 250, 750, 123, 877, 500, 500]);
-        assert_eq!(json["format"], 1);
+        assert_eq!(json["format"], FORMAT);
         assert_eq!(json["weight_scale"], 1000);
         assert_eq!(json["weight_floor"], 0);
         assert_eq!(json["tokens"][1]["text"], "b");
@@ -411,41 +436,36 @@ mod tests {
             row[i] = 1.0 - rest;
         }
         let exact = quantise(&weights);
-        let (floor, _) = pack_weights(&exact, None).unwrap();
+        let (floor, _) = pack_weights(&exact, t * t, None).unwrap();
         assert_eq!(floor, 0);
-        let (floor, packed) = pack_weights(&exact, Some(8)).unwrap();
+        let (floor, packed) = pack_weights(&exact, t * t, Some(8)).unwrap();
         assert_eq!(
             floor, 100,
             "nothing fits 8 bytes: the largest floor is used"
         );
-        let (floor, packed_mid) = pack_weights(&exact, Some(packed.len() + 40)).unwrap();
+        let (floor, packed_mid) = pack_weights(&exact, t * t, Some(packed.len() + 40)).unwrap();
         assert!(floor > 0 && floor < 100, "floor {floor}");
-        let got = decode_varints(&unpack(&packed_mid));
+        let got = decode_weights(&unpack(&packed_mid));
         for (g, e) in got.iter().zip(&exact) {
             assert_eq!(*g, if *e < floor { 0 } else { *e });
         }
     }
 
     #[test]
-    fn entropy_estimate_counts_only_what_varies() {
-        let mut histogram = vec![0usize; 1001];
-        histogram[0] = 6;
-        assert_eq!(estimated_base64_bytes(&histogram, 0), 0);
-        // Two values, 3 each: 1 bit per value, 6 bits, 0.75 bytes, 1.0 base64 bytes.
-        histogram[0] = 3;
-        histogram[7] = 3;
-        assert_eq!(estimated_base64_bytes(&histogram, 0), 1);
-        assert_eq!(estimated_base64_bytes(&histogram, 8), 0);
-    }
-
-    #[test]
-    fn varint_covers_every_quantised_value() {
-        let all: Vec<u16> = (0..=WEIGHT_SCALE).collect();
-        let mut bytes = Vec::new();
-        for &v in &all {
-            push_varint(&mut bytes, v);
-        }
-        assert_eq!(decode_varints(&bytes), all);
+    fn token_stream_covers_every_value_and_long_runs() {
+        let mut all: Vec<u16> = (0..=WEIGHT_SCALE).collect();
+        all.extend(std::iter::repeat_n(0, 70_000));
+        all.extend([7, 0, 0, 1000]);
+        let bytes = encode_weights(&all, 0);
+        assert_eq!(decode_weights(&bytes), all);
+        // 1000 -> token 2000 = 0b111_1101_0000: low 7 bits 0x50 with the high bit, then 0x0F.
+        let mut one = Vec::new();
+        push_varint(&mut one, 2000);
+        assert_eq!(one, [0xD0, 0x0F]);
+        // Three zeros -> token 7; 0.005 -> token 10.
+        assert_eq!(encode_weights(&[0, 0, 0, 5], 0), [7, 10]);
+        // With floor 5, the 4 joins the zero run: tokens 2*2+1 and 2*5.
+        assert_eq!(encode_weights(&[0, 4, 5], 5), [5, 10]);
     }
 
     fn qk(maps: &AttentionMaps, head_dim: usize) -> QueryKeys {

@@ -48,7 +48,8 @@ pub fn embedded_data(page: &str) -> Value {
     serde_json::from_str(&page[open..close]).expect("embedded data is not JSON")
 }
 
-/// The weights of a payload, unpacked as the page does: base64, zlib, LEB128 varints, / scale.
+/// The weights of a payload, unpacked as the page does: base64, zlib, then LEB128 varint
+/// tokens (`2v`: a weight of v thousandths; `2r + 1`: r zeros), / scale.
 pub fn unpack_weights(data: &Value) -> Vec<f32> {
     let compressed = BASE64.decode(data["weights"].as_str().unwrap()).unwrap();
     let mut bytes = Vec::new();
@@ -59,14 +60,21 @@ pub fn unpack_weights(data: &Value) -> Vec<f32> {
     let mut values = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
-        let v = if bytes[i] < 0x80 {
+        let (mut token, mut shift) = (0u64, 0);
+        loop {
+            let byte = bytes[i];
             i += 1;
-            u16::from(bytes[i - 1])
+            token |= u64::from(byte & 0x7f) << shift;
+            shift += 7;
+            if byte < 0x80 {
+                break;
+            }
+        }
+        if token & 1 == 1 {
+            values.extend(std::iter::repeat_n(0.0, (token >> 1) as usize));
         } else {
-            i += 2;
-            u16::from(bytes[i - 2] & 0x7f) | u16::from(bytes[i - 1]) << 7
-        };
-        values.push(f32::from(v) / scale);
+            values.push((token >> 1) as f32 / scale);
+        }
     }
     values
 }
