@@ -213,7 +213,12 @@ impl ModelConfig {
                     hidden_size: c.n_embd,
                     n_layers: c.n_layer,
                     n_heads: c.n_head,
-                    intermediate_size: c.n_inner.unwrap_or(4 * c.n_embd),
+                    intermediate_size: match c.n_inner {
+                        Some(n) => n,
+                        None => c.n_embd.checked_mul(4).ok_or_else(|| {
+                            unsupported("n_embd", format!("{} is too large", c.n_embd))
+                        })?,
+                    },
                     max_positions: c.n_positions,
                     type_vocab_size: 0,
                     layer_norm_eps: c.layer_norm_epsilon,

@@ -17,20 +17,52 @@ pub enum WeightLayout {
     InOut,
 }
 
-/// A linear layer `y = x·W + b`, its weight used in the checkpoint's own layout (read in place
-/// from the map when possible), since the GEMM packs either layout as it goes.
+/// One weight matrix in the checkpoint's own layout, read in place from the map when possible
+/// (the GEMM packs either layout as it goes, so nothing is copied or transposed at load).
+#[derive(Debug, Clone)]
+pub struct Weight {
+    /// `[n_out, n_in]` or `[n_in, n_out]`, as `layout` says.
+    pub data: F32Data,
+    pub layout: WeightLayout,
+    pub n_out: usize,
+}
+
+/// A linear layer `y = x·W + b`. `W` may be stored as several matrices side by side along the
+/// output (BERT's separate query, key and value): each GEMM writes its own block of columns.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `[n_out, n_in]` or `[n_in, n_out]`, as `layout` says.
-    pub weight: F32Data,
-    pub layout: WeightLayout,
+    pub parts: Vec<Weight>,
     /// `[n_out]`
     pub bias: Vec<f32>,
     pub n_in: usize,
+    /// Sum of the parts' `n_out`.
     pub n_out: usize,
 }
 
 impl Linear {
+    /// A layer with one weight matrix.
+    ///
+    /// # Shapes
+    /// - `data`: `[n_out, n_in]` or `[n_in, n_out]` by `layout`; `bias`: `[n_out]`
+    pub fn new(
+        data: F32Data,
+        layout: WeightLayout,
+        bias: Vec<f32>,
+        n_in: usize,
+        n_out: usize,
+    ) -> Linear {
+        Linear {
+            parts: vec![Weight {
+                data,
+                layout,
+                n_out,
+            }],
+            bias,
+            n_in,
+            n_out,
+        }
+    }
+
     /// `y = x·W` without the bias (the caller fuses it into the next pass).
     ///
     /// # Shapes
@@ -39,22 +71,31 @@ impl Linear {
         let rows = x.len() / self.n_in;
         debug_assert_eq!(x.len(), rows * self.n_in);
         debug_assert_eq!(y.len(), rows * self.n_out);
-        match self.layout {
-            WeightLayout::InOut => gemm(x, rows, self.n_in, &self.weight, self.n_out, y, par),
-            WeightLayout::OutIn => gemm_bt(x, rows, self.n_in, &self.weight, self.n_out, y, par),
+        let x = MatRef::from_row_major_slice(x, rows, self.n_in);
+        let mut col = 0;
+        for part in &self.parts {
+            let w = match part.layout {
+                WeightLayout::InOut => {
+                    MatRef::from_row_major_slice(&part.data, self.n_in, part.n_out)
+                }
+                WeightLayout::OutIn => {
+                    MatRef::from_row_major_slice(&part.data, part.n_out, self.n_in).transpose()
+                }
+            };
+            // Row-major [rows, part.n_out] with row stride n_out, built as the transpose of a
+            // column-major view: faer 0.24's `from_row_major_slice_with_stride_mut` swaps the
+            // strides.
+            let dst = MatMut::from_column_major_slice_with_stride_mut(
+                &mut y[col..],
+                part.n_out,
+                rows,
+                self.n_out,
+            )
+            .transpose_mut();
+            matmul(dst, Accum::Replace, x, w, 1.0f32, par);
+            col += part.n_out;
         }
     }
-}
-
-/// `y = a·b` for row-major `a` `[m, k]`, `b` `[k, n]`, `y` `[m, n]`.
-///
-/// # Shapes
-/// - `a`: `[m, k]`, `b`: `[k, n]`, `y`: `[m, n]`
-pub fn gemm(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, y: &mut [f32], par: Par) {
-    let a = MatRef::from_row_major_slice(a, m, k);
-    let b = MatRef::from_row_major_slice(b, k, n);
-    let y = MatMut::from_row_major_slice_mut(y, m, n);
-    matmul(y, Accum::Replace, a, b, 1.0f32, par);
 }
 
 /// `y = a·bᵀ` for row-major `a` `[m, k]` and `b` `[n, k]` (a tied output embedding).
@@ -341,19 +382,9 @@ mod tests {
 
     #[test]
     fn gemm_small_by_hand() {
-        // [[1, 2], [3, 4]] · [[5, 6], [7, 8]] = [[1·5+2·7, 1·6+2·8], [3·5+4·7, 3·6+4·8]]
+        // [[1, 2], [3, 4]] · [[5, 6], [7, 8]] = [[1·5+2·7, 1·6+2·8], [3·5+4·7, 3·6+4·8]],
+        // given as a·bᵀ with b = [[5, 7], [6, 8]].
         let mut y = [0.0; 4];
-        gemm(
-            &[1.0, 2.0, 3.0, 4.0],
-            2,
-            2,
-            &[5.0, 6.0, 7.0, 8.0],
-            2,
-            &mut y,
-            Par::Seq,
-        );
-        assert_eq!(y, [19.0, 22.0, 43.0, 50.0]);
-        // a·bᵀ with b = [[5, 7], [6, 8]] is the same product.
         gemm_bt(
             &[1.0, 2.0, 3.0, 4.0],
             2,
@@ -369,26 +400,49 @@ mod tests {
     #[test]
     fn linear_layouts_agree() {
         // PyTorch weight [n_out=3, n_in=2] = [[1, 2], [3, 4], [5, 6]]; x = [1, 1] → [3, 7, 11] + b.
-        let torch = Linear {
-            weight: F32Data::Owned(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
-            layout: WeightLayout::OutIn,
-            bias: vec![0.5, 0.0, -1.0],
-            n_in: 2,
-            n_out: 3,
-        };
+        let torch = Linear::new(
+            F32Data::Owned(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            WeightLayout::OutIn,
+            vec![0.5, 0.0, -1.0],
+            2,
+            3,
+        );
         let mut y = [0.0; 3];
         torch.matmul(&[1.0, 1.0], &mut y, Par::Seq);
         bias_activation(&mut y, &torch.bias, None);
         assert_eq!(y, [3.5, 7.0, 10.0]);
         // The same weight as Conv1D [n_in=2, n_out=3] = [[1, 3, 5], [2, 4, 6]].
-        let conv = Linear {
-            weight: F32Data::Owned(vec![1.0, 3.0, 5.0, 2.0, 4.0, 6.0]),
-            layout: WeightLayout::InOut,
-            ..torch
-        };
+        let conv = Linear::new(
+            F32Data::Owned(vec![1.0, 3.0, 5.0, 2.0, 4.0, 6.0]),
+            WeightLayout::InOut,
+            vec![0.5, 0.0, -1.0],
+            2,
+            3,
+        );
         conv.matmul(&[1.0, 1.0], &mut y, Par::Seq);
         bias_activation(&mut y, &conv.bias, None);
         assert_eq!(y, [3.5, 7.0, 10.0]);
+        // Split in two along the output: rows [1, 2] and [3, 4], [5, 6] of the PyTorch weight,
+        // written side by side.
+        let split = Linear {
+            parts: vec![
+                Weight {
+                    data: F32Data::Owned(vec![1.0, 2.0]),
+                    layout: WeightLayout::OutIn,
+                    n_out: 1,
+                },
+                Weight {
+                    data: F32Data::Owned(vec![3.0, 5.0, 4.0, 6.0]),
+                    layout: WeightLayout::InOut,
+                    n_out: 2,
+                },
+            ],
+            ..conv
+        };
+        let mut y = [0.0; 6];
+        split.matmul(&[1.0, 1.0, 1.0, 0.0], &mut y, Par::Seq);
+        // Rows x = [1, 1] → [3, 7, 11]; x = [1, 0] → [1, 3, 5].
+        assert_eq!(y, [3.0, 7.0, 11.0, 1.0, 3.0, 5.0]);
     }
 
     #[test]

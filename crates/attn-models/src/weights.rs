@@ -7,13 +7,13 @@
 //! task heads add.
 
 use crate::checkpoint::{Checkpoint, F32Data};
-use crate::ops::{LayerNorm, Linear, WeightLayout};
+use crate::ops::{LayerNorm, Linear, Weight, WeightLayout};
 use crate::{ModelConfig, ModelError, ModelKind};
 
 /// One transformer block. For BERT the norms come after each sublayer (post-norm: attention
 /// output LayerNorm, output LayerNorm); for GPT-2 before (pre-norm: `ln_1`, `ln_2`).
 pub struct Layer {
-    /// Query, key and value projections side by side: `[hidden, 3·hidden]`.
+    /// Query, key and value projections side by side: output `[rows, 3·hidden]`.
     pub qkv: Linear,
     pub attn_out: Linear,
     pub norm_attn: LayerNorm,
@@ -67,24 +67,24 @@ fn torch_linear(
     n_in: usize,
     n_out: usize,
 ) -> Result<Linear, ModelError> {
-    Ok(Linear {
-        weight: ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?,
-        layout: WeightLayout::OutIn,
-        bias: ckpt.f32(&format!("{name}.bias"), &[n_out])?,
+    Ok(Linear::new(
+        ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?,
+        WeightLayout::OutIn,
+        ckpt.f32(&format!("{name}.bias"), &[n_out])?,
         n_in,
         n_out,
-    })
+    ))
 }
 
 /// A GPT-2 `Conv1D` (`weight` `[n_in, n_out]`).
 fn conv1d(ckpt: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Linear, ModelError> {
-    Ok(Linear {
-        weight: ckpt.f32_data(&format!("{name}.weight"), &[n_in, n_out])?,
-        layout: WeightLayout::InOut,
-        bias: ckpt.f32(&format!("{name}.bias"), &[n_out])?,
+    Ok(Linear::new(
+        ckpt.f32_data(&format!("{name}.weight"), &[n_in, n_out])?,
+        WeightLayout::InOut,
+        ckpt.f32(&format!("{name}.bias"), &[n_out])?,
         n_in,
         n_out,
-    })
+    ))
 }
 
 impl Weights {
@@ -107,18 +107,22 @@ fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}encoder.layer.{l}.");
-            // Stack the three [h, h] projections into one [3h, h]: one GEMM instead of three.
-            let mut w = Vec::with_capacity(3 * h * h);
-            let mut b = Vec::with_capacity(3 * h);
+            // Query, key and value write side by side into one [rows, 3h] output, like
+            // GPT-2's fused c_attn; the weights stay in the map.
+            let mut parts = Vec::with_capacity(3);
+            let mut bias = Vec::with_capacity(3 * h);
             for part in ["query", "key", "value"] {
-                w.extend(ckpt.f32(&format!("{lp}attention.self.{part}.weight"), &[h, h])?);
-                b.extend(ckpt.f32(&format!("{lp}attention.self.{part}.bias"), &[h])?);
+                parts.push(Weight {
+                    data: ckpt.f32_data(&format!("{lp}attention.self.{part}.weight"), &[h, h])?,
+                    layout: WeightLayout::OutIn,
+                    n_out: h,
+                });
+                bias.extend(ckpt.f32(&format!("{lp}attention.self.{part}.bias"), &[h])?);
             }
             Ok(Layer {
                 qkv: Linear {
-                    weight: F32Data::Owned(w),
-                    layout: WeightLayout::OutIn,
-                    bias: b,
+                    parts,
+                    bias,
                     n_in: h,
                     n_out: 3 * h,
                 },
