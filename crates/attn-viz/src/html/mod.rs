@@ -198,6 +198,18 @@ mod tests {
     }
 
     #[test]
+    fn script_json_round_trips_every_character() {
+        // Every scalar value of the first four planes, plus the two line separators.
+        let text: String = (0..0x4_0000).filter_map(char::from_u32).collect();
+        let escaped = script_json(&serde_json::to_string(&text).unwrap());
+        for bad in ['<', '>', '&', '\u{2028}', '\u{2029}'] {
+            assert!(!escaped.contains(bad), "{bad:?} left unescaped");
+        }
+        let back: String = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(back, text);
+    }
+
+    #[test]
     fn hostile_text_stays_inside_the_data_element() {
         let text = "</script><script>alert(1)</script><img src=x onerror=alert(1)>{{DATA}}";
         let page = standalone_page(
