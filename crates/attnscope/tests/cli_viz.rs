@@ -529,3 +529,26 @@ fn gpt2_words_read_the_golden_causal_attention() {
         .sum();
     assert_eq!(after, 0.0);
 }
+
+#[test]
+fn across_a_pair_shows_the_other_language() {
+    let args = [
+        "explain",
+        "I love machine learning",
+        "--pair",
+        "J'adore l'apprentissage automatique",
+        "--focus",
+        "apprentissage",
+        "--across",
+        "--json",
+    ];
+    let e: Value = serde_json::from_str(&ok(&args)).unwrap();
+    let words: Vec<&str> = e["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["word"].as_str().unwrap())
+        .collect();
+    assert_eq!(words, ["I", "love", "machine", "learning"]);
+    fails_with(&["explain", "one text", "--across"], 1, "sentence pair");
+}
