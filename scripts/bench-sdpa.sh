@@ -8,8 +8,10 @@
 #
 # For each shape it runs `attnscope bench sdpa --json` and `shared/bench/sdpa_torch.py`
 # alternately, takes the median GFLOP/s of each side over the rounds, and prints the ratio
-# ours/PyTorch next to the issue's target. Then: the 65536² run's peak memory, and what one
-# query row's weights add to a call (again alternating).
+# ours/PyTorch next to the issue's target. Then the same shapes on one thread by CPU time per
+# call (user + sys of (reps N + 1) minus (reps 1), so start-up and input generation cancel):
+# per-core efficiency, which other processes on a shared machine disturb far less than wall
+# time. Then: the 65536² run's peak memory, and what one query row's weights add to a call.
 set -euo pipefail
 
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -51,6 +53,36 @@ compare "f32 B1 H8 L=S=2048 d64 causal" 2.0 f32 2048 8 --causal
 compare "f32 B1 H8 L=S=512 d64"         1.8 f32 512 8
 compare "f32 B1 H2 L=S=8192 d64"        1.8 f32 8192 2
 compare "bf16 B1 H8 L=S=2048 d64"       3.0 bf16 2048 8
+
+# cpu_ms CMD...: CPU milliseconds (user + sys) the command used.
+cpu_ms() {
+  local TIMEFORMAT='%3U %3S'
+  { time "$@" >/dev/null 2>&1; } 2>&1 | awk '{print ($1 + $2) * 1000}'
+}
+# per_call N CMD...: CPU ms per call of a benchmark command that takes --reps, over N calls.
+per_call() {
+  local n=$1 one more; shift
+  one=$(cpu_ms "$@" --reps 1)
+  more=$(cpu_ms "$@" --reps $((n + 1)))
+  awk -v a="$one" -v b="$more" -v n="$n" 'BEGIN {print (b - a) / n}'
+}
+
+echo
+printf '%-34s %10s %10s %8s\n' "one thread, CPU ms per call" "ours" "torch" "ratio"
+# cpu_compare LABEL CALLS DTYPE SEQ HEADS [--causal]: CALLS long enough that the noise of
+# Python's start-up (tens of ms) stays small against them.
+cpu_compare() {
+  local label=$1 n=$2 dtype=$3 seq=$4 heads=$5; shift 5
+  local o t
+  o=$(per_call "$n" "$ours" bench sdpa --seq "$seq" --heads "$heads" --head-dim 64 --dtype "$dtype" --threads 1 "$@")
+  t=$(per_call "$n" "$PYTHON" "$torch_py" --seq "$seq" --heads "$heads" --head-dim 64 --dtype "$dtype" --threads 1 "$@")
+  printf '%-34s %10.1f %10.1f %7.2fx\n' "$label" "$o" "$t" "$(awk -v o="$o" -v t="$t" 'BEGIN {print t / o}')"
+}
+cpu_compare "f32 B1 H8 L=S=2048 d64"        20 f32 2048 8
+cpu_compare "f32 B1 H8 L=S=2048 d64 causal" 20 f32 2048 8 --causal
+cpu_compare "f32 B1 H8 L=S=512 d64"        200 f32 512 8
+cpu_compare "f32 B1 H2 L=S=8192 d64"         5 f32 8192 2
+cpu_compare "bf16 B1 H8 L=S=2048 d64"       20 bf16 2048 8
 
 echo
 big=$("$ours" bench sdpa --seq 65536 --heads 1 --head-dim 64 --threads "$THREADS" --reps 1 --json)
