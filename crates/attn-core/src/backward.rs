@@ -36,9 +36,9 @@ use crate::shape::check_len;
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape};
 
 /// Query rows per block.
-const BLOCK_Q: usize = 64;
+const BLOCK_Q: usize = 128;
 /// Keys per block.
-const BLOCK_KV: usize = 64;
+const BLOCK_KV: usize = 128;
 /// Tasks per rayon thread that the split over key blocks aims for.
 const TASKS_PER_THREAD: usize = 4;
 

@@ -1,0 +1,473 @@
+//! The backward pass checked two independent ways:
+//! - against central finite differences of the reference forward pass ([`sdpa_reference`]) on
+//!   small random cases, one per option the forward pass supports (dropout included: its mask
+//!   is a fixed function of the seed, so the loss stays smooth in q, k and v);
+//! - the fast path against its plain twin on a sweep of awkward shapes;
+//!
+//! and one test per bad input.
+
+use attn_core::{
+    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, Grads,
+    KeyPadding, Window, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference,
+};
+
+/// SplitMix64 values in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+struct Inputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    dout: Vec<f32>,
+}
+
+fn random_inputs(sh: AttnShape, seed: u64) -> Inputs {
+    let numel = |d: [usize; 4]| d.iter().product::<usize>();
+    let mut rng = Rng(seed);
+    // Scores of order 1 (entries up to 1.5, head_dim 4) keep the softmax away from saturation.
+    let mut scaled = |n: usize| rng.vec(n).into_iter().map(|x| 1.5 * x).collect::<Vec<_>>();
+    Inputs {
+        q: scaled(numel(sh.q_dims())),
+        k: scaled(numel(sh.k_dims())),
+        v: scaled(numel(sh.v_dims())),
+        dout: scaled(numel(sh.out_dims())),
+    }
+}
+
+/// `sum(out · dout)` of the reference forward pass, accumulated in f64.
+fn loss(sh: AttnShape, opt: &AttnOptions, q: &[f32], k: &[f32], v: &[f32], dout: &[f32]) -> f64 {
+    let out = sdpa_reference(&AttnInput::new(q, k, v, sh).unwrap(), opt).unwrap();
+    out.out
+        .iter()
+        .zip(dout)
+        .map(|(&o, &g)| f64::from(o) * f64::from(g))
+        .sum()
+}
+
+/// Central differences of [`loss`] for every element of q, k and v.
+fn finite_differences(sh: AttnShape, opt: &AttnOptions, x: &Inputs) -> Grads {
+    // f32 rounding of the loss (~1e-7 relative) over 2·EPS gives ~1e-5 of noise; the
+    // truncation error is EPS²/6 · f''' ≈ 2e-5 for these order-1 inputs.
+    const EPS: f32 = 1e-2;
+    let mut grads = Grads {
+        dq: vec![0.0; x.q.len()],
+        dk: vec![0.0; x.k.len()],
+        dv: vec![0.0; x.v.len()],
+    };
+    for which in 0..3 {
+        let n = [x.q.len(), x.k.len(), x.v.len()][which];
+        for idx in 0..n {
+            let eval = |delta: f32| {
+                let (mut q, mut k, mut v) = (x.q.clone(), x.k.clone(), x.v.clone());
+                [&mut q, &mut k, &mut v][which][idx] += delta;
+                loss(sh, opt, &q, &k, &v, &x.dout)
+            };
+            let d = ((eval(EPS) - eval(-EPS)) / (2.0 * f64::from(EPS))) as f32;
+            [&mut grads.dq, &mut grads.dk, &mut grads.dv][which][idx] = d;
+        }
+    }
+    grads
+}
+
+/// Asserts `got` is within `tol · max(1, |expected|)` of `expected`, naming the worst element.
+fn assert_grads_close(case: &str, got: &Grads, expected: &Grads, tol: f32) {
+    for (name, g, e) in [
+        ("dq", &got.dq, &expected.dq),
+        ("dk", &got.dk, &expected.dk),
+        ("dv", &got.dv, &expected.dv),
+    ] {
+        assert_eq!(g.len(), e.len(), "{case}: {name} length");
+        let (worst, at) = g
+            .iter()
+            .zip(e.iter())
+            .map(|(a, b)| {
+                if a.is_nan() {
+                    f32::INFINITY
+                } else {
+                    (a - b).abs() / b.abs().max(1.0)
+                }
+            })
+            .enumerate()
+            .fold((0.0f32, 0), |w, (i, d)| if d > w.0 { (d, i) } else { w });
+        assert!(
+            worst <= tol,
+            "{case}: {name} differs by {worst:e} at flat index {at} (got {}, expected {}), \
+             tolerance {tol:e}",
+            g[at],
+            e[at]
+        );
+    }
+}
+
+/// Both backward passes on a case, checked against finite differences.
+fn check_against_fd(case: &str, sh: AttnShape, opt: AttnOptions, seed: u64) {
+    let x = random_inputs(sh, seed);
+    let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
+    let fd = finite_differences(sh, &opt, &x);
+    let reference = sdpa_backward_reference(&input, &opt, &x.dout).unwrap();
+    let fwd = sdpa(&input, &opt).unwrap();
+    let fast = sdpa_backward(&input, &opt, &fwd.out, &fwd.lse, &x.dout).unwrap();
+    // The gradients are of order 1; 2e-3 is ~50× the finite differences' own error and far
+    // below what a missing term (a chain-rule factor, a dropout factor, a GQA sum) changes.
+    assert_grads_close(&format!("{case} (reference vs fd)"), &reference, &fd, 2e-3);
+    assert_grads_close(&format!("{case} (fast vs fd)"), &fast, &fd, 2e-3);
+    // Nothing is trivially zero: the case exercises q, k and v.
+    for (name, g) in [("dq", &fd.dq), ("dk", &fd.dk), ("dv", &fd.dv)] {
+        assert!(
+            g.iter().any(|x| x.abs() > 1e-2),
+            "{case}: {name} is all zero"
+        );
+    }
+}
+
+/// B = 2, H = 2, L = 5, S = 7, d = 4, dv = 3.
+fn small() -> AttnShape {
+    AttnShape {
+        batch: 2,
+        n_heads: 2,
+        n_kv_heads: 2,
+        seq_q: 5,
+        seq_kv: 7,
+        head_dim: 4,
+        value_dim: 3,
+    }
+}
+
+#[test]
+fn plain_and_scaled() {
+    check_against_fd("plain", small(), AttnOptions::default(), 1);
+    let opt = AttnOptions {
+        scale: Some(0.8),
+        ..AttnOptions::default()
+    };
+    check_against_fd("scale", small(), opt, 2);
+}
+
+#[test]
+fn softcap() {
+    // c = 0.5 is below the raw scores' spread, so tanh bends and its derivative matters.
+    let opt = AttnOptions {
+        softcap: Some(0.5),
+        scale: Some(1.0),
+        ..AttnOptions::default()
+    };
+    check_against_fd("softcap", small(), opt, 3);
+}
+
+#[test]
+fn alibi() {
+    let opt = AttnOptions {
+        alibi: Some(vec![0.5, 0.25]),
+        causal: Some(Causal::BottomRight),
+        ..AttnOptions::default()
+    };
+    check_against_fd("alibi", small(), opt, 4);
+}
+
+#[test]
+fn float_and_bool_masks() {
+    let sh = small();
+    let mut rng = Rng(5);
+    // [L, S] additive mask with one −∞ per row 1 (key 3), and a [B, 1, L, S] boolean mask.
+    let float: Vec<f32> = (0..sh.seq_q * sh.seq_kv)
+        .map(|idx| {
+            if idx == 7 + 3 {
+                f32::NEG_INFINITY
+            } else {
+                rng.next()
+            }
+        })
+        .collect();
+    let opt = AttnOptions {
+        float_mask: Some(FloatMask::from_vec(float, &[sh.seq_q, sh.seq_kv]).unwrap()),
+        ..AttnOptions::default()
+    };
+    check_against_fd("float mask", sh, opt, 6);
+    let mask: Vec<bool> = (0..sh.batch * sh.seq_q * sh.seq_kv)
+        .map(|_| rng.next() > -0.5)
+        .collect();
+    let opt = AttnOptions {
+        bool_mask: Some(BoolMask::from_vec(mask, &[sh.batch, 1, sh.seq_q, sh.seq_kv]).unwrap()),
+        ..AttnOptions::default()
+    };
+    check_against_fd("bool mask", sh, opt, 7);
+}
+
+#[test]
+fn key_padding_and_a_row_that_sees_nothing() {
+    let sh = small();
+    let opt = AttnOptions {
+        key_padding: Some(KeyPadding::from_lengths(&[7, 4], sh.seq_kv).unwrap()),
+        ..AttnOptions::default()
+    };
+    check_against_fd("key padding", sh, opt, 8);
+    // L = 5 > S = 3, bottom-right: queries 0 and 1 see no key and get zero gradients.
+    let sh = AttnShape {
+        seq_kv: 3,
+        ..small()
+    };
+    let opt = AttnOptions {
+        causal: Some(Causal::BottomRight),
+        ..AttnOptions::default()
+    };
+    check_against_fd("empty rows", sh, opt.clone(), 9);
+    let x = random_inputs(sh, 9);
+    let g = sdpa_backward_reference(
+        &AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap(),
+        &opt,
+        &x.dout,
+    )
+    .unwrap();
+    assert!(g.dq[..2 * sh.head_dim].iter().all(|&x| x == 0.0));
+}
+
+#[test]
+fn causal_alignments_and_window() {
+    for (name, causal) in [
+        ("causal top-left", Causal::TopLeft),
+        ("causal bottom-right", Causal::BottomRight),
+    ] {
+        let opt = AttnOptions {
+            causal: Some(causal),
+            ..AttnOptions::default()
+        };
+        check_against_fd(name, small(), opt, 10);
+    }
+    let opt = AttnOptions {
+        window: Some(Window {
+            left: Some(2),
+            right: Some(1),
+        }),
+        ..AttnOptions::default()
+    };
+    check_against_fd("window", small(), opt, 11);
+}
+
+#[test]
+fn grouped_query_attention() {
+    // 4 query heads share 2 key/value heads: dk, dv sum over each pair.
+    let sh = AttnShape {
+        n_heads: 4,
+        n_kv_heads: 2,
+        ..small()
+    };
+    check_against_fd("gqa", sh, AttnOptions::default(), 12);
+}
+
+#[test]
+fn dropout_replays_the_forward_mask() {
+    let opt = AttnOptions {
+        dropout: Some(Dropout { p: 0.3, seed: 42 }),
+        ..AttnOptions::default()
+    };
+    check_against_fd("dropout", small(), opt.clone(), 13);
+    let all = AttnOptions {
+        causal: Some(Causal::TopLeft),
+        softcap: Some(2.0),
+        alibi: Some(vec![0.3, 0.1, 0.2, 0.05]),
+        ..opt
+    };
+    let sh = AttnShape {
+        n_heads: 4,
+        n_kv_heads: 1,
+        ..small()
+    };
+    check_against_fd("dropout + causal + softcap + alibi + gqa", sh, all, 14);
+}
+
+/// Fast path vs reference twin, within 1e-4 · max(1, |x|).
+fn check_twin(case: &str, sh: AttnShape, opt: &AttnOptions, seed: u64) {
+    let x = random_inputs(sh, seed);
+    let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
+    let fwd = sdpa(&input, opt).unwrap();
+    let fast = sdpa_backward(&input, opt, &fwd.out, &fwd.lse, &x.dout).unwrap();
+    let reference = sdpa_backward_reference(&input, opt, &x.dout).unwrap();
+    assert_grads_close(case, &fast, &reference, 1e-4);
+}
+
+#[test]
+fn fast_matches_the_twin_on_awkward_shapes() {
+    let lengths = [
+        (0, 5),
+        (5, 0),
+        (1, 1),
+        (7, 63),
+        (65, 7),
+        (129, 130),
+        (200, 257),
+    ];
+    let groups = [(1, 1), (3, 3), (4, 2), (6, 1)];
+    let mut seed = 100;
+    for &(l, s) in &lengths {
+        for &(h, hkv) in &groups {
+            for (d, dv) in [(1, 1), (8, 5), (64, 64)] {
+                let sh = AttnShape {
+                    batch: 2,
+                    n_heads: h,
+                    n_kv_heads: hkv,
+                    seq_q: l,
+                    seq_kv: s,
+                    head_dim: d,
+                    value_dim: dv,
+                };
+                if l * s * h * d > 3_000_000 {
+                    continue; // the plain twin would take seconds
+                }
+                seed += 1;
+                let opts = [
+                    ("plain", AttnOptions::default()),
+                    (
+                        "causal bottom-right + window",
+                        AttnOptions {
+                            causal: Some(Causal::BottomRight),
+                            window: Some(Window {
+                                left: Some(40),
+                                right: None,
+                            }),
+                            ..AttnOptions::default()
+                        },
+                    ),
+                    (
+                        "top-left + softcap + alibi + padding + dropout",
+                        AttnOptions {
+                            causal: Some(Causal::TopLeft),
+                            softcap: Some(3.0),
+                            alibi: Some((0..h).map(|i| 0.02 * i as f32).collect()),
+                            key_padding: Some(KeyPadding::from_lengths(&[s, s / 2], s).unwrap()),
+                            dropout: Some(Dropout { p: 0.2, seed }),
+                            ..AttnOptions::default()
+                        },
+                    ),
+                ];
+                for (name, opt) in &opts {
+                    let case = format!("{name} B2 H{h}/{hkv} L{l} S{s} d{d} dv{dv}");
+                    check_twin(&case, sh, opt, seed);
+                }
+            }
+        }
+    }
+}
+
+fn errors_of(sh: AttnShape, f: impl Fn(&mut Inputs, &mut Vec<f32>, &mut Vec<f32>)) -> AttnError {
+    let mut x = random_inputs(sh, 7);
+    let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
+    let fwd = sdpa(&input, &AttnOptions::default()).unwrap();
+    let (mut out, mut lse) = (fwd.out, fwd.lse);
+    f(&mut x, &mut out, &mut lse);
+    let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
+    sdpa_backward(&input, &AttnOptions::default(), &out, &lse, &x.dout).unwrap_err()
+}
+
+#[test]
+fn a_wrong_shaped_dout_is_refused() {
+    let err = errors_of(small(), |x, _, _| {
+        x.dout.pop();
+    });
+    assert_eq!(
+        err,
+        AttnError::LengthMismatch {
+            tensor: "dout",
+            shape: vec![2, 2, 5, 3],
+            expected: 60,
+            got: 59
+        }
+    );
+    let x = random_inputs(small(), 1);
+    let input = AttnInput::new(&x.q, &x.k, &x.v, small()).unwrap();
+    let err = sdpa_backward_reference(&input, &AttnOptions::default(), &x.dout[1..]).unwrap_err();
+    assert!(matches!(
+        err,
+        AttnError::LengthMismatch { tensor: "dout", .. }
+    ));
+}
+
+#[test]
+fn wrong_shaped_saved_results_are_refused() {
+    let err = errors_of(small(), |_, out, _| out.push(0.0));
+    assert!(
+        matches!(err, AttnError::LengthMismatch { tensor: "out", .. }),
+        "{err}"
+    );
+    let err = errors_of(small(), |_, _, lse| {
+        lse.pop();
+    });
+    assert!(
+        matches!(err, AttnError::LengthMismatch { tensor: "lse", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn non_finite_gradients_and_saved_results_are_refused() {
+    let err = errors_of(small(), |x, _, _| x.dout[3] = f32::NAN);
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "dout",
+                index: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = errors_of(small(), |_, out, _| out[5] = f32::INFINITY);
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "out",
+                index: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = errors_of(small(), |_, _, lse| lse[2] = f32::INFINITY);
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "lse",
+                index: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_options_are_refused_as_in_the_forward_pass() {
+    let sh = small();
+    let x = random_inputs(sh, 1);
+    let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
+    let opt = AttnOptions {
+        alibi: Some(vec![0.5]),
+        ..AttnOptions::default()
+    };
+    let err = sdpa_backward_reference(&input, &opt, &x.dout).unwrap_err();
+    assert_eq!(
+        err,
+        AttnError::PerHeadLength {
+            what: "alibi",
+            expected: 2,
+            got: 1
+        }
+    );
+}
