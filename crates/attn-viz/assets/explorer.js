@@ -279,7 +279,9 @@
       if (v > max) max = v;
     }));
     const n = Math.max(rows.length, cols.length);
-    const cell = Math.max(1, Math.min(24, Math.floor(720 / n)));
+    // Up to 128 tokens every cell gets at least 8 px so that its labels can be read (the box
+    // scrolls); longer inputs fit 720 px without labels, and the readout names each cell.
+    const cell = Math.max(n <= 128 ? 8 : 1, Math.min(24, Math.floor(720 / n)));
     const labels = cell >= 8;
     const font = Math.min(12, cell - 1) + "px ui-monospace, Menlo, Consolas, monospace";
     const canvas = $("heatmap-canvas");
