@@ -760,3 +760,175 @@ fn mask_matrices_match_the_notes() {
     fails_with(&["mask", "padding", "   "], &["no tokens"]);
     assert_eq!(attnscope(&["mask", "causal", "-3"]).status.code(), Some(2));
 }
+
+#[test]
+fn sdpa_backward_reproduces_every_golden_gradient_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(golden("grad"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 8, "the golden README lists 8 gradient files");
+    for case in &files {
+        let (inputs, _) = read_f32s(case);
+        let want = |name: &str| {
+            let (_, dims, data) = inputs.iter().find(|(n, _, _)| n == name).unwrap();
+            (dims.clone(), data.clone())
+        };
+        for extra in [None, Some("--reference")] {
+            let out = dir.path().join("grads.safetensors");
+            let mut args = vec![
+                "sdpa",
+                case.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "--backward",
+            ];
+            args.extend(extra);
+            let stdout = ok(&args);
+            let (written, _) = read_f32s(&out);
+            for name in ["dq", "dk", "dv"] {
+                let (dims, expected) = want(&format!("expected_{name}"));
+                let (_, got_dims, got) = written.iter().find(|(n, _, _)| n == name).unwrap();
+                assert_eq!(got_dims, &dims, "{case:?} {extra:?}: {name} shape");
+                let d = got
+                    .iter()
+                    .zip(&expected)
+                    .map(|(g, e)| (g - e).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(d <= 1e-4, "{case:?} {extra:?}: {name} differs by {d:e}");
+                let line = stdout
+                    .lines()
+                    .find(|l| l.starts_with(&format!("max abs diff {name} ")))
+                    .unwrap_or_else(|| panic!("{case:?}: no {name} line in {stdout}"));
+                assert!(line.ends_with("absolute: ok"), "{case:?}: {line}");
+            }
+        }
+    }
+}
+
+/// `case_bytes` plus a `dout` tensor of `shape` and `values` (F32), after byte 40 of data.
+fn case_with_dout(shape: &str, values: &[f32], more_header: &str, more_data: &[u8]) -> Vec<u8> {
+    let end = 40 + 4 * values.len();
+    let header = format!(
+        ",\"dout\":{{\"dtype\":\"F32\",\"shape\":{shape},\"data_offsets\":[40,{end}]}}{more_header}"
+    );
+    let mut data: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    data.extend_from_slice(more_data);
+    case_bytes(("F32", "[1,1,1,2]"), &header, &data, "{}")
+}
+
+#[test]
+fn sdpa_backward_writes_gradients_for_a_hand_made_case() {
+    // q = [0, 0.25], k = [[0, 0.25], [0.5, 0.75]], v = [[1, 1.25], [1.5, 1.75]], scale 1/√2.
+    // Scores s_j = q·k_j/√2 = [0.0625, 0.1875]/√2; P = softmax(s); dout = [1, 0]:
+    // dv_j = P_j·dout, dP_j = dout·v_j = [1, 1.5], dS_j = P_j·(dP_j − Σ P·dP),
+    // dq = Σ_j dS_j·k_j/√2, dk_j = dS_j·q/√2.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("case.safetensors");
+    std::fs::write(&path, case_with_dout("[1,1,1,2]", &[1.0, 0.0], "", &[])).unwrap();
+    let out = dir.path().join("o.safetensors");
+    let stdout = ok(&[
+        "sdpa",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--backward",
+    ]);
+    assert!(stdout.contains("dq [1, 1, 1, 2], dk [1, 1, 2, 2], dv [1, 1, 2, 2]"));
+    let (written, _) = read_f32s(&out);
+    let get = |name: &str| {
+        written
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .unwrap()
+            .2
+            .clone()
+    };
+    let r2 = 2f64.sqrt();
+    let s = [0.0625 / r2, 0.1875 / r2];
+    let e = [s[0].exp(), s[1].exp()];
+    let p = [e[0] / (e[0] + e[1]), e[1] / (e[0] + e[1])];
+    let dp = [1.0, 1.5];
+    let mean = p[0] * dp[0] + p[1] * dp[1];
+    let ds = [p[0] * (dp[0] - mean), p[1] * (dp[1] - mean)];
+    let dq = [
+        (ds[0] * 0.0 + ds[1] * 0.5) / r2,
+        (ds[0] * 0.25 + ds[1] * 0.75) / r2,
+    ];
+    let dk = [0.0, ds[0] * 0.25 / r2, 0.0, ds[1] * 0.25 / r2];
+    let dv = [p[0], 0.0, p[1], 0.0];
+    for (name, want) in [("dq", &dq[..]), ("dk", &dk[..]), ("dv", &dv[..])] {
+        let got = get(name);
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (f64::from(*g) - w).abs() < 1e-6,
+                "{name}: {got:?} vs {want:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sdpa_backward_rejects_bad_gradients() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, bytes: &[u8], needles: &[&str]| {
+        let path = dir.path().join(format!("{name}.safetensors"));
+        std::fs::write(&path, bytes).unwrap();
+        let out = dir.path().join("out.safetensors");
+        fails_with(
+            &[
+                "sdpa",
+                path.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "--backward",
+            ],
+            needles,
+        );
+        assert!(!out.exists(), "{name}: no output is written for a bad case");
+    };
+    run(
+        "wrong_shape",
+        &case_with_dout("[1,1,1,3]", &[1.0, 2.0, 3.0], "", &[]),
+        &[
+            "dout has shape [1, 1, 1, 3]",
+            "[batch, n_heads, seq_q, value_dim] = [1, 1, 1, 2]",
+        ],
+    );
+    run(
+        "wrong_rank",
+        &case_with_dout("[2]", &[1.0, 2.0], "", &[]),
+        &["dout has shape [2]"],
+    );
+    run(
+        "missing",
+        &valid_case(),
+        &["missing tensor dout", "--backward"],
+    );
+    run(
+        "nan",
+        &case_with_dout("[1,1,1,2]", &[1.0, f32::NAN], "", &[]),
+        &["dout holds NaN at [0, 0, 0, 1]"],
+    );
+    run(
+        "expected_dq_shape",
+        &case_with_dout(
+            "[1,1,1,2]",
+            &[1.0, 0.0],
+            ",\"expected_dq\":{\"dtype\":\"F32\",\"shape\":[1,1,2,1],\"data_offsets\":[48,56]}",
+            &[0; 8],
+        ),
+        &["expected_dq has shape [1, 1, 2, 1]", "[1, 1, 1, 2]"],
+    );
+    // Without --backward a dout of any shape is left alone.
+    let path = dir.path().join("ignored.safetensors");
+    std::fs::write(
+        &path,
+        case_with_dout("[1,1,1,3]", &[1.0, 2.0, 3.0], "", &[]),
+    )
+    .unwrap();
+    let out = dir.path().join("o.safetensors");
+    ok(&["sdpa", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+}

@@ -3,14 +3,17 @@
 //! `mask` (bool or f32) and `key_padding`; options in the metadata, each value JSON-encoded.
 //! Every tensor and option is checked before the call; the results go to OUT as F32 tensors, and
 //! when the case holds `expected_*` tensors the largest difference to each is printed.
+//! With `--backward` it also reads `dout` (the `shared/golden/grad` format) and writes the
+//! gradients `dq`, `dk`, `dv` of `sum(out · dout)`, compared with `expected_d*` when present.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail, ensure};
 use attn_core::{
-    AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
-    KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
+    AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask, Grads,
+    KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_backward, sdpa_backward_reference,
+    sdpa_reference,
 };
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -25,11 +28,15 @@ Tensors (F32 unless said otherwise):
        [batch, n_heads, seq_q, seq_kv]
   key_padding (optional, BOOL [batch, seq_kv]: true = a real key)
   expected_out, expected_lse, expected_weights (optional): compared with the results
+  dout [batch, n_heads, seq_q, value_dim] (needed by --backward)
+  expected_dq, expected_dk, expected_dv (optional, with --backward): compared with the gradients
 Metadata (optional, each value JSON): scale, causal (\"top_left\" | \"bottom_right\"),
   window ([left, right], null or -1 = unbounded), alibi ([one slope per query head]), softcap,
   gqa (true when n_kv_heads < n_heads), dropout_p, seed, tolerance, note, case.
 OUT holds out [batch, n_heads, seq_q, value_dim], lse [batch, n_heads, seq_q] (-inf for a query
-that sees no key) and, with --weights, weights [batch, n_heads, seq_q, seq_kv].")]
+that sees no key), with --weights, weights [batch, n_heads, seq_q, seq_kv], and with --backward
+dq, dk, dv (the shapes of q, k, v: gradients of sum(out * dout), summed over the query heads
+sharing a key/value head).")]
 pub struct Args {
     /// The attention call to run (a .safetensors file).
     case: PathBuf,
@@ -42,6 +49,9 @@ pub struct Args {
     /// Run the plain reference twin instead of the fast path.
     #[arg(long)]
     reference: bool,
+    /// Also compute the gradients of q, k and v for the case's dout; write dq, dk, dv.
+    #[arg(long)]
+    backward: bool,
 }
 
 /// Metadata keys this command reads; any other key is an error, so a misspelt option
@@ -60,7 +70,8 @@ const KNOWN_METADATA: &[&str] = &[
     "case",
 ];
 
-/// Tensors this command reads or compares.
+/// Tensors this command reads or compares (`dout` and `expected_d*` only with `--backward`;
+/// without it they are accepted and left alone).
 const KNOWN_TENSORS: &[&str] = &[
     "q",
     "k",
@@ -70,15 +81,20 @@ const KNOWN_TENSORS: &[&str] = &[
     "expected_out",
     "expected_lse",
     "expected_weights",
+    "dout",
+    "expected_dq",
+    "expected_dk",
+    "expected_dv",
 ];
 
-/// Tensors of the `shared/golden/grad` files: accepted and left alone.
-const IGNORED_TENSORS: &[&str] = &["dout", "expected_dq", "expected_dk", "expected_dv"];
+/// The gradients' tolerance: the `shared/golden/grad` files' 1e-4, absolute.
+const GRAD_TOLERANCE: f64 = 1e-4;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let bytes =
         std::fs::read(&args.case).with_context(|| format!("reading {}", args.case.display()))?;
-    let case = Case::parse(&bytes).with_context(|| format!("{}", args.case.display()))?;
+    let case =
+        Case::parse(&bytes, args.backward).with_context(|| format!("{}", args.case.display()))?;
     let mut options = case.options.clone();
     if args.weights || case.expected_weights.is_some() {
         options.weights = WeightsRequest::All;
@@ -91,14 +107,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sdpa(&input, &options)
     }
     .with_context(|| format!("{}", args.case.display()))?;
+    let grads = match &case.backward {
+        None => None,
+        Some(bw) if args.reference => {
+            Some(sdpa_backward_reference(&input, &options, &bw.dout.data))
+        }
+        Some(bw) => Some(sdpa_backward(
+            &input,
+            &options,
+            &result.out,
+            &result.lse,
+            &bw.dout.data,
+        )),
+    }
+    .transpose()
+    .with_context(|| format!("{}", args.case.display()))?;
 
     let weights = match &result.weights {
         Some(Weights::All(w)) => Some(w.as_slice()),
         _ => None,
     };
-    write_results(&args.output, &case.shape, &result, args.weights)?;
+    write_results(
+        &args.output,
+        &case.shape,
+        &result,
+        args.weights,
+        grads.as_ref(),
+    )?;
     println!(
-        "wrote out {:?}, lse {:?}{} to {}",
+        "wrote out {:?}, lse {:?}{}{} to {}",
         case.shape.out_dims(),
         &case.shape.out_dims()[..3],
         if args.weights {
@@ -106,9 +143,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             String::new()
         },
+        if grads.is_some() {
+            format!(
+                ", dq {:?}, dk {:?}, dv {:?}",
+                case.shape.q_dims(),
+                case.shape.k_dims(),
+                case.shape.v_dims()
+            )
+        } else {
+            String::new()
+        },
         args.output.display()
     );
-    report_differences(&case, &result, weights)
+    report_differences(&case, &result, weights)?;
+    if let (Some(bw), Some(grads)) = (&case.backward, &grads) {
+        report_grad_differences(bw, grads);
+    }
+    Ok(())
 }
 
 /// A tensor read from the case: its dims and f32 values.
@@ -128,10 +179,20 @@ struct Case {
     expected_out: Option<F32Tensor>,
     expected_lse: Option<F32Tensor>,
     expected_weights: Option<F32Tensor>,
+    /// Present with `--backward`.
+    backward: Option<Backward>,
+}
+
+/// What `--backward` reads: the gradient arriving at the output, and what to compare with.
+struct Backward {
+    dout: F32Tensor,
+    expected_dq: Option<F32Tensor>,
+    expected_dk: Option<F32Tensor>,
+    expected_dv: Option<F32Tensor>,
 }
 
 impl Case {
-    fn parse(bytes: &[u8]) -> anyhow::Result<Case> {
+    fn parse(bytes: &[u8], backward: bool) -> anyhow::Result<Case> {
         let invalid = |e: safetensors::SafeTensorError| {
             anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}")
         };
@@ -139,10 +200,7 @@ impl Case {
         let st = SafeTensors::deserialize(bytes).map_err(invalid)?;
         let mut names = st.names();
         names.sort();
-        if let Some(name) = names
-            .iter()
-            .find(|n| !KNOWN_TENSORS.contains(n) && !IGNORED_TENSORS.contains(n))
-        {
+        if let Some(name) = names.iter().find(|n| !KNOWN_TENSORS.contains(n)) {
             bail!(
                 "unknown tensor {name:?}; a case holds {}",
                 KNOWN_TENSORS.join(", ")
@@ -249,7 +307,34 @@ impl Case {
             );
             Ok(Some(t))
         };
+        let backward = if backward {
+            let dout = st
+                .tensor("dout")
+                .is_ok()
+                .then(|| read_f32(&st, "dout", None));
+            let dout = dout.transpose()?.with_context(|| {
+                "missing tensor dout [batch, n_heads, seq_q, value_dim]: --backward needs the \
+                 gradient arriving at the output"
+            })?;
+            ensure!(
+                dout.dims == shape.out_dims(),
+                "dout has shape {:?}; expected the output's shape \
+                 [batch, n_heads, seq_q, value_dim] = {:?}",
+                dout.dims,
+                shape.out_dims()
+            );
+            check_finite("dout", &dout)?;
+            Some(Backward {
+                dout,
+                expected_dq: expected("expected_dq", shape.q_dims().to_vec())?,
+                expected_dk: expected("expected_dk", shape.k_dims().to_vec())?,
+                expected_dv: expected("expected_dv", shape.v_dims().to_vec())?,
+            })
+        } else {
+            None
+        };
         Ok(Case {
+            backward,
             expected_out: expected("expected_out", shape.out_dims().to_vec())?,
             expected_lse: expected("expected_lse", shape.out_dims()[..3].to_vec())?,
             expected_weights: expected("expected_weights", shape.score_dims().to_vec())?,
@@ -438,6 +523,7 @@ fn write_results(
     shape: &AttnShape,
     result: &AttnOutput,
     with_weights: bool,
+    grads: Option<&Grads>,
 ) -> anyhow::Result<()> {
     let bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
     let mut tensors: Vec<(&str, Vec<usize>, Vec<u8>)> = vec![
@@ -446,6 +532,11 @@ fn write_results(
     ];
     if with_weights && let Some(Weights::All(w)) = &result.weights {
         tensors.push(("weights", shape.score_dims().to_vec(), bytes(w)));
+    }
+    if let Some(g) = grads {
+        tensors.push(("dq", shape.q_dims().to_vec(), bytes(&g.dq)));
+        tensors.push(("dk", shape.k_dims().to_vec(), bytes(&g.dk)));
+        tensors.push(("dv", shape.v_dims().to_vec(), bytes(&g.dv)));
     }
     let views = tensors
         .iter()
@@ -503,6 +594,35 @@ fn report_differences(
         );
     }
     Ok(())
+}
+
+/// Prints, for each `expected_d*` tensor, the largest absolute difference and where it is, and
+/// whether it is within the gradients' absolute tolerance.
+fn report_grad_differences(bw: &Backward, grads: &Grads) {
+    let rows = [
+        ("dq", bw.expected_dq.as_ref(), &grads.dq),
+        ("dk", bw.expected_dk.as_ref(), &grads.dk),
+        ("dv", bw.expected_dv.as_ref(), &grads.dv),
+    ];
+    for (name, expected, got) in rows {
+        let Some(expected) = expected else {
+            continue;
+        };
+        let d = compare(got, &expected.data);
+        println!(
+            "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); tolerance \
+             {GRAD_TOLERANCE:e} absolute: {}",
+            d.abs,
+            unravel(d.abs_at, &expected.dims),
+            got[d.abs_at],
+            expected.data[d.abs_at],
+            if d.abs <= GRAD_TOLERANCE {
+                "ok"
+            } else {
+                "OVER"
+            }
+        );
+    }
 }
 
 struct Difference {
