@@ -21,6 +21,7 @@ pub mod mha;
 pub mod options;
 pub mod reference;
 pub mod shape;
+pub mod varlen;
 
 pub use backward::{Grads, sdpa_backward, sdpa_backward_reference};
 pub use error::AttnError;
@@ -30,6 +31,7 @@ pub use mha::{Linear, MhaConfig, MhaInput, MhaOutput, MultiheadAttention, StateD
 pub use options::{AttnOptions, Dropout, WeightsRequest};
 pub use reference::sdpa_reference;
 pub use shape::{AttnInput, AttnOutput, AttnShape, Weights};
+pub use varlen::{PackedDims, PackedInput, PackedOutput, sdpa_varlen, sdpa_varlen_backward};
 
 /// Scaled dot-product attention: the fast path.
 ///
