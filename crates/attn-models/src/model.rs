@@ -141,7 +141,8 @@ pub fn set_threads(threads: usize) -> Result<(), ModelError> {
         })
 }
 
-/// The parallelism for the GEMMs: rayon's pool (sized by `RAYON_NUM_THREADS` or the caller).
+/// The parallelism for the GEMMs: rayon's pool (sized by `RAYON_NUM_THREADS` or
+/// [`set_threads`]). Even one short text gains from it: its GEMMs stream every weight once.
 fn parallelism() -> Par {
     match rayon::current_num_threads() {
         0 | 1 => Par::Seq,
@@ -160,10 +161,22 @@ impl Model {
             });
         }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        let tokenizer =
-            TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_positions)?;
-        let checkpoint = Checkpoint::open(&dir.join("model.safetensors"))?;
-        let weights = Weights::load(&checkpoint, &config)?;
+        // Parsing tokenizer.json takes as long as mapping and checking the weights: do both at
+        // once. A tokenizer error is reported first, as if they had run in turn.
+        let (tokenizer, weights) = std::thread::scope(|scope| {
+            let tokenizer = scope.spawn(|| {
+                TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_positions)
+            });
+            let weights = Checkpoint::open(&dir.join("model.safetensors"))
+                .and_then(|checkpoint| Weights::load(&checkpoint, &config));
+            let tokenizer = tokenizer.join().unwrap_or_else(|_| {
+                Err(ModelError::Tokenizer {
+                    reason: "loading tokenizer.json panicked".into(),
+                })
+            });
+            (tokenizer, weights)
+        });
+        let (tokenizer, weights) = (tokenizer?, weights?);
         let pooling = Pooling::from_dir(dir)?;
         let name = dir
             .canonicalize()
