@@ -217,7 +217,17 @@
   }
 
   function renderHead() {
-    buildHeadView($("view-head"), () => S.layer, () => S.heads.flatMap((on, h) => (on ? [h] : [])));
+    const enabled = () => S.heads.flatMap((on, h) => (on ? [h] : []));
+    buildHeadView($("view-head"), () => S.layer, enabled);
+    // Clicking a query token opens its step-by-step neuron view (first shown head).
+    $("view-head").querySelector(".tokens.left").addEventListener("click", (event) => {
+      const tok = event.target.closest(".tok");
+      if (!tok) return;
+      $("neuron-query").value = tok.dataset.index;
+      $("neuron-head").value = String(enabled()[0] || 0);
+      S.view = "neuron";
+      render();
+    });
   }
 
   // ---- model view: every layer and head as a thumbnail, click one to enlarge it ----

@@ -213,6 +213,18 @@ fn browser_shows_every_view_of_the_submitted_text() {
     assert_eq!(set_filter("AB"), 0);
     assert!(set_filter("BA") > 0);
 
+    // Clicking a query token opens its neuron view.
+    browser.click("#view-head .tokens.left .tok:nth-child(3)");
+    browser.expect_ready();
+    assert_eq!(
+        browser.exec(
+            "return [document.getElementById('view-neuron').hidden,
+                     document.querySelector('#neuron-body strong').textContent];",
+            json!([])
+        ),
+        json!([false, serde_json::to_string(&expected[2]).unwrap()])
+    );
+
     browser.click("#tabs button[data-view=model]");
     browser.expect_ready();
     assert_eq!(
@@ -266,6 +278,12 @@ fn browser_shows_every_view_of_the_submitted_text() {
     );
     assert_eq!(keys, json!(expected));
     // Query 0 of a causal model sees only key 0: weight 1 there, the rest masked.
+    browser.exec(
+        "const s = document.getElementById('neuron-query'); s.value = '0';
+         s.dispatchEvent(new Event('change')); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
     let first_row = browser.exec(
         "return [...document.querySelectorAll('#neuron-body tr')[1].cells].slice(3, 7).map(c => c.textContent);",
         json!([]),
