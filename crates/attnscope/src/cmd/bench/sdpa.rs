@@ -230,3 +230,77 @@ impl Rng {
         ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small valid run; each test changes what it needs.
+    fn args() -> Args {
+        Args {
+            seq: 70,
+            seq_kv: Some(33),
+            batch: 2,
+            heads: 2,
+            head_dim: 40,
+            causal: true,
+            dtype: Dtype::F32,
+            // The size rayon's global pool takes by default, so any test order agrees on it.
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            weights: WeightsArg::Row,
+            reps: 2,
+            json: true,
+            backward: false,
+        }
+    }
+
+    #[test]
+    fn small_runs_succeed() {
+        run(args()).unwrap();
+        run(Args {
+            dtype: Dtype::Bf16,
+            weights: WeightsArg::All,
+            json: false,
+            ..args()
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        let err = |a: Args| format!("{:#}", run(a).unwrap_err());
+        assert!(err(Args { reps: 0, ..args() }).contains("--reps"));
+        assert!(err(Args { seq: 0, ..args() }).contains("--seq"));
+        assert!(
+            err(Args {
+                threads: 0,
+                ..args()
+            })
+            .contains("--threads")
+        );
+        assert!(
+            err(Args {
+                backward: true,
+                dtype: Dtype::Bf16,
+                ..args()
+            })
+            .contains("--backward")
+        );
+    }
+
+    #[test]
+    fn huge_weights_are_refused_before_allocating() {
+        // 2^20 × 2^20 weights are 4 TiB: refused by validation before any input exists.
+        let a = Args {
+            seq: 1 << 20,
+            seq_kv: None,
+            batch: 1,
+            heads: 1,
+            head_dim: 1,
+            weights: WeightsArg::All,
+            ..args()
+        };
+        let msg = format!("{:#}", run(a).unwrap_err());
+        assert!(msg.contains("attention weights would need"), "{msg}");
+    }
+}
