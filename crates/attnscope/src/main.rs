@@ -10,7 +10,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "attnscope", version, about = "Compute and see transformer attention")]
+#[command(
+    name = "attnscope",
+    version,
+    about = "Compute and see transformer attention"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
