@@ -278,7 +278,7 @@ fn idle_and_half_sent_connections_do_not_block_a_real_request() {
 }
 
 #[test]
-fn the_body_limit_holds_for_chunked_and_unsent_bodies() {
+fn the_body_limit_holds_for_chunked_and_cut_short_bodies() {
     let mut server = Server::start();
     // 1.5 MiB in 64 KiB chunks, without a Content-Length.
     let text = "a".repeat(3 << 19);
