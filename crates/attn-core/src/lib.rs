@@ -27,7 +27,9 @@ pub use backward::{Grads, sdpa_backward, sdpa_backward_reference};
 pub use error::AttnError;
 pub use fused::{AttnInputBf16, sdpa_bf16};
 pub use mask::{BoolMask, Causal, FloatMask, KeyPadding, Window};
-pub use mha::{Linear, MhaConfig, MhaInput, MhaOutput, MultiheadAttention, StateDict};
+pub use mha::{
+    Linear, LinearGrads, MhaConfig, MhaGrads, MhaInput, MhaOutput, MultiheadAttention, StateDict,
+};
 pub use options::{AttnOptions, Dropout, WeightsRequest};
 pub use reference::sdpa_reference;
 pub use shape::{AttnInput, AttnOutput, AttnShape, Weights};

@@ -11,11 +11,18 @@
 //! Masks are this crate's types ([`crate::BoolMask`]: `true` = may attend; [`crate::KeyPadding`]:
 //! `true` = a real key), given through [`AttnOptions`] — the opposite of PyTorch's MHA
 //! convention, where `True` means "ignore".
+//!
+//! [`MultiheadAttention::backward`] gives the gradients of `sum(out · dout)` with respect to the
+//! inputs and to every parameter: back through the output projection, [`crate::sdpa_backward`]
+//! per head, then the three input projections (for `y = x·Wᵀ + b`: `dW = dyᵀ·x`,
+//! `db = Σ_rows dy`, `dx = dy·W`).
 
 use std::collections::HashMap;
 
 use crate::shape::check_len;
-use crate::{AttnError, AttnInput, AttnOptions, AttnShape, Weights, sdpa};
+use crate::{
+    AttnError, AttnInput, AttnOptions, AttnShape, Weights, WeightsRequest, sdpa, sdpa_backward,
+};
 
 /// The sizes of a multi-head attention module (PyTorch's constructor arguments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +148,72 @@ impl Linear {
         }
         y
     }
+
+    /// Gradients of a loss through `y = x·Wᵀ + b`, given `dy` at the output: the parameters'
+    /// gradients and `dx`.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, in_dim]`, `dy`: `[rows, out_dim]` (checked by the caller)
+    /// - returns weight `[out_dim, in_dim]`, bias `[out_dim]` and `dx` `[rows, in_dim]`.
+    fn backward(&self, x: &[f32], dy: &[f32]) -> (LinearGrads, Vec<f32>) {
+        let (n_in, n_out) = (self.in_dim, self.out_dim);
+        let rows = x.len().checked_div(n_in).unwrap_or(0);
+        debug_assert_eq!(dy.len(), rows * n_out);
+        let mut weight = vec![0.0f32; n_out * n_in];
+        let mut dx = vec![0.0f32; rows * n_in];
+        for r in 0..rows {
+            let (x_row, dy_row) = (&x[r * n_in..][..n_in], &dy[r * n_out..][..n_out]);
+            let dx_row = &mut dx[r * n_in..][..n_in];
+            for (o, &g) in dy_row.iter().enumerate() {
+                let w_row = &self.weight[o * n_in..][..n_in];
+                // dW[o, :] += dy[r, o]·x[r, :];  dx[r, :] += dy[r, o]·W[o, :]
+                for ((dw, &xv), (d, &w)) in (weight[o * n_in..][..n_in].iter_mut().zip(x_row))
+                    .zip(dx_row.iter_mut().zip(w_row))
+                {
+                    *dw += g * xv;
+                    *d += g * w;
+                }
+            }
+        }
+        let bias = self.bias.as_ref().map(|_| {
+            let mut db = vec![0.0f32; n_out];
+            for dy_row in dy.chunks_exact(n_out.max(1)) {
+                db.iter_mut().zip(dy_row).for_each(|(b, &g)| *b += g);
+            }
+            db
+        });
+        (LinearGrads { weight, bias }, dx)
+    }
+}
+
+/// Gradients of one [`Linear`] layer's parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearGrads {
+    /// `[out_dim, in_dim]`
+    pub weight: Vec<f32>,
+    /// `[out_dim]`; `None` when the layer has no bias.
+    pub bias: Option<Vec<f32>>,
+}
+
+/// Gradients of `sum(out · dout)` for one multi-head attention call: with respect to its three
+/// inputs and to every parameter. For self-attention (query = key = value = `x`) the gradient
+/// of `x` is `query + key + value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MhaGrads {
+    /// `[batch, seq_q, embed_dim]`
+    pub query: Vec<f32>,
+    /// `[batch, seq_kv, kdim]`
+    pub key: Vec<f32>,
+    /// `[batch, seq_kv, vdim]`
+    pub value: Vec<f32>,
+    /// `[embed_dim, embed_dim]` and `[embed_dim]`
+    pub q_proj: LinearGrads,
+    /// `[embed_dim, kdim]` and `[embed_dim]`
+    pub k_proj: LinearGrads,
+    /// `[embed_dim, vdim]` and `[embed_dim]`
+    pub v_proj: LinearGrads,
+    /// `[embed_dim, embed_dim]` and `[embed_dim]`
+    pub out_proj: LinearGrads,
 }
 
 /// A state dict: tensor name → (dims, row-major f32 values), with PyTorch's names.
@@ -353,6 +426,76 @@ impl MultiheadAttention {
         Ok(MhaOutput {
             out: self.out_proj.forward(&merged),
             weights: attn.weights,
+        })
+    }
+}
+
+impl MultiheadAttention {
+    /// Gradients of `sum(out · dout)` with respect to the inputs and every parameter, for the
+    /// call [`MultiheadAttention::forward`] makes with the same `input` and `options` (its
+    /// dropout mask is replayed; `options.weights` is ignored). The forward pass is recomputed.
+    ///
+    /// # Shapes
+    /// - `input`: as [`MultiheadAttention::forward`]
+    /// - `dout`: `[batch, seq_q, embed_dim]`
+    /// - returns [`MhaGrads`], each gradient shaped like what it differentiates.
+    ///
+    /// # Errors
+    /// What [`MultiheadAttention::forward`] rejects, and a `dout` of the wrong length or with a
+    /// non-finite value.
+    pub fn backward(
+        &self,
+        input: &MhaInput<'_>,
+        options: &AttnOptions,
+        dout: &[f32],
+    ) -> Result<MhaGrads, AttnError> {
+        let c = &self.config;
+        let (b, l, s) = (input.batch, input.seq_q, input.seq_kv);
+        check_len("query", &[b, l, c.embed_dim], input.query.len())?;
+        check_len("key", &[b, s, c.kdim], input.key.len())?;
+        check_len("value", &[b, s, c.vdim], input.value.len())?;
+        check_len("dout", &[b, l, c.embed_dim], dout.len())?;
+        if let Some((index, &value)) = dout.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(AttnError::NonFinite {
+                tensor: "dout",
+                index,
+                value,
+            });
+        }
+        let options = AttnOptions {
+            weights: WeightsRequest::None,
+            ..options.clone()
+        };
+
+        let (h, hd) = (c.num_heads, c.head_dim());
+        let q = split_heads(&self.q_proj.forward(input.query), b, l, h, hd);
+        let k = split_heads(&self.k_proj.forward(input.key), b, s, h, hd);
+        let v = split_heads(&self.v_proj.forward(input.value), b, s, h, hd);
+        let attn_input = AttnInput::new(&q, &k, &v, AttnShape::new(b, h, l, s, hd))?;
+        let attn = sdpa(&attn_input, &options)?;
+        let merged = merge_heads(&attn.out, b, l, h, hd);
+
+        // Back through out = merged·W_outᵀ + b_out, then attention, then the projections.
+        let (out_proj, d_merged) = self.out_proj.backward(&merged, dout);
+        let d_attn = split_heads(&d_merged, b, l, h, hd);
+        let g = sdpa_backward(&attn_input, &options, &attn.out, &attn.lse, &d_attn)?;
+        let (q_proj, query) = self
+            .q_proj
+            .backward(input.query, &merge_heads(&g.dq, b, l, h, hd));
+        let (k_proj, key) = self
+            .k_proj
+            .backward(input.key, &merge_heads(&g.dk, b, s, h, hd));
+        let (v_proj, value) = self
+            .v_proj
+            .backward(input.value, &merge_heads(&g.dv, b, s, h, hd));
+        Ok(MhaGrads {
+            query,
+            key,
+            value,
+            q_proj,
+            k_proj,
+            v_proj,
+            out_proj,
         })
     }
 }
