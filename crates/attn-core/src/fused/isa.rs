@@ -62,8 +62,16 @@ impl Isa {
         ldc: usize,
         accumulate: bool,
     ) {
+        // The AVX-512 kernel indexes with raw pointers: these checks (three compares per GEMM
+        // call) keep this safe function sound whatever its caller passes.
+        let (m, n, k) = mnk;
+        assert!(n <= ldc && n <= ldb && k <= lda, "gemm strides too small");
+        assert!(m == 0 || a.len() >= (m - 1) * lda + k, "gemm: A too short");
+        assert!(k == 0 || b.len() >= (k - 1) * ldb + n, "gemm: B too short");
+        assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
         match self {
-            // SAFETY: an `Isa::Avx512` only reaches the kernels after `is_available` said yes.
+            // SAFETY: an `Isa::Avx512` only reaches the kernels after `is_available` said yes;
+            // the slices hold what the strides describe (checked above).
             Isa::Avx512 => unsafe {
                 avx512_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
             },
