@@ -385,8 +385,9 @@ impl Model {
                     &ws.normed
                 }
             };
-            layer.ff_in.matmul(x, &mut ws.intermediate, par);
-            bias_activation(&mut ws.intermediate, &layer.ff_in.bias, Some(c.activation));
+            layer
+                .ff_in
+                .matmul_activation(x, &mut ws.intermediate, c.activation, par);
             layer.ff_out.matmul(&ws.intermediate, &mut ws.sublayer, par);
             let (hidden, out, bias) = (&mut ws.hidden, &ws.sublayer, &layer.ff_out.bias);
             match c.kind {
