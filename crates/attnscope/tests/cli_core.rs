@@ -932,3 +932,71 @@ fn sdpa_backward_rejects_bad_gradients() {
     let out = dir.path().join("o.safetensors");
     ok(&["sdpa", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
 }
+
+#[test]
+fn bench_sdpa_backward_reports_forward_plus_backward() {
+    let stdout = ok(&[
+        "bench",
+        "sdpa",
+        "--seq",
+        "70",
+        "--seq-kv",
+        "33",
+        "--heads",
+        "4",
+        "--head-dim",
+        "16",
+        "--causal",
+        "--backward",
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["backward"], Value::Bool(true), "{report}");
+    let (ms, gflops) = (
+        report["ms"].as_f64().unwrap(),
+        report["gflops"].as_f64().unwrap(),
+    );
+    // FLOPs = 4·B·H·L·S·d, halved when causal, times 3.5 with the backward pass.
+    let flops = 4.0 * 4.0 * 70.0 * 33.0 * 16.0 * 0.5 * 3.5;
+    let expected = flops / (ms * 1e-3) / 1e9;
+    assert!(
+        (gflops - expected).abs() <= 1e-6 * expected,
+        "{gflops} vs {expected}"
+    );
+    let text = ok(&[
+        "bench",
+        "sdpa",
+        "--seq",
+        "16",
+        "--heads",
+        "1",
+        "--head-dim",
+        "8",
+        "--backward",
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+    ]);
+    assert!(text.starts_with("sdpa forward+backward F32"), "{text}");
+    fails_with(
+        &[
+            "bench",
+            "sdpa",
+            "--seq",
+            "16",
+            "--heads",
+            "1",
+            "--head-dim",
+            "8",
+            "--backward",
+            "--dtype",
+            "bf16",
+        ],
+        &["--backward needs --dtype f32"],
+    );
+}
