@@ -132,3 +132,43 @@ pub fn set_global_threads(threads: usize) -> Result<(), AttnError> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Isa;
+
+    /// The row kernels of this CPU's best ISA (AVX-512 here) against f64, tails included.
+    #[test]
+    fn row_kernels_match_f64() {
+        let isa = Isa::best();
+        // 0, −0.01, …, −90 (past the 2^-125 flush at x ≈ −86.64), then −∞; 9002 values, so the
+        // last 16-lane group is partial.
+        let mut x: Vec<f32> = (0..=9000).map(|i| -(i as f32) * 0.01).collect();
+        x.push(f32::NEG_INFINITY);
+        let max = isa.max(&x);
+        assert_eq!(max, 0.0);
+        let mut e = x.clone();
+        let sum = isa.exp_sub_sum(&mut e, 0.0);
+        let mut want_sum = 0.0f64;
+        for (&xi, &ei) in x.iter().zip(&e) {
+            let want = f64::from(xi).exp();
+            if xi * std::f32::consts::LOG2_E < -125.0 {
+                assert_eq!(ei, 0.0, "e^{xi} is below 2^-125: flushed to 0");
+                continue;
+            }
+            want_sum += want;
+            // Bound: polynomial and roundings (5e-7) plus the rounding of x·log2(e) in f32.
+            let tol = 5e-7 + f64::from(xi).abs() * 1e-7;
+            let rel = (f64::from(ei) - want).abs() / want;
+            assert!(
+                rel <= tol,
+                "e^{xi}: got {ei}, want {want}, relative error {rel:e}"
+            );
+        }
+        assert!((f64::from(sum) - want_sum).abs() / want_sum < 1e-5);
+        let mut y = vec![2.0f32; 37];
+        isa.scale(&mut y, 0.25);
+        assert!(y.iter().all(|&v| v == 0.5));
+        assert_eq!(isa.max(&[]), f32::NEG_INFINITY);
+    }
+}
