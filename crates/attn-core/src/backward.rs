@@ -120,7 +120,32 @@ pub fn sdpa_backward(
     lse: &[f32],
     dout: &[f32],
 ) -> Result<Grads, AttnError> {
+    sdpa_backward_with(Isa::best(), input, options, out, lse, dout)
+}
+
+/// [`sdpa_backward`] with the elementwise steps built for `isa` (tests force
+/// [`Isa::Portable`] to check the fallback on a machine that has AVX-512).
+///
+/// # Shapes
+/// As [`sdpa_backward`].
+///
+/// # Errors
+/// As [`sdpa_backward`], and an `isa` this CPU lacks.
+pub fn sdpa_backward_with(
+    isa: Isa,
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> Result<Grads, AttnError> {
     validate(input, options, Some((out, lse)), dout)?;
+    if !isa.is_available() {
+        return Err(AttnError::InvalidOption {
+            option: "isa",
+            reason: format!("{isa:?} kernels need CPU features this machine lacks"),
+        });
+    }
     let sh = input.shape;
     let (d, dv) = (sh.head_dim, sh.value_dim);
     let scale = options.scale_for(&sh);
@@ -145,7 +170,7 @@ pub fn sdpa_backward(
             || options.float_mask.is_some()
             || options.bool_mask.is_some()
             || options.key_padding.is_some(),
-        simd: Isa::best() == Isa::Avx512,
+        simd: isa == Isa::Avx512,
         qs: &qs,
         k: input.k,
         v: input.v,

@@ -6,6 +6,8 @@
 //!
 //! and one test per bad input.
 
+use attn_core::backward::sdpa_backward_with;
+use attn_core::fused::Isa;
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, Grads,
     KeyPadding, Window, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference,
@@ -360,6 +362,45 @@ fn fast_matches_the_twin_on_awkward_shapes() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn the_portable_build_matches_the_best_one() {
+    // The elementwise steps have an AVX-512 build and a portable one; both must agree (the
+    // same arithmetic, so to rounding) on shapes that leave vector tails.
+    let opt = AttnOptions {
+        causal: Some(Causal::BottomRight),
+        softcap: Some(4.0),
+        ..AttnOptions::default()
+    };
+    for (l, s) in [(1, 1), (37, 70), (130, 129)] {
+        let sh = AttnShape {
+            batch: 1,
+            n_heads: 2,
+            n_kv_heads: 1,
+            seq_q: l,
+            seq_kv: s,
+            head_dim: 24,
+            value_dim: 17,
+        };
+        let x = random_inputs(sh, l as u64);
+        let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
+        let fwd = sdpa(&input, &opt).unwrap();
+        let run = |isa| sdpa_backward_with(isa, &input, &opt, &fwd.out, &fwd.lse, &x.dout).unwrap();
+        let best = run(Isa::best());
+        assert_grads_close(
+            &format!("portable L{l} S{s}"),
+            &run(Isa::Portable),
+            &best,
+            1e-6,
+        );
+        assert_grads_close(
+            &format!("best L{l} S{s}"),
+            &best,
+            &sdpa_backward_reference(&input, &opt, &x.dout).unwrap(),
+            1e-4,
+        );
     }
 }
 
