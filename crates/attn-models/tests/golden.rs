@@ -261,3 +261,39 @@ fn tiny_gpt2_matches_transformers() {
         }
     }
 }
+
+#[test]
+fn spans_are_byte_ranges_of_their_segment() {
+    let model = minilm();
+    let (text, pair) = (
+        "Where is the Eiffel Tower?",
+        "Café prices in Paris, France.",
+    );
+    let enc = model.encode(text, Some(pair)).unwrap();
+    for i in 0..enc.len() {
+        let token = enc.tokens[i].trim_start_matches("##");
+        match enc.spans[i] {
+            None => assert!(
+                enc.special[i] && ["[CLS]", "[SEP]"].contains(&token),
+                "{token}"
+            ),
+            Some((start, end)) => {
+                let source = if enc.segments[i] == 0 { text } else { pair };
+                // The tokenizer lower-cases and strips accents: compare the same way.
+                let piece = source[start..end].to_lowercase().replace('é', "e");
+                assert_eq!(piece, token, "token {i} span {start}..{end}");
+            }
+        }
+    }
+    assert!(enc.tokens.contains(&"cafe".to_string()), "{:?}", enc.tokens);
+
+    let gpt2 = Model::load(&golden_dir().join("tiny-gpt2")).unwrap();
+    let text = "The cat sat on the mat";
+    let enc = gpt2.encode(text, None).unwrap();
+    let words: Vec<&str> = enc
+        .spans
+        .iter()
+        .map(|s| &text[s.unwrap().0..s.unwrap().1])
+        .collect();
+    assert_eq!(words.concat().replace(' ', ""), text.replace(' ', ""));
+}
