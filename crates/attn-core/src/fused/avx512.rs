@@ -131,7 +131,8 @@ pub(super) unsafe fn gemm_f32(
 }
 
 /// `e^x` for 16 lanes and the `x ≤ 0` the softmax feeds it: relative error ≤ 5e-7 + |x|·1e-7
-/// (the second term is the f32 rounding of `x·log₂e`); results below 2^-125 (and `−∞`) give 0.
+/// (the second term is the f32 rounding of `x·log₂e`); results below 2^-125 (and `−∞`) give 0,
+/// NaN gives NaN.
 ///
 /// `e^x = 2^t` with `t = x·log₂e = n + f`, `n` an integer, `|f| ≤ ½`: `2^f` from Cephes'
 /// `exp2f` polynomial (<https://netlib.org/cephes/>, `exp2f.c`: peak relative error 1.7e-7 on
@@ -145,9 +146,11 @@ unsafe fn exp(x: __m512) -> __m512 {
     // Results below 2^-125 are flushed to 0 by a mask rather than left to underflow: subnormal
     // results take a microcode assist (~100 cycles) on Intel cores, and masked scores (−∞) are
     // common on causal diagonals. The clamp keeps −∞ out of the arithmetic.
+    // NaN passes through: the mask keeps it (unordered is "not less than") and `vmaxps`
+    // returns its second operand when one is NaN.
     let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
-    let normal = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(t, _mm512_set1_ps(-125.0));
-    let t = _mm512_max_ps(t, _mm512_set1_ps(-125.0));
+    let normal = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, _mm512_set1_ps(-125.0));
+    let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     let f = _mm512_sub_ps(t, n);
     const P: [f32; 6] = [
@@ -192,7 +195,7 @@ pub(super) unsafe fn scale(x: &mut [f32], a: f32) {
     }
 }
 
-/// The largest value of `x` (`−∞` when empty).
+/// The largest value of `x` (`−∞` when empty; NaN when `x` holds one).
 ///
 /// # Safety
 /// AVX-512F must be available.
@@ -200,12 +203,17 @@ pub(super) unsafe fn scale(x: &mut [f32], a: f32) {
 pub(super) unsafe fn max(x: &[f32]) -> f32 {
     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
     let mut acc = ninf;
+    let mut nan: __mmask16 = 0;
     let n = x.len();
     for i in (0..n).step_by(16) {
         let m = lane_mask(i, n);
         // SAFETY: lanes of `m` lie inside `x`.
         let v = unsafe { _mm512_mask_loadu_ps(ninf, m, x.as_ptr().add(i)) };
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
         acc = _mm512_max_ps(acc, v);
+    }
+    if nan != 0 {
+        return f32::NAN;
     }
     _mm512_reduce_max_ps(acc)
 }

@@ -88,7 +88,7 @@ impl Isa {
         }
     }
 
-    /// The largest value of `x` (`−∞` when empty).
+    /// The largest value of `x` (`−∞` when empty; NaN when `x` holds one).
     pub(super) fn max(self, x: &[f32]) -> f32 {
         match self {
             // SAFETY: see `gemm_f32`.

@@ -14,7 +14,8 @@
 //! Extra memory: per task, its query rows and one score tile, `O(BLOCK_Q · (head_dim +
 //! BLOCK_KV))`; per key/value head in flight, its keys transposed for the GEMM (and bf16 values
 //! widened), `O(seq_kv · (head_dim + value_dim))`. Weights, when asked for, are recomputed
-//! afterwards from the saved `lse` as `e^(score − lse)`, only for the rows asked.
+//! afterwards from each row's saved max `m` and sum `l` (`lse = m + ln l`) as `e^(score − m)/l`,
+//! only for the rows asked.
 //!
 //! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
 
@@ -163,8 +164,8 @@ fn run(
             || options.bool_mask.is_some()
             || options.key_padding.is_some(),
     };
-    let (out, lse) = plan.forward();
-    let weights = plan.weights(&lse);
+    let (out, lse, stats) = plan.forward();
+    let weights = plan.weights(&stats);
     Ok(AttnOutput { out, lse, weights })
 }
 
@@ -189,6 +190,41 @@ struct Scratch {
     tile: Vec<f32>,
 }
 
+/// Where a query block's results go: `out` `[rows, value_dim]`, `lse` `[rows]`, and each row's
+/// final `[max, sum]` `[rows]`.
+struct BlockOut<'a> {
+    out: &'a mut [f32],
+    lse: &'a mut [f32],
+    stats: &'a mut [[f32; 2]],
+}
+
+/// `out += P·V` (`P` `[rows, keys]`, `V` `[keys, value_dim]`, `out` `[rows, value_dim]`),
+/// skipping zero weights, for values that hold NaN or ∞: the GEMM would turn a hidden key's
+/// `0 · NaN` into NaN in rows that never see it. Same order and rounding as the GEMM of `isa`
+/// (fused multiply-add on AVX-512, multiply then add in the portable kernel), so rows that do
+/// not see a non-finite value match a clean run bit for bit.
+fn accumulate_skipping_zeros(
+    isa: Isa,
+    (keys, value_dim): (usize, usize),
+    p: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+) {
+    for (p_row, out_row) in p.chunks_exact(keys).zip(out.chunks_exact_mut(value_dim)) {
+        for (&w, v_row) in p_row.iter().zip(v.chunks_exact(value_dim)) {
+            if w == 0.0 {
+                continue;
+            }
+            for (o, &x) in out_row.iter_mut().zip(v_row) {
+                *o = match isa {
+                    Isa::Avx512 => w.mul_add(x, *o),
+                    Isa::Portable => *o + w * x,
+                };
+            }
+        }
+    }
+}
+
 /// One key/value head, packed once for all the query blocks that read it.
 struct Head<'a> {
     /// Keys transposed block by block: block `jb` (keys `jb·BLOCK_KV..`, `keys` of them) is
@@ -196,6 +232,8 @@ struct Head<'a> {
     k: Vec<f32>,
     /// Values as f32, `[seq_kv, value_dim]`: borrowed from f32 inputs, widened from bf16.
     v: Cow<'a, [f32]>,
+    /// Whether every value is finite (inputs may opt out of that check).
+    v_finite: bool,
 }
 
 impl Head<'_> {
@@ -260,7 +298,12 @@ impl Plan<'_> {
                 )
             }
         };
-        Head { k: packed, v }
+        let v_finite = v.iter().fold(true, |all, x| all & x.is_finite());
+        Head {
+            k: packed,
+            v,
+            v_finite,
+        }
     }
 
     /// Raw scores `(scale·q)·k` of the packed query rows against key block `jb` (`keys` keys)
@@ -317,43 +360,48 @@ impl Plan<'_> {
         }
     }
 
-    /// The forward pass: `out` `[batch, n_heads, seq_q, value_dim]` and `lse`
-    /// `[batch, n_heads, seq_q]`.
-    fn forward(&self) -> (Vec<f32>, Vec<f32>) {
+    /// The forward pass: `out` `[batch, n_heads, seq_q, value_dim]`, `lse`
+    /// `[batch, n_heads, seq_q]`, and each row's final max and sum (`[max, sum]`, same order as
+    /// `lse`) for the weights.
+    fn forward(&self) -> (Vec<f32>, Vec<f32>, Vec<[f32; 2]>) {
         let sh = self.sh;
         let heads = sh.batch * sh.n_heads;
         let (l, dv) = (sh.seq_q, sh.value_dim);
         let mut out = vec![0.0f32; heads * l * dv];
         let mut lse = vec![f32::NEG_INFINITY; heads * l];
+        let mut stats = vec![[f32::NEG_INFINITY, 0.0]; heads * l];
         if l == 0 {
-            return (out, lse);
+            return (out, lse, stats);
         }
         out.par_chunks_mut(l * dv)
             .zip(lse.par_chunks_mut(l))
+            .zip(stats.par_chunks_mut(l))
             .enumerate()
-            .for_each(|(bh, (out, lse))| {
+            .for_each(|(bh, ((out, lse), stats))| {
                 let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
                 let head = self.pack_head(b, sh.kv_head(h));
                 out.par_chunks_mut(BLOCK_Q * dv)
                     .zip(lse.par_chunks_mut(BLOCK_Q))
+                    .zip(stats.par_chunks_mut(BLOCK_Q))
                     .enumerate()
-                    .for_each_init(Scratch::default, |s, (qb, (out, lse))| {
-                        self.forward_block((b, h, qb * BLOCK_Q), &head, out, lse, s);
+                    .for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
+                        let dst = BlockOut { out, lse, stats };
+                        self.forward_block((b, h, qb * BLOCK_Q), &head, dst, s);
                     });
             });
-        (out, lse)
+        (out, lse, stats)
     }
 
-    /// Query rows `i0..i0 + lse.len()` of head `(b, h)`: `out` (zeroed, `[rows, value_dim]`)
-    /// serves as the accumulator.
+    /// Query rows `i0..i0 + dst.lse.len()` of head `(b, h)`: `dst.out` (zeroed) serves as the
+    /// accumulator.
     fn forward_block(
         &self,
         (b, h, i0): (usize, usize, usize),
         head: &Head<'_>,
-        out: &mut [f32],
-        lse: &mut [f32],
+        dst: BlockOut<'_>,
         s: &mut Scratch,
     ) {
+        let BlockOut { out, lse, stats } = dst;
         let (n, dv, s_n) = (lse.len(), self.sh.value_dim, self.sh.seq_kv);
         let rows: Vec<usize> = (i0..i0 + n).collect();
         self.pack_q(b, h, &rows, s);
@@ -375,7 +423,14 @@ impl Plan<'_> {
             for (r, row) in s.tile.chunks_exact_mut(keys).enumerate() {
                 let i = i0 + r;
                 self.finish_scores((b, h, i), j0, row);
-                let m_new = m[r].max(self.isa.max(row));
+                // A NaN score (only from inputs that opted out of the finiteness check) must
+                // reach this row's output, as in the reference: `f32::max` would drop it.
+                let block_max = self.isa.max(row);
+                let m_new = if block_max.is_nan() {
+                    f32::NAN
+                } else {
+                    m[r].max(block_max)
+                };
                 if m_new == f32::NEG_INFINITY {
                     row.fill(0.0);
                     continue;
@@ -398,8 +453,12 @@ impl Plan<'_> {
                 }
             }
             let v = head.values((j0, keys), dv);
-            self.isa
-                .gemm_f32((n, dv, keys), &s.tile, keys, v, dv, out, dv, true);
+            if head.v_finite {
+                self.isa
+                    .gemm_f32((n, dv, keys), &s.tile, keys, v, dv, out, dv, true);
+            } else {
+                accumulate_skipping_zeros(self.isa, (keys, dv), &s.tile, v, out);
+            }
         }
         let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
         for (r, out_row) in out.chunks_exact_mut(dv).enumerate() {
@@ -410,11 +469,12 @@ impl Plan<'_> {
                 self.isa.scale(out_row, keep_scale / sum[r]);
                 lse[r] = m[r] + sum[r].ln();
             }
+            stats[r] = [m[r], sum[r]];
         }
     }
 
-    /// The weights asked for, recomputed from `lse`.
-    fn weights(&self, lse: &[f32]) -> Option<Weights> {
+    /// The weights asked for, recomputed from each row's final max and sum (`stats`).
+    fn weights(&self, stats: &[[f32; 2]]) -> Option<Weights> {
         let sh = self.sh;
         let (l, s_n) = (sh.seq_q, sh.seq_kv);
         let heads = sh.batch * sh.n_heads;
@@ -432,12 +492,12 @@ impl Plan<'_> {
                     .for_each(|(bh, all)| {
                         let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
                         let head = self.pack_head(b, sh.kv_head(h));
-                        let lse = &lse[bh * l..][..l];
+                        let stats = &stats[bh * l..][..l];
                         all.par_chunks_mut(BLOCK_Q * row_len)
                             .enumerate()
                             .for_each_init(Scratch::default, |s, (qb, dst)| {
                                 let rows = block_rows(qb, dst);
-                                self.weight_rows((b, h), &head, &rows, lse, dst, None, s);
+                                self.weight_rows((b, h), &head, &rows, stats, dst, None, s);
                             });
                     });
                 Some(Weights::All(all))
@@ -449,11 +509,11 @@ impl Plan<'_> {
                     .for_each(|(bh, data)| {
                         let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
                         let head = self.pack_head(b, sh.kv_head(h));
-                        let lse = &lse[bh * l..][..l];
+                        let stats = &stats[bh * l..][..l];
                         data.par_chunks_mut(BLOCK_Q * row_len)
                             .zip(rows.par_chunks(BLOCK_Q))
                             .for_each_init(Scratch::default, |s, (dst, rows)| {
-                                self.weight_rows((b, h), &head, rows, lse, dst, None, s);
+                                self.weight_rows((b, h), &head, rows, stats, dst, None, s);
                             });
                     });
                 Some(Weights::Rows {
@@ -467,12 +527,12 @@ impl Plan<'_> {
                 for (b, avg) in avg.chunks_mut((l * row_len).max(1)).enumerate() {
                     for h in 0..sh.n_heads {
                         let head = self.pack_head(b, sh.kv_head(h));
-                        let lse = &lse[(b * sh.n_heads + h) * l..][..l];
+                        let stats = &stats[(b * sh.n_heads + h) * l..][..l];
                         avg.par_chunks_mut(BLOCK_Q * row_len)
                             .enumerate()
                             .for_each_init(Scratch::default, |s, (qb, dst)| {
                                 let rows = block_rows(qb, dst);
-                                self.weight_rows((b, h), &head, &rows, lse, dst, share, s);
+                                self.weight_rows((b, h), &head, &rows, stats, dst, share, s);
                             });
                     }
                 }
@@ -481,15 +541,17 @@ impl Plan<'_> {
         }
     }
 
-    /// Weights `e^(score − lse)` of query rows `rows` of head `(b, h)` into `dst`
-    /// (`[rows, seq_kv]`): written, or added times `share` when averaging heads.
+    /// Weights `e^(score − max) / sum` of query rows `rows` of head `(b, h)` into `dst`
+    /// (`[rows, seq_kv]`): written, or added times `share` when averaging heads. The row's max
+    /// and sum rather than `lse = max + ln sum`: near ±3e38 `ln sum` is below an ulp of `max`,
+    /// and `e^(score − lse)` would lose the ties' shares.
     #[allow(clippy::too_many_arguments)]
     fn weight_rows(
         &self,
         (b, h): (usize, usize),
         head: &Head<'_>,
         rows: &[usize],
-        lse: &[f32],
+        stats: &[[f32; 2]],
         dst: &mut [f32],
         share: Option<f32>,
         s: &mut Scratch,
@@ -507,12 +569,14 @@ impl Plan<'_> {
                 .zip(dst.chunks_exact_mut(s_n))
             {
                 let dst = &mut dst[j0..][..keys];
-                if lse[i] == f32::NEG_INFINITY {
+                let [max, sum] = stats[i];
+                if sum == 0.0 {
                     // A row that sees nothing weighs 0 everywhere (already 0 in `dst`).
                     continue;
                 }
                 self.finish_scores((b, h, i), j0, row);
-                self.isa.exp_sub_sum(row, lse[i]);
+                self.isa.exp_sub_sum(row, max);
+                self.isa.scale(row, 1.0 / sum);
                 match share {
                     None => dst.copy_from_slice(row),
                     Some(share) => {
