@@ -585,3 +585,68 @@ fn thread_count_is_checked() {
         })
     ));
 }
+
+#[test]
+fn non_finite_values_reach_only_the_rows_that_see_them() {
+    // Causal, 100 queries and keys (two query blocks): a NaN in value 70 must reach rows ≥ 70
+    // and leave rows < 70 bit-identical to the clean run, on each ISA; an ∞ likewise.
+    let shape = AttnShape::new(1, 1, 100, 100, 16);
+    let mut rng = Rng(21);
+    let (q, k, v) = (
+        rng.vec(100 * 16, 1.0),
+        rng.vec(100 * 16, 1.0),
+        rng.vec(100 * 16, 1.0),
+    );
+    let opts = AttnOptions {
+        causal: Some(Causal::TopLeft),
+        ..AttnOptions::default()
+    };
+    for isa in isas() {
+        let clean = sdpa_with(isa, &AttnInput::new(&q, &k, &v, shape).unwrap(), &opts).unwrap();
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut v_bad = v.clone();
+            v_bad[70 * 16 + 3] = bad;
+            let input = AttnInput::allowing_non_finite(&q, &k, &v_bad, shape).unwrap();
+            let got = sdpa_with(isa, &input, &opts).unwrap();
+            for i in 0..100 {
+                let (g, c) = (&got.out[i * 16..][..16], &clean.out[i * 16..][..16]);
+                if i < 70 {
+                    let same = g.iter().zip(c).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{bad} in v leaked into row {i} on {isa:?}");
+                } else {
+                    assert!(!g[3].is_finite(), "{bad} in v missed row {i} on {isa:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn weights_of_tied_logits_near_the_f32_limit_share_exactly() {
+    // head_dim 1, q = 1, scale 1: the scores are the keys. 12 keys of 3e38 tie, the others
+    // (−3e38) weigh 0: each tie weighs exactly 1/12, although ln 12 is far below an ulp of
+    // 3e38 (so e^(score − lse) would give 1).
+    let shape = AttnShape::new(1, 1, 1, 24, 1);
+    let k: Vec<f32> = (0..24)
+        .map(|j| if j % 2 == 0 { 3e38 } else { -3e38 })
+        .collect();
+    let (q, v) = (vec![1.0f32], vec![0.5f32; 24]);
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let opts = AttnOptions {
+        scale: Some(1.0),
+        weights: WeightsRequest::All,
+        ..AttnOptions::default()
+    };
+    for isa in isas() {
+        let got = sdpa_with(isa, &input, &opts).unwrap();
+        let Some(Weights::All(w)) = &got.weights else {
+            panic!("no weights")
+        };
+        for (j, &x) in w.iter().enumerate() {
+            let want = if j % 2 == 0 { 1.0 / 12.0 } else { 0.0 };
+            assert!((x - want).abs() < 1e-7, "key {j} on {isa:?}: {x}");
+        }
+        assert_eq!(got.out, vec![0.5]);
+        assert!(got.lse[0].is_finite());
+    }
+}
