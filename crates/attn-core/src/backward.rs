@@ -17,11 +17,12 @@
 //! hidden keys have `P = 0` and get no gradient. Under grouped-query attention `dK` and `dV`
 //! sum over the query heads sharing a key/value head.
 //!
-//! Work is split over `batch × n_kv_heads` (and, when that gives rayon too few tasks, over
-//! interleaved chunks of key blocks, each with its own `dQ` partial sum added at the end): a
-//! task owns its key blocks' `dK`, `dV` outright, so nothing is shared between threads. Block
-//! products go through faer's GEMM; the elementwise steps are written so the compiler
-//! vectorises them, compiled a second time for AVX-512 where the CPU has it.
+//! Work is split over `batch × n_kv_heads`: a task owns its head's `dK`, `dV` and the `dQ` of
+//! the query heads that read it, and writes them in place, so nothing is shared between
+//! threads. When that gives rayon too few tasks, each head is split further into interleaved
+//! chunks of key blocks, each chunk with its own sums, added up at the end. Block products go
+//! through faer's GEMM; the elementwise steps are written so the compiler vectorises them,
+//! compiled a second time for AVX-512 where the CPU has it.
 //!
 //! [`sdpa_backward_reference`] is the plain twin: one query row at a time, its own softmax, no
 //! saved state.
@@ -149,10 +150,6 @@ pub fn sdpa_backward_with(
     let sh = input.shape;
     let (d, dv) = (sh.head_dim, sh.value_dim);
     let scale = options.scale_for(&sh);
-    // Scaled queries serve both products: S = (scale·Q)·Kᵀ and dK = dSᵀ·(scale·Q).
-    let mut qs = input.q.to_vec();
-    qs.par_chunks_mut(4096)
-        .for_each(|c| c.iter_mut().for_each(|x| *x *= scale));
     // D = rowsum(dout ∘ out), [batch, n_heads, seq_q]
     let delta: Vec<f32> = if dv == 0 {
         vec![0.0; lse.len()]
@@ -171,7 +168,8 @@ pub fn sdpa_backward_with(
             || options.bool_mask.is_some()
             || options.key_padding.is_some(),
         simd: isa == Isa::Avx512,
-        qs: &qs,
+        scale,
+        q: input.q,
         k: input.k,
         v: input.v,
         dout,
@@ -191,39 +189,56 @@ pub fn sdpa_backward_with(
     }
     let wanted = TASKS_PER_THREAD * rayon::current_num_threads();
     let chunks = wanted.div_ceil(heads).clamp(1, key_blocks);
-    let parts: Vec<Part> = (0..heads * chunks)
-        .into_par_iter()
-        .map(|t| plan.task(t / chunks, t % chunks, chunks))
-        .collect();
-
-    // Every (b, kv head) owns a contiguous run of query heads: [group, seq_q, head_dim].
-    let group_len = sh.group_size() * sh.seq_q * d;
-    for (t, part) in parts.into_iter().enumerate() {
-        let bkv = t / chunks;
-        let dq = &mut grads.dq[bkv * group_len..][..group_len];
-        if t % chunks == 0 {
-            dq.copy_from_slice(&part.dq);
-        } else {
-            dq.iter_mut().zip(&part.dq).for_each(|(a, b)| *a += b);
-        }
-        for (jb, dk, dvb) in part.blocks {
-            let j0 = bkv * sh.seq_kv + jb * BLOCK_KV;
-            grads.dk[j0 * d..][..dk.len()].copy_from_slice(&dk);
-            grads.dv[j0 * dv..][..dvb.len()].copy_from_slice(&dvb);
+    // Every (b, kv head) owns a contiguous run of query heads, [group, seq_q, head_dim], and
+    // its own key/value rows, [seq_kv, head_dim] and [seq_kv, value_dim].
+    let lens = (
+        sh.group_size() * sh.seq_q * d,
+        sh.seq_kv * d,
+        sh.seq_kv * dv,
+    );
+    if chunks == 1 && lens.0 > 0 && lens.1 > 0 && lens.2 > 0 {
+        // One task per head, writing straight into the results.
+        (grads.dq.par_chunks_mut(lens.0))
+            .zip(grads.dk.par_chunks_mut(lens.1))
+            .zip(grads.dv.par_chunks_mut(lens.2))
+            .enumerate()
+            .for_each(|(bkv, ((dq, dk), dv))| plan.task(bkv, (0, 1), (dq, dk, dv)));
+    } else {
+        // Several tasks per head, each with its own sums, added up afterwards.
+        let parts: Vec<Grads> = (0..heads * chunks)
+            .into_par_iter()
+            .map(|t| {
+                let mut g = Grads {
+                    dq: vec![0.0; lens.0],
+                    dk: vec![0.0; lens.1],
+                    dv: vec![0.0; lens.2],
+                };
+                plan.task(
+                    t / chunks,
+                    (t % chunks, chunks),
+                    (&mut g.dq, &mut g.dk, &mut g.dv),
+                );
+                g
+            })
+            .collect();
+        for (t, part) in parts.iter().enumerate() {
+            let bkv = t / chunks;
+            for (dst, src, len) in [
+                (&mut grads.dq, &part.dq, lens.0),
+                (&mut grads.dk, &part.dk, lens.1),
+                (&mut grads.dv, &part.dv, lens.2),
+            ] {
+                let dst = &mut dst[bkv * len..][..len];
+                dst.iter_mut().zip(src).for_each(|(a, b)| *a += b);
+            }
         }
     }
-    grads
-        .dq
-        .par_chunks_mut(4096)
-        .for_each(|c| c.iter_mut().for_each(|x| *x *= scale));
+    // dQ = scale·Σ dS·K and dK = scale·Σ dSᵀ·Q: the scale is applied once, here.
+    for g in [&mut grads.dq, &mut grads.dk] {
+        g.par_chunks_mut(4096)
+            .for_each(|c| c.iter_mut().for_each(|x| *x *= scale));
+    }
     Ok(grads)
-}
-
-/// What one task computed: the unscaled `dS·K` sums of its group's query heads
-/// (`[group, seq_q, head_dim]`) and, for each of its key blocks, that block's `dK` and `dV`.
-struct Part {
-    dq: Vec<f32>,
-    blocks: Vec<(usize, Vec<f32>, Vec<f32>)>,
 }
 
 /// Everything a task reads.
@@ -235,8 +250,8 @@ struct Plan<'a> {
     extras: bool,
     /// Whether the elementwise steps run their AVX-512 build.
     simd: bool,
-    /// `scale · q`, `[batch, n_heads, seq_q, head_dim]`.
-    qs: &'a [f32],
+    scale: f32,
+    q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
     dout: &'a [f32],
@@ -260,14 +275,19 @@ struct Tiles {
     dcap: Vec<f32>,
 }
 
-/// `C (+)= A · B` through faer, single-threaded (the tasks are the parallelism).
-fn gemm(c: MatMut<'_, f32>, accumulate: bool, a: MatRef<'_, f32>, b: MatRef<'_, f32>) {
+/// `C (+)= alpha · A · B` through faer, single-threaded (the tasks are the parallelism).
+fn gemm(
+    c: MatMut<'_, f32>,
+    (accumulate, alpha): (bool, f32),
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+) {
     let accum = if accumulate {
         Accum::Add
     } else {
         Accum::Replace
     };
-    matmul(c, accum, a, b, 1.0, Par::Seq);
+    matmul(c, accum, a, b, alpha, Par::Seq);
 }
 
 /// A row-major `[rows, cols]` view.
@@ -282,22 +302,28 @@ fn view_mut(x: &mut [f32], rows: usize, cols: usize) -> MatMut<'_, f32> {
 
 impl Plan<'_> {
     /// Task `chunk` of `chunks` for batch × key/value head `bkv`: key blocks
-    /// `chunk, chunk + chunks, …` (interleaved, so causal work spreads evenly).
-    fn task(&self, bkv: usize, chunk: usize, chunks: usize) -> Part {
+    /// `chunk, chunk + chunks, …` (interleaved, so causal work spreads evenly). Adds the
+    /// unscaled `dS·K` of the group's query heads to `dq` (`[group, seq_q, head_dim]`) and the
+    /// unscaled `dSᵀ·Q` and `dV` of its key blocks to `dk` (`[seq_kv, head_dim]`) and `dv`
+    /// (`[seq_kv, value_dim]`).
+    fn task(
+        &self,
+        bkv: usize,
+        (chunk, chunks): (usize, usize),
+        (dq, dk, dv_out): (&mut [f32], &mut [f32], &mut [f32]),
+    ) {
         let sh = self.sh;
         let (d, dv, s_n, l_n) = (sh.head_dim, sh.value_dim, sh.seq_kv, sh.seq_q);
         let group = sh.group_size();
         let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
-        let mut dq = vec![0.0f32; group * l_n * d];
-        let mut blocks = Vec::new();
         let mut t = Tiles::default();
         for jb in (chunk..s_n.div_ceil(BLOCK_KV)).step_by(chunks) {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
             let k_blk = &self.k[(bkv * s_n + j0) * d..][..keys * d];
             let v_blk = &self.v[(bkv * s_n + j0) * dv..][..keys * dv];
-            let mut dk = vec![0.0f32; keys * d];
-            let mut dvb = vec![0.0f32; keys * dv];
+            let dk_blk = &mut dk[j0 * d..][..keys * d];
+            let dv_blk = &mut dv_out[j0 * dv..][..keys * dv];
             for g in 0..group {
                 let h = kvh * group + g;
                 let dq_head = &mut dq[g * l_n * d..][..l_n * d];
@@ -315,12 +341,10 @@ impl Plan<'_> {
                         keys,
                     };
                     let dq_blk = &mut dq_head[i0 * d..][..rows * d];
-                    self.block(&blk, (k_blk, v_blk), (&mut dk, &mut dvb, dq_blk), &mut t);
+                    self.block(&blk, (k_blk, v_blk), (dk_blk, dv_blk, dq_blk), &mut t);
                 }
             }
-            blocks.push((jb, dk, dvb));
         }
-        Part { dq, blocks }
     }
 
     /// Whether any query of rows `i0..i0 + rows` may see a key of `j0..j0 + keys` under the
@@ -352,16 +376,16 @@ impl Plan<'_> {
             keys,
         } = *blk;
         let row0 = (b * sh.n_heads + h) * sh.seq_q + i0;
-        let q_blk = &self.qs[row0 * d..][..rows * d];
+        let q_blk = &self.q[row0 * d..][..rows * d];
         let do_blk = &self.dout[row0 * dv..][..rows * dv];
         let n = rows * keys;
         t.p.resize(n, 0.0);
         t.ds.resize(n, 0.0);
 
-        // S = (scale·Q)·Kᵀ, then every rule of the forward pass, then P = e^(S − lse).
+        // S = scale·Q·Kᵀ, then every rule of the forward pass, then P = e^(S − lse).
         gemm(
             view_mut(&mut t.p, rows, keys),
-            false,
+            (false, self.scale),
             view(q_blk, rows, d),
             view(k_blk, keys, d).transpose(),
         );
@@ -383,7 +407,7 @@ impl Plan<'_> {
         // dP = dO·Vᵀ
         gemm(
             view_mut(&mut t.ds, rows, keys),
-            false,
+            (false, 1.0),
             view(do_blk, rows, dv),
             view(v_blk, keys, dv).transpose(),
         );
@@ -414,7 +438,7 @@ impl Plan<'_> {
         // dV += (P∘Z)ᵀ·dO
         gemm(
             view_mut(dv_acc, keys, dv),
-            true,
+            (true, 1.0),
             view(p_drop, rows, keys).transpose(),
             view(do_blk, rows, dv),
         );
@@ -428,16 +452,16 @@ impl Plan<'_> {
         if self.opt.softcap.is_some() {
             t.ds.iter_mut().zip(&t.dcap).for_each(|(g, &c)| *g *= c);
         }
-        // dK += dSᵀ·(scale·Q);  dQ += dS·K (scaled once at the end)
+        // dK += dSᵀ·Q;  dQ += dS·K (both times the scale, once at the end)
         gemm(
             view_mut(dk, keys, d),
-            true,
+            (true, 1.0),
             view(&t.ds, rows, keys).transpose(),
             view(q_blk, rows, d),
         );
         gemm(
             view_mut(dq, rows, d),
-            true,
+            (true, 1.0),
             view(&t.ds, rows, keys),
             view(k_blk, keys, d),
         );
