@@ -1,6 +1,7 @@
 //! The dimensions of an attention call, its inputs as slices, and its outputs.
 
 use crate::AttnError;
+use crate::options::MAX_WEIGHTS_BYTES;
 
 /// The dimensions of one attention call. One vocabulary everywhere:
 /// `batch, n_heads, n_kv_heads, seq_q, seq_kv, head_dim, value_dim`.
@@ -56,13 +57,34 @@ impl AttnShape {
         [self.batch, self.n_heads, self.seq_q, self.seq_kv]
     }
 
-    /// Checks the head grouping; element counts are checked by [`AttnInput::new`].
+    /// Checks the head grouping and that the per-row state fits; element counts are checked by
+    /// [`AttnInput::new`].
+    ///
+    /// The kernels keep an f32 per query row (the log-sum-exp) and per key (scores), even when
+    /// `head_dim` or `value_dim` is 0 and every tensor is empty. Without this check an empty case
+    /// declaring 10¹² rows asked for terabytes and aborted; now `batch · n_heads · seq_q` and
+    /// `batch · n_kv_heads · seq_kv` f32 values must each fit in [`MAX_WEIGHTS_BYTES`], which
+    /// any input that holds at least one value per row already does.
     pub fn validate(&self) -> Result<(), AttnError> {
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
             return Err(AttnError::HeadsNotDivisible {
                 n_heads: self.n_heads,
                 n_kv_heads: self.n_kv_heads,
             });
+        }
+        let q_rows = [self.batch, self.n_heads, self.seq_q];
+        let k_rows = [self.batch, self.n_kv_heads, self.seq_kv];
+        for (what, rows) in [("query rows", q_rows), ("key rows", k_rows)] {
+            let bytes = rows
+                .iter()
+                .fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
+            if bytes > MAX_WEIGHTS_BYTES {
+                return Err(AttnError::TooLarge {
+                    what,
+                    shape: rows.to_vec(),
+                    bytes,
+                });
+            }
         }
         Ok(())
     }

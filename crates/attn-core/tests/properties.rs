@@ -699,3 +699,32 @@ fn opted_out_nan_reaches_only_the_rows_it_touches() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Found by fuzzing the `attnscope sdpa` case reader: with `head_dim = value_dim = 0` every
+/// tensor is empty, so the inputs put no bound on `seq_q` or `seq_kv`, and a case declaring
+/// 10¹² rows made both kernels allocate terabytes and abort. Now refused before allocating.
+#[test]
+fn empty_tensors_declaring_a_trillion_rows_are_refused_not_allocated() {
+    let trillion = 1_000_000_000_000;
+    for (what, shape) in [
+        ("query rows", AttnShape::new(1, 1, trillion, 1, 0)),
+        ("key rows", AttnShape::new(1, 1, 1, trillion, 0)),
+    ] {
+        let err = AttnInput::new(&[], &[], &[], shape).unwrap_err();
+        assert!(
+            matches!(err, AttnError::TooLarge { what: w, bytes, .. } if w == what && bytes == 4 * trillion as u128),
+            "{err:?}"
+        );
+        // A hand-built input is caught by the kernels' own validation.
+        let input = AttnInput {
+            q: &[],
+            k: &[],
+            v: &[],
+            shape,
+        };
+        for (name, kernel) in KERNELS {
+            let err = kernel(&input, &AttnOptions::default()).unwrap_err();
+            assert!(matches!(err, AttnError::TooLarge { .. }), "{name}: {err:?}");
+        }
+    }
+}

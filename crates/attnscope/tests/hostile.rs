@@ -232,6 +232,11 @@ fn cases(root: &Path) -> Vec<Case> {
         "case-zero-dim.safetensors",
         sdpa_case("[1,1,0,2]", 0, 0.5, "{}"),
     );
+    let case_trillion = write(
+        root,
+        "case-trillion.safetensors",
+        sdpa_case("[1,1,1000000000000,0]", 0, 0.5, "{}"),
+    );
     let walk_bad = write(
         root,
         "walk.json",
@@ -602,6 +607,12 @@ fn cases(root: &Path) -> Vec<Case> {
             "scale is a string",
             &[&case_scale, "-o", &out_st],
             &["scale"],
+        ),
+        case(
+            "sdpa",
+            "empty tensors declaring 10^12 rows",
+            &[&case_trillion, "-o", &out_st],
+            &["rows"],
         ),
         case(
             "sdpa",
