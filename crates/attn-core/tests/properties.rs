@@ -700,9 +700,10 @@ fn opted_out_nan_reaches_only_the_rows_it_touches() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Found by fuzzing the `attnscope sdpa` case reader: with `head_dim = value_dim = 0` every
-/// tensor is empty, so the inputs put no bound on `seq_q` or `seq_kv`, and a case declaring
-/// 10¹² rows made both kernels allocate terabytes and abort. Now refused before allocating.
+/// Found by hand while writing the `sdpa_case` fuzz target (10 fuzzing minutes had not hit it):
+/// with `head_dim = value_dim = 0` every tensor is empty, so the inputs put no bound on `seq_q`
+/// or `seq_kv`, and a case declaring 10¹² rows made both kernels allocate terabytes and abort.
+/// Now refused before allocating.
 #[test]
 fn empty_tensors_declaring_a_trillion_rows_are_refused_not_allocated() {
     let trillion = 1_000_000_000_000;
