@@ -297,3 +297,20 @@ fn spans_are_byte_ranges_of_their_segment() {
         .collect();
     assert_eq!(words.concat().replace(' ', ""), text.replace(' ', ""));
 }
+
+#[test]
+fn a_model_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync>(_: &T) {}
+    let model = Model::load(&golden_dir().join("tiny-gpt2")).unwrap();
+    shareable(&model);
+    let enc = model.encode("The cat sat", None).unwrap();
+    let alone = model.forward(&enc, &RunOptions::default()).unwrap();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| model.forward(&enc, &RunOptions::default()).unwrap()))
+            .collect();
+        for run in runs {
+            assert_eq!(run.join().unwrap().logits, alone.logits);
+        }
+    });
+}
