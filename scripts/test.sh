@@ -19,4 +19,4 @@ if [ ! -d ../shared/golden ]; then
     exit 1
 fi
 
-cargo test --workspace "$@"
+cargo test --workspace --no-fail-fast "$@"

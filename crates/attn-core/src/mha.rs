@@ -50,7 +50,7 @@ impl MhaConfig {
         kdim: usize,
         vdim: usize,
     ) -> Result<Self, AttnError> {
-        if num_heads == 0 || embed_dim == 0 || embed_dim % num_heads != 0 {
+        if num_heads == 0 || embed_dim == 0 || !embed_dim.is_multiple_of(num_heads) {
             return Err(AttnError::EmbedNotDivisible {
                 embed_dim,
                 num_heads,

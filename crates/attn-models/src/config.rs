@@ -255,7 +255,7 @@ impl ModelConfig {
                 return Err(unsupported(field, "must be at least 1"));
             }
         }
-        if self.hidden_size % self.n_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.n_heads) {
             return Err(unsupported(
                 "hidden_size",
                 format!(

@@ -163,8 +163,8 @@ pub fn notable_heads(stats: &[HeadStats]) -> Vec<Notable> {
             let order = key(a).total_cmp(&key(b));
             if highest { order } else { order.reverse() }
         });
-        if let Some(best) = best {
-            if floor.is_none_or(|f| key(best) >= f) {
+        if let Some(best) = best
+            && floor.is_none_or(|f| key(best) >= f) {
                 notable.push(Notable {
                     layer: best.layer,
                     head: best.head,
@@ -172,7 +172,6 @@ pub fn notable_heads(stats: &[HeadStats]) -> Vec<Notable> {
                     value: key(best),
                 });
             }
-        }
     }
     notable
 }

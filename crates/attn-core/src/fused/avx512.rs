@@ -10,10 +10,7 @@
 //! last 16-lane group of a row is handled with masked loads and stores, so no kernel reads or
 //! writes past the columns it was given.
 //!
-//! The AVX-512 intrinsics are stable since Rust 1.89, above the workspace's declared 1.85 (which
-//! the crate's let-chains already exceed): raising the workspace `rust-version` to 1.89 is left
-//! to its owner.
-#![allow(clippy::incompatible_msrv)]
+//! The AVX-512 intrinsics are stable since Rust 1.89, the workspace's `rust-version`.
 
 use std::arch::x86_64::*;
 
