@@ -164,14 +164,15 @@ pub fn notable_heads(stats: &[HeadStats]) -> Vec<Notable> {
             if highest { order } else { order.reverse() }
         });
         if let Some(best) = best
-            && floor.is_none_or(|f| key(best) >= f) {
-                notable.push(Notable {
-                    layer: best.layer,
-                    head: best.head,
-                    role: role.to_string(),
-                    value: key(best),
-                });
-            }
+            && floor.is_none_or(|f| key(best) >= f)
+        {
+            notable.push(Notable {
+                layer: best.layer,
+                head: best.head,
+                role: role.to_string(),
+                value: key(best),
+            });
+        }
     }
     notable
 }
