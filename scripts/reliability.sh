@@ -6,6 +6,7 @@
 #
 #   scripts/reliability.sh                     # tests only (a few minutes)
 #   FUZZ_SECONDS=600 scripts/reliability.sh    # also fuzz each target 10 minutes, one at a time
+#   FUZZ_TARGETS="sdpa_case text_path" FUZZ_SECONDS=600 scripts/reliability.sh   # some targets
 #
 # Fuzzing needs cargo-fuzz (`cargo install cargo-fuzz`); on a stable toolchain it runs with
 # RUSTC_BOOTSTRAP=1 for the sanitizer flags. The BERT halves of the `model_config` and
@@ -17,6 +18,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 golden=$root/../shared/golden
 fuzz_seconds=${FUZZ_SECONDS:-0}
+fuzz_targets=${FUZZ_TARGETS:-safetensors_reader model_config sdpa_case text_path}
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
@@ -67,7 +69,10 @@ seed_corpus() {
 
 echo "# Reliability"
 echo
-echo "Produced by \`scripts/reliability.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo ' (with uncommitted changes)')."
+tree() {
+    echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates fuzz || echo ' with uncommitted changes')"
+}
+echo "Produced by \`scripts/reliability.sh\`, started $(date -u '+%Y-%m-%d %H:%M UTC') at $(tree)."
 echo
 
 echo "## Fuzzing (cargo fuzz, libFuzzer + AddressSanitizer, one target at a time)"
@@ -83,7 +88,7 @@ if [ "$fuzz_seconds" -gt 0 ]; then
         [sdpa_case]="the attnscope sdpa case reader (metadata, masks, expected tensors) → fused and reference"
         [text_path]="arbitrary bytes (lossy UTF-8), pairs, --truncate → tokenizer → model → words, explain, flow, stats, rollout, explorer page (escaping checked)"
     )
-    for target in safetensors_reader model_config sdpa_case text_path; do
+    for target in $fuzz_targets; do
         seed_corpus "$target"
         extra=()
         [ "$target" = text_path ] && extra=(-max_len=1024)
@@ -147,3 +152,5 @@ echo
 echo "| load test | result |"
 echo "|---|---|"
 test_rows "$logs/serve.log"
+echo
+echo "Tests ran $(date -u '+%Y-%m-%d %H:%M UTC') at $(tree)."
