@@ -97,6 +97,8 @@ if [ "$fuzz_seconds" -gt 0 ]; then
         (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$target" -- \
             -max_total_time="$fuzz_seconds" -timeout=60 -rss_limit_mb=4096 \
             -print_final_stats=1 -close_fd_mask=1 "${extra[@]}") >"$log" 2>&1 || status=$?
+        # The targets' per-process scratch directories (see fuzz/src/lib.rs).
+        rm -rf /dev/shm/attnscope-fuzz-* "${TMPDIR:-/tmp}"/attnscope-fuzz-*
         runs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')
         rate=$(grep -oE 'stat::average_exec_per_sec: +[0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')
         corpus=$(ls "fuzz/corpus/$target" | wc -l)
