@@ -31,7 +31,14 @@ pub fn sdpa_reference(
 
     let mut out = vec![0.0f32; b_n * h_n * l_n * dv];
     let mut lse = vec![f32::NEG_INFINITY; b_n * h_n * l_n];
-    let mut all = vec![0.0f32; b_n * h_n * l_n * s_n];
+    // Every row's weights, kept only when some weights were asked for.
+    let keep_weights = options.weights != WeightsRequest::None;
+    let mut all = if keep_weights {
+        vec![0.0f32; b_n * h_n * l_n * s_n]
+    } else {
+        Vec::new()
+    };
+    let mut w_row = vec![0.0f32; s_n];
     let mut scores = vec![0.0f32; s_n];
     let mut visible = vec![false; s_n];
 
@@ -92,13 +99,15 @@ pub fn sdpa_reference(
                     .map(|j| (scores[j] - max).exp())
                     .sum();
                 lse[row] = max + sum.ln();
-                let w_row = &mut all[row * s_n..][..s_n];
                 for j in 0..s_n {
                     w_row[j] = if visible[j] {
                         (scores[j] - max).exp() / sum
                     } else {
                         0.0
                     };
+                }
+                if keep_weights {
+                    all[row * s_n..][..s_n].copy_from_slice(&w_row);
                 }
                 let o_row = &mut out[row * dv..][..dv];
                 for (j, &w) in w_row.iter().enumerate() {
