@@ -280,7 +280,7 @@ fn cases(root: &Path) -> Vec<Case> {
         (
             "weights path is a directory",
             &weights_dir,
-            &["model.safetensors"],
+            &["model.safetensors", "a directory, not a safetensors file"],
         ),
         (
             "overlapping tensor ranges",
