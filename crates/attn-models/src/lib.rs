@@ -6,6 +6,8 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod fetch;
+pub mod generate;
+pub mod kv_cache;
 pub mod model;
 pub mod ops;
 pub mod pooling;

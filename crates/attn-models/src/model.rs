@@ -143,7 +143,7 @@ pub fn set_threads(threads: usize) -> Result<(), ModelError> {
 
 /// The parallelism for the GEMMs: rayon's pool (sized by `RAYON_NUM_THREADS` or
 /// [`set_threads`]). Even one short text gains from it: its GEMMs stream every weight once.
-fn parallelism() -> Par {
+pub(crate) fn parallelism() -> Par {
     match rayon::current_num_threads() {
         0 | 1 => Par::Seq,
         n => Par::rayon(n),
@@ -219,6 +219,10 @@ impl Model {
     /// The most tokens one text may have.
     pub fn max_positions(&self) -> usize {
         self.config.max_positions
+    }
+    /// The loaded weights, for the incremental (KV-cached) decoder.
+    pub(crate) fn weights(&self) -> &Weights {
+        &self.weights
     }
 
     /// Tokenizes a text (and pair) with the model's special tokens. Empty text and text longer
@@ -511,7 +515,7 @@ impl Model {
 
 /// `[rows, 3·hidden]` (q | k | v, each head's `head_dim` values side by side) into three
 /// `[batch, heads, seq_len, head_dim]` tensors.
-fn split_heads(
+pub(crate) fn split_heads(
     qkv: &[f32],
     batch: usize,
     seq_len: usize,
@@ -534,7 +538,7 @@ fn split_heads(
 }
 
 /// `[batch, heads, seq_len, head_dim]` into `[rows, hidden]`.
-fn merge_heads(
+pub(crate) fn merge_heads(
     out: &[f32],
     batch: usize,
     seq_len: usize,
