@@ -44,6 +44,8 @@ enum Command {
     Heads(cmd::heads::Args),
     /// Attention as a soft database lookup over real sentence embeddings.
     Lookup(cmd::lookup::Args),
+    /// Continue a prompt with a GPT-2-family model; --explain shows what each new token attended to.
+    Generate(cmd::generate::Args),
     /// Benchmarks: attention kernels and model throughput.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Heads(args) => cmd::heads::run(args),
         Command::Lookup(args) => cmd::lookup::run(args),
+        Command::Generate(args) => cmd::generate::run(args),
         Command::Bench(command) => cmd::bench::run(command),
     };
     match result {

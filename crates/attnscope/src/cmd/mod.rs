@@ -4,6 +4,7 @@ pub mod attention;
 pub mod bench;
 pub mod embed;
 pub mod explain;
+pub mod generate;
 pub mod heads;
 pub mod heatmap;
 pub mod html;

@@ -1,0 +1,161 @@
+//! `attnscope generate`: continue a prompt with a GPT-2-family model (KV-cached decoding),
+//! greedy or sampled, and optionally show which words each generated token attended to.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::bail;
+use attn_models::ModelKind;
+use attn_models::generate::{GenerateOptions, Generation, Sampling, generate};
+
+use super::attention::load_model;
+
+/// How many attended words `--explain` lists per generated token.
+const EXPLAIN_TOP: usize = 3;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The prompt to continue.
+    pub prompt: String,
+    /// GPT-2-family model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else
+    /// the default model, which is BERT and cannot generate].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// How many tokens to generate (all of them: the end-of-text token does not stop early).
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: usize,
+    /// Sample from softmax(logits / T) instead of taking the most likely token.
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Sample only among the K most likely tokens (samples at temperature 1 when --temperature
+    /// is not given).
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Seed of the sampler: the same seed gives the same text.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// For each generated token, print the words it attended to most (last layer, heads
+    /// averaged, top 3).
+    #[arg(long)]
+    pub explain: bool,
+    /// Print {"model", "prompt", "ids", "pieces", "text"} (with --explain, "explain" too).
+    #[arg(long)]
+    pub json: bool,
+    /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.top_k == Some(0) {
+        bail!("--top-k must be at least 1");
+    }
+    if let Some(t) = args.temperature.filter(|t| !(t.is_finite() && *t > 0.0)) {
+        bail!("--temperature must be a number above 0, got {t}");
+    }
+    let sampling = match (args.temperature, args.top_k) {
+        (None, None) => Sampling::Greedy,
+        (temperature, top_k) => Sampling::Sample {
+            temperature: temperature.unwrap_or(1.0),
+            top_k,
+            seed: args.seed,
+        },
+    };
+    let model = load_model(args.model.as_deref(), args.threads)?;
+    if model.kind() != ModelKind::Gpt2 {
+        bail!(
+            "generate needs a GPT-2-family model; {} is a BERT model",
+            model.name()
+        );
+    }
+    let prompt_len = model.encode(&args.prompt, None)?.len();
+    let needed = prompt_len + args.max_new_tokens.saturating_sub(1);
+    if needed > model.max_positions() {
+        bail!(
+            "the prompt is {prompt_len} tokens and --max-new-tokens {} needs {needed} positions; \
+             {} has {}",
+            args.max_new_tokens,
+            model.name(),
+            model.max_positions()
+        );
+    }
+    let options = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        sampling,
+        attention: args.explain,
+    };
+    let generation = generate(&model, &args.prompt, &options)?;
+    let explained = generation
+        .attention
+        .as_ref()
+        .map(|rows| explain(&args.prompt, &generation, rows));
+
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    if args.json {
+        let mut doc = serde_json::json!({
+            "model": model.name(),
+            "prompt": args.prompt,
+            "ids": generation.ids,
+            "pieces": generation.pieces,
+            "text": generation.text,
+        });
+        if let Some(explained) = &explained {
+            doc["explain"] = explained
+                .iter()
+                .map(|top| {
+                    top.iter()
+                        .map(|(word, weight)| serde_json::json!({"word": word, "weight": weight}))
+                        .collect()
+                })
+                .collect::<Vec<serde_json::Value>>()
+                .into();
+        }
+        serde_json::to_writer(&mut w, &doc)?;
+        writeln!(w)?;
+    } else {
+        writeln!(w, "{}", generation.text)?;
+        if let Some(explained) = &explained {
+            writeln!(
+                w,
+                "\nwhat each generated token attended to (last layer, heads averaged, top {EXPLAIN_TOP}):"
+            )?;
+            for (i, (piece, top)) in generation.pieces.iter().zip(explained).enumerate() {
+                let words: Vec<String> = top
+                    .iter()
+                    .map(|(word, weight)| format!("{word:?} {weight:.2}"))
+                    .collect();
+                writeln!(w, "{:>3} {piece:?} ← {}", i + 1, words.join(", "))?;
+            }
+        }
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Each generated token's [`EXPLAIN_TOP`] most attended words (prompt words as written, then
+/// the generated pieces), strongest first; ties keep the earlier word first.
+fn explain(prompt: &str, generation: &Generation, rows: &[Vec<f32>]) -> Vec<Vec<(String, f32)>> {
+    let enc = &generation.prompt;
+    let words: Vec<String> = enc
+        .spans
+        .iter()
+        .zip(&enc.tokens)
+        .map(|(span, token)| match span {
+            Some((a, b)) => prompt.get(*a..*b).unwrap_or(token).to_string(),
+            None => token.clone(),
+        })
+        .chain(generation.pieces.iter().cloned())
+        .collect();
+    rows.iter()
+        .map(|row| {
+            let mut order: Vec<usize> = (0..row.len()).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            order
+                .into_iter()
+                .take(EXPLAIN_TOP)
+                .map(|j| (words[j].clone(), row[j]))
+                .collect()
+        })
+        .collect()
+}

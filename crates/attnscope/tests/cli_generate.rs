@@ -1,0 +1,256 @@
+//! `attnscope generate` end to end on `shared/golden/tiny-gpt2` (random weights and a tiny
+//! vocabulary: the text is gibberish, so the tests check ids against a full-pass argmax and
+//! determinism under a seed), and each bad input as a clear error with exit code 1.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use attn_models::{Encoding, Model, RunOptions};
+use serde_json::Value;
+
+fn tiny_gpt2() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden/tiny-gpt2"
+    ))
+}
+
+fn attnscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(args)
+        .env_remove("ATTNSCOPE_MODEL")
+        .output()
+        .expect("attnscope runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = attnscope(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("stdout is UTF-8")
+}
+
+/// `generate PROMPT --model tiny-gpt2 --max-new-tokens N` followed by `extra`.
+fn generate(prompt: &str, n: usize, extra: &[&str]) -> String {
+    let model = tiny_gpt2();
+    let n = n.to_string();
+    let mut args = vec![
+        "generate",
+        prompt,
+        "--model",
+        model.to_str().unwrap(),
+        "--max-new-tokens",
+        &n,
+    ];
+    args.extend_from_slice(extra);
+    ok(&args)
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = attnscope(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} does not mention {needle:?}"
+    );
+}
+
+fn ids(doc: &Value) -> Vec<u32> {
+    doc["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn greedy_continuation_is_the_full_pass_argmax() {
+    let prompt = "The cat sat on the mat";
+    let doc: Value = serde_json::from_str(&generate(prompt, 10, &["--json"])).unwrap();
+    let got = ids(&doc);
+    assert_eq!(got.len(), 10);
+
+    // Independently: the full (uncached) pass over the growing sequence, last row's argmax.
+    let model = Model::load(&tiny_gpt2()).unwrap();
+    let vocab = model.config().vocab_size;
+    let mut seq = model.encode(prompt, None).unwrap().ids;
+    for (i, &id) in got.iter().enumerate() {
+        let enc = Encoding {
+            ids: seq.clone(),
+            tokens: vec![String::new(); seq.len()],
+            spans: vec![None; seq.len()],
+            segments: vec![0; seq.len()],
+            special: vec![false; seq.len()],
+        };
+        let logits = model
+            .forward(&enc, &RunOptions::default())
+            .unwrap()
+            .logits
+            .unwrap();
+        let last = &logits[(seq.len() - 1) * vocab..];
+        let mut best = 0;
+        for (j, &x) in last.iter().enumerate() {
+            if x > last[best] {
+                best = j;
+            }
+        }
+        assert_eq!(id, best as u32, "token {i}");
+        seq.push(best as u32);
+    }
+
+    // The plain output is the continuation's text on one line.
+    let plain = generate(prompt, 10, &[]);
+    assert_eq!(plain, format!("{}\n", doc["text"].as_str().unwrap()));
+}
+
+#[test]
+fn sampling_with_a_seed_is_reproducible() {
+    let sample =
+        |seed: &str| generate("Hello there", 12, &["--temperature", "1.5", "--seed", seed]);
+    assert_eq!(sample("7"), sample("7"));
+    // 400 tokens at temperature 1.5: two seeds agreeing on 12 tokens would be a broken sampler.
+    let json = |seed: &str| -> Value {
+        let out = generate(
+            "Hello there",
+            12,
+            &["--temperature", "1.5", "--seed", seed, "--json"],
+        );
+        serde_json::from_str(&out).unwrap()
+    };
+    assert_ne!(ids(&json("7")), ids(&json("8")));
+    // --top-k 1 keeps only the most likely token: greedy, whatever the seed and temperature.
+    let greedy = generate("Hello there", 12, &[]);
+    let top1 = generate(
+        "Hello there",
+        12,
+        &["--top-k", "1", "--temperature", "3", "--seed", "5"],
+    );
+    assert_eq!(top1, greedy);
+}
+
+#[test]
+fn explain_lists_the_top_three_attended_words_per_token() {
+    let doc: Value =
+        serde_json::from_str(&generate("The cat", 4, &["--explain", "--json"])).unwrap();
+    let explain = doc["explain"].as_array().unwrap();
+    assert_eq!(explain.len(), 4);
+    let pieces = doc["pieces"].as_array().unwrap();
+    for (i, top) in explain.iter().enumerate() {
+        let top = top.as_array().unwrap();
+        // Token i's query sees the 2 prompt tokens and the i tokens generated before it.
+        assert_eq!(top.len(), (2 + i).min(3), "token {i}");
+        let weights: Vec<f64> = top.iter().map(|e| e["weight"].as_f64().unwrap()).collect();
+        assert!(weights.windows(2).all(|w| w[0] >= w[1]), "{weights:?}");
+        assert!(weights.iter().all(|&w| w > 0.0 && w <= 1.0), "{weights:?}");
+        for e in top {
+            let word = e["word"].as_str().unwrap();
+            assert!(
+                ["The", " cat"].contains(&word) || pieces[..i].iter().any(|p| p == word),
+                "token {i} attends to {word:?}, which is not before it"
+            );
+        }
+    }
+    // The first token sees only the prompt's two words, so both are listed and sum to one.
+    let first: f64 = explain[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["weight"].as_f64().unwrap())
+        .sum();
+    assert!((first - 1.0).abs() < 1e-5, "{first}");
+
+    let plain = generate("The cat", 4, &["--explain"]);
+    assert!(
+        plain.contains("last layer, heads averaged, top 3"),
+        "{plain}"
+    );
+    assert_eq!(
+        plain.lines().filter(|l| l.contains(" ← ")).count(),
+        4,
+        "{plain}"
+    );
+}
+
+#[test]
+fn bad_options_and_models_are_clear_errors() {
+    let model = tiny_gpt2();
+    let model = model.to_str().unwrap();
+    let base = ["generate", "Hi", "--model", model, "--max-new-tokens", "3"];
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [base, extra].concat()
+    }
+    fails_with(
+        &with(&base, &["--top-k", "0"]),
+        "--top-k must be at least 1",
+    );
+    fails_with(
+        &with(&base, &["--temperature", "0"]),
+        "--temperature must be a number above 0",
+    );
+    fails_with(
+        &with(&base, &["--temperature", "-1"]),
+        "--temperature must be a number above 0",
+    );
+    fails_with(
+        &with(&base, &["--temperature", "NaN"]),
+        "--temperature must be a number above 0",
+    );
+    // The last new token is never fed back: P prompt tokens + N new ones need P + N − 1
+    // positions, and tiny-gpt2 has 64.
+    let prompt_len = Model::load(&tiny_gpt2())
+        .unwrap()
+        .encode("Hi", None)
+        .unwrap()
+        .len();
+    let fits = (65 - prompt_len).to_string();
+    let over = (66 - prompt_len).to_string();
+    ok(&[
+        "generate",
+        "Hi",
+        "--model",
+        model,
+        "--max-new-tokens",
+        &fits,
+    ]);
+    fails_with(
+        &[
+            "generate",
+            "Hi",
+            "--model",
+            model,
+            "--max-new-tokens",
+            &over,
+        ],
+        "needs 65 positions",
+    );
+    fails_with(
+        &[
+            "generate",
+            "Hi",
+            "--model",
+            "/nonexistent/model",
+            "--max-new-tokens",
+            "3",
+        ],
+        "/nonexistent/model",
+    );
+    let bert = attn_models::fetch::default_model_dir(false)
+        .expect("the default model is cached or can be fetched");
+    fails_with(
+        &[
+            "generate",
+            "Hi",
+            "--model",
+            bert.to_str().unwrap(),
+            "--max-new-tokens",
+            "3",
+        ],
+        "generate needs a GPT-2-family model",
+    );
+}
