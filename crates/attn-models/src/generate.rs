@@ -1,7 +1,11 @@
 //! Text generation with a GPT-2-family model: the prompt is fed once into a [`KvCache`], then
 //! each new token is chosen from the last logits (greedy, or sampled with a temperature and an
-//! optional top-k cut) and fed back. Optionally keeps, for each generated token, the last
-//! layer's head-averaged attention of the position that produced it.
+//! optional top-k cut, as transformers' `TemperatureLogitsWarper` and `TopKLogitsWarper` in
+//! <https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/generation/logits_process.py>)
+//! and fed back. Optionally keeps, for each generated token, the last layer's head-averaged
+//! attention of the position that produced it.
+
+use std::num::NonZeroUsize;
 
 use tokenizers::Tokenizer;
 
@@ -16,10 +20,29 @@ pub enum Sampling {
     /// A draw from `softmax(logits / temperature)`, restricted to the `top_k` most likely
     /// tokens when set; `seed` makes the draws reproducible.
     Sample {
-        temperature: f32,
-        top_k: Option<usize>,
+        temperature: Temperature,
+        top_k: Option<NonZeroUsize>,
         seed: u64,
     },
+}
+
+/// A sampling temperature: a finite number above 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Temperature(f32);
+
+impl Temperature {
+    /// The model's own distribution.
+    pub const ONE: Temperature = Temperature(1.0);
+
+    /// `None` unless `t` is finite and above 0.
+    pub fn new(t: f32) -> Option<Temperature> {
+        (t.is_finite() && t > 0.0).then_some(Temperature(t))
+    }
+
+    /// The value, above 0.
+    pub fn get(self) -> f32 {
+        self.0
+    }
 }
 
 /// One generation request.
@@ -50,31 +73,14 @@ pub struct Generation {
 
 /// Generates `options.max_new_tokens` tokens after `prompt`.
 ///
-/// Errors: a BERT model, bad sampling options (temperature ≤ 0 or not finite, `top_k == 0`),
-/// an empty prompt, or a prompt plus continuation that does not fit the model's positions.
+/// Errors: a BERT model, an empty prompt, or a prompt plus continuation that does not fit the
+/// model's positions.
 pub fn generate(
     model: &Model,
     prompt: &str,
     options: &GenerateOptions,
 ) -> Result<Generation, ModelError> {
     let mut cache = KvCache::new(model)?;
-    if let Sampling::Sample {
-        temperature, top_k, ..
-    } = options.sampling
-    {
-        if !(temperature.is_finite() && temperature > 0.0) {
-            return Err(ModelError::InvalidConfig {
-                field: "temperature",
-                reason: format!("must be a number above 0, got {temperature}"),
-            });
-        }
-        if top_k == Some(0) {
-            return Err(ModelError::InvalidConfig {
-                field: "top_k",
-                reason: "must be at least 1".into(),
-            });
-        }
-    }
     let enc = model.encode(prompt, None)?;
     // The last generated token is never fed back, so the cache needs prompt + n − 1 positions.
     let needed = enc.len() + options.max_new_tokens.saturating_sub(1);
@@ -94,7 +100,7 @@ pub fn generate(
     let mut attention = options.attention.then(Vec::new);
     let mut feed = enc.ids.clone();
     while ids.len() < options.max_new_tokens {
-        let step = cache.feed(model, &feed, options.attention)?;
+        let step = cache.feed(&feed, options.attention)?;
         let last = step.logits.len() / vocab - 1;
         let logits = &step.logits[last * vocab..][..vocab];
         let next = choose(logits, &options.sampling, &mut rng);
@@ -156,11 +162,11 @@ fn choose(logits: &[f32], sampling: &Sampling, rng: &mut SplitMix64) -> u32 {
     };
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    order.truncate(top_k.unwrap_or(logits.len()).min(logits.len()));
+    order.truncate(top_k.map_or(logits.len(), NonZeroUsize::get));
     let top = logits[order[0]];
     let probs: Vec<f64> = order
         .iter()
-        .map(|&i| (f64::from(logits[i] - top) / f64::from(temperature)).exp())
+        .map(|&i| (f64::from(logits[i] - top) / f64::from(temperature.get())).exp())
         .collect();
     let total: f64 = probs.iter().sum();
     let mut target = rng.next_f64() * total;

@@ -3,8 +3,10 @@
 //!
 //! New tokens attend to every cached token and to each other with a bottom-right aligned
 //! causal mask ([`Causal::BottomRight`]): the last query sees every key, as in transformers'
-//! `GPT2Attention` with `past_key_values`. The numbers are those of the full masked pass
-//! ([`Model::forward`]) up to floating-point summation order.
+//! `GPT2Attention` with `layer_past`
+//! (<https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/gpt2/modeling_gpt2.py>).
+//! The numbers are those of the full masked pass ([`Model::forward`]) up to floating-point
+//! summation order.
 
 use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 
@@ -12,12 +14,10 @@ use crate::model::{merge_heads, parallelism, split_heads};
 use crate::ops::{bias_activation, gemm_bt, residual_bias_add};
 use crate::{Model, ModelError, ModelKind};
 
-/// Keys and values of every layer for the tokens fed so far.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KvCache {
-    n_heads: usize,
-    head_dim: usize,
-    max_positions: usize,
+/// Keys and values of every layer of one model for the tokens fed so far.
+#[derive(Debug, Clone)]
+pub struct KvCache<'m> {
+    model: &'m Model,
     len: usize,
     /// Per layer: `[heads, len, head_dim]`.
     keys: Vec<Vec<f32>>,
@@ -35,9 +35,9 @@ pub struct Step {
     pub last_layer_attention: Option<Vec<f32>>,
 }
 
-impl KvCache {
+impl<'m> KvCache<'m> {
     /// An empty cache for `model`, which must be a GPT-2-family model.
-    pub fn new(model: &Model) -> Result<KvCache, ModelError> {
+    pub fn new(model: &'m Model) -> Result<KvCache<'m>, ModelError> {
         let c = model.config();
         if c.kind != ModelKind::Gpt2 {
             return Err(ModelError::InvalidConfig {
@@ -49,9 +49,7 @@ impl KvCache {
             });
         }
         Ok(KvCache {
-            n_heads: c.n_heads,
-            head_dim: c.head_dim(),
-            max_positions: c.max_positions,
+            model,
             len: 0,
             keys: vec![Vec::new(); c.n_layers],
             values: vec![Vec::new(); c.n_layers],
@@ -68,38 +66,20 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Runs `ids` through `model` after the cached tokens (at positions `len..len + ids.len()`)
-    /// and appends their keys and values. Feeding the prompt at once and then one token at a
-    /// time gives the logits of the full pass over the whole sequence.
+    /// Runs `ids` through the model after the cached tokens (at positions
+    /// `len..len + ids.len()`) and appends their keys and values. Feeding the prompt at once and
+    /// then one token at a time gives the logits of the full pass over the whole sequence.
+    /// `attention` asks for the last layer's head-averaged attention of the fed tokens.
     ///
-    /// Errors: no ids, an id outside the vocabulary, a model other than the one the cache was
-    /// made for, or more cached tokens than the model's `n_positions` ([`ModelError::TooLong`]);
-    /// the cache is unchanged on error.
+    /// Errors: no ids, an id outside the vocabulary, or more cached tokens than the model's
+    /// `n_positions` ([`ModelError::TooLong`]); the cache is unchanged on error.
     ///
     /// # Shapes
     /// - `ids`: `[new]`; see [`Step`]
-    pub fn feed(
-        &mut self,
-        model: &Model,
-        ids: &[u32],
-        attention: bool,
-    ) -> Result<Step, ModelError> {
+    pub fn feed(&mut self, ids: &[u32], attention: bool) -> Result<Step, ModelError> {
+        let model = self.model;
         let c = model.config();
         let (h, n_heads, d) = (c.hidden_size, c.n_heads, c.head_dim());
-        if c.kind != ModelKind::Gpt2
-            || (n_heads, d, c.max_positions, c.n_layers)
-                != (
-                    self.n_heads,
-                    self.head_dim,
-                    self.max_positions,
-                    self.keys.len(),
-                )
-        {
-            return Err(ModelError::InvalidConfig {
-                field: "model",
-                reason: "this key/value cache was made for another model".into(),
-            });
-        }
         if ids.is_empty() {
             return Err(ModelError::EmptyText {
                 which: "token list",

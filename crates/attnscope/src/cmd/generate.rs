@@ -2,11 +2,12 @@
 //! greedy or sampled, and optionally show which words each generated token attended to.
 
 use std::io::Write;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use attn_models::ModelKind;
-use attn_models::generate::{GenerateOptions, Generation, Sampling, generate};
+use attn_models::generate::{GenerateOptions, Generation, Sampling, Temperature, generate};
 
 use super::attention::load_model;
 
@@ -47,16 +48,21 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.top_k == Some(0) {
-        bail!("--top-k must be at least 1");
-    }
-    if let Some(t) = args.temperature.filter(|t| !(t.is_finite() && *t > 0.0)) {
-        bail!("--temperature must be a number above 0, got {t}");
-    }
-    let sampling = match (args.temperature, args.top_k) {
+    let top_k = match args.top_k {
+        Some(k) => Some(NonZeroUsize::new(k).context("--top-k must be at least 1")?),
+        None => None,
+    };
+    let temperature = match args.temperature {
+        Some(t) => Some(
+            Temperature::new(t)
+                .with_context(|| format!("--temperature must be a number above 0, got {t}"))?,
+        ),
+        None => None,
+    };
+    let sampling = match (temperature, top_k) {
         (None, None) => Sampling::Greedy,
         (temperature, top_k) => Sampling::Sample {
-            temperature: temperature.unwrap_or(1.0),
+            temperature: temperature.unwrap_or(Temperature::ONE),
             top_k,
             seed: args.seed,
         },
