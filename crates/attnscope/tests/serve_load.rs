@@ -305,13 +305,5 @@ fn the_body_limit_holds_for_chunked_and_cut_short_bodies() {
     let answer = exchange(&server.address, &request).unwrap();
     assert_eq!(answer.status, 413, "declared length: {}", answer.body);
     assert!(started.elapsed() < Duration::from_secs(10));
-
-    // The headers alone declare 2 MiB and no body byte is ever sent: 413 from the headers.
-    let started = Instant::now();
-    let request = b"POST /api/attention HTTP/1.1\r\nHost: localhost\r\n\
-        Content-Type: application/json\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\n";
-    let answer = exchange(&server.address, request).unwrap();
-    assert_eq!(answer.status, 413, "declared, never sent: {}", answer.body);
-    assert!(started.elapsed() < Duration::from_secs(10));
     assert!(server.alive());
 }

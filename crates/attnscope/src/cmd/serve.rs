@@ -102,32 +102,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/", get(page))
         .route("/api/attention", post(attention))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .with_state(app)
-}
-
-/// Answers 413 as soon as the headers declare a body over the limit, instead of holding the
-/// connection open for a body that would be refused anyway (or may never arrive).
-async fn refuse_declared_oversize(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > BODY_LIMIT as u64) {
-        return too_large();
-    }
-    next.run(request).await
-}
-
-fn too_large() -> Response {
-    error(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        format!("the request is larger than {} KiB", BODY_LIMIT >> 10),
-    )
 }
 
 async fn page() -> Response {
@@ -156,7 +131,10 @@ async fn attention(
     let Json(request) = match request {
         Ok(request) => request,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return too_large();
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request is larger than {} KiB", BODY_LIMIT >> 10),
+            );
         }
         Err(rejection) => {
             return error(
