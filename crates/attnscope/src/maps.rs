@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use attn_models::{Model, RunOptions};
+use attn_models::{Model, QueryKey, RunOptions};
 use attn_viz::{AttentionMaps, Token};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -67,19 +67,36 @@ pub fn run_model(
     pair: Option<&str>,
     truncate: bool,
 ) -> anyhow::Result<AttentionMaps> {
+    run_model_with(model, text, pair, truncate, false).map(|(maps, _)| maps)
+}
+
+/// [`run_model`], and with `qk` also the queries and keys behind the weights (the explorer's
+/// neuron view needs them).
+///
+/// # Shapes
+/// - returned `maps.weights`: `[n_layers, n_heads, T, T]`
+/// - returned `q`, `k`: `[n_layers, n_heads, T, head_dim]`
+pub fn run_model_with(
+    model: &Model,
+    text: &str,
+    pair: Option<&str>,
+    truncate: bool,
+    qk: bool,
+) -> anyhow::Result<(AttentionMaps, Option<QueryKey>)> {
+    // The tokenizer's errors already say what is wrong with the text ("the text is empty").
     let enc = if truncate {
-        model.encode_truncated(text, pair)
+        model.encode_truncated(text, pair)?
     } else {
-        model.encode(text, pair)
-    }
-    .context("tokenizing the text")?;
+        model.encode(text, pair)?
+    };
     let spinner = spinner(&format!("running {} on {} tokens", model.name(), enc.len()));
     let out = model
         .forward(
             &enc,
             &RunOptions {
                 attentions: true,
-                ..RunOptions::default()
+                qk,
+                hidden_states: false,
             },
         )
         .context("running the model")?;
@@ -108,7 +125,7 @@ pub fn run_model(
         weights,
     };
     maps.validate().context("the model's attention")?;
-    Ok(maps)
+    Ok((maps, out.qk))
 }
 
 /// Reads and checks an `AttentionMaps` JSON file.

@@ -1,16 +1,15 @@
 //! `attnscope html`: one text's attention as a self-contained interactive HTML file (head view,
 //! model view, heatmap, neuron view) that works offline. Also the model run behind it (with
-//! queries and keys, which `crate::maps::run_model` does not ask for) that `attnscope serve`
-//! shares.
+//! the queries and keys the neuron view needs) that `attnscope serve` shares.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use attn_models::{Model, ModelKind, RunOptions};
+use attn_models::{Model, ModelKind};
+use attn_viz::AttentionMaps;
 use attn_viz::html::{PageOptions, QueryKeys, standalone_page};
-use attn_viz::{AttentionMaps, Token};
 
-use crate::maps::{SourceArgs, check_output, read_maps, spinner};
+use crate::maps::{SourceArgs, check_output, read_maps, run_model_with};
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
@@ -93,45 +92,9 @@ pub(crate) fn analyse(
     pair: Option<&str>,
     truncate: bool,
 ) -> anyhow::Result<(AttentionMaps, QueryKeys)> {
-    let enc = if truncate {
-        model.encode_truncated(text, pair)?
-    } else {
-        model.encode(text, pair)?
-    };
-    let spinner = spinner(&format!("running {} on {} tokens", model.name(), enc.len()));
-    let out = model.forward(
-        &enc,
-        &RunOptions {
-            attentions: true,
-            qk: true,
-            hidden_states: false,
-        },
-    )?;
-    if let Some(s) = spinner {
-        s.finish_and_clear();
-    }
-    let (Some(weights), Some(qk)) = (out.attentions, out.qk) else {
-        bail!("the model returned no attention weights or queries and keys");
-    };
+    let (maps, qk) = run_model_with(model, text, pair, truncate, true)?;
+    let qk = qk.context("the model returned no queries and keys")?;
     let head_dim = model.hidden_size() / model.n_heads();
-    let tokens = (0..enc.len())
-        .map(|i| Token {
-            text: enc.tokens[i].clone(),
-            id: enc.ids[i],
-            span: enc.spans[i],
-            segment: enc.segments[i],
-            special: enc.special[i],
-        })
-        .collect();
-    let maps = AttentionMaps {
-        model: model.name().to_string(),
-        text: text.to_string(),
-        pair: pair.map(str::to_string),
-        tokens,
-        n_layers: model.n_layers(),
-        n_heads: model.n_heads(),
-        weights,
-    };
     let qk = QueryKeys {
         head_dim,
         // Both BERT and GPT-2 (attn-models refuses other GPT-2 scalings) use 1/√head_dim.
