@@ -7,6 +7,7 @@
 //!   stays bounded from round to round.
 //! - Hundreds of idle or half-sent connections do not stop a real request.
 //! - The 1 MiB limit holds for chunked bodies and for a body cut short after the limit.
+//! - A body that stops arriving gets 408 after `--body-timeout` and its connection is closed.
 //!
 //! Each test prints its measurements (`load: ...` lines) for `scripts/reliability.sh`.
 
@@ -33,9 +34,14 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_attnscope"))
             .args(["serve", "--port", "0", "--model"])
             .arg(tiny_gpt2())
+            .args(extra)
             .env("ATTNSCOPE_CACHE", "/nonexistent/attnscope-cache")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -306,4 +312,61 @@ fn the_body_limit_holds_for_chunked_and_cut_short_bodies() {
     assert_eq!(answer.status, 413, "declared length: {}", answer.body);
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(server.alive());
+}
+
+#[test]
+fn a_body_that_never_arrives_gets_408_and_the_connection_closes() {
+    let mut server = Server::start_with(&["--body-timeout", "1"]);
+    // Declares 2 MiB (over the limit) and 2 KiB (under it), sends 10 bytes, then nothing.
+    for declared in [2 << 20, 2 << 10] {
+        let started = Instant::now();
+        let mut stream = TcpStream::connect(&server.address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let head = format!(
+            "POST /api/attention HTTP/1.1\r\nHost: localhost\r\n\
+             Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n{{\"text\": \"a"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        // read_to_end returns only once the server closes the connection.
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).unwrap();
+        let elapsed = started.elapsed();
+        let answer = parse(&raw).unwrap();
+        assert_eq!(answer.status, 408, "declared {declared}: {}", answer.body);
+        assert!(
+            answer.body.contains("did not arrive within 1 s"),
+            "{}",
+            answer.body
+        );
+        println!(
+            "load: a {declared}-byte body that never came was answered 408 and closed after {:.0} ms",
+            elapsed.as_secs_f64() * 1e3
+        );
+        assert!(
+            elapsed >= Duration::from_millis(900) && elapsed < Duration::from_secs(10),
+            "took {elapsed:?}"
+        );
+    }
+    assert!(server.alive());
+}
+
+#[test]
+fn a_body_not_declared_as_json_gets_415() {
+    let server = Server::start();
+    let body = r#"{"text": "The cat sat"}"#;
+    for content_type in ["Content-Type: text/plain\r\n", ""] {
+        let request = format!(
+            "POST /api/attention HTTP/1.1\r\nHost: localhost\r\n{content_type}\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = exchange(&server.address, request.as_bytes()).unwrap();
+        assert_eq!(answer.status, 415, "{content_type:?}: {}", answer.body);
+        assert!(answer.body.contains("must be JSON"), "{}", answer.body);
+    }
+    let request = post_request(body);
+    let answer = exchange(&server.address, &request).unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
 }

@@ -3,18 +3,21 @@
 //! `attnscope html`, without restarting.
 //!
 //! Hardening: bound to 127.0.0.1 unless `--host` says otherwise, request bodies over 1 MiB get
-//! 413, at most two forward passes run at once (the rest wait), and any failure, including a
-//! panic inside the model, becomes a JSON `{"error": ...}` answer rather than a dead server.
+//! 413, a body that has not fully arrived within `--body-timeout` seconds gets 408 and its
+//! connection is closed, at most two forward passes run at once (the rest wait), and any failure,
+//! including a panic inside the model, becomes a JSON `{"error": ...}` answer rather than a dead
+//! server.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use attn_models::{Model, ModelError};
 use attn_viz::html::{PageOptions, app_page, content_security_policy, payload_json};
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{StatusCode, header};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -38,13 +41,27 @@ pub struct Args {
     /// Address to bind. Anything but 127.0.0.1 / ::1 exposes the app to your network.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     pub host: IpAddr,
+    /// Seconds a client may take to send a request body; slower ones get 408 and are closed.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_timeout)]
+    pub body_timeout: f64,
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// `--body-timeout`: a finite number of seconds, above 0 and at most a day.
+fn parse_timeout(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds > 0.0 && seconds <= 86_400.0 => Ok(seconds),
+        _ => Err(format!(
+            "{text:?} is not a number of seconds above 0 and at most 86400"
+        )),
+    }
 }
 
 struct App {
     model: Model,
     runs: Semaphore,
+    body_timeout: Duration,
 }
 
 /// What the page posts.
@@ -64,12 +81,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_io()
+        .enable_time()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(model, SocketAddr::new(args.host, args.port)))
+    let body_timeout = Duration::from_secs_f64(args.body_timeout);
+    runtime.block_on(serve(
+        model,
+        SocketAddr::new(args.host, args.port),
+        body_timeout,
+    ))
 }
 
-async fn serve(model: Model, address: SocketAddr) -> anyhow::Result<()> {
+async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address}"))?;
@@ -79,6 +102,7 @@ async fn serve(model: Model, address: SocketAddr) -> anyhow::Result<()> {
     let app = Arc::new(App {
         model,
         runs: Semaphore::new(CONCURRENT_RUNS),
+        body_timeout,
     });
     // The first stdout line is the address; tests and scripts read it.
     println!(
@@ -101,7 +125,6 @@ fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/api/attention", post(attention))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(app)
 }
 
@@ -124,24 +147,78 @@ fn error(status: StatusCode, message: String) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
-async fn attention(
-    State(app): State<Arc<App>>,
-    request: Result<Json<AttentionRequest>, JsonRejection>,
-) -> Response {
-    let Json(request) = match request {
-        Ok(request) => request,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return error(
+/// Reads and parses the posted JSON: 415 unless it is declared JSON, 413 past [`BODY_LIMIT`]
+/// (checked as bytes arrive, so a false Content-Length does not matter), 408 when the body has
+/// not all arrived within the app's body timeout, 400/422 for JSON that does not parse or does
+/// not fit [`AttentionRequest`].
+async fn read_request(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<AttentionRequest, Response> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
+        });
+    if !json {
+        return Err(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the request must be JSON (Content-Type: application/json)".into(),
+        ));
+    }
+    let bytes = match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, BODY_LIMIT))
+        .await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(err))
+            if std::error::Error::source(&err)
+                .is_some_and(|inner| inner.is::<http_body_util::LengthLimitError>()) =>
+        {
+            return Err(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("the request is larger than {} KiB", BODY_LIMIT >> 10),
-            );
+            ));
         }
-        Err(rejection) => {
-            return error(
+        Ok(Err(_)) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "the request body could not be read".into(),
+            ));
+        }
+        Err(_) => {
+            let mut answer = error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {:.0} s",
+                    app.body_timeout.as_secs_f64()
+                ),
+            );
+            answer.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            return Err(answer);
+        }
+    };
+    Json::<AttentionRequest>::from_bytes(&bytes)
+        .map(|Json(request)| request)
+        .map_err(|rejection| {
+            error(
                 rejection.status(),
                 format!("bad request: {}", rejection.body_text()),
-            );
-        }
+            )
+        })
+}
+
+async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let request = match read_request(&app, &headers, body).await {
+        Ok(request) => request,
+        Err(answer) => return answer,
     };
     let Ok(_permit) = app.runs.acquire().await else {
         return error(
