@@ -87,6 +87,31 @@ pub enum VizError {
     },
     #[error("drawing the image failed: {message}")]
     Draw { message: String },
+    #[error(
+        "{tensor} has {got} values, expected [{n_layers}, {n_heads}, {n_tokens}, {head_dim}] (layers, heads, tokens, head_dim > 0)"
+    )]
+    QueryKeysShape {
+        tensor: &'static str,
+        n_layers: usize,
+        n_heads: usize,
+        n_tokens: usize,
+        head_dim: usize,
+        got: usize,
+    },
+    #[error("{tensor}[{index}] is {value}; queries and keys must be finite")]
+    NonFiniteQueryKey {
+        tensor: &'static str,
+        index: usize,
+        value: f32,
+    },
+    #[error("softmax scale {scale} must be finite and positive")]
+    BadScale { scale: f32 },
+    #[error("could not encode the {what}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn quoted(words: &[String]) -> String {

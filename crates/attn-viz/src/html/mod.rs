@@ -25,40 +25,6 @@ const TEMPLATE: &str = include_str!("../../assets/explorer.html");
 const STYLE: &str = include_str!("../../assets/explorer.css");
 const SCRIPT: &str = include_str!("../../assets/explorer.js");
 
-/// What can go wrong turning attention into a page: the maps' own checks ([`VizError`]) or the
-/// queries and keys of the neuron view.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HtmlError {
-    #[error(transparent)]
-    Maps(#[from] VizError),
-    #[error(
-        "{tensor} has {got} values, expected [{n_layers}, {n_heads}, {n_tokens}, {head_dim}] (layers, heads, tokens, head_dim > 0)"
-    )]
-    QueryKeysShape {
-        tensor: &'static str,
-        n_layers: usize,
-        n_heads: usize,
-        n_tokens: usize,
-        head_dim: usize,
-        got: usize,
-    },
-    #[error("{tensor}[{index}] is {value}; queries and keys must be finite")]
-    NonFiniteQueryKey {
-        tensor: &'static str,
-        index: usize,
-        value: f32,
-    },
-    #[error("softmax scale {scale} must be finite and positive")]
-    BadScale { scale: f32 },
-    #[error("could not encode the {what}")]
-    Encode {
-        what: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
 /// Escapes JSON for the inside of a `<script>` element: `<`, `>` and `&` become `\u003c`,
 /// `\u003e` and `\u0026`, and U+2028/U+2029 become `\u2028`/`\u2029`.
 ///
@@ -88,7 +54,7 @@ pub fn standalone_page(
     maps: &AttentionMaps,
     qk: Option<&QueryKeys>,
     options: &PageOptions,
-) -> Result<String, HtmlError> {
+) -> Result<String, VizError> {
     let json = payload_json(maps, qk, options)?;
     Ok(render("file", &script_json(&json)))
 }

@@ -22,8 +22,7 @@ use flate2::Compression;
 use flate2::write::ZlibEncoder;
 use serde::Serialize;
 
-use super::HtmlError;
-use crate::AttentionMaps;
+use crate::{AttentionMaps, VizError};
 
 /// Weights are sent as `round(weight * WEIGHT_SCALE)`: 3 decimals.
 pub const WEIGHT_SCALE: u16 = 1000;
@@ -116,7 +115,7 @@ pub fn payload_json(
     maps: &AttentionMaps,
     qk: Option<&QueryKeys>,
     options: &PageOptions,
-) -> Result<String, HtmlError> {
+) -> Result<String, VizError> {
     maps.validate()?;
     let n_tokens = maps.seq_len();
     let neuron = match qk {
@@ -154,8 +153,8 @@ pub fn payload_json(
     to_json(&payload)
 }
 
-fn to_json(payload: &Payload) -> Result<String, HtmlError> {
-    serde_json::to_string(payload).map_err(|source| HtmlError::Encode {
+fn to_json(payload: &Payload) -> Result<String, VizError> {
+    serde_json::to_string(payload).map_err(|source| VizError::Encode {
         what: "payload JSON",
         source: source.into(),
     })
@@ -183,7 +182,7 @@ fn pack_weights(
     quantised: &[u16],
     block: usize,
     budget: Option<usize>,
-) -> Result<(u16, String), HtmlError> {
+) -> Result<(u16, String), VizError> {
     let Some(budget) = budget else {
         return Ok((0, pack_floored(quantised, 0)?));
     };
@@ -213,7 +212,7 @@ fn pack_weights(
     Ok(packed)
 }
 
-fn pack_floored(quantised: &[u16], floor: u16) -> Result<String, HtmlError> {
+fn pack_floored(quantised: &[u16], floor: u16) -> Result<String, VizError> {
     deflate_base64(&encode_weights(quantised, floor), "weights")
 }
 
@@ -247,14 +246,14 @@ fn push_varint(bytes: &mut Vec<u8>, mut value: u64) {
     bytes.push(value as u8);
 }
 
-fn deflate_base64(bytes: &[u8], what: &'static str) -> Result<String, HtmlError> {
+fn deflate_base64(bytes: &[u8], what: &'static str) -> Result<String, VizError> {
     let mut encoder = ZlibEncoder::new(Vec::new(), Compression::default());
     encoder
         .write_all(bytes)
-        .map_err(|source| HtmlError::Encode { what, source })?;
+        .map_err(|source| VizError::Encode { what, source })?;
     let compressed = encoder
         .finish()
-        .map_err(|source| HtmlError::Encode { what, source })?;
+        .map_err(|source| VizError::Encode { what, source })?;
     Ok(BASE64.encode(compressed))
 }
 
@@ -284,7 +283,7 @@ fn pack_neuron(
     n_tokens: usize,
     qk: &QueryKeys,
     options: &PageOptions,
-) -> Result<Neuron, HtmlError> {
+) -> Result<Neuron, VizError> {
     let per_layer = maps
         .n_heads
         .checked_mul(n_tokens)
@@ -292,7 +291,7 @@ fn pack_neuron(
     let expected = per_layer.and_then(|n| n.checked_mul(maps.n_layers));
     for (tensor, got) in [("q", qk.q.len()), ("k", qk.k.len())] {
         if qk.head_dim == 0 || expected != Some(got) {
-            return Err(HtmlError::QueryKeysShape {
+            return Err(VizError::QueryKeysShape {
                 tensor,
                 n_layers: maps.n_layers,
                 n_heads: maps.n_heads,
@@ -303,11 +302,11 @@ fn pack_neuron(
         }
     }
     if !(qk.scale.is_finite() && qk.scale > 0.0) {
-        return Err(HtmlError::BadScale { scale: qk.scale });
+        return Err(VizError::BadScale { scale: qk.scale });
     }
     for (tensor, values) in [("q", &qk.q), ("k", &qk.k)] {
         if let Some(index) = values.iter().position(|v| !v.is_finite()) {
-            return Err(HtmlError::NonFiniteQueryKey {
+            return Err(VizError::NonFiniteQueryKey {
                 tensor,
                 index,
                 value: values[index],
@@ -524,7 +523,7 @@ mod tests {
         let mut maps = maps();
         maps.tokens.clear();
         let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
-        assert!(matches!(err, HtmlError::Maps(VizError::NoTokens)), "{err}");
+        assert!(matches!(err, VizError::NoTokens), "{err}");
     }
 
     #[test]
@@ -533,7 +532,7 @@ mod tests {
         maps.weights.pop();
         let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
         assert!(
-            matches!(err, HtmlError::Maps(VizError::WeightsShape { got: 7, .. })),
+            matches!(err, VizError::WeightsShape { got: 7, .. }),
             "{err}"
         );
     }
@@ -547,13 +546,13 @@ mod tests {
             assert!(
                 matches!(
                     err,
-                    HtmlError::Maps(VizError::BadWeight {
+                    VizError::BadWeight {
                         layer: 1,
                         head: 0,
                         row: 1,
                         col: 0,
                         ..
-                    })
+                    }
                 ),
                 "{err}"
             );
@@ -568,7 +567,7 @@ mod tests {
         bad.k.pop();
         let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
         assert!(
-            matches!(err, HtmlError::QueryKeysShape { tensor: "k", .. }),
+            matches!(err, VizError::QueryKeysShape { tensor: "k", .. }),
             "{err}"
         );
 
@@ -578,7 +577,7 @@ mod tests {
         assert!(
             matches!(
                 err,
-                HtmlError::NonFiniteQueryKey {
+                VizError::NonFiniteQueryKey {
                     tensor: "q",
                     index: 4,
                     ..
@@ -590,7 +589,7 @@ mod tests {
         let mut bad = qk(&maps, 3);
         bad.scale = 0.0;
         let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
-        assert!(matches!(err, HtmlError::BadScale { .. }), "{err}");
+        assert!(matches!(err, VizError::BadScale { .. }), "{err}");
 
         let out_of_range = PageOptions {
             neuron_layer: Some(2),
@@ -600,10 +599,10 @@ mod tests {
         assert!(
             matches!(
                 err,
-                HtmlError::Maps(VizError::LayerOutOfRange {
+                VizError::LayerOutOfRange {
                     layer: 2,
                     n_layers: 2
-                })
+                }
             ),
             "{err}"
         );
