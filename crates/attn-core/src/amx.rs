@@ -1,0 +1,536 @@
+//! Intel AMX (Advanced Matrix Extensions) for bf16 matrix products: detection, the Linux
+//! permission to use the tile registers, the tile configuration, and a packed bf16 GEMM
+//! `C += A·B` with f32 accumulation.
+//!
+//! One `TDPBF16PS` multiplies a 16 × 32 bf16 tile by a 32 × 16 bf16 tile into a 16 × 16 f32
+//! tile (8192 multiply-adds), about fifteen times the work of an AVX-512 FMA per cycle. Intel's
+//! reference: *Intel 64 and IA-32 Architectures Software Developer's Manual*, vol. 1 ch. 18
+//! ("Programming with Intel AMX") and vol. 2 (`LDTILECFG`, `TILELOADD`, `TDPBF16PS`); the Linux
+//! side is `Documentation/arch/x86/xstate.rst` (the `ARCH_REQ_XCOMP_PERM` request, without which
+//! the first tile instruction faults).
+//!
+//! The B operand of `TDPBF16PS` is in the "VNNI" layout: row `p` of a B tile holds, for each of
+//! its 16 columns `n`, the pair `(B[2p][n], B[2p + 1][n])`. [`PackedB`] holds a whole matrix in
+//! that layout, padded with zeros to whole tiles, so it is packed once and multiplied many times.
+//!
+//! Products of two bf16 values are exact in f32; the sums are f32 sums in the hardware's order,
+//! with bf16/f32 subnormals flushed to zero (as `TDPBF16PS` specifies).
+//!
+//! The AMX intrinsics are unstable in Rust, so the instructions are written with `asm!`.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+use half::bf16;
+
+use crate::AttnError;
+use crate::shape::check_len;
+
+/// Rows of a tile, and bf16 pairs (= B rows) of a B tile.
+const TILE_ROWS: usize = 16;
+/// bf16 values in one row of an A tile: the depth of one `TDPBF16PS`.
+const TILE_K: usize = 32;
+/// f32 columns of a C tile (= B tile columns).
+const TILE_N: usize = 16;
+/// bf16 values in one tile (1 KiB).
+const TILE_ELEMS: usize = TILE_ROWS * TILE_K;
+/// Rows and columns of the 2 × 2 tile block the kernel computes at a time.
+pub(crate) const BLOCK: usize = 32;
+
+/// Whether this CPU has AMX-TILE and AMX-BF16 and the OS lets this process use them (checked,
+/// and permission asked, once per process).
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| has_amx_bf16() && request_permission())
+}
+
+/// CPUID leaf 7, sub-leaf 0: EDX bit 24 is AMX-TILE, bit 22 AMX-BF16.
+#[cfg(target_arch = "x86_64")]
+fn has_amx_bf16() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    // Leaf 7 is read only when leaf 0 says it exists.
+    __cpuid(0).eax >= 7 && {
+        let edx = __cpuid_count(7, 0).edx;
+        edx & (1 << 24) != 0 && edx & (1 << 22) != 0
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_amx_bf16() -> bool {
+    false
+}
+
+/// Asks Linux for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
+/// which holds for the whole process once granted.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_permission() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes which CPU state the kernel saves
+    // for this process; it reads and writes no memory of ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    rc == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn request_permission() -> bool {
+    false
+}
+
+thread_local! {
+    /// How many [`Tiles`] guards are alive on this thread: only the outermost configures the
+    /// tiles and releases them, so guards nest safely.
+    static TILE_USERS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Proof that this thread's tile registers are configured: all eight tiles as 16 rows × 64
+/// bytes. Dropping the last guard of a thread releases the tiles (`TILERELEASE`), so the OS
+/// stops saving 8 KiB of tile data on each context switch.
+pub(crate) struct Tiles {
+    /// Tile configuration is per thread: the guard must not move to another one.
+    _this_thread: PhantomData<*const ()>,
+}
+
+impl Tiles {
+    /// Configures this thread's tiles, or `None` where AMX is not [`available`].
+    pub(crate) fn configure() -> Option<Tiles> {
+        if !available() {
+            return None;
+        }
+        if TILE_USERS.get() == 0 {
+            // Palette 1; bytes 16..32: bytes per row of each tile; bytes 48..56: rows.
+            let mut cfg = [0u8; 64];
+            cfg[0] = 1;
+            for t in 0..8 {
+                cfg[16 + 2 * t..][..2].copy_from_slice(&64u16.to_le_bytes());
+                cfg[48 + t] = TILE_ROWS as u8;
+            }
+            // SAFETY: AMX is available and permitted (checked above); `cfg` is a valid
+            // 64-byte palette-1 configuration.
+            unsafe { ldtilecfg(&cfg) };
+        }
+        TILE_USERS.set(TILE_USERS.get() + 1);
+        Some(Tiles {
+            _this_thread: PhantomData,
+        })
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        let users = TILE_USERS.get() - 1;
+        TILE_USERS.set(users);
+        if users == 0 {
+            // SAFETY: AMX is available (a guard exists); TILERELEASE touches no memory.
+            unsafe { tilerelease() };
+        }
+    }
+}
+
+/// # Safety
+/// AMX must be available and permitted.
+#[cfg(target_arch = "x86_64")]
+unsafe fn ldtilecfg(cfg: &[u8; 64]) {
+    // SAFETY: the caller guarantees AMX; `cfg` is 64 readable bytes.
+    unsafe {
+        std::arch::asm!("ldtilecfg [{}]", in(reg) cfg.as_ptr(), options(nostack, readonly));
+    }
+}
+
+/// # Safety
+/// AMX must be available and permitted.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tilerelease() {
+    // SAFETY: the caller guarantees AMX.
+    unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn ldtilecfg(_: &[u8; 64]) {
+    unreachable!("AMX is never available off x86-64")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn tilerelease() {
+    unreachable!("AMX is never available off x86-64")
+}
+
+/// One 32 × 32 block `C (+)= A·B` over `k_chunks` depth chunks of 32: tiles 0–3 hold C, 4–5
+/// the two 16-row halves of A, 6–7 the two 16-column halves of B.
+///
+/// `a` points at A's first row (rows `lda` bytes apart, 32 rows, `32·k_chunks` bf16 each);
+/// `b0`/`b1` at the first B tile of C's left/right 16 columns, the next depth chunk's tiles
+/// `ldb` bytes further; `c` at C's first row (rows `ldc` bytes apart, 32 rows of 32 f32).
+///
+/// # Safety
+/// A live [`Tiles`] guard on this thread; `k_chunks ≥ 1`; every address above readable
+/// (writable for `c`).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_2x2(
+    k_chunks: usize,
+    a: *const bf16,
+    lda: usize,
+    b0: *const bf16,
+    b1: *const bf16,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    use std::arch::asm;
+    // SAFETY (whole body): the caller guarantees the tiles, the chunk count and the memory.
+    unsafe {
+        let c1 = c.byte_add(TILE_ROWS * ldc);
+        if accumulate {
+            asm!(
+                "tileloadd tmm0, [{c} + {ldc}*1]",
+                "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
+                "tileloadd tmm2, [{c1} + {ldc}*1]",
+                "tileloadd tmm3, [{c1} + {ldc}*1 + 64]",
+                c = in(reg) c, c1 = in(reg) c1, ldc = in(reg) ldc,
+                options(nostack, readonly),
+            );
+        } else {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+        }
+        asm!(
+            "2:",
+            "tileloadd tmm4, [{a0} + {lda}*1]",
+            "tileloadd tmm6, [{b0} + {s64}*1]",
+            "tileloadd tmm5, [{a1} + {lda}*1]",
+            "tileloadd tmm7, [{b1} + {s64}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a0}, 64",
+            "add {a1}, 64",
+            "add {b0}, {ldb}",
+            "add {b1}, {ldb}",
+            "dec {n}",
+            "jnz 2b",
+            "tilestored [{c} + {ldc}*1], tmm0",
+            "tilestored [{c} + {ldc}*1 + 64], tmm1",
+            "tilestored [{c1} + {ldc}*1], tmm2",
+            "tilestored [{c1} + {ldc}*1 + 64], tmm3",
+            a0 = inout(reg) a => _,
+            a1 = inout(reg) a.byte_add(TILE_ROWS * lda) => _,
+            b0 = inout(reg) b0 => _,
+            b1 = inout(reg) b1 => _,
+            n = inout(reg) k_chunks => _,
+            lda = in(reg) lda,
+            ldb = in(reg) ldb,
+            s64 = in(reg) 64usize,
+            c = in(reg) c,
+            c1 = in(reg) c1,
+            ldc = in(reg) ldc,
+            options(nostack),
+        );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_2x2(
+    _: usize,
+    _: *const bf16,
+    _: usize,
+    _: *const bf16,
+    _: *const bf16,
+    _: usize,
+    _: *mut f32,
+    _: usize,
+    _: bool,
+) {
+    unreachable!("AMX is never available off x86-64")
+}
+
+/// A bf16 matrix `B` (`[k, n]`) in the VNNI tile layout `TDPBF16PS` reads, padded with zeros
+/// to whole tiles: `k` up to a multiple of 32, `n` up to a multiple of 32.
+///
+/// Tile `(kc, ng)` (depth rows `32·kc..`, columns `16·ng..`) is 512 consecutive values at
+/// `(ng·k_chunks + kc)·512`; in it, `B[32·kc + 2p + e][16·ng + j]` sits at `32p + 2j + e`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedB {
+    k: usize,
+    n: usize,
+    k_chunks: usize,
+    data: Vec<bf16>,
+}
+
+impl PackedB {
+    /// Packs a row-major `b`.
+    ///
+    /// # Shapes
+    /// - `b`: `[k, n]`
+    ///
+    /// # Errors
+    /// `b.len() != k·n` (`TooLarge` if `k·n` overflows).
+    pub fn pack(b: &[bf16], k: usize, n: usize) -> Result<PackedB, AttnError> {
+        check_len("b", &[k, n], b.len())?;
+        Ok(PackedB::pack_with(k, n, true, |kk, nn| b[kk * n + nn]))
+    }
+
+    /// Packs `B = btᵀ` from a row-major `bt`: a linear layer's weight `[out, in]` gives the
+    /// `B` of `y = x·Wᵀ`, keys `[seq_kv, head_dim]` the `B` of `Q·Kᵀ`.
+    ///
+    /// # Shapes
+    /// - `bt`: `[n, k]`
+    ///
+    /// # Errors
+    /// `bt.len() != n·k` (`TooLarge` if `n·k` overflows).
+    pub fn pack_transposed(bt: &[bf16], n: usize, k: usize) -> Result<PackedB, AttnError> {
+        check_len("bt", &[n, k], bt.len())?;
+        Ok(PackedB::pack_with(k, n, false, |kk, nn| bt[nn * k + kk]))
+    }
+
+    /// Packs the `[k, n]` matrix whose element `(kk, nn)` is `get(kk, nn)`, visiting the
+    /// elements row by row (`by_rows`) or column by column, whichever reads the source in order.
+    pub(crate) fn pack_with(
+        k: usize,
+        n: usize,
+        by_rows: bool,
+        get: impl Fn(usize, usize) -> bf16,
+    ) -> PackedB {
+        let k_chunks = k.div_ceil(TILE_K);
+        let n_groups = n.div_ceil(BLOCK) * (BLOCK / TILE_N);
+        let mut data = vec![bf16::ZERO; n_groups * k_chunks * TILE_ELEMS];
+        // Tile (kc, ng) starts at (ng·k_chunks + kc)·512, its row p at 32p: together
+        // (kk / 2)·32 from the column group's start, as kc·512 + p·32 = (kk / 2)·32.
+        let at = |kk: usize, nn: usize| {
+            (nn / TILE_N) * k_chunks * TILE_ELEMS
+                + (kk / 2) * 2 * TILE_N
+                + (nn % TILE_N) * 2
+                + kk % 2
+        };
+        if by_rows {
+            for kk in 0..k {
+                for nn in 0..n {
+                    data[at(kk, nn)] = get(kk, nn);
+                }
+            }
+        } else {
+            for nn in 0..n {
+                for kk in 0..k {
+                    data[at(kk, nn)] = get(kk, nn);
+                }
+            }
+        }
+        PackedB {
+            k,
+            n,
+            k_chunks,
+            data,
+        }
+    }
+
+    /// The depth `k` of `B`.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The column count `n` of `B`.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// `B[kk][nn]` (zero in the padding).
+    fn get(&self, kk: usize, nn: usize) -> bf16 {
+        let (kc, p, e) = (kk / TILE_K, kk % TILE_K / 2, kk % 2);
+        let (ng, j) = (nn / TILE_N, nn % TILE_N);
+        self.data[(ng * self.k_chunks + kc) * TILE_ELEMS + p * 2 * TILE_N + 2 * j + e]
+    }
+}
+
+/// `C[m × n] += A[m × k] · B` with f32 accumulation, on AMX where [`available`], else with a
+/// portable loop (same products, exact in f32; sums in another order).
+///
+/// # Shapes
+/// - `a`: `[m, k]` row-major, `k = b.k()`
+/// - `c`: `[m, n]` row-major, `n = b.n()`
+///
+/// # Errors
+/// `a` or `c` of the wrong length.
+pub fn gemm_bf16(a: &[bf16], m: usize, b: &PackedB, c: &mut [f32]) -> Result<(), AttnError> {
+    let (k, n) = (b.k, b.n);
+    check_len("a", &[m, k], a.len())?;
+    check_len("c", &[m, n], c.len())?;
+    if m == 0 || n == 0 || k == 0 {
+        return Ok(());
+    }
+    let Some(tiles) = Tiles::configure() else {
+        gemm_portable(a, b, c);
+        return Ok(());
+    };
+    // Whole 32 × 32 blocks only: A and C are copied into zero-padded buffers.
+    let (m_pad, k_pad, n_pad) = (
+        m.next_multiple_of(BLOCK),
+        b.k_chunks * TILE_K,
+        n.next_multiple_of(BLOCK),
+    );
+    let mut a_pad = vec![bf16::ZERO; m_pad * k_pad];
+    for (src, dst) in a.chunks_exact(k).zip(a_pad.chunks_exact_mut(k_pad)) {
+        dst[..k].copy_from_slice(src);
+    }
+    let mut c_pad = vec![0.0f32; m_pad * n_pad];
+    for (src, dst) in c.chunks_exact(n).zip(c_pad.chunks_exact_mut(n_pad)) {
+        dst[..n].copy_from_slice(src);
+    }
+    gemm_blocks(&tiles, &a_pad, k_pad, b.whole(), &mut c_pad, n_pad, true);
+    for (src, dst) in c_pad.chunks_exact(n_pad).zip(c.chunks_exact_mut(n)) {
+        dst.copy_from_slice(&src[..n]);
+    }
+    Ok(())
+}
+
+/// [`gemm_bf16`] without AMX: `C[m × n] += A[m × k] · B`, dot products summed in f32.
+fn gemm_portable(a: &[bf16], b: &PackedB, c: &mut [f32]) {
+    for (a_row, c_row) in a.chunks_exact(b.k).zip(c.chunks_exact_mut(b.n)) {
+        for (nn, cv) in c_row.iter_mut().enumerate() {
+            *cv += a_row
+                .iter()
+                .enumerate()
+                .map(|(kk, x)| x.to_f32() * b.get(kk, nn).to_f32())
+                .sum::<f32>();
+        }
+    }
+}
+
+/// A rectangle of a [`PackedB`]'s tiles: depth chunks `kc0..kc0 + k_chunks`, column groups
+/// `ng0..ng0 + 2·n_blocks` (whole 32-column blocks).
+#[derive(Clone, Copy)]
+pub(crate) struct BView<'a> {
+    b: &'a PackedB,
+    kc0: usize,
+    k_chunks: usize,
+    ng0: usize,
+    n_blocks: usize,
+}
+
+impl PackedB {
+    /// All of `B`.
+    fn whole(&self) -> BView<'_> {
+        BView {
+            b: self,
+            kc0: 0,
+            k_chunks: self.k_chunks,
+            ng0: 0,
+            n_blocks: self.n.div_ceil(BLOCK),
+        }
+    }
+}
+
+impl BView<'_> {
+    /// The depth of this view, padded to whole tiles.
+    pub(crate) fn k_padded(&self) -> usize {
+        self.k_chunks * TILE_K
+    }
+
+    /// The columns of this view, padded to whole 32-column blocks.
+    pub(crate) fn n_padded(&self) -> usize {
+        self.n_blocks * BLOCK
+    }
+}
+
+/// `C (+)= A·B` on whole blocks: `A` is `[m, b.k_padded()]` (rows `lda` apart, `m` a multiple
+/// of 32), `C` is `[m, b.n_padded()]` (rows `ldc` apart); `accumulate` adds to `C`, else
+/// overwrites it.
+///
+/// # Shapes
+/// - `a`: `[m, lda]`, `c`: `[m, ldc]`, with `m = a.len() / lda`
+pub(crate) fn gemm_blocks(
+    _tiles: &Tiles,
+    a: &[bf16],
+    lda: usize,
+    b: BView<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let m = a.len() / lda;
+    // The kernel reads and writes through raw pointers: these checks keep this safe.
+    assert!(
+        m.is_multiple_of(BLOCK) && b.k_padded() <= lda && b.n_padded() <= ldc && c.len() >= m * ldc,
+        "gemm_blocks: A, B and C disagree"
+    );
+    if b.k_chunks == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
+    }
+    let ldb = b.b.k_chunks * TILE_ELEMS;
+    for nb in 0..b.n_blocks {
+        let ng = b.ng0 + 2 * nb;
+        let b0 = &b.b.data[ng * ldb + b.kc0 * TILE_ELEMS..];
+        let b1 = &b.b.data[(ng + 1) * ldb + b.kc0 * TILE_ELEMS..];
+        for mb in (0..m).step_by(BLOCK) {
+            let (a, c) = (&a[mb * lda..], &mut c[mb * ldc + nb * BLOCK..]);
+            // SAFETY: a live `Tiles` guard; `k_chunks ≥ 1`; the 32 rows of A and C and the
+            // `k_chunks` tiles of each B column group lie inside the slices (checked above and
+            // by the view's construction).
+            unsafe {
+                block_2x2(
+                    b.k_chunks,
+                    a.as_ptr(),
+                    lda * 2,
+                    b0.as_ptr(),
+                    b1.as_ptr(),
+                    TILE_ELEMS * 2,
+                    c.as_mut_ptr(),
+                    ldc * 4,
+                    accumulate,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The portable fallback (which AMX machines never take through `gemm_bf16`) against f64:
+    /// products of bf16 values are exact, so the only error is f32 summation, at most
+    /// `(k + 1)·2^-24·(|c₀| + Σ|a·b|)` whatever the order.
+    #[test]
+    fn portable_gemm_matches_f64() {
+        let (m, k, n) = (5, 37, 19);
+        let a: Vec<bf16> = (0..m * k)
+            .map(|i| bf16::from_f32((i % 13) as f32 * 0.37 - 2.0))
+            .collect();
+        let bt: Vec<bf16> = (0..n * k)
+            .map(|i| bf16::from_f32((i % 7) as f32 * 0.21 - 0.6))
+            .collect();
+        let b = PackedB::pack_transposed(&bt, n, k).unwrap();
+        let mut c = vec![0.5f32; m * n];
+        gemm_portable(&a, &b, &mut c);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut want, mut mag) = (0.5f64, 0.5f64);
+                for p in 0..k {
+                    let x = f64::from(a[i * k + p].to_f32()) * f64::from(bt[j * k + p].to_f32());
+                    want += x;
+                    mag += x.abs();
+                }
+                let tol = (k + 1) as f64 * 2f64.powi(-24) * mag;
+                let got = f64::from(c[i * n + j]);
+                assert!((got - want).abs() <= tol, "({i}, {j}): {got} vs {want}");
+            }
+        }
+    }
+}
