@@ -95,6 +95,24 @@ pub enum ModelError {
         "the text is {tokens} tokens long, more than the model's {max} positions; shorten it or pass --truncate"
     )]
     TooLong { tokens: usize, max: usize },
+    /// Text generation (a KV cache) was asked of a model that is not a GPT-2-family decoder.
+    #[error("generating text needs a GPT-2-family decoder; {model} is a {model_type} model")]
+    NotADecoder {
+        /// The model directory's name.
+        model: String,
+        /// Its `config.json` `model_type`.
+        model_type: &'static str,
+    },
+    /// Decoding needs more positions than the KV cache holds: its capacity, at most the model's
+    /// `n_positions`.
+    #[error(
+        "the KV cache holds {capacity} positions and {needed} are needed (the model has {n_positions}); use a shorter prompt or fewer new tokens"
+    )]
+    CacheFull {
+        needed: usize,
+        capacity: usize,
+        n_positions: usize,
+    },
     /// The tokenizer produced an id outside the model's embedding table.
     #[error("token id {id} is outside the model's vocabulary of {vocab_size}")]
     TokenOutOfVocab { id: u32, vocab_size: usize },

@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 
 use tokenizers::Tokenizer;
 
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, check_decoder};
 use crate::{Encoding, Model, ModelError};
 
 /// How the next token is chosen from the logits.
@@ -73,23 +73,18 @@ pub struct Generation {
 
 /// Generates `options.max_new_tokens` tokens after `prompt`.
 ///
-/// Errors: a BERT model, an empty prompt, or a prompt plus continuation that does not fit the
-/// model's positions.
+/// Errors: a model that is not a decoder ([`ModelError::NotADecoder`]), an empty prompt, or a
+/// prompt plus continuation that does not fit the model's positions ([`ModelError::CacheFull`]).
 pub fn generate(
     model: &Model,
     prompt: &str,
     options: &GenerateOptions,
 ) -> Result<Generation, ModelError> {
-    let mut cache = KvCache::new(model)?;
+    check_decoder(model)?;
     let enc = model.encode(prompt, None)?;
     // The last generated token is never fed back, so the cache needs prompt + n − 1 positions.
     let needed = enc.len() + options.max_new_tokens.saturating_sub(1);
-    if needed > model.max_positions() {
-        return Err(ModelError::TooLong {
-            tokens: needed,
-            max: model.max_positions(),
-        });
-    }
+    let mut cache = KvCache::with_capacity(model, needed)?;
     let tokenizer = load_decoder(model)?;
     let vocab = model.config().vocab_size;
     let mut rng = match options.sampling {
@@ -140,25 +135,30 @@ fn load_decoder(model: &Model) -> Result<Tokenizer, ModelError> {
     })
 }
 
+/// The most likely token of one row of logits (the lowest id on a tie): greedy decoding.
+///
+/// # Shapes
+/// - `logits`: `[vocab]`
+pub fn greedy(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// The next token from one row of logits.
 ///
 /// # Shapes
 /// - `logits`: `[vocab]`
 fn choose(logits: &[f32], sampling: &Sampling, rng: &mut SplitMix64) -> u32 {
-    let argmax = |xs: &[f32]| {
-        let mut best = 0;
-        for (i, &x) in xs.iter().enumerate() {
-            if x > xs[best] {
-                best = i;
-            }
-        }
-        best as u32
-    };
     let Sampling::Sample {
         temperature, top_k, ..
     } = *sampling
     else {
-        return argmax(logits);
+        return greedy(logits);
     };
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));

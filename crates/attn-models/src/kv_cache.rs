@@ -1,6 +1,12 @@
 //! Incremental GPT-2 decoding: a per-layer key/value cache that grows as tokens are fed, so
 //! each new token costs one row per layer instead of a pass over the whole sequence.
 //!
+//! Each layer's keys and values live in one buffer allocated when the cache is made,
+//! `[n_heads, capacity, head_dim]`, that new rows are written into in place: a step copies only
+//! its own rows, never the cache, so a whole generation moves O(T) cached values, not O(T²).
+//! Attention runs once per head on that head's filled rows, `[seq_kv, head_dim]`, which are
+//! contiguous in this layout.
+//!
 //! New tokens attend to every cached token and to each other with a bottom-right aligned
 //! causal mask ([`Causal::BottomRight`]): the last query sees every key, as in transformers'
 //! `GPT2Attention` with `layer_past`
@@ -9,8 +15,9 @@
 //! summation order.
 
 use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
+use rayon::prelude::*;
 
-use crate::model::{merge_heads, parallelism, split_heads};
+use crate::model::parallelism;
 use crate::ops::{bias_activation, gemm_bt, residual_bias_add};
 use crate::{Model, ModelError, ModelKind};
 
@@ -18,10 +25,12 @@ use crate::{Model, ModelError, ModelKind};
 #[derive(Debug, Clone)]
 pub struct KvCache<'m> {
     model: &'m Model,
+    /// The most tokens the cache holds: its buffers' row count.
+    capacity: usize,
     len: usize,
-    /// Per layer: `[heads, len, head_dim]`.
+    /// Per layer: `[n_heads, capacity, head_dim]`; rows `..len` of each head are filled.
     keys: Vec<Vec<f32>>,
-    /// Per layer: `[heads, len, head_dim]`.
+    /// Per layer: `[n_heads, capacity, head_dim]`; rows `..len` of each head are filled.
     values: Vec<Vec<f32>>,
 }
 
@@ -35,24 +44,46 @@ pub struct Step {
     pub last_layer_attention: Option<Vec<f32>>,
 }
 
+/// [`ModelError::NotADecoder`] unless `model` is a GPT-2-family model.
+pub(crate) fn check_decoder(model: &Model) -> Result<(), ModelError> {
+    match model.kind() {
+        ModelKind::Gpt2 => Ok(()),
+        ModelKind::Bert => Err(ModelError::NotADecoder {
+            model: model.name().to_string(),
+            model_type: "bert",
+        }),
+    }
+}
+
 impl<'m> KvCache<'m> {
-    /// An empty cache for `model`, which must be a GPT-2-family model.
+    /// An empty cache for `model`, which must be a GPT-2-family model, with room for all of its
+    /// `n_positions` tokens.
     pub fn new(model: &'m Model) -> Result<KvCache<'m>, ModelError> {
+        KvCache::with_capacity(model, model.max_positions())
+    }
+
+    /// An empty cache for `model` with room for `capacity` tokens (allocated now, for every
+    /// layer: `2 · capacity · hidden` values each).
+    ///
+    /// Errors: a model that is not a GPT-2-family decoder ([`ModelError::NotADecoder`]), or a
+    /// capacity above the model's `n_positions` ([`ModelError::CacheFull`]).
+    pub fn with_capacity(model: &'m Model, capacity: usize) -> Result<KvCache<'m>, ModelError> {
+        check_decoder(model)?;
         let c = model.config();
-        if c.kind != ModelKind::Gpt2 {
-            return Err(ModelError::InvalidConfig {
-                field: "model_type",
-                reason: format!(
-                    "{} is a BERT model; generating text needs a GPT-2-family model",
-                    model.name()
-                ),
+        if capacity > c.max_positions {
+            return Err(ModelError::CacheFull {
+                needed: capacity,
+                capacity: c.max_positions,
+                n_positions: c.max_positions,
             });
         }
+        let per_layer = capacity * c.hidden_size;
         Ok(KvCache {
             model,
+            capacity,
             len: 0,
-            keys: vec![Vec::new(); c.n_layers],
-            values: vec![Vec::new(); c.n_layers],
+            keys: vec![vec![0.0; per_layer]; c.n_layers],
+            values: vec![vec![0.0; per_layer]; c.n_layers],
         })
     }
 
@@ -66,13 +97,18 @@ impl<'m> KvCache<'m> {
         self.len == 0
     }
 
+    /// The most tokens the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Runs `ids` through the model after the cached tokens (at positions
     /// `len..len + ids.len()`) and appends their keys and values. Feeding the prompt at once and
     /// then one token at a time gives the logits of the full pass over the whole sequence.
     /// `attention` asks for the last layer's head-averaged attention of the fed tokens.
     ///
-    /// Errors: no ids, an id outside the vocabulary, or more cached tokens than the model's
-    /// `n_positions` ([`ModelError::TooLong`]); the cache is unchanged on error.
+    /// Errors: no ids, an id outside the vocabulary, or more tokens than the cache's capacity
+    /// ([`ModelError::CacheFull`]); the cache is unchanged on error.
     ///
     /// # Shapes
     /// - `ids`: `[new]`; see [`Step`]
@@ -87,10 +123,11 @@ impl<'m> KvCache<'m> {
         }
         let (past, new) = (self.len, ids.len());
         let total = past + new;
-        if total > c.max_positions {
-            return Err(ModelError::TooLong {
-                tokens: total,
-                max: c.max_positions,
+        if total > self.capacity {
+            return Err(ModelError::CacheFull {
+                needed: total,
+                capacity: self.capacity,
+                n_positions: c.max_positions,
             });
         }
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
@@ -113,45 +150,35 @@ impl<'m> KvCache<'m> {
         }
         let mut normed = vec![0.0f32; new * h];
         let mut qkv = vec![0.0f32; new * 3 * h];
-        let (mut q, mut k, mut v) = (
-            vec![0.0f32; new * h],
-            vec![0.0; new * h],
-            vec![0.0; new * h],
-        );
+        let mut q = vec![0.0f32; new * h];
         let mut context = vec![0.0f32; new * h];
         let mut sublayer = vec![0.0f32; new * h];
         let mut intermediate = vec![0.0f32; new * c.intermediate_size];
-        let shape = AttnShape::new(1, n_heads, new, total, d);
         let n_layers = weights.layers.len();
-        let mut keys = Vec::with_capacity(n_layers);
-        let mut values = Vec::with_capacity(n_layers);
         let mut last_layer_attention = None;
 
         for (l, layer) in weights.layers.iter().enumerate() {
             layer.norm_attn.apply_into(&hidden, &mut normed);
             layer.qkv.matmul(&normed, &mut qkv, par);
             bias_activation(&mut qkv, &layer.qkv.bias, None);
-            split_heads(&qkv, 1, new, n_heads, d, [&mut q, &mut k, &mut v]);
-            let layer_keys = append_rows(&self.keys[l], &k, n_heads, past, new, d);
-            let layer_values = append_rows(&self.values[l], &v, n_heads, past, new, d);
+            let kv = [&mut self.keys[l][..], &mut self.values[l][..]];
+            scatter_qkv(&qkv, (new, n_heads, d), &mut q, kv, (past, self.capacity));
             let want_weights = attention && l + 1 == n_layers;
-            let options = AttnOptions {
-                causal: Some(Causal::BottomRight),
-                weights: if want_weights {
-                    WeightsRequest::HeadAverage
-                } else {
-                    WeightsRequest::None
-                },
-                ..AttnOptions::default()
-            };
-            let input = AttnInput::new(&q, &layer_keys, &layer_values, shape)?;
-            let out = attn_core::sdpa(&input, &options)?;
-            if want_weights {
-                last_layer_attention = out.weights.map(|w| w.data().to_vec());
+            let attended = attend_per_head(
+                &q,
+                (&self.keys[l], &self.values[l]),
+                (new, total, self.capacity),
+                (n_heads, d),
+                want_weights,
+            )?;
+            for (head, (out, _)) in attended.iter().enumerate() {
+                for (dst, src) in context.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
+                    dst[head * d..][..d].copy_from_slice(src);
+                }
             }
-            keys.push(layer_keys);
-            values.push(layer_values);
-            merge_heads(&out.out, 1, new, n_heads, d, &mut context);
+            if want_weights {
+                last_layer_attention = Some(head_average(&attended, new * total));
+            }
             layer.attn_out.matmul(&context, &mut sublayer, par);
             residual_bias_add(&mut hidden, &sublayer, &layer.attn_out.bias);
 
@@ -170,8 +197,7 @@ impl<'m> KvCache<'m> {
         let wte = &weights.word_embeddings;
         gemm_bt(&hidden, new, h, wte, c.vocab_size, &mut logits, par);
 
-        self.keys = keys;
-        self.values = values;
+        // Only now do the rows written past `len` count: an error above left them unread.
         self.len = total;
         Ok(Step {
             logits,
@@ -180,20 +206,79 @@ impl<'m> KvCache<'m> {
     }
 }
 
-/// `cached` (`[heads, past, d]`) followed by `fresh` (`[heads, new, d]`), head by head:
-/// `[heads, past + new, d]`.
-fn append_rows(
-    cached: &[f32],
-    fresh: &[f32],
-    n_heads: usize,
-    past: usize,
-    new: usize,
-    d: usize,
-) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n_heads * (past + new) * d);
-    for head in 0..n_heads {
-        out.extend_from_slice(&cached[head * past * d..][..past * d]);
-        out.extend_from_slice(&fresh[head * new * d..][..new * d]);
+/// Splits `qkv` (`[new, 3·hidden]`: q | k | v, each head's `head_dim` values side by side) into
+/// the queries `q` (`[n_heads, new, head_dim]`) and rows `past..past + new` of each head of the
+/// cache buffers `kv` (keys, values: `[n_heads, capacity, head_dim]` each).
+fn scatter_qkv(
+    qkv: &[f32],
+    (new, n_heads, d): (usize, usize, usize),
+    q: &mut [f32],
+    kv: [&mut [f32]; 2],
+    (past, capacity): (usize, usize),
+) {
+    let h = n_heads * d;
+    for (part, dst) in [q].into_iter().chain(kv).enumerate() {
+        // Queries hold `new` rows per head, the cache `capacity` rows from row `past`.
+        let (rows, first) = if part == 0 {
+            (new, 0)
+        } else {
+            (capacity, past)
+        };
+        for (t, row) in qkv.chunks_exact(3 * h).enumerate() {
+            for (head, vals) in row[part * h..][..h].chunks_exact(d).enumerate() {
+                dst[(head * rows + first + t) * d..][..d].copy_from_slice(vals);
+            }
+        }
     }
-    out
+}
+
+/// One head's attention output, `[new, head_dim]`, and its weights `[new, seq_kv]` when asked.
+type HeadResult = (Vec<f32>, Option<Vec<f32>>);
+
+/// Attention of the fed tokens' queries against the first `seq_kv` cached rows of each head, one
+/// call per head (the heads in parallel): bottom-right causal, so fed token `t` sees the
+/// cached tokens and the fed tokens up to itself.
+///
+/// # Shapes
+/// - `q`: `[n_heads, new, head_dim]`
+/// - `kv`: keys, values `[n_heads, capacity, head_dim]`, rows `..seq_kv` of each head filled
+/// - returns per head `[new, head_dim]` and, when `weights`, `[new, seq_kv]`
+fn attend_per_head(
+    q: &[f32],
+    (keys, values): (&[f32], &[f32]),
+    (new, seq_kv, capacity): (usize, usize, usize),
+    (n_heads, d): (usize, usize),
+    weights: bool,
+) -> Result<Vec<HeadResult>, ModelError> {
+    let options = AttnOptions {
+        causal: Some(Causal::BottomRight),
+        weights: if weights {
+            WeightsRequest::All
+        } else {
+            WeightsRequest::None
+        },
+        ..AttnOptions::default()
+    };
+    let shape = AttnShape::new(1, 1, new, seq_kv, d);
+    (0..n_heads)
+        .into_par_iter()
+        .map(|head| {
+            let (at, len) = (head * capacity * d, seq_kv * d);
+            let (k, v) = (&keys[at..][..len], &values[at..][..len]);
+            let input = AttnInput::new(&q[head * new * d..][..new * d], k, v, shape)?;
+            let out = attn_core::sdpa(&input, &options)?;
+            Ok((out.out, out.weights.map(|w| w.data().to_vec())))
+        })
+        .collect()
+}
+
+/// The heads' weights (each `[len]`) averaged, summed in head order as
+/// [`WeightsRequest::HeadAverage`] does.
+fn head_average(heads: &[HeadResult], len: usize) -> Vec<f32> {
+    let mut avg = vec![0.0f32; len];
+    let share = 1.0 / heads.len() as f32;
+    for w in heads.iter().filter_map(|(_, w)| w.as_deref()) {
+        avg.iter_mut().zip(w).for_each(|(a, &x)| *a += x * share);
+    }
+    avg
 }

@@ -9,7 +9,7 @@ mod common;
 use attn_models::fetch::default_model_dir;
 use std::num::NonZeroUsize;
 
-use attn_models::generate::{GenerateOptions, Sampling, Temperature, generate};
+use attn_models::generate::{GenerateOptions, Sampling, Temperature, generate, greedy};
 use attn_models::kv_cache::KvCache;
 use attn_models::{Encoding, Model, ModelError, RunOptions};
 use common::{Golden, assert_close, golden_dir};
@@ -114,9 +114,11 @@ fn a_cache_longer_than_n_positions_is_an_error_and_leaves_the_cache_as_it_was() 
     let model = tiny_gpt2();
     let max = model.max_positions();
     let mut cache = KvCache::new(&model).unwrap();
+    assert_eq!(cache.capacity(), max);
     let err = cache.feed(&vec![1; max + 1], false).unwrap_err();
     assert!(
-        matches!(err, ModelError::TooLong { tokens, max: m } if tokens == max + 1 && m == max),
+        matches!(err, ModelError::CacheFull { needed, capacity, n_positions }
+            if needed == max + 1 && capacity == max && n_positions == max),
         "{err:?}"
     );
     assert!(cache.is_empty());
@@ -125,10 +127,77 @@ fn a_cache_longer_than_n_positions_is_an_error_and_leaves_the_cache_as_it_was() 
     assert_eq!(cache.len(), max);
     let err = cache.feed(&[3], false).unwrap_err();
     assert!(
-        matches!(err, ModelError::TooLong { tokens, .. } if tokens == max + 1),
+        matches!(err, ModelError::CacheFull { needed, capacity, .. } if needed == max + 1 && capacity == max),
         "{err:?}"
     );
+    assert!(
+        err.to_string()
+            .contains("KV cache holds 64 positions and 65 are needed"),
+        "{err}"
+    );
     assert_eq!(cache.len(), max);
+}
+
+#[test]
+fn decoding_one_token_at_a_time_up_to_n_positions_matches_the_full_pass() {
+    let model = tiny_gpt2();
+    let (max, vocab) = (model.max_positions(), model.config().vocab_size);
+    // 64 distinct ids spread over the vocabulary (37 is prime to 400, and 64 < 400).
+    let ids: Vec<u32> = (0..max as u32)
+        .map(|i| (i * 37 + 5) % vocab as u32)
+        .collect();
+    let (full, _) = full_pass(&model, &ids);
+    let mut cache = KvCache::new(&model).unwrap();
+    let mut logits = Vec::with_capacity(max * vocab);
+    for &id in &ids {
+        logits.extend(cache.feed(&[id], false).unwrap().logits);
+    }
+    assert_eq!(cache.len(), max);
+    assert_close(
+        "64 single-token steps vs full pass",
+        &logits,
+        &as_f64(&full),
+        1e-4,
+    );
+    let err = cache.feed(&[1], false).unwrap_err();
+    assert!(
+        matches!(err, ModelError::CacheFull { needed: 65, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_smaller_capacity_is_kept_and_a_larger_one_refused() {
+    let model = tiny_gpt2();
+    let max = model.max_positions();
+    let mut cache = KvCache::with_capacity(&model, 5).unwrap();
+    assert_eq!(cache.capacity(), 5);
+    let step = cache.feed(&[1, 2, 3], false).unwrap();
+    let err = cache.feed(&[4, 5, 6], false).unwrap_err();
+    assert!(
+        matches!(err, ModelError::CacheFull { needed: 6, capacity: 5, n_positions }
+            if n_positions == max),
+        "{err:?}"
+    );
+    assert_eq!(cache.len(), 3);
+    // The refused feed wrote nothing that counts: the next token sees the same 3-token past.
+    let next = cache.feed(&[4, 5], false).unwrap();
+    let (full, _) = full_pass(&model, &[1, 2, 3, 4, 5]);
+    let mut logits = step.logits;
+    logits.extend(next.logits);
+    assert_close("capacity 5 vs full pass", &logits, &as_f64(&full), 1e-4);
+
+    let err = KvCache::with_capacity(&model, max + 1).unwrap_err();
+    assert!(
+        matches!(err, ModelError::CacheFull { needed, capacity, .. } if needed == max + 1 && capacity == max),
+        "{err:?}"
+    );
+    assert!(
+        KvCache::with_capacity(&model, 0)
+            .unwrap()
+            .feed(&[1], false)
+            .is_err()
+    );
 }
 
 #[test]
@@ -150,15 +219,28 @@ fn bad_tokens_are_errors() {
 fn a_bert_model_cannot_generate() {
     let dir = default_model_dir(false).expect("the default model is cached or can be fetched");
     let bert = Model::load(&dir).unwrap();
+    let is_not_a_decoder = |err: &ModelError| {
+        matches!(err, ModelError::NotADecoder { model, model_type: "bert" }
+            if model == "all-MiniLM-L6-v2")
+    };
     let err = KvCache::new(&bert).unwrap_err();
-    assert!(err.to_string().contains("GPT-2-family"), "{err}");
+    assert!(is_not_a_decoder(&err), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "generating text needs a GPT-2-family decoder; all-MiniLM-L6-v2 is a bert model"
+    );
+    let err = KvCache::with_capacity(&bert, 4).unwrap_err();
+    assert!(is_not_a_decoder(&err), "{err:?}");
     let options = GenerateOptions {
         max_new_tokens: 2,
         sampling: Sampling::Greedy,
         attention: false,
     };
     let err = generate(&bert, "The cat sat", &options).unwrap_err();
-    assert!(err.to_string().contains("GPT-2-family"), "{err}");
+    assert!(is_not_a_decoder(&err), "{err:?}");
+    // Checked before the prompt: an empty prompt to a BERT model is still "not a decoder".
+    let err = generate(&bert, "", &options).unwrap_err();
+    assert!(is_not_a_decoder(&err), "{err:?}");
 }
 
 #[test]
@@ -225,6 +307,13 @@ fn sampling_is_reproducible_with_a_seed() {
 }
 
 #[test]
+fn greedy_takes_the_largest_logit_and_the_lowest_id_on_a_tie() {
+    assert_eq!(greedy(&[1.0, 3.0, 3.0, 2.0]), 1);
+    assert_eq!(greedy(&[-5.0]), 0);
+    assert_eq!(greedy(&[f32::NEG_INFINITY, -1e30, 0.5]), 2);
+}
+
+#[test]
 fn temperatures_must_be_finite_and_above_zero() {
     for t in [0.0, -0.0, -1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         assert_eq!(Temperature::new(t), None, "{t}");
@@ -253,7 +342,7 @@ fn bad_prompts_and_lengths_are_errors() {
     assert_eq!(out.ids.len(), max + 1 - prompt_len);
     let err = generate(&model, "Hi", &greedy(max + 2 - prompt_len)).unwrap_err();
     assert!(
-        matches!(err, ModelError::TooLong { tokens, max: m } if tokens == max + 1 && m == max),
+        matches!(err, ModelError::CacheFull { needed, capacity, .. } if needed == max + 1 && capacity == max),
         "{err:?}"
     );
     assert!(generate(&model, "Hi", &greedy(0)).unwrap().ids.is_empty());

@@ -227,7 +227,7 @@ fn bad_options_and_models_are_clear_errors() {
             "--max-new-tokens",
             &over,
         ],
-        "needs 65 positions",
+        "needs 65 positions: the KV cache holds 64 positions and 65 are needed",
     );
     fails_with(
         &[
@@ -251,6 +251,6 @@ fn bad_options_and_models_are_clear_errors() {
             "--max-new-tokens",
             "3",
         ],
-        "generate needs a GPT-2-family model",
+        "generating text needs a GPT-2-family decoder; all-MiniLM-L6-v2 is a bert model",
     );
 }

@@ -5,8 +5,8 @@ use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
-use attn_models::ModelKind;
+use anyhow::Context;
+use attn_models::ModelError;
 use attn_models::generate::{GenerateOptions, Generation, Sampling, Temperature, generate};
 
 use super::attention::load_model;
@@ -68,29 +68,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
     };
     let model = load_model(args.model.as_deref(), args.threads)?;
-    if model.kind() != ModelKind::Gpt2 {
-        bail!(
-            "generate needs a GPT-2-family model; {} is a BERT model",
-            model.name()
-        );
-    }
-    let prompt_len = model.encode(&args.prompt, None)?.len();
-    let needed = prompt_len + args.max_new_tokens.saturating_sub(1);
-    if needed > model.max_positions() {
-        bail!(
-            "the prompt is {prompt_len} tokens and --max-new-tokens {} needs {needed} positions; \
-             {} has {}",
-            args.max_new_tokens,
-            model.name(),
-            model.max_positions()
-        );
-    }
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         sampling,
         attention: args.explain,
     };
-    let generation = generate(&model, &args.prompt, &options)?;
+    let generation = generate(&model, &args.prompt, &options).map_err(|err| match err {
+        // The cache needs the prompt's positions and those of every new token but the last.
+        ModelError::CacheFull { needed, .. } => {
+            let prompt = needed + 1 - args.max_new_tokens;
+            anyhow::Error::new(err).context(format!(
+                "--max-new-tokens {} after a {prompt}-token prompt needs {needed} positions",
+                args.max_new_tokens
+            ))
+        }
+        err => err.into(),
+    })?;
     let explained = generation
         .attention
         .as_ref()
