@@ -1,17 +1,13 @@
 //! The `attnscope sdpa` case reader on arbitrary bytes: metadata values of every type, masks of
 //! every shape and dtype, expected tensors, through the fast path and the reference twin.
 //!
-//! The reader lives in the binary (`crates/attnscope/src/cmd/sdpa.rs`), which has no library
-//! target; it is compiled in here unchanged and driven through its own clap arguments.
+//! The reader is the command's own (`attnscope::cmd::sdpa`), driven through its clap arguments.
 #![no_main]
 
+use attnscope::cmd::sdpa;
 use attnscope_fuzz::{scratch_dir, scratch_file};
 use clap::{Args as _, FromArgMatches};
 use libfuzzer_sys::fuzz_target;
-
-#[allow(dead_code)]
-#[path = "../../crates/attnscope/src/cmd/sdpa.rs"]
-mod sdpa;
 
 fn run(case: &str, extra: &[&str]) {
     let out = scratch_dir().join("out.safetensors");

@@ -18,12 +18,9 @@ use attn_viz::html::{PageOptions, standalone_page};
 use attn_viz::select::{Selection, rollout};
 use attn_viz::stats::{head_stats, notable_heads};
 use attn_viz::words::words;
+use attnscope::maps;
 use attnscope_fuzz::{cached_minilm, golden};
 use libfuzzer_sys::fuzz_target;
-
-#[allow(dead_code)]
-#[path = "../../crates/attnscope/src/maps.rs"]
-mod maps;
 
 const DATA_OPEN: &str = "<script type=\"application/json\" id=\"attnscope-data\">";
 

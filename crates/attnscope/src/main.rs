@@ -1,12 +1,10 @@
 //! `attnscope`: compute and see transformer attention. This binary only turns flags into calls
 //! to the `attn-core`, `attn-models` and `attn-viz` crates.
 
-mod cmd;
-mod maps;
-
 use std::io::ErrorKind;
 use std::process::ExitCode;
 
+use attnscope::cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
