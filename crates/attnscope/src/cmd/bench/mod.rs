@@ -1,6 +1,7 @@
 //! `attnscope bench …`: one module per benchmark.
 
 mod embed;
+mod generate;
 mod sdpa;
 
 #[derive(clap::Subcommand)]
@@ -9,11 +10,14 @@ pub enum BenchCommand {
     Sdpa(sdpa::Args),
     /// Sentence embeddings per second of a real model (the shared/bench/minilm_ref.py workload).
     Embed(embed::Args),
+    /// Greedy decoding tokens/s of a GPT-2-family model (KV cache), with prefill and per-token ms.
+    Generate(generate::Args),
 }
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Sdpa(args) => sdpa::run(args),
         BenchCommand::Embed(args) => embed::run(args),
+        BenchCommand::Generate(args) => generate::run(args),
     }
 }
