@@ -432,6 +432,25 @@ impl PackedB {
             n_blocks: self.n.div_ceil(BLOCK),
         }
     }
+
+    /// Depth rows `k0..k0 + k` and columns `n0..n0 + n` (`k0` a multiple of 32, `n0` of 32;
+    /// `k` and `n` rounded up to whole tiles, inside the padding).
+    pub(crate) fn view(&self, (k0, k): (usize, usize), (n0, n): (usize, usize)) -> BView<'_> {
+        debug_assert!(k0.is_multiple_of(TILE_K) && n0.is_multiple_of(BLOCK));
+        let view = BView {
+            b: self,
+            kc0: k0 / TILE_K,
+            k_chunks: k.div_ceil(TILE_K),
+            ng0: n0 / TILE_N,
+            n_blocks: n.div_ceil(BLOCK),
+        };
+        assert!(
+            view.kc0 + view.k_chunks <= self.k_chunks
+                && view.ng0 + 2 * view.n_blocks <= self.n.div_ceil(BLOCK) * 2,
+            "PackedB view out of range"
+        );
+        view
+    }
 }
 
 impl BView<'_> {

@@ -1,6 +1,6 @@
 //! The fused kernel against the reference twin on a randomized sweep of awkward shapes and
-//! every option, on each instruction set this CPU runs (AVX-512 and the portable fallback),
-//! for f32 and bf16 inputs; plus the golden files on the portable path, and bad input.
+//! every option, on each instruction set this CPU runs (AMX, AVX-512 and the portable
+//! fallback), for f32 and bf16 inputs; plus the golden files on the portable path, and bad input.
 
 mod common;
 
@@ -44,22 +44,51 @@ impl Rng {
     }
 }
 
-/// The instruction sets to test here: the portable path always, and the best one.
+/// The instruction sets to test here: every one this CPU runs, the portable path always.
 fn isas() -> Vec<Isa> {
-    let mut isas = vec![Isa::Portable];
-    if Isa::best() != Isa::Portable {
-        isas.push(Isa::best());
+    [Isa::Portable, Isa::Avx512, Isa::Amx]
+        .into_iter()
+        .filter(|isa| isa.is_available())
+        .collect()
+}
+
+/// The tolerance of bf16 `out` on `isa`, relative to max(1, |x|) like every comparison here.
+///
+/// AMX rounds each weight to bf16 before `P·V` (relative error ≤ 2^-9, round to nearest with 8
+/// significant bits) while the row's sum keeps the f32 weights, so an output element moves by
+/// at most `2^-9 · Σ p_j |v_j| / Σ p_j ≤ 2^-9 · max |v|`, times the dropout's `1 / (1 − p)`;
+/// on top of that the f32 rounding of every path, [`TOL`]. The other paths widen bf16 to f32
+/// exactly and differ from the reference only in the order of f32 sums: [`TOL`].
+fn bf16_out_tol(isa: Isa, opts: &AttnOptions, v: &[f32]) -> f32 {
+    if isa != Isa::Amx {
+        return TOL;
     }
-    isas
+    let max_v = v.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+    let keep = opts.dropout.map_or(1.0, |d| 1.0 / (1.0 - d.p));
+    2f32.powi(-9) * keep * max_v + TOL
 }
 
 #[test]
-fn avx512_is_used_where_the_cpu_has_it() {
+fn the_best_isa_is_the_one_the_cpu_has() {
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(
-        Isa::best() == Isa::Avx512,
-        std::arch::is_x86_feature_detected!("avx512f")
-    );
+    {
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let amx = avx512
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && attn_core::amx::available();
+        assert_eq!(Isa::Amx.is_available(), amx);
+        assert_eq!(Isa::Avx512.is_available(), avx512);
+        let best = if amx {
+            Isa::Amx
+        } else if avx512 {
+            Isa::Avx512
+        } else {
+            Isa::Portable
+        };
+        assert_eq!(Isa::best(), best);
+    }
     assert!(Isa::Portable.is_available());
 }
 
@@ -255,9 +284,10 @@ const HEAD_DIMS: [usize; 5] = [8, 40, 64, 80, 128];
 const HEADS: [(usize, usize); 3] = [(2, 2), (4, 2), (3, 1)];
 
 /// Runs every (shape, options) combination of the sweep for each instruction set; `seqs` picks
-/// which lengths, so the large ones can get a lighter option set.
-fn sweep(seqs: &[(usize, usize)], options: impl Fn(usize) -> Vec<usize>) {
-    let mut rng = Rng(42);
+/// which lengths, so the large ones can get a lighter option set. With `bf16`, the inputs are
+/// rounded to bf16 and the reference runs on them widened to f32.
+fn sweep(seqs: &[(usize, usize)], bf16_inputs: bool, options: impl Fn(usize) -> Vec<usize>) {
+    let mut rng = Rng(if bf16_inputs { 43 } else { 42 });
     let mut cases = 0;
     for (si, &(seq_q, seq_kv)) in seqs.iter().enumerate() {
         for (di, &head_dim) in HEAD_DIMS.iter().enumerate() {
@@ -272,18 +302,28 @@ fn sweep(seqs: &[(usize, usize)], options: impl Fn(usize) -> Vec<usize>) {
                 // value_dim differs from head_dim in some cases.
                 value_dim: if di % 2 == 0 { head_dim } else { 24 },
             };
-            let q = rng.vec(shape.q_dims().iter().product(), 1.5);
-            let k = rng.vec(shape.k_dims().iter().product(), 1.5);
-            let v = rng.vec(shape.v_dims().iter().product(), 1.0);
+            let mut q = rng.vec(shape.q_dims().iter().product(), 1.5);
+            let mut k = rng.vec(shape.k_dims().iter().product(), 1.5);
+            let mut v = rng.vec(shape.v_dims().iter().product(), 1.0);
+            let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+            if bf16_inputs {
+                (q, k, v) = (widen(&qb), widen(&kb), widen(&vb));
+            }
             let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+            let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
             for which in options(si * HEAD_DIMS.len() + di) {
                 let (label, mut opts) = options_for(which, &shape, &mut rng);
                 opts.weights = weights_for((which + di) % 3, seq_q);
                 let want = sdpa_reference(&input, &opts).unwrap();
                 for isa in isas() {
                     let name = format!("{label} {shape:?} {:?} on {isa:?}", opts.weights);
-                    let got = sdpa_with(isa, &input, &opts).unwrap();
-                    assert_same(&name, &got, &want, TOL);
+                    if bf16_inputs {
+                        let got = sdpa_bf16_with(isa, &input_bf16, &opts).unwrap();
+                        assert_same_bf16(&name, &got, &want, bf16_out_tol(isa, &opts, &v));
+                    } else {
+                        let got = sdpa_with(isa, &input, &opts).unwrap();
+                        assert_same(&name, &got, &want, TOL);
+                    }
                     cases += 1;
                 }
             }
@@ -292,25 +332,65 @@ fn sweep(seqs: &[(usize, usize)], options: impl Fn(usize) -> Vec<usize>) {
     assert!(cases > 0);
 }
 
-#[test]
-fn sweep_small_shapes_every_option() {
-    let small: Vec<_> = SEQS
-        .iter()
+fn round(x: &[f32]) -> Vec<bf16> {
+    x.iter().copied().map(bf16::from_f32).collect()
+}
+
+fn widen(x: &[bf16]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// [`assert_same`] for bf16 inputs: `out` within `out_tol`, `lse` and weights within [`TOL`]
+/// (every path computes the scores, and from them the weights, in f32).
+fn assert_same_bf16(name: &str, got: &AttnOutput, want: &AttnOutput, out_tol: f32) {
+    assert_close("out", name, &got.out, &want.out, out_tol);
+    let exact_out = AttnOutput {
+        out: want.out.clone(),
+        lse: got.lse.clone(),
+        weights: got.weights.clone(),
+    };
+    assert_same(name, &exact_out, want, TOL);
+}
+
+/// The small shapes of [`SEQS`] (fewer than 100 000 scores per head).
+fn small_seqs() -> Vec<(usize, usize)> {
+    SEQS.iter()
         .copied()
         .filter(|&(l, s)| l * s < 100_000)
-        .collect();
-    sweep(&small, |_| (0..OPTIONS).collect());
+        .collect()
+}
+
+/// The long shapes of [`SEQS`].
+fn long_seqs() -> Vec<(usize, usize)> {
+    SEQS.iter()
+        .copied()
+        .filter(|&(l, s)| l * s >= 100_000)
+        .collect()
+}
+
+/// Each long shape gets plain, one causal alignment and two other options, rotating.
+fn long_options(n: usize) -> Vec<usize> {
+    vec![0, 1 + n % 2, 3 + n % 4, 7 + n % 5]
+}
+
+#[test]
+fn sweep_small_shapes_every_option() {
+    sweep(&small_seqs(), false, |_| (0..OPTIONS).collect());
 }
 
 #[test]
 fn sweep_long_sequences() {
-    let long: Vec<_> = SEQS
-        .iter()
-        .copied()
-        .filter(|&(l, s)| l * s >= 100_000)
-        .collect();
-    // Each shape gets plain, one causal alignment and two other options, rotating.
-    sweep(&long, |n| vec![0, 1 + n % 2, 3 + n % 4, 7 + n % 5]);
+    sweep(&long_seqs(), false, long_options);
+}
+
+#[test]
+fn bf16_sweep_small_shapes_every_option() {
+    sweep(&small_seqs(), true, |_| (0..OPTIONS).collect());
+}
+
+#[test]
+fn bf16_sweep_long_sequences() {
+    sweep(&long_seqs(), true, long_options);
 }
 
 #[test]
@@ -401,48 +481,6 @@ fn golden_cases_on_the_portable_path() {
 }
 
 #[test]
-fn bf16_matches_the_reference_on_rounded_inputs() {
-    // Tolerance: widening bf16 to f32 is exact, and a product of two bf16 values (8-bit
-    // significands) is exact in f32 (24 bits), so the fused bf16 kernel and the reference run
-    // on the widened inputs differ only in the order of f32 sums, as in the f32 sweep: TOL.
-    // Against the unrounded f32 inputs the difference is the bf16 rounding itself (relative
-    // 2^-9 per input), checked loosely below to show the inputs really are bf16.
-    let mut rng = Rng(11);
-    for (si, &(seq_q, seq_kv)) in [(1, 1), (7, 65), (65, 7), (129, 129), (200, 1000)]
-        .iter()
-        .enumerate()
-    {
-        for (di, &head_dim) in HEAD_DIMS.iter().enumerate() {
-            let (n_heads, n_kv_heads) = HEADS[(si + di) % HEADS.len()];
-            let shape = AttnShape {
-                batch: 1,
-                n_heads,
-                n_kv_heads,
-                seq_q,
-                seq_kv,
-                head_dim,
-                value_dim: head_dim,
-            };
-            let round = |x: Vec<f32>| x.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
-            let widen = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
-            let q = round(rng.vec(shape.q_dims().iter().product(), 1.5));
-            let k = round(rng.vec(shape.k_dims().iter().product(), 1.5));
-            let v = round(rng.vec(shape.v_dims().iter().product(), 1.0));
-            let (qf, kf, vf) = (widen(&q), widen(&k), widen(&v));
-            let (label, mut opts) = options_for((si + di) % OPTIONS, &shape, &mut rng);
-            opts.weights = weights_for(di % 3, seq_q);
-            let want = sdpa_reference(&AttnInput::new(&qf, &kf, &vf, shape).unwrap(), &opts);
-            let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
-            for isa in isas() {
-                let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
-                let name = format!("bf16 {label} {shape:?} on {isa:?}");
-                assert_same(&name, &got, want.as_ref().unwrap(), TOL);
-            }
-        }
-    }
-}
-
-#[test]
 fn bf16_default_entry_uses_the_best_isa() {
     let shape = AttnShape::new(1, 2, 33, 47, 40);
     let mut rng = Rng(1);
@@ -464,12 +502,67 @@ fn bf16_default_entry_uses_the_best_isa() {
     let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
     let opts = AttnOptions::default();
     let got = attn_core::sdpa_bf16(&input, &opts).unwrap();
+    assert_eq!(got, sdpa_bf16_with(Isa::best(), &input, &opts).unwrap());
     let want = sdpa_bf16_with(Isa::Portable, &input, &opts).unwrap();
-    assert_same("bf16 default", &got, &want, TOL);
+    let vf: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+    assert_same_bf16(
+        "bf16 default",
+        &got,
+        &want,
+        bf16_out_tol(Isa::best(), &opts, &vf),
+    );
     assert!(matches!(
         AttnInputBf16::new(&q[1..], &k, &v, shape),
         Err(AttnError::LengthMismatch { tensor: "q", .. })
     ));
+}
+
+#[test]
+fn amx_takes_the_tiles_for_bf16_or_is_refused() {
+    // On AMX, bf16 weights are rounded before P·V, so the output differs from the AVX-512 path
+    // (which widens to f32) by more than f32 rounding, yet within the bound of `bf16_out_tol`;
+    // a head whose values hold NaN falls back to the AVX-512 path and matches it bit for bit.
+    // Without AMX, asking for it is refused.
+    let shape = AttnShape::new(1, 2, 100, 300, 64);
+    let mut rng = Rng(33);
+    let q = round(&rng.vec(2 * 100 * 64, 1.5));
+    let k = round(&rng.vec(2 * 300 * 64, 1.5));
+    let mut v = round(&rng.vec(2 * 300 * 64, 1.0));
+    let opts = AttnOptions::default();
+    let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
+    if !Isa::Amx.is_available() {
+        assert!(matches!(
+            sdpa_bf16_with(Isa::Amx, &input, &opts),
+            Err(AttnError::InvalidOption { option: "isa", .. })
+        ));
+        return;
+    }
+    let amx = sdpa_bf16_with(Isa::Amx, &input, &opts).unwrap();
+    let fma = sdpa_bf16_with(Isa::Avx512, &input, &opts).unwrap();
+    let diff = amx
+        .out
+        .iter()
+        .zip(&fma.out)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(
+        diff > 1e-5,
+        "AMX should round the weights: max difference {diff:e}"
+    );
+    assert_same_bf16(
+        "amx vs avx512",
+        &amx,
+        &fma,
+        bf16_out_tol(Isa::Amx, &opts, &widen(&v)),
+    );
+    // A NaN among head 1's values: head 0 stays on the tiles, head 1 falls back.
+    v[300 * 64 + 5] = bf16::NAN;
+    let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
+    let amx_nan = sdpa_bf16_with(Isa::Amx, &input, &opts).unwrap();
+    let fma_nan = sdpa_bf16_with(Isa::Avx512, &input, &opts).unwrap();
+    let head = 100 * 64;
+    assert_eq!(amx_nan.out[..head], amx.out[..head]);
+    let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same_bits(&amx_nan.out[head..], &fma_nan.out[head..]));
 }
 
 #[test]

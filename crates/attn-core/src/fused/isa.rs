@@ -14,6 +14,29 @@ pub enum Isa {
     Portable,
     /// AVX-512F register-blocked kernels.
     Avx512,
+    /// The AVX-512 kernels, with AMX tiles for the two GEMMs of bf16 inputs (see `amx_bf16.rs`);
+    /// f32 inputs run exactly as on [`Isa::Avx512`].
+    Amx,
+}
+
+/// Whether the CPU has AVX-512F, AVX512_BF16 (to round probabilities to bf16) and AMX-BF16, and
+/// the OS lets this process use the tiles; detected once.
+fn has_amx() -> bool {
+    static AMX: OnceLock<bool> = OnceLock::new();
+    *AMX.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            has_avx512()
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && crate::amx::available()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 /// Whether the CPU has AVX-512F, detected once.
@@ -34,7 +57,9 @@ fn has_avx512() -> bool {
 impl Isa {
     /// The fastest instruction set this CPU supports (detected once, then cached).
     pub fn best() -> Isa {
-        if has_avx512() {
+        if has_amx() {
+            Isa::Amx
+        } else if has_avx512() {
             Isa::Avx512
         } else {
             Isa::Portable
@@ -46,6 +71,7 @@ impl Isa {
         match self {
             Isa::Portable => true,
             Isa::Avx512 => has_avx512(),
+            Isa::Amx => has_amx(),
         }
     }
 
@@ -70,9 +96,10 @@ impl Isa {
         assert!(k == 0 || b.len() >= (k - 1) * ldb + n, "gemm: B too short");
         assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
         match self {
-            // SAFETY: an `Isa::Avx512` only reaches the kernels after `is_available` said yes;
+            // SAFETY: an `Isa::Avx512` or `Isa::Amx` (which implies AVX-512F) only reaches the
+            // kernels after `is_available` said yes;
             // the slices hold what the strides describe (checked above).
-            Isa::Avx512 => unsafe {
+            Isa::Avx512 | Isa::Amx => unsafe {
                 avx512_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
             },
             Isa::Portable => portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate),
@@ -83,7 +110,7 @@ impl Isa {
     pub(super) fn scale(self, x: &mut [f32], a: f32) {
         match self {
             // SAFETY: see `gemm_f32`.
-            Isa::Avx512 => unsafe { avx512_or_portable::scale(x, a) },
+            Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::scale(x, a) },
             Isa::Portable => portable::scale(x, a),
         }
     }
@@ -92,7 +119,7 @@ impl Isa {
     pub(super) fn max(self, x: &[f32]) -> f32 {
         match self {
             // SAFETY: see `gemm_f32`.
-            Isa::Avx512 => unsafe { avx512_or_portable::max(x) },
+            Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::max(x) },
             Isa::Portable => portable::max(x),
         }
     }
@@ -101,7 +128,7 @@ impl Isa {
     pub(super) fn exp_sub_sum(self, x: &mut [f32], m: f32) -> f32 {
         match self {
             // SAFETY: see `gemm_f32`.
-            Isa::Avx512 => unsafe { avx512_or_portable::exp_sub_sum(x, m) },
+            Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::exp_sub_sum(x, m) },
             Isa::Portable => portable::exp_sub_sum(x, m),
         }
     }

@@ -19,6 +19,7 @@
 //!
 //! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
 
+mod amx_bf16;
 mod input_bf16;
 mod isa;
 mod portable;
@@ -30,6 +31,7 @@ use avx512 as avx512_or_portable;
 #[cfg(not(target_arch = "x86_64"))]
 use portable as avx512_or_portable;
 
+use amx_bf16::AmxScratch;
 pub use input_bf16::AttnInputBf16;
 pub use isa::{Isa, set_global_threads};
 
@@ -217,7 +219,7 @@ fn accumulate_skipping_zeros(
             }
             for (o, &x) in out_row.iter_mut().zip(v_row) {
                 *o = match isa {
-                    Isa::Avx512 => w.mul_add(x, *o),
+                    Isa::Avx512 | Isa::Amx => w.mul_add(x, *o),
                     Isa::Portable => *o + w * x,
                 };
             }
@@ -379,6 +381,17 @@ impl Plan<'_> {
             .enumerate()
             .for_each(|(bh, ((out, lse), stats))| {
                 let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                if let Some(head) = self.pack_head_amx(b, sh.kv_head(h)) {
+                    out.par_chunks_mut(BLOCK_Q * dv)
+                        .zip(lse.par_chunks_mut(BLOCK_Q))
+                        .zip(stats.par_chunks_mut(BLOCK_Q))
+                        .enumerate()
+                        .for_each_init(AmxScratch::default, |s, (qb, ((out, lse), stats))| {
+                            let dst = BlockOut { out, lse, stats };
+                            self.forward_block_amx((b, h, qb * BLOCK_Q), &head, dst, s);
+                        });
+                    return;
+                }
                 let head = self.pack_head(b, sh.kv_head(h));
                 out.par_chunks_mut(BLOCK_Q * dv)
                     .zip(lse.par_chunks_mut(BLOCK_Q))
@@ -390,6 +403,50 @@ impl Plan<'_> {
                     });
             });
         (out, lse, stats)
+    }
+
+    /// One step of the online softmax for query `i` of head `(b, h)` over keys `j0..`: the raw
+    /// scores `(scale·q)·k` in `row` get the rules of [`Self::finish_scores`], then become
+    /// `P = e^(S − m')` (0 where dropped), and the row's running max `m` and sum move on.
+    /// Returns the factor `e^(m − m')` the row's accumulator must be scaled by, when `m` changed.
+    fn softmax_step(
+        &self,
+        (b, h, i): (usize, usize, usize),
+        j0: usize,
+        row: &mut [f32],
+        (m, sum): (&mut f32, &mut f32),
+    ) -> Option<f32> {
+        self.finish_scores((b, h, i), j0, row);
+        // A NaN score (only from inputs that opted out of the finiteness check) must reach this
+        // row's output, as in the reference: `f32::max` would drop it.
+        let block_max = self.isa.max(row);
+        let m_new = if block_max.is_nan() {
+            f32::NAN
+        } else {
+            m.max(block_max)
+        };
+        if m_new == f32::NEG_INFINITY {
+            row.fill(0.0);
+            return None;
+        }
+        let block_sum = self.isa.exp_sub_sum(row, m_new);
+        let alpha = if m_new == *m {
+            *sum += block_sum;
+            None
+        } else {
+            let alpha = (*m - m_new).exp();
+            *sum = *sum * alpha + block_sum;
+            *m = m_new;
+            Some(alpha)
+        };
+        if let Some(drop) = self.opt.dropout {
+            for (j, p) in (j0..).zip(row.iter_mut()) {
+                if !drop.keep(b, h, i, j) {
+                    *p = 0.0;
+                }
+            }
+        }
+        alpha
     }
 
     /// Query rows `i0..i0 + dst.lse.len()` of head `(b, h)`: `dst.out` (zeroed) serves as the
@@ -421,35 +478,9 @@ impl Plan<'_> {
             let keys = (s_n - j0).min(BLOCK_KV);
             self.scores(head, n, (jb, keys), s);
             for (r, row) in s.tile.chunks_exact_mut(keys).enumerate() {
-                let i = i0 + r;
-                self.finish_scores((b, h, i), j0, row);
-                // A NaN score (only from inputs that opted out of the finiteness check) must
-                // reach this row's output, as in the reference: `f32::max` would drop it.
-                let block_max = self.isa.max(row);
-                let m_new = if block_max.is_nan() {
-                    f32::NAN
-                } else {
-                    m[r].max(block_max)
-                };
-                if m_new == f32::NEG_INFINITY {
-                    row.fill(0.0);
-                    continue;
-                }
-                let block_sum = self.isa.exp_sub_sum(row, m_new);
-                if m_new == m[r] {
-                    sum[r] += block_sum;
-                } else {
-                    let alpha = (m[r] - m_new).exp();
-                    sum[r] = sum[r] * alpha + block_sum;
-                    m[r] = m_new;
+                let state = (&mut m[r], &mut sum[r]);
+                if let Some(alpha) = self.softmax_step((b, h, i0 + r), j0, row, state) {
                     self.isa.scale(&mut out[r * dv..][..dv], alpha);
-                }
-                if let Some(drop) = self.opt.dropout {
-                    for (j, p) in (j0..).zip(row.iter_mut()) {
-                        if !drop.keep(b, h, i, j) {
-                            *p = 0.0;
-                        }
-                    }
                 }
             }
             let v = head.values((j0, keys), dv);
