@@ -1,0 +1,293 @@
+//! The kernels of the backward pass: `C (+)= A·B` on row-major blocks, and the elementwise
+//! steps. Each has a portable build and an AVX-512 one (see `avx512.rs`), picked per call by
+//! [`Kernels`].
+
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
+
+/// A row-major `rows × cols` matrix inside `data`, rows `ld` apart.
+#[derive(Clone, Copy)]
+pub(super) struct Mat<'a> {
+    pub(super) data: &'a [f32],
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) ld: usize,
+}
+
+/// The mutable twin of [`Mat`].
+pub(super) struct MatMut<'a> {
+    pub(super) data: &'a mut [f32],
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) ld: usize,
+}
+
+/// Whether `len` values hold `rows` rows of `cols` values `ld` apart.
+fn fits(len: usize, rows: usize, cols: usize, ld: usize) -> bool {
+    cols <= ld && (rows == 0 || (rows - 1) * ld + cols <= len)
+}
+
+impl<'a> Mat<'a> {
+    /// Views `data` as `rows × cols` at row stride `ld`.
+    ///
+    /// # Panics
+    /// When `data` is too short or `cols > ld` (a bug in the caller, not bad input).
+    pub(super) fn new(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        assert!(
+            fits(data.len(), rows, cols, ld),
+            "matrix view out of bounds"
+        );
+        Mat {
+            data,
+            rows,
+            cols,
+            ld,
+        }
+    }
+
+    /// A packed `rows × cols` view (`ld = cols`).
+    pub(super) fn packed(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self::new(data, rows, cols, cols)
+    }
+}
+
+impl<'a> MatMut<'a> {
+    /// A packed `rows × cols` view (`ld = cols`).
+    ///
+    /// # Panics
+    /// When `data` is shorter than `rows · cols` (a bug in the caller, not bad input).
+    pub(super) fn packed(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
+        assert!(
+            fits(data.len(), rows, cols, cols),
+            "matrix view out of bounds"
+        );
+        MatMut {
+            data,
+            rows,
+            cols,
+            ld: cols,
+        }
+    }
+}
+
+/// Which build of the kernels runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernels {
+    /// Plain Rust, for any CPU.
+    Portable,
+    /// AVX-512F: only constructed after the CPU was checked (see [`Kernels::avx512`]).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Kernels {
+    /// The AVX-512 build when this CPU has AVX-512F, else `None`.
+    pub(super) fn avx512() -> Option<Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Some(Kernels::Avx512);
+        }
+        None
+    }
+
+    /// `C (+)= A · B`.
+    ///
+    /// # Shapes
+    /// `a`: `[m, k]`, `b`: `[k, n]`, `c`: `[m, n]`.
+    ///
+    /// # Panics
+    /// When the shapes disagree (a bug in the caller).
+    pub(super) fn gemm(self, c: MatMut<'_>, a: Mat<'_>, b: Mat<'_>, accumulate: bool) {
+        assert!(
+            a.rows == c.rows && b.cols == c.cols && a.cols == b.rows,
+            "gemm shapes disagree"
+        );
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx512` is only built after the CPU was checked; the views were
+            // bounds-checked when made and their shapes agree (above).
+            Kernels::Avx512 => unsafe { avx512::gemm(c, a, b, accumulate) },
+            Kernels::Portable => gemm_portable(c, a, b, accumulate),
+        }
+    }
+
+    /// One row of the transposed tiles (one key against a run of queries): `s ← P = e^(s − lse)`
+    /// and `dp ← dS = P ∘ (dp − delta)`.
+    ///
+    /// # Shapes
+    /// All four slices: `[queries]`.
+    pub(super) fn probs_and_grads(self, s: &mut [f32], dp: &mut [f32], lse: &[f32], delta: &[f32]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: see `gemm`.
+            Kernels::Avx512 => unsafe { avx512::probs_and_grads(s, dp, lse, delta) },
+            Kernels::Portable => probs_and_grads_body(s, dp, lse, delta),
+        }
+    }
+}
+
+/// `C (+)= A · B`, one row of `C` at a time.
+fn gemm_portable(c: MatMut<'_>, a: Mat<'_>, b: Mat<'_>, accumulate: bool) {
+    let n = c.cols;
+    for r in 0..c.rows {
+        let c_row = &mut c.data[r * c.ld..][..n];
+        if !accumulate {
+            c_row.fill(0.0);
+        }
+        for (p, &x) in a.data[r * a.ld..][..a.cols].iter().enumerate() {
+            for (cv, &bv) in c_row.iter_mut().zip(&b.data[p * b.ld..][..n]) {
+                *cv += x * bv;
+            }
+        }
+    }
+}
+
+/// `e^x` without a branch or a call, so loops over it vectorise: `e^x = 2^n · 2^f` with
+/// `x·log₂e = n + f`, `|f| ≤ ½`, `2^f` from Cephes' `exp2f` polynomial
+/// (<https://netlib.org/cephes/>, `exp2f.c`, relative error 1.7e-7), `2^n` built in the exponent
+/// bits. Below `2^-126` (and for `−∞`) it returns 0.
+#[inline(always)]
+pub(super) fn exp_approx(x: f32) -> f32 {
+    // 1.5·2²³: adding it rounds to an integer, which then sits in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let t = x * std::f32::consts::LOG2_E;
+    let underflow = t < -126.0;
+    let t = if underflow { -126.0 } else { t.min(127.0) };
+    let big = t + ROUND;
+    let n = big - ROUND;
+    let f = t - n;
+    let mut p = 1.535_336_2e-4f32;
+    for c in [
+        1.339_887_4e-3,
+        9.618_437e-3,
+        5.550_332_5e-2,
+        2.402_264_8e-1,
+        6.931_472e-1,
+    ] {
+        p = p * f + c;
+    }
+    let p = p * f + 1.0;
+    let n_int = big.to_bits().wrapping_sub(ROUND.to_bits());
+    let pow2 = f32::from_bits(n_int.wrapping_add(127) << 23);
+    if underflow { 0.0 } else { p * pow2 }
+}
+
+/// The body of [`Kernels::probs_and_grads`], written so the compiler vectorises it (the
+/// AVX-512 build compiles the same body with the feature on).
+#[inline(always)]
+pub(super) fn probs_and_grads_body(s: &mut [f32], dp: &mut [f32], lse: &[f32], delta: &[f32]) {
+    let n = s.len();
+    let (dp, lse, delta) = (&mut dp[..n], &lse[..n], &delta[..n]);
+    for c in 0..n {
+        let p = exp_approx(s[c] - lse[c]);
+        s[c] = p;
+        dp[c] = p * (dp[c] - delta[c]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_approx_matches_exp() {
+        // The polynomial's own error is 1.7e-7 relative, rounding adds a few ulps, and
+        // rounding t = x·log₂e to f32 moves 2^t by up to |t|·2⁻²⁴·ln 2 < 1e-7·|x| relative
+        // (large |x| only arise for probabilities far below any that matter).
+        for i in -2000..=200 {
+            let x = i as f32 * 0.05;
+            let (got, want) = (exp_approx(x), x.exp());
+            // Below 2^-126 the result may flush to 0.
+            let tol = (4e-7 + 1e-7 * x.abs()) * want + f32::MIN_POSITIVE;
+            assert!((got - want).abs() <= tol, "e^{x}: got {got}, want {want}");
+        }
+        assert_eq!(exp_approx(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_approx(-100.0), 0.0);
+    }
+
+    /// Both builds of the GEMM against f64 sums, on shapes that leave partial row and column
+    /// tiles, with strides wider than the rows, replacing and accumulating.
+    #[test]
+    fn gemm_builds_match_f64() {
+        let builds = [Some(Kernels::Portable), Kernels::avx512()];
+        for (m, n, k) in [
+            (1, 1, 1),
+            (7, 70, 5),
+            (64, 64, 64),
+            (13, 129, 33),
+            (6, 16, 0),
+        ] {
+            let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
+            let value = |i: usize| ((i * 7919 % 113) as f32 - 56.0) / 37.0;
+            let a: Vec<f32> = (0..m * lda).map(value).collect();
+            let b: Vec<f32> = (0..k * ldb).map(|i| value(i + 11)).collect();
+            let c0: Vec<f32> = (0..m * ldc).map(|i| value(i + 5)).collect();
+            for accumulate in [false, true] {
+                for kern in builds.into_iter().flatten() {
+                    let mut c = c0.clone();
+                    let cm = MatMut {
+                        data: &mut c,
+                        rows: m,
+                        cols: n,
+                        ld: ldc,
+                    };
+                    kern.gemm(
+                        cm,
+                        Mat::new(&a, m, k, lda),
+                        Mat::new(&b, k, n, ldb),
+                        accumulate,
+                    );
+                    for r in 0..m {
+                        for col in 0..ldc {
+                            let got = c[r * ldc + col];
+                            if col >= n {
+                                assert_eq!(got, c0[r * ldc + col], "{kern:?} wrote past the row");
+                                continue;
+                            }
+                            let mut want = if accumulate {
+                                f64::from(c0[r * ldc + col])
+                            } else {
+                                0.0
+                            };
+                            for p in 0..k {
+                                want += f64::from(a[r * lda + p]) * f64::from(b[p * ldb + col]);
+                            }
+                            // k products of magnitude < 2.3, each rounded once: < k·2.3·6e-8.
+                            let tol = 1e-6 * (k as f64 + 1.0);
+                            assert!(
+                                (f64::from(got) - want).abs() <= tol,
+                                "{kern:?} {m}×{n}×{k} at ({r}, {col}): got {got}, want {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn probs_and_grads_builds_agree() {
+        // 37 lanes: two full 16-lane groups and a tail; lse +∞ stands for a row that saw nothing.
+        let s0: Vec<f32> = (0..37).map(|i| -(i as f32) * 0.3).collect();
+        let dp0: Vec<f32> = (0..37).map(|i| (i as f32 * 0.7).sin()).collect();
+        let mut lse: Vec<f32> = (0..37).map(|i| i as f32 * 0.01).collect();
+        lse[5] = f32::INFINITY;
+        let delta: Vec<f32> = (0..37).map(|i| (i as f32).cos()).collect();
+        let run = |kern: Kernels| {
+            let (mut s, mut dp) = (s0.clone(), dp0.clone());
+            kern.probs_and_grads(&mut s, &mut dp, &lse, &delta);
+            (s, dp)
+        };
+        let (p, ds) = run(Kernels::Portable);
+        for c in 0..37 {
+            let want = f64::from(s0[c] - lse[c]).exp();
+            assert!((f64::from(p[c]) - want).abs() <= 1e-6 * want, "P at {c}");
+            let want_ds = f64::from(p[c]) * f64::from(dp0[c] - delta[c]);
+            assert!((f64::from(ds[c]) - want_ds).abs() <= 1e-6, "dS at {c}");
+        }
+        assert_eq!((p[5], ds[5]), (0.0, 0.0), "lse +∞ gives P = 0");
+        if let Some(kern) = Kernels::avx512() {
+            assert_eq!(run(kern), (p, ds), "same arithmetic in both builds");
+        }
+    }
+}

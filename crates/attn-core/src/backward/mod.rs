@@ -1,0 +1,618 @@
+//! The backward pass of scaled dot-product attention: gradients of `sum(out · dout)` with
+//! respect to `q`, `k` and `v`, for every option the forward pass supports.
+//!
+//! [`sdpa_backward`] is the fast path, FlashAttention-2's backward (Dao 2023,
+//! <https://arxiv.org/abs/2307.08691>, Algorithm 2): the `seq_q × seq_kv` matrices are never
+//! materialised. For one block of keys and one block of queries it recomputes the scores `S`
+//! from `q`, `k` and the saved log-sum-exp, so `P = e^(S − lse)` needs no second softmax; with
+//! `D = rowsum(dout ∘ out)` (one value per query row) and the dropout factors `Z` (`0` or
+//! `1/(1 − p)`, replayed from [`crate::Dropout::keep`]):
+//! - `dV += (P ∘ Z)ᵀ · dO`
+//! - `dP = (dO · Vᵀ) ∘ Z`
+//! - `dS = P ∘ (dP − D)`, times `1 − tanh²(s/c)` under a softcap `c` (the chain rule through
+//!   `c · tanh(s/c)`)
+//! - `dK += scale · dSᵀ · Q`, `dQ += scale · dS · K`.
+//!
+//! ALiBi slopes and float masks are additive constants, so they change `P` but add no term;
+//! hidden keys have `P = 0` and get no gradient. Under grouped-query attention `dK` and `dV`
+//! sum over the query heads that share a key/value head.
+//!
+//! Every tile is computed transposed, keys down and queries across (`Sᵀ = K · Qᵀ`,
+//! `dPᵀ = V · dOᵀ`), so that all five products are plain row-major `C += A · B` with
+//! contiguous rows: `dV += Pᵀ · dO`, `dK += dSᵀ · Q` and `dQᵀ += Kᵀ · dSᵀ`, with `Qᵀ`, `dOᵀ`,
+//! `Kᵀ` packed once per head and `dQᵀ` accumulated per head and transposed once at the end.
+//! The per-query `lse` and `D` then run along the vector lanes. Blocks that every rule leaves
+//! fully visible take the fast lane (two GEMMs, one fused `exp` pass, three GEMMs); blocks on a
+//! causal or window boundary, and every block under masks, ALiBi, softcap or dropout, take the
+//! general lane, which masks a transposed copy with the forward pass's row rules.
+//!
+//! Work is split over `batch × n_kv_heads`: a task owns its head's `dK`, `dV` and the `dQ` of
+//! the query heads that read it, and writes them in place, so nothing is shared between
+//! threads. When that gives rayon too few tasks, each head is split further into interleaved
+//! chunks of key blocks, each chunk with its own sums, added up at the end. The GEMMs and the
+//! elementwise pass have an AVX-512 build (`avx512.rs`) and a portable one (`kernels.rs`).
+//!
+//! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
+//! its own softmax, no saved state.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod kernels;
+mod reference;
+
+pub use reference::sdpa_backward_reference;
+
+use rayon::prelude::*;
+
+use crate::fused::Isa;
+use crate::mask::{diagonal_offset, key_range};
+use crate::shape::check_len;
+use crate::{AttnError, AttnInput, AttnOptions, AttnShape};
+use kernels::{Kernels, Mat, MatMut};
+
+/// Keys per block: the rows of the transposed tiles.
+const BLOCK_KV: usize = 64;
+/// Queries per block: the columns of the transposed tiles.
+const BLOCK_Q: usize = 64;
+/// Tasks per rayon thread that the split over key blocks aims for.
+const TASKS_PER_THREAD: usize = 4;
+
+/// Gradients of `sum(out · dout)` with respect to the inputs of an attention call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grads {
+    /// `[batch, n_heads, seq_q, head_dim]`
+    pub dq: Vec<f32>,
+    /// `[batch, n_kv_heads, seq_kv, head_dim]`, summed over the query heads of each group.
+    pub dk: Vec<f32>,
+    /// `[batch, n_kv_heads, seq_kv, value_dim]`, summed over the query heads of each group.
+    pub dv: Vec<f32>,
+}
+
+/// Checks the saved forward results and the incoming gradient against the call's shape.
+fn validate(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    saved: Option<(&[f32], &[f32])>,
+    dout: &[f32],
+) -> Result<(), AttnError> {
+    let sh = input.shape;
+    options.validate(&sh)?;
+    check_len("q", &sh.q_dims(), input.q.len())?;
+    check_len("k", &sh.k_dims(), input.k.len())?;
+    check_len("v", &sh.v_dims(), input.v.len())?;
+    check_len("dout", &sh.out_dims(), dout.len())?;
+    let mut finite = vec![("dout", dout)];
+    if let Some((out, lse)) = saved {
+        check_len("out", &sh.out_dims(), out.len())?;
+        check_len("lse", &sh.out_dims()[..3], lse.len())?;
+        finite.push(("out", out));
+        // −∞ is a row that saw no key; NaN and +∞ cannot come from a forward pass.
+        if let Some((index, &value)) =
+            (lse.iter().enumerate()).find(|(_, x)| x.is_nan() || **x == f32::INFINITY)
+        {
+            return Err(AttnError::NonFinite {
+                tensor: "lse",
+                index,
+                value,
+            });
+        }
+    }
+    for (tensor, data) in finite {
+        // x·0 is 0 for finite x and NaN otherwise: one vectorisable pass, searched only on NaN.
+        if data.iter().fold(0.0f32, |acc, &x| acc + x * 0.0) == 0.0 {
+            continue;
+        }
+        if let Some((index, &value)) = data.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(AttnError::NonFinite {
+                tensor,
+                index,
+                value,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Gradients of `sum(out · dout)` with respect to `q`, `k` and `v`: the fast path.
+///
+/// `out` and `lse` are what the forward pass ([`crate::sdpa`] or [`crate::sdpa_reference`])
+/// returned for the same `input` and `options`; `options.weights` is ignored.
+///
+/// # Shapes
+/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
+/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
+/// - `out`, `dout`: `[batch, n_heads, seq_q, value_dim]`; `lse`: `[batch, n_heads, seq_q]`
+/// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`.
+///
+/// # Errors
+/// Whatever [`AttnOptions::validate`] rejects, a tensor of the wrong length, and a non-finite
+/// `dout` or `out`, or a NaN or `+∞` in `lse`.
+pub fn sdpa_backward(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> Result<Grads, AttnError> {
+    sdpa_backward_with(Isa::best(), input, options, out, lse, dout)
+}
+
+/// [`sdpa_backward`] through the kernels of `isa` (tests force [`Isa::Portable`] to check the
+/// fallback on a machine that has AVX-512).
+///
+/// # Shapes
+/// As [`sdpa_backward`].
+///
+/// # Errors
+/// As [`sdpa_backward`], and an `isa` this CPU lacks.
+pub fn sdpa_backward_with(
+    isa: Isa,
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> Result<Grads, AttnError> {
+    validate(input, options, Some((out, lse)), dout)?;
+    if !isa.is_available() {
+        return Err(AttnError::InvalidOption {
+            option: "isa",
+            reason: format!("{isa:?} kernels need CPU features this machine lacks"),
+        });
+    }
+    // Every ISA beyond the portable one implies AVX-512F.
+    let kernels = match isa {
+        Isa::Portable => Kernels::Portable,
+        _ => Kernels::avx512().unwrap_or(Kernels::Portable),
+    };
+    let sh = input.shape;
+    let dv = sh.value_dim;
+    // D = rowsum(dout ∘ out), [batch, n_heads, seq_q]
+    let delta: Vec<f32> = if dv == 0 {
+        vec![0.0; lse.len()]
+    } else {
+        dout.par_chunks(dv)
+            .zip(out.par_chunks(dv))
+            .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum())
+            .collect()
+    };
+    let plan = Plan {
+        sh,
+        opt: options,
+        offset: diagonal_offset(options.causal, sh.seq_q, sh.seq_kv),
+        extras: options.alibi.is_some()
+            || options.float_mask.is_some()
+            || options.bool_mask.is_some()
+            || options.key_padding.is_some(),
+        kernels,
+        scale: options.scale_for(&sh),
+        q: input.q,
+        k: input.k,
+        v: input.v,
+        dout,
+        lse,
+        delta: &delta,
+    };
+
+    let mut grads = Grads {
+        dq: vec![0.0; input.q.len()],
+        dk: vec![0.0; input.k.len()],
+        dv: vec![0.0; input.v.len()],
+    };
+    let heads = sh.batch * sh.n_kv_heads;
+    let key_blocks = sh.seq_kv.div_ceil(BLOCK_KV);
+    if heads == 0 || key_blocks == 0 || sh.seq_q == 0 {
+        return Ok(grads);
+    }
+    let wanted = TASKS_PER_THREAD * rayon::current_num_threads();
+    let chunks = wanted.div_ceil(heads).clamp(1, key_blocks);
+    // Every (b, kv head) owns a contiguous run of query heads, [group, seq_q, head_dim], and
+    // its own key/value rows, [seq_kv, head_dim] and [seq_kv, value_dim].
+    let lens = (
+        sh.group_size() * sh.seq_q * sh.head_dim,
+        sh.seq_kv * sh.head_dim,
+        sh.seq_kv * dv,
+    );
+    if chunks == 1 && lens.0 > 0 && lens.1 > 0 && lens.2 > 0 {
+        // One task per head, writing straight into the results.
+        (grads.dq.par_chunks_mut(lens.0))
+            .zip(grads.dk.par_chunks_mut(lens.1))
+            .zip(grads.dv.par_chunks_mut(lens.2))
+            .enumerate()
+            .for_each(|(bkv, ((dq, dk), dv))| plan.task(bkv, (0, 1), (dq, dk, dv)));
+    } else {
+        // Several tasks per head, each with its own sums, added up afterwards.
+        let parts: Vec<Grads> = (0..heads * chunks)
+            .into_par_iter()
+            .map(|t| {
+                let mut g = Grads {
+                    dq: vec![0.0; lens.0],
+                    dk: vec![0.0; lens.1],
+                    dv: vec![0.0; lens.2],
+                };
+                plan.task(
+                    t / chunks,
+                    (t % chunks, chunks),
+                    (&mut g.dq, &mut g.dk, &mut g.dv),
+                );
+                g
+            })
+            .collect();
+        for (t, part) in parts.iter().enumerate() {
+            let bkv = t / chunks;
+            for (dst, src, len) in [
+                (&mut grads.dq, &part.dq, lens.0),
+                (&mut grads.dk, &part.dk, lens.1),
+                (&mut grads.dv, &part.dv, lens.2),
+            ] {
+                let dst = &mut dst[bkv * len..][..len];
+                dst.iter_mut().zip(src).for_each(|(a, b)| *a += b);
+            }
+        }
+    }
+    Ok(grads)
+}
+
+/// Everything a task reads.
+struct Plan<'a> {
+    sh: AttnShape,
+    opt: &'a AttnOptions,
+    offset: isize,
+    /// Whether ALiBi, a float mask, a boolean mask or key padding applies (the per-key lane).
+    extras: bool,
+    kernels: Kernels,
+    scale: f32,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    dout: &'a [f32],
+    lse: &'a [f32],
+    /// `rowsum(dout ∘ out)`, `[batch, n_heads, seq_q]`.
+    delta: &'a [f32],
+}
+
+/// One query head packed for a task; blocks are laid out one after the other, block `ib`
+/// (queries `ib·BLOCK_Q..`, `rows` of them) at `ib·BLOCK_Q·width`.
+#[derive(Default)]
+struct QueryHead {
+    /// `scale · q`, `[seq_q, head_dim]`.
+    q: Vec<f32>,
+    /// `(scale · q)ᵀ` by blocks, `[head_dim, rows]` each.
+    qt: Vec<f32>,
+    /// `doutᵀ` by blocks, `[value_dim, rows]` each.
+    dot: Vec<f32>,
+    /// The unscaled `dQᵀ` being summed, by blocks, `[head_dim, rows]` each.
+    dqt: Vec<f32>,
+    /// The saved `lse`, `[seq_q]`, with `−∞` (a row that saw no key) as `+∞`, so that
+    /// `e^(s − lse)` is 0 for every key without a branch.
+    lse: Vec<f32>,
+}
+
+/// Per-task tiles, `[keys, queries]` each, reused across blocks.
+#[derive(Default)]
+struct Tiles {
+    /// `Sᵀ`, then `Pᵀ`.
+    p: Vec<f32>,
+    /// `dPᵀ`, then `dSᵀ`.
+    ds: Vec<f32>,
+    /// `(P ∘ Z)ᵀ` under dropout.
+    pz: Vec<f32>,
+    /// The dropout factors `Zᵀ`.
+    z: Vec<f32>,
+    /// `1 − tanh²(s/c)` under a softcap.
+    dcap: Vec<f32>,
+    /// `S` (not transposed), for the row rules of the general lane.
+    rows: Vec<f32>,
+}
+
+/// How much of a block the causal and window rules leave visible.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Visible {
+    None,
+    Part,
+    All,
+}
+
+/// One query block against one key block of head `(b, h)`.
+struct Block {
+    b: usize,
+    h: usize,
+    i0: usize,
+    rows: usize,
+    j0: usize,
+    keys: usize,
+    /// Whether the block needs the general lane.
+    general: bool,
+}
+
+/// Transposes `src` (`[rows, cols]`) into `dst` (`[cols, rows]`).
+fn transpose(src: &[f32], (rows, cols): (usize, usize), dst: &mut [f32]) {
+    debug_assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    for (r, row) in src.chunks_exact(cols).take(rows).enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            dst[c * rows + r] = x;
+        }
+    }
+}
+
+/// Transposes `src` (`[rows, width]`) block by block into `dst`: rows `ib·block..` become
+/// block `ib`, `[width, n]` (`n` rows in the block), at `ib·block·width`.
+fn transpose_blocks(src: &[f32], width: usize, block: usize, dst: &mut [f32]) {
+    if width == 0 {
+        return;
+    }
+    for (src, dst) in src.chunks(block * width).zip(dst.chunks_mut(block * width)) {
+        transpose(src, (src.len() / width, width), dst);
+    }
+}
+
+impl Plan<'_> {
+    /// Task `chunk` of `chunks` for batch × key/value head `bkv`: key blocks
+    /// `chunk, chunk + chunks, …` (interleaved, so causal work spreads evenly). Adds the `dQ`
+    /// of the group's query heads to `dq` (`[group, seq_q, head_dim]`) and the `dK` and `dV` of
+    /// its key blocks to `dk` (`[seq_kv, head_dim]`) and `dv` (`[seq_kv, value_dim]`).
+    fn task(
+        &self,
+        bkv: usize,
+        (chunk, chunks): (usize, usize),
+        (dq, dk, dv_out): (&mut [f32], &mut [f32], &mut [f32]),
+    ) {
+        let sh = self.sh;
+        let (d, dv, s_n, l_n) = (sh.head_dim, sh.value_dim, sh.seq_kv, sh.seq_q);
+        let group = sh.group_size();
+        let b = bkv / sh.n_kv_heads;
+        let k_head = &self.k[bkv * s_n * d..][..s_n * d];
+        let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
+        let mut kt = vec![0.0; s_n * d];
+        transpose_blocks(k_head, d, BLOCK_KV, &mut kt);
+        let mut qh = QueryHead::default();
+        let mut t = Tiles::default();
+        for g in 0..group {
+            let h = (bkv % sh.n_kv_heads) * group + g;
+            self.pack_query_head(b, h, &mut qh);
+            for jb in (chunk..s_n.div_ceil(BLOCK_KV)).step_by(chunks) {
+                let j0 = jb * BLOCK_KV;
+                let keys = (s_n - j0).min(BLOCK_KV);
+                let k_blk = Mat::packed(&k_head[j0 * d..], keys, d);
+                let v_blk = Mat::packed(&v_head[j0 * dv..], keys, dv);
+                let kt_blk = Mat::packed(&kt[j0 * d..], d, keys);
+                let dk_blk = &mut dk[j0 * d..][..keys * d];
+                let dv_blk = &mut dv_out[j0 * dv..][..keys * dv];
+                for i0 in (0..l_n).step_by(BLOCK_Q) {
+                    let rows = (l_n - i0).min(BLOCK_Q);
+                    let visible = self.visible(i0, rows, j0, keys);
+                    if visible == Visible::None {
+                        continue;
+                    }
+                    let blk = Block {
+                        b,
+                        h,
+                        i0,
+                        rows,
+                        j0,
+                        keys,
+                        general: visible == Visible::Part
+                            || self.extras
+                            || self.opt.softcap.is_some()
+                            || self.opt.dropout.is_some(),
+                    };
+                    self.block(
+                        &blk,
+                        &mut qh,
+                        (k_blk, v_blk, kt_blk),
+                        (dk_blk, dv_blk),
+                        &mut t,
+                    );
+                }
+            }
+            // dQ = scale · (dQᵀ)ᵀ, block by block
+            for i0 in (0..l_n).step_by(BLOCK_Q) {
+                let rows = (l_n - i0).min(BLOCK_Q);
+                let dqt = &qh.dqt[i0 * d..][..d * rows];
+                let dq = &mut dq[(g * l_n + i0) * d..][..rows * d];
+                for (x, dqt_row) in dqt.chunks_exact(rows).enumerate() {
+                    for (c, &g) in dqt_row.iter().enumerate() {
+                        dq[c * d + x] += self.scale * g;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Packs query head `(b, h)` into `qh` (see [`QueryHead`]) and zeroes its `dQᵀ`.
+    fn pack_query_head(&self, b: usize, h: usize, qh: &mut QueryHead) {
+        let sh = self.sh;
+        let (d, dv, l_n) = (sh.head_dim, sh.value_dim, sh.seq_q);
+        let row0 = (b * sh.n_heads + h) * l_n;
+        qh.q.clear();
+        (qh.q).extend(
+            self.q[row0 * d..][..l_n * d]
+                .iter()
+                .map(|&x| x * self.scale),
+        );
+        qh.qt.resize(l_n * d, 0.0);
+        transpose_blocks(&qh.q, d, BLOCK_Q, &mut qh.qt);
+        qh.dot.resize(l_n * dv, 0.0);
+        transpose_blocks(
+            &self.dout[row0 * dv..][..l_n * dv],
+            dv,
+            BLOCK_Q,
+            &mut qh.dot,
+        );
+        qh.dqt.clear();
+        qh.dqt.resize(l_n * d, 0.0);
+        qh.lse.clear();
+        qh.lse.extend(self.lse[row0..][..l_n].iter().map(|&x| {
+            if x == f32::NEG_INFINITY {
+                f32::INFINITY
+            } else {
+                x
+            }
+        }));
+    }
+
+    /// How much of keys `j0..j0 + keys` queries `i0..i0 + rows` may see under the causal and
+    /// window rules (whose visible ranges only move right as the query grows).
+    fn visible(&self, i0: usize, rows: usize, j0: usize, keys: usize) -> Visible {
+        let (causal, window, s_n) = (self.opt.causal, self.opt.window, self.sh.seq_kv);
+        let first = key_range(causal, window, self.offset, i0, s_n);
+        let last = key_range(causal, window, self.offset, i0 + rows - 1, s_n);
+        let (lo, hi) = (first.0, last.1);
+        if !(lo < hi && lo < j0 + keys && hi > j0) {
+            Visible::None
+        } else if last.0 <= j0 && first.1 >= j0 + keys {
+            Visible::All
+        } else {
+            Visible::Part
+        }
+    }
+
+    /// One query block against one key block: adds to `dk`, `dv` (`[keys, …]`) and to the
+    /// block's unscaled `dQᵀ` in `qh`.
+    fn block(
+        &self,
+        blk: &Block,
+        qh: &mut QueryHead,
+        (k_blk, v_blk, kt_blk): (Mat<'_>, Mat<'_>, Mat<'_>),
+        (dk, dv_acc): (&mut [f32], &mut [f32]),
+        t: &mut Tiles,
+    ) {
+        let sh = self.sh;
+        let (d, dv) = (sh.head_dim, sh.value_dim);
+        let (i0, rows, keys) = (blk.i0, blk.rows, blk.keys);
+        let row0 = (blk.b * sh.n_heads + blk.h) * sh.seq_q + i0;
+        let kern = self.kernels;
+        let n = rows * keys;
+        t.p.resize(n, 0.0);
+        t.ds.resize(n, 0.0);
+
+        // Sᵀ = K · (scale·Q)ᵀ;  dPᵀ = V · dOᵀ
+        let qt = Mat::packed(&qh.qt[i0 * d..], d, rows);
+        kern.gemm(MatMut::packed(&mut t.p, keys, rows), k_blk, qt, false);
+        let dot = Mat::packed(&qh.dot[i0 * dv..], dv, rows);
+        kern.gemm(MatMut::packed(&mut t.ds, keys, rows), v_blk, dot, false);
+
+        let lse = &qh.lse[i0..][..rows];
+        let delta = &self.delta[row0..][..rows];
+        if blk.general {
+            self.general_lane(blk, lse, delta, t);
+        } else {
+            for (p, ds) in t.p.chunks_exact_mut(rows).zip(t.ds.chunks_exact_mut(rows)) {
+                kern.probs_and_grads(p, ds, lse, delta);
+            }
+        }
+        let p = if self.opt.dropout.is_some() {
+            &t.pz
+        } else {
+            &t.p
+        };
+        let ds = Mat::packed(&t.ds, keys, rows);
+        // dV += (P∘Z)ᵀ · dO
+        let dout = Mat::packed(&self.dout[row0 * dv..], rows, dv);
+        kern.gemm(
+            MatMut::packed(dv_acc, keys, dv),
+            Mat::packed(p, keys, rows),
+            dout,
+            true,
+        );
+        // dK += dSᵀ · (scale·Q)
+        let q = Mat::packed(&qh.q[i0 * d..], rows, d);
+        kern.gemm(MatMut::packed(dk, keys, d), ds, q, true);
+        // dQᵀ += Kᵀ · dSᵀ (the scale comes when it is transposed back)
+        let dqt = MatMut::packed(&mut qh.dqt[i0 * d..], d, rows);
+        kern.gemm(dqt, kt_blk, ds, true);
+    }
+
+    /// Every step between the raw scores and `dS` for a block that the fast lane cannot take:
+    /// softcap, the row rules of the forward pass (on a transposed copy), dropout.
+    fn general_lane(&self, blk: &Block, lse: &[f32], delta: &[f32], t: &mut Tiles) {
+        let Block {
+            b,
+            h,
+            i0,
+            rows,
+            j0,
+            keys,
+            ..
+        } = *blk;
+        let n = rows * keys;
+        if let Some(c) = self.opt.softcap {
+            t.dcap.resize(n, 0.0);
+            softcap(&mut t.p, &mut t.dcap, c);
+        }
+        t.rows.resize(n, 0.0);
+        transpose(&t.p, (keys, rows), &mut t.rows);
+        for (r, row) in t.rows.chunks_exact_mut(keys).enumerate() {
+            self.mask_row((b, h, i0 + r), j0, row);
+        }
+        transpose(&t.rows, (rows, keys), &mut t.p);
+        if let Some(drop) = self.opt.dropout {
+            t.z.resize(n, 0.0);
+            let kept = drop.scale();
+            for (r, z_row) in t.z.chunks_exact_mut(rows).enumerate() {
+                for (i, z) in (i0..).zip(z_row.iter_mut()) {
+                    *z = if drop.keep(b, h, i, j0 + r) {
+                        kept
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            // dP ∘ Z
+            t.ds.iter_mut().zip(&t.z).for_each(|(g, &z)| *g *= z);
+        }
+        for (p, ds) in t.p.chunks_exact_mut(rows).zip(t.ds.chunks_exact_mut(rows)) {
+            self.kernels.probs_and_grads(p, ds, lse, delta);
+        }
+        if self.opt.softcap.is_some() {
+            t.ds.iter_mut().zip(&t.dcap).for_each(|(g, &c)| *g *= c);
+        }
+        if self.opt.dropout.is_some() {
+            t.pz.resize(n, 0.0);
+            for ((pz, &p), &z) in t.pz.iter_mut().zip(&t.p).zip(&t.z) {
+                *pz = p * z;
+            }
+        }
+    }
+
+    /// Steps 3–5 of the forward pass on the (soft-capped) scores of query `i` against keys
+    /// `j0..`: ALiBi, float mask, and every visibility rule; hidden keys become `−∞`.
+    fn mask_row(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
+        let opt = self.opt;
+        if self.extras {
+            let float_mask = opt.float_mask.as_ref().map(|m| (m.data(), m.row(b, h, i)));
+            let bool_mask = opt.bool_mask.as_ref().map(|m| (m.data(), m.row(b, h, i)));
+            let padding = opt.key_padding.as_ref().map(|kp| kp.row(b));
+            let slope = opt.alibi.as_ref().map(|s| s[h]);
+            for (j, x) in (j0..).zip(row.iter_mut()) {
+                if let Some(slope) = slope {
+                    let dist = (i as isize + self.offset - j as isize).unsigned_abs();
+                    *x -= slope * dist as f32;
+                }
+                if let Some((data, (off, stride))) = float_mask {
+                    *x += data[off + j * stride];
+                }
+                let visible = bool_mask.is_none_or(|(data, (off, stride))| data[off + j * stride])
+                    && padding.is_none_or(|real| real[j]);
+                if !visible {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let (lo, hi) = key_range(opt.causal, opt.window, self.offset, i, self.sh.seq_kv);
+        let end = j0 + row.len();
+        let (lo, hi) = (lo.clamp(j0, end) - j0, hi.clamp(j0, end) - j0);
+        row[..lo].fill(f32::NEG_INFINITY);
+        row[hi.max(lo)..].fill(f32::NEG_INFINITY);
+    }
+}
+
+/// Soft-caps raw scores in place, `s ← c·tanh(s/c)`, keeping the derivative `1 − tanh²(s/c)`.
+fn softcap(s: &mut [f32], dcap: &mut [f32], c: f32) {
+    for (x, g) in s.iter_mut().zip(dcap.iter_mut()) {
+        let t = (*x / c).tanh();
+        *x = c * t;
+        *g = 1.0 - t * t;
+    }
+}

@@ -1,0 +1,121 @@
+//! The plain twin of the backward pass: one query row at a time, with its own softmax and no
+//! saved state, every rule of `shared/golden/README.md` in order. Slow and simple, to check
+//! the fast path against.
+
+use super::{Grads, validate};
+use crate::mask::{diagonal_offset, key_range};
+use crate::{AttnError, AttnInput, AttnOptions};
+
+/// Gradients of `sum(out · dout)` computed the plain way: one query row at a time, with its
+/// own softmax (no saved `out` or `lse`), every rule of `shared/golden/README.md` in order.
+///
+/// # Shapes
+/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
+/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
+/// - `dout`: `[batch, n_heads, seq_q, value_dim]`
+/// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`.
+///
+/// # Errors
+/// As [`sdpa_backward`].
+pub fn sdpa_backward_reference(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    dout: &[f32],
+) -> Result<Grads, AttnError> {
+    validate(input, options, None, dout)?;
+    let sh = input.shape;
+    let (s_n, d, dv) = (sh.seq_kv, sh.head_dim, sh.value_dim);
+    let scale = options.scale_for(&sh);
+    let offset = diagonal_offset(options.causal, sh.seq_q, s_n);
+    let mut g = Grads {
+        dq: vec![0.0; input.q.len()],
+        dk: vec![0.0; input.k.len()],
+        dv: vec![0.0; input.v.len()],
+    };
+    // Per key of one row: score, visibility, d(capped)/d(raw), P, dropout factor Z, dP.
+    let (mut s, mut vis, mut dcap) = (vec![0.0f32; s_n], vec![false; s_n], vec![1.0f32; s_n]);
+    let (mut p, mut z, mut dp) = (vec![0.0f32; s_n], vec![1.0f32; s_n], vec![0.0f32; s_n]);
+    for b in 0..sh.batch {
+        for h in 0..sh.n_heads {
+            let kv = b * sh.n_kv_heads + sh.kv_head(h);
+            for i in 0..sh.seq_q {
+                let row = (b * sh.n_heads + h) * sh.seq_q + i;
+                let q_row = &input.q[row * d..][..d];
+                let do_row = &dout[row * dv..][..dv];
+                let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
+                for j in 0..s_n {
+                    let k_row = &input.k[(kv * s_n + j) * d..][..d];
+                    let mut x = scale * dot(q_row, k_row);
+                    if let Some(c) = options.softcap {
+                        let t = (x / c).tanh();
+                        x = c * t;
+                        dcap[j] = 1.0 - t * t;
+                    }
+                    if let Some(slopes) = &options.alibi {
+                        let dist = (i as isize + offset - j as isize).unsigned_abs();
+                        x -= slopes[h] * dist as f32;
+                    }
+                    if let Some(m) = &options.float_mask {
+                        x += m.at(b, h, i, j);
+                    }
+                    s[j] = x;
+                    vis[j] = j >= lo
+                        && j < hi
+                        && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
+                        && (options.key_padding.as_ref()).is_none_or(|kp| kp.is_real(b, j));
+                    z[j] = match options.dropout {
+                        Some(drop) if drop.keep(b, h, i, j) => drop.scale(),
+                        Some(_) => 0.0,
+                        None => 1.0,
+                    };
+                }
+                let max = (0..s_n)
+                    .filter(|&j| vis[j])
+                    .map(|j| s[j])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                if max == f32::NEG_INFINITY {
+                    continue; // nothing visible: the output is 0 whatever the inputs
+                }
+                let sum: f32 = (0..s_n)
+                    .filter(|&j| vis[j])
+                    .map(|j| (s[j] - max).exp())
+                    .sum();
+                for j in 0..s_n {
+                    p[j] = if vis[j] {
+                        (s[j] - max).exp() / sum
+                    } else {
+                        0.0
+                    };
+                    // out = Σ_j P_j·Z_j·v_j, so ∂/∂P_j = Z_j·(dout·v_j)
+                    dp[j] = z[j] * dot(do_row, &input.v[(kv * s_n + j) * dv..][..dv]);
+                }
+                // Softmax backward: dS_j = P_j·(dP_j − Σ_k P_k·dP_k)
+                let delta: f32 = (0..s_n).map(|j| p[j] * dp[j]).sum();
+                for j in 0..s_n {
+                    if p[j] == 0.0 {
+                        continue;
+                    }
+                    let ds = p[j] * (dp[j] - delta) * dcap[j] * scale;
+                    let k_at = (kv * s_n + j) * d;
+                    let k_row = &input.k[k_at..][..d];
+                    for (dq, &kx) in g.dq[row * d..][..d].iter_mut().zip(k_row) {
+                        *dq += ds * kx;
+                    }
+                    for (dk, &qx) in g.dk[k_at..][..d].iter_mut().zip(q_row) {
+                        *dk += ds * qx;
+                    }
+                    let w = p[j] * z[j];
+                    for (dvx, &o) in g.dv[(kv * s_n + j) * dv..][..dv].iter_mut().zip(do_row) {
+                        *dvx += w * o;
+                    }
+                }
+            }
+        }
+    }
+    Ok(g)
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
