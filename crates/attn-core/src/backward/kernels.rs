@@ -1,9 +1,94 @@
-//! The kernels of the backward pass: `C (+)= A·B` on row-major blocks, and the elementwise
-//! steps. Each has a portable build and an AVX-512 one (see `avx512.rs`), picked per call by
-//! [`Kernels`].
+//! The kernels of the backward pass: `C (+)= A·B` on row-major blocks (with `A` row-major or
+//! packed in panels of [`MR`] rows), and the elementwise steps. Each has a portable build and
+//! an AVX-512 one (see `avx512.rs`), picked per call by [`Kernels`].
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
+
+/// Rows of `C` per register tile of the AVX-512 GEMM, and rows per panel of a [`Panels`].
+pub(super) const MR: usize = 6;
+
+/// A growable f32 buffer whose first element sits on a 64-byte boundary (a cache line), so
+/// that rows of 16·k values load without splitting lines. Growing it may move the contents:
+/// callers overwrite (or zero) what they use.
+#[derive(Default)]
+pub(super) struct Aligned {
+    buf: Vec<f32>,
+    off: usize,
+}
+
+impl Aligned {
+    /// Makes room for `n` values and returns them.
+    pub(super) fn get(&mut self, n: usize) -> &mut [f32] {
+        if self.buf.len() < n + 16 {
+            self.buf.resize(n + 16, 0.0);
+            // In f32 units; `align_offset` may in principle give up (usize::MAX): then 0.
+            let off = self.buf.as_ptr().align_offset(64);
+            self.off = if off < 16 { off } else { 0 };
+        }
+        &mut self.buf[self.off..][..n]
+    }
+
+    /// The first `n` values (as last made room for by [`Aligned::get`]).
+    pub(super) fn view(&self, n: usize) -> &[f32] {
+        &self.buf[self.off..][..n]
+    }
+}
+
+/// An `A` operand packed for the GEMM: rows in panels of [`MR`] (the last may hold fewer),
+/// each panel `[cols, panel rows]`, so one column of a panel is contiguous. Panel `r0 / MR`
+/// starts at `r0 · cols`.
+#[derive(Clone, Copy)]
+pub(super) struct Panels<'a> {
+    pub(super) data: &'a [f32],
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+}
+
+impl<'a> Panels<'a> {
+    /// Views `data`, filled by [`pack_panels`], as a packed `rows × cols` operand.
+    ///
+    /// # Panics
+    /// When `data` is shorter than `rows · cols`.
+    pub(super) fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        assert!(data.len() >= rows * cols, "panels out of bounds");
+        Panels { data, rows, cols }
+    }
+}
+
+/// Packs the `rows × cols` matrix whose element `(r, p)` is `at(r, p)` into `dst` as
+/// [`Panels`].
+pub(super) fn pack_panels(
+    (rows, cols): (usize, usize),
+    at: impl Fn(usize, usize) -> f32,
+    dst: &mut [f32],
+) {
+    for r0 in (0..rows).step_by(MR) {
+        let n = (rows - r0).min(MR);
+        let panel = &mut dst[r0 * cols..][..n * cols];
+        for (p, col) in panel.chunks_exact_mut(n).enumerate() {
+            for (r, x) in col.iter_mut().enumerate() {
+                *x = at(r0 + r, p);
+            }
+        }
+    }
+}
+
+/// The `A` of a GEMM: row-major, or packed in panels.
+#[derive(Clone, Copy)]
+pub(super) enum Lhs<'a> {
+    Rows(Mat<'a>),
+    Panels(Panels<'a>),
+}
+
+impl Lhs<'_> {
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            Lhs::Rows(m) => (m.rows, m.cols),
+            Lhs::Panels(p) => (p.rows, p.cols),
+        }
+    }
+}
 
 /// A row-major `rows × cols` matrix inside `data`, rows `ld` apart.
 #[derive(Clone, Copy)]
@@ -97,9 +182,10 @@ impl Kernels {
     ///
     /// # Panics
     /// When the shapes disagree (a bug in the caller).
-    pub(super) fn gemm(self, c: MatMut<'_>, a: Mat<'_>, b: Mat<'_>, accumulate: bool) {
+    pub(super) fn gemm(self, c: MatMut<'_>, a: Lhs<'_>, b: Mat<'_>, accumulate: bool) {
+        let (m, k) = a.shape();
         assert!(
-            a.rows == c.rows && b.cols == c.cols && a.cols == b.rows,
+            m == c.rows && b.cols == c.cols && k == b.rows,
             "gemm shapes disagree"
         );
         match self {
@@ -127,14 +213,22 @@ impl Kernels {
 }
 
 /// `C (+)= A · B`, one row of `C` at a time.
-fn gemm_portable(c: MatMut<'_>, a: Mat<'_>, b: Mat<'_>, accumulate: bool) {
+fn gemm_portable(c: MatMut<'_>, a: Lhs<'_>, b: Mat<'_>, accumulate: bool) {
     let n = c.cols;
+    let k = b.rows;
     for r in 0..c.rows {
         let c_row = &mut c.data[r * c.ld..][..n];
         if !accumulate {
             c_row.fill(0.0);
         }
-        for (p, &x) in a.data[r * a.ld..][..a.cols].iter().enumerate() {
+        for p in 0..k {
+            let x = match a {
+                Lhs::Rows(a) => a.data[r * a.ld + p],
+                Lhs::Panels(a) => {
+                    let r0 = r - r % MR;
+                    a.data[r0 * k + p * (a.rows - r0).min(MR) + r % MR]
+                }
+            };
             for (cv, &bv) in c_row.iter_mut().zip(&b.data[p * b.ld..][..n]) {
                 *cv += x * bv;
             }
@@ -222,46 +316,60 @@ mod tests {
             let a: Vec<f32> = (0..m * lda).map(value).collect();
             let b: Vec<f32> = (0..k * ldb).map(|i| value(i + 11)).collect();
             let c0: Vec<f32> = (0..m * ldc).map(|i| value(i + 5)).collect();
-            for accumulate in [false, true] {
-                for kern in builds.into_iter().flatten() {
-                    let mut c = c0.clone();
-                    let cm = MatMut {
-                        data: &mut c,
-                        rows: m,
-                        cols: n,
-                        ld: ldc,
-                    };
-                    kern.gemm(
-                        cm,
-                        Mat::new(&a, m, k, lda),
-                        Mat::new(&b, k, n, ldb),
-                        accumulate,
-                    );
-                    for r in 0..m {
-                        for col in 0..ldc {
-                            let got = c[r * ldc + col];
-                            if col >= n {
-                                assert_eq!(got, c0[r * ldc + col], "{kern:?} wrote past the row");
-                                continue;
-                            }
-                            let mut want = if accumulate {
-                                f64::from(c0[r * ldc + col])
-                            } else {
-                                0.0
-                            };
-                            for p in 0..k {
-                                want += f64::from(a[r * lda + p]) * f64::from(b[p * ldb + col]);
-                            }
-                            // k products of magnitude < 2.3, each rounded once: < k·2.3·6e-8.
-                            let tol = 1e-6 * (k as f64 + 1.0);
-                            assert!(
-                                (f64::from(got) - want).abs() <= tol,
-                                "{kern:?} {m}×{n}×{k} at ({r}, {col}): got {got}, want {want}"
-                            );
+            let mut panels = vec![0.0; m * k];
+            pack_panels((m, k), |r, p| a[r * lda + p], &mut panels);
+            let lhs = [
+                Lhs::Rows(Mat::new(&a, m, k, lda)),
+                Lhs::Panels(Panels::new(&panels, m, k)),
+            ];
+            let runs = builds
+                .into_iter()
+                .flatten()
+                .flat_map(|b| lhs.map(|l| (b, l)));
+            for (accumulate, (kern, lhs)) in runs.flat_map(|r| [(false, r), (true, r)]) {
+                let mut c = c0.clone();
+                let cm = MatMut {
+                    data: &mut c,
+                    rows: m,
+                    cols: n,
+                    ld: ldc,
+                };
+                kern.gemm(cm, lhs, Mat::new(&b, k, n, ldb), accumulate);
+                for r in 0..m {
+                    for col in 0..ldc {
+                        let got = c[r * ldc + col];
+                        if col >= n {
+                            assert_eq!(got, c0[r * ldc + col], "{kern:?} wrote past the row");
+                            continue;
                         }
+                        let mut want = if accumulate {
+                            f64::from(c0[r * ldc + col])
+                        } else {
+                            0.0
+                        };
+                        for p in 0..k {
+                            want += f64::from(a[r * lda + p]) * f64::from(b[p * ldb + col]);
+                        }
+                        // k products of magnitude < 2.3, each rounded once: < k·2.3·6e-8.
+                        let tol = 1e-6 * (k as f64 + 1.0);
+                        assert!(
+                            (f64::from(got) - want).abs() <= tol,
+                            "{kern:?} {m}×{n}×{k} at ({r}, {col}): got {got}, want {want}"
+                        );
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn aligned_buffers_start_on_a_cache_line() {
+        let mut buf = Aligned::default();
+        for n in [1, 100, 5000, 3] {
+            let x = buf.get(n);
+            assert_eq!((x.len(), x.as_ptr() as usize % 64), (n, 0));
+            x.fill(n as f32);
+            assert!(buf.view(n).iter().all(|&v| v == n as f32));
         }
     }
 

@@ -48,12 +48,15 @@ use crate::fused::Isa;
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::check_len;
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape};
-use kernels::{Kernels, Mat, MatMut};
+use kernels::{Aligned, Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
 /// Keys per block: the rows of the transposed tiles.
 const BLOCK_KV: usize = 64;
 /// Queries per block: the columns of the transposed tiles.
 const BLOCK_Q: usize = 64;
+/// Query blocks per group: a group's packed queries (five `[BLOCK_Q, head_dim]` arrays per
+/// block, 640 KB at head_dim 64) stay in L2 while every key block meets them.
+const Q_GROUP: usize = 8;
 /// Tasks per rayon thread that the split over key blocks aims for.
 const TASKS_PER_THREAD: usize = 4;
 
@@ -220,12 +223,14 @@ pub fn sdpa_backward_with(
             .zip(grads.dk.par_chunks_mut(lens.1))
             .zip(grads.dv.par_chunks_mut(lens.2))
             .enumerate()
-            .for_each(|(bkv, ((dq, dk), dv))| plan.task(bkv, (0, 1), (dq, dk, dv)));
+            .for_each_init(Scratch::default, |s, (bkv, ((dq, dk), dv))| {
+                plan.task(bkv, (0, 1), (dq, dk, dv), s)
+            });
     } else {
         // Several tasks per head, each with its own sums, added up afterwards.
         let parts: Vec<Grads> = (0..heads * chunks)
             .into_par_iter()
-            .map(|t| {
+            .map_init(Scratch::default, |s, t| {
                 let mut g = Grads {
                     dq: vec![0.0; lens.0],
                     dk: vec![0.0; lens.1],
@@ -235,6 +240,7 @@ pub fn sdpa_backward_with(
                     t / chunks,
                     (t % chunks, chunks),
                     (&mut g.dq, &mut g.dk, &mut g.dv),
+                    s,
                 );
                 g
             })
@@ -272,32 +278,58 @@ struct Plan<'a> {
     delta: &'a [f32],
 }
 
+/// A thread's buffers, reused by the tasks it runs.
+#[derive(Default)]
+struct Scratch {
+    qh: QueryHead,
+    kh: KeyHead,
+    t: Tiles,
+}
+
 /// One query head packed for a task; blocks are laid out one after the other, block `ib`
 /// (queries `ib·BLOCK_Q..`, `rows` of them) at `ib·BLOCK_Q·width`.
 #[derive(Default)]
 struct QueryHead {
     /// `scale · q`, `[seq_q, head_dim]`.
-    q: Vec<f32>,
+    q: Aligned,
+    /// `dout`, `[seq_q, value_dim]`.
+    dout: Aligned,
     /// `(scale · q)ᵀ` by blocks, `[head_dim, rows]` each.
-    qt: Vec<f32>,
+    qt: Aligned,
     /// `doutᵀ` by blocks, `[value_dim, rows]` each.
-    dot: Vec<f32>,
+    dot: Aligned,
     /// The unscaled `dQᵀ` being summed, by blocks, `[head_dim, rows]` each.
-    dqt: Vec<f32>,
+    dqt: Aligned,
     /// The saved `lse`, `[seq_q]`, with `−∞` (a row that saw no key) as `+∞`, so that
     /// `e^(s − lse)` is 0 for every key without a branch.
     lse: Vec<f32>,
+}
+
+/// One key/value head packed for a task, by key blocks: block `jb` (keys `jb·BLOCK_KV..`,
+/// `keys` of them) at `jb·BLOCK_KV·width`, as [`Panels`] for the GEMMs' `A`.
+#[derive(Default)]
+struct KeyHead {
+    /// `K`, `[keys, head_dim]` each.
+    k: Aligned,
+    /// `V`, `[keys, value_dim]` each.
+    v: Aligned,
+    /// `Kᵀ`, `[head_dim, keys]` each.
+    kt: Aligned,
+    /// The unscaled `dK` being summed, `[seq_kv, head_dim]`.
+    dk: Aligned,
+    /// The `dV` being summed, `[seq_kv, value_dim]`.
+    dv: Aligned,
 }
 
 /// Per-task tiles, `[keys, queries]` each, reused across blocks.
 #[derive(Default)]
 struct Tiles {
     /// `Sᵀ`, then `Pᵀ`.
-    p: Vec<f32>,
+    p: Aligned,
     /// `dPᵀ`, then `dSᵀ`.
-    ds: Vec<f32>,
+    ds: Aligned,
     /// `(P ∘ Z)ᵀ` under dropout.
-    pz: Vec<f32>,
+    pz: Aligned,
     /// The dropout factors `Zᵀ`.
     z: Vec<f32>,
     /// `1 − tanh²(s/c)` under a softcap.
@@ -356,60 +388,34 @@ impl Plan<'_> {
         &self,
         bkv: usize,
         (chunk, chunks): (usize, usize),
-        (dq, dk, dv_out): (&mut [f32], &mut [f32], &mut [f32]),
+        (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
+        scratch: &mut Scratch,
     ) {
         let sh = self.sh;
-        let (d, dv, s_n, l_n) = (sh.head_dim, sh.value_dim, sh.seq_kv, sh.seq_q);
+        let (d, l_n) = (sh.head_dim, sh.seq_q);
         let group = sh.group_size();
         let b = bkv / sh.n_kv_heads;
-        let k_head = &self.k[bkv * s_n * d..][..s_n * d];
-        let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
-        let mut kt = vec![0.0; s_n * d];
-        transpose_blocks(k_head, d, BLOCK_KV, &mut kt);
-        let mut qh = QueryHead::default();
-        let mut t = Tiles::default();
+        let key_blocks: Vec<usize> = (chunk..sh.seq_kv.div_ceil(BLOCK_KV))
+            .step_by(chunks)
+            .collect();
+        let Scratch { qh, kh, t } = scratch;
+        self.pack_key_head(bkv, &key_blocks, kh);
         for g in 0..group {
             let h = (bkv % sh.n_kv_heads) * group + g;
-            self.pack_query_head(b, h, &mut qh);
-            for jb in (chunk..s_n.div_ceil(BLOCK_KV)).step_by(chunks) {
-                let j0 = jb * BLOCK_KV;
-                let keys = (s_n - j0).min(BLOCK_KV);
-                let k_blk = Mat::packed(&k_head[j0 * d..], keys, d);
-                let v_blk = Mat::packed(&v_head[j0 * dv..], keys, dv);
-                let kt_blk = Mat::packed(&kt[j0 * d..], d, keys);
-                let dk_blk = &mut dk[j0 * d..][..keys * d];
-                let dv_blk = &mut dv_out[j0 * dv..][..keys * dv];
-                for i0 in (0..l_n).step_by(BLOCK_Q) {
-                    let rows = (l_n - i0).min(BLOCK_Q);
-                    let visible = self.visible(i0, rows, j0, keys);
-                    if visible == Visible::None {
-                        continue;
+            self.pack_query_head(b, h, qh);
+            // A group of query blocks stays in L2 while the key blocks stream past it.
+            for g0 in (0..l_n).step_by(BLOCK_Q * Q_GROUP) {
+                for &jb in &key_blocks {
+                    for i0 in (g0..l_n.min(g0 + BLOCK_Q * Q_GROUP)).step_by(BLOCK_Q) {
+                        self.block((b, h), (i0, jb), qh, kh, t);
                     }
-                    let blk = Block {
-                        b,
-                        h,
-                        i0,
-                        rows,
-                        j0,
-                        keys,
-                        general: visible == Visible::Part
-                            || self.extras
-                            || self.opt.softcap.is_some()
-                            || self.opt.dropout.is_some(),
-                    };
-                    self.block(
-                        &blk,
-                        &mut qh,
-                        (k_blk, v_blk, kt_blk),
-                        (dk_blk, dv_blk),
-                        &mut t,
-                    );
                 }
             }
             // dQ = scale · (dQᵀ)ᵀ, block by block
+            let dqt = qh.dqt.view(l_n * d);
             for i0 in (0..l_n).step_by(BLOCK_Q) {
                 let rows = (l_n - i0).min(BLOCK_Q);
-                let dqt = &qh.dqt[i0 * d..][..d * rows];
+                let dqt = &dqt[i0 * d..][..d * rows];
                 let dq = &mut dq[(g * l_n + i0) * d..][..rows * d];
                 for (x, dqt_row) in dqt.chunks_exact(rows).enumerate() {
                     for (c, &g) in dqt_row.iter().enumerate() {
@@ -418,6 +424,35 @@ impl Plan<'_> {
                 }
             }
         }
+        let (dv_n, s_n) = (sh.value_dim, sh.seq_kv);
+        let (kh_dk, kh_dv) = (kh.dk.view(s_n * d), kh.dv.view(s_n * dv_n));
+        for &jb in &key_blocks {
+            let (j0, keys) = (jb * BLOCK_KV, (s_n - jb * BLOCK_KV).min(BLOCK_KV));
+            for (dst, src, width) in [(&mut *dk, kh_dk, d), (&mut *dv, kh_dv, dv_n)] {
+                let at = j0 * width..(j0 + keys) * width;
+                for (x, &y) in dst[at.clone()].iter_mut().zip(&src[at]) {
+                    *x += y;
+                }
+            }
+        }
+    }
+
+    /// Packs key/value head `bkv` into `kh` (see [`KeyHead`]) for the task that owns key
+    /// blocks `blocks`, and zeroes its sums.
+    fn pack_key_head(&self, bkv: usize, blocks: &[usize], kh: &mut KeyHead) {
+        let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
+        let k_head = &self.k[bkv * s_n * d..][..s_n * d];
+        let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
+        let (k, v, kt) = (kh.k.get(s_n * d), kh.v.get(s_n * dv), kh.kt.get(s_n * d));
+        for &jb in blocks {
+            let (j0, keys) = (jb * BLOCK_KV, (s_n - jb * BLOCK_KV).min(BLOCK_KV));
+            let (k_blk, v_blk) = (&k_head[j0 * d..], &v_head[j0 * dv..]);
+            pack_panels((keys, d), |r, x| k_blk[r * d + x], &mut k[j0 * d..]);
+            pack_panels((keys, dv), |r, x| v_blk[r * dv + x], &mut v[j0 * dv..]);
+            pack_panels((d, keys), |x, r| k_blk[r * d + x], &mut kt[j0 * d..]);
+        }
+        kh.dk.get(s_n * d).fill(0.0);
+        kh.dv.get(s_n * dv).fill(0.0);
     }
 
     /// Packs query head `(b, h)` into `qh` (see [`QueryHead`]) and zeroes its `dQᵀ`.
@@ -425,23 +460,15 @@ impl Plan<'_> {
         let sh = self.sh;
         let (d, dv, l_n) = (sh.head_dim, sh.value_dim, sh.seq_q);
         let row0 = (b * sh.n_heads + h) * l_n;
-        qh.q.clear();
-        (qh.q).extend(
-            self.q[row0 * d..][..l_n * d]
-                .iter()
-                .map(|&x| x * self.scale),
-        );
-        qh.qt.resize(l_n * d, 0.0);
-        transpose_blocks(&qh.q, d, BLOCK_Q, &mut qh.qt);
-        qh.dot.resize(l_n * dv, 0.0);
-        transpose_blocks(
-            &self.dout[row0 * dv..][..l_n * dv],
-            dv,
-            BLOCK_Q,
-            &mut qh.dot,
-        );
-        qh.dqt.clear();
-        qh.dqt.resize(l_n * d, 0.0);
+        let q = qh.q.get(l_n * d);
+        for (x, &y) in q.iter_mut().zip(&self.q[row0 * d..][..l_n * d]) {
+            *x = y * self.scale;
+        }
+        transpose_blocks(q, d, BLOCK_Q, qh.qt.get(l_n * d));
+        let dout = qh.dout.get(l_n * dv);
+        dout.copy_from_slice(&self.dout[row0 * dv..][..l_n * dv]);
+        transpose_blocks(dout, dv, BLOCK_Q, qh.dot.get(l_n * dv));
+        qh.dqt.get(l_n * d).fill(0.0);
         qh.lse.clear();
         qh.lse.extend(self.lse[row0..][..l_n].iter().map(|&x| {
             if x == f32::NEG_INFINITY {
@@ -468,59 +495,75 @@ impl Plan<'_> {
         }
     }
 
-    /// One query block against one key block: adds to `dk`, `dv` (`[keys, …]`) and to the
-    /// block's unscaled `dQᵀ` in `qh`.
+    /// Query block `i0..` of head `(b, h)` against key block `jb`: adds to the key block's
+    /// `dK` and `dV` sums in `kh` and to the query block's unscaled `dQᵀ` in `qh`.
     fn block(
         &self,
-        blk: &Block,
+        (b, h): (usize, usize),
+        (i0, jb): (usize, usize),
         qh: &mut QueryHead,
-        (k_blk, v_blk, kt_blk): (Mat<'_>, Mat<'_>, Mat<'_>),
-        (dk, dv_acc): (&mut [f32], &mut [f32]),
+        kh: &mut KeyHead,
         t: &mut Tiles,
     ) {
         let sh = self.sh;
-        let (d, dv) = (sh.head_dim, sh.value_dim);
-        let (i0, rows, keys) = (blk.i0, blk.rows, blk.keys);
-        let row0 = (blk.b * sh.n_heads + blk.h) * sh.seq_q + i0;
+        let (d, dv, l_n, s_n) = (sh.head_dim, sh.value_dim, sh.seq_q, sh.seq_kv);
+        let (rows, j0) = ((l_n - i0).min(BLOCK_Q), jb * BLOCK_KV);
+        let keys = (s_n - j0).min(BLOCK_KV);
+        let visible = self.visible(i0, rows, j0, keys);
+        if visible == Visible::None {
+            return;
+        }
+        let blk = Block {
+            b,
+            h,
+            i0,
+            rows,
+            j0,
+            keys,
+            general: visible == Visible::Part
+                || self.extras
+                || self.opt.softcap.is_some()
+                || self.opt.dropout.is_some(),
+        };
+        let row0 = (b * sh.n_heads + h) * l_n + i0;
         let kern = self.kernels;
         let n = rows * keys;
-        t.p.resize(n, 0.0);
-        t.ds.resize(n, 0.0);
+        let k_blk = Lhs::Panels(Panels::new(&kh.k.view(s_n * d)[j0 * d..], keys, d));
+        let v_blk = Lhs::Panels(Panels::new(&kh.v.view(s_n * dv)[j0 * dv..], keys, dv));
+        let kt_blk = Lhs::Panels(Panels::new(&kh.kt.view(s_n * d)[j0 * d..], d, keys));
 
         // Sᵀ = K · (scale·Q)ᵀ;  dPᵀ = V · dOᵀ
-        let qt = Mat::packed(&qh.qt[i0 * d..], d, rows);
-        kern.gemm(MatMut::packed(&mut t.p, keys, rows), k_blk, qt, false);
-        let dot = Mat::packed(&qh.dot[i0 * dv..], dv, rows);
-        kern.gemm(MatMut::packed(&mut t.ds, keys, rows), v_blk, dot, false);
+        let qt = Mat::packed(&qh.qt.view(l_n * d)[i0 * d..], d, rows);
+        kern.gemm(MatMut::packed(t.p.get(n), keys, rows), k_blk, qt, false);
+        let dot = Mat::packed(&qh.dot.view(l_n * dv)[i0 * dv..], dv, rows);
+        kern.gemm(MatMut::packed(t.ds.get(n), keys, rows), v_blk, dot, false);
 
         let lse = &qh.lse[i0..][..rows];
         let delta = &self.delta[row0..][..rows];
         if blk.general {
-            self.general_lane(blk, lse, delta, t);
+            self.general_lane(&blk, lse, delta, t);
         } else {
-            for (p, ds) in t.p.chunks_exact_mut(rows).zip(t.ds.chunks_exact_mut(rows)) {
+            let (p, ds) = (t.p.get(n), t.ds.get(n));
+            for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
                 kern.probs_and_grads(p, ds, lse, delta);
             }
         }
         let p = if self.opt.dropout.is_some() {
-            &t.pz
+            t.pz.view(n)
         } else {
-            &t.p
+            t.p.view(n)
         };
-        let ds = Mat::packed(&t.ds, keys, rows);
+        let ds = Mat::packed(t.ds.view(n), keys, rows);
         // dV += (P∘Z)ᵀ · dO
-        let dout = Mat::packed(&self.dout[row0 * dv..], rows, dv);
-        kern.gemm(
-            MatMut::packed(dv_acc, keys, dv),
-            Mat::packed(p, keys, rows),
-            dout,
-            true,
-        );
+        let dout = Mat::packed(&qh.dout.view(l_n * dv)[i0 * dv..], rows, dv);
+        let dv_acc = MatMut::packed(&mut kh.dv.get(s_n * dv)[j0 * dv..], keys, dv);
+        kern.gemm(dv_acc, Lhs::Rows(Mat::packed(p, keys, rows)), dout, true);
         // dK += dSᵀ · (scale·Q)
-        let q = Mat::packed(&qh.q[i0 * d..], rows, d);
-        kern.gemm(MatMut::packed(dk, keys, d), ds, q, true);
+        let q = Mat::packed(&qh.q.view(l_n * d)[i0 * d..], rows, d);
+        let dk_acc = MatMut::packed(&mut kh.dk.get(s_n * d)[j0 * d..], keys, d);
+        kern.gemm(dk_acc, Lhs::Rows(ds), q, true);
         // dQᵀ += Kᵀ · dSᵀ (the scale comes when it is transposed back)
-        let dqt = MatMut::packed(&mut qh.dqt[i0 * d..], d, rows);
+        let dqt = MatMut::packed(&mut qh.dqt.get(l_n * d)[i0 * d..], d, rows);
         kern.gemm(dqt, kt_blk, ds, true);
     }
 
@@ -537,16 +580,17 @@ impl Plan<'_> {
             ..
         } = *blk;
         let n = rows * keys;
+        let (p, ds) = (t.p.get(n), t.ds.get(n));
         if let Some(c) = self.opt.softcap {
             t.dcap.resize(n, 0.0);
-            softcap(&mut t.p, &mut t.dcap, c);
+            softcap(p, &mut t.dcap, c);
         }
         t.rows.resize(n, 0.0);
-        transpose(&t.p, (keys, rows), &mut t.rows);
+        transpose(p, (keys, rows), &mut t.rows);
         for (r, row) in t.rows.chunks_exact_mut(keys).enumerate() {
             self.mask_row((b, h, i0 + r), j0, row);
         }
-        transpose(&t.rows, (rows, keys), &mut t.p);
+        transpose(&t.rows, (rows, keys), p);
         if let Some(drop) = self.opt.dropout {
             t.z.resize(n, 0.0);
             let kept = drop.scale();
@@ -560,17 +604,16 @@ impl Plan<'_> {
                 }
             }
             // dP ∘ Z
-            t.ds.iter_mut().zip(&t.z).for_each(|(g, &z)| *g *= z);
+            ds.iter_mut().zip(&t.z).for_each(|(g, &z)| *g *= z);
         }
-        for (p, ds) in t.p.chunks_exact_mut(rows).zip(t.ds.chunks_exact_mut(rows)) {
+        for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
             self.kernels.probs_and_grads(p, ds, lse, delta);
         }
         if self.opt.softcap.is_some() {
-            t.ds.iter_mut().zip(&t.dcap).for_each(|(g, &c)| *g *= c);
+            ds.iter_mut().zip(&t.dcap).for_each(|(g, &c)| *g *= c);
         }
         if self.opt.dropout.is_some() {
-            t.pz.resize(n, 0.0);
-            for ((pz, &p), &z) in t.pz.iter_mut().zip(&t.p).zip(&t.z) {
+            for ((pz, &p), &z) in t.pz.get(n).iter_mut().zip(&*p).zip(&t.z) {
                 *pz = p * z;
             }
         }
