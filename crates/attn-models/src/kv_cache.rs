@@ -7,6 +7,11 @@
 //! Attention runs once per head on that head's filled rows, `[seq_kv, head_dim]`, which are
 //! contiguous in this layout.
 //!
+//! A step that feeds one token multiplies one row by every weight matrix: a matrix-vector
+//! product that streams each weight once, which [`matvec`] does at memory speed on all threads
+//! (a general GEMM spends most of its time packing for a single row). Feeding several tokens
+//! (the prompt) goes through the model's GEMMs.
+//!
 //! New tokens attend to every cached token and to each other with a bottom-right aligned
 //! causal mask ([`Causal::BottomRight`]): the last query sees every key, as in transformers'
 //! `GPT2Attention` with `layer_past`
@@ -18,7 +23,7 @@ use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 use rayon::prelude::*;
 
 use crate::model::parallelism;
-use crate::ops::{bias_activation, gemm_bt, residual_bias_add};
+use crate::ops::{Linear, WeightLayout, bias_activation, gemm_bt, residual_bias_add};
 use crate::{Model, ModelError, ModelKind};
 
 /// Keys and values of every layer of one model for the tokens fed so far.
@@ -157,9 +162,25 @@ impl<'m> KvCache<'m> {
         let n_layers = weights.layers.len();
         let mut last_layer_attention = None;
 
+        // `y = x·W` (no bias) and `y = act(x·W + b)` for the fed rows.
+        let linear = |layer: &Linear, x: &[f32], y: &mut [f32]| {
+            if new == 1 {
+                matvec(layer, x, y);
+            } else {
+                layer.matmul(x, y, par);
+            }
+        };
+        let linear_activation = |layer: &Linear, x: &[f32], y: &mut [f32]| {
+            if new == 1 {
+                matvec(layer, x, y);
+                bias_activation(y, &layer.bias, Some(c.activation));
+            } else {
+                layer.matmul_activation(x, y, c.activation, par);
+            }
+        };
         for (l, layer) in weights.layers.iter().enumerate() {
             layer.norm_attn.apply_into(&hidden, &mut normed);
-            layer.qkv.matmul(&normed, &mut qkv, par);
+            linear(&layer.qkv, &normed, &mut qkv);
             bias_activation(&mut qkv, &layer.qkv.bias, None);
             let kv = [&mut self.keys[l][..], &mut self.values[l][..]];
             scatter_qkv(&qkv, (new, n_heads, d), &mut q, kv, (past, self.capacity));
@@ -179,14 +200,12 @@ impl<'m> KvCache<'m> {
             if want_weights {
                 last_layer_attention = Some(head_average(&attended, new * total));
             }
-            layer.attn_out.matmul(&context, &mut sublayer, par);
+            linear(&layer.attn_out, &context, &mut sublayer);
             residual_bias_add(&mut hidden, &sublayer, &layer.attn_out.bias);
 
             layer.norm_ff.apply_into(&hidden, &mut normed);
-            layer
-                .ff_in
-                .matmul_activation(&normed, &mut intermediate, c.activation, par);
-            layer.ff_out.matmul(&intermediate, &mut sublayer, par);
+            linear_activation(&layer.ff_in, &normed, &mut intermediate);
+            linear(&layer.ff_out, &intermediate, &mut sublayer);
             residual_bias_add(&mut hidden, &sublayer, &layer.ff_out.bias);
         }
         if let Some(norm) = &weights.final_norm {
@@ -195,7 +214,11 @@ impl<'m> KvCache<'m> {
         // The language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
         let mut logits = vec![0.0f32; new * c.vocab_size];
         let wte = &weights.word_embeddings;
-        gemm_bt(&hidden, new, h, wte, c.vocab_size, &mut logits, par);
+        if new == 1 {
+            dot_rows(wte, &hidden, &mut logits);
+        } else {
+            gemm_bt(&hidden, new, h, wte, c.vocab_size, &mut logits, par);
+        }
 
         // Only now do the rows written past `len` count: an error above left them unread.
         self.len = total;
@@ -281,4 +304,147 @@ fn head_average(heads: &[HeadResult], len: usize) -> Vec<f32> {
         avg.iter_mut().zip(w).for_each(|(a, &x)| *a += x * share);
     }
     avg
+}
+
+/// Rows of an `[n_out, n_in]` weight per parallel task of [`dot_rows`] (256 rows of GPT-2's
+/// 768-wide head are 768 KiB: enough to amortise the task, and 200 tasks balance the threads).
+const DOT_ROWS_PER_TASK: usize = 256;
+
+/// `y = x·W` for one row: `W` is `linear`'s parts side by side along the output, each streamed
+/// once from memory.
+///
+/// # Shapes
+/// - `x`: `[n_in]`, `y`: `[n_out]`
+fn matvec(linear: &Linear, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!((x.len(), y.len()), (linear.n_in, linear.n_out));
+    let mut col = 0;
+    for part in &linear.parts {
+        let y = &mut y[col..col + part.n_out];
+        match part.layout {
+            WeightLayout::InOut => axpy_rows(&part.data, x, y),
+            WeightLayout::OutIn => dot_rows(&part.data, x, y),
+        }
+        col += part.n_out;
+    }
+}
+
+/// `y = Σᵢ x[i]·W[i, :]` for a row-major `W` `[n_in, n_out]`: each thread sums a contiguous
+/// band of rows into its own partial `y`, and the partials are added.
+///
+/// # Shapes
+/// - `w`: `[x.len(), y.len()]`, `x`: `[n_in]`, `y`: `[n_out]`
+fn axpy_rows(w: &[f32], x: &[f32], y: &mut [f32]) {
+    let n_out = y.len();
+    let band = x.len().div_ceil(rayon::current_num_threads()).max(1);
+    let sum = w
+        .par_chunks(band * n_out)
+        .zip(x.par_chunks(band))
+        .map(|(w, x)| {
+            let mut acc = vec![0.0f32; n_out];
+            axpy_band(&mut acc, w, x);
+            acc
+        })
+        .reduce_with(|mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        });
+    match sum {
+        Some(sum) => y.copy_from_slice(&sum),
+        None => y.fill(0.0),
+    }
+}
+
+/// `y[j] = W[j, :]·x` for a row-major `W` `[n_out, n_in]`, rows split over the threads.
+///
+/// # Shapes
+/// - `w`: `[y.len(), x.len()]`, `x`: `[n_in]`, `y`: `[n_out]`
+fn dot_rows(w: &[f32], x: &[f32], y: &mut [f32]) {
+    let n_in = x.len().max(1);
+    y.par_chunks_mut(DOT_ROWS_PER_TASK)
+        .zip(w.par_chunks(DOT_ROWS_PER_TASK * n_in))
+        .for_each(|(y, w)| dot_band(y, w, x));
+}
+
+/// Whether this CPU runs the AVX-512 builds of the matrix-vector loops (detected once).
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX512.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `acc += Σᵢ x[i]·W[i, :]`, on the widest vectors of this CPU.
+///
+/// # Shapes
+/// - `acc`: `[n_out]`, `w`: `[x.len(), n_out]`, `x`: `[rows]`
+fn axpy_band(acc: &mut [f32], w: &[f32], x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        return unsafe { axpy_band_avx512(acc, w, x) };
+    }
+    axpy_band_body(acc, w, x);
+}
+
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_band_avx512(acc: &mut [f32], w: &[f32], x: &[f32]) {
+    axpy_band_body(acc, w, x);
+}
+
+/// The loop of [`axpy_band`] (inlined so each ISA build gets its own vector width).
+#[inline(always)]
+fn axpy_band_body(acc: &mut [f32], w: &[f32], x: &[f32]) {
+    for (&xi, row) in x.iter().zip(w.chunks_exact(acc.len())) {
+        acc.iter_mut().zip(row).for_each(|(a, &wv)| *a += xi * wv);
+    }
+}
+
+/// `y[j] = W[j, :]·x`, on the widest vectors of this CPU.
+///
+/// # Shapes
+/// - `y`: `[rows]`, `w`: `[rows, x.len()]`, `x`: `[n_in]`
+fn dot_band(y: &mut [f32], w: &[f32], x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has AVX-512F, checked just above.
+        return unsafe { dot_band_avx512(y, w, x) };
+    }
+    dot_band_body(y, w, x);
+}
+
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_band_avx512(y: &mut [f32], w: &[f32], x: &[f32]) {
+    dot_band_body(y, w, x);
+}
+
+/// The loop of [`dot_band`]: each row's dot product with 32 independent partial sums, which
+/// the compiler keeps in vector registers (inlined so each ISA build gets its own width).
+#[inline(always)]
+fn dot_band_body(y: &mut [f32], w: &[f32], x: &[f32]) {
+    const LANES: usize = 32;
+    for (out, row) in y.iter_mut().zip(w.chunks_exact(x.len().max(1))) {
+        let mut acc = [0.0f32; LANES];
+        let (a, b) = (row.chunks_exact(LANES), x.chunks_exact(LANES));
+        let tail: f32 = a
+            .remainder()
+            .iter()
+            .zip(b.remainder())
+            .map(|(p, q)| p * q)
+            .sum();
+        for (a, b) in a.zip(b) {
+            for ((s, p), q) in acc.iter_mut().zip(a).zip(b) {
+                *s += p * q;
+            }
+        }
+        *out = acc.iter().sum::<f32>() + tail;
+    }
 }
