@@ -7,10 +7,10 @@
 //! Attention runs once per head on that head's filled rows, `[seq_kv, head_dim]`, which are
 //! contiguous in this layout.
 //!
-//! A step that feeds one token multiplies one row by every weight matrix: a matrix-vector
-//! product that streams each weight once, which [`matvec`] does at memory speed on all threads
-//! (a general GEMM spends most of its time packing for a single row). Feeding several tokens
-//! (the prompt) goes through the model's GEMMs.
+//! A step that feeds one token multiplies one row by every weight matrix: `matvec` streams
+//! each weight once from memory, split over the threads, where a general GEMM would spend most
+//! of its time packing the weight for a single row. Feeding several tokens (the prompt) goes
+//! through the model's GEMMs.
 //!
 //! New tokens attend to every cached token and to each other with a bottom-right aligned
 //! causal mask ([`Causal::BottomRight`]): the last query sees every key, as in transformers'
