@@ -11,6 +11,7 @@
 #        THREADS  threads for both sides (default 2)
 #        SHORT    new tokens of the short generation (default 16)
 #        LONG     new tokens of the long one (default: as many as the model's positions allow)
+#        LONG_REPS  timed runs per round of the long one (default 1; the short one takes 5)
 #        PROMPT   the prompt (default: the bench's own)
 #
 # For each model and each length it runs both sides ROUNDS times, alternating, and prints the
@@ -70,7 +71,7 @@ for dir in "${models[@]}"; do
   prompt_tokens=$(field prompt_tokens "$("$ours" bench generate --model "$dir" --prompt "$PROMPT" --new-tokens 1 --reps 1 --json)")
   long=${LONG:-$((n_positions - prompt_tokens + 1))}
   reps=5 compare "$dir" "$SHORT"
-  reps=1 compare "$dir" "$long"
+  reps=${LONG_REPS:-1} compare "$dir" "$long"
 done
 
 # cpu_ms CMD...: CPU milliseconds (user + sys) the command used.
@@ -78,19 +79,24 @@ cpu_ms() {
   local TIMEFORMAT='%3U %3S'
   { time "$@" >/dev/null 2>&1; } 2>&1 | awk '{print ($1 + $2) * 1000}'
 }
-# per_run N CMD...: CPU ms per generation of a command that takes --reps, over N generations.
+# per_run CMD...: CPU ms per generation of a command that takes --reps: (reps N + 1) minus
+# (reps 1), over N generations, N growing tenfold until the difference is at least 500 ms.
 per_run() {
-  local n=$1 one more; shift
+  local n=10 one more
   one=$(cpu_ms "$@" --reps 1)
-  more=$(cpu_ms "$@" --reps $((n + 1)))
+  while :; do
+    more=$(cpu_ms "$@" --reps $((n + 1)))
+    awk -v a="$one" -v b="$more" 'BEGIN {exit !(b - a < 500)}' && ((n < 100000)) || break
+    n=$((n * 10))
+  done
   awk -v a="$one" -v b="$more" -v n="$n" 'BEGIN {print (b - a) / n}'
 }
 
 echo
-printf '%-22s %5s %11s %11s %7s\n' "one thread, CPU ms" "new" "ours" "hf" "hf/ours"
+printf '%-22s %5s %11s %11s %7s\n' "one thread, CPU ms/gen" "new" "ours" "hf" "hf/ours"
 for dir in "${models[@]}"; do
-  o=$(per_run 10 "$ours" bench generate --model "$dir" --prompt "$PROMPT" --new-tokens "$SHORT" --threads 1)
-  t=$(per_run 10 "$PYTHON" "$ref" "$dir" --prompt "$PROMPT" --new-tokens "$SHORT" --threads 1 --no-prefill)
-  printf '%-22s %5d %11.1f %11.1f %6.2fx\n' "$(basename "$dir")" "$SHORT" "$o" "$t" \
+  o=$(per_run "$ours" bench generate --model "$dir" --prompt "$PROMPT" --new-tokens "$SHORT" --threads 1)
+  t=$(per_run "$PYTHON" "$ref" "$dir" --prompt "$PROMPT" --new-tokens "$SHORT" --threads 1 --no-prefill)
+  printf '%-22s %5d %11.3f %11.1f %6.2fx\n' "$(basename "$dir")" "$SHORT" "$o" "$t" \
     "$(awk -v o="$o" -v t="$t" 'BEGIN {print t / o}')"
 done
