@@ -2,6 +2,7 @@
 //! attend to — every layer's and head's attention, queries and keys, hidden states, GPT-2 logits
 //! and sentence-transformers embeddings — reproducing transformers' outputs.
 
+pub mod bf16x3;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -13,7 +13,7 @@ use faer::Par;
 use rayon::prelude::*;
 
 use crate::checkpoint::Checkpoint;
-use crate::ops::{bias_activation, gemm_bt, residual_bias_add};
+use crate::ops::{Epilogue, Gemm, GemmKernel, gemm_bt, residual_bias_add};
 use crate::pooling::Pooling;
 use crate::tokenize::{Encoding, TextTokenizer};
 use crate::weights::Weights;
@@ -72,6 +72,7 @@ pub struct Model {
     tokenizer: TextTokenizer,
     weights: Weights,
     pooling: Pooling,
+    gemm_kernel: GemmKernel,
 }
 
 impl std::fmt::Debug for Model {
@@ -190,6 +191,7 @@ impl Model {
             tokenizer,
             weights,
             pooling,
+            gemm_kernel: GemmKernel::Auto,
         })
     }
 
@@ -219,6 +221,15 @@ impl Model {
     /// The most tokens one text may have.
     pub fn max_positions(&self) -> usize {
         self.config.max_positions
+    }
+    /// Chooses the multiply of the linear layers for later runs ([`GemmKernel::Auto`] unless
+    /// set).
+    pub fn set_gemm_kernel(&mut self, kernel: GemmKernel) {
+        self.gemm_kernel = kernel;
+    }
+    /// The multiply of the linear layers.
+    pub fn gemm_kernel(&self) -> GemmKernel {
+        self.gemm_kernel
     }
     /// The loaded weights, for the incremental (KV-cached) decoder.
     pub(crate) fn weights(&self) -> &Weights {
@@ -302,6 +313,10 @@ impl Model {
         let (batch, h, n_heads, d) = (encs.len(), c.hidden_size, c.n_heads, c.head_dim());
         let n_layers = c.n_layers;
         let rows = batch * seq_len;
+        let gemm = Gemm {
+            par,
+            kernel: self.gemm_kernel,
+        };
         let mut ws = Workspace::new(rows, c);
         self.embed_tokens(encs, seq_len, &mut ws.hidden);
 
@@ -349,8 +364,7 @@ impl Model {
                     &ws.normed
                 }
             };
-            layer.qkv.matmul(x, &mut ws.qkv, par);
-            bias_activation(&mut ws.qkv, &layer.qkv.bias, None);
+            layer.qkv.forward(x, &mut ws.qkv, Epilogue::Bias, gemm);
             split_heads(
                 &ws.qkv,
                 batch,
@@ -369,7 +383,10 @@ impl Model {
                 copy_per_layer(w.data(), all, batch, l, n_layers);
             }
             merge_heads(&out.out, batch, seq_len, n_heads, d, &mut ws.context);
-            layer.attn_out.matmul(&ws.context, &mut ws.sublayer, par);
+            let sublayer = &mut ws.sublayer;
+            layer
+                .attn_out
+                .forward(&ws.context, sublayer, Epilogue::None, gemm);
             match c.kind {
                 ModelKind::Bert => layer.norm_attn.residual_bias_apply(
                     &mut ws.hidden,
@@ -389,10 +406,12 @@ impl Model {
                     &ws.normed
                 }
             };
+            let act = Epilogue::BiasActivation(c.activation);
+            layer.ff_in.forward(x, &mut ws.intermediate, act, gemm);
+            let sublayer = &mut ws.sublayer;
             layer
-                .ff_in
-                .matmul_activation(x, &mut ws.intermediate, c.activation, par);
-            layer.ff_out.matmul(&ws.intermediate, &mut ws.sublayer, par);
+                .ff_out
+                .forward(&ws.intermediate, sublayer, Epilogue::None, gemm);
             let (hidden, out, bias) = (&mut ws.hidden, &ws.sublayer, &layer.ff_out.bias);
             match c.kind {
                 ModelKind::Bert => layer.norm_ff.residual_bias_apply(hidden, out, bias),

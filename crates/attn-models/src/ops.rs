@@ -1,12 +1,77 @@
-//! The dense pieces of a transformer layer besides attention: linear layers (faer GEMMs on
-//! weights packed once), bias + activation in one pass, residual + bias + LayerNorm in one pass,
-//! and the GELU variants with a vectorisable `erf`.
+//! The dense pieces of a transformer layer besides attention: linear layers (faer GEMMs, or
+//! [`crate::bf16x3`] AMX tiles on weights packed once), bias + activation in one pass,
+//! residual + bias + LayerNorm in one pass, and the GELU variants with a vectorisable `erf`.
+
+use std::sync::OnceLock;
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 
 use crate::Activation;
+use crate::bf16x3::{self, PackedWeight};
 use crate::checkpoint::F32Data;
+
+/// Which multiply the linear layers run on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// [`GemmKernel::Bf16x3`] for products of at least [`AUTO_MIN_ROWS`] rows, where packing
+    /// the weight once pays off; [`GemmKernel::F32`] for fewer.
+    #[default]
+    Auto,
+    /// f32 GEMMs (faer) on the checkpoint's weights.
+    F32,
+    /// bf16x3 on AMX tiles whenever the CPU has them (about 2⁻¹⁶ relative per product, see
+    /// [`crate::bf16x3`]); f32 on CPUs without AMX.
+    Bf16x3,
+}
+
+/// The fewest rows for which [`GemmKernel::Auto`] packs a weight and uses AMX tiles: a short
+/// text (the one-sentence views) stays on f32 GEMMs and never pays for packing.
+pub const AUTO_MIN_ROWS: usize = 128;
+
+impl GemmKernel {
+    /// Whether a product of `rows` rows runs on AMX tiles.
+    pub fn uses_tiles(self, rows: usize) -> bool {
+        match self {
+            GemmKernel::F32 => false,
+            GemmKernel::Auto => rows >= AUTO_MIN_ROWS && bf16x3::available(),
+            GemmKernel::Bf16x3 => bf16x3::available(),
+        }
+    }
+}
+
+/// How a linear layer multiplies: the kernel, and the threads it may use.
+#[derive(Debug, Clone, Copy)]
+pub struct Gemm {
+    pub par: Par,
+    pub kernel: GemmKernel,
+}
+
+/// What a linear layer applies to its product before returning it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// `y = x·W` (the caller fuses the bias into its next pass).
+    None,
+    /// `y = x·W + b`
+    Bias,
+    /// `y = act(x·W + b)`
+    BiasActivation(Activation),
+}
+
+impl Epilogue {
+    /// Applies the epilogue to columns `cols` of rows of a product.
+    ///
+    /// # Shapes
+    /// - `y`: `[rows, bias.len()]`
+    fn apply(self, y: &mut [f32], bias: &[f32], cols: std::ops::Range<usize>) {
+        let act = match self {
+            Epilogue::None => return,
+            Epilogue::Bias => None,
+            Epilogue::BiasActivation(act) => Some(act),
+        };
+        bias_activation_block(y, bias.len(), cols.start, &bias[cols], act);
+    }
+}
 
 /// How a linear layer's weight is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +102,8 @@ pub struct Linear {
     pub n_in: usize,
     /// Sum of the parts' `n_out`.
     pub n_out: usize,
+    /// `W` packed for AMX tiles, made on the first product that runs on them.
+    packed: OnceLock<PackedWeight>,
 }
 
 impl Linear {
@@ -51,15 +118,30 @@ impl Linear {
         n_in: usize,
         n_out: usize,
     ) -> Linear {
-        Linear {
-            parts: vec![Weight {
+        Linear::from_parts(
+            vec![Weight {
                 data,
                 layout,
                 n_out,
             }],
             bias,
             n_in,
+        )
+    }
+
+    /// A layer whose weight is `parts` side by side along the output.
+    ///
+    /// # Shapes
+    /// - `parts[i].data`: `[parts[i].n_out, n_in]` or `[n_in, parts[i].n_out]`;
+    ///   `bias`: `[Σ parts[i].n_out]`
+    pub fn from_parts(parts: Vec<Weight>, bias: Vec<f32>, n_in: usize) -> Linear {
+        let n_out = parts.iter().map(|p| p.n_out).sum();
+        Linear {
+            parts,
+            bias,
+            n_in,
             n_out,
+            packed: OnceLock::new(),
         }
     }
 
@@ -68,9 +150,76 @@ impl Linear {
     /// # Shapes
     /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
     pub fn matmul(&self, x: &[f32], y: &mut [f32], par: Par) {
+        let kernel = GemmKernel::Auto;
+        self.forward(x, y, Epilogue::None, Gemm { par, kernel });
+    }
+
+    /// `y = act(x·W + b)`.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
+    pub fn matmul_activation(&self, x: &[f32], y: &mut [f32], act: Activation, par: Par) {
+        let kernel = GemmKernel::Auto;
+        self.forward(x, y, Epilogue::BiasActivation(act), Gemm { par, kernel });
+    }
+
+    /// `y = epilogue(x·W)` on the kernel `gemm` picks for this many rows.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
+    pub fn forward(&self, x: &[f32], y: &mut [f32], epilogue: Epilogue, gemm: Gemm) {
         let rows = x.len() / self.n_in;
         debug_assert_eq!(x.len(), rows * self.n_in);
         debug_assert_eq!(y.len(), rows * self.n_out);
+        if gemm.kernel.uses_tiles(rows) {
+            let parallel = !matches!(gemm.par, Par::Seq);
+            bf16x3::matmul(self.packed(), x, y, parallel, |rows, cols| {
+                epilogue.apply(rows, &self.bias, cols)
+            });
+            return;
+        }
+        match epilogue {
+            Epilogue::BiasActivation(act) if self.parts.len() == 1 => {
+                self.matmul_f32_activation(x, y, act, gemm.par)
+            }
+            _ => {
+                self.matmul_f32(x, y, gemm.par);
+                epilogue.apply(y, &self.bias, 0..self.n_out);
+            }
+        }
+    }
+
+    /// The weight packed for AMX tiles (packed on first use).
+    fn packed(&self) -> &PackedWeight {
+        self.packed.get_or_init(|| {
+            let mut start = 0;
+            let parts: Vec<(usize, &Weight, &[f32])> = self
+                .parts
+                .iter()
+                .map(|p| {
+                    start += p.n_out;
+                    (start - p.n_out, p, &p.data[..])
+                })
+                .collect();
+            let n_in = self.n_in;
+            PackedWeight::pack(n_in, self.n_out, |k, n| {
+                let (col, part, data) = parts
+                    .iter()
+                    .rev()
+                    .find(|(col, _, _)| *col <= n)
+                    .copied()
+                    .unwrap_or(parts[0]);
+                match part.layout {
+                    WeightLayout::OutIn => data[(n - col) * n_in + k],
+                    WeightLayout::InOut => data[k * part.n_out + n - col],
+                }
+            })
+        })
+    }
+
+    /// `y = x·W` with faer.
+    fn matmul_f32(&self, x: &[f32], y: &mut [f32], par: Par) {
+        let rows = x.len() / self.n_in;
         let x = MatRef::from_row_major_slice(x, rows, self.n_in);
         let mut col = 0;
         for part in &self.parts {
@@ -98,22 +247,15 @@ impl Linear {
     }
 }
 
-/// Output columns per GEMM in [`Linear::matmul_activation`]: a `[rows, 384]` block of the
+/// Output columns per GEMM in [`Linear::matmul_f32_activation`]: a `[rows, 384]` block of the
 /// output (1.2 MiB for 800 rows) is still in L2 when its bias and activation are applied.
 const ACTIVATION_BLOCK_COLS: usize = 384;
 
 impl Linear {
-    /// `y = act(x·W + b)`, computed in blocks of output columns so that each block gets its
-    /// bias and activation while it is still in cache.
-    ///
-    /// # Shapes
-    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
-    pub fn matmul_activation(&self, x: &[f32], y: &mut [f32], act: Activation, par: Par) {
-        let [part] = &self.parts[..] else {
-            self.matmul(x, y, par);
-            bias_activation(y, &self.bias, Some(act));
-            return;
-        };
+    /// `y = act(x·W + b)` with faer for a one-part weight, computed in blocks of output columns
+    /// so that each block gets its bias and activation while it is still in cache.
+    fn matmul_f32_activation(&self, x: &[f32], y: &mut [f32], act: Activation, par: Par) {
+        let part = &self.parts[0];
         let (n_in, n_out) = (self.n_in, self.n_out);
         let rows = x.len() / n_in;
         let x = MatRef::from_row_major_slice(x, rows, n_in);
@@ -503,8 +645,8 @@ mod tests {
         assert_eq!(y, [3.5, 7.0, 10.0]);
         // Split in two along the output: rows [1, 2] and [3, 4], [5, 6] of the PyTorch weight,
         // written side by side.
-        let split = Linear {
-            parts: vec![
+        let split = Linear::from_parts(
+            vec![
                 Weight {
                     data: F32Data::Owned(vec![1.0, 2.0]),
                     layout: WeightLayout::OutIn,
@@ -516,8 +658,9 @@ mod tests {
                     n_out: 2,
                 },
             ],
-            ..conv
-        };
+            conv.bias.clone(),
+            2,
+        );
         let mut y = [0.0; 6];
         split.matmul(&[1.0, 1.0, 1.0, 0.0], &mut y, Par::Seq);
         // Rows x = [1, 1] → [3, 7, 11]; x = [1, 0] → [1, 3, 5].
@@ -550,6 +693,107 @@ mod tests {
                 .fold(0.0, f32::max);
             assert!(worst < 1e-5, "{layout:?}: max abs difference {worst}");
         }
+    }
+
+    /// A weight of two parts side by side in both layouts, `[n_in, n_out]` overall, with a
+    /// bias, and `rows` inputs.
+    fn two_part_layer(rows: usize, n_in: usize, n_out: usize) -> (Linear, Vec<f32>) {
+        let first = n_out / 3;
+        let w = |k: usize, n: usize| ((k * 131 + n * 17) % 997) as f32 / 500.0 - 1.0;
+        let out_in: Vec<f32> = (0..first * n_in).map(|i| w(i % n_in, i / n_in)).collect();
+        let rest = n_out - first;
+        let in_out: Vec<f32> = (0..n_in * rest)
+            .map(|i| w(i / rest, first + i % rest))
+            .collect();
+        let parts = vec![
+            Weight {
+                data: F32Data::Owned(out_in),
+                layout: WeightLayout::OutIn,
+                n_out: first,
+            },
+            Weight {
+                data: F32Data::Owned(in_out),
+                layout: WeightLayout::InOut,
+                n_out: rest,
+            },
+        ];
+        let bias = (0..n_out).map(|n| (n % 5) as f32 * 0.1 - 0.2).collect();
+        let x = (0..rows * n_in)
+            .map(|i| ((i * 7919 % 1000) as f32 / 250.0 - 2.0) * 1.5)
+            .collect();
+        (Linear::from_parts(parts, bias, n_in), x)
+    }
+
+    #[test]
+    fn tiles_match_the_bf16x3_reference_or_fall_back_to_f32() {
+        // Rows: 1, part of a 32-row block, several blocks and a partial one; k: 1, 31, 33, and
+        // 800 (two k blocks: the output is read back and added to); outputs: 1, 17, 50, and 800
+        // (two column blocks).
+        for (rows, n_in, n_out) in [(1, 1, 1), (5, 31, 17), (97, 33, 50), (40, 800, 800)] {
+            let (lin, x) = two_part_layer(rows, n_in, n_out);
+            for par in [Par::Seq, Par::rayon(3)] {
+                let mut got = vec![f32::NAN; rows * n_out];
+                let tiles = Gemm {
+                    par,
+                    kernel: GemmKernel::Bf16x3,
+                };
+                lin.forward(&x, &mut got, Epilogue::None, tiles);
+                let mut want = vec![0.0; rows * n_out];
+                if bf16x3::available() {
+                    bf16x3::matmul_reference(lin.packed(), &x, &mut want);
+                    let (worst, at) = max_relative_error(&got, &want);
+                    // The tiles add in f32, the reference in f64: n_in roundings at most.
+                    assert!(
+                        worst <= n_in as f32 * 1.2e-7,
+                        "{rows}×{n_in}×{n_out}: max rel error {worst} at {at}"
+                    );
+                } else {
+                    let f32_gemm = Gemm {
+                        par,
+                        kernel: GemmKernel::F32,
+                    };
+                    lin.forward(&x, &mut want, Epilogue::None, f32_gemm);
+                    assert_eq!(got, want, "{rows}×{n_in}×{n_out}: no AMX, so f32");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_with_bias_and_gelu_match_f32() {
+        // Against f32 GEMMs, bf16x3 is off by ≈ 2⁻¹⁶ of Σ|x·w| (≈ 400 here) at most.
+        let (rows, n_in, n_out) = (70, 384, 96);
+        let (lin, x) = two_part_layer(rows, n_in, n_out);
+        for epilogue in [
+            Epilogue::Bias,
+            Epilogue::BiasActivation(Activation::GeluErf),
+            Epilogue::BiasActivation(Activation::GeluTanh),
+        ] {
+            let run = |kernel| {
+                let mut y = vec![f32::NAN; rows * n_out];
+                let par = Par::Seq;
+                lin.forward(&x, &mut y, epilogue, Gemm { par, kernel });
+                y
+            };
+            let (got, want) = (run(GemmKernel::Bf16x3), run(GemmKernel::F32));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0.0, f32::max);
+            assert!(worst < 1e-2, "{epilogue:?}: max abs difference {worst}");
+        }
+    }
+
+    fn max_relative_error(got: &[f32], want: &[f32]) -> (f32, usize) {
+        got.iter()
+            .zip(want)
+            .enumerate()
+            .map(|(i, (g, e))| ((g - e).abs() / e.abs().max(1.0), i))
+            .fold(
+                (0.0f32, 0),
+                |a, b| if b.0 > a.0 || b.0.is_nan() { b } else { a },
+            )
     }
 
     #[test]

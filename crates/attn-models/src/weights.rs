@@ -120,12 +120,7 @@ fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
                 bias.extend(ckpt.f32(&format!("{lp}attention.self.{part}.bias"), &[h])?);
             }
             Ok(Layer {
-                qkv: Linear {
-                    parts,
-                    bias,
-                    n_in: h,
-                    n_out: 3 * h,
-                },
+                qkv: Linear::from_parts(parts, bias, h),
                 attn_out: torch_linear(ckpt, &format!("{lp}attention.output.dense"), h, h)?,
                 norm_attn: norm(ckpt, &format!("{lp}attention.output.LayerNorm"), h, eps)?,
                 ff_in: torch_linear(ckpt, &format!("{lp}intermediate.dense"), h, i)?,

@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use anyhow::bail;
+use attn_models::ops::GemmKernel;
 
 use crate::cmd::attention::load_model;
 
@@ -25,16 +26,39 @@ pub struct Args {
     /// Model directory [default: $ATTNSCOPE_MODEL, else the cached default model].
     #[arg(long, value_name = "DIR")]
     pub model: Option<std::path::PathBuf>,
-    /// Print one JSON line: {"engine", "threads", "batch", "sentences", "sentences_per_s"}.
+    /// The multiply of the linear layers: auto (bf16x3 on AMX tiles where the CPU has them and
+    /// the batch is large, else f32), f32 (faer), or bf16x3 (AMX whenever present).
+    #[arg(long, value_enum, default_value_t = Gemm::Auto)]
+    pub gemm: Gemm,
+    /// Print one JSON line: {"engine", "threads", "batch", "sentences", "gemm", "sentences_per_s"}.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--gemm`: which [`GemmKernel`] the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Gemm {
+    Auto,
+    F32,
+    Bf16x3,
+}
+
+impl From<Gemm> for GemmKernel {
+    fn from(gemm: Gemm) -> GemmKernel {
+        match gemm {
+            Gemm::Auto => GemmKernel::Auto,
+            Gemm::F32 => GemmKernel::F32,
+            Gemm::Bf16x3 => GemmKernel::Bf16x3,
+        }
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.batch == 0 || args.sentences == 0 || args.reps == 0 {
         bail!("--batch, --sentences and --reps must be at least 1");
     }
-    let model = load_model(args.model.as_deref(), Some(args.threads))?;
+    let mut model = load_model(args.model.as_deref(), Some(args.threads))?;
+    model.set_gemm_kernel(args.gemm.into());
     let sentences: Vec<String> = (0..args.sentences)
         .map(|i| {
             format!(
@@ -65,16 +89,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "threads": args.threads,
             "batch": args.batch,
             "sentences": args.sentences,
+            "gemm": format!("{:?}", args.gemm).to_lowercase(),
             "sentences_per_s": per_s,
         });
         println!("{doc}");
     } else {
         println!(
-            "{}: {per_s:.1} sentences/s ({} sentences, batches of {}, {} threads, median of {} runs)",
+            "{}: {per_s:.1} sentences/s ({} sentences, batches of {}, {} threads, {:?} GEMMs, median of {} runs)",
             model.name(),
             args.sentences,
             args.batch,
             args.threads,
+            args.gemm,
             args.reps
         );
     }
