@@ -1,0 +1,281 @@
+//! The AMX build of the backward pass's five block products, in f32 through three bf16
+//! products each ("bf16x3"): every f32 `x` splits into `hi = bf16(x)` and `lo = bf16(x − hi)`
+//! (both rounded to nearest even), and `a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi`. The three
+//! products are one GEMM of triple depth, `A' = [A_hi | A_hi | A_lo]` against
+//! `B' = [B_hi; B_lo; B_hi]`, on `TDPBF16PS` tiles (bf16 products are exact in f32 and summed
+//! in f32).
+//!
+//! Error of one product: `|x − hi| ≤ 2⁻⁸|x|` and `|x − hi − lo| ≤ 2⁻⁸|x − hi| ≤ 2⁻¹⁶|x|`, so
+//! the split misses at most `2⁻¹⁶` of each factor and the dropped `a_lo·b_lo` at most
+//! `2⁻¹⁶|ab|`: `|a·b − bf16x3(a, b)| ≤ 3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|`, far below what the 1e-4 checks of
+//! the gradients allow for sums whose terms mostly cancel in sign. The same scheme and bound as
+//! oneDNN's "bf16x3" f32 emulation.
+//!
+//! Only whole 64 × 64 blocks with `head_dim` and `value_dim` multiples of 32 come here (the
+//! tiles' 32-deep, 32-wide granules); the rest take the FMA kernels. `TDPBF16PS` flushes bf16
+//! subnormals (below ~1e-38) to zero, far under these tolerances too.
+//!
+//! Layouts: an `A'` is row-major bf16 bits, `[m, 3k]`. A `B'` is in the VNNI tile layout
+//! `TDPBF16PS` reads: tile `(kc, ng)` (depth rows `32·kc..` of the `3k`, columns `16·ng..`) is
+//! 512 values at `(ng·k_chunks + kc)·512`, and in it `B'[32·kc + 2p + e][16·ng + j]` sits at
+//! `32p + 2j + e`.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use crate::amx::Tiles;
+
+/// Depth of one tile product: 16 pairs of bf16.
+const TK: usize = 32;
+/// bf16 values in one B tile.
+const TILE: usize = 512;
+
+/// Splits 16 f32 lanes (finite) into `hi` and `lo` bf16 bits, each in the low half of its
+/// 32-bit lane.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn split(x: __m512) -> (__m512i, __m512i) {
+    let hi = round_bf16(_mm512_castps_si512(x));
+    let hi_f = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(hi));
+    let lo = round_bf16(_mm512_castps_si512(_mm512_sub_ps(x, hi_f)));
+    (hi, lo)
+}
+
+/// f32 bits rounded to the nearest bf16 (ties to even), in the low half of each lane.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn round_bf16(bits: __m512i) -> __m512i {
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+    let bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
+    _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias))
+}
+
+/// Writes `A' = [A_hi | A_hi | A_lo]` (`[m, 3k]`) for the row-major `A` `[m, k]` in `src`
+/// (rows `ld` apart).
+///
+/// # Safety
+/// AVX-512F must be available.
+///
+/// # Panics
+/// Unless `k` is a multiple of 16 and the slices hold the rows.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_a(src: &[f32], (m, k, ld): (usize, usize, usize), dst: &mut [u16]) {
+    assert!(k.is_multiple_of(16) && k <= ld && dst.len() >= m * 3 * k);
+    assert!(m == 0 || src.len() >= (m - 1) * ld + k);
+    for r in 0..m {
+        let row = &src[r * ld..][..k];
+        let out = &mut dst[r * 3 * k..][..3 * k];
+        for c in (0..k).step_by(16) {
+            // SAFETY: `c + 16 ≤ k`: the 16 values read and the 3 × 16 written lie inside
+            // `row` and `out`.
+            unsafe {
+                let (hi, lo) = split(_mm512_loadu_ps(row.as_ptr().add(c)));
+                let (hi, lo) = (_mm512_cvtepi32_epi16(hi), _mm512_cvtepi32_epi16(lo));
+                let o = out.as_mut_ptr();
+                _mm256_storeu_si256(o.add(c).cast(), hi);
+                _mm256_storeu_si256(o.add(k + c).cast(), hi);
+                _mm256_storeu_si256(o.add(2 * k + c).cast(), lo);
+            }
+        }
+    }
+}
+
+/// Writes `B' = [B_hi; B_lo; B_hi]` in the VNNI tile layout for the row-major `B` `[k, n]` in
+/// `src` (rows `ld` apart).
+///
+/// # Safety
+/// AVX-512F must be available.
+///
+/// # Panics
+/// Unless `k` is a multiple of 32, `n` of 16, and the slices hold the rows.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_b(src: &[f32], (k, n, ld): (usize, usize, usize), dst: &mut [u16]) {
+    assert!(k.is_multiple_of(TK) && n.is_multiple_of(16) && n <= ld);
+    assert!(dst.len() >= 3 * k * n && (k == 0 || src.len() >= (k - 1) * ld + n));
+    let k_chunks = 3 * k / TK;
+    for p in 0..k / 2 {
+        let (r0, r1) = (&src[2 * p * ld..][..n], &src[(2 * p + 1) * ld..][..n]);
+        for ng in 0..n / 16 {
+            // SAFETY: `16·ng + 16 ≤ n`: the loads lie inside `r0` and `r1`; every store is
+            // one 32-value row of a tile inside the `3k·n` values of `dst` (checked above).
+            unsafe {
+                let (hi0, lo0) = split(_mm512_loadu_ps(r0.as_ptr().add(16 * ng)));
+                let (hi1, lo1) = split(_mm512_loadu_ps(r1.as_ptr().add(16 * ng)));
+                let hi = _mm512_or_si512(hi0, _mm512_slli_epi32::<16>(hi1));
+                let lo = _mm512_or_si512(lo0, _mm512_slli_epi32::<16>(lo1));
+                for (s, v) in [hi, lo, hi].into_iter().enumerate() {
+                    let kk = s * k + 2 * p;
+                    let at = (ng * k_chunks + kk / TK) * TILE + (kk % TK / 2) * TK;
+                    _mm512_storeu_si512(dst.as_mut_ptr().add(at).cast(), v);
+                }
+            }
+        }
+    }
+}
+
+/// `C (+)= A'·B'` for `A'` `[m, 3k]` (from [`pack_a`], `m` a multiple of 32) and `B'`
+/// (from [`pack_b`], `n` a multiple of 32): `C` is row-major `[m, n]`, rows `ldc` apart.
+///
+/// # Panics
+/// When the sizes disagree with the slices.
+pub(super) fn gemm(
+    _tiles: &Tiles,
+    c: (&mut [f32], usize),
+    a: &[u16],
+    b: &[u16],
+    (m, n, k): (usize, usize, usize),
+    accumulate: bool,
+) {
+    let (c, ldc) = c;
+    let (k3, k_chunks) = (3 * k, 3 * k / TK);
+    assert!(m.is_multiple_of(32) && n.is_multiple_of(32) && k.is_multiple_of(TK) && k > 0);
+    assert!(a.len() >= m * k3 && b.len() >= k3 * n && n <= ldc);
+    assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
+    for nb in 0..n / 32 {
+        let b0 = b[2 * nb * k_chunks * TILE..].as_ptr();
+        let b1 = b[(2 * nb + 1) * k_chunks * TILE..].as_ptr();
+        for mb in 0..m / 32 {
+            // SAFETY: a live `Tiles` guard (all tiles 16 rows × 64 bytes); the 32 rows of `A'`
+            // (`3k` values each), the `k_chunks` tiles of both column groups of `B'` and the
+            // 32 × 32 block of `C` lie inside the slices (checked above).
+            unsafe {
+                block_2x2(
+                    k_chunks,
+                    a[mb * 32 * k3..].as_ptr(),
+                    k3 * 2,
+                    (b0, b1),
+                    c[mb * 32 * ldc + nb * 32..].as_mut_ptr(),
+                    ldc * 4,
+                    accumulate,
+                );
+            }
+        }
+    }
+}
+
+/// One 32 × 32 block `C (+)= A'·B'` over `k_chunks` depth chunks of 32: tiles 0–3 hold C, 4–5
+/// the two 16-row halves of A', 6–7 the two 16-column halves of B' (as `crate::amx`'s kernel,
+/// with B' tiles 1 KiB apart along the depth).
+///
+/// # Safety
+/// A live [`Tiles`] guard on this thread; `k_chunks ≥ 1`; `a` (rows `lda` bytes apart, 32
+/// rows), the `k_chunks` consecutive tiles at `b0` and `b1`, and `c` (rows `ldc` bytes apart,
+/// 32 rows of 32 f32) readable, `c` writable.
+unsafe fn block_2x2(
+    k_chunks: usize,
+    a: *const u16,
+    lda: usize,
+    (b0, b1): (*const u16, *const u16),
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY (whole body): the caller guarantees the tiles, the chunk count and the memory.
+    unsafe {
+        let c1 = c.byte_add(16 * ldc);
+        if accumulate {
+            asm!(
+                "tileloadd tmm0, [{c} + {ldc}*1]",
+                "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
+                "tileloadd tmm2, [{c1} + {ldc}*1]",
+                "tileloadd tmm3, [{c1} + {ldc}*1 + 64]",
+                c = in(reg) c, c1 = in(reg) c1, ldc = in(reg) ldc,
+                options(nostack, readonly),
+            );
+        } else {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+        }
+        asm!(
+            "2:",
+            "tileloadd tmm4, [{a0} + {lda}*1]",
+            "tileloadd tmm6, [{b0} + {s64}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tileloadd tmm7, [{b1} + {s64}*1]",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tileloadd tmm5, [{a1} + {lda}*1]",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a0}, 64",
+            "add {a1}, 64",
+            "add {b0}, 1024",
+            "add {b1}, 1024",
+            "dec {n}",
+            "jnz 2b",
+            "tilestored [{c} + {ldc}*1], tmm0",
+            "tilestored [{c} + {ldc}*1 + 64], tmm1",
+            "tilestored [{c1} + {ldc}*1], tmm2",
+            "tilestored [{c1} + {ldc}*1 + 64], tmm3",
+            a0 = inout(reg) a => _,
+            a1 = inout(reg) a.byte_add(16 * lda) => _,
+            b0 = inout(reg) b0 => _,
+            b1 = inout(reg) b1 => _,
+            n = inout(reg) k_chunks => _,
+            lda = in(reg) lda,
+            s64 = in(reg) 64usize,
+            c = in(reg) c,
+            c1 = in(reg) c1,
+            ldc = in(reg) ldc,
+            options(nostack),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `C += A·B` through the packers and the tiles against f64 sums, within the bf16x3 bound
+    /// of the module docs (`3·2⁻¹⁶·Σ|a·b|`, plus f32 rounding of the sums).
+    #[test]
+    fn bf16x3_gemm_matches_f64() {
+        let Some(tiles) = Tiles::configure() else {
+            // No AMX on this CPU: the backward pass never takes this path here.
+            assert!(!crate::amx::available());
+            return;
+        };
+        let (m, n, k) = (64, 96, 64);
+        let value =
+            |i: usize| ((i * 7919 % 113) as f32 - 56.0) / 37.0 * 1.001f32.powi(i as i32 % 50);
+        let a: Vec<f32> = (0..m * k).map(value).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| value(i + 17)).collect();
+        let c0: Vec<f32> = (0..m * n).map(|i| value(i + 3)).collect();
+        let (mut ap, mut bp) = (vec![0u16; m * 3 * k], vec![0u16; 3 * k * n]);
+        // SAFETY: `available()` (a guard exists) implies AVX-512F.
+        unsafe {
+            pack_a(&a, (m, k, k), &mut ap);
+            pack_b(&b, (k, n, n), &mut bp);
+        }
+        for accumulate in [false, true] {
+            let mut c = c0.clone();
+            gemm(&tiles, (&mut c, n), &ap, &bp, (m, n, k), accumulate);
+            for r in 0..m {
+                for col in 0..n {
+                    let (mut want, mut size) = (0.0f64, 0.0f64);
+                    for p in 0..k {
+                        let ab = f64::from(a[r * k + p]) * f64::from(b[p * n + col]);
+                        want += ab;
+                        size += ab.abs();
+                    }
+                    if accumulate {
+                        want += f64::from(c0[r * n + col]);
+                    }
+                    let got = f64::from(c[r * n + col]);
+                    let tol = 3.0 * 2f64.powi(-16) * size + 1e-6 * (size + want.abs());
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "({r}, {col}) accumulate {accumulate}: got {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+}
