@@ -116,6 +116,99 @@ pub(super) unsafe fn pack_b(src: &[f32], (k, n, ld): (usize, usize, usize), dst:
     }
 }
 
+/// `e^x` for 16 lanes: relative error ≤ 5e-7 + |x|·1e-7; results below 2^-125 (and `−∞`)
+/// give 0. `e^x = 2^t`, `t = x·log₂e = n + f`, `|f| ≤ ½`: `2^f` from Cephes' `exp2f`
+/// polynomial (<https://netlib.org/cephes/>, `exp2f.c`), `2^n` by `vscalefps` (the forward
+/// pass's `fused/avx512.rs` computes it the same way).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn exp(x: __m512) -> __m512 {
+    let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
+    // Flushed by a mask, not left to underflow: subnormal results take a microcode assist.
+    let normal = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, _mm512_set1_ps(-125.0));
+    let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let f = _mm512_sub_ps(t, n);
+    let mut p = _mm512_set1_ps(1.535_336_2e-4);
+    for c in [
+        1.339_887_4e-3,
+        9.618_437e-3,
+        5.550_332_5e-2,
+        2.402_264_8e-1,
+        6.931_472e-1,
+        1.0,
+    ] {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    }
+    _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n))
+}
+
+/// The fast lane of a whole block fused with the packing: from `Sᵀ` and `dPᵀ` (`[keys, rows]`
+/// each), `P = e^(S − lse)` and `dS = P ∘ (dP − delta)` (per query: `lse`, `delta` `[rows]`)
+/// go straight into `A'` of `Pᵀ` (`p_a`), `A'` of `dSᵀ` (`ds_a`) and `B'` of `dSᵀ` (`ds_b`), as
+/// [`pack_a`] and [`pack_b`] would write them.
+///
+/// # Safety
+/// AVX-512F must be available.
+///
+/// # Panics
+/// Unless `keys` is a multiple of 32, `rows` of 16, and the slices hold what the shapes say.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn probs_and_grads_packed(
+    (s, dp): (&[f32], &[f32]),
+    (keys, rows): (usize, usize),
+    (lse, delta): (&[f32], &[f32]),
+    (p_a, ds_a, ds_b): (&mut [u16], &mut [u16], &mut [u16]),
+) {
+    let n = keys * rows;
+    assert!(keys.is_multiple_of(TK) && rows.is_multiple_of(16));
+    assert!(s.len() >= n && dp.len() >= n && lse.len() >= rows && delta.len() >= rows);
+    assert!(p_a.len() >= 3 * n && ds_a.len() >= 3 * n && ds_b.len() >= 3 * n);
+    let k_chunks = 3 * keys / TK;
+    // Stores `A'`'s hi, hi, lo of 16 values at column `c` of row `r`.
+    let store_a = |dst: &mut [u16], r: usize, c: usize, (hi, lo): (__m512i, __m512i)| {
+        let o = dst[r * 3 * rows..][..3 * rows].as_mut_ptr();
+        // SAFETY: `c + 16 ≤ rows`: the three 16-value stores lie inside row `r`.
+        unsafe {
+            let (hi, lo) = (_mm512_cvtepi32_epi16(hi), _mm512_cvtepi32_epi16(lo));
+            _mm256_storeu_si256(o.add(c).cast(), hi);
+            _mm256_storeu_si256(o.add(rows + c).cast(), hi);
+            _mm256_storeu_si256(o.add(2 * rows + c).cast(), lo);
+        }
+    };
+    for pair in 0..keys / 2 {
+        let (r0, r1) = (2 * pair, 2 * pair + 1);
+        for ng in 0..rows / 16 {
+            let c = 16 * ng;
+            // SAFETY: `c + 16 ≤ rows` and `r1 < keys`: every load lies inside the tiles and
+            // `lse`/`delta`; the `B'` stores are 32-value tile rows inside `3·keys·rows`.
+            unsafe {
+                let lse_v = _mm512_loadu_ps(lse.as_ptr().add(c));
+                let delta_v = _mm512_loadu_ps(delta.as_ptr().add(c));
+                let grads = |r: usize| {
+                    let sv = _mm512_loadu_ps(s.as_ptr().add(r * rows + c));
+                    let dpv = _mm512_loadu_ps(dp.as_ptr().add(r * rows + c));
+                    let p = exp(_mm512_sub_ps(sv, lse_v));
+                    (p, _mm512_mul_ps(p, _mm512_sub_ps(dpv, delta_v)))
+                };
+                let ((p0, ds0), (p1, ds1)) = (grads(r0), grads(r1));
+                store_a(p_a, r0, c, split(p0));
+                store_a(p_a, r1, c, split(p1));
+                let (d0, d1) = (split(ds0), split(ds1));
+                store_a(ds_a, r0, c, d0);
+                store_a(ds_a, r1, c, d1);
+                let hi = _mm512_or_si512(d0.0, _mm512_slli_epi32::<16>(d1.0));
+                let lo = _mm512_or_si512(d0.1, _mm512_slli_epi32::<16>(d1.1));
+                for (seg, v) in [hi, lo, hi].into_iter().enumerate() {
+                    let kk = seg * keys + 2 * pair;
+                    let at = (ng * k_chunks + kk / TK) * TILE + (kk % TK / 2) * TK;
+                    _mm512_storeu_si512(ds_b.as_mut_ptr().add(at).cast(), v);
+                }
+            }
+        }
+    }
+}
+
 /// `C (+)= A'·B'` for `A'` `[m, 3k]` (from [`pack_a`], `m` a multiple of 32) and `B'`
 /// (from [`pack_b`], `n` a multiple of 32): `C` is row-major `[m, n]`, rows `ldc` apart.
 ///
@@ -232,6 +325,52 @@ unsafe fn block_2x2(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused fast lane writes what the unfused one (P and dS in f32, then [`pack_a`] and
+    /// [`pack_b`]) writes, up to the two `exp` implementations (each within 5e-7 relative).
+    #[test]
+    fn the_fused_lane_packs_like_the_packers() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let (keys, rows) = (64, 48);
+        let n = keys * rows;
+        let s: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 80.0) / 9.0)
+            .collect();
+        let dp: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0)
+            .collect();
+        let mut lse: Vec<f32> = (0..rows).map(|i| i as f32 * 0.05).collect();
+        lse[3] = f32::INFINITY; // a row that saw no key: P = 0
+        let delta: Vec<f32> = (0..rows).map(|i| (i as f32).sin()).collect();
+        let (mut p, mut ds) = (s.clone(), dp.clone());
+        for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
+            super::super::kernels::probs_and_grads_body(p, ds, &lse, &delta);
+        }
+        let mut want = [vec![0u16; 3 * n], vec![0u16; 3 * n], vec![0u16; 3 * n]];
+        let mut got = want.clone();
+        let [wp, wa, wb] = &mut want;
+        let [gp, ga, gb] = &mut got;
+        // SAFETY: AVX-512F is available (checked above).
+        unsafe {
+            pack_a(&p, (keys, rows, rows), wp);
+            pack_a(&ds, (keys, rows, rows), wa);
+            pack_b(&ds, (keys, rows, rows), wb);
+            probs_and_grads_packed((&s, &dp), (keys, rows), (&lse, &delta), (gp, ga, gb));
+        }
+        let value = |bits: u16| f32::from_bits(u32::from(bits) << 16);
+        for (which, (w, g)) in want.iter().zip(&got).enumerate() {
+            // Compare hi + lo of each value: the third segment holds lo in `A'`, hi in `B'`.
+            for (i, (&wv, &gv)) in w.iter().zip(g).enumerate() {
+                let (a, b) = (value(wv), value(gv));
+                assert!(
+                    (a - b).abs() <= 2e-6 * a.abs().max(1e-3) + 2f32.powi(-20),
+                    "output {which}, value {i}: {a} against {b}"
+                );
+            }
+        }
+    }
 
     /// `C += A·B` through the packers and the tiles against f64 sums, within the bf16x3 bound
     /// of the module docs (`3·2⁻¹⁶·Σ|a·b|`, plus f32 rounding of the sums).

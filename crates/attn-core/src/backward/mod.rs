@@ -668,8 +668,22 @@ impl Plan<'_> {
 
         let lse = &qh.lse[i0..][..rows];
         let delta = &self.delta[row0..][..rows];
+        // The AMX fast lane writes P and dS packed for the next products, not in `t`.
+        let fused = tiles.is_some() && !blk.general;
         if blk.general {
             self.general_lane(&blk, lse, delta, t);
+        } else if fused {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let bf = &mut scratch.bf;
+                for buf in [&mut bf.p, &mut bf.ds_a, &mut bf.ds_b] {
+                    buf.resize(3 * n, 0);
+                }
+                let tiles = (t.p.view(n), t.ds.view(n));
+                let packed = (&mut bf.p[..], &mut bf.ds_a[..], &mut bf.ds_b[..]);
+                // SAFETY: `plan.amx` is only set where AVX-512F is available.
+                unsafe { amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed) };
+            }
         } else {
             let (p, ds) = (t.p.get(n), t.ds.get(n));
             for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
@@ -689,15 +703,17 @@ impl Plan<'_> {
             #[cfg(target_arch = "x86_64")]
             Some(tiles) => {
                 let bf = &mut scratch.bf;
-                let tile = (keys, rows, rows);
-                for (buf, len) in [(&mut bf.p, n), (&mut bf.ds_a, n), (&mut bf.ds_b, n)] {
-                    buf.resize(3 * len, 0);
-                }
-                // SAFETY: `plan.amx` is only set where AVX-512F is available.
-                unsafe {
-                    amx::pack_a(p, tile, &mut bf.p);
-                    amx::pack_a(ds, tile, &mut bf.ds_a);
-                    amx::pack_b(ds, tile, &mut bf.ds_b);
+                if !fused {
+                    let tile = (keys, rows, rows);
+                    for buf in [&mut bf.p, &mut bf.ds_a, &mut bf.ds_b] {
+                        buf.resize(3 * n, 0);
+                    }
+                    // SAFETY: `plan.amx` is only set where AVX-512F is available.
+                    unsafe {
+                        amx::pack_a(p, tile, &mut bf.p);
+                        amx::pack_a(ds, tile, &mut bf.ds_a);
+                        amx::pack_b(ds, tile, &mut bf.ds_b);
+                    }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q);  dQᵀ += Kᵀ · dSᵀ
                 let dout = &bf.dout[3 * i0 * dv..];

@@ -17,7 +17,7 @@ use crate::{AttnError, AttnInput, AttnOptions};
 /// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`.
 ///
 /// # Errors
-/// As [`sdpa_backward`].
+/// As [`super::sdpa_backward`].
 pub fn sdpa_backward_reference(
     input: &AttnInput<'_>,
     options: &AttnOptions,
