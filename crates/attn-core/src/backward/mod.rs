@@ -445,7 +445,7 @@ impl Plan<'_> {
             None
         };
         let tiles = tiles.as_ref();
-        self.pack_key_head(bkv, &key_blocks, &mut scratch.kh);
+        self.pack_key_head(bkv, &key_blocks, tiles.is_some(), &mut scratch.kh);
         #[cfg(target_arch = "x86_64")]
         if tiles.is_some() {
             self.pack_key_head_bf16x3(bkv, &key_blocks, &mut scratch.bf);
@@ -551,14 +551,18 @@ impl Plan<'_> {
     }
 
     /// Packs key/value head `bkv` into `kh` (see [`KeyHead`]) for the task that owns key
-    /// blocks `blocks`, and zeroes its sums.
-    fn pack_key_head(&self, bkv: usize, blocks: &[usize], kh: &mut KeyHead) {
+    /// blocks `blocks`, and zeroes its sums. With `amx`, whole key blocks meet only whole query
+    /// blocks when `seq_q` is a multiple of `BLOCK_Q`: then they need no FMA panels.
+    fn pack_key_head(&self, bkv: usize, blocks: &[usize], amx: bool, kh: &mut KeyHead) {
         let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
         let k_head = &self.k[bkv * s_n * d..][..s_n * d];
         let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
         let (k, v, kt) = (kh.k.get(s_n * d), kh.v.get(s_n * dv), kh.kt.get(s_n * d));
         for &jb in blocks {
             let (j0, keys) = (jb * BLOCK_KV, (s_n - jb * BLOCK_KV).min(BLOCK_KV));
+            if amx && keys == BLOCK_KV && self.sh.seq_q.is_multiple_of(BLOCK_Q) {
+                continue;
+            }
             let (k_blk, v_blk) = (&k_head[j0 * d..], &v_head[j0 * dv..]);
             pack_panels((keys, d), |r, x| k_blk[r * d + x], &mut k[j0 * d..]);
             pack_panels((keys, dv), |r, x| v_blk[r * dv + x], &mut v[j0 * dv..]);
