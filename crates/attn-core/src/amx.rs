@@ -209,12 +209,14 @@ unsafe fn block_2x2(
         }
         asm!(
             "2:",
+            // Each product right after the loads it needs, so it starts while the next loads
+            // are in flight.
             "tileloadd tmm4, [{a0} + {lda}*1]",
             "tileloadd tmm6, [{b0} + {s64}*1]",
-            "tileloadd tmm5, [{a1} + {lda}*1]",
-            "tileloadd tmm7, [{b1} + {s64}*1]",
             "tdpbf16ps tmm0, tmm4, tmm6",
+            "tileloadd tmm7, [{b1} + {s64}*1]",
             "tdpbf16ps tmm1, tmm4, tmm7",
+            "tileloadd tmm5, [{a1} + {lda}*1]",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
             "add {a0}, 64",
@@ -282,7 +284,7 @@ impl PackedB {
     /// `b.len() != k·n` (`TooLarge` if `k·n` overflows).
     pub fn pack(b: &[bf16], k: usize, n: usize) -> Result<PackedB, AttnError> {
         check_len("b", &[k, n], b.len())?;
-        Ok(PackedB::pack_with(k, n, true, |kk, nn| b[kk * n + nn]))
+        Ok(PackedB::from_rows(b, k, n))
     }
 
     /// Packs `B = btᵀ` from a row-major `bt`: a linear layer's weight `[out, in]` gives the
@@ -295,47 +297,59 @@ impl PackedB {
     /// `bt.len() != n·k` (`TooLarge` if `n·k` overflows).
     pub fn pack_transposed(bt: &[bf16], n: usize, k: usize) -> Result<PackedB, AttnError> {
         check_len("bt", &[n, k], bt.len())?;
-        Ok(PackedB::pack_with(k, n, false, |kk, nn| bt[nn * k + kk]))
+        Ok(PackedB::from_transposed(bt, n, k))
     }
 
-    /// Packs the `[k, n]` matrix whose element `(kk, nn)` is `get(kk, nn)`, visiting the
-    /// elements row by row (`by_rows`) or column by column, whichever reads the source in order.
-    pub(crate) fn pack_with(
-        k: usize,
-        n: usize,
-        by_rows: bool,
-        get: impl Fn(usize, usize) -> bf16,
-    ) -> PackedB {
+    /// An all-zero packed `[k, n]` matrix.
+    fn zeros(k: usize, n: usize) -> PackedB {
         let k_chunks = k.div_ceil(TILE_K);
         let n_groups = n.div_ceil(BLOCK) * (BLOCK / TILE_N);
-        let mut data = vec![bf16::ZERO; n_groups * k_chunks * TILE_ELEMS];
-        // Tile (kc, ng) starts at (ng·k_chunks + kc)·512, its row p at 32p: together
-        // (kk / 2)·32 from the column group's start, as kc·512 + p·32 = (kk / 2)·32.
-        let at = |kk: usize, nn: usize| {
-            (nn / TILE_N) * k_chunks * TILE_ELEMS
-                + (kk / 2) * 2 * TILE_N
-                + (nn % TILE_N) * 2
-                + kk % 2
-        };
-        if by_rows {
-            for kk in 0..k {
-                for nn in 0..n {
-                    data[at(kk, nn)] = get(kk, nn);
-                }
-            }
-        } else {
-            for nn in 0..n {
-                for kk in 0..k {
-                    data[at(kk, nn)] = get(kk, nn);
-                }
-            }
-        }
         PackedB {
             k,
             n,
             k_chunks,
-            data,
+            data: vec![bf16::ZERO; n_groups * k_chunks * TILE_ELEMS],
         }
+    }
+
+    /// The packed `[k, n]` matrix `b` (row-major, length checked by the caller).
+    pub(crate) fn from_rows(b: &[bf16], k: usize, n: usize) -> PackedB {
+        let mut packed = PackedB::zeros(k, n);
+        let group = packed.k_chunks * TILE_ELEMS;
+        if n == 0 {
+            return packed;
+        }
+        // Rows 2p and 2p + 1 interleave into row p of their column group's tiles (tile
+        // (kc, ng) starts at ng·group + kc·512 and its row p' at 32p': together 32p from the
+        // group's start).
+        for (p, pair) in b.chunks(2 * n).enumerate() {
+            for (e, row) in pair.chunks_exact(n).enumerate() {
+                for (ng, cols) in row.chunks(TILE_N).enumerate() {
+                    let dst = &mut packed.data[ng * group + p * 2 * TILE_N + e..];
+                    for (j, &x) in cols.iter().enumerate() {
+                        dst[2 * j] = x;
+                    }
+                }
+            }
+        }
+        packed
+    }
+
+    /// The packed `[k, n]` matrix `btᵀ` (`bt` row-major `[n, k]`, length checked by the caller).
+    pub(crate) fn from_transposed(bt: &[bf16], n: usize, k: usize) -> PackedB {
+        let mut packed = PackedB::zeros(k, n);
+        let group = packed.k_chunks * TILE_ELEMS;
+        if k == 0 {
+            return packed;
+        }
+        // Column nn of B is row nn of `bt`: its pairs go 32 values apart (see `from_rows`).
+        for (nn, col) in bt.chunks_exact(k).enumerate() {
+            let dst = &mut packed.data[(nn / TILE_N) * group + (nn % TILE_N) * 2..];
+            for (p, pair) in col.chunks(2).enumerate() {
+                dst[p * 2 * TILE_N..][..pair.len()].copy_from_slice(pair);
+            }
+        }
+        packed
     }
 
     /// The depth `k` of `B`.
@@ -466,8 +480,8 @@ impl BView<'_> {
 }
 
 /// `C (+)= A·B` on whole blocks: `A` is `[m, b.k_padded()]` (rows `lda` apart, `m` a multiple
-/// of 32), `C` is `[m, b.n_padded()]` (rows `ldc` apart); `accumulate` adds to `C`, else
-/// overwrites it.
+/// of 32), `C` is `[m, b.n_padded()]` (rows `ldc` apart, the last one no longer than needed);
+/// `accumulate` adds to `C`, else overwrites it.
 ///
 /// # Shapes
 /// - `a`: `[m, lda]`, `c`: `[m, ldc]`, with `m = a.len() / lda`
@@ -483,7 +497,10 @@ pub(crate) fn gemm_blocks(
     let m = a.len() / lda;
     // The kernel reads and writes through raw pointers: these checks keep this safe.
     assert!(
-        m.is_multiple_of(BLOCK) && b.k_padded() <= lda && b.n_padded() <= ldc && c.len() >= m * ldc,
+        m.is_multiple_of(BLOCK)
+            && b.k_padded() <= lda
+            && b.n_padded() <= ldc
+            && (m == 0 || c.len() >= (m - 1) * ldc + b.n_padded()),
         "gemm_blocks: A, B and C disagree"
     );
     if b.k_chunks == 0 {
