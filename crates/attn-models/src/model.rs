@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest};
+use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest};
 use faer::Par;
 use rayon::prelude::*;
 
@@ -85,7 +85,9 @@ impl std::fmt::Debug for Model {
     }
 }
 
-/// Buffers of one forward pass, allocated once and reused by every layer.
+/// Buffers of one forward pass, allocated once and reused by every layer (and, on the
+/// embedding path, by every batch a thread runs: see [`Workspace::take`]).
+#[derive(Default)]
 struct Workspace {
     /// `[rows, hidden]`: the residual stream.
     hidden: Vec<f32>,
@@ -105,25 +107,69 @@ struct Workspace {
     intermediate: Vec<f32>,
 }
 
+/// The most bytes of buffers a thread keeps between embedding batches (64 sentences of 128
+/// tokens of all-MiniLM-L6-v2 need 26 MiB).
+const KEPT_WORKSPACE_BYTES: usize = 64 << 20;
+
+thread_local! {
+    /// This thread's buffers between embedding batches (`None` while a run holds them).
+    static KEPT: std::cell::Cell<Option<Workspace>> = const { std::cell::Cell::new(None) };
+}
+
 impl Workspace {
-    fn new(rows: usize, c: &ModelConfig) -> Workspace {
+    /// Sizes every buffer for `rows` rows. Every buffer is written in full before it is read,
+    /// so reused memory needs no clearing.
+    fn resize(&mut self, rows: usize, c: &ModelConfig) {
         let h = c.hidden_size;
-        Workspace {
-            hidden: vec![0.0; rows * h],
-            normed: if c.kind == ModelKind::Gpt2 {
-                vec![0.0; rows * h]
-            } else {
-                Vec::new()
-            },
-            qkv: vec![0.0; rows * 3 * h],
-            q: vec![0.0; rows * h],
-            k: vec![0.0; rows * h],
-            v: vec![0.0; rows * h],
-            context: vec![0.0; rows * h],
-            sublayer: vec![0.0; rows * h],
-            intermediate: vec![0.0; rows * c.intermediate_size],
+        let gpt2 = c.kind == ModelKind::Gpt2;
+        for (buf, len) in [
+            (&mut self.hidden, rows * h),
+            (&mut self.normed, if gpt2 { rows * h } else { 0 }),
+            (&mut self.qkv, rows * 3 * h),
+            (&mut self.q, rows * h),
+            (&mut self.k, rows * h),
+            (&mut self.v, rows * h),
+            (&mut self.context, rows * h),
+            (&mut self.sublayer, rows * h),
+            (&mut self.intermediate, rows * c.intermediate_size),
+        ] {
+            buf.truncate(len);
+            buf.resize(len, 0.0);
         }
     }
+
+    /// Buffers for `rows` rows: this thread's kept ones when it has them (a nested run, e.g.
+    /// one rayon steals while this thread waits inside a run, gets new ones).
+    fn take(rows: usize, c: &ModelConfig) -> Workspace {
+        let mut ws = KEPT.take().unwrap_or_default();
+        ws.resize(rows, c);
+        ws
+    }
+
+    /// Keeps the buffers for this thread's next [`Workspace::take`], unless they are large.
+    fn keep(self) {
+        let floats = self.hidden.capacity()
+            + self.normed.capacity()
+            + self.qkv.capacity()
+            + self.q.capacity()
+            + self.k.capacity()
+            + self.v.capacity()
+            + self.context.capacity()
+            + self.sublayer.capacity()
+            + self.intermediate.capacity();
+        if floats * 4 <= KEPT_WORKSPACE_BYTES {
+            KEPT.set(Some(self));
+        }
+    }
+}
+
+/// What a forward pass returns besides the final hidden state (left in the workspace).
+struct LayersOutput {
+    seq_len: usize,
+    lengths: Vec<usize>,
+    attentions: Option<Vec<f32>>,
+    qk: Option<QueryKey>,
+    hidden_states: Option<Vec<f32>>,
 }
 
 /// Sets how many threads every later model call uses (rayon's global pool, which otherwise
@@ -275,6 +321,39 @@ impl Model {
         options: &RunOptions,
         par: Par,
     ) -> Result<ModelOutput, ModelError> {
+        let mut ws = Workspace::default();
+        let out = self.run_layers(encs, options, par, &mut ws)?;
+        let c = &self.config;
+        let rows = encs.len() * out.seq_len;
+        // GPT-2's language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
+        let logits = (c.kind == ModelKind::Gpt2).then(|| {
+            let mut logits = vec![0.0f32; rows * c.vocab_size];
+            let wte = &self.weights.word_embeddings;
+            let h = c.hidden_size;
+            gemm_bt(&ws.hidden, rows, h, wte, c.vocab_size, &mut logits, par);
+            logits
+        });
+        Ok(ModelOutput {
+            batch: encs.len(),
+            seq_len: out.seq_len,
+            lengths: out.lengths,
+            attentions: out.attentions,
+            qk: out.qk,
+            hidden_states: out.hidden_states,
+            last_hidden_state: ws.hidden,
+            logits,
+        })
+    }
+
+    /// The layers of a forward pass, the final hidden state `[batch, seq_len, hidden]` left in
+    /// `ws.hidden`.
+    fn run_layers(
+        &self,
+        encs: &[Encoding],
+        options: &RunOptions,
+        par: Par,
+        ws: &mut Workspace,
+    ) -> Result<LayersOutput, ModelError> {
         let c = &self.config;
         if encs.is_empty() {
             return Err(ModelError::EmptyBatch);
@@ -317,7 +396,7 @@ impl Model {
             par,
             kernel: self.gemm_kernel,
         };
-        let mut ws = Workspace::new(rows, c);
+        ws.resize(rows, c);
         self.embed_tokens(encs, seq_len, &mut ws.hidden);
 
         let per_layer = |extra: usize| batch * n_layers * n_heads * seq_len * extra;
@@ -377,7 +456,9 @@ impl Model {
                 copy_per_layer(&ws.q, &mut qk.q, batch, l, n_layers);
                 copy_per_layer(&ws.k, &mut qk.k, batch, l, n_layers);
             }
-            let input = AttnInput::new(&ws.q, &ws.k, &ws.v, shape)?;
+            // Unchecked: scanning q, k and v for NaN every layer costs more than the one scan
+            // of the final hidden state below, which any non-finite value reaches.
+            let input = AttnInput::allowing_non_finite(&ws.q, &ws.k, &ws.v, shape)?;
             let out = attn_core::sdpa(&input, &attn_options)?;
             if let (Some(all), Some(w)) = (&mut attentions, &out.weights) {
                 copy_per_layer(w.data(), all, batch, l, n_layers);
@@ -426,22 +507,19 @@ impl Model {
             norm.apply(&mut ws.hidden);
             save_hidden(&mut hidden_states, n_layers, &ws.hidden);
         }
-        // GPT-2's language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
-        let logits = (c.kind == ModelKind::Gpt2).then(|| {
-            let mut logits = vec![0.0f32; rows * c.vocab_size];
-            let wte = &self.weights.word_embeddings;
-            gemm_bt(&ws.hidden, rows, h, wte, c.vocab_size, &mut logits, par);
-            logits
-        });
-        Ok(ModelOutput {
-            batch,
+        if let Some(index) = ws.hidden.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Attention(AttnError::NonFinite {
+                tensor: "the final hidden state",
+                index,
+                value: ws.hidden[index],
+            }));
+        }
+        Ok(LayersOutput {
             seq_len,
             lengths,
             attentions,
             qk,
             hidden_states,
-            last_hidden_state: ws.hidden,
-            logits,
         })
     }
 
@@ -476,8 +554,11 @@ impl Model {
             let parts: Vec<Result<Vec<Vec<f32>>, ModelError>> = chunk
                 .par_chunks(share)
                 .map(|part| {
-                    let run = self.run_batch(part, &RunOptions::default(), Par::Seq)?;
-                    Ok(self.pool(&run))
+                    let mut ws = Workspace::take(part.len() * max_len(part), &self.config);
+                    let run = self.run_layers(part, &RunOptions::default(), Par::Seq, &mut ws);
+                    let pooled = run.map(|run| self.pool_states(&ws.hidden, &run.lengths));
+                    ws.keep();
+                    pooled
                 })
                 .collect();
             for part in parts {
@@ -492,10 +573,15 @@ impl Model {
     /// # Shapes
     /// - returns `[out.batch][hidden]`
     pub fn pool(&self, out: &ModelOutput) -> Vec<Vec<f32>> {
+        self.pool_states(&out.last_hidden_state, &out.lengths)
+    }
+
+    /// [`Model::pool`] of a final hidden state `[lengths.len(), seq_len, hidden]`.
+    fn pool_states(&self, states: &[f32], lengths: &[usize]) -> Vec<Vec<f32>> {
         let h = self.config.hidden_size;
-        out.last_hidden_state
-            .chunks_exact(out.seq_len * h)
-            .zip(&out.lengths)
+        states
+            .chunks_exact(states.len() / lengths.len())
+            .zip(lengths)
             .map(|(states, &len)| self.pooling.pool(states, h, len))
             .collect()
     }
@@ -532,6 +618,11 @@ impl Model {
     }
 }
 
+/// The longest text of a batch, in tokens.
+fn max_len(encs: &[Encoding]) -> usize {
+    encs.iter().map(Encoding::len).max().unwrap_or(0)
+}
+
 /// `[rows, 3·hidden]` (q | k | v, each head's `head_dim` values side by side) into three
 /// `[batch, heads, seq_len, head_dim]` tensors.
 pub(crate) fn split_heads(
@@ -549,7 +640,7 @@ pub(crate) fn split_heads(
                 let src = &qkv[(b * seq_len + t) * 3 * h + part * h..][..h];
                 for (head, vals) in src.chunks_exact(d).enumerate() {
                     let at = ((b * n_heads + head) * seq_len + t) * d;
-                    dst[at..at + d].copy_from_slice(vals);
+                    copy_head_row(&mut dst[at..at + d], vals);
                 }
             }
         }
@@ -570,9 +661,20 @@ pub(crate) fn merge_heads(
         for head in 0..n_heads {
             for t in 0..seq_len {
                 let src = &out[((b * n_heads + head) * seq_len + t) * d..][..d];
-                dst[(b * seq_len + t) * h + head * d..][..d].copy_from_slice(src);
+                copy_head_row(&mut dst[(b * seq_len + t) * h + head * d..][..d], src);
             }
         }
+    }
+}
+
+/// `dst = src` for one head's row: for the usual widths a fixed-length copy the compiler
+/// inlines, instead of a call to `memcpy` per 128 bytes.
+#[inline(always)]
+fn copy_head_row(dst: &mut [f32], src: &[f32]) {
+    match src.len() {
+        32 => dst[..32].copy_from_slice(&src[..32]),
+        64 => dst[..64].copy_from_slice(&src[..64]),
+        _ => dst.copy_from_slice(src),
     }
 }
 
