@@ -345,8 +345,8 @@ impl PackedB {
         // Column nn of B is row nn of `bt`: its pairs go 32 values apart (see `from_rows`).
         for (nn, col) in bt.chunks_exact(k).enumerate() {
             let dst = &mut packed.data[(nn / TILE_N) * group + (nn % TILE_N) * 2..];
-            for (p, pair) in col.chunks(2).enumerate() {
-                dst[p * 2 * TILE_N..][..pair.len()].copy_from_slice(pair);
+            for (kk, &x) in col.iter().enumerate() {
+                dst[(kk / 2) * 2 * TILE_N + kk % 2] = x;
             }
         }
         packed

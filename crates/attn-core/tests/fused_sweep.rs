@@ -563,6 +563,16 @@ fn amx_takes_the_tiles_for_bf16_or_is_refused() {
     assert_eq!(amx_nan.out[..head], amx.out[..head]);
     let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(same_bits(&amx_nan.out[head..], &fma_nan.out[head..]));
+    // A NaN key: its score is NaN in every row of head 0 (no mask), which the fused softmax
+    // step hands to the general one, so every output of head 0 is NaN, as on AVX-512; head 1
+    // is untouched.
+    let mut k_nan = k.clone();
+    k_nan[7 * 64 + 3] = bf16::NAN;
+    let input = AttnInputBf16::new(&q, &k_nan, &v, shape).unwrap();
+    let amx_k = sdpa_bf16_with(Isa::Amx, &input, &opts).unwrap();
+    assert!(amx_k.out[..head].iter().all(|x| x.is_nan()));
+    assert!(amx_k.lse[..100].iter().all(|x| x.is_nan()));
+    assert!(same_bits(&amx_k.out[head..], &amx_nan.out[head..]));
 }
 
 #[test]

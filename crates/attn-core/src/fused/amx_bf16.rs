@@ -142,16 +142,17 @@ impl<'a> Plan<'a> {
             dst[..d].copy_from_slice(src);
         }
         scores.resize(GROUP * AMX_BLOCK_KV, 0.0);
-        // Rows past `n` stay 0 in `p`, as do the columns past a block's keys.
-        p.clear();
+        // Rows past `n` are 0 in `p`; each row's columns past its block's keys are set to 0
+        // with the row, up to the 32 the product reads.
         p.resize(GROUP * AMX_BLOCK_KV, bf16::ZERO);
+        p[n * AMX_BLOCK_KV..].fill(bf16::ZERO);
         acc.clear();
         acc.resize(rows * dv_pad, 0.0);
         let range = |i| key_range(self.opt.causal, self.opt.window, self.offset, i, s_n);
-        // Visible ranges only move right as `i` grows: the group sees the union of its rows',
-        // and every row sees keys `all_lo..all_hi`.
-        let ((lo, all_hi), (all_lo, hi)) = (range(i0), range(i0 + n - 1));
-        // Without extra rules or dropout, blocks every row sees whole take the fused step.
+        // Visible ranges only move right as `i` grows: the group sees the union of its rows'.
+        let ((lo, _), (_, hi)) = (range(i0), range(i0 + n - 1));
+        // Without extra rules or dropout, each row's visible keys (a range, from the causal and
+        // window rules) take the fused step.
         let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
         let mut m = [f32::NEG_INFINITY; GROUP];
         let mut sum = [0.0f32; GROUP];
@@ -161,17 +162,26 @@ impl<'a> Plan<'a> {
             let k = head.k.view((0, d), (j0, keys));
             let tile = &mut scores[..rows * AMX_BLOCK_KV];
             amx::gemm_blocks(tiles, q_pad, d_pad, k, tile, AMX_BLOCK_KV, false);
-            let whole = plain && all_lo <= j0 && j0 + keys <= all_hi;
             for r in 0..n {
                 let row = &mut scores[r * AMX_BLOCK_KV..][..keys];
                 let p = &mut p[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
                 p[keys..].fill(bf16::ZERO);
-                let state = (&mut m[r], &mut sum[r]);
-                let step = match whole {
-                    true => softmax_step_plain(row, self.scale, state, &mut p[..keys]),
-                    false => None,
-                };
-                let alpha = step.unwrap_or_else(|| {
+                let step = plain.then(|| {
+                    let (vis_lo, vis_hi) = range(i0 + r);
+                    let a = vis_lo.clamp(j0, j0 + keys) - j0;
+                    let b = (vis_hi.clamp(j0, j0 + keys) - j0).max(a);
+                    p[..a].fill(bf16::ZERO);
+                    p[b..keys].fill(bf16::ZERO);
+                    match a < b {
+                        true => {
+                            let state = (&mut m[r], &mut sum[r]);
+                            softmax_step_plain(&row[a..b], self.scale, state, &mut p[a..b])
+                        }
+                        // Nothing visible here: weights 0, the row's state unchanged.
+                        false => Some(None),
+                    }
+                });
+                let alpha = step.flatten().unwrap_or_else(|| {
                     self.isa.scale(row, self.scale);
                     let state = (&mut m[r], &mut sum[r]);
                     let alpha = self.softmax_step((b, h, i0 + r), j0, row, state);
