@@ -31,6 +31,9 @@ field() { sed -E "s/.*\"$1\": ?([-0-9.eE+]+).*/\1/" <<<"$2"; }
 # median of the numbers given as arguments.
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
+# isa_of DTYPE: the kernels the forward pass runs on for DTYPE (the "isa" of bench sdpa --json).
+isa_of() { sed -E 's/.*"isa": ?"([A-Za-z0-9]+)".*/\1/' <<<"$("$ours" bench sdpa --seq 64 --heads 1 --head-dim 64 --dtype "$1" --reps 1 --json)"; }
+echo "kernels: f32 on $(isa_of f32), bf16 on $(isa_of bf16)"
 printf '%-34s %10s %10s %8s %8s\n' "shape (threads=$THREADS, rounds=$ROUNDS)" "ours GF/s" "torch GF/s" "ratio" "target"
 # compare LABEL TARGET DTYPE SEQ HEADS [--causal]
 compare() {
@@ -53,6 +56,7 @@ compare "f32 B1 H8 L=S=2048 d64 causal" 2.0 f32 2048 8 --causal
 compare "f32 B1 H8 L=S=512 d64"         1.8 f32 512 8
 compare "f32 B1 H2 L=S=8192 d64"        1.8 f32 8192 2
 compare "bf16 B1 H8 L=S=2048 d64"       3.0 bf16 2048 8
+compare "bf16 B1 H8 L=S=2048 d64 causal" 3.0 bf16 2048 8 --causal
 
 # cpu_ms CMD...: CPU milliseconds (user + sys) the command used.
 cpu_ms() {
@@ -83,6 +87,7 @@ cpu_compare "f32 B1 H8 L=S=2048 d64 causal" 20 f32 2048 8 --causal
 cpu_compare "f32 B1 H8 L=S=512 d64"        200 f32 512 8
 cpu_compare "f32 B1 H2 L=S=8192 d64"         5 f32 8192 2
 cpu_compare "bf16 B1 H8 L=S=2048 d64"       20 bf16 2048 8
+cpu_compare "bf16 B1 H8 L=S=2048 d64 causal" 20 bf16 2048 8 --causal
 
 echo
 big=$("$ours" bench sdpa --seq 65536 --heads 1 --head-dim 64 --threads "$THREADS" --reps 1 --json)

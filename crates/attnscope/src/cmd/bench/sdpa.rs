@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use attn_core::fused::{AttnInputBf16, bf16, set_global_threads};
+use attn_core::fused::{AttnInputBf16, Isa, bf16, set_global_threads};
 use attn_core::{AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -165,7 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "backward": args.backward,
             "threads": args.threads,
             "weights": format!("{:?}", args.weights).to_lowercase(),
-            "isa": format!("{:?}", attn_core::fused::Isa::best()),
+            "isa": format!("{:?}", forward_isa(args.dtype)),
             "reps": args.reps,
             "ms": median * 1e3,
             "gflops": gflops,
@@ -231,6 +231,15 @@ impl Rng {
     }
 }
 
+/// The kernels the forward pass runs on for `dtype`: on AMX machines only bf16 inputs use the
+/// tiles, f32 inputs run the AVX-512 kernels.
+fn forward_isa(dtype: Dtype) -> Isa {
+    match (Isa::best(), dtype) {
+        (Isa::Amx, Dtype::F32) => Isa::Avx512,
+        (isa, _) => isa,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +260,16 @@ mod tests {
             reps: 2,
             json: true,
             backward: false,
+        }
+    }
+
+    #[test]
+    fn the_reported_isa_is_the_one_each_dtype_runs_on() {
+        // Only bf16 inputs take the AMX tiles; f32 runs the AVX-512 kernels there.
+        assert_eq!(forward_isa(Dtype::Bf16), Isa::best());
+        assert_ne!(forward_isa(Dtype::F32), Isa::Amx);
+        if Isa::best() != Isa::Amx {
+            assert_eq!(forward_isa(Dtype::F32), Isa::best());
         }
     }
 
