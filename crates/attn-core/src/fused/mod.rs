@@ -18,6 +18,10 @@
 //! only for the rows asked.
 //!
 //! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
+//!
+//! On [`Isa::Amx`], bf16 inputs run both GEMMs on AMX tiles in 32-row groups (`amx_bf16.rs`),
+//! with the weights rounded to bf16 for `P·V`; every other case (f32 inputs, values holding NaN
+//! or ∞) runs the AVX-512 kernels.
 
 mod amx_bf16;
 mod input_bf16;
@@ -79,9 +83,11 @@ pub fn sdpa_with(
 }
 
 /// Scaled dot-product attention on bf16 inputs, accumulated in f32 on the best [`Isa`] of this
-/// CPU. Inputs are widened to f32 (exactly) as they are packed, once per head, so the result
-/// equals [`crate::sdpa`] on the widened inputs up to f32 rounding of the sums; bf16 halves the
-/// input memory, not the arithmetic (see `avx512.rs` for why not `VDPBF16PS`).
+/// CPU. On [`Isa::Amx`] both products run on AMX tiles and the weights are rounded to bf16
+/// before `P·V`, so `out` is within `2^-9 · max |v|` of [`crate::sdpa`] on the widened inputs
+/// (`lse` and weights as exact as f32); on the other ISAs, inputs are widened to f32 (exactly)
+/// as they are packed and the result equals [`crate::sdpa`] on the widened inputs up to f32
+/// rounding of the sums (see `avx512.rs` for why not `VDPBF16PS`).
 ///
 /// # Shapes
 /// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
