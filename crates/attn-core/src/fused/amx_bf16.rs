@@ -156,9 +156,11 @@ impl<'a> Plan<'a> {
         let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
         let mut m = [f32::NEG_INFINITY; GROUP];
         let mut sum = [0.0f32; GROUP];
-        for jb in lo / AMX_BLOCK_KV..hi.div_ceil(AMX_BLOCK_KV) {
-            let j0 = jb * AMX_BLOCK_KV;
-            let keys = (s_n - j0).min(AMX_BLOCK_KV);
+        // Key blocks cover exactly `lo..hi` from the tile boundary below `lo`: on causal and
+        // window masks the group's first and last blocks are no longer than needed.
+        let mut j0 = lo / BLOCK * BLOCK;
+        while j0 < hi {
+            let keys = (hi - j0).min(AMX_BLOCK_KV);
             let k = head.k.view((0, d), (j0, keys));
             let tile = &mut scores[..rows * AMX_BLOCK_KV];
             amx::gemm_blocks(tiles, q_pad, d_pad, k, tile, AMX_BLOCK_KV, false);
@@ -195,6 +197,7 @@ impl<'a> Plan<'a> {
             let v = head.v.view((j0, keys), (0, dv));
             let p = &p[..rows * AMX_BLOCK_KV];
             amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, dv_pad, true);
+            j0 += keys;
         }
         let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
         for (r, out_row) in out.chunks_exact_mut(dv).enumerate() {
