@@ -19,7 +19,7 @@
 //! The numbers are those of the full masked pass ([`Model::forward`]) up to floating-point
 //! summation order.
 
-use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
+use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 use rayon::prelude::*;
 
 use crate::model::parallelism;
@@ -112,8 +112,9 @@ impl<'m> KvCache<'m> {
     /// then one token at a time gives the logits of the full pass over the whole sequence.
     /// `attention` asks for the last layer's head-averaged attention of the fed tokens.
     ///
-    /// Errors: no ids, an id outside the vocabulary, or more tokens than the cache's capacity
-    /// ([`ModelError::CacheFull`]); the cache is unchanged on error.
+    /// Errors: no ids, an id outside the vocabulary, more tokens than the cache's capacity
+    /// ([`ModelError::CacheFull`]), or weights that make the hidden state NaN or infinite
+    /// ([`AttnError::NonFinite`]); the cache is unchanged on error.
     ///
     /// # Shapes
     /// - `ids`: `[new]`; see [`Step`]
@@ -211,6 +212,13 @@ impl<'m> KvCache<'m> {
         if let Some(norm) = &weights.final_norm {
             norm.apply(&mut hidden);
         }
+        if let Some(index) = hidden.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Attention(AttnError::NonFinite {
+                tensor: "the final hidden state",
+                index,
+                value: hidden[index],
+            }));
+        }
         // The language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
         let mut logits = vec![0.0f32; new * c.vocab_size];
         let wte = &weights.word_embeddings;
@@ -288,7 +296,11 @@ fn attend_per_head(
         .map(|head| {
             let (at, len) = (head * capacity * d, seq_kv * d);
             let (k, v) = (&keys[at..][..len], &values[at..][..len]);
-            let input = AttnInput::new(&q[head * new * d..][..new * d], k, v, shape)?;
+            // Unchecked: scanning the whole cache for NaN at every step would cost more than
+            // the attention itself; `feed` checks the final hidden state, which any non-finite
+            // value reaches.
+            let input =
+                AttnInput::allowing_non_finite(&q[head * new * d..][..new * d], k, v, shape)?;
             let out = attn_core::sdpa(&input, &options)?;
             Ok((out.out, out.weights.map(|w| w.data().to_vec())))
         })

@@ -6,6 +6,7 @@
 #[allow(dead_code)]
 mod common;
 
+use attn_core::AttnError;
 use attn_models::fetch::default_model_dir;
 use std::num::NonZeroUsize;
 
@@ -304,6 +305,70 @@ fn sampling_is_reproducible_with_a_seed() {
     // generator, not chance.
     let c = generate(&model, "Hello there", &sample(8)).unwrap();
     assert_ne!(a.ids, c.ids);
+}
+
+/// A copy of tiny-gpt2 in `dir` whose first weight of `tensor` is NaN.
+fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
+    let src = golden_dir().join("tiny-gpt2");
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    let (_, _, _, data) = tensors
+        .iter_mut()
+        .find(|(name, ..)| name.ends_with(tensor))
+        .unwrap();
+    data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    Model::load(dir).unwrap()
+}
+
+#[test]
+fn nan_weights_are_an_error_and_leave_the_cache_as_it_was() {
+    let is_nan_error = |err: &ModelError| {
+        matches!(err, ModelError::Attention(AttnError::NonFinite { tensor, value, .. })
+            if *tensor == "the final hidden state" && value.is_nan())
+    };
+    // The first weight of the last layer's query/key/value projection (`[in, 3·hidden]`:
+    // input 0's weight in head 0's first query column): every fed token's query there is NaN.
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_gpt2_with_a_nan(dir.path(), "h.1.attn.c_attn.weight");
+    let mut cache = KvCache::new(&model).unwrap();
+    let err = cache.feed(&[1, 2, 3], false).unwrap_err();
+    assert!(is_nan_error(&err), "{err:?}");
+    assert!(err.to_string().contains("non-finite"), "{err}");
+    assert!(cache.is_empty());
+    let err = cache.feed(&[1], true).unwrap_err();
+    assert!(is_nan_error(&err), "{err:?}");
+    assert!(cache.is_empty());
+    let options = GenerateOptions {
+        max_new_tokens: 3,
+        sampling: Sampling::Greedy,
+        attention: false,
+    };
+    let err = generate(&model, "The cat", &options).unwrap_err();
+    assert!(is_nan_error(&err), "{err:?}");
 }
 
 #[test]
