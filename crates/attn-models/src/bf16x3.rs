@@ -205,6 +205,25 @@ fn pack_block_body(
     }
 }
 
+/// Asks for the cache lines of k steps `steps` of the rows `x` `[rows, n_in]` (into L1; on
+/// other targets nothing).
+fn prefetch_rows(x: &[f32], n_in: usize, steps: Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let k = steps.start * TILE_K..n_in.min(steps.end * TILE_K);
+        for row in x.chunks_exact(n_in) {
+            // 16 f32 per 64-byte line.
+            for line in row[k.clone()].chunks(16) {
+                // SAFETY: a prefetch only hints the cache; the address is inside `x`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, n_in, steps);
+}
+
 /// Whether the CPU converts f32 to bf16 in AVX-512 registers (every AMX CPU does).
 #[cfg(target_arch = "x86_64")]
 fn avx512_bf16() -> bool {
@@ -343,8 +362,16 @@ unsafe fn multiply_rows(
                     kc..kc + steps,
                     &mut a_block,
                 );
+                // The next row block's share of `x` is fetched while this one meets the weight,
+                // a few rows per column block (all at once would fill the miss buffers).
+                let next = &x[rows.min(row + BLOCK) * n_in..rows.min(row + 2 * BLOCK) * n_in];
+                let per_nb = (next.len() / n_in).div_ceil(nbs.len()).max(1) * n_in;
+                let mut next = next.chunks(per_nb);
                 let a = a_block.as_ptr();
                 for nb in nbs.clone() {
+                    if let Some(rows) = next.next() {
+                        prefetch_rows(rows, n_in, kc..kc + steps);
+                    }
                     let b = w.panel(nb)[kc * STEP_LINES..].as_ptr();
                     let (col, block_cols) = (nb * BLOCK, BLOCK.min(n_out - nb * BLOCK));
                     // A whole block is read and written in place; one at an edge through `edge`.
