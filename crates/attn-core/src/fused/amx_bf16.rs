@@ -8,8 +8,10 @@
 //! each block of keys:
 //! 1. `S = Q·Kᵀ` on tiles, times the scale in f32. Products of bf16 values are exact in f32 and
 //!    the sums are f32 sums, as on the other paths (only their order differs);
-//! 2. every rule of the reference and the online-softmax step in f32, shared with the other
-//!    paths (`Plan::softmax_step`);
+//! 2. every rule of the reference and the online-softmax step in f32: rows with no rule beyond
+//!    a positive scale, causal and window take a fused two-pass step over their visible keys
+//!    (`softmax_step_plain`), the others (and rows with a NaN or ±∞ score) the step shared with
+//!    the other paths (`Plan::softmax_step`);
 //! 3. `P` rounded to bf16 (nearest even, `VCVTNEPS2BF16`) and `acc += P·V` on tiles.
 //!
 //! Only step 3 rounds beyond f32: each weight by at most 2^-9 relative, while the row's sum
