@@ -9,7 +9,7 @@
 //! Higher-Precision Computations", ARITH 2019, <https://arxiv.org/abs/1904.06376>).
 //!
 //! Weights are split and packed into tile order once ([`PackedWeight`]); activations are split
-//! per call, a block of rows at a time, into a per-thread buffer.
+//! as the tiles need them, 32 rows by one block of k at a time.
 //! [`matmul_reference`] computes the same sums in plain Rust, so the numerics can be checked on
 //! any CPU.
 //!
