@@ -10,7 +10,8 @@
 #        ROUNDS   alternations per case, ours then transformers (default 3)
 #        THREADS  threads for both sides (default 2)
 #        SHORT    new tokens of the short generation (default 16)
-#        LONG     new tokens of the long one (default: as many as the model's positions allow)
+#        LONG     new tokens of the long one (default, and at most: as many as the model's
+#                 positions allow)
 #        LONG_REPS  timed runs per round of the long one (default 1; the short one takes 5)
 #        PROMPT   the prompt (default: the bench's own)
 #
@@ -69,7 +70,8 @@ compare() {
 for dir in "${models[@]}"; do
   n_positions=$(sed -nE 's/.*"n_positions": ?([0-9]+).*/\1/p' "$dir/config.json")
   prompt_tokens=$(field prompt_tokens "$("$ours" bench generate --model "$dir" --prompt "$PROMPT" --new-tokens 1 --reps 1 --json)")
-  long=${LONG:-$((n_positions - prompt_tokens + 1))}
+  long=$((n_positions - prompt_tokens + 1))
+  [[ -z "${LONG:-}" ]] || ((LONG > long)) || long=$LONG
   reps=5 compare "$dir" "$SHORT"
   reps=${LONG_REPS:-1} compare "$dir" "$long"
 done
