@@ -174,7 +174,7 @@ unsafe fn tilerelease() {
 /// (writable for `c`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_2x2(
+pub(crate) unsafe fn block_2x2(
     k_chunks: usize,
     a: *const bf16,
     lda: usize,

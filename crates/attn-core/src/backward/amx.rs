@@ -20,10 +20,11 @@
 //! 512 values at `(ng·k_chunks + kc)·512`, and in it `B'[32·kc + 2p + e][16·ng + j]` sits at
 //! `32p + 2j + e`.
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
-use crate::amx::Tiles;
+use half::bf16;
+
+use crate::amx::{Tiles, block_2x2};
 
 /// Depth of one tile product: 16 pairs of bf16.
 const TK: usize = 32;
@@ -237,88 +238,17 @@ pub(super) fn gemm(
             unsafe {
                 block_2x2(
                     k_chunks,
-                    a[mb * 32 * k3..].as_ptr(),
+                    a[mb * 32 * k3..].as_ptr().cast::<bf16>(),
                     k3 * 2,
-                    (b0, b1),
+                    b0.cast::<bf16>(),
+                    b1.cast::<bf16>(),
+                    TILE * 2,
                     c[mb * 32 * ldc + nb * 32..].as_mut_ptr(),
                     ldc * 4,
                     accumulate,
                 );
             }
         }
-    }
-}
-
-/// One 32 × 32 block `C (+)= A'·B'` over `k_chunks` depth chunks of 32: tiles 0–3 hold C, 4–5
-/// the two 16-row halves of A', 6–7 the two 16-column halves of B' (as `crate::amx`'s kernel,
-/// with B' tiles 1 KiB apart along the depth).
-///
-/// # Safety
-/// A live [`Tiles`] guard on this thread; `k_chunks ≥ 1`; `a` (rows `lda` bytes apart, 32
-/// rows), the `k_chunks` consecutive tiles at `b0` and `b1`, and `c` (rows `ldc` bytes apart,
-/// 32 rows of 32 f32) readable, `c` writable.
-unsafe fn block_2x2(
-    k_chunks: usize,
-    a: *const u16,
-    lda: usize,
-    (b0, b1): (*const u16, *const u16),
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    // SAFETY (whole body): the caller guarantees the tiles, the chunk count and the memory.
-    unsafe {
-        let c1 = c.byte_add(16 * ldc);
-        if accumulate {
-            asm!(
-                "tileloadd tmm0, [{c} + {ldc}*1]",
-                "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
-                "tileloadd tmm2, [{c1} + {ldc}*1]",
-                "tileloadd tmm3, [{c1} + {ldc}*1 + 64]",
-                c = in(reg) c, c1 = in(reg) c1, ldc = in(reg) ldc,
-                options(nostack, readonly),
-            );
-        } else {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem)
-            );
-        }
-        asm!(
-            "2:",
-            "tileloadd tmm4, [{a0} + {lda}*1]",
-            "tileloadd tmm6, [{b0} + {s64}*1]",
-            "tdpbf16ps tmm0, tmm4, tmm6",
-            "tileloadd tmm7, [{b1} + {s64}*1]",
-            "tdpbf16ps tmm1, tmm4, tmm7",
-            "tileloadd tmm5, [{a1} + {lda}*1]",
-            "tdpbf16ps tmm2, tmm5, tmm6",
-            "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a0}, 64",
-            "add {a1}, 64",
-            "add {b0}, 1024",
-            "add {b1}, 1024",
-            "dec {n}",
-            "jnz 2b",
-            "tilestored [{c} + {ldc}*1], tmm0",
-            "tilestored [{c} + {ldc}*1 + 64], tmm1",
-            "tilestored [{c1} + {ldc}*1], tmm2",
-            "tilestored [{c1} + {ldc}*1 + 64], tmm3",
-            a0 = inout(reg) a => _,
-            a1 = inout(reg) a.byte_add(16 * lda) => _,
-            b0 = inout(reg) b0 => _,
-            b1 = inout(reg) b1 => _,
-            n = inout(reg) k_chunks => _,
-            lda = in(reg) lda,
-            s64 = in(reg) 64usize,
-            c = in(reg) c,
-            c1 = in(reg) c1,
-            ldc = in(reg) ldc,
-            options(nostack),
-        );
     }
 }
 
