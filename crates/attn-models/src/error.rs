@@ -125,6 +125,12 @@ pub enum ModelError {
     /// The thread pool could not be set up.
     #[error("threads: {reason}")]
     Threads { reason: String },
+    /// The forward pass produced NaN or infinity: the weights hold one, or the activations
+    /// overflowed f32.
+    #[error(
+        "the model produced a non-finite value ({value}) in the final hidden state at flat index {index}: the checkpoint's weights hold NaN or infinity, or its activations overflow f32"
+    )]
+    NonFinite { index: usize, value: f32 },
     /// An attention call failed.
     #[error("attention: {0}")]
     Attention(#[from] AttnError),

@@ -19,7 +19,7 @@
 //! The numbers are those of the full masked pass ([`Model::forward`]) up to floating-point
 //! summation order.
 
-use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
+use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 use rayon::prelude::*;
 
 use crate::model::parallelism;
@@ -114,7 +114,7 @@ impl<'m> KvCache<'m> {
     ///
     /// Errors: no ids, an id outside the vocabulary, more tokens than the cache's capacity
     /// ([`ModelError::CacheFull`]), or weights that make the hidden state NaN or infinite
-    /// ([`AttnError::NonFinite`]); the cache is unchanged on error.
+    /// ([`ModelError::NonFinite`]); the cache is unchanged on error.
     ///
     /// # Shapes
     /// - `ids`: `[new]`; see [`Step`]
@@ -213,11 +213,10 @@ impl<'m> KvCache<'m> {
             norm.apply(&mut hidden);
         }
         if let Some(index) = hidden.iter().position(|v| !v.is_finite()) {
-            return Err(ModelError::Attention(AttnError::NonFinite {
-                tensor: "the final hidden state",
+            return Err(ModelError::NonFinite {
                 index,
                 value: hidden[index],
-            }));
+            });
         }
         // The language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
         let mut logits = vec![0.0f32; new * c.vocab_size];

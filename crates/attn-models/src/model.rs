@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest};
+use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest};
 use faer::Par;
 use rayon::prelude::*;
 
@@ -508,11 +508,10 @@ impl Model {
             save_hidden(&mut hidden_states, n_layers, &ws.hidden);
         }
         if let Some(index) = ws.hidden.iter().position(|v| !v.is_finite()) {
-            return Err(ModelError::Attention(AttnError::NonFinite {
-                tensor: "the final hidden state",
+            return Err(ModelError::NonFinite {
                 index,
                 value: ws.hidden[index],
-            }));
+            });
         }
         Ok(LayersOutput {
             seq_len,
