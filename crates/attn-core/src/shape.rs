@@ -57,6 +57,15 @@ impl AttnShape {
         [self.batch, self.n_heads, self.seq_q, self.seq_kv]
     }
 
+    /// Checks the shape itself ([`AttnShape::validate`]) and the element counts of q, k and v
+    /// against it.
+    pub(crate) fn check_lens(&self, q: usize, k: usize, v: usize) -> Result<(), AttnError> {
+        self.validate()?;
+        check_len("q", &self.q_dims(), q)?;
+        check_len("k", &self.k_dims(), k)?;
+        check_len("v", &self.v_dims(), v)
+    }
+
     /// Checks the head grouping and that the per-row state fits; element counts are checked by
     /// [`AttnInput::new`].
     ///
@@ -127,13 +136,17 @@ pub struct AttnInput<'a> {
 }
 
 /// The first NaN or infinity of `data`, as the error that names `tensor`.
-fn check_finite(tensor: &'static str, data: &[f32]) -> Result<(), AttnError> {
-    match data.iter().position(|x| !x.is_finite()) {
+/// The first NaN or infinity in `data`, as [`AttnError::NonFinite`] naming `tensor`.
+pub(crate) fn check_finite<T: Copy>(tensor: &'static str, data: &[T]) -> Result<(), AttnError>
+where
+    f32: From<T>,
+{
+    match data.iter().position(|&x| !f32::from(x).is_finite()) {
         None => Ok(()),
         Some(index) => Err(AttnError::NonFinite {
             tensor,
             index,
-            value: data[index],
+            value: f32::from(data[index]),
         }),
     }
 }
@@ -172,10 +185,7 @@ impl<'a> AttnInput<'a> {
         v: &'a [f32],
         shape: AttnShape,
     ) -> Result<Self, AttnError> {
-        shape.validate()?;
-        check_len("q", &shape.q_dims(), q.len())?;
-        check_len("k", &shape.k_dims(), k.len())?;
-        check_len("v", &shape.v_dims(), v.len())?;
+        shape.check_lens(q.len(), k.len(), v.len())?;
         Ok(AttnInput { q, k, v, shape })
     }
 

@@ -2,7 +2,7 @@
 
 use half::bf16;
 
-use crate::shape::check_len;
+use crate::shape::check_finite;
 use crate::{AttnError, AttnShape};
 
 /// Borrowed, contiguous, row-major bf16 inputs of one attention call.
@@ -20,7 +20,9 @@ pub struct AttnInputBf16<'a> {
 }
 
 impl<'a> AttnInputBf16<'a> {
-    /// Checks the head grouping and every slice's length against `shape`.
+    /// Checks the head grouping, every slice's length against `shape`, and that every value is
+    /// finite (NaN or infinity is [`AttnError::NonFinite`] naming the tensor), as
+    /// [`crate::AttnInput::new`] does for f32.
     ///
     /// # Shapes
     /// As [`AttnInputBf16`].
@@ -30,10 +32,25 @@ impl<'a> AttnInputBf16<'a> {
         v: &'a [bf16],
         shape: AttnShape,
     ) -> Result<Self, AttnError> {
-        shape.validate()?;
-        check_len("q", &shape.q_dims(), q.len())?;
-        check_len("k", &shape.k_dims(), k.len())?;
-        check_len("v", &shape.v_dims(), v.len())?;
+        let input = Self::allowing_non_finite(q, k, v, shape)?;
+        check_finite("q", q)?;
+        check_finite("k", k)?;
+        check_finite("v", v)?;
+        Ok(input)
+    }
+
+    /// Like [`AttnInputBf16::new`] without the finiteness check, for callers that want NaN and
+    /// infinity to flow through (as [`crate::AttnInput::allowing_non_finite`]).
+    ///
+    /// # Shapes
+    /// As [`AttnInputBf16`].
+    pub fn allowing_non_finite(
+        q: &'a [bf16],
+        k: &'a [bf16],
+        v: &'a [bf16],
+        shape: AttnShape,
+    ) -> Result<Self, AttnError> {
+        shape.check_lens(q.len(), k.len(), v.len())?;
         Ok(AttnInputBf16 { q, k, v, shape })
     }
 }
