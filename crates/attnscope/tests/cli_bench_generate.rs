@@ -2,47 +2,10 @@
 //! consistency, the greedy ids against `attnscope generate`, and each bad input as a clear error
 //! with exit code 1.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod cli_support;
 
+use cli_support::{fails_with, ok, tiny_gpt2};
 use serde_json::Value;
-
-fn tiny_gpt2() -> String {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden/tiny-gpt2"
-    ));
-    dir.to_str().unwrap().to_string()
-}
-
-fn attnscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attnscope"))
-        .args(args)
-        .env_remove("ATTNSCOPE_MODEL")
-        .output()
-        .expect("attnscope runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = attnscope(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("stdout is UTF-8")
-}
-
-fn fails_with(args: &[&str], needle: &str) {
-    let out = attnscope(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
-    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} does not mention {needle:?}"
-    );
-}
 
 fn number(doc: &Value, field: &str) -> f64 {
     doc[field]
@@ -52,7 +15,7 @@ fn number(doc: &Value, field: &str) -> f64 {
 
 #[test]
 fn json_reports_consistent_timings_and_the_greedy_ids() {
-    let model = tiny_gpt2();
+    let model = tiny_gpt2().to_str().unwrap().to_string();
     let prompt = "The cat sat on the mat";
     let out = ok(&[
         "bench",
@@ -134,7 +97,7 @@ fn plain_output_names_the_model_and_the_rates() {
         "bench",
         "generate",
         "--model",
-        &tiny_gpt2(),
+        tiny_gpt2().to_str().unwrap(),
         "--new-tokens",
         "5",
         "--reps",
@@ -154,7 +117,7 @@ fn plain_output_names_the_model_and_the_rates() {
 
 #[test]
 fn bad_models_and_options_are_clear_errors() {
-    let model = tiny_gpt2();
+    let model = tiny_gpt2().to_str().unwrap().to_string();
     fails_with(
         &["bench", "generate", "--new-tokens", "4"],
         "bench generate needs --model DIR, a GPT-2-family checkpoint",

@@ -2,36 +2,11 @@
 //! vocabulary: the text is gibberish, so the tests check ids against a full-pass argmax and
 //! determinism under a seed), and each bad input as a clear error with exit code 1.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod cli_support;
 
 use attn_models::{Encoding, Model, RunOptions};
+use cli_support::{fails_with, ok, tiny_gpt2};
 use serde_json::Value;
-
-fn tiny_gpt2() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden/tiny-gpt2"
-    ))
-}
-
-fn attnscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attnscope"))
-        .args(args)
-        .env_remove("ATTNSCOPE_MODEL")
-        .output()
-        .expect("attnscope runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = attnscope(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("stdout is UTF-8")
-}
 
 /// `generate PROMPT --model tiny-gpt2 --max-new-tokens N` followed by `extra`.
 fn generate(prompt: &str, n: usize, extra: &[&str]) -> String {
@@ -47,17 +22,6 @@ fn generate(prompt: &str, n: usize, extra: &[&str]) -> String {
     ];
     args.extend_from_slice(extra);
     ok(&args)
-}
-
-fn fails_with(args: &[&str], needle: &str) {
-    let out = attnscope(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
-    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} does not mention {needle:?}"
-    );
 }
 
 fn ids(doc: &Value) -> Vec<u32> {

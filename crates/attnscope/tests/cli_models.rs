@@ -1,10 +1,13 @@
 //! The model commands end to end: `attention`, `embed` and `bench embed` against the golden
 //! outputs of transformers, and each bad input as a clear error with exit code 1.
 
+mod cli_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cli_support::{attnscope, fails_with, ok, tiny_gpt2};
 use serde_json::Value;
 
 fn golden() -> PathBuf {
@@ -14,46 +17,14 @@ fn golden() -> PathBuf {
     ))
 }
 
-fn tiny_gpt2() -> PathBuf {
-    golden().join("tiny-gpt2")
-}
-
 /// The default model's directory: the library fetches it when it is not cached yet.
 fn minilm() -> PathBuf {
     attn_models::fetch::default_model_dir(false)
         .expect("the default model is cached or can be fetched")
 }
 
-fn attnscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attnscope"))
-        .args(args)
-        .env_remove("ATTNSCOPE_MODEL")
-        .output()
-        .expect("attnscope runs")
-}
-
 fn ok_json(args: &[&str]) -> Value {
-    let out = attnscope(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
-}
-
-/// Runs a command that must fail with exit code 1 and a message containing `needle`; returns
-/// stderr.
-fn fails_with(args: &[&str], needle: &str) -> String {
-    let out = attnscope(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
-    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} does not mention {needle:?}"
-    );
-    stderr
+    serde_json::from_str(&ok(args)).expect("stdout is JSON")
 }
 
 /// A fresh directory under the system temp dir, removed on drop.
