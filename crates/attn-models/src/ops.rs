@@ -598,16 +598,23 @@ pub fn erf(x: f32) -> f32 {
 mod tests {
     use super::*;
 
+    /// The largest |f(x) − reference(x)| over `xs`, and the x where it occurs.
+    fn worst_error(
+        f: impl Fn(f32) -> f32,
+        reference: impl Fn(f64) -> f64,
+        xs: impl Iterator<Item = f32>,
+    ) -> (f64, f32) {
+        xs.map(|x| ((f(x) as f64 - reference(x as f64)).abs(), x))
+            .fold((0.0, 0.0), |worst, e| if e.0 > worst.0 { e } else { worst })
+    }
+
     #[test]
     fn tanh_matches_libm_everywhere() {
-        let mut worst = (0.0f64, 0.0f32);
-        for i in -120_000..=120_000 {
-            let x = i as f32 * 1e-4;
-            let err = (tanh(x) as f64 - libm::tanh(x as f64)).abs();
-            if err > worst.0 {
-                worst = (err, x);
-            }
-        }
+        let worst = worst_error(
+            tanh,
+            libm::tanh,
+            (-120_000..=120_000).map(|i| i as f32 * 1e-4),
+        );
         assert!(
             worst.0 < 5e-7,
             "max |tanh − libm::tanh| = {} at x = {}",
@@ -621,14 +628,11 @@ mod tests {
 
     #[test]
     fn erf_matches_libm_everywhere() {
-        let mut worst = (0.0f64, 0.0f32);
-        for i in -100_000..=100_000 {
-            let x = i as f32 * 1e-4 * 6.0;
-            let err = (erf(x) as f64 - libm::erf(x as f64)).abs();
-            if err > worst.0 {
-                worst = (err, x);
-            }
-        }
+        let worst = worst_error(
+            erf,
+            libm::erf,
+            (-100_000..=100_000).map(|i| i as f32 * 1e-4 * 6.0),
+        );
         assert!(
             worst.0 < 1e-6,
             "max |erf − libm::erf| = {} at x = {}",
