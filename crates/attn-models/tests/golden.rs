@@ -6,7 +6,7 @@ mod common;
 
 use attn_models::fetch::default_model_dir;
 use attn_models::{Model, ModelKind, RunOptions};
-use common::{Golden, assert_close, cosine, golden_dir};
+use common::{Golden, assert_close, cosine, golden_dir, minilm_text_files};
 
 fn minilm() -> Model {
     let dir = default_model_dir(false).expect("the default model is cached or can be fetched");
@@ -29,13 +29,7 @@ fn minilm_texts_match_transformers() {
         (model.n_layers(), model.n_heads(), model.max_positions()),
         (6, 12, 512)
     );
-    let mut files: Vec<_> = std::fs::read_dir(golden_dir().join("minilm"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("text"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 7);
+    let files = minilm_text_files();
     for path in files {
         let g = Golden::read(&path);
         let name = path.file_name().unwrap().to_string_lossy().into_owned();

@@ -8,7 +8,7 @@ use attn_models::bf16x3;
 use attn_models::fetch::default_model_dir;
 use attn_models::ops::GemmKernel;
 use attn_models::{Model, RunOptions};
-use common::{Golden, assert_close, cosine, golden_dir};
+use common::{Golden, assert_close, cosine, golden_dir, minilm_text_files};
 
 const KERNELS: [GemmKernel; 2] = [GemmKernel::F32, GemmKernel::Bf16x3];
 
@@ -40,13 +40,7 @@ fn the_forced_kernel_is_the_one_that_runs() {
 
 #[test]
 fn minilm_texts_match_transformers_with_each_kernel() {
-    let mut files: Vec<_> = std::fs::read_dir(golden_dir().join("minilm"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("text"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 7);
+    let files = minilm_text_files();
     for kernel in KERNELS {
         let model = minilm(kernel);
         for path in &files {

@@ -12,6 +12,18 @@ pub fn golden_dir() -> PathBuf {
     ))
 }
 
+/// The seven single-text files of `shared/golden/minilm` (`text*.safetensors`), sorted.
+pub fn minilm_text_files() -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(golden_dir().join("minilm"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("text"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 7);
+    files
+}
+
 /// One golden file: each tensor as f64 values with its shape, and the JSON-decoded metadata.
 pub struct Golden {
     pub tensors: HashMap<String, (Vec<usize>, Vec<f64>)>,
