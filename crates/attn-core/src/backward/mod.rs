@@ -53,7 +53,7 @@ use rayon::prelude::*;
 use crate::fused::Isa;
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::check_len;
-use crate::{AttnError, AttnInput, AttnOptions, AttnShape};
+use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
 use kernels::{Aligned, Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
 /// Keys per block: the rows of the transposed tiles.
@@ -214,9 +214,9 @@ pub fn sdpa_backward_with(
     };
 
     let mut grads = Grads {
-        dq: vec![0.0; input.q.len()],
-        dk: vec![0.0; input.k.len()],
-        dv: vec![0.0; input.v.len()],
+        dq: zeros_written(input.q.len()),
+        dk: zeros_written(input.k.len()),
+        dv: zeros_written(input.v.len()),
     };
     let heads = sh.batch * sh.n_kv_heads;
     let key_blocks = sh.seq_kv.div_ceil(BLOCK_KV);
@@ -247,9 +247,9 @@ pub fn sdpa_backward_with(
             .into_par_iter()
             .map_init(Scratch::default, |s, t| {
                 let mut g = Grads {
-                    dq: vec![0.0; lens.0],
-                    dk: vec![0.0; lens.1],
-                    dv: vec![0.0; lens.2],
+                    dq: zeros_written(lens.0),
+                    dk: zeros_written(lens.1),
+                    dv: zeros_written(lens.2),
                 };
                 plan.task(
                     t / chunks,

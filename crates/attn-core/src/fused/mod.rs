@@ -375,7 +375,7 @@ impl Plan<'_> {
         let sh = self.sh;
         let heads = sh.batch * sh.n_heads;
         let (l, dv) = (sh.seq_q, sh.value_dim);
-        let mut out = vec![0.0f32; heads * l * dv];
+        let mut out = crate::zeros_written(heads * l * dv);
         let mut lse = vec![f32::NEG_INFINITY; heads * l];
         let mut stats = vec![[f32::NEG_INFINITY, 0.0]; heads * l];
         if l == 0 {
