@@ -14,10 +14,14 @@
 //!    the other paths (`Plan::softmax_step`);
 //! 3. `P` rounded to bf16 (nearest even, `VCVTNEPS2BF16`) and `acc += P·V` on tiles.
 //!
-//! Only step 3 rounds beyond f32: each weight by at most 2^-9 relative, while the row's sum
-//! keeps the f32 weights, so an output element is off by at most `2^-9 · max |v|` of its row's
-//! visible values (plus f32 rounding). The log-sum-exp, and the weights (recomputed from the
-//! saved max and sum on the AVX-512 path), are as exact as on [`Isa::Avx512`].
+//! Two things round beyond f32. The fused step's `e^x` is a degree-4 polynomial (relative
+//! error ε ≤ 3e-6, see `exp2`: the weights end up in bf16, with 8 significant bits), and
+//! step 3 rounds each weight by at most 2^-8 relative (half a unit in the last of bf16's 8
+//! significant bits: 1 + 2^-8 rounds to 1) while the row's sum keeps the f32 weights. So a weight over the row's sum is off by at most `2ε` relative before the
+//! rounding, and an output element by at most `(2^-8 + 2ε) · max |v|` of its row's visible
+//! values (plus f32 rounding). The log-sum-exp moves by at most `ε` (plus the f32 rounding
+//! of every path); the weights, recomputed from the saved max and sum on the AVX-512 path,
+//! by the same relative `ε`.
 //!
 //! A head whose values hold NaN or ∞ takes the AVX-512 path instead: the tile product would
 //! turn a hidden key's `0 · NaN` into NaN in rows that never see it. f32 inputs always do.
@@ -217,8 +221,8 @@ impl<'a> Plan<'a> {
 
 /// The online-softmax step of `Plan::softmax_step` for a row with no rule beyond a positive
 /// scale, fused into two passes: the raw scores' max, then `P = e^(scale·s − m')` with its sum,
-/// stored as bf16 in `p`. `None` (nothing changed) when a score is NaN or ±∞: those rows take
-/// the general step.
+/// stored as bf16 in `p`. `None` (nothing changed) when a score is NaN or ±∞, or where the CPU
+/// lacks AVX512DQ (for `VREDUCEPS`): those rows take the general step.
 fn softmax_step_plain(
     row: &[f32],
     scale: f32,
@@ -228,8 +232,12 @@ fn softmax_step_plain(
     assert_eq!(row.len(), p.len());
     #[cfg(target_arch = "x86_64")]
     {
+        if !std::arch::is_x86_feature_detected!("avx512dq") {
+            return None;
+        }
         // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
-        // AVX512_BF16, AVX512BW and AVX512VL; the lengths agree (checked above).
+        // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
+        // (checked above).
         unsafe { softmax_step_plain_avx512(row, scale, state, p) }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -240,9 +248,10 @@ fn softmax_step_plain(
 }
 
 /// # Safety
-/// AVX-512F, AVX512_BF16, AVX512BW and AVX512VL must be available; `p.len() == row.len()`.
+/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available;
+/// `p.len() == row.len()`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
 unsafe fn softmax_step_plain_avx512(
     row: &[f32],
     scale: f32,
@@ -251,15 +260,31 @@ unsafe fn softmax_step_plain_avx512(
 ) -> Option<Option<f32>> {
     use std::arch::x86_64::*;
     let n = row.len();
+    // Whole 32-value chunks, then a masked tail of up to 32 in two 16-lane halves.
+    let whole = n / 32 * 32;
+    let tail = (n - whole) as u32;
+    let (lo, hi) = (
+        ((1u32 << tail.min(16)) - 1) as __mmask16,
+        ((1u32 << tail.saturating_sub(16)) - 1) as __mmask16,
+    );
+    let (row, p) = (row.as_ptr(), p.as_mut_ptr());
     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut max = ninf;
-    for i in (0..n).step_by(16) {
-        // SAFETY: the lanes of the mask lie inside `row`.
-        let v = unsafe { _mm512_mask_loadu_ps(ninf, lane_mask(i, n), row.as_ptr().add(i)) };
-        max = _mm512_max_ps(max, v);
+    // SAFETY (both loops): whole chunks lie inside `row` and `p`, the tail's lanes are masked
+    // to what is left of them.
+    let (mut max0, mut max1) = unsafe {
+        (
+            _mm512_mask_loadu_ps(ninf, lo, row.add(whole)),
+            _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16)),
+        )
+    };
+    for i in (0..whole).step_by(32) {
+        unsafe {
+            max0 = _mm512_max_ps(max0, _mm512_loadu_ps(row.add(i)));
+            max1 = _mm512_max_ps(max1, _mm512_loadu_ps(row.add(i + 16)));
+        }
     }
     // A NaN may be lost by `vmaxps`; it shows in the sum below, before anything is changed.
-    let raw_max = _mm512_reduce_max_ps(max);
+    let raw_max = _mm512_reduce_max_ps(_mm512_max_ps(max0, max1));
     if !raw_max.is_finite() {
         return None;
     }
@@ -268,19 +293,38 @@ unsafe fn softmax_step_plain_avx512(
     // e^(scale·s − m') = 2^t with t = s·(scale·log₂e) − m'·log₂e, one fused multiply-add.
     let log2e = std::f32::consts::LOG2_E;
     let (c, mc) = (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m_new * log2e));
-    let mut block_sum = _mm512_setzero_ps();
-    for i in (0..n).step_by(16) {
-        let mask = lane_mask(i, n);
-        // SAFETY: the lanes of `mask` lie inside `row` and `p`.
+    let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for i in (0..whole).step_by(32) {
         unsafe {
-            let v = _mm512_maskz_loadu_ps(mask, row.as_ptr().add(i));
-            let e = exp2(_mm512_fmsub_ps(v, c, mc));
-            block_sum = _mm512_mask_add_ps(block_sum, mask, block_sum, e);
-            let e: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(e));
-            _mm256_mask_storeu_epi16(p.as_mut_ptr().add(i).cast(), mask, e);
+            let e0 = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row.add(i)), c, mc));
+            let e1 = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row.add(i + 16)), c, mc));
+            sum0 = _mm512_add_ps(sum0, e0);
+            sum1 = _mm512_add_ps(sum1, e1);
+            // Values 0..16 from `e0`, 16..32 from `e1`.
+            let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
+            _mm512_storeu_si512(p.add(i).cast(), w);
         }
     }
-    let block_sum = _mm512_reduce_add_ps(block_sum);
+    if tail > 0 {
+        unsafe {
+            let e0 = exp2(_mm512_fmsub_ps(
+                _mm512_maskz_loadu_ps(lo, row.add(whole)),
+                c,
+                mc,
+            ));
+            let e1 = exp2(_mm512_fmsub_ps(
+                _mm512_maskz_loadu_ps(hi, row.add(whole + 16)),
+                c,
+                mc,
+            ));
+            sum0 = _mm512_mask_add_ps(sum0, lo, sum0, e0);
+            sum1 = _mm512_mask_add_ps(sum1, hi, sum1, e1);
+            let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
+            let mask = u32::from(lo) | u32::from(hi) << 16;
+            _mm512_mask_storeu_epi16(p.add(whole).cast(), mask, w);
+        }
+    }
+    let block_sum = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
     if block_sum.is_nan() {
         return None;
     }
@@ -296,43 +340,36 @@ unsafe fn softmax_step_plain_avx512(
     Some(alpha)
 }
 
-/// The lane mask of the 16 values at `i` of an `n`-value row.
-#[cfg(target_arch = "x86_64")]
-fn lane_mask(i: usize, n: usize) -> std::arch::x86_64::__mmask16 {
-    ((1u32 << (n - i).min(16)) - 1) as u16
-}
-
-/// `2^t` for 16 lanes and `t ≤ 0` (up to rounding), with Cephes' `exp2f` polynomial as in the
-/// AVX-512 kernels' `exp` (`avx512.rs`, private there): relative error ≤ 2e-7 for
-/// `t ≥ −125`. Below, the result is 2^-125 (not 0): these rows have no hidden keys, and a
-/// weight of 2^-125 ≈ 2e-38 is 0 to every tolerance while staying clear of subnormals,
-/// which cost a microcode assist each.
+/// `2^t` for 16 lanes and `t ≤ 0` (up to rounding), relative error ≤ 3e-6 for
+/// `t ≥ −125`: `t = n + f` with `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by a degree-4
+/// polynomial, times `2^n` (`VSCALEFPS`, which takes `⌊t⌋` itself). The weights end up in
+/// bf16 (8 significant bits), so they need no more; the row's sum, and so the log-sum-exp,
+/// moves by at most the same relative error (3e-6 in the log-sum-exp).
+///
+/// Below −125 the result is 2^-125 (not 0): these rows have no hidden keys, and a weight of
+/// 2^-125 ≈ 2e-38 is 0 to every tolerance while staying clear of subnormals, which cost a
+/// microcode assist each.
 ///
 /// # Safety
-/// AVX-512F must be available.
+/// AVX-512F and AVX512DQ must be available.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512dq")]
 #[inline]
 unsafe fn exp2(t: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    const P: [f32; 6] = [
-        1.535_336_2e-4,
-        1.339_887_4e-3,
-        9.618_437e-3,
-        5.550_332_5e-2,
-        2.402_264_8e-1,
-        6.931_472e-1,
-    ];
+    // 2^f ≈ 1 + f·(c₁ + f·(c₂ + f·(c₃ + f·c₄))), minimax in relative error on [0, 1) with
+    // the constant fixed at 1 (Remez exchange): 2.90e-6, 2.95e-6 with the f32 coefficients
+    // and f32 fused multiply-adds (checked on a grid of 10⁶ points).
+    const C: [f32; 4] = [1.342_668_4e-2, 5.224_247_3e-2, 2.412_802e-1, 6.930_448_4e-1];
     let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-    let f = _mm512_sub_ps(t, n);
-    let mut p = _mm512_set1_ps(P[0]);
-    for &c in &P[1..] {
+    // imm8 = 0x09: keep 0 fraction bits, round down, no precision exception.
+    let f = _mm512_reduce_ps::<0x09>(t);
+    let mut p = _mm512_set1_ps(C[0]);
+    for &c in &C[1..] {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
-    // 2^f = 1 + f·P(f)
     let p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(p, n)
+    _mm512_scalef_ps(p, t)
 }
 
 /// `dst = src` rounded to bf16, nearest even.
@@ -366,6 +403,109 @@ unsafe fn round_to_bf16_avx512(src: &[f32], dst: &mut [bf16]) {
             let x = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
             let y: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
             _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), mask, y);
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// Whether this CPU runs the fused step (the AMX path's features and AVX512DQ); where it
+    /// does not, asserts that the step declines (`None`), so rows take the general step.
+    fn fused_step_runs() -> bool {
+        let runs = Isa::Amx.is_available() && std::arch::is_x86_feature_detected!("avx512dq");
+        if !runs {
+            let (mut m, mut sum) = (0.0, 0.0);
+            let mut p = [bf16::ZERO; 3];
+            let step = softmax_step_plain(&[1.0, 2.0, 3.0], 1.0, (&mut m, &mut sum), &mut p);
+            assert_eq!(step, None);
+        }
+        runs
+    }
+
+    #[test]
+    fn exp2_is_within_its_bound() {
+        if !fused_step_runs() {
+            return;
+        }
+        // Every 2^-12 from −125 to 0 (512 001 values, 16 per call), against f64.
+        let ts: Vec<f32> = (0..=125 * 4096).map(|i| -(i as f32) / 4096.0).collect();
+        let mut worst = 0.0f64;
+        for chunk in ts.chunks(16) {
+            let mut t = [0.0f32; 16];
+            t[..chunk.len()].copy_from_slice(chunk);
+            let mut got = [0.0f32; 16];
+            // SAFETY: the features are checked above.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_loadu_ps(t.as_ptr())));
+            }
+            for (&t, &g) in chunk.iter().zip(&got) {
+                let want = 2f64.powf(f64::from(t));
+                worst = worst.max((f64::from(g) / want - 1.0).abs());
+            }
+        }
+        assert!(worst <= 3e-6, "worst relative error {worst:e}");
+        // Below −125 the result stays at 2^-125, clear of the subnormals.
+        let mut got = [0.0f32; 16];
+        // SAFETY: as above.
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_set1_ps(-1e4)));
+        }
+        assert!(got.iter().all(|&g| g == 2f32.powi(-125)), "{got:?}");
+    }
+
+    #[test]
+    fn fused_step_matches_f64() {
+        if !fused_step_runs() {
+            return;
+        }
+        // Lengths around the 32-value chunks and the 16-lane halves of the tail.
+        for n in [1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 77, 256] {
+            let row: Vec<f32> = (0..n)
+                .map(|j| ((j * 37 % 101) as f32 - 50.0) * 0.173)
+                .collect();
+            let scale = 0.7f32;
+            // A running state from an earlier block: max 1.5 (below this block's), sum 2.
+            let (mut m, mut sum) = (1.5f32, 2.0f32);
+            let mut p = vec![bf16::from_f32(-7.0); n];
+            let step = softmax_step_plain(&row, scale, (&mut m, &mut sum), &mut p);
+            let raw_max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            let want_m = 1.5f32.max(scale * raw_max);
+            assert_eq!(m, want_m, "n = {n}");
+            let e: Vec<f64> = row
+                .iter()
+                .map(|&s| (f64::from(scale) * f64::from(s) - f64::from(want_m)).exp())
+                .collect();
+            let alpha = (1.5 - f64::from(want_m)).exp();
+            let want_sum = 2.0 * alpha + e.iter().sum::<f64>();
+            // The exp's 3e-6, plus the f32 rounding of t = s·(scale·log₂e) − m'·log₂e: both
+            // products rounded (2^-24 of values under 13) and the fused multiply-add (2^-20
+            // for |t| < 32), under 2e-6 absolute, 1.4e-6 relative after 2^t. The sum adds
+            // f32 rounding: each term goes through at most n/32 + 1 lane additions, 5 of the
+            // reduction and 1 into the running sum, plus alpha's own rounding: (n + 8)·2^-24.
+            let exp_tol = 3e-6 + 1.4e-6;
+            let sum_tol = exp_tol + (n + 8) as f64 * 2f64.powi(-24);
+            let got_sum = f64::from(sum);
+            assert!(
+                (got_sum / want_sum - 1.0).abs() <= sum_tol,
+                "n = {n}: sum {got_sum} vs {want_sum}"
+            );
+            match step {
+                // The max moved: the accumulator's factor, e^(m − m') in f32.
+                Some(Some(a)) => assert!((f64::from(a) / alpha - 1.0).abs() <= 1e-6),
+                // The max stayed (this block's scores are all below 1.5).
+                Some(None) => assert_eq!(want_m, 1.5, "n = {n}"),
+                None => panic!("n = {n}: the fused step declined finite scores"),
+            }
+            // Each weight: the exp's error, then bf16's nearest-even rounding (2^-8).
+            let p_tol = 2f64.powi(-8) * (1.0 + exp_tol) + exp_tol;
+            for (j, (&got, &want)) in p.iter().zip(&e).enumerate() {
+                let err = (f64::from(got.to_f32()) / want - 1.0).abs();
+                assert!(err <= p_tol, "n = {n}, j = {j}: {got} vs {want}");
+            }
         }
     }
 }
