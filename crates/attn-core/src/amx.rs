@@ -162,6 +162,56 @@ unsafe fn tilerelease() {
     unreachable!("AMX is never available off x86-64")
 }
 
+/// Loads the 32 × 32 f32 block at `c` (rows `ldc` bytes apart) into tiles 0–3, or zeroes
+/// them unless `accumulate`.
+///
+/// # Safety
+/// A live [`Tiles`] guard on this thread; with `accumulate`, the block readable.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn start_2x2(c: *const f32, ldc: usize, accumulate: bool) {
+    use std::arch::asm;
+    // SAFETY: the caller guarantees the tiles and the memory.
+    unsafe {
+        if accumulate {
+            asm!(
+                "tileloadd tmm0, [{c} + {ldc}*1]",
+                "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
+                "tileloadd tmm2, [{c1} + {ldc}*1]",
+                "tileloadd tmm3, [{c1} + {ldc}*1 + 64]",
+                c = in(reg) c, c1 = in(reg) c.byte_add(TILE_ROWS * ldc), ldc = in(reg) ldc,
+                options(nostack, readonly),
+            );
+        } else {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+        }
+    }
+}
+
+/// Stores tiles 0–3 into the 32 × 32 f32 block at `c` (rows `ldc` bytes apart).
+///
+/// # Safety
+/// A live [`Tiles`] guard on this thread; the block writable.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn finish_2x2(c: *mut f32, ldc: usize) {
+    // SAFETY: the caller guarantees the tiles and the memory.
+    unsafe {
+        std::arch::asm!(
+            "tilestored [{c} + {ldc}*1], tmm0",
+            "tilestored [{c} + {ldc}*1 + 64], tmm1",
+            "tilestored [{c1} + {ldc}*1], tmm2",
+            "tilestored [{c1} + {ldc}*1 + 64], tmm3",
+            c = in(reg) c, c1 = in(reg) c.byte_add(TILE_ROWS * ldc), ldc = in(reg) ldc,
+            options(nostack),
+        );
+    }
+}
+
 /// One 32 × 32 block `C (+)= A·B` over `k_chunks` depth chunks of 32: tiles 0–3 hold C, 4–5
 /// the two 16-row halves of A, 6–7 the two 16-column halves of B.
 ///
@@ -188,25 +238,7 @@ pub(crate) unsafe fn block_2x2(
     use std::arch::asm;
     // SAFETY (whole body): the caller guarantees the tiles, the chunk count and the memory.
     unsafe {
-        let c1 = c.byte_add(TILE_ROWS * ldc);
-        if accumulate {
-            asm!(
-                "tileloadd tmm0, [{c} + {ldc}*1]",
-                "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
-                "tileloadd tmm2, [{c1} + {ldc}*1]",
-                "tileloadd tmm3, [{c1} + {ldc}*1 + 64]",
-                c = in(reg) c, c1 = in(reg) c1, ldc = in(reg) ldc,
-                options(nostack, readonly),
-            );
-        } else {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem)
-            );
-        }
+        start_2x2(c, ldc, accumulate);
         asm!(
             "2:",
             // Each product right after the loads it needs, so it starts while the next loads
@@ -225,10 +257,6 @@ pub(crate) unsafe fn block_2x2(
             "add {b1}, {ldb}",
             "dec {n}",
             "jnz 2b",
-            "tilestored [{c} + {ldc}*1], tmm0",
-            "tilestored [{c} + {ldc}*1 + 64], tmm1",
-            "tilestored [{c1} + {ldc}*1], tmm2",
-            "tilestored [{c1} + {ldc}*1 + 64], tmm3",
             a0 = inout(reg) a => _,
             a1 = inout(reg) a.byte_add(TILE_ROWS * lda) => _,
             b0 = inout(reg) b0 => _,
@@ -237,11 +265,9 @@ pub(crate) unsafe fn block_2x2(
             lda = in(reg) lda,
             ldb = in(reg) ldb,
             s64 = in(reg) 64usize,
-            c = in(reg) c,
-            c1 = in(reg) c1,
-            ldc = in(reg) ldc,
-            options(nostack),
+            options(nostack, readonly),
         );
+        finish_2x2(c, ldc);
     }
 }
 

@@ -331,22 +331,23 @@ struct Scratch {
     bf: Bf16x3,
 }
 
-/// The bf16x3 operands of the AMX products (`amx.rs`: `A'` row-major, `B'` in tiles), for
-/// whole blocks only.
+/// The bf16x3 operands of the AMX products, each value's `hi` and `lo` (`amx.rs`: the A layout
+/// row-major, the B layout in tiles), for whole blocks only.
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
 struct Bf16x3 {
-    /// `A'` of `K` and `V`, `[seq_kv, 3·head_dim]` and `[seq_kv, 3·value_dim]`.
+    /// The A layout of `K` and `V`, `[seq_kv, 2·head_dim]` and `[seq_kv, 2·value_dim]`.
     k: Vec<u16>,
     v: Vec<u16>,
-    /// `A'` of each key block's `Kᵀ`, `[head_dim, 3·BLOCK_KV]` at `j0·3·head_dim`.
+    /// The A layout of each key block's `Kᵀ`, `[head_dim, 2·BLOCK_KV]` at `j0·2·head_dim`.
     kt: Vec<u16>,
-    /// `B'` of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout`, `scale·Q`, at `i0·3·width`.
+    /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout`, `scale·Q`, at
+    /// `i0·2·width`.
     qt: Vec<u16>,
     dot: Vec<u16>,
     dout: Vec<u16>,
     q: Vec<u16>,
-    /// This block's `A'` of `(P∘Z)ᵀ` and of `dSᵀ`, and `B'` of `dSᵀ`.
+    /// This block's A layout of `(P∘Z)ᵀ` and of `dSᵀ`, and B layout of `dSᵀ`.
     p: Vec<u16>,
     ds_a: Vec<u16>,
     ds_b: Vec<u16>,
@@ -520,16 +521,16 @@ impl Plan<'_> {
         }
     }
 
-    /// The `A'` of the whole key blocks among `blocks` of key/value head `bkv` (`K`, `V`,
+    /// The A layout of the whole key blocks among `blocks` of key/value head `bkv` (`K`, `V`,
     /// `Kᵀ`), for the AMX products.
     #[cfg(target_arch = "x86_64")]
     fn pack_key_head_bf16x3(&self, bkv: usize, blocks: &[usize], bf: &mut Bf16x3) {
         let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
         let k_head = &self.k[bkv * s_n * d..][..s_n * d];
         let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
-        bf.k.resize(3 * s_n * d, 0);
-        bf.v.resize(3 * s_n * dv, 0);
-        bf.kt.resize(3 * s_n * d, 0);
+        bf.k.resize(2 * s_n * d, 0);
+        bf.v.resize(2 * s_n * dv, 0);
+        bf.kt.resize(2 * s_n * d, 0);
         bf.kt_f32.resize(d * BLOCK_KV, 0.0);
         for &jb in blocks {
             let j0 = jb * BLOCK_KV;
@@ -540,16 +541,16 @@ impl Plan<'_> {
             transpose(k_blk, (BLOCK_KV, d), &mut bf.kt_f32);
             // SAFETY: `plan.amx` is only set where AVX-512F is available.
             unsafe {
-                amx::pack_a(k_blk, (BLOCK_KV, d, d), &mut bf.k[3 * j0 * d..]);
+                amx::pack_a(k_blk, (BLOCK_KV, d, d), &mut bf.k[2 * j0 * d..]);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
-                amx::pack_a(v_blk, (BLOCK_KV, dv, dv), &mut bf.v[3 * j0 * dv..]);
+                amx::pack_a(v_blk, (BLOCK_KV, dv, dv), &mut bf.v[2 * j0 * dv..]);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                amx::pack_a(&bf.kt_f32, kt, &mut bf.kt[3 * j0 * d..]);
+                amx::pack_a(&bf.kt_f32, kt, &mut bf.kt[2 * j0 * d..]);
             }
         }
     }
 
-    /// The `B'` of the whole query blocks of the packed query head `qh`, for the AMX products.
+    /// The B layout of the whole query blocks of the packed query head `qh`, for the AMX products.
     #[cfg(target_arch = "x86_64")]
     fn pack_query_head_bf16x3(&self, qh: &QueryHead, bf: &mut Bf16x3) {
         let (d, dv, l_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_q);
@@ -561,7 +562,7 @@ impl Plan<'_> {
             (&mut bf.dot, dv),
             (&mut bf.dout, dv),
         ] {
-            buf.resize(3 * l_n * len, 0);
+            buf.resize(2 * l_n * len, 0);
         }
         for i0 in (0..l_n).step_by(BLOCK_Q) {
             if l_n - i0 < BLOCK_Q {
@@ -570,10 +571,10 @@ impl Plan<'_> {
             let w = BLOCK_Q;
             // SAFETY: `plan.amx` is only set where AVX-512F is available.
             unsafe {
-                amx::pack_b(&qt[i0 * d..], (d, w, w), &mut bf.qt[3 * i0 * d..]);
-                amx::pack_b(&q[i0 * d..], (w, d, d), &mut bf.q[3 * i0 * d..]);
-                amx::pack_b(&dot[i0 * dv..], (dv, w, w), &mut bf.dot[3 * i0 * dv..]);
-                amx::pack_b(&dout[i0 * dv..], (w, dv, dv), &mut bf.dout[3 * i0 * dv..]);
+                amx::pack_b(&qt[i0 * d..], (d, w, w), &mut bf.qt[2 * i0 * d..]);
+                amx::pack_b(&q[i0 * d..], (w, d, d), &mut bf.q[2 * i0 * d..]);
+                amx::pack_b(&dot[i0 * dv..], (dv, w, w), &mut bf.dot[2 * i0 * dv..]);
+                amx::pack_b(&dout[i0 * dv..], (w, dv, dv), &mut bf.dout[2 * i0 * dv..]);
             }
         }
     }
@@ -685,9 +686,9 @@ impl Plan<'_> {
             Some(tiles) => {
                 let bf = &scratch.bf;
                 let (p, ds) = ((t.p.get(n), rows), (t.ds.get(n), rows));
-                let (kk, qt) = (&bf.k[3 * j0 * d..], &bf.qt[3 * i0 * d..]);
+                let (kk, qt) = (&bf.k[2 * j0 * d..], &bf.qt[2 * i0 * d..]);
                 amx::gemm(tiles, p, kk, qt, (keys, rows, d), false);
-                let (vv, dot) = (&bf.v[3 * j0 * dv..], &bf.dot[3 * i0 * dv..]);
+                let (vv, dot) = (&bf.v[2 * j0 * dv..], &bf.dot[2 * i0 * dv..]);
                 amx::gemm(tiles, ds, vv, dot, (keys, rows, dv), false);
             }
             _ => {
@@ -709,7 +710,7 @@ impl Plan<'_> {
             {
                 let bf = &mut scratch.bf;
                 for buf in [&mut bf.p, &mut bf.ds_a, &mut bf.ds_b] {
-                    buf.resize(3 * n, 0);
+                    buf.resize(2 * n, 0);
                 }
                 let tiles = (t.p.view(n), t.ds.view(n));
                 let packed = (&mut bf.p[..], &mut bf.ds_a[..], &mut bf.ds_b[..]);
@@ -738,7 +739,7 @@ impl Plan<'_> {
                 if !fused {
                     let tile = (keys, rows, rows);
                     for buf in [&mut bf.p, &mut bf.ds_a, &mut bf.ds_b] {
-                        buf.resize(3 * n, 0);
+                        buf.resize(2 * n, 0);
                     }
                     // SAFETY: `plan.amx` is only set where AVX-512F is available.
                     unsafe {
@@ -748,11 +749,11 @@ impl Plan<'_> {
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q);  dQᵀ += Kᵀ · dSᵀ
-                let dout = &bf.dout[3 * i0 * dv..];
+                let dout = &bf.dout[2 * i0 * dv..];
                 amx::gemm(tiles, (dv_acc, dv), &bf.p, dout, (keys, dv, rows), true);
-                let q = &bf.q[3 * i0 * d..];
+                let q = &bf.q[2 * i0 * d..];
                 amx::gemm(tiles, (dk_acc, d), &bf.ds_a, q, (keys, d, rows), true);
-                let kt = &bf.kt[3 * j0 * d..];
+                let kt = &bf.kt[2 * j0 * d..];
                 amx::gemm(tiles, (dqt, rows), kt, &bf.ds_b, (d, rows, keys), true);
             }
             _ => {
