@@ -30,27 +30,19 @@ const TK: usize = 32;
 /// bf16 values in one B tile.
 const TILE: usize = 512;
 
-/// Splits 16 f32 lanes (finite) into `hi` and `lo` bf16 bits, each in the low half of its
-/// 32-bit lane.
+/// Splits 16 f32 lanes (finite) into `hi` and `lo`, 16 bf16 bits each, by `VCVTNEPS2BF16`
+/// (nearest even; subnormals, below ~1e-38, become 0).
 ///
 /// # Safety
-/// AVX-512F must be available.
-#[target_feature(enable = "avx512f")]
+/// The CPU must have what [`crate::fused::Isa::Amx`] needs (AVX-512F, BW, VL and BF16).
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
 #[inline]
-unsafe fn split(x: __m512) -> (__m512i, __m512i) {
-    let hi = round_bf16(_mm512_castps_si512(x));
-    let hi_f = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(hi));
-    let lo = round_bf16(_mm512_castps_si512(_mm512_sub_ps(x, hi_f)));
-    (hi, lo)
-}
-
-/// f32 bits rounded to the nearest bf16 (ties to even), in the low half of each lane.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn round_bf16(bits: __m512i) -> __m512i {
-    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
-    let bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
-    _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias))
+unsafe fn split(x: __m512) -> (__m256i, __m256i) {
+    // SAFETY: 16 bf16 are 16 u16 bits, and every bit pattern is valid for both.
+    let bits = |v: __m256bh| unsafe { std::mem::transmute::<__m256bh, __m256i>(v) };
+    let hi = bits(_mm512_cvtneps_pbh(x));
+    let hi_f = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(hi)));
+    (hi, bits(_mm512_cvtneps_pbh(_mm512_sub_ps(x, hi_f))))
 }
 
 /// Where the `hi` bf16 of `A[r][x]` goes in the A layout of a `[m, k]` operand (module docs);
@@ -69,16 +61,16 @@ fn b_at(p: usize, ng: usize, k: usize) -> usize {
 /// Stores the `hi` and `lo` of 16 split values at `at` and `at + 32` (the A layout).
 ///
 /// # Safety
-/// AVX-512F must be available; `dst` holds `at + 48` values.
-#[target_feature(enable = "avx512f")]
+/// As [`split`]; `dst` holds `at + 48` values.
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
 #[inline]
-unsafe fn store_a(dst: &mut [u16], at: usize, (hi, lo): (__m512i, __m512i)) {
+unsafe fn store_a(dst: &mut [u16], at: usize, (hi, lo): (__m256i, __m256i)) {
     debug_assert!(dst.len() >= at + TK + 16);
     // SAFETY: the two 16-value stores lie inside `dst` (caller).
     unsafe {
         let o = dst.as_mut_ptr().add(at);
-        _mm256_storeu_si256(o.cast(), _mm512_cvtepi32_epi16(hi));
-        _mm256_storeu_si256(o.add(TK).cast(), _mm512_cvtepi32_epi16(lo));
+        _mm256_storeu_si256(o.cast(), hi);
+        _mm256_storeu_si256(o.add(TK).cast(), lo);
     }
 }
 
@@ -86,18 +78,20 @@ unsafe fn store_a(dst: &mut [u16], at: usize, (hi, lo): (__m512i, __m512i)) {
 /// (`hi`) and `at + 512` (`lo`) (the B layout).
 ///
 /// # Safety
-/// AVX-512F must be available; `dst` holds `at + 512 + 32` values.
-#[target_feature(enable = "avx512f")]
+/// As [`split`]; `dst` holds `at + 512 + 32` values.
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
 #[inline]
-unsafe fn store_b(dst: &mut [u16], at: usize, r0: (__m512i, __m512i), r1: (__m512i, __m512i)) {
+unsafe fn store_b(dst: &mut [u16], at: usize, r0: (__m256i, __m256i), r1: (__m256i, __m256i)) {
     debug_assert!(dst.len() >= at + TILE + TK);
+    let pairs = |a: __m256i, b: __m256i| {
+        let b = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(b));
+        _mm512_or_si512(_mm512_cvtepu16_epi32(a), b)
+    };
     // SAFETY: the two 32-value stores lie inside `dst` (caller).
     unsafe {
-        let hi = _mm512_or_si512(r0.0, _mm512_slli_epi32::<16>(r1.0));
-        let lo = _mm512_or_si512(r0.1, _mm512_slli_epi32::<16>(r1.1));
         let o = dst.as_mut_ptr().add(at);
-        _mm512_storeu_si512(o.cast(), hi);
-        _mm512_storeu_si512(o.add(TILE).cast(), lo);
+        _mm512_storeu_si512(o.cast(), pairs(r0.0, r1.0));
+        _mm512_storeu_si512(o.add(TILE).cast(), pairs(r0.1, r1.1));
     }
 }
 
@@ -105,11 +99,11 @@ unsafe fn store_b(dst: &mut [u16], at: usize, r0: (__m512i, __m512i), r1: (__m51
 /// apart).
 ///
 /// # Safety
-/// AVX-512F must be available.
+/// As [`split`].
 ///
 /// # Panics
 /// Unless `k` is a multiple of 32 and the slices hold the rows.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
 pub(super) unsafe fn pack_a(src: &[f32], (m, k, ld): (usize, usize, usize), dst: &mut [u16]) {
     assert!(k.is_multiple_of(TK) && k <= ld && dst.len() >= m * 2 * k);
     assert!(m == 0 || src.len() >= (m - 1) * ld + k);
@@ -130,11 +124,11 @@ pub(super) unsafe fn pack_a(src: &[f32], (m, k, ld): (usize, usize, usize), dst:
 /// apart).
 ///
 /// # Safety
-/// AVX-512F must be available.
+/// As [`split`].
 ///
 /// # Panics
 /// Unless `k` is a multiple of 32, `n` of 16, and the slices hold the rows.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
 pub(super) unsafe fn pack_b(src: &[f32], (k, n, ld): (usize, usize, usize), dst: &mut [u16]) {
     assert!(k.is_multiple_of(TK) && n.is_multiple_of(16) && n <= ld);
     assert!(dst.len() >= 2 * k * n && (k == 0 || src.len() >= (k - 1) * ld + n));
@@ -185,11 +179,11 @@ fn exp(x: __m512) -> __m512 {
 /// `dSᵀ` (`ds_b`), as [`pack_a`] and [`pack_b`] would write them.
 ///
 /// # Safety
-/// AVX-512F must be available.
+/// As [`split`].
 ///
 /// # Panics
 /// Unless `keys` and `rows` are multiples of 32, and the slices hold what the shapes say.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
 pub(super) unsafe fn probs_and_grads_packed(
     (s, dp): (&[f32], &[f32]),
     (keys, rows): (usize, usize),
@@ -346,7 +340,8 @@ mod tests {
     /// Both layouts hold every value to within the split's `2⁻¹⁶` relative (module docs).
     #[test]
     fn the_layouts_hold_hi_and_lo_of_every_value() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        if !crate::fused::Isa::Amx.is_available() {
+            // `split` needs AVX512_BF16, which every CPU with AMX has.
             return;
         }
         let (m, k) = (64, 96);
@@ -354,7 +349,7 @@ mod tests {
             .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 3.7 * 1.01f32.powi(i as i32 % 90))
             .collect();
         let (mut a, mut b) = (vec![0u16; 2 * m * k], vec![0u16; 2 * m * k]);
-        // SAFETY: AVX-512F is available (checked above).
+        // SAFETY: what `Isa::Amx` needs is available (checked above).
         unsafe {
             pack_a(&x, (m, k, k), &mut a);
             pack_b(&x, (m, k, k), &mut b);
@@ -374,7 +369,8 @@ mod tests {
     /// compared as `hi + lo`, each within `2⁻¹⁶` relative of its f32 value.
     #[test]
     fn the_fused_lane_packs_like_the_packers() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        if !crate::fused::Isa::Amx.is_available() {
+            // `split` needs AVX512_BF16, which every CPU with AMX has.
             return;
         }
         let (keys, rows) = (64, 96);
@@ -396,7 +392,7 @@ mod tests {
         let mut got = want.clone();
         let [wp, wa, wb] = &mut want;
         let [gp, ga, gb] = &mut got;
-        // SAFETY: AVX-512F is available (checked above).
+        // SAFETY: what `Isa::Amx` needs is available (checked above).
         unsafe {
             pack_a(&p, (keys, rows, rows), wp);
             pack_a(&ds, (keys, rows, rows), wa);
@@ -425,9 +421,9 @@ mod tests {
     /// of the module docs (`3·2⁻¹⁶·Σ|a·b|`, plus f32 rounding of the sums).
     #[test]
     fn bf16x3_gemm_matches_f64() {
-        let Some(tiles) = Tiles::configure() else {
-            // No AMX on this CPU: the backward pass never takes this path here.
-            assert!(!crate::amx::available());
+        let amx = crate::fused::Isa::Amx.is_available();
+        let Some(tiles) = Tiles::configure().filter(|_| amx) else {
+            // No AMX (or no AVX512_BF16) on this CPU: the backward pass never takes this path.
             return;
         };
         let (m, n, k) = (64, 96, 64);
@@ -437,7 +433,7 @@ mod tests {
         let b: Vec<f32> = (0..k * n).map(|i| value(i + 17)).collect();
         let c0: Vec<f32> = (0..m * n).map(|i| value(i + 3)).collect();
         let (mut ap, mut bp) = (vec![0u16; m * 2 * k], vec![0u16; 2 * k * n]);
-        // SAFETY: `available()` (a guard exists) implies AVX-512F.
+        // SAFETY: what `Isa::Amx` needs is available (checked above).
         unsafe {
             pack_a(&a, (m, k, k), &mut ap);
             pack_b(&b, (k, n, n), &mut bp);

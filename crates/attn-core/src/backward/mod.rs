@@ -539,7 +539,7 @@ impl Plan<'_> {
             }
             let k_blk = &k_head[j0 * d..][..BLOCK_KV * d];
             transpose(k_blk, (BLOCK_KV, d), &mut bf.kt_f32);
-            // SAFETY: `plan.amx` is only set where AVX-512F is available.
+            // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
             unsafe {
                 amx::pack_a(k_blk, (BLOCK_KV, d, d), &mut bf.k[2 * j0 * d..]);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
@@ -569,7 +569,7 @@ impl Plan<'_> {
                 continue;
             }
             let w = BLOCK_Q;
-            // SAFETY: `plan.amx` is only set where AVX-512F is available.
+            // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
             unsafe {
                 amx::pack_b(&qt[i0 * d..], (d, w, w), &mut bf.qt[2 * i0 * d..]);
                 amx::pack_b(&q[i0 * d..], (w, d, d), &mut bf.q[2 * i0 * d..]);
@@ -714,7 +714,7 @@ impl Plan<'_> {
                 }
                 let tiles = (t.p.view(n), t.ds.view(n));
                 let packed = (&mut bf.p[..], &mut bf.ds_a[..], &mut bf.ds_b[..]);
-                // SAFETY: `plan.amx` is only set where AVX-512F is available.
+                // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
                 unsafe { amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed) };
             }
         } else {
@@ -741,7 +741,7 @@ impl Plan<'_> {
                     for buf in [&mut bf.p, &mut bf.ds_a, &mut bf.ds_b] {
                         buf.resize(2 * n, 0);
                     }
-                    // SAFETY: `plan.amx` is only set where AVX-512F is available.
+                    // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
                     unsafe {
                         amx::pack_a(p, tile, &mut bf.p);
                         amx::pack_a(ds, tile, &mut bf.ds_a);
