@@ -78,7 +78,7 @@ impl<'a> Plan<'a> {
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
-        if !v.iter().all(|x| x.is_finite()) {
+        if !all_finite(v) {
             return None;
         }
         Some(AmxHead {
@@ -217,6 +217,15 @@ impl<'a> Plan<'a> {
             stats[r] = [m[r], sum[r]];
         }
     }
+}
+
+/// Whether every value of `x` is finite: its exponent bits not all ones. The largest
+/// magnitude's bits per chunk of 512 values, so the loop vectorizes.
+fn all_finite(x: &[bf16]) -> bool {
+    x.chunks(512).all(|c| {
+        let max = c.iter().map(|x| x.to_bits() & 0x7fff).fold(0, u16::max);
+        max < 0x7f80
+    })
 }
 
 /// The online-softmax step of `Plan::softmax_step` for a row with no rule beyond a positive
@@ -422,6 +431,27 @@ mod tests {
             assert_eq!(step, None);
         }
         runs
+    }
+
+    #[test]
+    fn all_finite_finds_nan_and_infinity_anywhere() {
+        let mut x = vec![bf16::MAX; 1500];
+        x[3] = bf16::MIN;
+        x[4] = bf16::from_bits(0x0001);
+        assert!(all_finite(&x));
+        assert!(all_finite(&[]));
+        for bad in [
+            bf16::NAN,
+            bf16::INFINITY,
+            bf16::NEG_INFINITY,
+            bf16::from_bits(0xff81),
+        ] {
+            for at in [0, 511, 512, 1499] {
+                let mut y = x.clone();
+                y[at] = bad;
+                assert!(!all_finite(&y), "{bad} at {at}");
+            }
+        }
     }
 
     #[test]
