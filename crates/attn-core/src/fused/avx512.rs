@@ -21,14 +21,14 @@ const NV_F32: usize = 4;
 
 /// Calls `tile_f32::<R, NV_F32>` for the `R = $rows` in `1..=MR_F32`.
 macro_rules! dispatch_rows {
-    ($rows:expr, ($($arg:expr),*)) => {
+    ($rows:expr, $full:literal, ($($arg:expr),*)) => {
         match $rows {
-            6 => tile_f32::<6, NV_F32>($($arg),*),
-            5 => tile_f32::<5, NV_F32>($($arg),*),
-            4 => tile_f32::<4, NV_F32>($($arg),*),
-            3 => tile_f32::<3, NV_F32>($($arg),*),
-            2 => tile_f32::<2, NV_F32>($($arg),*),
-            _ => tile_f32::<1, NV_F32>($($arg),*),
+            6 => tile_f32::<6, NV_F32, $full>($($arg),*),
+            5 => tile_f32::<5, NV_F32, $full>($($arg),*),
+            4 => tile_f32::<4, NV_F32, $full>($($arg),*),
+            3 => tile_f32::<3, NV_F32, $full>($($arg),*),
+            2 => tile_f32::<2, NV_F32, $full>($($arg),*),
+            _ => tile_f32::<1, NV_F32, $full>($($arg),*),
         }
     };
 }
@@ -50,7 +50,7 @@ fn tile_masks<const V: usize>(col: usize, n: usize) -> [__mmask16; V] {
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_f32<const R: usize, const V: usize>(
+unsafe fn tile_f32<const R: usize, const V: usize, const FULL: bool>(
     k: usize,
     a: *const f32,
     lda: usize,
@@ -74,8 +74,13 @@ unsafe fn tile_f32<const R: usize, const V: usize>(
         }
         for p in 0..k {
             let bp = b.wrapping_add(p * ldb);
-            let bv: [__m512; V] =
-                std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], bp.wrapping_add(v * 16)));
+            let bv: [__m512; V] = std::array::from_fn(|v| {
+                if FULL {
+                    _mm512_loadu_ps(bp.wrapping_add(v * 16))
+                } else {
+                    _mm512_maskz_loadu_ps(masks[v], bp.wrapping_add(v * 16))
+                }
+            });
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*a.add(r * lda + p));
                 for (x, &bx) in row.iter_mut().zip(&bv) {
@@ -114,13 +119,18 @@ pub(super) unsafe fn gemm_f32(
     let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
     for col in (0..n).step_by(16 * NV_F32) {
         let masks = tile_masks::<NV_F32>(col, n);
+        let full = masks == [0xffff; NV_F32];
         let mut row = 0;
         while row < m {
             let rows = (m - row).min(MR_F32);
             // SAFETY: AVX-512F is available (caller); the tile lies inside the checked slices.
             unsafe {
                 let (a, b, c) = (a.add(row * lda), b.add(col), c.add(row * ldc + col));
-                dispatch_rows!(rows, (k, a, lda, b, ldb, c, ldc, masks, accumulate));
+                if full {
+                    dispatch_rows!(rows, true, (k, a, lda, b, ldb, c, ldc, masks, accumulate));
+                } else {
+                    dispatch_rows!(rows, false, (k, a, lda, b, ldb, c, ldc, masks, accumulate));
+                }
             }
             row += rows;
         }
