@@ -170,20 +170,32 @@ impl<'a> Plan<'a> {
             let k = head.k.view((0, d), (j0, keys));
             let tile = &mut scores[..rows * AMX_BLOCK_KV];
             amx::gemm_blocks(tiles, q_pad, d_pad, k, tile, AMX_BLOCK_KV, false);
+            // The fused step's first pass for every row before its second pass for any: a
+            // row's exponentials then never wait on its own max.
+            let mut visible = [(0, 0); GROUP];
+            let mut raw_max = [f32::NAN; GROUP];
+            if plain {
+                for r in 0..n {
+                    let (vis_lo, vis_hi) = range(i0 + r);
+                    let a = vis_lo.clamp(j0, j0 + keys) - j0;
+                    let b = (vis_hi.clamp(j0, j0 + keys) - j0).max(a);
+                    visible[r] = (a, b);
+                    raw_max[r] = row_max(&scores[r * AMX_BLOCK_KV..][a..b]);
+                }
+            }
             for r in 0..n {
                 let row = &mut scores[r * AMX_BLOCK_KV..][..keys];
                 let p = &mut p[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
                 p[keys..].fill(bf16::ZERO);
                 let step = plain.then(|| {
-                    let (vis_lo, vis_hi) = range(i0 + r);
-                    let a = vis_lo.clamp(j0, j0 + keys) - j0;
-                    let b = (vis_hi.clamp(j0, j0 + keys) - j0).max(a);
+                    let (a, b) = visible[r];
                     p[..a].fill(bf16::ZERO);
                     p[b..keys].fill(bf16::ZERO);
                     match a < b {
                         true => {
                             let state = (&mut m[r], &mut sum[r]);
-                            softmax_step_plain(&row[a..b], self.scale, state, &mut p[a..b])
+                            let p = &mut p[a..b];
+                            softmax_step_plain(&row[a..b], raw_max[r], self.scale, state, p)
                         }
                         // Nothing visible here: weights 0, the row's state unchanged.
                         false => Some(None),
@@ -228,12 +240,67 @@ fn all_finite(x: &[bf16]) -> bool {
     })
 }
 
+/// The first pass of the fused step: the largest value of `row` (`−∞` when empty). A NaN may
+/// be lost, or returned; the second pass finds it either way.
+fn row_max(row: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F.
+        unsafe { row_max_avx512(row) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = row;
+        f32::NAN
+    }
+}
+
+/// # Safety
+/// AVX-512F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_max_avx512(row: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = row.len();
+    let whole = n / 32 * 32;
+    let (lo, hi) = tail_masks(n - whole);
+    let row = row.as_ptr();
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    // SAFETY: whole 32-value chunks lie inside `row`, the tail's lanes are masked to what is
+    // left of it.
+    let (mut max0, mut max1) = unsafe {
+        (
+            _mm512_mask_loadu_ps(ninf, lo, row.add(whole)),
+            _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16)),
+        )
+    };
+    for i in (0..whole).step_by(32) {
+        unsafe {
+            max0 = _mm512_max_ps(max0, _mm512_loadu_ps(row.add(i)));
+            max1 = _mm512_max_ps(max1, _mm512_loadu_ps(row.add(i + 16)));
+        }
+    }
+    _mm512_reduce_max_ps(_mm512_max_ps(max0, max1))
+}
+
+/// The lane masks of the two 16-lane halves of a tail of `tail < 32` values.
+#[cfg(target_arch = "x86_64")]
+fn tail_masks(tail: usize) -> (u16, u16) {
+    let tail = tail as u32;
+    (
+        ((1u32 << tail.min(16)) - 1) as u16,
+        ((1u32 << tail.saturating_sub(16)) - 1) as u16,
+    )
+}
+
 /// The online-softmax step of `Plan::softmax_step` for a row with no rule beyond a positive
-/// scale, fused into two passes: the raw scores' max, then `P = e^(scale·s − m')` with its sum,
-/// stored as bf16 in `p`. `None` (nothing changed) when a score is NaN or ±∞, or where the CPU
-/// lacks AVX512DQ (for `VREDUCEPS`): those rows take the general step.
+/// scale, fused into two passes: the raw scores' max ([`row_max`], `raw_max` here), then
+/// `P = e^(scale·s − m')` with its sum, stored as bf16 in `p`. `None` (nothing changed) when
+/// a score is NaN or ±∞, or where the CPU lacks AVX512DQ (for `VREDUCEPS`): those rows take
+/// the general step.
 fn softmax_step_plain(
     row: &[f32],
+    raw_max: f32,
     scale: f32,
     state: (&mut f32, &mut f32),
     p: &mut [bf16],
@@ -247,11 +314,11 @@ fn softmax_step_plain(
         // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
         // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
         // (checked above).
-        unsafe { softmax_step_plain_avx512(row, scale, state, p) }
+        unsafe { softmax_step_plain_avx512(row, raw_max, scale, state, p) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (row, scale, state, p);
+        let _ = (row, raw_max, scale, state, p);
         None
     }
 }
@@ -263,6 +330,7 @@ fn softmax_step_plain(
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
 unsafe fn softmax_step_plain_avx512(
     row: &[f32],
+    raw_max: f32,
     scale: f32,
     (m, sum): (&mut f32, &mut f32),
     p: &mut [bf16],
@@ -271,29 +339,11 @@ unsafe fn softmax_step_plain_avx512(
     let n = row.len();
     // Whole 32-value chunks, then a masked tail of up to 32 in two 16-lane halves.
     let whole = n / 32 * 32;
-    let tail = (n - whole) as u32;
-    let (lo, hi) = (
-        ((1u32 << tail.min(16)) - 1) as __mmask16,
-        ((1u32 << tail.saturating_sub(16)) - 1) as __mmask16,
-    );
+    let tail = n - whole;
+    let (lo, hi) = tail_masks(tail);
     let (row, p) = (row.as_ptr(), p.as_mut_ptr());
-    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    // SAFETY (both loops): whole chunks lie inside `row` and `p`, the tail's lanes are masked
-    // to what is left of them.
-    let (mut max0, mut max1) = unsafe {
-        (
-            _mm512_mask_loadu_ps(ninf, lo, row.add(whole)),
-            _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16)),
-        )
-    };
-    for i in (0..whole).step_by(32) {
-        unsafe {
-            max0 = _mm512_max_ps(max0, _mm512_loadu_ps(row.add(i)));
-            max1 = _mm512_max_ps(max1, _mm512_loadu_ps(row.add(i + 16)));
-        }
-    }
-    // A NaN may be lost by `vmaxps`; it shows in the sum below, before anything is changed.
-    let raw_max = _mm512_reduce_max_ps(_mm512_max_ps(max0, max1));
+    // A NaN or ±∞ in the max takes the general step; a NaN lost by `vmaxps` shows in the
+    // sum below, before anything is changed.
     if !raw_max.is_finite() {
         return None;
     }
@@ -303,6 +353,8 @@ unsafe fn softmax_step_plain_avx512(
     let log2e = std::f32::consts::LOG2_E;
     let (c, mc) = (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m_new * log2e));
     let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    // SAFETY (both blocks): whole 32-value chunks lie inside `row` and `p`, the tail's lanes
+    // are masked to what is left of them.
     for i in (0..whole).step_by(32) {
         unsafe {
             let e0 = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row.add(i)), c, mc));
@@ -427,7 +479,9 @@ mod tests {
         if !runs {
             let (mut m, mut sum) = (0.0, 0.0);
             let mut p = [bf16::ZERO; 3];
-            let step = softmax_step_plain(&[1.0, 2.0, 3.0], 1.0, (&mut m, &mut sum), &mut p);
+            let row = [1.0, 2.0, 3.0];
+            let state = (&mut m, &mut sum);
+            let step = softmax_step_plain(&row, row_max(&row), 1.0, state, &mut p);
             assert_eq!(step, None);
         }
         runs
@@ -501,8 +555,9 @@ mod tests {
             // A running state from an earlier block: max 1.5 (below this block's), sum 2.
             let (mut m, mut sum) = (1.5f32, 2.0f32);
             let mut p = vec![bf16::from_f32(-7.0); n];
-            let step = softmax_step_plain(&row, scale, (&mut m, &mut sum), &mut p);
             let raw_max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            assert_eq!(row_max(&row), raw_max, "n = {n}");
+            let step = softmax_step_plain(&row, raw_max, scale, (&mut m, &mut sum), &mut p);
             let want_m = 1.5f32.max(scale * raw_max);
             assert_eq!(m, want_m, "n = {n}");
             let e: Vec<f64> = row
