@@ -13,6 +13,7 @@
 //! [`sdpa`] is the fast path; [`sdpa_reference`] is its plain, readable twin that tests compare
 //! against. [`mha`] builds multi-head attention (projections, masks, weights) on top.
 
+mod aligned;
 pub mod amx;
 pub mod backward;
 pub mod error;

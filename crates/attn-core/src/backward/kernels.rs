@@ -8,33 +8,6 @@ use super::avx512;
 /// Rows of `C` per register tile of the AVX-512 GEMM, and rows per panel of a [`Panels`].
 pub(super) const MR: usize = 6;
 
-/// A growable f32 buffer whose first element sits on a 64-byte boundary (a cache line), so
-/// that rows of 16·k values load without splitting lines. Growing it may move the contents:
-/// callers overwrite (or zero) what they use.
-#[derive(Default)]
-pub(super) struct Aligned {
-    buf: Vec<f32>,
-    off: usize,
-}
-
-impl Aligned {
-    /// Makes room for `n` values and returns them.
-    pub(super) fn get(&mut self, n: usize) -> &mut [f32] {
-        if self.buf.len() < n + 16 {
-            self.buf.resize(n + 16, 0.0);
-            // In f32 units; `align_offset` may in principle give up (usize::MAX): then 0.
-            let off = self.buf.as_ptr().align_offset(64);
-            self.off = if off < 16 { off } else { 0 };
-        }
-        &mut self.buf[self.off..][..n]
-    }
-
-    /// The first `n` values (as last made room for by [`Aligned::get`]).
-    pub(super) fn view(&self, n: usize) -> &[f32] {
-        &self.buf[self.off..][..n]
-    }
-}
-
 /// An `A` operand packed for the GEMM: rows in panels of [`MR`] (the last may hold fewer),
 /// each panel `[cols, panel rows]`, so one column of a panel is contiguous. Panel `r0 / MR`
 /// starts at `r0 · cols`.
@@ -359,17 +332,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    #[test]
-    fn aligned_buffers_start_on_a_cache_line() {
-        let mut buf = Aligned::default();
-        for n in [1, 100, 5000, 3] {
-            let x = buf.get(n);
-            assert_eq!((x.len(), x.as_ptr() as usize % 64), (n, 0));
-            x.fill(n as f32);
-            assert!(buf.view(n).iter().all(|&v| v == n as f32));
         }
     }
 

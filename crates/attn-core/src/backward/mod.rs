@@ -56,7 +56,8 @@ use crate::fused::Isa;
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::check_len;
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
-use kernels::{Aligned, Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
+use crate::aligned::Aligned;
+use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
 /// Keys per block: the rows of the transposed tiles.
 const BLOCK_KV: usize = 64;

@@ -43,8 +43,8 @@ pub use isa::{Isa, set_global_threads};
 pub use half::bf16;
 
 use rayon::prelude::*;
-use std::borrow::Cow;
 
+use crate::aligned::Aligned;
 use crate::mask::{diagonal_offset, key_range};
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, Weights, WeightsRequest,
@@ -194,8 +194,8 @@ struct Plan<'a> {
 struct Scratch {
     /// Query rows times the scale, `[rows, head_dim]`.
     q: Vec<f32>,
-    /// Scores, then probabilities: `[rows, keys]`.
-    tile: Vec<f32>,
+    /// Scores, then probabilities: `[rows, keys]` (the `C`, then the `A`, of the GEMMs).
+    tile: Aligned,
 }
 
 /// Where a query block's results go: `out` `[rows, value_dim]`, `lse` `[rows]`, and each row's
@@ -237,17 +237,34 @@ fn accumulate_skipping_zeros(
 struct Head<'a> {
     /// Keys transposed block by block: block `jb` (keys `jb·BLOCK_KV..`, `keys` of them) is
     /// `[head_dim, keys]` at `jb·BLOCK_KV·head_dim`.
-    k: Vec<f32>,
-    /// Values as f32, `[seq_kv, value_dim]`: borrowed from f32 inputs, widened from bf16.
-    v: Cow<'a, [f32]>,
+    k: Aligned,
+    /// Values as f32, `[seq_kv, value_dim]`, starting on a cache line.
+    v: Values<'a>,
     /// Whether every value is finite (inputs may opt out of that check).
     v_finite: bool,
 }
 
+/// A head's values as the `B` of `P·V`: borrowed from f32 inputs that start on a cache line,
+/// copied (or widened from bf16) into one otherwise.
+enum Values<'a> {
+    Borrowed(&'a [f32]),
+    Copied(Aligned),
+}
+
 impl Head<'_> {
+    /// Keys `j0..j0 + keys` of the packed `Kᵀ`, `[head_dim, keys]`.
+    fn keys(&self, (jb, keys): (usize, usize), head_dim: usize) -> &[f32] {
+        &self.k.view((jb * BLOCK_KV + keys) * head_dim)[jb * BLOCK_KV * head_dim..]
+    }
+
     /// Values `j0..j0 + keys`, `[keys, value_dim]`.
     fn values(&self, (j0, keys): (usize, usize), value_dim: usize) -> &[f32] {
-        &self.v[j0 * value_dim..][..keys * value_dim]
+        let end = (j0 + keys) * value_dim;
+        let v = match &self.v {
+            Values::Borrowed(v) => &v[..end],
+            Values::Copied(v) => v.view(end),
+        };
+        &v[j0 * value_dim..]
     }
 }
 
@@ -290,38 +307,48 @@ impl Plan<'_> {
     fn pack_head(&self, b: usize, kvh: usize) -> Head<'_> {
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
-        let mut packed = vec![0.0; s_n * d];
+        let mut packed = Aligned::default();
+        let mut copied = Aligned::default();
         let v = match self.src {
             Src::F32 { k, v, .. } => {
-                transpose_blocks(&k[head * d..][..s_n * d], d, &mut packed, |x| x);
-                Cow::Borrowed(&v[head * dv..][..s_n * dv])
+                let k_t = packed.get(s_n * d);
+                transpose_blocks(&k[head * d..][..s_n * d], d, k_t, |x| x);
+                let v = &v[head * dv..][..s_n * dv];
+                if v.as_ptr().align_offset(64) == 0 {
+                    Values::Borrowed(v)
+                } else {
+                    copied.get(s_n * dv).copy_from_slice(v);
+                    Values::Copied(copied)
+                }
             }
             Src::Bf16 { k, v, .. } => {
-                transpose_blocks(&k[head * d..][..s_n * d], d, &mut packed, bf16::to_f32);
-                Cow::Owned(
-                    v[head * dv..][..s_n * dv]
-                        .iter()
-                        .map(|x| x.to_f32())
-                        .collect(),
-                )
+                let k_t = packed.get(s_n * d);
+                transpose_blocks(&k[head * d..][..s_n * d], d, k_t, bf16::to_f32);
+                let widened = copied.get(s_n * dv);
+                for (x, y) in widened.iter_mut().zip(&v[head * dv..][..s_n * dv]) {
+                    *x = y.to_f32();
+                }
+                Values::Copied(copied)
             }
         };
-        let v_finite = v.iter().fold(true, |all, x| all & x.is_finite());
-        Head {
+        let mut head = Head {
             k: packed,
             v,
-            v_finite,
-        }
+            v_finite: true,
+        };
+        let all = head.values((0, s_n), dv);
+        head.v_finite = all.iter().fold(true, |all, x| all & x.is_finite());
+        head
     }
 
     /// Raw scores `(scale·q)·k` of the packed query rows against key block `jb` (`keys` keys)
     /// of `head`, into `s.tile` as `[rows, keys]`.
     fn scores(&self, head: &Head<'_>, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
         let d = self.sh.head_dim;
-        s.tile.resize(rows * keys, 0.0);
-        let kt = &head.k[jb * BLOCK_KV * d..][..d * keys];
+        let kt = head.keys((jb, keys), d);
+        let tile = s.tile.get(rows * keys);
         self.isa
-            .gemm_f32((rows, keys, d), &s.q, d, kt, keys, &mut s.tile, keys, false);
+            .gemm_f32((rows, keys, d), &s.q, d, kt, keys, tile, keys, false);
     }
 
     /// Turns raw scores of query `i` (head `(b, h)`) against keys `j0..` into the final scores
@@ -483,7 +510,8 @@ impl Plan<'_> {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
             self.scores(head, n, (jb, keys), s);
-            for (r, row) in s.tile.chunks_exact_mut(keys).enumerate() {
+            let tile = s.tile.get(n * keys);
+            for (r, row) in tile.chunks_exact_mut(keys).enumerate() {
                 let state = (&mut m[r], &mut sum[r]);
                 if let Some(alpha) = self.softmax_step((b, h, i0 + r), j0, row, state) {
                     self.isa.scale(&mut out[r * dv..][..dv], alpha);
@@ -492,9 +520,9 @@ impl Plan<'_> {
             let v = head.values((j0, keys), dv);
             if head.v_finite {
                 self.isa
-                    .gemm_f32((n, dv, keys), &s.tile, keys, v, dv, out, dv, true);
+                    .gemm_f32((n, dv, keys), tile, keys, v, dv, out, dv, true);
             } else {
-                accumulate_skipping_zeros(self.isa, (keys, dv), &s.tile, v, out);
+                accumulate_skipping_zeros(self.isa, (keys, dv), tile, v, out);
             }
         }
         let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
@@ -599,8 +627,7 @@ impl Plan<'_> {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
             self.scores(head, rows.len(), (jb, keys), s);
-            for ((row, &i), dst) in s
-                .tile
+            for ((row, &i), dst) in (s.tile.get(rows.len() * keys))
                 .chunks_exact_mut(keys)
                 .zip(rows)
                 .zip(dst.chunks_exact_mut(s_n))
