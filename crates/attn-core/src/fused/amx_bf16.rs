@@ -10,18 +10,22 @@
 //!    the sums are f32 sums, as on the other paths (only their order differs);
 //! 2. every rule of the reference and the online-softmax step in f32: rows with no rule beyond
 //!    a positive scale, causal and window take a fused two-pass step over their visible keys
-//!    (`softmax_step_plain`), the others (and rows with a NaN or ±∞ score) the step shared with
-//!    the other paths (`Plan::softmax_step`);
-//! 3. `P` rounded to bf16 (nearest even, `VCVTNEPS2BF16`) and `acc += P·V` on tiles.
+//!    (`row_max` for all the group's rows, then `softmax_step_plain` for each: no row waits
+//!    on its own max), the others (and rows with a NaN or ±∞ score) the step shared with the
+//!    other paths (`Plan::softmax_step`);
+//! 3. `P` rounded to bf16 (nearest even, `VCVTNE2PS2BF16`) and `acc += P·V` on tiles.
 //!
 //! Two things round beyond f32. The fused step's `e^x` is a degree-4 polynomial (relative
 //! error ε ≤ 3e-6, see `exp2`: the weights end up in bf16, with 8 significant bits), and
 //! step 3 rounds each weight by at most 2^-8 relative (half a unit in the last of bf16's 8
-//! significant bits: 1 + 2^-8 rounds to 1) while the row's sum keeps the f32 weights. So a weight over the row's sum is off by at most `2ε` relative before the
-//! rounding, and an output element by at most `(2^-8 + 2ε) · max |v|` of its row's visible
-//! values (plus f32 rounding). The log-sum-exp moves by at most `ε` (plus the f32 rounding
-//! of every path); the weights, recomputed from the saved max and sum on the AVX-512 path,
-//! by the same relative `ε`.
+//! significant bits: 1 + 2^-8 rounds to 1) while the row's sum keeps the f32 weights. So a
+//! weight over the row's sum is off by at most `2ε` relative before the rounding, and an
+//! output element by at most `(2^-8 + 2ε) · max |v|` of its row's visible values (plus f32
+//! rounding). The log-sum-exp moves by at most `ε` (plus the f32 rounding of every path);
+//! the weights, recomputed from the saved max and sum on the AVX-512 path, by the same
+//! relative `ε`.
+//!
+//! The buffers the tiles read and write start on 64-byte lines ([`TILE_ALIGN`]).
 //!
 //! A head whose values hold NaN or ∞ takes the AVX-512 path instead: the tile product would
 //! turn a hidden key's `0 · NaN` into NaN in rows that never see it. f32 inputs always do.
