@@ -52,11 +52,11 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
+use crate::aligned::Aligned;
 use crate::fused::Isa;
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::check_len;
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
-use crate::aligned::Aligned;
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
 /// Keys per block: the rows of the transposed tiles.
@@ -341,22 +341,22 @@ struct Scratch {
 #[derive(Default)]
 struct Bf16x3 {
     /// The A layout of `K` and `V`, `[seq_kv, 2·head_dim]` and `[seq_kv, 2·value_dim]`.
-    k: Vec<u16>,
-    v: Vec<u16>,
+    k: Aligned<u16>,
+    v: Aligned<u16>,
     /// The A layout of each key block's `Kᵀ`, `[head_dim, 2·BLOCK_KV]` at `j0·2·head_dim`.
-    kt: Vec<u16>,
+    kt: Aligned<u16>,
     /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout`, `scale·Q`, at
     /// `i0·2·width`.
-    qt: Vec<u16>,
-    dot: Vec<u16>,
-    dout: Vec<u16>,
-    q: Vec<u16>,
+    qt: Aligned<u16>,
+    dot: Aligned<u16>,
+    dout: Aligned<u16>,
+    q: Aligned<u16>,
     /// This block's A layout of `(P∘Z)ᵀ` and of `dSᵀ`, and B layout of `dSᵀ`.
-    p: Vec<u16>,
-    ds_a: Vec<u16>,
-    ds_b: Vec<u16>,
+    p: Aligned<u16>,
+    ds_a: Aligned<u16>,
+    ds_b: Aligned<u16>,
     /// A key block's `Kᵀ` in f32, `[head_dim, BLOCK_KV]`.
-    kt_f32: Vec<f32>,
+    kt_f32: Aligned,
 }
 
 /// One query head packed for a task; blocks are laid out one after the other, block `ib`
@@ -532,24 +532,25 @@ impl Plan<'_> {
         let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
         let k_head = &self.k[bkv * s_n * d..][..s_n * d];
         let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
-        bf.k.resize(2 * s_n * d, 0);
-        bf.v.resize(2 * s_n * dv, 0);
-        bf.kt.resize(2 * s_n * d, 0);
-        bf.kt_f32.resize(d * BLOCK_KV, 0.0);
+        bf.k.get(2 * s_n * d);
+        bf.v.get(2 * s_n * dv);
+        bf.kt.get(2 * s_n * d);
+        let kt_f32 = bf.kt_f32.get(d * BLOCK_KV);
         for &jb in blocks {
             let j0 = jb * BLOCK_KV;
             if s_n - j0 < BLOCK_KV {
                 continue;
             }
             let k_blk = &k_head[j0 * d..][..BLOCK_KV * d];
-            transpose(k_blk, (BLOCK_KV, d), &mut bf.kt_f32);
+            transpose(k_blk, (BLOCK_KV, d), kt_f32);
             // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
             unsafe {
-                amx::pack_a(k_blk, (BLOCK_KV, d, d), &mut bf.k[2 * j0 * d..]);
+                amx::pack_a(k_blk, (BLOCK_KV, d, d), &mut bf.k.all_mut()[2 * j0 * d..]);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
-                amx::pack_a(v_blk, (BLOCK_KV, dv, dv), &mut bf.v[2 * j0 * dv..]);
+                let v_at = &mut bf.v.all_mut()[2 * j0 * dv..];
+                amx::pack_a(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                amx::pack_a(&bf.kt_f32, kt, &mut bf.kt[2 * j0 * d..]);
+                amx::pack_a(kt_f32, kt, &mut bf.kt.all_mut()[2 * j0 * d..]);
             }
         }
     }
@@ -566,19 +567,23 @@ impl Plan<'_> {
             (&mut bf.dot, dv),
             (&mut bf.dout, dv),
         ] {
-            buf.resize(2 * l_n * len, 0);
+            buf.get(2 * l_n * len);
         }
         for i0 in (0..l_n).step_by(BLOCK_Q) {
             if l_n - i0 < BLOCK_Q {
                 continue;
             }
             let w = BLOCK_Q;
-            // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
-            unsafe {
-                amx::pack_b(&qt[i0 * d..], (d, w, w), &mut bf.qt[2 * i0 * d..]);
-                amx::pack_b(&q[i0 * d..], (w, d, d), &mut bf.q[2 * i0 * d..]);
-                amx::pack_b(&dot[i0 * dv..], (dv, w, w), &mut bf.dot[2 * i0 * dv..]);
-                amx::pack_b(&dout[i0 * dv..], (w, dv, dv), &mut bf.dout[2 * i0 * dv..]);
+            // Each block is `[width, w]` or `[w, width]`, at `i0·width` (`2·i0·width` packed).
+            for (src, (k, n), width, dst) in [
+                (qt, (d, w), d, &mut bf.qt),
+                (q, (w, d), d, &mut bf.q),
+                (dot, (dv, w), dv, &mut bf.dot),
+                (dout, (w, dv), dv, &mut bf.dout),
+            ] {
+                let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[2 * i0 * width..]);
+                // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
+                unsafe { amx::pack_b(src, (k, n, n), dst) };
             }
         }
     }
@@ -690,9 +695,9 @@ impl Plan<'_> {
             Some(tiles) => {
                 let bf = &scratch.bf;
                 let (p, ds) = ((t.p.get(n), rows), (t.ds.get(n), rows));
-                let (kk, qt) = (&bf.k[2 * j0 * d..], &bf.qt[2 * i0 * d..]);
+                let (kk, qt) = (&bf.k.all()[2 * j0 * d..], &bf.qt.all()[2 * i0 * d..]);
                 amx::gemm(tiles, p, kk, qt, (keys, rows, d), false);
-                let (vv, dot) = (&bf.v[2 * j0 * dv..], &bf.dot[2 * i0 * dv..]);
+                let (vv, dot) = (&bf.v.all()[2 * j0 * dv..], &bf.dot.all()[2 * i0 * dv..]);
                 amx::gemm(tiles, ds, vv, dot, (keys, rows, dv), false);
             }
             _ => {
@@ -713,11 +718,8 @@ impl Plan<'_> {
             #[cfg(target_arch = "x86_64")]
             {
                 let bf = &mut scratch.bf;
-                for buf in [&mut bf.p, &mut bf.ds_a, &mut bf.ds_b] {
-                    buf.resize(2 * n, 0);
-                }
                 let tiles = (t.p.view(n), t.ds.view(n));
-                let packed = (&mut bf.p[..], &mut bf.ds_a[..], &mut bf.ds_b[..]);
+                let packed = (bf.p.get(2 * n), bf.ds_a.get(2 * n), bf.ds_b.get(2 * n));
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
                 unsafe { amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed) };
             }
@@ -742,23 +744,20 @@ impl Plan<'_> {
                 let bf = &mut scratch.bf;
                 if !fused {
                     let tile = (keys, rows, rows);
-                    for buf in [&mut bf.p, &mut bf.ds_a, &mut bf.ds_b] {
-                        buf.resize(2 * n, 0);
-                    }
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
                     unsafe {
-                        amx::pack_a(p, tile, &mut bf.p);
-                        amx::pack_a(ds, tile, &mut bf.ds_a);
-                        amx::pack_b(ds, tile, &mut bf.ds_b);
+                        amx::pack_a(p, tile, bf.p.get(2 * n));
+                        amx::pack_a(ds, tile, bf.ds_a.get(2 * n));
+                        amx::pack_b(ds, tile, bf.ds_b.get(2 * n));
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q);  dQᵀ += Kᵀ · dSᵀ
-                let dout = &bf.dout[2 * i0 * dv..];
-                amx::gemm(tiles, (dv_acc, dv), &bf.p, dout, (keys, dv, rows), true);
-                let q = &bf.q[2 * i0 * d..];
-                amx::gemm(tiles, (dk_acc, d), &bf.ds_a, q, (keys, d, rows), true);
-                let kt = &bf.kt[2 * j0 * d..];
-                amx::gemm(tiles, (dqt, rows), kt, &bf.ds_b, (d, rows, keys), true);
+                let (p, dout) = (bf.p.all(), &bf.dout.all()[2 * i0 * dv..]);
+                amx::gemm(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
+                let q = &bf.q.all()[2 * i0 * d..];
+                amx::gemm(tiles, (dk_acc, d), bf.ds_a.all(), q, (keys, d, rows), true);
+                let kt = &bf.kt.all()[2 * j0 * d..];
+                amx::gemm(tiles, (dqt, rows), kt, bf.ds_b.all(), (d, rows, keys), true);
             }
             _ => {
                 let ds = Mat::packed(ds, keys, rows);
