@@ -25,7 +25,7 @@
 //! the weights, recomputed from the saved max and sum on the AVX-512 path, by the same
 //! relative `ε`.
 //!
-//! The buffers the tiles read and write start on 64-byte lines ([`TILE_ALIGN`]).
+//! The buffers the tiles read and write start on 64-byte lines ([`AmxScratch`]).
 //!
 //! A head whose values hold NaN or ∞ takes the AVX-512 path instead: the tile product would
 //! turn a hidden key's `0 · NaN` into NaN in rows that never see it. f32 inputs always do.
@@ -33,8 +33,10 @@
 use half::bf16;
 
 use super::{BlockOut, Isa, Plan, Src};
+use crate::aligned::Aligned;
 use crate::amx::{self, BLOCK, PackedB, Tiles};
 use crate::mask::key_range;
+use crate::shape::check_finite;
 
 /// Keys per score tile: 32 rows × 256 keys of f32 scores (32 KiB) and their bf16 weights
 /// (16 KiB) fit the L1 cache; longer blocks also mean fewer loads and stores of the
@@ -55,37 +57,23 @@ pub(super) struct AmxHead<'a> {
     v: PackedB,
 }
 
-/// Tile rows are 64 bytes: one that starts off a cache line touches two lines per load and
-/// store. Measured here on 1 KiB tiles in the L1 cache: `TILELOADD` 6.7 cycles aligned, 44
-/// off by 16 bytes; `TILESTORED` 13 and 26; the 2 × 2 block `Q·Kᵀ` runs of `head_dim = 64`
-/// 160 and 500.
-const TILE_ALIGN: usize = 64;
-
-/// `len` values of `v` (grown with `fill` as needed) that start on a [`TILE_ALIGN`] boundary
-/// where the allocator allows one (only the speed depends on it); what they hold is left to
-/// the caller.
-fn aligned<T: Copy>(v: &mut Vec<T>, len: usize, fill: T) -> &mut [T] {
-    let slack = TILE_ALIGN / std::mem::size_of::<T>();
-    if v.len() < len + slack {
-        v.resize(len + slack, fill);
-    }
-    let offset = v.as_ptr().align_offset(TILE_ALIGN).min(slack);
-    &mut v[offset..][..len]
-}
-
-/// Per-task buffers, reused across the blocks of a task, each used through [`aligned`]; rows
-/// are padded to whole 32-row tile blocks, `head_dim` and `value_dim` to 32 columns (with
-/// zeros).
+/// Per-task buffers, reused across the blocks of a task; rows are padded to whole 32-row tile
+/// blocks, `head_dim` and `value_dim` to 32 columns (with zeros).
+///
+/// Each starts on a cache line ([`Aligned`]): tile rows are 64 bytes, and one that starts off
+/// a line touches two per load and store. Measured here on 1 KiB tiles in the L1 cache:
+/// `TILELOADD` 6.7 cycles aligned, 44 off by 16 bytes; `TILESTORED` 13 and 26; the 2 × 2
+/// block of `Q·Kᵀ` at `head_dim = 64` 160 and 500.
 #[derive(Default)]
 pub(super) struct AmxScratch {
     /// Query rows, `[rows, head_dim]`.
-    q: Vec<bf16>,
+    q: Aligned<bf16>,
     /// Scores, then f32 weights, `[rows, AMX_BLOCK_KV]`.
-    scores: Vec<f32>,
+    scores: Aligned<f32>,
     /// Weights rounded to bf16, `[rows, AMX_BLOCK_KV]`.
-    p: Vec<bf16>,
+    p: Aligned<bf16>,
     /// The unnormalised output, `[rows, value_dim]`.
-    acc: Vec<f32>,
+    acc: Aligned<f32>,
 }
 
 impl<'a> Plan<'a> {
@@ -101,7 +89,7 @@ impl<'a> Plan<'a> {
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
-        if !all_finite(v) {
+        if check_finite("v", v).is_err() {
             return None;
         }
         Some(AmxHead {
@@ -159,18 +147,18 @@ impl<'a> Plan<'a> {
             d.next_multiple_of(BLOCK),
             dv.next_multiple_of(BLOCK),
         );
-        let q_pad = aligned(&mut s.q, rows * d_pad, bf16::ZERO);
+        let q_pad = s.q.get(rows * d_pad);
         q_pad.fill(bf16::ZERO);
         for (dst, src) in q_pad.chunks_exact_mut(d_pad).zip(q.chunks_exact(d)) {
             dst[..d].copy_from_slice(src);
         }
         let q_pad = &*q_pad;
-        let scores = aligned(&mut s.scores, GROUP * AMX_BLOCK_KV, 0.0);
+        let scores = s.scores.get(GROUP * AMX_BLOCK_KV);
         // Rows past `n` are 0 in `p`; each row's columns past its block's keys are set to 0
         // with the row, up to the 32 the product reads.
-        let p = aligned(&mut s.p, GROUP * AMX_BLOCK_KV, bf16::ZERO);
+        let p = s.p.get(GROUP * AMX_BLOCK_KV);
         p[n * AMX_BLOCK_KV..].fill(bf16::ZERO);
-        let acc = aligned(&mut s.acc, rows * dv_pad, 0.0);
+        let acc = s.acc.get(rows * dv_pad);
         acc.fill(0.0);
         let range = |i| key_range(self.opt.causal, self.opt.window, self.offset, i, s_n);
         // Visible ranges only move right as `i` grows: the group sees the union of its rows'.
@@ -247,15 +235,6 @@ impl<'a> Plan<'a> {
             stats[r] = [m[r], sum[r]];
         }
     }
-}
-
-/// Whether every value of `x` is finite: its exponent bits not all ones. The largest
-/// magnitude's bits per chunk of 512 values, so the loop vectorizes.
-fn all_finite(x: &[bf16]) -> bool {
-    x.chunks(512).all(|c| {
-        let max = c.iter().map(|x| x.to_bits() & 0x7fff).fold(0, u16::max);
-        max < 0x7f80
-    })
 }
 
 /// The first pass of the fused step: the largest value of `row` (`−∞` when empty). A NaN may
@@ -503,40 +482,6 @@ mod tests {
             assert_eq!(step, None);
         }
         runs
-    }
-
-    #[test]
-    fn aligned_buffers_start_on_a_cache_line() {
-        let (mut f, mut h) = (Vec::<f32>::new(), Vec::<bf16>::new());
-        for len in [1, 100, 8192, 3] {
-            let x = aligned(&mut f, len, 1.5);
-            assert_eq!(x.len(), len);
-            assert_eq!(x.as_ptr() as usize % TILE_ALIGN, 0);
-            let y = aligned(&mut h, len, bf16::ONE);
-            assert_eq!(y.len(), len);
-            assert_eq!(y.as_ptr() as usize % TILE_ALIGN, 0);
-        }
-    }
-
-    #[test]
-    fn all_finite_finds_nan_and_infinity_anywhere() {
-        let mut x = vec![bf16::MAX; 1500];
-        x[3] = bf16::MIN;
-        x[4] = bf16::from_bits(0x0001);
-        assert!(all_finite(&x));
-        assert!(all_finite(&[]));
-        for bad in [
-            bf16::NAN,
-            bf16::INFINITY,
-            bf16::NEG_INFINITY,
-            bf16::from_bits(0xff81),
-        ] {
-            for at in [0, 511, 512, 1499] {
-                let mut y = x.clone();
-                y[at] = bad;
-                assert!(!all_finite(&y), "{bad} at {at}");
-            }
-        }
     }
 
     #[test]
