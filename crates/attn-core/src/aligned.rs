@@ -53,6 +53,28 @@ impl<T: Copy + Default> Aligned<T> {
     }
 }
 
+impl<T: Copy + Default> Clone for Aligned<T> {
+    /// A copy on its own cache line (a derived clone would keep the offset of another
+    /// allocation).
+    fn clone(&self) -> Self {
+        let mut copy = Aligned::default();
+        copy.get(self.len).copy_from_slice(self.all());
+        copy
+    }
+}
+
+impl<T: Copy + Default + PartialEq> PartialEq for Aligned<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.all() == other.all()
+    }
+}
+
+impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Aligned<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.all()).finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +94,9 @@ mod tests {
             let x = bits.get(n);
             assert_eq!((x.len(), x.as_ptr() as usize % 64), (n, 0));
             assert_eq!(bits.all_mut().len(), n);
+            bits.all_mut()[n - 1] = 7;
+            let copy = bits.clone();
+            assert_eq!((copy.all().as_ptr() as usize % 64, &copy), (0, &bits));
         }
     }
 }

@@ -25,6 +25,7 @@ use std::sync::OnceLock;
 use half::bf16;
 
 use crate::AttnError;
+use crate::aligned::Aligned;
 use crate::shape::check_len;
 
 /// Rows of a tile, and bf16 pairs (= B rows) of a B tile.
@@ -297,7 +298,9 @@ pub struct PackedB {
     k: usize,
     n: usize,
     k_chunks: usize,
-    data: Vec<bf16>,
+    /// On a cache line: off it, each 64-byte tile row would span two lines (a `TILELOADD`
+    /// measured 44 cycles against 6.7).
+    data: Aligned<bf16>,
 }
 
 impl PackedB {
@@ -330,11 +333,13 @@ impl PackedB {
     fn zeros(k: usize, n: usize) -> PackedB {
         let k_chunks = k.div_ceil(TILE_K);
         let n_groups = n.div_ceil(BLOCK) * (BLOCK / TILE_N);
+        let mut data = Aligned::default();
+        data.get(n_groups * k_chunks * TILE_ELEMS).fill(bf16::ZERO);
         PackedB {
             k,
             n,
             k_chunks,
-            data: vec![bf16::ZERO; n_groups * k_chunks * TILE_ELEMS],
+            data,
         }
     }
 
@@ -351,7 +356,7 @@ impl PackedB {
         for (p, pair) in b.chunks(2 * n).enumerate() {
             for (e, row) in pair.chunks_exact(n).enumerate() {
                 for (ng, cols) in row.chunks(TILE_N).enumerate() {
-                    let dst = &mut packed.data[ng * group + p * 2 * TILE_N + e..];
+                    let dst = &mut packed.data.all_mut()[ng * group + p * 2 * TILE_N + e..];
                     for (j, &x) in cols.iter().enumerate() {
                         dst[2 * j] = x;
                     }
@@ -370,7 +375,7 @@ impl PackedB {
         }
         // Column nn of B is row nn of `bt`: its pairs go 32 values apart (see `from_rows`).
         for (nn, col) in bt.chunks_exact(k).enumerate() {
-            let dst = &mut packed.data[(nn / TILE_N) * group + (nn % TILE_N) * 2..];
+            let dst = &mut packed.data.all_mut()[(nn / TILE_N) * group + (nn % TILE_N) * 2..];
             for (kk, &x) in col.iter().enumerate() {
                 dst[(kk / 2) * 2 * TILE_N + kk % 2] = x;
             }
@@ -392,7 +397,7 @@ impl PackedB {
     fn get(&self, kk: usize, nn: usize) -> bf16 {
         let (kc, p, e) = (kk / TILE_K, kk % TILE_K / 2, kk % 2);
         let (ng, j) = (nn / TILE_N, nn % TILE_N);
-        self.data[(ng * self.k_chunks + kc) * TILE_ELEMS + p * 2 * TILE_N + 2 * j + e]
+        self.data.all()[(ng * self.k_chunks + kc) * TILE_ELEMS + p * 2 * TILE_N + 2 * j + e]
     }
 }
 
@@ -538,8 +543,8 @@ pub(crate) fn gemm_blocks(
     let ldb = b.b.k_chunks * TILE_ELEMS;
     for nb in 0..b.n_blocks {
         let ng = b.ng0 + 2 * nb;
-        let b0 = &b.b.data[ng * ldb + b.kc0 * TILE_ELEMS..];
-        let b1 = &b.b.data[(ng + 1) * ldb + b.kc0 * TILE_ELEMS..];
+        let b0 = &b.b.data.all()[ng * ldb + b.kc0 * TILE_ELEMS..];
+        let b1 = &b.b.data.all()[(ng + 1) * ldb + b.kc0 * TILE_ELEMS..];
         for mb in (0..m).step_by(BLOCK) {
             let (a, c) = (&a[mb * lda..], &mut c[mb * ldc + nb * BLOCK..]);
             // SAFETY: a live `Tiles` guard; `k_chunks ≥ 1`; the 32 rows of A and C and the
