@@ -35,7 +35,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(
 isa_of() { sed -E 's/.*"isa": ?"([A-Za-z0-9]+)".*/\1/' <<<"$("$ours" bench sdpa --seq 64 --heads 1 --head-dim 64 --dtype "$1" --reps 1 --json)"; }
 echo "kernels: f32 on $(isa_of f32), bf16 on $(isa_of bf16)"
 printf '%-34s %10s %10s %8s %8s\n' "shape (threads=$THREADS, rounds=$ROUNDS)" "ours GF/s" "torch GF/s" "ratio" "target"
-# compare LABEL TARGET DTYPE SEQ HEADS [--causal]
+# compare LABEL TARGET DTYPE SEQ HEADS [--causal] [--backward]
 compare() {
   local label=$1 target=$2 dtype=$3 seq=$4 heads=$5; shift 5
   local ours_g=() torch_g=() r
@@ -57,6 +57,9 @@ compare "f32 B1 H8 L=S=512 d64"         1.8 f32 512 8
 compare "f32 B1 H2 L=S=8192 d64"        1.8 f32 8192 2
 compare "bf16 B1 H8 L=S=2048 d64"       3.0 bf16 2048 8
 compare "bf16 B1 H8 L=S=2048 d64 causal" 3.0 bf16 2048 8 --causal
+compare "f32 fwd+bwd B1 H8 L=S=2048 d64" 1.5 f32 2048 8 --backward
+compare "f32 fwd+bwd same, causal"       1.5 f32 2048 8 --backward --causal
+compare "f32 fwd+bwd B1 H8 L=S=512 d64"  1.5 f32 512 8 --backward
 
 # cpu_ms CMD...: CPU milliseconds (user + sys) the command used.
 cpu_ms() {
@@ -73,7 +76,7 @@ per_call() {
 
 echo
 printf '%-34s %10s %10s %8s\n' "one thread, CPU ms per call" "ours" "torch" "ratio"
-# cpu_compare LABEL CALLS DTYPE SEQ HEADS [--causal]: CALLS long enough that the noise of
+# cpu_compare LABEL CALLS DTYPE SEQ HEADS [--causal] [--backward]: CALLS long enough that the noise of
 # Python's start-up (tens of ms) stays small against them.
 cpu_compare() {
   local label=$1 n=$2 dtype=$3 seq=$4 heads=$5; shift 5
@@ -88,6 +91,9 @@ cpu_compare "f32 B1 H8 L=S=512 d64"        200 f32 512 8
 cpu_compare "f32 B1 H2 L=S=8192 d64"         5 f32 8192 2
 cpu_compare "bf16 B1 H8 L=S=2048 d64"       20 bf16 2048 8
 cpu_compare "bf16 B1 H8 L=S=2048 d64 causal" 20 bf16 2048 8 --causal
+cpu_compare "f32 fwd+bwd B1 H8 L=S=2048 d64" 10 f32 2048 8 --backward
+cpu_compare "f32 fwd+bwd same, causal"       10 f32 2048 8 --backward --causal
+cpu_compare "f32 fwd+bwd B1 H8 L=S=512 d64" 100 f32 512 8 --backward
 
 echo
 big=$("$ours" bench sdpa --seq 65536 --heads 1 --head-dim 64 --threads "$THREADS" --reps 1 --json)
