@@ -84,8 +84,9 @@ pub fn sdpa_with(
 
 /// Scaled dot-product attention on bf16 inputs, accumulated in f32 on the best [`Isa`] of this
 /// CPU. On [`Isa::Amx`] both products run on AMX tiles and the weights are rounded to bf16
-/// before `P·V`, so `out` is within `2^-9 · max |v|` of [`crate::sdpa`] on the widened inputs
-/// (`lse` and weights as exact as f32); on the other ISAs, inputs are widened to f32 (exactly)
+/// before `P·V`, so `out` is within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened
+/// inputs, `lse` within 3e-6 and the weights within 3e-6 relative (the bounds and their
+/// derivation are in `amx_bf16.rs`); on the other ISAs, inputs are widened to f32 (exactly)
 /// as they are packed and the result equals [`crate::sdpa`] on the widened inputs up to f32
 /// rounding of the sums (see `avx512.rs` for why not `VDPBF16PS`).
 ///
