@@ -7,7 +7,9 @@
 //! B operand of `O += P·V` (VNNI pairs, [`PackedB`]). Then, for each block of query rows and
 //! each block of keys:
 //! 1. `S = Q·Kᵀ` on tiles, times the scale in f32. Products of bf16 values are exact in f32 and
-//!    the sums are f32 sums, as on the other paths (only their order differs);
+//!    the sums are f32 sums, as on the other paths (only their order differs). The next key
+//!    block's `S` is computed a column block at a time between the rows of step 2, so the
+//!    tiles work while the vector units run the exponentials;
 //! 2. every rule of the reference and the online-softmax step in f32: rows with no rule beyond
 //!    a positive scale, causal and window take a fused two-pass step over their visible keys
 //!    (`row_max` for all the group's rows, then `softmax_step_plain` for each: no row waits
@@ -67,7 +69,8 @@ pub(super) struct AmxHead<'a> {
 pub(super) struct AmxScratch {
     /// Query rows, `[rows, head_dim]`.
     q: Aligned<bf16>,
-    /// Scores, then f32 weights, `[rows, AMX_BLOCK_KV]`.
+    /// Scores, then f32 weights: two tiles of `[rows, AMX_BLOCK_KV]`, the current key block's
+    /// and the next one's.
     scores: Aligned<f32>,
     /// Weights rounded to bf16, `[rows, AMX_BLOCK_KV]`.
     p: Aligned<bf16>,
@@ -152,7 +155,10 @@ impl<'a> Plan<'a> {
             dst[..d].copy_from_slice(src);
         }
         let q_pad = &*q_pad;
-        let scores = s.scores.get(GROUP * AMX_BLOCK_KV);
+        // Two score tiles: the next key block's scores are computed on the tiles while the
+        // vector units run the current one's exponentials.
+        let scores = s.scores.get(2 * GROUP * AMX_BLOCK_KV);
+        let (mut cur, mut next) = scores.split_at_mut(GROUP * AMX_BLOCK_KV);
         // Rows past `n` are 0 in `p`; each row's columns past its block's keys are set to 0
         // with the row, up to the 32 the product reads.
         let p = s.p.get(GROUP * AMX_BLOCK_KV);
@@ -167,14 +173,28 @@ impl<'a> Plan<'a> {
         let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
         let mut m = [f32::NEG_INFINITY; GROUP];
         let mut sum = [0.0f32; GROUP];
-        // Key blocks cover exactly `lo..hi` from the tile boundary below `lo`: on causal and
-        // window masks the group's first and last blocks are no longer than needed.
-        let mut j0 = lo / BLOCK * BLOCK;
-        while j0 < hi {
-            let keys = (hi - j0).min(AMX_BLOCK_KV);
-            let k = head.k.view((0, d), (j0, keys));
-            let tile = &mut scores[..rows * AMX_BLOCK_KV];
+        // `S = Q·Kᵀ` for column block `c` (32 keys) of the key block `(j0, keys)` into `tile`.
+        let score_cols = |c: usize, (j0, keys): (usize, usize), tile: &mut [f32]| {
+            let k = head
+                .k
+                .view((0, d), (j0 + c * BLOCK, (keys - c * BLOCK).min(BLOCK)));
+            let tile = &mut tile[c * BLOCK..rows * AMX_BLOCK_KV];
             amx::gemm_blocks(tiles, q_pad, d_pad, k, tile, AMX_BLOCK_KV, false);
+        };
+        // Key blocks cover exactly `lo..hi` from the tile boundary below `lo`: on causal and
+        // window masks the group's first and last blocks are no longer than needed. Only the
+        // last block is shorter than `AMX_BLOCK_KV`, so each block starts on a tile.
+        // The key block at `j0`: `(j0, keys)`, no key past `hi` (none from `hi` on).
+        let block_at = |j0: usize| (j0, (hi.max(j0) - j0).min(AMX_BLOCK_KV));
+        let mut j0 = lo / BLOCK * BLOCK;
+        for c in 0..block_at(j0).1.div_ceil(BLOCK) {
+            score_cols(c, block_at(j0), cur);
+        }
+        while j0 < hi {
+            let keys = block_at(j0).1;
+            let following = block_at(j0 + keys);
+            let calls = following.1.div_ceil(BLOCK);
+            let mut issued = 0;
             // The fused step's first pass for every row before its second pass for any: a
             // row's exponentials then never wait on its own max.
             let mut visible = [(0, 0); GROUP];
@@ -185,11 +205,16 @@ impl<'a> Plan<'a> {
                     let a = vis_lo.clamp(j0, j0 + keys) - j0;
                     let b = (vis_hi.clamp(j0, j0 + keys) - j0).max(a);
                     visible[r] = (a, b);
-                    raw_max[r] = row_max(&scores[r * AMX_BLOCK_KV..][a..b]);
+                    raw_max[r] = row_max(&cur[r * AMX_BLOCK_KV..][a..b]);
                 }
             }
             for r in 0..n {
-                let row = &mut scores[r * AMX_BLOCK_KV..][..keys];
+                // The next block's column blocks, one every `n / calls` rows.
+                if issued < calls && r * calls >= issued * n {
+                    score_cols(issued, following, next);
+                    issued += 1;
+                }
+                let row = &mut cur[r * AMX_BLOCK_KV..][..keys];
                 let p = &mut p[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
                 p[keys..].fill(bf16::ZERO);
                 let step = plain.then(|| {
@@ -217,9 +242,13 @@ impl<'a> Plan<'a> {
                     self.isa.scale(&mut acc[r * dv_pad..][..dv], alpha);
                 }
             }
+            for c in issued..calls {
+                score_cols(c, following, next);
+            }
             let v = head.v.view((j0, keys), (0, dv));
             let p = &p[..rows * AMX_BLOCK_KV];
             amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, dv_pad, true);
+            std::mem::swap(&mut cur, &mut next);
             j0 += keys;
         }
         let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
