@@ -150,9 +150,11 @@ impl<'a> Plan<'a> {
             dv.next_multiple_of(BLOCK),
         );
         let q_pad = s.q.get(rows * d_pad);
-        q_pad.fill(bf16::ZERO);
-        for (dst, src) in q_pad.chunks_exact_mut(d_pad).zip(q.chunks_exact(d)) {
+        let (q_rows, pad_rows) = q_pad.split_at_mut(n * d_pad);
+        pad_rows.fill(bf16::ZERO);
+        for (dst, src) in q_rows.chunks_exact_mut(d_pad).zip(q.chunks_exact(d)) {
             dst[..d].copy_from_slice(src);
+            dst[d..].fill(bf16::ZERO);
         }
         let q_pad = &*q_pad;
         // Two score tiles: the next key block's scores are computed on the tiles while the
@@ -163,8 +165,9 @@ impl<'a> Plan<'a> {
         // with the row, up to the 32 the product reads.
         let p = s.p.get(GROUP * AMX_BLOCK_KV);
         p[n * AMX_BLOCK_KV..].fill(bf16::ZERO);
+        // Not zeroed: the first key block's product overwrites it (rescaling it before then
+        // changes nothing that stays), and a row with no key block has sum 0 and never reads it.
         let acc = s.acc.get(rows * dv_pad);
-        acc.fill(0.0);
         let range = |i| key_range(self.opt.causal, self.opt.window, self.offset, i, s_n);
         // Visible ranges only move right as `i` grows: the group sees the union of its rows'.
         let ((lo, _), (_, hi)) = (range(i0), range(i0 + n - 1));
@@ -186,7 +189,8 @@ impl<'a> Plan<'a> {
         // last block is shorter than `AMX_BLOCK_KV`, so each block starts on a tile.
         // The key block at `j0`: `(j0, keys)`, no key past `hi` (none from `hi` on).
         let block_at = |j0: usize| (j0, (hi.max(j0) - j0).min(AMX_BLOCK_KV));
-        let mut j0 = lo / BLOCK * BLOCK;
+        let first_block = lo / BLOCK * BLOCK;
+        let mut j0 = first_block;
         for c in 0..block_at(j0).1.div_ceil(BLOCK) {
             score_cols(c, block_at(j0), cur);
         }
@@ -247,7 +251,7 @@ impl<'a> Plan<'a> {
             }
             let v = head.v.view((j0, keys), (0, dv));
             let p = &p[..rows * AMX_BLOCK_KV];
-            amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, dv_pad, true);
+            amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, dv_pad, j0 != first_block);
             std::mem::swap(&mut cur, &mut next);
             j0 += keys;
         }
