@@ -373,11 +373,16 @@ impl PackedB {
         if k == 0 {
             return packed;
         }
-        // Column nn of B is row nn of `bt`: its pairs go 32 values apart (see `from_rows`).
+        // Column nn of B is row nn of `bt`: its pairs go 32 values apart (see `from_rows`),
+        // each pair two adjacent values of the row.
         for (nn, col) in bt.chunks_exact(k).enumerate() {
             let dst = &mut packed.data.all_mut()[(nn / TILE_N) * group + (nn % TILE_N) * 2..];
-            for (kk, &x) in col.iter().enumerate() {
-                dst[(kk / 2) * 2 * TILE_N + kk % 2] = x;
+            let mut pairs = col.chunks_exact(2);
+            for (row, pair) in dst.chunks_mut(2 * TILE_N).zip(&mut pairs) {
+                row[..2].copy_from_slice(pair);
+            }
+            if let [last] = pairs.remainder() {
+                dst[(k / 2) * 2 * TILE_N] = *last;
             }
         }
         packed
