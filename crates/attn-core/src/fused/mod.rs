@@ -55,6 +55,8 @@ use crate::{
 const BLOCK_Q: usize = 96;
 /// Keys per score tile.
 const BLOCK_KV: usize = 128;
+/// Query rows from which values not on a cache line are copied onto one for `P·V`.
+const ALIGNED_V_MIN_ROWS: usize = 32;
 
 /// Scaled dot-product attention through the fused kernels of `isa`.
 ///
@@ -315,7 +317,9 @@ impl Plan<'_> {
                 let k_t = packed.get(s_n * d);
                 transpose_blocks(&k[head * d..][..s_n * d], d, k_t, |x| x);
                 let v = &v[head * dv..][..s_n * dv];
-                if v.as_ptr().align_offset(64) == 0 {
+                // A copy pays off only when many query rows read the values again: a decoding
+                // step's single row reads them once.
+                if v.as_ptr().align_offset(64) == 0 || self.sh.seq_q < ALIGNED_V_MIN_ROWS {
                     Values::Borrowed(v)
                 } else {
                     copied.get(s_n * dv).copy_from_slice(v);
