@@ -24,6 +24,7 @@
 use std::arch::x86_64::*;
 
 use crate::amx::{Tiles, finish_2x2, start_2x2};
+use crate::fused::avx512::exp;
 
 /// Depth of one tile product: 16 pairs of bf16.
 const TK: usize = 32;
@@ -144,33 +145,6 @@ pub(super) unsafe fn pack_b(src: &[f32], (k, n, ld): (usize, usize, usize), dst:
             }
         }
     }
-}
-
-/// `e^x` for 16 lanes: relative error ≤ 5e-7 + |x|·1e-7; results below 2^-125 (and `−∞`)
-/// give 0. `e^x = 2^t`, `t = x·log₂e = n + f`, `|f| ≤ ½`: `2^f` from Cephes' `exp2f`
-/// polynomial (<https://netlib.org/cephes/>, `exp2f.c`), `2^n` by `vscalefps` (the forward
-/// pass's `fused/avx512.rs` computes it the same way).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn exp(x: __m512) -> __m512 {
-    let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
-    // Flushed by a mask, not left to underflow: subnormal results take a microcode assist.
-    let normal = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, _mm512_set1_ps(-125.0));
-    let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-    let f = _mm512_sub_ps(t, n);
-    let mut p = _mm512_set1_ps(1.535_336_2e-4);
-    for c in [
-        1.339_887_4e-3,
-        9.618_437e-3,
-        5.550_332_5e-2,
-        2.402_264_8e-1,
-        6.931_472e-1,
-        1.0,
-    ] {
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-    }
-    _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n))
 }
 
 /// The fast lane of a whole block fused with the packing: from `Sᵀ` and `dPᵀ` (`[keys, rows]`

@@ -149,7 +149,7 @@ pub(super) unsafe fn gemm_f32(
 /// AVX-512F must be available.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn exp(x: __m512) -> __m512 {
+pub(crate) unsafe fn exp(x: __m512) -> __m512 {
     // Results below 2^-125 are flushed to 0 by a mask rather than left to underflow: subnormal
     // results take a microcode assist (~100 cycles) on Intel cores, and masked scores (−∞) are
     // common on causal diagonals. The clamp keeps −∞ out of the arithmetic.

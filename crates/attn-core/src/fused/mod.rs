@@ -29,7 +29,7 @@ mod isa;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 use avx512 as avx512_or_portable;
 #[cfg(not(target_arch = "x86_64"))]
