@@ -12,7 +12,7 @@ use std::num::NonZeroUsize;
 use attn_models::generate::{GenerateOptions, Sampling, Temperature, generate, greedy};
 use attn_models::kv_cache::KvCache;
 use attn_models::{Encoding, Model, ModelError, RunOptions};
-use common::{Golden, assert_close, golden_dir};
+use common::{Golden, assert_close, golden_dir, tiny_gpt2_with_a_nan};
 
 fn tiny_gpt2() -> Model {
     Model::load(&golden_dir().join("tiny-gpt2")).unwrap()
@@ -304,43 +304,6 @@ fn sampling_is_reproducible_with_a_seed() {
     // generator, not chance.
     let c = generate(&model, "Hello there", &sample(8)).unwrap();
     assert_ne!(a.ids, c.ids);
-}
-
-/// A copy of tiny-gpt2 in `dir` whose first weight of `tensor` is NaN.
-fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
-    let src = golden_dir().join("tiny-gpt2");
-    for f in ["config.json", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            (
-                name,
-                view.dtype(),
-                view.shape().to_vec(),
-                view.data().to_vec(),
-            )
-        })
-        .collect();
-    let (_, _, _, data) = tensors
-        .iter_mut()
-        .find(|(name, ..)| name.ends_with(tensor))
-        .unwrap();
-    data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, data)| {
-            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap();
-            (name.clone(), view)
-        })
-        .collect();
-    let out = safetensors::serialize(views, None).unwrap();
-    std::fs::write(dir.join("model.safetensors"), out).unwrap();
-    Model::load(dir).unwrap()
 }
 
 #[test]

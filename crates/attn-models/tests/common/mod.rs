@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use attn_models::Model;
 use safetensors::{Dtype, SafeTensors};
 
 pub fn golden_dir() -> PathBuf {
@@ -130,4 +131,42 @@ pub fn cosine(a: &[f32], b: &[f64]) -> f64 {
     let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
     let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
     dot / (na * nb)
+}
+
+/// A copy of tiny-gpt2 in `dir` whose first weight of `tensor` is NaN, loaded.
+#[allow(dead_code)] // for the error tests (generate.rs, embed_path.rs), not the golden ones
+pub fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
+    let src = golden_dir().join("tiny-gpt2");
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    let (_, _, _, data) = tensors
+        .iter_mut()
+        .find(|(name, ..)| name.ends_with(tensor))
+        .unwrap();
+    data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    Model::load(dir).unwrap()
 }
