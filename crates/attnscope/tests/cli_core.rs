@@ -2,10 +2,16 @@
 //! (literal bytes), `walkthrough` and `mask` against numbers derived in the tests.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
+
+// These commands read no model: the shared runner (which hides `ATTNSCOPE_MODEL`) and success
+// check serve; failures are checked here, against several needles and the `error: ` prefix.
+#[allow(dead_code)]
+mod cli_support;
+
+use cli_support::{attnscope, ok};
 
 fn golden(sub: &str) -> PathBuf {
     PathBuf::from(concat!(
@@ -13,23 +19,6 @@ fn golden(sub: &str) -> PathBuf {
         "/../../../shared/golden"
     ))
     .join(sub)
-}
-
-fn attnscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attnscope"))
-        .args(args)
-        .output()
-        .expect("attnscope runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = attnscope(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("stdout is UTF-8")
 }
 
 /// Runs a command that must fail with exit code 1 and a message containing every `needle`.
