@@ -140,19 +140,40 @@ pub struct AttnInput<'a> {
 /// A float type whose values can be told finite from their bits.
 pub(crate) trait FiniteBits: Copy {
     /// Whether every value of `data` is finite: its largest magnitude (the bits without the
-    /// sign) is below that of +∞, a max over integers that vectorises.
-    fn all_finite(data: &[Self]) -> bool;
+    /// sign) is below that of +∞, a max over integers that vectorises in the caller's
+    /// instruction set (`#[inline(always)]`).
+    fn all_finite_in(data: &[Self]) -> bool;
+
+    /// [`FiniteBits::all_finite_in`], 512 bits at a time where the CPU has AVX512BW.
+    fn all_finite(data: &[Self]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: AVX-512F and AVX512BW are available (checked just above).
+            return unsafe { all_finite_avx512(data) };
+        }
+        Self::all_finite_in(data)
+    }
+}
+
+/// # Safety
+/// AVX-512F and AVX512BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn all_finite_avx512<T: FiniteBits>(data: &[T]) -> bool {
+    T::all_finite_in(data)
 }
 
 impl FiniteBits for f32 {
-    fn all_finite(data: &[f32]) -> bool {
+    #[inline(always)]
+    fn all_finite_in(data: &[f32]) -> bool {
         let magnitude = data.iter().map(|x| x.to_bits() & 0x7fff_ffff).max();
         magnitude.unwrap_or(0) < f32::INFINITY.to_bits()
     }
 }
 
 impl FiniteBits for bf16 {
-    fn all_finite(data: &[bf16]) -> bool {
+    #[inline(always)]
+    fn all_finite_in(data: &[bf16]) -> bool {
         // Without the sign the bits fit an i16, whose max vectorises on every x86-64 (SSE2).
         let magnitude = data.iter().map(|x| (x.to_bits() & 0x7fff) as i16).max();
         magnitude.unwrap_or(0) < bf16::INFINITY.to_bits() as i16
@@ -312,6 +333,7 @@ mod tests {
             for n in [0, 1, 15, 16, 17, 1000] {
                 let data: Vec<T> = (0..n).map(|i| finite[i % finite.len()]).collect();
                 assert!(T::all_finite(&data), "{data:?}");
+                assert!(T::all_finite_in(&data), "{data:?}");
                 assert_eq!(check_finite("x", &data), Ok(()));
                 for at in [0, n / 2, n.saturating_sub(1)]
                     .into_iter()
@@ -321,6 +343,7 @@ mod tests {
                         let mut data = data.clone();
                         data[at] = b;
                         assert!(!T::all_finite(&data), "{b:?} at {at} of {n}");
+                        assert!(!T::all_finite_in(&data), "{b:?} at {at} of {n}");
                         let err = check_finite("x", &data).unwrap_err();
                         assert!(
                             matches!(err, AttnError::NonFinite { tensor: "x", index, .. } if index == at),
