@@ -55,7 +55,7 @@ use rayon::prelude::*;
 use crate::aligned::Aligned;
 use crate::fused::Isa;
 use crate::mask::{diagonal_offset, key_range};
-use crate::shape::check_len;
+use crate::shape::{FiniteBits, check_finite, check_len};
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
@@ -110,21 +110,9 @@ fn validate(
         }
     }
     for (tensor, data) in finite {
-        // A value is finite when its magnitude bits are below those of +∞: an integer max,
-        // which vectorises (on every thread); searched only when something is not.
-        let finite = |c: &[f32]| {
-            let magnitude = c.iter().map(|x| x.to_bits() & 0x7fff_ffff).max();
-            magnitude.unwrap_or(0) < f32::INFINITY.to_bits()
-        };
-        if data.par_chunks(1 << 14).all(finite) {
-            continue;
-        }
-        if let Some((index, &value)) = data.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            return Err(AttnError::NonFinite {
-                tensor,
-                index,
-                value,
-            });
+        // The bits check on every thread; the search for the first bad value only on failure.
+        if !data.par_chunks(1 << 14).all(f32::all_finite) {
+            check_finite(tensor, data)?;
         }
     }
     Ok(())
