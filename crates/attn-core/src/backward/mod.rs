@@ -53,6 +53,8 @@ use std::cell::Cell;
 use rayon::prelude::*;
 
 use crate::aligned::Aligned;
+#[cfg(target_arch = "x86_64")]
+use crate::bf16x;
 use crate::fused::Isa;
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::{FiniteBits, check_finite, check_len};
@@ -533,12 +535,12 @@ impl Plan<'_> {
             transpose(k_blk, (BLOCK_KV, d), kt_f32);
             // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
             unsafe {
-                amx::pack_a(k_blk, (BLOCK_KV, d, d), &mut bf.k.all_mut()[2 * j0 * d..]);
+                bf16x::pack_a::<2>(k_blk, (BLOCK_KV, d, d), &mut bf.k.all_mut()[2 * j0 * d..]);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
                 let v_at = &mut bf.v.all_mut()[2 * j0 * dv..];
-                amx::pack_a(v_blk, (BLOCK_KV, dv, dv), v_at);
+                bf16x::pack_a::<2>(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                amx::pack_a(kt_f32, kt, &mut bf.kt.all_mut()[2 * j0 * d..]);
+                bf16x::pack_a::<2>(kt_f32, kt, &mut bf.kt.all_mut()[2 * j0 * d..]);
             }
         }
     }
@@ -571,7 +573,7 @@ impl Plan<'_> {
             ] {
                 let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[2 * i0 * width..]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
-                unsafe { amx::pack_b(src, (k, n, n), dst) };
+                unsafe { bf16x::pack_b::<2>(src, (k, n, n), dst) };
             }
         }
     }
@@ -734,9 +736,9 @@ impl Plan<'_> {
                     let tile = (keys, rows, rows);
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
                     unsafe {
-                        amx::pack_a(p, tile, bf.p.get(2 * n));
-                        amx::pack_a(ds, tile, bf.ds_a.get(2 * n));
-                        amx::pack_b(ds, tile, bf.ds_b.get(2 * n));
+                        bf16x::pack_a::<2>(p, tile, bf.p.get(2 * n));
+                        bf16x::pack_a::<2>(ds, tile, bf.ds_a.get(2 * n));
+                        bf16x::pack_b::<2>(ds, tile, bf.ds_b.get(2 * n));
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q);  dQᵀ += Kᵀ · dSᵀ

@@ -23,7 +23,7 @@
 //! with the weights rounded to bf16 for `P·V`; every other case (f32 inputs, values holding NaN
 //! or ∞) runs the AVX-512 kernels.
 
-mod amx_bf16;
+mod amx;
 mod input_bf16;
 mod isa;
 mod portable;
@@ -35,7 +35,7 @@ use avx512 as avx512_or_portable;
 #[cfg(not(target_arch = "x86_64"))]
 use portable as avx512_or_portable;
 
-use amx_bf16::AmxScratch;
+use amx::AmxScratch;
 pub use input_bf16::AttnInputBf16;
 pub use isa::{Isa, set_global_threads};
 
