@@ -139,19 +139,27 @@ pub struct AttnInput<'a> {
 
 /// A float type whose values can be told finite from their bits.
 pub(crate) trait FiniteBits: Copy {
-    /// Whether every value of `data` is finite: its largest magnitude (the bits without the
-    /// sign) is below that of +∞, a max over integers that vectorises in the caller's
-    /// instruction set (`#[inline(always)]`).
-    fn all_finite_in(data: &[Self]) -> bool;
+    /// Positive infinity.
+    const INFINITY: Self;
 
-    /// [`FiniteBits::all_finite_in`], 512 bits at a time where the CPU has AVX512BW.
-    fn all_finite(data: &[Self]) -> bool {
+    /// Whether every value of `data` is below `bound` (positive) in magnitude, NaN never: the
+    /// largest magnitude (the bits without the sign) is below `bound`'s, a max over integers
+    /// that vectorises in the caller's instruction set (`#[inline(always)]`).
+    fn all_below_in(data: &[Self], bound: Self) -> bool;
+
+    /// [`FiniteBits::all_below_in`], 512 bits at a time where the CPU has AVX512BW.
+    fn all_below(data: &[Self], bound: Self) -> bool {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512bw") {
             // SAFETY: AVX-512F and AVX512BW are available (checked just above).
-            return unsafe { all_finite_avx512(data) };
+            return unsafe { all_below_avx512(data, bound) };
         }
-        Self::all_finite_in(data)
+        Self::all_below_in(data, bound)
+    }
+
+    /// Whether every value of `data` is finite, 512 bits at a time where the CPU has AVX512BW.
+    fn all_finite(data: &[Self]) -> bool {
+        Self::all_below(data, Self::INFINITY)
     }
 }
 
@@ -159,24 +167,28 @@ pub(crate) trait FiniteBits: Copy {
 /// AVX-512F and AVX512BW must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn all_finite_avx512<T: FiniteBits>(data: &[T]) -> bool {
-    T::all_finite_in(data)
+unsafe fn all_below_avx512<T: FiniteBits>(data: &[T], bound: T) -> bool {
+    T::all_below_in(data, bound)
 }
 
 impl FiniteBits for f32 {
+    const INFINITY: f32 = f32::INFINITY;
+
     #[inline(always)]
-    fn all_finite_in(data: &[f32]) -> bool {
+    fn all_below_in(data: &[f32], bound: f32) -> bool {
         let magnitude = data.iter().map(|x| x.to_bits() & 0x7fff_ffff).max();
-        magnitude.unwrap_or(0) < f32::INFINITY.to_bits()
+        magnitude.unwrap_or(0) < bound.to_bits()
     }
 }
 
 impl FiniteBits for bf16 {
+    const INFINITY: bf16 = bf16::INFINITY;
+
     #[inline(always)]
-    fn all_finite_in(data: &[bf16]) -> bool {
+    fn all_below_in(data: &[bf16], bound: bf16) -> bool {
         // Without the sign the bits fit an i16, whose max vectorises on every x86-64 (SSE2).
         let magnitude = data.iter().map(|x| (x.to_bits() & 0x7fff) as i16).max();
-        magnitude.unwrap_or(0) < bf16::INFINITY.to_bits() as i16
+        magnitude.unwrap_or(0) < bound.to_bits() as i16
     }
 }
 
@@ -325,6 +337,19 @@ mod tests {
     /// Every finite value passes, down to the extremes; any NaN or infinity, anywhere (vector
     /// bodies and tails), is found at its index.
     #[test]
+    fn all_below_compares_magnitudes() {
+        for n in [1, 15, 16, 17, 1000] {
+            let mut x: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
+            assert!(f32::all_below(&x, 3.5) && f32::all_below_in(&x, 3.5));
+            assert!(!f32::all_below(&x, 3.0) && !f32::all_below_in(&x, 3.0));
+            x[n - 1] = -1e30;
+            assert!(!f32::all_below(&x, 1e30) && f32::all_below(&x, 2e30));
+            x[n / 2] = f32::NAN;
+            assert!(!f32::all_below(&x, f32::MAX) && !f32::all_below_in(&x, f32::MAX));
+        }
+    }
+
+    #[test]
     fn check_finite_finds_every_non_finite_value() {
         fn case<T: FiniteBits + std::fmt::Debug>(finite: &[T], bad: &[T])
         where
@@ -333,7 +358,7 @@ mod tests {
             for n in [0, 1, 15, 16, 17, 1000] {
                 let data: Vec<T> = (0..n).map(|i| finite[i % finite.len()]).collect();
                 assert!(T::all_finite(&data), "{data:?}");
-                assert!(T::all_finite_in(&data), "{data:?}");
+                assert!(T::all_below_in(&data, T::INFINITY), "{data:?}");
                 assert_eq!(check_finite("x", &data), Ok(()));
                 for at in [0, n / 2, n.saturating_sub(1)]
                     .into_iter()
@@ -343,7 +368,7 @@ mod tests {
                         let mut data = data.clone();
                         data[at] = b;
                         assert!(!T::all_finite(&data), "{b:?} at {at} of {n}");
-                        assert!(!T::all_finite_in(&data), "{b:?} at {at} of {n}");
+                        assert!(!T::all_below_in(&data, T::INFINITY), "{b:?} at {at} of {n}");
                         let err = check_finite("x", &data).unwrap_err();
                         assert!(
                             matches!(err, AttnError::NonFinite { tensor: "x", index, .. } if index == at),

@@ -1,11 +1,16 @@
-//! The AMX path of the fused kernel for bf16 inputs ([`Isa::Amx`]): both GEMMs of the online
-//! softmax on AMX tiles ([`crate::amx`]), the softmax itself in f32 on AVX-512, as
-//! FlashAttention-2 (Dao 2023, <https://arxiv.org/abs/2307.08691>) does on tensor cores and
-//! PyTorch's CPU flash attention does through oneDNN.
+//! The AMX path of the fused kernel ([`Isa::Amx`]): both GEMMs of the online softmax on AMX
+//! tiles ([`crate::amx`]), the softmax itself in f32 on AVX-512, as FlashAttention-2 (Dao 2023,
+//! <https://arxiv.org/abs/2307.08691>) does on tensor cores and PyTorch's CPU flash attention
+//! does through oneDNN.
+//!
+//! bf16 inputs multiply as they are. f32 inputs multiply in three bf16 parts each ("bf16x6",
+//! [`crate::bf16x`]): six tile products per product, within `5·2⁻²⁴|ab|` (a few f32
+//! roundings), at about twice the speed of the FMA kernels; heads whose scores could be large
+//! enough for that to move a weight by 1e-5 take the FMA kernels ([`F32_SCORE_BOUND`]).
 //!
 //! Per key/value head, keys are packed once as the B operand of `S = Q·Kᵀ` and values as the
-//! B operand of `O += P·V` (VNNI pairs, [`PackedB`]). Then, for each block of query rows and
-//! each block of keys:
+//! B operand of `O += P·V` (VNNI pairs, [`PackedB`], or the B layout of [`crate::bf16x`]). Then,
+//! for each block of query rows and each block of keys:
 //! 1. `S = Q·Kᵀ` on tiles, times the scale in f32. Products of bf16 values are exact in f32 and
 //!    the sums are f32 sums, as on the other paths (only their order differs). The next key
 //!    block's `S` is computed a column block at a time between the rows of step 2, so the
@@ -15,22 +20,26 @@
 //!    (`row_max` for all the group's rows, then `softmax_step_plain` for each: no row waits
 //!    on its own max), the others (and rows with a NaN or ±∞ score) the step shared with the
 //!    other paths (`Plan::softmax_step`);
-//! 3. `P` rounded to bf16 (nearest even, `VCVTNE2PS2BF16`) and `acc += P·V` on tiles.
+//! 3. `P` rounded to bf16 (nearest even, `VCVTNE2PS2BF16`), or split in three parts for f32
+//!    inputs, and `acc += P·V` on tiles.
 //!
-//! Two things round beyond f32. The fused step's `e^x` is a degree-4 polynomial (relative
-//! error ε ≤ 3e-6, see `exp2`: the weights end up in bf16, with 8 significant bits), and
-//! step 3 rounds each weight by at most 2^-8 relative (half a unit in the last of bf16's 8
-//! significant bits: 1 + 2^-8 rounds to 1) while the row's sum keeps the f32 weights. So a
-//! weight over the row's sum is off by at most `2ε` relative before the rounding, and an
-//! output element by at most `(2^-8 + 2ε) · max |v|` of its row's visible values (plus f32
-//! rounding). The log-sum-exp moves by at most `ε` (plus the f32 rounding of every path);
-//! the weights, recomputed from the saved max and sum on the AVX-512 path, by the same
-//! relative `ε`.
+//! For bf16 inputs, two things round beyond f32. The fused step's `e^x` is a degree-4
+//! polynomial (relative error ε ≤ 3e-6, see `exp2`: the weights end up in bf16, with 8
+//! significant bits), and step 3 rounds each weight by at most 2^-8 relative (half a unit in
+//! the last of bf16's 8 significant bits: 1 + 2^-8 rounds to 1) while the row's sum keeps the
+//! f32 weights. So a weight over the row's sum is off by at most `2ε` relative before the
+//! rounding, and an output element by at most `(2^-8 + 2ε) · max |v|` of its row's visible
+//! values (plus f32 rounding). The log-sum-exp moves by at most `ε` (plus the f32 rounding of
+//! every path); the weights, recomputed from the saved max and sum on the AVX-512 path, by the
+//! same relative `ε`. For f32 inputs the fused step takes the AVX-512 path's `e^x` (5e-7) on
+//! `scale·s − m` formed with one rounding, and nothing rounds to bf16.
 //!
 //! The buffers the tiles read and write start on 64-byte lines ([`AmxScratch`]).
 //!
 //! A head whose values hold NaN or ∞ takes the AVX-512 path instead: the tile product would
-//! turn a hidden key's `0 · NaN` into NaN in rows that never see it. f32 inputs always do.
+//! turn a hidden key's `0 · NaN` into NaN in rows that never see it. So does an f32 head whose
+//! scores could exceed [`F32_SCORE_BOUND`] (or whose values could overflow, or hold NaN or ∞),
+//! or with fewer than [`AMX_F32_MIN_ROWS`] query rows.
 
 use half::bf16;
 
@@ -39,6 +48,9 @@ use crate::aligned::Aligned;
 use crate::amx::{self, BLOCK, PackedB, Tiles};
 use crate::mask::key_range;
 use crate::shape::FiniteBits;
+
+#[cfg(target_arch = "x86_64")]
+use crate::bf16x::{self, TILE, TK};
 
 /// Keys per score tile (32 rows × 256 keys of f32 scores, 32 KiB; their bf16 weights, 16 KiB):
 /// longer blocks mean fewer loads and stores of the accumulator tiles per `P·V` product.
@@ -50,14 +62,42 @@ const AMX_BLOCK_KV: usize = 256;
 /// cache (measured at L = 2048, d = 64: 96 rows against 128-key blocks took 20% longer).
 const GROUP: usize = BLOCK;
 
+/// Query rows from which f32 heads take the tiles: splitting every key and value in three
+/// costs about as much as a few query rows' attention, so a decoding step (one row) does not.
+const AMX_F32_MIN_ROWS: usize = 32;
+
+/// Parts per f32 value ([`crate::bf16x`]).
+const PARTS: usize = 3;
+
+/// The largest score bound (`|scale|·max‖q‖·max‖k‖`) of an f32 head on the tiles: the split
+/// moves a score by at most `5·2⁻²⁴·|scale|·Σ|q_i·k_i|` (Cauchy–Schwarz: at most the bound
+/// times `5·2⁻²⁴`), so no weight by more than 1e-5 relative. Heads with larger scores (say
+/// near 1e4, where f32 rounding alone moves a weight by 1e-4) take the AVX-512 path.
+const F32_SCORE_BOUND: f32 = 32.0;
+
+/// The largest magnitude of f32 values and of `‖q‖·‖k‖` on the tiles: below it no part,
+/// product or sum can overflow.
+const F32_MAGNITUDE_BOUND: f32 = (1u128 << 100) as f32;
+
 /// One key/value head packed for the tiles, with the queries it is read against.
-pub(super) struct AmxHead<'a> {
-    /// All queries of the call, `[batch, n_heads, seq_q, head_dim]`.
-    q: &'a [bf16],
-    /// `Kᵀ`, the B of `Q·Kᵀ`: `[head_dim, seq_kv]`.
-    k: PackedB,
-    /// `V`, the B of `P·V`: `[seq_kv, value_dim]`.
-    v: PackedB,
+pub(super) enum AmxHead<'a> {
+    Bf16 {
+        /// All queries of the call, `[batch, n_heads, seq_q, head_dim]`.
+        q: &'a [bf16],
+        /// `Kᵀ`, the B of `Q·Kᵀ`: `[head_dim, seq_kv]`.
+        k: PackedB,
+        /// `V`, the B of `P·V`: `[seq_kv, value_dim]`.
+        v: PackedB,
+    },
+    /// Operands in three bf16 parts, in the layouts of [`crate::bf16x`].
+    F32 {
+        /// All queries of the call, `[batch, n_heads, seq_q, head_dim]`.
+        q: &'a [f32],
+        /// `Kᵀ` `[head_dim, seq_kv]` in the B layout.
+        k: Aligned<u16>,
+        /// `V` `[seq_kv, value_dim]` in the B layout.
+        v: Aligned<u16>,
+    },
 }
 
 /// Per-task buffers, reused across the blocks of a task; rows are padded to whole 32-row tile
@@ -71,36 +111,60 @@ pub(super) struct AmxHead<'a> {
 pub(super) struct AmxScratch {
     /// Query rows, `[rows, head_dim]`.
     q: Aligned<bf16>,
+    /// f32 query rows in the A layout of three parts, `[rows, 3·head_dim]`.
+    q3: Aligned<u16>,
     /// Scores, then f32 weights: two tiles of `[rows, AMX_BLOCK_KV]`, the current key block's
     /// and the next one's.
     scores: Aligned<f32>,
     /// Weights rounded to bf16, `[rows, AMX_BLOCK_KV]`.
     p: Aligned<bf16>,
+    /// Weights in the A layout of three parts, `[rows, 3·AMX_BLOCK_KV]`, and one row of them
+    /// in f32.
+    p3: Aligned<u16>,
+    w: Aligned<f32>,
     /// The unnormalised output, `[rows, value_dim]`.
     acc: Aligned<f32>,
 }
 
 impl<'a> Plan<'a> {
-    /// Packs key/value head `(b, kvh)` for the tiles, or `None` when it takes another path:
-    /// an ISA other than [`Isa::Amx`], f32 inputs, or values that are not all finite.
-    pub(super) fn pack_head_amx(&self, b: usize, kvh: usize) -> Option<AmxHead<'a>> {
-        let Src::Bf16 { q, k, v } = self.src else {
-            return None;
-        };
+    /// Packs the key/value head of query head `(b, h)` for the tiles, or `None` when it takes
+    /// another path: an ISA other than [`Isa::Amx`], values that are not all finite, or f32
+    /// inputs with fewer than [`AMX_F32_MIN_ROWS`] query rows, or whose scores or values are
+    /// not bounded by [`F32_SCORE_BOUND`] and [`F32_MAGNITUDE_BOUND`].
+    pub(super) fn pack_head_amx(&self, b: usize, h: usize) -> Option<AmxHead<'a>> {
         if self.isa != Isa::Amx {
             return None;
         }
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
-        let head = (b * self.sh.n_kv_heads + kvh) * s_n;
-        let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
-        if !bf16::all_finite(v) {
-            return None;
+        let head = (b * self.sh.n_kv_heads + self.sh.kv_head(h)) * s_n;
+        match self.src {
+            Src::Bf16 { q, k, v } => {
+                let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
+                if !bf16::all_finite(v) {
+                    return None;
+                }
+                Some(AmxHead::Bf16 {
+                    q,
+                    k: PackedB::from_transposed(k, s_n, d),
+                    v: PackedB::from_rows(v, s_n, dv),
+                })
+            }
+            Src::F32 { q, k, v } => {
+                let l_n = self.sh.seq_q;
+                let q_head = &q[(b * self.sh.n_heads + h) * l_n * d..][..l_n * d];
+                let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
+                if l_n < AMX_F32_MIN_ROWS || !f32::all_below(v, F32_MAGNITUDE_BOUND) {
+                    return None;
+                }
+                // NaN and ∞ give a NaN or ∞ norm, which fails both bounds.
+                let qk = max_norm(q_head, d) * max_norm(k, d);
+                if !(qk < F32_MAGNITUDE_BOUND && self.scale.abs() * qk <= F32_SCORE_BOUND) {
+                    return None;
+                }
+                let (k, v) = pack_f32_head(k, v, (s_n, d, dv))?;
+                Some(AmxHead::F32 { q, k, v })
+            }
         }
-        Some(AmxHead {
-            q,
-            k: PackedB::from_transposed(k, s_n, d),
-            v: PackedB::from_rows(v, s_n, dv),
-        })
     }
 
     /// Query rows `i0..i0 + dst.lse.len()` of head `(b, h)` on the tiles, 32 rows at a time
@@ -123,17 +187,18 @@ impl<'a> Plan<'a> {
             .enumerate()
         {
             let g0 = g * GROUP;
-            let q = &head.q[(q_head + g0) * d..][..lse.len() * d];
+            let q = (q_head + g0) * d..(q_head + g0 + lse.len()) * d;
             let dst = BlockOut { out, lse, stats };
             self.forward_group_amx((b, h, i0 + g0), q, head, dst, &tiles, s);
         }
     }
 
-    /// At most 32 query rows `i0..` (`q`, `[rows, head_dim]`) of head `(b, h)`.
+    /// At most 32 query rows `i0..` (`q`, the range of their values in the call's queries) of
+    /// head `(b, h)`.
     fn forward_group_amx(
         &self,
         (b, h, i0): (usize, usize, usize),
-        q: &[bf16],
+        q: std::ops::Range<usize>,
         head: &AmxHead<'_>,
         dst: BlockOut<'_>,
         tiles: &Tiles,
@@ -146,30 +211,25 @@ impl<'a> Plan<'a> {
             self.sh.value_dim,
             self.sh.seq_kv,
         );
-        let (rows, d_pad, dv_pad) = (
-            n.next_multiple_of(BLOCK),
-            d.next_multiple_of(BLOCK),
-            dv.next_multiple_of(BLOCK),
-        );
-        let q_pad = s.q.get(rows * d_pad);
-        let (q_rows, pad_rows) = q_pad.split_at_mut(n * d_pad);
-        pad_rows.fill(bf16::ZERO);
-        for (dst, src) in q_rows.chunks_exact_mut(d_pad).zip(q.chunks_exact(d)) {
-            dst[..d].copy_from_slice(src);
-            dst[d..].fill(bf16::ZERO);
-        }
-        let q_pad = &*q_pad;
+        let (rows, dv_pad) = (n.next_multiple_of(BLOCK), dv.next_multiple_of(BLOCK));
+        let AmxScratch {
+            q: q_bf16,
+            q3,
+            scores,
+            p,
+            p3,
+            w,
+            acc,
+        } = s;
+        let group = GroupOperands::pack(head, q, (n, d), (q_bf16, q3));
+        let mut weights = WeightsTile::new(&group, n, (p, p3, w));
         // Two score tiles: the next key block's scores are computed on the tiles while the
         // vector units run the current one's exponentials.
-        let scores = s.scores.get(2 * GROUP * AMX_BLOCK_KV);
+        let scores = scores.get(2 * GROUP * AMX_BLOCK_KV);
         let (mut cur, mut next) = scores.split_at_mut(GROUP * AMX_BLOCK_KV);
-        // Rows past `n` are 0 in `p`; each row's columns past its block's keys are set to 0
-        // with the row, up to the 32 the product reads.
-        let p = s.p.get(GROUP * AMX_BLOCK_KV);
-        p[n * AMX_BLOCK_KV..].fill(bf16::ZERO);
         // Not zeroed: the first key block's product overwrites it (rescaling it before then
         // changes nothing that stays), and a row with no key block has sum 0 and never reads it.
-        let acc = s.acc.get(rows * dv_pad);
+        let acc = acc.get(rows * dv_pad);
         let range = |i| key_range(self.opt.causal, self.opt.window, self.offset, i, s_n);
         // Visible ranges only move right as `i` grows: the group sees the union of its rows'.
         let ((lo, _), (_, hi)) = (range(i0), range(i0 + n - 1));
@@ -179,12 +239,9 @@ impl<'a> Plan<'a> {
         let mut m = [f32::NEG_INFINITY; GROUP];
         let mut sum = [0.0f32; GROUP];
         // `S = Q·Kᵀ` for column block `c` (32 keys) of the key block `(j0, keys)` into `tile`.
-        let score_cols = |c: usize, (j0, keys): (usize, usize), tile: &mut [f32]| {
-            let k = head
-                .k
-                .view((0, d), (j0 + c * BLOCK, (keys - c * BLOCK).min(BLOCK)));
+        let score_cols = |c: usize, (j0, _): (usize, usize), tile: &mut [f32]| {
             let tile = &mut tile[c * BLOCK..rows * AMX_BLOCK_KV];
-            amx::gemm_blocks(tiles, q_pad, d_pad, k, tile, AMX_BLOCK_KV, false);
+            group.scores(tiles, j0 + c * BLOCK, tile);
         };
         // Key blocks cover exactly `lo..hi` from the tile boundary below `lo`: on causal and
         // window masks the group's first and last blocks are no longer than needed. Only the
@@ -220,30 +277,30 @@ impl<'a> Plan<'a> {
                     score_cols(issued, following, next);
                     issued += 1;
                 }
-                let row = &mut cur[r * AMX_BLOCK_KV..][..keys];
-                let p = &mut p[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
-                p[keys..].fill(bf16::ZERO);
+                let row = &mut cur[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
+                let mut p = weights.row(r, keys);
                 let step = plain.then(|| {
                     let (a, b) = visible[r];
-                    p[..a].fill(bf16::ZERO);
-                    p[b..keys].fill(bf16::ZERO);
+                    p.zero_outside(a, b);
                     match a < b {
                         true => {
                             let state = (&mut m[r], &mut sum[r]);
-                            let p = &mut p[a..b];
-                            softmax_step_plain(&row[a..b], raw_max[r], self.scale, state, p)
+                            let out = p.plain_out(a, b);
+                            softmax_step_plain(&row[a..b], raw_max[r], self.scale, state, out)
                         }
                         // Nothing visible here: weights 0, the row's state unchanged.
                         false => Some(None),
                     }
                 });
                 let alpha = step.flatten().unwrap_or_else(|| {
+                    let row = &mut row[..keys];
                     self.isa.scale(row, self.scale);
                     let state = (&mut m[r], &mut sum[r]);
                     let alpha = self.softmax_step((b, h, i0 + r), j0, row, state);
-                    round_to_bf16(row, &mut p[..keys]);
+                    p.set(row);
                     alpha
                 });
+                p.finish();
                 if let Some(alpha) = alpha {
                     self.isa.scale(&mut acc[r * dv_pad..][..dv], alpha);
                 }
@@ -251,9 +308,8 @@ impl<'a> Plan<'a> {
             for c in issued..calls {
                 score_cols(c, following, next);
             }
-            let v = head.v.view((j0, keys), (0, dv));
-            let p = &p[..rows * AMX_BLOCK_KV];
-            amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, dv_pad, j0 != first_block);
+            let accumulate = j0 != first_block;
+            group.add_pv(tiles, &weights, (j0, keys), (acc, dv_pad), accumulate);
             std::mem::swap(&mut cur, &mut next);
             j0 += keys;
         }
@@ -268,6 +324,314 @@ impl<'a> Plan<'a> {
             }
             stats[r] = [m[r], sum[r]];
         }
+    }
+}
+
+/// A group's query rows, packed for the tiles, and the head they multiply.
+enum GroupOperands<'g> {
+    Bf16 {
+        /// `[rows, head_dim]`, padded with zeros to whole tiles.
+        q: &'g [bf16],
+        k: &'g PackedB,
+        v: &'g PackedB,
+        head_dim: usize,
+        value_dim: usize,
+    },
+    #[cfg(target_arch = "x86_64")]
+    F32 {
+        /// `[rows, head_dim]` in the A layout of three parts, rows past the group's zero.
+        q: &'g [u16],
+        k: &'g [u16],
+        v: &'g [u16],
+        /// `head_dim` and `seq_kv` padded to whole tiles.
+        d_pad: usize,
+        s_pad: usize,
+    },
+}
+
+impl<'g> GroupOperands<'g> {
+    /// Packs the `n` query rows at `q` (a range of the call's queries) of `head` into `q_bf16`
+    /// or `q3`, padded with zero rows to a whole tile block.
+    fn pack(
+        head: &'g AmxHead<'_>,
+        q: std::ops::Range<usize>,
+        (n, d): (usize, usize),
+        (q_bf16, q3): (&'g mut Aligned<bf16>, &'g mut Aligned<u16>),
+    ) -> GroupOperands<'g> {
+        let (rows, d_pad) = (n.next_multiple_of(BLOCK), d.next_multiple_of(BLOCK));
+        match head {
+            AmxHead::Bf16 { q: all, k, v } => {
+                let q_pad = q_bf16.get(rows * d_pad);
+                let (q_rows, pad_rows) = q_pad.split_at_mut(n * d_pad);
+                pad_rows.fill(bf16::ZERO);
+                for (dst, src) in q_rows.chunks_exact_mut(d_pad).zip(all[q].chunks_exact(d)) {
+                    dst[..d].copy_from_slice(src);
+                    dst[d..].fill(bf16::ZERO);
+                }
+                GroupOperands::Bf16 {
+                    q: q_pad,
+                    k,
+                    v,
+                    head_dim: d,
+                    value_dim: v.n(),
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            AmxHead::F32 { q: all, k, v } => {
+                let q_a = q3.get(rows * PARTS * d_pad);
+                let (q_rows, pad_rows) = q_a.split_at_mut(n * PARTS * d_pad);
+                pad_rows.fill(0);
+                // SAFETY: `Isa::Amx` (the only ISA that makes an `AmxHead`) has what `bf16x`
+                // needs.
+                unsafe { bf16x::pack_a::<PARTS>(&all[q], (n, d, d), q_rows) };
+                GroupOperands::F32 {
+                    q: q_a,
+                    k: k.all(),
+                    v: v.all(),
+                    d_pad,
+                    s_pad: k.all().len() / (PARTS * d_pad),
+                }
+            }
+        }
+    }
+
+    /// Raw scores `q·k` of the group's rows against the 32 keys from `j0` (a multiple of 32;
+    /// keys past the last are zeros) into the first 32 columns of `tile` (rows
+    /// `AMX_BLOCK_KV` apart).
+    fn scores(&self, tiles: &Tiles, j0: usize, tile: &mut [f32]) {
+        match self {
+            GroupOperands::Bf16 { q, k, head_dim, .. } => {
+                let d_pad = head_dim.next_multiple_of(BLOCK);
+                let k = k.view((0, *head_dim), (j0, (k.n() - j0).min(BLOCK)));
+                amx::gemm_blocks(tiles, q, d_pad, k, tile, AMX_BLOCK_KV, false);
+            }
+            #[cfg(target_arch = "x86_64")]
+            GroupOperands::F32 { q, k, d_pad, .. } => {
+                let (chunks, rows) = (d_pad / TK, q.len() / (PARTS * d_pad));
+                let ldg = PARTS * chunks * TILE;
+                let (a, b) = ((*q, PARTS * d_pad), (&k[j0 / 16 * ldg..], ldg));
+                let c = (tile, AMX_BLOCK_KV);
+                bf16x::gemm::<PARTS>(tiles, c, a, b, (rows, BLOCK, chunks), false);
+            }
+        }
+    }
+
+    /// `acc (+)= P·V` for the key block `(j0, keys)` (`acc` `[rows, value_dim]`, rows `ldc`
+    /// apart, padded to whole tiles).
+    fn add_pv(
+        &self,
+        tiles: &Tiles,
+        weights: &WeightsTile<'_>,
+        (j0, keys): (usize, usize),
+        (acc, ldc): (&mut [f32], usize),
+        accumulate: bool,
+    ) {
+        match (self, weights) {
+            (GroupOperands::Bf16 { v, value_dim, .. }, WeightsTile::Bf16(p)) => {
+                let v = v.view((j0, keys), (0, *value_dim));
+                amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, ldc, accumulate);
+            }
+            #[cfg(target_arch = "x86_64")]
+            (GroupOperands::F32 { v, s_pad, .. }, WeightsTile::F32 { parts, .. }) => {
+                let ldg = PARTS * s_pad / TK * TILE;
+                let rows = parts.len() / (PARTS * AMX_BLOCK_KV);
+                let a = (&parts[..], PARTS * AMX_BLOCK_KV);
+                let b = (&v[j0 / TK * PARTS * TILE..], ldg);
+                let dims = (rows, ldc, keys.div_ceil(TK));
+                bf16x::gemm::<PARTS>(tiles, (acc, ldc), a, b, dims, accumulate);
+            }
+            #[cfg(target_arch = "x86_64")]
+            _ => unreachable!("a group's weights take its operands' form"),
+        }
+    }
+}
+
+/// A group's weights for `P·V`: bf16, `[32, AMX_BLOCK_KV]`, or three parts in the A layout,
+/// `[32, 3·AMX_BLOCK_KV]`, written a row at a time from f32 (`w`). Rows past the group's are
+/// zero.
+enum WeightsTile<'g> {
+    Bf16(&'g mut [bf16]),
+    #[cfg(target_arch = "x86_64")]
+    F32 {
+        parts: &'g mut [u16],
+        w: &'g mut [f32],
+    },
+}
+
+impl<'g> WeightsTile<'g> {
+    /// The weights of a group of `n` rows multiplied by `group`.
+    fn new(
+        group: &GroupOperands<'_>,
+        n: usize,
+        (p, p3, w): (
+            &'g mut Aligned<bf16>,
+            &'g mut Aligned<u16>,
+            &'g mut Aligned<f32>,
+        ),
+    ) -> WeightsTile<'g> {
+        match group {
+            GroupOperands::Bf16 { .. } => {
+                let p = p.get(GROUP * AMX_BLOCK_KV);
+                p[n * AMX_BLOCK_KV..].fill(bf16::ZERO);
+                WeightsTile::Bf16(p)
+            }
+            #[cfg(target_arch = "x86_64")]
+            GroupOperands::F32 { .. } => {
+                let parts = p3.get(GROUP * PARTS * AMX_BLOCK_KV);
+                parts[n * PARTS * AMX_BLOCK_KV..].fill(0);
+                WeightsTile::F32 {
+                    parts,
+                    w: w.get(AMX_BLOCK_KV),
+                }
+            }
+        }
+    }
+
+    /// Row `r`'s weights for a block of `keys` keys; those past `keys`, up to a whole tile,
+    /// are 0.
+    fn row(&mut self, r: usize, keys: usize) -> WeightsRow<'_> {
+        let keys_pad = keys.next_multiple_of(BLOCK);
+        match self {
+            WeightsTile::Bf16(p) => {
+                let p = &mut p[r * AMX_BLOCK_KV..][..keys_pad];
+                p[keys..].fill(bf16::ZERO);
+                WeightsRow::Bf16(p, keys)
+            }
+            #[cfg(target_arch = "x86_64")]
+            WeightsTile::F32 { parts, w } => {
+                let w = &mut w[..keys_pad];
+                w[keys..].fill(0.0);
+                let parts = &mut parts[r * PARTS * AMX_BLOCK_KV..][..PARTS * keys_pad];
+                WeightsRow::F32 { parts, w, keys }
+            }
+        }
+    }
+}
+
+/// One row of a [`WeightsTile`], for a block of `keys` keys.
+enum WeightsRow<'r> {
+    Bf16(&'r mut [bf16], usize),
+    #[cfg(target_arch = "x86_64")]
+    F32 {
+        parts: &'r mut [u16],
+        w: &'r mut [f32],
+        keys: usize,
+    },
+}
+
+impl WeightsRow<'_> {
+    /// Weights 0 outside keys `a..b` of the block.
+    fn zero_outside(&mut self, a: usize, b: usize) {
+        match self {
+            WeightsRow::Bf16(p, keys) => {
+                p[..a].fill(bf16::ZERO);
+                p[b..*keys].fill(bf16::ZERO);
+            }
+            #[cfg(target_arch = "x86_64")]
+            WeightsRow::F32 { w, keys, .. } => {
+                w[..a].fill(0.0);
+                w[b..*keys].fill(0.0);
+            }
+        }
+    }
+
+    /// Where the fused step writes the weights of keys `a..b`.
+    fn plain_out(&mut self, a: usize, b: usize) -> PlainOut<'_> {
+        match self {
+            WeightsRow::Bf16(p, _) => PlainOut::Bf16(&mut p[a..b]),
+            #[cfg(target_arch = "x86_64")]
+            WeightsRow::F32 { w, .. } => PlainOut::F32(&mut w[a..b]),
+        }
+    }
+
+    /// The f32 weights of all the block's keys, from the general step.
+    fn set(&mut self, weights: &[f32]) {
+        match self {
+            WeightsRow::Bf16(p, keys) => round_to_bf16(weights, &mut p[..*keys]),
+            #[cfg(target_arch = "x86_64")]
+            WeightsRow::F32 { w, keys, .. } => w[..*keys].copy_from_slice(weights),
+        }
+    }
+
+    /// Splits f32 weights into their parts.
+    fn finish(self) {
+        #[cfg(target_arch = "x86_64")]
+        if let WeightsRow::F32 { parts, w, .. } = self {
+            let n = w.len();
+            // SAFETY: `Isa::Amx` (the only ISA that makes an `AmxHead`) has what `bf16x` needs.
+            unsafe { bf16x::pack_a::<PARTS>(w, (1, n, n), parts) };
+        }
+    }
+}
+
+/// Where the fused step writes its weights: rounded to bf16, or in f32.
+enum PlainOut<'o> {
+    Bf16(&'o mut [bf16]),
+    #[cfg(target_arch = "x86_64")]
+    F32(&'o mut [f32]),
+}
+
+/// The largest Euclidean norm of the rows of `x` (`[rows, width]`); 0 without rows, NaN or ∞
+/// when `x` holds NaN or ∞.
+fn max_norm(x: &[f32], width: usize) -> f32 {
+    let mut max = 0.0f32;
+    for row in x.chunks_exact(width) {
+        // 16 independent sums, so the loop vectorises.
+        let mut lanes = [0.0f32; 16];
+        for chunk in row.chunks(16) {
+            for (l, &v) in lanes.iter_mut().zip(chunk) {
+                *l += v * v;
+            }
+        }
+        let sq: f32 = lanes.iter().sum();
+        // `f32::max` would drop a NaN.
+        max = if sq.is_nan() { sq } else { max.max(sq) };
+        if max.is_nan() {
+            break;
+        }
+    }
+    max.sqrt()
+}
+
+/// Keys `[seq_kv, head_dim]` and values `[seq_kv, value_dim]` of one head as `Kᵀ` and `V` in
+/// the B layout of three parts; `None` off x86-64 (where [`Isa::Amx`] never is).
+fn pack_f32_head(
+    k: &[f32],
+    v: &[f32],
+    (s_n, d, dv): (usize, usize, usize),
+) -> Option<(Aligned<u16>, Aligned<u16>)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (s_pad, d_pad, dv_pad) = (
+            s_n.next_multiple_of(BLOCK),
+            d.next_multiple_of(TK),
+            dv.next_multiple_of(BLOCK),
+        );
+        let (mut k_b, mut v_b) = (Aligned::default(), Aligned::default());
+        let k_b_all = k_b.get(PARTS * d_pad * s_pad);
+        // Kᵀ a key block at a time: the B layout keeps 16 columns (keys) per group, groups
+        // `ldg` apart, so a block of whole groups is a range of it.
+        let ldg = PARTS * d_pad / TK * TILE;
+        let mut kt = vec![0.0f32; d * AMX_BLOCK_KV];
+        for (jb, block) in k.chunks(AMX_BLOCK_KV * d).enumerate() {
+            let keys = block.len() / d;
+            for (j, row) in block.chunks_exact(d).enumerate() {
+                for (p, &x) in row.iter().enumerate() {
+                    kt[p * keys + j] = x;
+                }
+            }
+            let dst = &mut k_b_all[jb * AMX_BLOCK_KV / 16 * ldg..];
+            // SAFETY: `Isa::Amx` (the only caller's ISA) has what `bf16x` needs.
+            unsafe { bf16x::pack_b::<PARTS>(&kt[..d * keys], (d, keys, keys), dst) };
+        }
+        // SAFETY: as above.
+        unsafe { bf16x::pack_b::<PARTS>(v, (s_n, dv, dv), v_b.get(PARTS * s_pad * dv_pad)) };
+        Some((k_b, v_b))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (k, v, s_n, d, dv);
+        None
     }
 }
 
@@ -326,45 +690,54 @@ fn tail_masks(tail: usize) -> (u16, u16) {
 
 /// The online-softmax step of `Plan::softmax_step` for a row with no rule beyond a positive
 /// scale, fused into two passes: the raw scores' max ([`row_max`], `raw_max` here), then
-/// `P = e^(scale·s − m')` with its sum, stored as bf16 in `p`. `None` (nothing changed) when
-/// a score is NaN or ±∞, or where the CPU lacks AVX512DQ (for `VREDUCEPS`): those rows take
-/// the general step.
+/// `P = e^(scale·s − m')` with its sum, stored in `out`: as bf16 (with the degree-4 [`exp2`]),
+/// or as f32 (with the AVX-512 path's `e^x`). `None` (nothing changed) when a score is NaN or
+/// ±∞, or where the CPU lacks AVX512DQ (for `VREDUCEPS`): those rows take the general step.
 fn softmax_step_plain(
     row: &[f32],
     raw_max: f32,
     scale: f32,
     state: (&mut f32, &mut f32),
-    p: &mut [bf16],
+    out: PlainOut<'_>,
 ) -> Option<Option<f32>> {
-    assert_eq!(row.len(), p.len());
     #[cfg(target_arch = "x86_64")]
     {
         if !std::arch::is_x86_feature_detected!("avx512dq") {
             return None;
         }
+        let step = (raw_max, scale, state);
         // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
         // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
-        // (checked above).
-        unsafe { softmax_step_plain_avx512(row, raw_max, scale, state, p) }
+        // (checked here).
+        match out {
+            PlainOut::Bf16(p) => {
+                assert_eq!(row.len(), p.len());
+                unsafe { softmax_step_plain_avx512::<false>(row, step, p.as_mut_ptr().cast()) }
+            }
+            PlainOut::F32(w) => {
+                assert_eq!(row.len(), w.len());
+                unsafe { softmax_step_plain_avx512::<true>(row, step, w.as_mut_ptr().cast()) }
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (row, raw_max, scale, state, p);
+        let _ = (row, raw_max, scale, state, out);
         None
     }
 }
 
+/// The fused step writing `row.len()` weights at `out`: f32 values when `F32`, else bf16.
+///
 /// # Safety
-/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available;
-/// `p.len() == row.len()`.
+/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available; `out` holds
+/// `row.len()` values of its type.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
-unsafe fn softmax_step_plain_avx512(
+unsafe fn softmax_step_plain_avx512<const F32: bool>(
     row: &[f32],
-    raw_max: f32,
-    scale: f32,
-    (m, sum): (&mut f32, &mut f32),
-    p: &mut [bf16],
+    (raw_max, scale, (m, sum)): (f32, f32, (&mut f32, &mut f32)),
+    out: *mut u8,
 ) -> Option<Option<f32>> {
     use std::arch::x86_64::*;
     let n = row.len();
@@ -372,7 +745,7 @@ unsafe fn softmax_step_plain_avx512(
     let whole = n / 32 * 32;
     let tail = n - whole;
     let (lo, hi) = tail_masks(tail);
-    let (row, p) = (row.as_ptr(), p.as_mut_ptr());
+    let row = row.as_ptr();
     // A NaN or ±∞ in the max takes the general step; a NaN lost by `vmaxps` shows in the
     // sum below, before anything is changed.
     if !raw_max.is_finite() {
@@ -380,40 +753,59 @@ unsafe fn softmax_step_plain_avx512(
     }
     // `scale > 0`: the max of the scaled scores is the scaled max, rounding included.
     let m_new = m.max(scale * raw_max);
-    // e^(scale·s − m') = 2^t with t = s·(scale·log₂e) − m'·log₂e, one fused multiply-add.
+    // bf16: e^(scale·s − m') = 2^t with t = s·(scale·log₂e) − m'·log₂e, one fused
+    // multiply-add. f32: e^x with x = scale·s − m' rounded once, so that large scores keep
+    // their f32 accuracy.
     let log2e = std::f32::consts::LOG2_E;
-    let (c, mc) = (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m_new * log2e));
+    let (c, mc) = match F32 {
+        true => (_mm512_set1_ps(scale), _mm512_set1_ps(m_new)),
+        false => (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m_new * log2e)),
+    };
+    let weight = |s: __m512| {
+        let t = _mm512_fmsub_ps(s, c, mc);
+        // SAFETY: AVX-512F and AVX512DQ are available (caller).
+        unsafe {
+            match F32 {
+                true => super::avx512::exp(t),
+                false => exp2(t),
+            }
+        }
+    };
+    // Stores 32 weights (`lo` and `hi` lanes of `e0` and `e1`) at value `i` of `out`.
+    let store = |i: usize, e0: __m512, e1: __m512, (lo, hi): (u16, u16)| {
+        // SAFETY: the caller's lanes lie inside `out`.
+        unsafe {
+            if F32 {
+                let w = out.cast::<f32>().add(i);
+                _mm512_mask_storeu_ps(w, lo, e0);
+                _mm512_mask_storeu_ps(w.add(16), hi, e1);
+            } else {
+                // Values 0..16 from `e0`, 16..32 from `e1`.
+                let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
+                let mask = u32::from(lo) | u32::from(hi) << 16;
+                _mm512_mask_storeu_epi16(out.cast::<u16>().add(i).cast(), mask, w);
+            }
+        }
+    };
     let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    // SAFETY (both blocks): whole 32-value chunks lie inside `row` and `p`, the tail's lanes
+    // SAFETY (both blocks): whole 32-value chunks lie inside `row` and `out`, the tail's lanes
     // are masked to what is left of them.
     for i in (0..whole).step_by(32) {
         unsafe {
-            let e0 = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row.add(i)), c, mc));
-            let e1 = exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row.add(i + 16)), c, mc));
+            let e0 = weight(_mm512_loadu_ps(row.add(i)));
+            let e1 = weight(_mm512_loadu_ps(row.add(i + 16)));
             sum0 = _mm512_add_ps(sum0, e0);
             sum1 = _mm512_add_ps(sum1, e1);
-            // Values 0..16 from `e0`, 16..32 from `e1`.
-            let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
-            _mm512_storeu_si512(p.add(i).cast(), w);
+            store(i, e0, e1, (u16::MAX, u16::MAX));
         }
     }
     if tail > 0 {
         unsafe {
-            let e0 = exp2(_mm512_fmsub_ps(
-                _mm512_maskz_loadu_ps(lo, row.add(whole)),
-                c,
-                mc,
-            ));
-            let e1 = exp2(_mm512_fmsub_ps(
-                _mm512_maskz_loadu_ps(hi, row.add(whole + 16)),
-                c,
-                mc,
-            ));
+            let e0 = weight(_mm512_maskz_loadu_ps(lo, row.add(whole)));
+            let e1 = weight(_mm512_maskz_loadu_ps(hi, row.add(whole + 16)));
             sum0 = _mm512_mask_add_ps(sum0, lo, sum0, e0);
             sum1 = _mm512_mask_add_ps(sum1, hi, sum1, e1);
-            let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
-            let mask = u32::from(lo) | u32::from(hi) << 16;
-            _mm512_mask_storeu_epi16(p.add(whole).cast(), mask, w);
+            store(whole, e0, e1, (lo, hi));
         }
     }
     let block_sum = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
@@ -512,7 +904,7 @@ mod tests {
             let mut p = [bf16::ZERO; 3];
             let row = [1.0, 2.0, 3.0];
             let state = (&mut m, &mut sum);
-            let step = softmax_step_plain(&row, row_max(&row), 1.0, state, &mut p);
+            let step = softmax_step_plain(&row, row_max(&row), 1.0, state, PlainOut::Bf16(&mut p));
             assert_eq!(step, None);
         }
         runs
@@ -552,6 +944,28 @@ mod tests {
     }
 
     #[test]
+    fn max_norm_finds_the_longest_row_and_keeps_nan() {
+        // Rows of 20 values (a 16-lane chunk and a tail); the longest is row 1.
+        let mut x = vec![0.0f32; 3 * 20];
+        x[3] = 3.0;
+        x[20 + 17] = -12.0;
+        x[20 + 2] = 5.0;
+        x[40 + 19] = 1.0;
+        assert_eq!(max_norm(&x, 20), 13.0);
+        assert_eq!(max_norm(&[], 20), 0.0);
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut y = x.clone();
+            y[45] = bad;
+            let norm = max_norm(&y, 20);
+            assert!(norm.is_nan() || norm == f32::INFINITY, "{bad}: {norm}");
+            assert!(
+                norm.is_nan() || norm >= F32_MAGNITUDE_BOUND,
+                "{bad} must fail the bounds"
+            );
+        }
+    }
+
+    #[test]
     fn fused_step_matches_f64() {
         if !fused_step_runs() {
             return;
@@ -567,7 +981,13 @@ mod tests {
             let mut p = vec![bf16::from_f32(-7.0); n];
             let raw_max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
             assert_eq!(row_max(&row), raw_max, "n = {n}");
-            let step = softmax_step_plain(&row, raw_max, scale, (&mut m, &mut sum), &mut p);
+            let step = softmax_step_plain(
+                &row,
+                raw_max,
+                scale,
+                (&mut m, &mut sum),
+                PlainOut::Bf16(&mut p),
+            );
             let want_m = 1.5f32.max(scale * raw_max);
             assert_eq!(m, want_m, "n = {n}");
             let e: Vec<f64> = row

@@ -419,7 +419,7 @@ impl Plan<'_> {
             .enumerate()
             .for_each(|(bh, ((out, lse), stats))| {
                 let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
-                if let Some(head) = self.pack_head_amx(b, sh.kv_head(h)) {
+                if let Some(head) = self.pack_head_amx(b, h) {
                     out.par_chunks_mut(BLOCK_Q * dv)
                         .zip(lse.par_chunks_mut(BLOCK_Q))
                         .zip(stats.par_chunks_mut(BLOCK_Q))
