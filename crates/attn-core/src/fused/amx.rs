@@ -31,8 +31,9 @@
 //! rounding, and an output element by at most `(2^-8 + 2ε) · max |v|` of its row's visible
 //! values (plus f32 rounding). The log-sum-exp moves by at most `ε` (plus the f32 rounding of
 //! every path); the weights, recomputed from the saved max and sum on the AVX-512 path, by the
-//! same relative `ε`. For f32 inputs the fused step takes the AVX-512 path's `e^x` (5e-7) on
-//! `scale·s − m` formed with one rounding, and nothing rounds to bf16.
+//! same relative `ε`. For f32 inputs the fused step takes a degree-5 polynomial (2e-7) on
+//! `scale·s − m` formed with one rounding, and nothing rounds to bf16: the weights split
+//! exactly into three parts ([`store_parts`]).
 //!
 //! The buffers the tiles read and write start on 64-byte lines ([`AmxScratch`]).
 //!
@@ -118,10 +119,8 @@ pub(super) struct AmxScratch {
     scores: Aligned<f32>,
     /// Weights rounded to bf16, `[rows, AMX_BLOCK_KV]`.
     p: Aligned<bf16>,
-    /// Weights in the A layout of three parts, `[rows, 3·AMX_BLOCK_KV]`, and one row of them
-    /// in f32.
+    /// Weights in the A layout of three parts, `[rows, 3·AMX_BLOCK_KV]`.
     p3: Aligned<u16>,
-    w: Aligned<f32>,
     /// The unnormalised output, `[rows, value_dim]`.
     acc: Aligned<f32>,
 }
@@ -218,11 +217,10 @@ impl<'a> Plan<'a> {
             scores,
             p,
             p3,
-            w,
             acc,
         } = s;
         let group = GroupOperands::pack(head, q, (n, d), (q_bf16, q3));
-        let mut weights = WeightsTile::new(&group, n, (p, p3, w));
+        let mut weights = WeightsTile::new(&group, n, (p, p3));
         // Two score tiles: the next key block's scores are computed on the tiles while the
         // vector units run the current one's exponentials.
         let scores = scores.get(2 * GROUP * AMX_BLOCK_KV);
@@ -280,27 +278,17 @@ impl<'a> Plan<'a> {
                 let row = &mut cur[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
                 let mut p = weights.row(r, keys);
                 let step = plain.then(|| {
-                    let (a, b) = visible[r];
-                    p.zero_outside(a, b);
-                    match a < b {
-                        true => {
-                            let state = (&mut m[r], &mut sum[r]);
-                            let out = p.plain_out(a, b);
-                            softmax_step_plain(&row[a..b], raw_max[r], self.scale, state, out)
-                        }
-                        // Nothing visible here: weights 0, the row's state unchanged.
-                        false => Some(None),
-                    }
+                    let state = (&mut m[r], &mut sum[r]);
+                    p.fused_step(row, visible[r], (raw_max[r], self.scale), state)
                 });
                 let alpha = step.flatten().unwrap_or_else(|| {
-                    let row = &mut row[..keys];
-                    self.isa.scale(row, self.scale);
+                    let scores = &mut row[..keys];
+                    self.isa.scale(scores, self.scale);
                     let state = (&mut m[r], &mut sum[r]);
-                    let alpha = self.softmax_step((b, h, i0 + r), j0, row, state);
+                    let alpha = self.softmax_step((b, h, i0 + r), j0, scores, state);
                     p.set(row);
                     alpha
                 });
-                p.finish();
                 if let Some(alpha) = alpha {
                     self.isa.scale(&mut acc[r * dv_pad..][..dv], alpha);
                 }
@@ -432,7 +420,7 @@ impl<'g> GroupOperands<'g> {
                 amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, ldc, accumulate);
             }
             #[cfg(target_arch = "x86_64")]
-            (GroupOperands::F32 { v, s_pad, .. }, WeightsTile::F32 { parts, .. }) => {
+            (GroupOperands::F32 { v, s_pad, .. }, WeightsTile::F32(parts)) => {
                 let ldg = PARTS * s_pad / TK * TILE;
                 let rows = parts.len() / (PARTS * AMX_BLOCK_KV);
                 let a = (&parts[..], PARTS * AMX_BLOCK_KV);
@@ -447,15 +435,11 @@ impl<'g> GroupOperands<'g> {
 }
 
 /// A group's weights for `P·V`: bf16, `[32, AMX_BLOCK_KV]`, or three parts in the A layout,
-/// `[32, 3·AMX_BLOCK_KV]`, written a row at a time from f32 (`w`). Rows past the group's are
-/// zero.
+/// `[32, 3·AMX_BLOCK_KV]` (split exactly, see [`store_parts`]). Rows past the group's are zero.
 enum WeightsTile<'g> {
     Bf16(&'g mut [bf16]),
     #[cfg(target_arch = "x86_64")]
-    F32 {
-        parts: &'g mut [u16],
-        w: &'g mut [f32],
-    },
+    F32(&'g mut [u16]),
 }
 
 impl<'g> WeightsTile<'g> {
@@ -463,11 +447,7 @@ impl<'g> WeightsTile<'g> {
     fn new(
         group: &GroupOperands<'_>,
         n: usize,
-        (p, p3, w): (
-            &'g mut Aligned<bf16>,
-            &'g mut Aligned<u16>,
-            &'g mut Aligned<f32>,
-        ),
+        (p, p3): (&'g mut Aligned<bf16>, &'g mut Aligned<u16>),
     ) -> WeightsTile<'g> {
         match group {
             GroupOperands::Bf16 { .. } => {
@@ -479,10 +459,7 @@ impl<'g> WeightsTile<'g> {
             GroupOperands::F32 { .. } => {
                 let parts = p3.get(GROUP * PARTS * AMX_BLOCK_KV);
                 parts[n * PARTS * AMX_BLOCK_KV..].fill(0);
-                WeightsTile::F32 {
-                    parts,
-                    w: w.get(AMX_BLOCK_KV),
-                }
+                WeightsTile::F32(parts)
             }
         }
     }
@@ -498,11 +475,9 @@ impl<'g> WeightsTile<'g> {
                 WeightsRow::Bf16(p, keys)
             }
             #[cfg(target_arch = "x86_64")]
-            WeightsTile::F32 { parts, w } => {
-                let w = &mut w[..keys_pad];
-                w[keys..].fill(0.0);
+            WeightsTile::F32(parts) => {
                 let parts = &mut parts[r * PARTS * AMX_BLOCK_KV..][..PARTS * keys_pad];
-                WeightsRow::F32 { parts, w, keys }
+                WeightsRow::F32(parts, keys)
             }
         }
     }
@@ -512,83 +487,88 @@ impl<'g> WeightsTile<'g> {
 enum WeightsRow<'r> {
     Bf16(&'r mut [bf16], usize),
     #[cfg(target_arch = "x86_64")]
-    F32 {
-        parts: &'r mut [u16],
-        w: &'r mut [f32],
-        keys: usize,
-    },
+    F32(&'r mut [u16], usize),
 }
 
 impl WeightsRow<'_> {
-    /// Weights 0 outside keys `a..b` of the block.
-    fn zero_outside(&mut self, a: usize, b: usize) {
+    /// The fused step (`softmax_step_plain`) over keys `a..b` of the block's raw scores `row`
+    /// (`raw_max` their max), with weights 0 at the other keys.
+    fn fused_step(
+        &mut self,
+        row: &[f32],
+        (a, b): (usize, usize),
+        (raw_max, scale): (f32, f32),
+        state: (&mut f32, &mut f32),
+    ) -> Option<Option<f32>> {
         match self {
             WeightsRow::Bf16(p, keys) => {
                 p[..a].fill(bf16::ZERO);
-                p[b..*keys].fill(bf16::ZERO);
+                p[b.max(a)..*keys].fill(bf16::ZERO);
+                match a < b {
+                    true => softmax_step_plain(&row[a..b], raw_max, scale, state, &mut p[a..b]),
+                    // Nothing visible here: weights 0, the row's state unchanged.
+                    false => Some(None),
+                }
             }
             #[cfg(target_arch = "x86_64")]
-            WeightsRow::F32 { w, keys, .. } => {
-                w[..a].fill(0.0);
-                w[b..*keys].fill(0.0);
+            WeightsRow::F32(parts, _) => {
+                softmax_step_parts(row, (a, b), raw_max, scale, state, parts)
             }
         }
     }
 
-    /// Where the fused step writes the weights of keys `a..b`.
-    fn plain_out(&mut self, a: usize, b: usize) -> PlainOut<'_> {
+    /// The f32 weights of all the block's keys, from the general step, in `row`, which reaches
+    /// up to a whole tile (zeroed here past the keys).
+    fn set(&mut self, row: &mut [f32]) {
         match self {
-            WeightsRow::Bf16(p, _) => PlainOut::Bf16(&mut p[a..b]),
+            WeightsRow::Bf16(p, keys) => round_to_bf16(&row[..*keys], &mut p[..*keys]),
             #[cfg(target_arch = "x86_64")]
-            WeightsRow::F32 { w, .. } => PlainOut::F32(&mut w[a..b]),
+            WeightsRow::F32(parts, keys) => {
+                row[*keys..].fill(0.0);
+                split_weights(row, parts);
+            }
         }
     }
-
-    /// The f32 weights of all the block's keys, from the general step.
-    fn set(&mut self, weights: &[f32]) {
-        match self {
-            WeightsRow::Bf16(p, keys) => round_to_bf16(weights, &mut p[..*keys]),
-            #[cfg(target_arch = "x86_64")]
-            WeightsRow::F32 { w, keys, .. } => w[..*keys].copy_from_slice(weights),
-        }
-    }
-
-    /// Splits f32 weights into their parts.
-    fn finish(self) {
-        #[cfg(target_arch = "x86_64")]
-        if let WeightsRow::F32 { parts, w, .. } = self {
-            let n = w.len();
-            // SAFETY: `Isa::Amx` (the only ISA that makes an `AmxHead`) has what `bf16x` needs.
-            unsafe { bf16x::pack_a::<PARTS>(w, (1, n, n), parts) };
-        }
-    }
-}
-
-/// Where the fused step writes its weights: rounded to bf16, or in f32.
-enum PlainOut<'o> {
-    Bf16(&'o mut [bf16]),
-    #[cfg(target_arch = "x86_64")]
-    F32(&'o mut [f32]),
 }
 
 /// The largest Euclidean norm of the rows of `x` (`[rows, width]`); 0 without rows, NaN or ∞
 /// when `x` holds NaN or ∞.
 fn max_norm(x: &[f32], width: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is available (checked just above).
+        return unsafe { max_norm_avx512(x, width) };
+    }
     let mut max = 0.0f32;
     for row in x.chunks_exact(width) {
-        // 16 independent sums, so the loop vectorises.
-        let mut lanes = [0.0f32; 16];
-        for chunk in row.chunks(16) {
-            for (l, &v) in lanes.iter_mut().zip(chunk) {
-                *l += v * v;
-            }
-        }
-        let sq: f32 = lanes.iter().sum();
+        let sq: f32 = row.iter().map(|v| v * v).sum();
         // `f32::max` would drop a NaN.
         max = if sq.is_nan() { sq } else { max.max(sq) };
-        if max.is_nan() {
-            break;
+    }
+    max.sqrt()
+}
+
+/// # Safety
+/// AVX-512F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_norm_avx512(x: &[f32], width: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut max = 0.0f32;
+    let tail = ((1u32 << (width % 16)) - 1) as __mmask16;
+    for row in x.chunks_exact(width) {
+        let mut sq = _mm512_setzero_ps();
+        let mut chunks = row.chunks_exact(16);
+        for chunk in &mut chunks {
+            // SAFETY: 16 values of `row`.
+            let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+            sq = _mm512_fmadd_ps(v, v, sq);
         }
+        // SAFETY: the lanes of `tail` lie inside the remainder.
+        let v = unsafe { _mm512_maskz_loadu_ps(tail, chunks.remainder().as_ptr()) };
+        let sq = _mm512_reduce_add_ps(_mm512_fmadd_ps(v, v, sq));
+        // `f32::max` would drop a NaN.
+        max = if sq.is_nan() { sq } else { max.max(sq) };
     }
     max.sqrt()
 }
@@ -609,18 +589,20 @@ fn pack_f32_head(
         );
         let (mut k_b, mut v_b) = (Aligned::default(), Aligned::default());
         let k_b_all = k_b.get(PARTS * d_pad * s_pad);
-        // Kᵀ a key block at a time: the B layout keeps 16 columns (keys) per group, groups
-        // `ldg` apart, so a block of whole groups is a range of it.
+        // Kᵀ 64 keys at a time (16 KiB at head_dim 64, in the L1 cache): the B layout keeps 16
+        // columns (keys) per group, groups `ldg` apart, so a block of whole groups is a range
+        // of it.
         let ldg = PARTS * d_pad / TK * TILE;
-        let mut kt = vec![0.0f32; d * AMX_BLOCK_KV];
-        for (jb, block) in k.chunks(AMX_BLOCK_KV * d).enumerate() {
+        const KEYS: usize = 64;
+        let mut kt = vec![0.0f32; d * KEYS];
+        for (jb, block) in k.chunks(KEYS * d).enumerate() {
             let keys = block.len() / d;
             for (j, row) in block.chunks_exact(d).enumerate() {
                 for (p, &x) in row.iter().enumerate() {
                     kt[p * keys + j] = x;
                 }
             }
-            let dst = &mut k_b_all[jb * AMX_BLOCK_KV / 16 * ldg..];
+            let dst = &mut k_b_all[jb * KEYS / 16 * ldg..];
             // SAFETY: `Isa::Amx` (the only caller's ISA) has what `bf16x` needs.
             unsafe { bf16x::pack_b::<PARTS>(&kt[..d * keys], (d, keys, keys), dst) };
         }
@@ -690,54 +672,62 @@ fn tail_masks(tail: usize) -> (u16, u16) {
 
 /// The online-softmax step of `Plan::softmax_step` for a row with no rule beyond a positive
 /// scale, fused into two passes: the raw scores' max ([`row_max`], `raw_max` here), then
-/// `P = e^(scale·s − m')` with its sum, stored in `out`: as bf16 (with the degree-4 [`exp2`]),
-/// or as f32 (with the AVX-512 path's `e^x`). `None` (nothing changed) when a score is NaN or
-/// ±∞, or where the CPU lacks AVX512DQ (for `VREDUCEPS`): those rows take the general step.
+/// `P = e^(scale·s − m')` with its sum, stored as bf16 in `p`. `None` (nothing changed) when
+/// a score is NaN or ±∞, or where the CPU lacks AVX512DQ (for `VREDUCEPS`): those rows take
+/// the general step.
 fn softmax_step_plain(
     row: &[f32],
     raw_max: f32,
     scale: f32,
     state: (&mut f32, &mut f32),
-    out: PlainOut<'_>,
+    p: &mut [bf16],
 ) -> Option<Option<f32>> {
+    assert_eq!(row.len(), p.len());
     #[cfg(target_arch = "x86_64")]
     {
         if !std::arch::is_x86_feature_detected!("avx512dq") {
             return None;
         }
-        let step = (raw_max, scale, state);
         // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
         // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
-        // (checked here).
-        match out {
-            PlainOut::Bf16(p) => {
-                assert_eq!(row.len(), p.len());
-                unsafe { softmax_step_plain_avx512::<false>(row, step, p.as_mut_ptr().cast()) }
-            }
-            PlainOut::F32(w) => {
-                assert_eq!(row.len(), w.len());
-                unsafe { softmax_step_plain_avx512::<true>(row, step, w.as_mut_ptr().cast()) }
-            }
-        }
+        // (checked above).
+        unsafe { softmax_step_plain_avx512(row, raw_max, scale, state, p) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (row, raw_max, scale, state, out);
+        let _ = (row, raw_max, scale, state, p);
         None
     }
 }
 
-/// The fused step writing `row.len()` weights at `out`: f32 values when `F32`, else bf16.
-///
+/// The end of a fused step: the row's running max and sum move to `m_new` and on by
+/// `block_sum`; returns the factor `e^(m − m')` the accumulator must be scaled by, when the max
+/// changed. `None` (nothing changed) when `block_sum` is NaN: a NaN score the max lost.
+fn advance((m, sum): (&mut f32, &mut f32), m_new: f32, block_sum: f32) -> Option<Option<f32>> {
+    if block_sum.is_nan() {
+        return None;
+    }
+    if m_new == *m {
+        *sum += block_sum;
+        return Some(None);
+    }
+    let alpha = (*m - m_new).exp();
+    *sum = *sum * alpha + block_sum;
+    *m = m_new;
+    Some(Some(alpha))
+}
+
 /// # Safety
-/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available; `out` holds
-/// `row.len()` values of its type.
+/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available;
+/// `p.len() == row.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
-unsafe fn softmax_step_plain_avx512<const F32: bool>(
+unsafe fn softmax_step_plain_avx512(
     row: &[f32],
-    (raw_max, scale, (m, sum)): (f32, f32, (&mut f32, &mut f32)),
-    out: *mut u8,
+    raw_max: f32,
+    scale: f32,
+    state: (&mut f32, &mut f32),
+    p: &mut [bf16],
 ) -> Option<Option<f32>> {
     use std::arch::x86_64::*;
     let n = row.len();
@@ -745,90 +735,221 @@ unsafe fn softmax_step_plain_avx512<const F32: bool>(
     let whole = n / 32 * 32;
     let tail = n - whole;
     let (lo, hi) = tail_masks(tail);
-    let row = row.as_ptr();
+    let (row, p) = (row.as_ptr(), p.as_mut_ptr());
     // A NaN or ±∞ in the max takes the general step; a NaN lost by `vmaxps` shows in the
     // sum below, before anything is changed.
     if !raw_max.is_finite() {
         return None;
     }
     // `scale > 0`: the max of the scaled scores is the scaled max, rounding included.
-    let m_new = m.max(scale * raw_max);
-    // bf16: e^(scale·s − m') = 2^t with t = s·(scale·log₂e) − m'·log₂e, one fused
-    // multiply-add. f32: e^x with x = scale·s − m' rounded once, so that large scores keep
-    // their f32 accuracy.
+    let m_new = state.0.max(scale * raw_max);
+    // e^(scale·s − m') = 2^t with t = s·(scale·log₂e) − m'·log₂e, one fused multiply-add.
     let log2e = std::f32::consts::LOG2_E;
-    let (c, mc) = match F32 {
-        true => (_mm512_set1_ps(scale), _mm512_set1_ps(m_new)),
-        false => (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m_new * log2e)),
-    };
-    let weight = |s: __m512| {
-        let t = _mm512_fmsub_ps(s, c, mc);
-        // SAFETY: AVX-512F and AVX512DQ are available (caller).
-        unsafe {
-            match F32 {
-                true => super::avx512::exp(t),
-                false => exp2(t),
-            }
-        }
-    };
-    // Stores 32 weights (`lo` and `hi` lanes of `e0` and `e1`) at value `i` of `out`.
-    let store = |i: usize, e0: __m512, e1: __m512, (lo, hi): (u16, u16)| {
-        // SAFETY: the caller's lanes lie inside `out`.
-        unsafe {
-            if F32 {
-                let w = out.cast::<f32>().add(i);
-                _mm512_mask_storeu_ps(w, lo, e0);
-                _mm512_mask_storeu_ps(w.add(16), hi, e1);
-            } else {
-                // Values 0..16 from `e0`, 16..32 from `e1`.
-                let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
-                let mask = u32::from(lo) | u32::from(hi) << 16;
-                _mm512_mask_storeu_epi16(out.cast::<u16>().add(i).cast(), mask, w);
-            }
-        }
-    };
+    let (c, mc) = (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m_new * log2e));
     let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    // SAFETY (both blocks): whole 32-value chunks lie inside `row` and `out`, the tail's lanes
+    // SAFETY (both blocks): whole 32-value chunks lie inside `row` and `p`, the tail's lanes
     // are masked to what is left of them.
     for i in (0..whole).step_by(32) {
         unsafe {
-            let e0 = weight(_mm512_loadu_ps(row.add(i)));
-            let e1 = weight(_mm512_loadu_ps(row.add(i + 16)));
+            let e0 = exp2(
+                _mm512_fmsub_ps(_mm512_loadu_ps(row.add(i)), c, mc),
+                EXP2_DEGREE_4,
+            );
+            let e1 = exp2(
+                _mm512_fmsub_ps(_mm512_loadu_ps(row.add(i + 16)), c, mc),
+                EXP2_DEGREE_4,
+            );
             sum0 = _mm512_add_ps(sum0, e0);
             sum1 = _mm512_add_ps(sum1, e1);
-            store(i, e0, e1, (u16::MAX, u16::MAX));
+            // Values 0..16 from `e0`, 16..32 from `e1`.
+            let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
+            _mm512_storeu_si512(p.add(i).cast(), w);
         }
     }
     if tail > 0 {
         unsafe {
-            let e0 = weight(_mm512_maskz_loadu_ps(lo, row.add(whole)));
-            let e1 = weight(_mm512_maskz_loadu_ps(hi, row.add(whole + 16)));
+            let e0 = exp2(
+                _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lo, row.add(whole)), c, mc),
+                EXP2_DEGREE_4,
+            );
+            let e1 = exp2(
+                _mm512_fmsub_ps(_mm512_maskz_loadu_ps(hi, row.add(whole + 16)), c, mc),
+                EXP2_DEGREE_4,
+            );
             sum0 = _mm512_mask_add_ps(sum0, lo, sum0, e0);
             sum1 = _mm512_mask_add_ps(sum1, hi, sum1, e1);
-            store(whole, e0, e1, (lo, hi));
+            let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
+            let mask = u32::from(lo) | u32::from(hi) << 16;
+            _mm512_mask_storeu_epi16(p.add(whole).cast(), mask, w);
         }
     }
-    let block_sum = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
-    if block_sum.is_nan() {
-        return None;
-    }
-    let alpha = if m_new == *m {
-        *sum += block_sum;
-        None
-    } else {
-        let alpha = (*m - m_new).exp();
-        *sum = *sum * alpha + block_sum;
-        *m = m_new;
-        Some(alpha)
-    };
-    Some(alpha)
+    advance(
+        state,
+        m_new,
+        _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1)),
+    )
 }
 
-/// `2^t` for 16 lanes and `t ≤ 0` (up to rounding), relative error ≤ 3e-6 for
-/// `t ≥ −125`: `t = n + f` with `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by a degree-4
-/// polynomial, times `2^n` (`VSCALEFPS`, which takes `⌊t⌋` itself). The weights end up in
-/// bf16 (8 significant bits), so they need no more; the row's sum, and so the log-sum-exp,
-/// moves by at most the same relative error (3e-6 in the log-sum-exp).
+/// The fused step for f32 inputs: over keys `a..b` of the block's raw scores `row` (a whole
+/// number of 32-key chunks), `P = e^(scale·s − m')` (`scale·s − m'` formed with one rounding,
+/// then [`exp2`] of degree 5), stored as three parts in the row's A layout `parts`
+/// ([`store_parts`]); the other keys' weights are 0. `None` (nothing changed) as for
+/// [`softmax_step_plain`].
+#[cfg(target_arch = "x86_64")]
+fn softmax_step_parts(
+    row: &[f32],
+    (a, b): (usize, usize),
+    raw_max: f32,
+    scale: f32,
+    state: (&mut f32, &mut f32),
+    parts: &mut [u16],
+) -> Option<Option<f32>> {
+    assert!(a <= b && b <= row.len() && row.len().is_multiple_of(32));
+    assert_eq!(parts.len(), PARTS * row.len());
+    if !std::arch::is_x86_feature_detected!("avx512dq") {
+        return None;
+    }
+    // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F, AVX512_BF16,
+    // AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree (checked above).
+    unsafe { softmax_step_parts_avx512(row, (a, b), (raw_max, scale), state, parts) }
+}
+
+/// # Safety
+/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available; the lengths as
+/// [`softmax_step_parts`] checks them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
+unsafe fn softmax_step_parts_avx512(
+    row: &[f32],
+    (a, b): (usize, usize),
+    (raw_max, scale): (f32, f32),
+    state: (&mut f32, &mut f32),
+    parts: &mut [u16],
+) -> Option<Option<f32>> {
+    use std::arch::x86_64::*;
+    if a == b {
+        // Nothing visible here: weights 0, the row's state unchanged.
+        parts.fill(0);
+        return Some(None);
+    }
+    // A NaN or ±∞ in the max takes the general step; a NaN lost by `vmaxps` shows in the
+    // sum below, before the row's state is changed.
+    if !raw_max.is_finite() {
+        return None;
+    }
+    // `scale > 0`: the max of the scaled scores is the scaled max, rounding included.
+    let m_new = state.0.max(scale * raw_max);
+    let (c, mc) = (_mm512_set1_ps(scale), _mm512_set1_ps(m_new));
+    let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
+    let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    // The weights of the 16 keys from `at` (those of `mask`; 0 elsewhere).
+    let weights = |at: usize, mask: __mmask16| {
+        // SAFETY: the keys of `mask` lie inside `row` (the caller's checks); AVX-512F and
+        // AVX512DQ are available.
+        unsafe {
+            let s = _mm512_maskz_loadu_ps(mask, row.as_ptr().add(at));
+            let t = _mm512_mul_ps(_mm512_fmsub_ps(s, c, mc), log2e);
+            _mm512_maskz_mov_ps(mask, exp2(t, EXP2_DEGREE_5))
+        }
+    };
+    // The visible lanes of the 16 keys from `j`.
+    let lanes = |j: usize| {
+        let (from, to) = (a.clamp(j, j + 16) - j, b.clamp(j, j + 16) - j);
+        (((1u32 << to) - 1) & !((1u32 << from) - 1)) as __mmask16
+    };
+    let (first, last) = (a / 32 * 32, b.next_multiple_of(32));
+    parts[..PARTS * first].fill(0);
+    parts[PARTS * last..].fill(0);
+    for j in (first..last).step_by(32) {
+        // Only the first and last chunks have hidden keys: the others skip the masks' scalar
+        // arithmetic, which would take the vector ports' turns.
+        let (lo, hi) = match a <= j && j + 32 <= b {
+            true => (!0, !0),
+            false => (lanes(j), lanes(j + 16)),
+        };
+        let (e0, e1) = (weights(j, lo), weights(j + 16, hi));
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        // SAFETY: the three parts of the 32 keys from `j` lie inside `parts` (the caller's
+        // checks).
+        unsafe { store_parts(e0, e1, parts.as_mut_ptr().add(PARTS * j)) };
+    }
+    advance(
+        state,
+        m_new,
+        _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1)),
+    )
+}
+
+/// `row` (f32 weights, a whole number of 32-key chunks) as three parts in its A layout `parts`
+/// ([`store_parts`]).
+#[cfg(target_arch = "x86_64")]
+fn split_weights(row: &[f32], parts: &mut [u16]) {
+    use std::arch::x86_64::*;
+    assert!(row.len().is_multiple_of(32) && parts.len() == PARTS * row.len());
+    for j in (0..row.len()).step_by(32) {
+        // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
+        // AVX512_BF16, AVX512BW and AVX512VL; the 32 values from `j` lie inside `row`, their
+        // parts inside `parts` (checked above).
+        unsafe {
+            let x = row.as_ptr().add(j);
+            let (x0, x1) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
+            store_parts(x0, x1, parts.as_mut_ptr().add(PARTS * j));
+        }
+    }
+}
+
+/// Stores 32 weights (`x0`: values 0..16, `x1`: 16..32) as three bf16 parts each at `dst`, one
+/// 32-value chunk of the A layout (part `q` at `32q`), split by truncation: part 0 is `x` with
+/// its low 16 bits cleared, part 1 the same of `x − part 0`, and part 2 `x − part 0 − part 1`,
+/// which has at most 8 significant bits. So the parts sum to `x` exactly (each subtraction is
+/// exact), unlike the nearest-even split of [`crate::bf16x`]; parts 1 and 2 are below
+/// `2⁻⁷|x|` and `2⁻¹⁴|x|`, so the products `bf16x::gemm` drops move `P·V` by at most
+/// `2·2⁻²¹ + 2⁻²⁴` relative to `Σ p·|v|` (6e-7).
+///
+/// # Safety
+/// AVX-512F, AVX512_BF16, AVX512BW and AVX512VL must be available; `dst` holds 96 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+#[inline]
+unsafe fn store_parts(x0: std::arch::x86_64::__m512, x1: std::arch::x86_64::__m512, dst: *mut u16) {
+    use std::arch::x86_64::*;
+    let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+    let truncate = |x: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), high));
+    let (p0, q0) = (truncate(x0), truncate(x1));
+    let (r0, s0) = (_mm512_sub_ps(x0, p0), _mm512_sub_ps(x1, q0));
+    let (p1, q1) = (truncate(r0), truncate(s0));
+    let (p2, q2) = (_mm512_sub_ps(r0, p1), _mm512_sub_ps(s0, q1));
+    for (q, (lo, hi)) in [(p0, q0), (p1, q1), (p2, q2)].into_iter().enumerate() {
+        // Every part is exact in bf16, so the nearest-even conversion only drops zero bits.
+        // SAFETY: 32 bf16 are 32 u16 bits; the store lies inside `dst` (caller).
+        unsafe {
+            let bits: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(dst.add(32 * q).cast(), bits);
+        }
+    }
+}
+
+/// The coefficients `c₁, c₂, …` of `2^f ≈ 1 + f·(c₁ + f·(c₂ + …))` on `[0, 1)` for [`exp2`],
+/// highest degree first: minimax in relative error with the constant fixed at 1. Degree 4
+/// (Remez exchange): 2.90e-6, 2.95e-6 with the f32 coefficients and f32 fused multiply-adds;
+/// enough for weights that end up in bf16 (8 significant bits).
+const EXP2_DEGREE_4: [f32; 4] = [1.342_668_4e-2, 5.224_247_3e-2, 2.412_802e-1, 6.930_448_4e-1];
+
+/// Degree 5 (Lawson's iteration): 1.7e-7 in f32, for f32 weights.
+const EXP2_DEGREE_5: [f32; 5] = [
+    1.867_130_3e-3,
+    9.017_03e-3,
+    5.579_991_3e-2,
+    2.401_644_4e-1,
+    6.931_513e-1,
+];
+
+/// `2^t` for 16 lanes and `t ≤ 0` (up to rounding) with the polynomial `c` (`EXP2_DEGREE_4`:
+/// relative error ≤ 3e-6, `EXP2_DEGREE_5`: ≤ 2e-7, both checked for `t ≥ −125` in the
+/// tests): `t = n + f` with `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by the polynomial,
+/// times `2^n` (`VSCALEFPS`, which takes `⌊t⌋` itself). The row's sum, and so the
+/// log-sum-exp, moves by at most the same relative error.
 ///
 /// Below −125 the result is 2^-125 (not 0): these rows have no hidden keys, and a weight of
 /// 2^-125 ≈ 2e-38 is 0 to every tolerance while staying clear of subnormals, which cost a
@@ -839,17 +960,16 @@ unsafe fn softmax_step_plain_avx512<const F32: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 #[inline]
-unsafe fn exp2(t: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+unsafe fn exp2<const N: usize>(
+    t: std::arch::x86_64::__m512,
+    c: [f32; N],
+) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    // 2^f ≈ 1 + f·(c₁ + f·(c₂ + f·(c₃ + f·c₄))), minimax in relative error on [0, 1) with
-    // the constant fixed at 1 (Remez exchange): 2.90e-6, 2.95e-6 with the f32 coefficients
-    // and f32 fused multiply-adds (checked on a grid of 10⁶ points).
-    const C: [f32; 4] = [1.342_668_4e-2, 5.224_247_3e-2, 2.412_802e-1, 6.930_448_4e-1];
     let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
     // imm8 = 0x09: keep 0 fraction bits, round down, no precision exception.
     let f = _mm512_reduce_ps::<0x09>(t);
-    let mut p = _mm512_set1_ps(C[0]);
-    for &c in &C[1..] {
+    let mut p = _mm512_set1_ps(c[0]);
+    for &c in &c[1..] {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
     let p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
@@ -904,7 +1024,7 @@ mod tests {
             let mut p = [bf16::ZERO; 3];
             let row = [1.0, 2.0, 3.0];
             let state = (&mut m, &mut sum);
-            let step = softmax_step_plain(&row, row_max(&row), 1.0, state, PlainOut::Bf16(&mut p));
+            let step = softmax_step_plain(&row, row_max(&row), 1.0, state, &mut p);
             assert_eq!(step, None);
         }
         runs
@@ -915,32 +1035,134 @@ mod tests {
         if !fused_step_runs() {
             return;
         }
-        // Every 2^-12 from −125 to 0 (512 001 values, 16 per call), against f64.
-        let ts: Vec<f32> = (0..=125 * 4096).map(|i| -(i as f32) / 4096.0).collect();
-        let mut worst = 0.0f64;
-        for chunk in ts.chunks(16) {
-            let mut t = [0.0f32; 16];
-            t[..chunk.len()].copy_from_slice(chunk);
+        /// The worst relative error of `2^t` by the polynomial `c` on every 2^-12 from −125
+        /// to 0 (512 001 values, 16 per call), against f64; and that below −125 the result
+        /// stays at 2^-125, clear of the subnormals.
+        fn worst<const N: usize>(c: [f32; N]) -> f64 {
+            let ts: Vec<f32> = (0..=125 * 4096).map(|i| -(i as f32) / 4096.0).collect();
+            let mut worst = 0.0f64;
+            for chunk in ts.chunks(16) {
+                let mut t = [0.0f32; 16];
+                t[..chunk.len()].copy_from_slice(chunk);
+                let mut got = [0.0f32; 16];
+                // SAFETY: the features are checked by the caller.
+                unsafe {
+                    use std::arch::x86_64::*;
+                    _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_loadu_ps(t.as_ptr()), c));
+                }
+                for (&t, &g) in chunk.iter().zip(&got) {
+                    let want = 2f64.powf(f64::from(t));
+                    worst = worst.max((f64::from(g) / want - 1.0).abs());
+                }
+            }
             let mut got = [0.0f32; 16];
-            // SAFETY: the features are checked above.
+            // SAFETY: as above.
             unsafe {
                 use std::arch::x86_64::*;
-                _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_loadu_ps(t.as_ptr())));
+                _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_set1_ps(-1e4), c));
             }
-            for (&t, &g) in chunk.iter().zip(&got) {
-                let want = 2f64.powf(f64::from(t));
-                worst = worst.max((f64::from(g) / want - 1.0).abs());
+            assert!(got.iter().all(|&g| g == 2f32.powi(-125)), "{got:?}");
+            worst
+        }
+        let (four, five) = (worst(EXP2_DEGREE_4), worst(EXP2_DEGREE_5));
+        assert!(four <= 3e-6, "degree 4: worst relative error {four:e}");
+        assert!(five <= 2e-7, "degree 5: worst relative error {five:e}");
+    }
+
+    /// The value of bf16 bits.
+    fn value(bits: u16) -> f64 {
+        f64::from(f32::from_bits(u32::from(bits) << 16))
+    }
+
+    /// The weights of a row of the A layout of three parts (`[keys]`), as the sums of their
+    /// parts.
+    fn unsplit(parts: &[u16]) -> Vec<f64> {
+        (0..parts.len() / PARTS)
+            .map(|j| {
+                let at = PARTS * 32 * (j / 32) + j % 32;
+                (0..PARTS).map(|q| value(parts[at + 32 * q])).sum()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn weights_split_exactly_into_three_parts() {
+        if !fused_step_runs() {
+            return;
+        }
+        // Weights over the whole f32 range of (0, 1], with every mantissa pattern class.
+        let row: Vec<f32> = (0..96)
+            .map(|j| match j % 4 {
+                0 => 1.0,
+                1 => 1.0 - (j as f32) * 2f32.powi(-24),
+                2 => (j as f32 * 0.731).sin().abs() * 2f32.powi(-(j % 40)),
+                _ => f32::from_bits(0x3f00_0000 | (j as u32 * 0x2_4925)),
+            })
+            .collect();
+        let mut parts = vec![u16::MAX; PARTS * row.len()];
+        split_weights(&row, &mut parts);
+        for (j, (&x, got)) in row.iter().zip(unsplit(&parts)).enumerate() {
+            assert_eq!(got, f64::from(x), "weight {j}: {x} splits to {got}");
+        }
+    }
+
+    #[test]
+    fn fused_parts_step_matches_f64() {
+        if !fused_step_runs() {
+            return;
+        }
+        // Visible ranges inside one chunk, across chunks, at the ends, and empty.
+        for (n, (a, b)) in [
+            (32, (0, 32)),
+            (64, (5, 40)),
+            (96, (33, 34)),
+            (256, (0, 200)),
+            (64, (7, 7)),
+        ] {
+            let row: Vec<f32> = (0..n)
+                .map(|j| ((j * 37 % 101) as f32 - 50.0) * 0.173)
+                .collect();
+            let scale = 0.7f32;
+            let (mut m, mut sum) = (1.5f32, 2.0f32);
+            let mut parts = vec![u16::MAX; PARTS * n];
+            let raw_max = row[a..b].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+            let state = (&mut m, &mut sum);
+            let step = softmax_step_parts(&row, (a, b), raw_max, scale, state, &mut parts);
+            let got = unsplit(&parts);
+            if a == b {
+                assert_eq!(step, Some(None), "nothing visible: the state stays");
+                assert_eq!((m, sum), (1.5, 2.0));
+                assert!(got.iter().all(|&w| w == 0.0));
+                continue;
+            }
+            let want_m = 1.5f32.max(scale * raw_max);
+            assert_eq!(m, want_m, "n = {n}");
+            let e: Vec<f64> = row
+                .iter()
+                .map(|&s| (f64::from(scale) * f64::from(s) - f64::from(want_m)).exp())
+                .collect();
+            // The polynomial's 2e-7, plus the f32 rounding of x = scale·s − m' (once, 2^-24 of
+            // |x| < 32) and of t = x·log₂e (2^-24 of |t| < 47): under 1e-6 relative after 2^t.
+            let exp_tol = 2e-7 + 1e-6;
+            for (j, (&w, &want)) in got.iter().zip(&e).enumerate() {
+                match (a..b).contains(&j) {
+                    true => assert!((w / want - 1.0).abs() <= exp_tol, "n = {n}, j = {j}"),
+                    false => assert_eq!(w, 0.0, "n = {n}, j = {j}: hidden"),
+                }
+            }
+            let alpha = (1.5 - f64::from(want_m)).exp();
+            let want_sum = 2.0 * alpha + e[a..b].iter().sum::<f64>();
+            let sum_tol = exp_tol + (n + 8) as f64 * 2f64.powi(-24);
+            assert!(
+                (f64::from(sum) / want_sum - 1.0).abs() <= sum_tol,
+                "n = {n}: sum"
+            );
+            match step {
+                Some(Some(x)) => assert!((f64::from(x) / alpha - 1.0).abs() <= 1e-6),
+                Some(None) => assert_eq!(want_m, 1.5, "n = {n}"),
+                None => panic!("n = {n}: the fused step declined finite scores"),
             }
         }
-        assert!(worst <= 3e-6, "worst relative error {worst:e}");
-        // Below −125 the result stays at 2^-125, clear of the subnormals.
-        let mut got = [0.0f32; 16];
-        // SAFETY: as above.
-        unsafe {
-            use std::arch::x86_64::*;
-            _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_set1_ps(-1e4)));
-        }
-        assert!(got.iter().all(|&g| g == 2f32.powi(-125)), "{got:?}");
     }
 
     #[test]
@@ -981,13 +1203,7 @@ mod tests {
             let mut p = vec![bf16::from_f32(-7.0); n];
             let raw_max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
             assert_eq!(row_max(&row), raw_max, "n = {n}");
-            let step = softmax_step_plain(
-                &row,
-                raw_max,
-                scale,
-                (&mut m, &mut sum),
-                PlainOut::Bf16(&mut p),
-            );
+            let step = softmax_step_plain(&row, raw_max, scale, (&mut m, &mut sum), &mut p);
             let want_m = 1.5f32.max(scale * raw_max);
             assert_eq!(m, want_m, "n = {n}");
             let e: Vec<f64> = row
