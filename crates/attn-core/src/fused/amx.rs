@@ -885,12 +885,22 @@ unsafe fn softmax_step_parts_avx512(
 /// ([`store_parts`]).
 #[cfg(target_arch = "x86_64")]
 fn split_weights(row: &[f32], parts: &mut [u16]) {
-    use std::arch::x86_64::*;
     assert!(row.len().is_multiple_of(32) && parts.len() == PARTS * row.len());
+    // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F, AVX512_BF16,
+    // AVX512BW and AVX512VL; the lengths agree (checked above).
+    unsafe { split_weights_avx512(row, parts) }
+}
+
+/// # Safety
+/// AVX-512F, AVX512_BF16, AVX512BW and AVX512VL must be available; `row.len()` a multiple of
+/// 32 and `parts.len() == 3·row.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+unsafe fn split_weights_avx512(row: &[f32], parts: &mut [u16]) {
+    use std::arch::x86_64::*;
     for j in (0..row.len()).step_by(32) {
-        // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
-        // AVX512_BF16, AVX512BW and AVX512VL; the 32 values from `j` lie inside `row`, their
-        // parts inside `parts` (checked above).
+        // SAFETY: the 32 values from `j` lie inside `row`, their parts inside `parts`
+        // (the caller's checks).
         unsafe {
             let x = row.as_ptr().add(j);
             let (x0, x1) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
