@@ -238,9 +238,7 @@ fn accumulate_skipping_zeros(
 
 /// One key/value head, packed once for all the query blocks that read it.
 struct Head<'a> {
-    /// Keys transposed block by block: block `jb` (keys `jb·BLOCK_KV..`, `keys` of them) is
-    /// `[head_dim, keys]` at `jb·BLOCK_KV·head_dim`.
-    k: Aligned,
+    k: Keys,
     /// Values as f32, `[seq_kv, value_dim]`, starting on a cache line.
     v: Values<'a>,
     /// Whether every value is finite (inputs may opt out of that check).
@@ -254,12 +252,18 @@ enum Values<'a> {
     Copied(Aligned),
 }
 
-impl Head<'_> {
-    /// Keys `j0..j0 + keys` of the packed `Kᵀ`, `[head_dim, keys]`.
-    fn keys(&self, (jb, keys): (usize, usize), head_dim: usize) -> &[f32] {
-        &self.k.view((jb * BLOCK_KV + keys) * head_dim)[jb * BLOCK_KV * head_dim..]
-    }
+/// A head's keys transposed block by block, the `B` of `Q·Kᵀ`: block `jb` (keys
+/// `jb·BLOCK_KV..`, `keys` of them) is `[head_dim, keys]` at `jb·BLOCK_KV·head_dim`.
+struct Keys(Aligned);
 
+impl Keys {
+    /// Keys `j0..j0 + keys` of the packed `Kᵀ`, `[head_dim, keys]`.
+    fn block(&self, (jb, keys): (usize, usize), head_dim: usize) -> &[f32] {
+        &self.0.view((jb * BLOCK_KV + keys) * head_dim)[jb * BLOCK_KV * head_dim..]
+    }
+}
+
+impl Head<'_> {
     /// Values `j0..j0 + keys`, `[keys, value_dim]`.
     fn values(&self, (j0, keys): (usize, usize), value_dim: usize) -> &[f32] {
         let end = (j0 + keys) * value_dim;
@@ -305,17 +309,30 @@ impl Plan<'_> {
         }
     }
 
+    /// Packs the keys of key/value head `(b, kvh)` for [`Self::scores`]; bf16 inputs are
+    /// widened to f32 here (exactly), once per head.
+    fn pack_keys(&self, b: usize, kvh: usize) -> Keys {
+        let (s_n, d) = (self.sh.seq_kv, self.sh.head_dim);
+        let head = (b * self.sh.n_kv_heads + kvh) * s_n;
+        let mut packed = Aligned::default();
+        let k_t = packed.get(s_n * d);
+        match self.src {
+            Src::F32 { k, .. } => transpose_blocks(&k[head * d..][..s_n * d], d, k_t, |x| x),
+            Src::Bf16 { k, .. } => {
+                transpose_blocks(&k[head * d..][..s_n * d], d, k_t, bf16::to_f32)
+            }
+        }
+        Keys(packed)
+    }
+
     /// Packs key/value head `(b, kvh)` for [`Self::scores`] and [`Head::values`]; bf16 inputs
     /// are widened to f32 here (exactly), once per head.
     fn pack_head(&self, b: usize, kvh: usize) -> Head<'_> {
-        let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
+        let (s_n, dv) = (self.sh.seq_kv, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
-        let mut packed = Aligned::default();
         let mut copied = Aligned::default();
         let v = match self.src {
-            Src::F32 { k, v, .. } => {
-                let k_t = packed.get(s_n * d);
-                transpose_blocks(&k[head * d..][..s_n * d], d, k_t, |x| x);
+            Src::F32 { v, .. } => {
                 let v = &v[head * dv..][..s_n * dv];
                 // A copy pays off only when many query rows read the values again: a decoding
                 // step's single row reads them once.
@@ -326,9 +343,7 @@ impl Plan<'_> {
                     Values::Copied(copied)
                 }
             }
-            Src::Bf16 { k, v, .. } => {
-                let k_t = packed.get(s_n * d);
-                transpose_blocks(&k[head * d..][..s_n * d], d, k_t, bf16::to_f32);
+            Src::Bf16 { v, .. } => {
                 let widened = copied.get(s_n * dv);
                 for (x, y) in widened.iter_mut().zip(&v[head * dv..][..s_n * dv]) {
                     *x = y.to_f32();
@@ -337,7 +352,7 @@ impl Plan<'_> {
             }
         };
         let mut head = Head {
-            k: packed,
+            k: self.pack_keys(b, kvh),
             v,
             v_finite: true,
         };
@@ -348,9 +363,9 @@ impl Plan<'_> {
 
     /// Raw scores `(scale·q)·k` of the packed query rows against key block `jb` (`keys` keys)
     /// of `head`, into `s.tile` as `[rows, keys]`.
-    fn scores(&self, head: &Head<'_>, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
+    fn scores(&self, k: &Keys, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
         let d = self.sh.head_dim;
-        let kt = head.keys((jb, keys), d);
+        let kt = k.block((jb, keys), d);
         let tile = s.tile.get(rows * keys);
         self.isa
             .gemm_f32((rows, keys, d), &s.q, d, kt, keys, tile, keys, false);
@@ -514,7 +529,7 @@ impl Plan<'_> {
         for jb in lo / BLOCK_KV..hi.div_ceil(BLOCK_KV) {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
-            self.scores(head, n, (jb, keys), s);
+            self.scores(&head.k, n, (jb, keys), s);
             let tile = s.tile.get(n * keys);
             for (r, row) in tile.chunks_exact_mut(keys).enumerate() {
                 let state = (&mut m[r], &mut sum[r]);
@@ -561,13 +576,13 @@ impl Plan<'_> {
                     .enumerate()
                     .for_each(|(bh, all)| {
                         let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
-                        let head = self.pack_head(b, sh.kv_head(h));
+                        let k = self.pack_keys(b, sh.kv_head(h));
                         let stats = &stats[bh * l..][..l];
                         all.par_chunks_mut(BLOCK_Q * row_len)
                             .enumerate()
                             .for_each_init(Scratch::default, |s, (qb, dst)| {
                                 let rows = block_rows(qb, dst);
-                                self.weight_rows((b, h), &head, &rows, stats, dst, None, s);
+                                self.weight_rows((b, h), &k, &rows, stats, dst, None, s);
                             });
                     });
                 Some(Weights::All(all))
@@ -578,12 +593,12 @@ impl Plan<'_> {
                     .enumerate()
                     .for_each(|(bh, data)| {
                         let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
-                        let head = self.pack_head(b, sh.kv_head(h));
+                        let k = self.pack_keys(b, sh.kv_head(h));
                         let stats = &stats[bh * l..][..l];
                         data.par_chunks_mut(BLOCK_Q * row_len)
                             .zip(rows.par_chunks(BLOCK_Q))
                             .for_each_init(Scratch::default, |s, (dst, rows)| {
-                                self.weight_rows((b, h), &head, rows, stats, dst, None, s);
+                                self.weight_rows((b, h), &k, rows, stats, dst, None, s);
                             });
                     });
                 Some(Weights::Rows {
@@ -596,13 +611,13 @@ impl Plan<'_> {
                 let share = Some(1.0 / sh.n_heads as f32);
                 for (b, avg) in avg.chunks_mut((l * row_len).max(1)).enumerate() {
                     for h in 0..sh.n_heads {
-                        let head = self.pack_head(b, sh.kv_head(h));
+                        let k = self.pack_keys(b, sh.kv_head(h));
                         let stats = &stats[(b * sh.n_heads + h) * l..][..l];
                         avg.par_chunks_mut(BLOCK_Q * row_len)
                             .enumerate()
                             .for_each_init(Scratch::default, |s, (qb, dst)| {
                                 let rows = block_rows(qb, dst);
-                                self.weight_rows((b, h), &head, &rows, stats, dst, share, s);
+                                self.weight_rows((b, h), &k, &rows, stats, dst, share, s);
                             });
                     }
                 }
@@ -619,7 +634,7 @@ impl Plan<'_> {
     fn weight_rows(
         &self,
         (b, h): (usize, usize),
-        head: &Head<'_>,
+        k: &Keys,
         rows: &[usize],
         stats: &[[f32; 2]],
         dst: &mut [f32],
@@ -631,7 +646,7 @@ impl Plan<'_> {
         for jb in 0..s_n.div_ceil(BLOCK_KV) {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
-            self.scores(head, rows.len(), (jb, keys), s);
+            self.scores(k, rows.len(), (jb, keys), s);
             for ((row, &i), dst) in (s.tile.get(rows.len() * keys))
                 .chunks_exact_mut(keys)
                 .zip(rows)
