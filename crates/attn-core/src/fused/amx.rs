@@ -42,6 +42,8 @@
 //! scores could exceed [`F32_SCORE_BOUND`] (or whose values could overflow, or hold NaN or ∞),
 //! or with fewer than [`AMX_F32_MIN_ROWS`] query rows.
 
+use std::cell::Cell;
+
 use half::bf16;
 
 use super::{BlockOut, Isa, Plan, Src};
@@ -123,6 +125,40 @@ pub(super) struct AmxScratch {
     p3: Aligned<u16>,
     /// The unnormalised output, `[rows, value_dim]`.
     acc: Aligned<f32>,
+}
+
+thread_local! {
+    /// This thread's [`AmxScratch`], kept between tasks and calls (a few hundred KiB).
+    static SCRATCH: Cell<AmxScratch> = Cell::new(AmxScratch::default());
+    /// The buffers of this thread's last f32 head ([`AmxHead::F32`]'s keys and values), kept
+    /// when no larger than [`RETAINED_HEAD_BUFFER`].
+    static HEAD_BUFFERS: Cell<[Aligned<u16>; 2]> = Cell::new(Default::default());
+}
+
+/// Bytes up to which a thread keeps an f32 head's packed keys or values for the next head:
+/// 3 MiB holds `seq_kv · head_dim` up to 512 Ki values (8192 keys at 64). Fresh buffers cost a
+/// zero fill and a page fault per 4 KiB, about 10% of a call at L = S = 512.
+const RETAINED_HEAD_BUFFER: usize = 3 << 20;
+
+/// Runs `f` on this thread's [`AmxScratch`]. A task that runs inside another (rayon steals
+/// work while a task waits) finds the cell empty and starts from fresh buffers.
+pub(super) fn with_amx_scratch<R>(f: impl FnOnce(&mut AmxScratch) -> R) -> R {
+    let mut scratch = SCRATCH.take();
+    let result = f(&mut scratch);
+    SCRATCH.set(scratch);
+    result
+}
+
+impl Drop for AmxHead<'_> {
+    /// Hands an f32 head's buffers back to this thread when they are small enough to keep.
+    fn drop(&mut self) {
+        if let AmxHead::F32 { k, v, .. } = self {
+            let small = |b: &Aligned<u16>| b.all().len() * 2 <= RETAINED_HEAD_BUFFER;
+            if small(k) && small(v) {
+                HEAD_BUFFERS.set([std::mem::take(k), std::mem::take(v)]);
+            }
+        }
+    }
 }
 
 impl<'a> Plan<'a> {
@@ -587,7 +623,7 @@ fn pack_f32_head(
             d.next_multiple_of(TK),
             dv.next_multiple_of(BLOCK),
         );
-        let (mut k_b, mut v_b) = (Aligned::default(), Aligned::default());
+        let [mut k_b, mut v_b] = HEAD_BUFFERS.take();
         let k_b_all = k_b.get(PARTS * d_pad * s_pad);
         // Kᵀ 64 keys at a time (16 KiB at head_dim 64, in the L1 cache): the B layout keeps 16
         // columns (keys) per group, groups `ldg` apart, so a block of whole groups is a range

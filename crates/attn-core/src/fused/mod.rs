@@ -35,7 +35,7 @@ use avx512 as avx512_or_portable;
 #[cfg(not(target_arch = "x86_64"))]
 use portable as avx512_or_portable;
 
-use amx::AmxScratch;
+use amx::with_amx_scratch;
 pub use input_bf16::AttnInputBf16;
 pub use isa::{Isa, set_global_threads};
 
@@ -439,9 +439,11 @@ impl Plan<'_> {
                         .zip(lse.par_chunks_mut(BLOCK_Q))
                         .zip(stats.par_chunks_mut(BLOCK_Q))
                         .enumerate()
-                        .for_each_init(AmxScratch::default, |s, (qb, ((out, lse), stats))| {
+                        .for_each(|(qb, ((out, lse), stats))| {
                             let dst = BlockOut { out, lse, stats };
-                            self.forward_block_amx((b, h, qb * BLOCK_Q), &head, dst, s);
+                            with_amx_scratch(|s| {
+                                self.forward_block_amx((b, h, qb * BLOCK_Q), &head, dst, s)
+                            });
                         });
                     return;
                 }
