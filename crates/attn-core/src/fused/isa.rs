@@ -14,8 +14,9 @@ pub enum Isa {
     Portable,
     /// AVX-512F register-blocked kernels.
     Avx512,
-    /// The AVX-512 kernels, with AMX tiles for the two GEMMs of bf16 inputs (see `amx_bf16.rs`);
-    /// f32 inputs run exactly as on [`Isa::Avx512`].
+    /// The AVX-512 kernels, with AMX tiles for the two GEMMs (see `amx.rs`): bf16 inputs as
+    /// they are, f32 inputs in three bf16 parts per value, for heads of at least 32 query rows
+    /// whose scores stay within the tiles' bound; other heads run as on [`Isa::Avx512`].
     Amx,
 }
 

@@ -19,9 +19,10 @@
 //!
 //! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
 //!
-//! On [`Isa::Amx`], bf16 inputs run both GEMMs on AMX tiles in 32-row groups (`amx_bf16.rs`),
-//! with the weights rounded to bf16 for `P·V`; every other case (f32 inputs, values holding NaN
-//! or ∞) runs the AVX-512 kernels.
+//! On [`Isa::Amx`], both GEMMs run on AMX tiles in 32-row groups (`amx.rs`): bf16 inputs with
+//! the weights rounded to bf16 for `P·V`, f32 inputs in three bf16 parts per value (f32
+//! accuracy); heads that cannot (values holding NaN or ∞, f32 heads with fewer than 32 query
+//! rows or scores past the tiles' bound) run the AVX-512 kernels.
 
 mod amx;
 mod input_bf16;
@@ -88,7 +89,7 @@ pub fn sdpa_with(
 /// CPU. On [`Isa::Amx`] both products run on AMX tiles and the weights are rounded to bf16
 /// before `P·V`, so `out` is within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened
 /// inputs, `lse` within 3e-6 and the weights within 3e-6 relative (the bounds and their
-/// derivation are in `amx_bf16.rs`); on the other ISAs, inputs are widened to f32 (exactly)
+/// derivation are in `amx.rs`); on the other ISAs, inputs are widened to f32 (exactly)
 /// as they are packed and the result equals [`crate::sdpa`] on the widened inputs up to f32
 /// rounding of the sums (see `avx512.rs` for why not `VDPBF16PS`).
 ///
