@@ -1,6 +1,6 @@
 //! The fused kernel against the reference twin on a randomized sweep of awkward shapes and
 //! every option, on each instruction set this CPU runs (AMX, AVX-512 and the portable
-//! fallback), for f32 and bf16 inputs; plus the golden files on the portable path, and bad input.
+//! fallback), for f32 and bf16 inputs; plus the golden files on each of them, and bad input.
 
 mod common;
 
@@ -465,7 +465,9 @@ fn fully_masked_rows_give_zero_and_minus_infinity() {
 }
 
 #[test]
-fn golden_cases_on_the_portable_path() {
+fn golden_cases_on_every_isa() {
+    // The fast path's test (`golden_sdpa.rs`) runs the best kernels; here each ISA this CPU has,
+    // so that the AVX-512 FMA kernels stay checked where f32 heads take the AMX tiles.
     for path in golden_files("sdpa") {
         let case = load_case(&path);
         let input = AttnInput::new(&case.q, &case.k, &case.v, case.shape).unwrap();
@@ -473,14 +475,16 @@ fn golden_cases_on_the_portable_path() {
             weights: WeightsRequest::All,
             ..case.options.clone()
         };
-        let got = sdpa_with(Isa::Portable, &input, &opts).unwrap();
-        let tol = case.tolerance;
-        assert_close("out", &case.name, &got.out, &case.expected_out, tol);
-        assert_close("lse", &case.name, &got.lse, &case.expected_lse, 1e-4);
-        let Some(Weights::All(w)) = got.weights else {
-            panic!("{}: no weights", case.name)
-        };
-        assert_close("weights", &case.name, &w, &case.expected_weights, tol);
+        for isa in isas() {
+            let got = sdpa_with(isa, &input, &opts).unwrap();
+            let (tol, name) = (case.tolerance, format!("{} on {isa:?}", case.name));
+            assert_close("out", &name, &got.out, &case.expected_out, tol);
+            assert_close("lse", &name, &got.lse, &case.expected_lse, 1e-4);
+            let Some(Weights::All(w)) = got.weights else {
+                panic!("{name}: no weights")
+            };
+            assert_close("weights", &name, &w, &case.expected_weights, tol);
+        }
     }
 }
 
