@@ -334,8 +334,8 @@ pub struct AttnOutput {
 mod tests {
     use super::*;
 
-    /// Every finite value passes, down to the extremes; any NaN or infinity, anywhere (vector
-    /// bodies and tails), is found at its index.
+    /// Magnitudes below the bound pass, at it or above do not, NaN never, in vector bodies and
+    /// tails.
     #[test]
     fn all_below_compares_magnitudes() {
         for n in [1, 15, 16, 17, 1000] {
@@ -349,6 +349,8 @@ mod tests {
         }
     }
 
+    /// Every finite value passes, down to the extremes; any NaN or infinity, anywhere (vector
+    /// bodies and tails), is found at its index.
     #[test]
     fn check_finite_finds_every_non_finite_value() {
         fn case<T: FiniteBits + std::fmt::Debug>(finite: &[T], bad: &[T])

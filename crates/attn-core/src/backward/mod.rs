@@ -33,7 +33,7 @@
 //! elementwise pass have an AVX-512 build (`avx512.rs`) and a portable one (`kernels.rs`).
 //! With [`Isa::Amx`] (what [`Isa::best`] picks where the CPU has it), whole 64 × 64 blocks with
 //! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles in
-//! "bf16x3" (`amx.rs`: three bf16 products per f32 product, ≤ 3·2⁻¹⁶ relative error each;
+//! "bf16x3" (`bf16x.rs`: three bf16 products per f32 product, ≤ 3·2⁻¹⁶ relative error each;
 //! measured 3e-6 to 1e-5 from the twin against 3e-7 for the FMA build).
 //!
 //! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
@@ -325,7 +325,7 @@ struct Scratch {
     bf: Bf16x3,
 }
 
-/// The bf16x3 operands of the AMX products, each value's `hi` and `lo` (`amx.rs`: the A layout
+/// The bf16x3 operands of the AMX products, each value's `hi` and `lo` (`bf16x.rs`: the A layout
 /// row-major, the B layout in tiles), for whole blocks only.
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
@@ -533,7 +533,7 @@ impl Plan<'_> {
             }
             let k_blk = &k_head[j0 * d..][..BLOCK_KV * d];
             transpose(k_blk, (BLOCK_KV, d), kt_f32);
-            // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
+            // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
             unsafe {
                 bf16x::pack_a::<2>(k_blk, (BLOCK_KV, d, d), &mut bf.k.all_mut()[2 * j0 * d..]);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
@@ -572,7 +572,7 @@ impl Plan<'_> {
                 (dout, (w, dv), dv, &mut bf.dout),
             ] {
                 let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[2 * i0 * width..]);
-                // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
+                // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe { bf16x::pack_b::<2>(src, (k, n, n), dst) };
             }
         }
@@ -710,7 +710,7 @@ impl Plan<'_> {
                 let bf = &mut scratch.bf;
                 let tiles = (t.p.view(n), t.ds.view(n));
                 let packed = (bf.p.get(2 * n), bf.ds_a.get(2 * n), bf.ds_b.get(2 * n));
-                // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
+                // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe { amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed) };
             }
         } else {
@@ -734,7 +734,7 @@ impl Plan<'_> {
                 let bf = &mut scratch.bf;
                 if !fused {
                     let tile = (keys, rows, rows);
-                    // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `amx.rs` needs.
+                    // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                     unsafe {
                         bf16x::pack_a::<2>(p, tile, bf.p.get(2 * n));
                         bf16x::pack_a::<2>(ds, tile, bf.ds_a.get(2 * n));

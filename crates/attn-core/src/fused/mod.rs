@@ -13,7 +13,9 @@
 //!
 //! Extra memory: per task, its query rows and one score tile, `O(BLOCK_Q · (head_dim +
 //! BLOCK_KV))`; per key/value head in flight, its keys transposed for the GEMM (and bf16 values
-//! widened), `O(seq_kv · (head_dim + value_dim))`. Weights, when asked for, are recomputed
+//! widened, or, on AMX, keys and values in bf16 parts), `O(seq_kv · (head_dim + value_dim))`.
+//! On AMX each thread keeps its tile buffers (a few hundred KiB) and its last f32 head's parts
+//! (up to 2 MiB) for the next call. Weights, when asked for, are recomputed
 //! afterwards from each row's saved max `m` and sum `l` (`lse = m + ln l`) as `e^(score − m)/l`,
 //! only for the rows asked.
 //!
