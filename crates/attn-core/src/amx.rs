@@ -213,6 +213,38 @@ pub(crate) unsafe fn finish_2x2(c: *mut f32, ldc: usize) {
     }
 }
 
+/// `asm!` for a loop over `$chunks ≥ 1` depth chunks of a 2 × 2 tile block (tiles 0–3 hold C,
+/// 4–5 the two 16-row halves of A, 6–7 the two 16-column halves of B): each pass runs the
+/// template lines, which address A's halves at `{a0}` and `{a1}` (rows `{lda}` bytes apart) and
+/// B's column groups at `{b0}` and `{b1}` (tile rows `{s64}` bytes apart), then moves A on by
+/// `$a_step` bytes and B by `$b_step`.
+macro_rules! chunk_loop {
+    ($chunks:expr, $a:expr, $lda:expr, ($b0:expr, $b1:expr), ($a_step:expr, $b_step:expr),
+     $($line:literal),* $(,)?) => {
+        std::arch::asm!(
+            "2:",
+            $($line,)*
+            "add {a0}, {a_step}",
+            "add {a1}, {a_step}",
+            "add {b0}, {b_step}",
+            "add {b1}, {b_step}",
+            "dec {n}",
+            "jnz 2b",
+            a0 = inout(reg) $a => _,
+            a1 = inout(reg) $a.byte_add(16 * $lda) => _,
+            b0 = inout(reg) $b0 => _,
+            b1 = inout(reg) $b1 => _,
+            n = inout(reg) $chunks => _,
+            lda = in(reg) $lda,
+            a_step = in(reg) $a_step,
+            b_step = in(reg) $b_step,
+            s64 = in(reg) 64usize,
+            options(nostack, readonly),
+        )
+    };
+}
+pub(crate) use chunk_loop;
+
 /// One 32 × 32 block `C (+)= A·B` over `k_chunks` depth chunks of 32: tiles 0–3 hold C, 4–5
 /// the two 16-row halves of A, 6–7 the two 16-column halves of B.
 ///
@@ -236,12 +268,15 @@ pub(crate) unsafe fn block_2x2(
     ldc: usize,
     accumulate: bool,
 ) {
-    use std::arch::asm;
     // SAFETY (whole body): the caller guarantees the tiles, the chunk count and the memory.
     unsafe {
         start_2x2(c, ldc, accumulate);
-        asm!(
-            "2:",
+        chunk_loop!(
+            k_chunks,
+            a,
+            lda,
+            (b0, b1),
+            (64usize, ldb),
             // Each product right after the loads it needs, so it starts while the next loads
             // are in flight.
             "tileloadd tmm4, [{a0} + {lda}*1]",
@@ -252,21 +287,6 @@ pub(crate) unsafe fn block_2x2(
             "tileloadd tmm5, [{a1} + {lda}*1]",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a0}, 64",
-            "add {a1}, 64",
-            "add {b0}, {ldb}",
-            "add {b1}, {ldb}",
-            "dec {n}",
-            "jnz 2b",
-            a0 = inout(reg) a => _,
-            a1 = inout(reg) a.byte_add(TILE_ROWS * lda) => _,
-            b0 = inout(reg) b0 => _,
-            b1 = inout(reg) b1 => _,
-            n = inout(reg) k_chunks => _,
-            lda = in(reg) lda,
-            ldb = in(reg) ldb,
-            s64 = in(reg) 64usize,
-            options(nostack, readonly),
         );
         finish_2x2(c, ldc);
     }

@@ -26,7 +26,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::amx::{Tiles, finish_2x2, start_2x2};
+use crate::amx::{Tiles, chunk_loop, finish_2x2, start_2x2};
 
 /// Depth of one tile product: 16 pairs of bf16.
 pub(crate) const TK: usize = 32;
@@ -238,8 +238,12 @@ pub(crate) fn gemm<const P: usize>(
 unsafe fn block_2x2_x3(chunks: usize, a: *const u16, lda: usize, b0: *const u16, b1: *const u16) {
     // SAFETY: the caller guarantees the tiles, the chunk count and the memory.
     unsafe {
-        std::arch::asm!(
-            "2:",
+        chunk_loop!(
+            chunks,
+            a,
+            lda,
+            (b0, b1),
+            (128usize, 2048usize),
             "tileloadd tmm4, [{a0} + {lda}*1 + 64]",
             "tileloadd tmm6, [{b0} + {s64}*1]",
             "tdpbf16ps tmm0, tmm4, tmm6",
@@ -260,20 +264,6 @@ unsafe fn block_2x2_x3(chunks: usize, a: *const u16, lda: usize, b0: *const u16,
             "tileloadd tmm7, [{b1} + {s64}*1 + 1024]",
             "tdpbf16ps tmm1, tmm4, tmm7",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a0}, 128",
-            "add {a1}, 128",
-            "add {b0}, 2048",
-            "add {b1}, 2048",
-            "dec {n}",
-            "jnz 2b",
-            a0 = inout(reg) a => _,
-            a1 = inout(reg) a.byte_add(16 * lda) => _,
-            b0 = inout(reg) b0 => _,
-            b1 = inout(reg) b1 => _,
-            n = inout(reg) chunks => _,
-            lda = in(reg) lda,
-            s64 = in(reg) 64usize,
-            options(nostack, readonly),
         );
     }
 }
@@ -287,8 +277,12 @@ unsafe fn block_2x2_x3(chunks: usize, a: *const u16, lda: usize, b0: *const u16,
 unsafe fn block_2x2_x6(chunks: usize, a: *const u16, lda: usize, b0: *const u16, b1: *const u16) {
     // SAFETY: the caller guarantees the tiles, the chunk count and the memory.
     unsafe {
-        std::arch::asm!(
-            "2:",
+        chunk_loop!(
+            chunks,
+            a,
+            lda,
+            (b0, b1),
+            (192usize, 3072usize),
             // a₀b₀
             "tileloadd tmm4, [{a0} + {lda}*1]",
             "tileloadd tmm6, [{b0} + {s64}*1]",
@@ -335,20 +329,6 @@ unsafe fn block_2x2_x6(chunks: usize, a: *const u16, lda: usize, b0: *const u16,
             "tileloadd tmm5, [{a1} + {lda}*1]",
             "tdpbf16ps tmm2, tmm5, tmm6",
             "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a0}, 192",
-            "add {a1}, 192",
-            "add {b0}, 3072",
-            "add {b1}, 3072",
-            "dec {n}",
-            "jnz 2b",
-            a0 = inout(reg) a => _,
-            a1 = inout(reg) a.byte_add(16 * lda) => _,
-            b0 = inout(reg) b0 => _,
-            b1 = inout(reg) b1 => _,
-            n = inout(reg) chunks => _,
-            lda = in(reg) lda,
-            s64 = in(reg) 64usize,
-            options(nostack, readonly),
         );
     }
 }
