@@ -178,9 +178,35 @@ fn run(
             || options.bool_mask.is_some()
             || options.key_padding.is_some(),
     };
-    let (out, lse, stats) = plan.forward();
-    let weights = plan.weights(&stats);
-    Ok(AttnOutput { out, lse, weights })
+    let forward = plan.forward();
+    let weights = match forward.row_weights {
+        Some(data) => {
+            let WeightsRequest::Rows(rows) = &options.weights else {
+                unreachable!("the forward pass computes rows' weights only when asked")
+            };
+            Some(Weights::Rows {
+                rows: rows.clone(),
+                data,
+            })
+        }
+        None => plan.weights(&forward.stats),
+    };
+    Ok(AttnOutput {
+        out: forward.out,
+        lse: forward.lse,
+        weights,
+    })
+}
+
+/// What the forward pass returns: `out` `[batch, n_heads, seq_q, value_dim]`, `lse`
+/// `[batch, n_heads, seq_q]`, each row's final max and sum (`[max, sum]`, same order as `lse`)
+/// for the weights, and the weights of the rows asked for when there are few of them
+/// (`[batch, n_heads, rows, seq_kv]`).
+struct Forward {
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    stats: Vec<[f32; 2]>,
+    row_weights: Option<Vec<f32>>,
 }
 
 /// Everything a task needs to know about the call.
@@ -418,49 +444,73 @@ impl Plan<'_> {
         }
     }
 
-    /// The forward pass: `out` `[batch, n_heads, seq_q, value_dim]`, `lse`
-    /// `[batch, n_heads, seq_q]`, and each row's final max and sum (`[max, sum]`, same order as
-    /// `lse`) for the weights.
-    fn forward(&self) -> (Vec<f32>, Vec<f32>, Vec<[f32; 2]>) {
+    /// The forward pass ([`Forward`]).
+    fn forward(&self) -> Forward {
         let sh = self.sh;
         let heads = sh.batch * sh.n_heads;
         let (l, dv) = (sh.seq_q, sh.value_dim);
         let mut out = crate::zeros_written(heads * l * dv);
         let mut lse = vec![f32::NEG_INFINITY; heads * l];
         let mut stats = vec![[f32::NEG_INFINITY, 0.0]; heads * l];
+        // A few rows' weights are computed head by head right after the head, while its keys
+        // are still in the caches.
+        let rows = match &self.opt.weights {
+            WeightsRequest::Rows(rows) if rows.len() <= BLOCK_Q => Some(&rows[..]),
+            _ => None,
+        };
         if l == 0 {
-            return (out, lse, stats);
+            let row_weights = rows.map(|_| Vec::new());
+            return Forward {
+                out,
+                lse,
+                stats,
+                row_weights,
+            };
         }
-        out.par_chunks_mut(l * dv)
+        let per_head: Vec<Vec<f32>> = out
+            .par_chunks_mut(l * dv)
             .zip(lse.par_chunks_mut(l))
             .zip(stats.par_chunks_mut(l))
             .enumerate()
-            .for_each(|(bh, ((out, lse), stats))| {
+            .map(|(bh, ((out, lse), stats))| {
                 let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
-                if let Some(head) = self.pack_head_amx(b, h) {
-                    out.par_chunks_mut(BLOCK_Q * dv)
-                        .zip(lse.par_chunks_mut(BLOCK_Q))
-                        .zip(stats.par_chunks_mut(BLOCK_Q))
-                        .enumerate()
-                        .for_each(|(qb, ((out, lse), stats))| {
-                            let dst = BlockOut { out, lse, stats };
-                            with_amx_scratch(|s| {
-                                self.forward_block_amx((b, h, qb * BLOCK_Q), &head, dst, s)
-                            });
-                        });
-                    return;
-                }
-                let head = self.pack_head(b, sh.kv_head(h));
-                out.par_chunks_mut(BLOCK_Q * dv)
+                let blocks = out
+                    .par_chunks_mut(BLOCK_Q * dv)
                     .zip(lse.par_chunks_mut(BLOCK_Q))
                     .zip(stats.par_chunks_mut(BLOCK_Q))
-                    .enumerate()
-                    .for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
+                    .enumerate();
+                let keys = if let Some(head) = self.pack_head_amx(b, h) {
+                    blocks.for_each(|(qb, ((out, lse), stats))| {
+                        let dst = BlockOut { out, lse, stats };
+                        with_amx_scratch(|s| {
+                            self.forward_block_amx((b, h, qb * BLOCK_Q), &head, dst, s)
+                        });
+                    });
+                    rows.map(|_| self.pack_keys(b, sh.kv_head(h)))
+                } else {
+                    let head = self.pack_head(b, sh.kv_head(h));
+                    blocks.for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
                         let dst = BlockOut { out, lse, stats };
                         self.forward_block((b, h, qb * BLOCK_Q), &head, dst, s);
                     });
-            });
-        (out, lse, stats)
+                    rows.map(|_| head.k)
+                };
+                let (Some(rows), Some(keys)) = (rows, keys) else {
+                    return Vec::new();
+                };
+                let mut data = vec![0.0f32; rows.len() * sh.seq_kv];
+                let s = &mut Scratch::default();
+                self.weight_rows((b, h), &keys, rows, stats, &mut data, None, s);
+                data
+            })
+            .collect();
+        let row_weights = rows.map(|_| per_head.concat());
+        Forward {
+            out,
+            lse,
+            stats,
+            row_weights,
+        }
     }
 
     /// One step of the online softmax for query `i` of head `(b, h)` over keys `j0..`: the raw
