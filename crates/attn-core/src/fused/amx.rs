@@ -279,8 +279,8 @@ impl<'a> Plan<'a> {
         let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
         let mut m = [f32::NEG_INFINITY; GROUP];
         let mut sum = [0.0f32; GROUP];
-        // `S = Q·Kᵀ` for column block `c` (32 keys) of the key block `(j0, keys)` into `tile`.
-        let score_cols = |c: usize, (j0, _): (usize, usize), tile: &mut [f32]| {
+        // `S = Q·Kᵀ` for column block `c` (32 keys) of the key block from `j0` into `tile`.
+        let score_cols = |c: usize, j0: usize, tile: &mut [f32]| {
             let tile = &mut tile[c * BLOCK..rows * AMX_BLOCK_KV];
             group.scores(tiles, j0 + c * BLOCK, tile);
         };
@@ -292,7 +292,7 @@ impl<'a> Plan<'a> {
         let first_block = lo / BLOCK * BLOCK;
         let mut j0 = first_block;
         for c in 0..block_at(j0).1.div_ceil(BLOCK) {
-            score_cols(c, block_at(j0), cur);
+            score_cols(c, j0, cur);
         }
         while j0 < hi {
             let keys = block_at(j0).1;
@@ -315,7 +315,7 @@ impl<'a> Plan<'a> {
             for r in 0..n {
                 // The next block's column blocks, one every `n / calls` rows.
                 if issued < calls && r * calls >= issued * n {
-                    score_cols(issued, following, next);
+                    score_cols(issued, following.0, next);
                     issued += 1;
                 }
                 let row = &mut cur[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
@@ -337,7 +337,7 @@ impl<'a> Plan<'a> {
                 }
             }
             for c in issued..calls {
-                score_cols(c, following, next);
+                score_cols(c, following.0, next);
             }
             let accumulate = j0 != first_block;
             group.add_pv(tiles, &weights, (j0, keys), (acc, dv_pad), accumulate);
@@ -649,11 +649,7 @@ fn pack_f32_head(
         let mut kt = vec![0.0f32; d * KEYS];
         for (jb, block) in k.chunks(KEYS * d).enumerate() {
             let keys = block.len() / d;
-            for (j, row) in block.chunks_exact(d).enumerate() {
-                for (p, &x) in row.iter().enumerate() {
-                    kt[p * keys + j] = x;
-                }
-            }
+            super::transpose_blocks(block, d, &mut kt[..d * keys], |x| x);
             let dst = &mut k_b_all[jb * KEYS / 16 * ldg..];
             // SAFETY: `Isa::Amx` (the only caller's ISA) has what `bf16x` needs.
             unsafe { bf16x::pack_b::<PARTS>(&kt[..d * keys], (d, keys, keys), dst) };

@@ -49,6 +49,7 @@ use rayon::prelude::*;
 
 use crate::aligned::Aligned;
 use crate::mask::{diagonal_offset, key_range};
+use crate::shape::FiniteBits;
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, Weights, WeightsRequest,
     sdpa_reference,
@@ -385,8 +386,7 @@ impl Plan<'_> {
             v,
             v_finite: true,
         };
-        let all = head.values((0, s_n), dv);
-        head.v_finite = all.iter().fold(true, |all, x| all & x.is_finite());
+        head.v_finite = f32::all_finite(head.values((0, s_n), dv));
         head
     }
 
