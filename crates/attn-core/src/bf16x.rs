@@ -185,6 +185,96 @@ pub(crate) unsafe fn pack_b<const P: usize>(
     }
 }
 
+/// Transposes 16 rows of 16 dwords: lane `j` of row `p` of the result is lane `p` of row `j`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+    // Pairs, then quads of rows: within each 128-bit lane `L`, `u[4i + k]` holds column
+    // `4L + k` of rows `4i..4i + 4`.
+    let t: [__m512i; 16] = std::array::from_fn(|x| {
+        let (a, b) = (r[x / 2 * 2], r[x / 2 * 2 + 1]);
+        if x % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    let u: [__m512i; 16] = std::array::from_fn(|x| {
+        let (i, k) = (x / 4, x % 4);
+        let (a, b) = (t[4 * i + k / 2], t[4 * i + k / 2 + 2]);
+        if k % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    // Then a 4 × 4 transpose of the 128-bit lanes of `u[k]`, `u[4 + k]`, `u[8 + k]`, `u[12 + k]`.
+    let mut out = [_mm512_setzero_si512(); 16];
+    for k in 0..4 {
+        let (a, b, c, d) = (u[k], u[4 + k], u[8 + k], u[12 + k]);
+        let (ab_lo, ab_hi) = (
+            _mm512_shuffle_i32x4::<0x44>(a, b),
+            _mm512_shuffle_i32x4::<0xee>(a, b),
+        );
+        let (cd_lo, cd_hi) = (
+            _mm512_shuffle_i32x4::<0x44>(c, d),
+            _mm512_shuffle_i32x4::<0xee>(c, d),
+        );
+        out[k] = _mm512_shuffle_i32x4::<0x88>(ab_lo, cd_lo);
+        out[4 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_lo, cd_lo);
+        out[8 + k] = _mm512_shuffle_i32x4::<0x88>(ab_hi, cd_hi);
+        out[12 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_hi, cd_hi);
+    }
+    out
+}
+
+/// Writes the B layout (module docs) of `Xᵀ` `[k, n]`, for the row-major `X` `[n, k]` in `src`
+/// (rows `ld` apart), padded as [`pack_b`] pads it: what `pack_b` writes for the transposed
+/// matrix, in one pass. A tile row holds one depth pair of 16 columns, which is one dword of
+/// each of 16 rows of `X` in the A layout: each tile is a 16 × 16 dword transpose of 16 split
+/// rows.
+///
+/// # Safety
+/// As [`split`].
+///
+/// # Panics
+/// Unless the slices hold the rows.
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+pub(crate) unsafe fn pack_bt<const P: usize>(
+    src: &[f32],
+    (n, k, ld): (usize, usize, usize),
+    dst: &mut [u16],
+) {
+    let (k_pad, n_pad) = (k.next_multiple_of(TK), n.next_multiple_of(2 * 16));
+    assert!(k <= ld && dst.len() >= P * k_pad * n_pad);
+    assert!(n == 0 || src.len() >= (n - 1) * ld + k);
+    for g in 0..n_pad / 16 {
+        for c in 0..k_pad / TK {
+            let mut rows = [[_mm512_setzero_si512(); 16]; P];
+            for j in 0..16.min(n.saturating_sub(16 * g)) {
+                let row = src[(16 * g + j) * ld..].as_ptr();
+                // SAFETY: the lanes read lie inside the row (the mask stops at `k`; checked
+                // above); the CPU has what `split` needs (caller).
+                let half = |x: usize| unsafe {
+                    split::<P>(_mm512_maskz_loadu_ps(lanes(x, k), row.wrapping_add(x)))
+                };
+                let (lo, hi) = (half(TK * c), half(TK * c + 16));
+                for q in 0..P {
+                    rows[q][j] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo[q]), hi[q]);
+                }
+            }
+            for (q, rows) in rows.into_iter().enumerate() {
+                let at = b_at::<P>(16 * c, g, k_pad) + q * TILE;
+                for (p, row) in transpose_16x16(rows).into_iter().enumerate() {
+                    // SAFETY: tile row `p` of the tile at `at`, inside the `P·k̂·n̂` values of
+                    // `dst` (checked above).
+                    unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(at + TK * p).cast(), row) };
+                }
+            }
+        }
+    }
+}
+
 /// `C (+)= A·B` through the part products of `P` parts (module docs): `A` `[m, 32·chunks]` in
 /// the A layout (rows `lda` values apart, from the product's first depth chunk), `B`
 /// `[32·chunks, n]` in the B layout (16-column groups `ldg` values apart, from the product's
@@ -415,6 +505,23 @@ pub(crate) mod tests {
         }
     }
 
+    /// `pack_bt` writes exactly what `pack_b` writes for the transposed matrix, padding
+    /// included, on shapes with whole and partial column groups and depth chunks.
+    fn transposed_pack_matches<const P: usize>() {
+        for (n, k) in [(64, 64), (33, 45), (1, 7), (100, 128), (17, 80)] {
+            let x = values(n * k, 5);
+            let xt: Vec<f32> = (0..k * n).map(|i| x[i % n * k + i / n]).collect();
+            let len = P * k.next_multiple_of(TK) * n.next_multiple_of(32);
+            let (mut want, mut got) = (vec![u16::MAX; len], vec![0x5555; len]);
+            // SAFETY: what `Isa::Amx` needs is available (the callers check).
+            unsafe {
+                pack_b::<P>(&xt, (k, n, n), &mut want);
+                pack_bt::<P>(&x, (n, k, k), &mut got);
+            }
+            assert!(want == got, "{P} parts, X [{n}, {k}]");
+        }
+    }
+
     #[test]
     fn the_layouts_hold_every_value() {
         if !crate::fused::Isa::Amx.is_available() {
@@ -423,6 +530,8 @@ pub(crate) mod tests {
         }
         layouts_hold_every_value::<2>();
         layouts_hold_every_value::<3>();
+        transposed_pack_matches::<2>();
+        transposed_pack_matches::<3>();
     }
 
     /// `C (+)= A·B` through the packers and the tiles against f64 sums, within the bound of

@@ -268,8 +268,8 @@ impl<'a> Plan<'a> {
         // vector units run the current one's exponentials.
         let scores = scores.get(2 * GROUP * AMX_BLOCK_KV);
         let (mut cur, mut next) = scores.split_at_mut(GROUP * AMX_BLOCK_KV);
-        // Not zeroed: the first key block's product overwrites it (rescaling it before then
-        // changes nothing that stays), and a row with no key block has sum 0 and never reads it.
+        // Not zeroed: the first key block's product overwrites it (and it is not rescaled
+        // before then), and a row with no key block has sum 0 and never reads it.
         let acc = acc.get(rows * dv_pad);
         let range = |i| key_range(self.opt.causal, self.opt.window, self.offset, i, s_n);
         // Visible ranges only move right as `i` grows: the group sees the union of its rows'.
@@ -332,7 +332,8 @@ impl<'a> Plan<'a> {
                     p.set(row);
                     alpha
                 });
-                if let Some(alpha) = alpha {
+                // The first key block's product overwrites the accumulator: nothing to rescale.
+                if let Some(alpha) = alpha.filter(|_| j0 != first_block) {
                     self.isa.scale(&mut acc[r * dv_pad..][..dv], alpha);
                 }
             }
@@ -640,20 +641,8 @@ fn pack_f32_head(
             dv.next_multiple_of(BLOCK),
         );
         let [mut k_b, mut v_b] = HEAD_BUFFERS.take();
-        let k_b_all = k_b.get(PARTS * d_pad * s_pad);
-        // Kᵀ 64 keys at a time (16 KiB at head_dim 64, in the L1 cache): the B layout keeps 16
-        // columns (keys) per group, groups `ldg` apart, so a block of whole groups is a range
-        // of it.
-        let ldg = PARTS * d_pad / TK * TILE;
-        const KEYS: usize = 64;
-        let mut kt = vec![0.0f32; d * KEYS];
-        for (jb, block) in k.chunks(KEYS * d).enumerate() {
-            let keys = block.len() / d;
-            super::transpose_blocks(block, d, &mut kt[..d * keys], |x| x);
-            let dst = &mut k_b_all[jb * KEYS / 16 * ldg..];
-            // SAFETY: `Isa::Amx` (the only caller's ISA) has what `bf16x` needs.
-            unsafe { bf16x::pack_b::<PARTS>(&kt[..d * keys], (d, keys, keys), dst) };
-        }
+        // SAFETY: `Isa::Amx` (the only caller's ISA) has what `bf16x` needs.
+        unsafe { bf16x::pack_bt::<PARTS>(k, (s_n, d, d), k_b.get(PARTS * d_pad * s_pad)) };
         // SAFETY: as above.
         unsafe { bf16x::pack_b::<PARTS>(v, (s_n, dv, dv), v_b.get(PARTS * s_pad * dv_pad)) };
         Some((k_b, v_b))
@@ -1227,6 +1216,40 @@ mod tests {
         x[40 + 19] = 1.0;
         assert_eq!(max_norm(&x, 20), 13.0);
         assert_eq!(max_norm(&[], 20), 0.0);
+        // 37 rows: two blocks of 16 rows and 5 more, the longest row in each place.
+        for width in [20, 64] {
+            let rows = 37;
+            let x: Vec<f32> = (0..rows * width)
+                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+                .collect();
+            for longest in [0, 7, 15, 16, 31, 32, 36] {
+                let mut y = x.clone();
+                y[longest * width + width / 2] = 90.0;
+                let want = y
+                    .chunks_exact(width)
+                    .map(|row| {
+                        row.iter()
+                            .map(|&v| f64::from(v).powi(2))
+                            .sum::<f64>()
+                            .sqrt()
+                    })
+                    .fold(0.0, f64::max);
+                let got = f64::from(max_norm(&y, width));
+                assert!(
+                    (got - want).abs() <= 1e-6 * want,
+                    "width {width}, longest row {longest}: {got} for {want}"
+                );
+                // A NaN or ∞ anywhere, including rows no longer than the others.
+                for row in [longest, (longest + 9) % rows] {
+                    let at = row * width + width - 1;
+                    y[at] = f32::NAN;
+                    assert!(max_norm(&y, width).is_nan(), "NaN in row {row}");
+                    y[at] = f32::INFINITY;
+                    assert_eq!(max_norm(&y, width), f32::INFINITY, "∞ in row {row}");
+                    y[at] = x[at];
+                }
+            }
+        }
         // In the first row, the longest and the last: a later finite row must not hide it.
         for at in [0, 5, 25, 45] {
             let mut y = x.clone();
