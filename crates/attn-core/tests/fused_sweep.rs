@@ -286,14 +286,18 @@ const HEAD_DIMS: [usize; 5] = [8, 40, 64, 80, 128];
 /// `(n_heads, n_kv_heads)`: plain, grouped-query and multi-query.
 const HEADS: [(usize, usize); 3] = [(2, 2), (4, 2), (3, 1)];
 
-/// Runs every (shape, options) combination of the sweep for each instruction set; `seqs` picks
-/// which lengths, so the large ones can get a lighter option set. With `bf16`, the inputs are
-/// rounded to bf16 and the reference runs on them widened to f32.
-fn sweep(seqs: &[(usize, usize)], bf16_inputs: bool, options: impl Fn(usize) -> Vec<usize>) {
+/// Runs every (shape, options) combination of the sweep for each instruction set; `seqs` and
+/// `head_dims` pick which shapes, so the large ones can get a lighter option set. With `bf16`,
+/// the inputs are rounded to bf16 and the reference runs on them widened to f32.
+fn sweep(
+    (seqs, head_dims): (&[(usize, usize)], &[usize]),
+    bf16_inputs: bool,
+    options: impl Fn(usize) -> Vec<usize>,
+) {
     let mut rng = Rng(if bf16_inputs { 43 } else { 42 });
     let mut cases = 0;
     for (si, &(seq_q, seq_kv)) in seqs.iter().enumerate() {
-        for (di, &head_dim) in HEAD_DIMS.iter().enumerate() {
+        for (di, &head_dim) in head_dims.iter().enumerate() {
             let (n_heads, n_kv_heads) = HEADS[(si + di) % HEADS.len()];
             let shape = AttnShape {
                 batch: 1 + (si + di) % 2,
@@ -314,7 +318,7 @@ fn sweep(seqs: &[(usize, usize)], bf16_inputs: bool, options: impl Fn(usize) -> 
             }
             let input = AttnInput::new(&q, &k, &v, shape).unwrap();
             let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
-            for which in options(si * HEAD_DIMS.len() + di) {
+            for which in options(si * head_dims.len() + di) {
                 let (label, mut opts) = options_for(which, &shape, &mut rng);
                 opts.weights = weights_for((which + di) % 3, seq_q);
                 let want = sdpa_reference(&input, &opts).unwrap();
@@ -379,22 +383,37 @@ fn long_options(n: usize) -> Vec<usize> {
 
 #[test]
 fn sweep_small_shapes_every_option() {
-    sweep(&small_seqs(), false, |_| (0..OPTIONS).collect());
+    sweep((&small_seqs(), &HEAD_DIMS), false, |_| {
+        (0..OPTIONS).collect()
+    });
 }
 
 #[test]
 fn sweep_long_sequences() {
-    sweep(&long_seqs(), false, long_options);
+    sweep((&long_seqs(), &HEAD_DIMS), false, long_options);
 }
 
 #[test]
 fn bf16_sweep_small_shapes_every_option() {
-    sweep(&small_seqs(), true, |_| (0..OPTIONS).collect());
+    sweep((&small_seqs(), &HEAD_DIMS), true, |_| {
+        (0..OPTIONS).collect()
+    });
 }
 
 #[test]
 fn bf16_sweep_long_sequences() {
-    sweep(&long_seqs(), true, long_options);
+    sweep((&long_seqs(), &HEAD_DIMS), true, long_options);
+}
+
+/// Long key ranges: the AMX path reads the keys a chunk at a time (2048 keys of f32 at
+/// `head_dim` 64, 6144 of bf16) for a block of 256 query rows, carrying each row's running max
+/// and sum from chunk to chunk. Shapes past both, with the options whose visible keys span
+/// several chunks, start or end inside one, or take the general step.
+#[test]
+fn long_key_ranges_across_chunks() {
+    let options = |_| vec![0, 1, 2, 4, 6, 11];
+    sweep((&[(300, 4700)], &[64]), false, options);
+    sweep((&[(40, 6500)], &[64]), true, options);
 }
 
 #[test]

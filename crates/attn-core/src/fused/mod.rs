@@ -21,10 +21,11 @@
 //!
 //! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
 //!
-//! On [`Isa::Amx`], both GEMMs run on AMX tiles in 32-row groups (`amx.rs`): bf16 inputs with
-//! the weights rounded to bf16 for `P·V`, f32 inputs in three bf16 parts per value (f32
-//! accuracy); heads that cannot (values holding NaN or ∞, f32 heads with fewer than 32 query
-//! rows or scores past the tiles' bound) run the AVX-512 kernels.
+//! On [`Isa::Amx`], both GEMMs run on AMX tiles in 32-row groups of `AMX_BLOCK_Q`-row blocks,
+//! a key chunk at a time (`amx.rs`): bf16 inputs with the weights rounded to bf16 for `P·V`,
+//! f32 inputs in three bf16 parts per value (f32 accuracy); heads that cannot (values holding
+//! NaN or ∞, f32 heads with fewer than 32 query rows or scores past the tiles' bound) run the
+//! AVX-512 kernels.
 
 mod amx;
 mod input_bf16;
@@ -57,6 +58,9 @@ use crate::{
 
 /// Query rows per task.
 const BLOCK_Q: usize = 96;
+
+/// Query rows per task on the AMX path ([`amx`]): every key chunk is read once per block.
+const AMX_BLOCK_Q: usize = 256;
 /// Keys per score tile.
 const BLOCK_KV: usize = 128;
 /// Query rows from which values not on a cache line are copied onto one for `P·V`.
@@ -474,16 +478,18 @@ impl Plan<'_> {
             .enumerate()
             .map(|(bh, ((out, lse), stats))| {
                 let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
+                let amx = self.pack_head_amx(b, h);
+                let block = if amx.is_some() { AMX_BLOCK_Q } else { BLOCK_Q };
                 let blocks = out
-                    .par_chunks_mut(BLOCK_Q * dv)
-                    .zip(lse.par_chunks_mut(BLOCK_Q))
-                    .zip(stats.par_chunks_mut(BLOCK_Q))
+                    .par_chunks_mut(block * dv)
+                    .zip(lse.par_chunks_mut(block))
+                    .zip(stats.par_chunks_mut(block))
                     .enumerate();
-                let keys = if let Some(head) = self.pack_head_amx(b, h) {
+                let keys = if let Some(head) = amx {
                     blocks.for_each(|(qb, ((out, lse), stats))| {
                         let dst = BlockOut { out, lse, stats };
                         with_amx_scratch(|s| {
-                            self.forward_block_amx((b, h, qb * BLOCK_Q), &head, dst, s)
+                            self.forward_block_amx((b, h, qb * block), &head, dst, s)
                         });
                     });
                     rows.map(|_| self.pack_keys(b, sh.kv_head(h)))
