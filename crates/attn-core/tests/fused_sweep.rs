@@ -408,12 +408,13 @@ fn bf16_sweep_long_sequences() {
 /// Long key ranges: the AMX path reads the keys a chunk at a time (2048 keys of f32 at
 /// `head_dim` 64, 6144 of bf16) for a block of 256 query rows, carrying each row's running max
 /// and sum from chunk to chunk. Shapes past both, with the options whose visible keys span
-/// several chunks, start or end inside one, or take the general step.
+/// several chunks, start or end inside one, or take the general step; in the second shape of
+/// each, the bottom-right windows (option 4) cross a chunk's end inside a group of rows.
 #[test]
 fn long_key_ranges_across_chunks() {
     let options = |_| vec![0, 1, 2, 4, 6, 11];
-    sweep((&[(300, 4700)], &[64]), false, options);
-    sweep((&[(40, 6500)], &[64]), true, options);
+    sweep((&[(300, 4700), (300, 4300)], &[64]), false, options);
+    sweep((&[(40, 6500), (40, 6170)], &[64]), true, options);
 }
 
 #[test]

@@ -71,8 +71,9 @@ const GROUP: usize = BLOCK;
 
 /// Bytes of packed keys and values a query block reads in one pass over its groups (a key
 /// chunk): 1.5 MiB stays in a 2 MiB L2 cache next to a group's scores, so every group of the
-/// block reads the chunk from there. Measured at L = S = 8192, H2, d64 (1 thread): reading keys
-/// and values from a window of 2048 keys (1.5 MiB) instead of all of them took 14% less time.
+/// block reads the chunk from there. Measured at L = S = 8192, H2, d64: reading keys and values
+/// from a window of 2048 keys (1.5 MiB) instead of all of them took 12–14% less time (1 thread);
+/// these chunks, 8% (1 thread) and 12% (2 threads).
 const KV_CHUNK_BYTES: usize = 3 << 19;
 
 /// Query rows from which f32 heads take the tiles: splitting every key and value in three
@@ -137,7 +138,7 @@ pub(super) struct AmxScratch {
     p: Aligned<bf16>,
     /// Weights in the A layout of three parts, `[rows, 3·AMX_BLOCK_KV]`.
     p3: Aligned<u16>,
-    /// The unnormalised output, `[rows, value_dim]`.
+    /// The unnormalised output of a query block (every group's), `[rows, value_dim]`.
     acc: Aligned<f32>,
 }
 
@@ -164,7 +165,22 @@ pub(super) fn with_amx_scratch<R>(f: impl FnOnce(&mut AmxScratch) -> R) -> R {
     result
 }
 
+/// Query rows per task when a head's keys take more than one chunk: a block reads each chunk
+/// from memory once, so longer blocks read them less often (at L = S = 8192 as fast as 512).
+const CHUNKED_BLOCK_Q: usize = 256;
+
 impl AmxHead<'_> {
+    /// Query rows per task for this head (`head_dim`, `value_dim`, `seq_kv`):
+    /// [`CHUNKED_BLOCK_Q`] when its keys take more than one chunk, else `rows` (more, smaller
+    /// tasks balance the threads better).
+    pub(super) fn block_rows(&self, (d, dv, s_n): (usize, usize, usize), rows: usize) -> usize {
+        if s_n > chunk_keys(self.parts(), (d, dv)) {
+            CHUNKED_BLOCK_Q
+        } else {
+            rows
+        }
+    }
+
     /// bf16 parts per value.
     fn parts(&self) -> usize {
         match self {
@@ -264,15 +280,14 @@ impl<'a> Plan<'a> {
             for (g, state) in groups.iter_mut().enumerate() {
                 let acc = &mut acc[g * GROUP * dv_pad..][..GROUP * dv_pad];
                 let q = (q_head + state.r0) * d..(q_head + state.r0 + state.n) * d;
-                let group = GroupOperands::pack(head, q, (state.n, d), (&mut *q_bf16, &mut *q3));
-                let ctx = (&tiles, (&mut *scores, &mut *p, &mut *p3));
+                let buffers = (&mut *q_bf16, &mut *q3, &mut *scores, &mut *p, &mut *p3);
                 self.forward_group_amx(
                     (b, h, i0),
-                    &group,
+                    (head, q),
                     c0..(c0 + chunk).min(s_n),
                     state,
                     acc,
-                    ctx,
+                    (&tiles, buffers),
                 );
             }
         }
@@ -294,18 +309,19 @@ impl<'a> Plan<'a> {
     }
 
     /// The keys of `keys` for one group of query rows (`state`, rows `i0 + state.r0..` of head
-    /// `(b, h)`), carrying its running max and sum in `state` and its unnormalised output in
-    /// `acc` (`[32, value_dim]`, padded) from chunk to chunk.
+    /// `(b, h)`, their values at `q` in the call's queries), carrying its running max and sum in
+    /// `state` and its unnormalised output in `acc` (`[32, value_dim]`, padded) from chunk to
+    /// chunk. Packs the rows only when the group sees some of the keys.
     fn forward_group_amx(
         &self,
         (b, h, i0): (usize, usize, usize),
-        group: &GroupOperands<'_>,
+        (head, q): (&AmxHead<'_>, std::ops::Range<usize>),
         keys: std::ops::Range<usize>,
         state: &mut GroupState,
         acc: &mut [f32],
-        (tiles, (scores, p, p3)): (&Tiles, ScoreBuffers<'_>),
+        (tiles, (q_bf16, q3, scores, p, p3)): (&Tiles, GroupBuffers<'_>),
     ) {
-        let (n, dv) = (state.n, self.sh.value_dim);
+        let (n, d, dv) = (state.n, self.sh.head_dim, self.sh.value_dim);
         let i0 = i0 + state.r0;
         let dv_pad = dv.next_multiple_of(BLOCK);
         let range = |i| {
@@ -323,7 +339,8 @@ impl<'a> Plan<'a> {
         if lo >= hi {
             return;
         }
-        let mut weights = WeightsTile::new(group, n, (p, p3));
+        let group = GroupOperands::pack(head, q, (n, d), (q_bf16, q3));
+        let mut weights = WeightsTile::new(&group, n, (p, p3));
         // Two score tiles: the next key block's scores are computed on the tiles while the
         // vector units run the current one's exponentials.
         let scores = scores.get(2 * GROUP * AMX_BLOCK_KV);
@@ -403,8 +420,11 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// The scratch a group's pass reuses: score tiles, bf16 weights, weights in three parts.
-type ScoreBuffers<'s> = (
+/// The scratch a group's pass reuses ([`AmxScratch`]): its query rows (bf16, or f32 in three
+/// parts), score tiles, bf16 weights, weights in three parts.
+type GroupBuffers<'s> = (
+    &'s mut Aligned<bf16>,
+    &'s mut Aligned<u16>,
     &'s mut Aligned<f32>,
     &'s mut Aligned<bf16>,
     &'s mut Aligned<u16>,
@@ -1299,7 +1319,7 @@ mod tests {
         x[40 + 19] = 1.0;
         assert_eq!(max_norm(&x, 20), 13.0);
         assert_eq!(max_norm(&[], 20), 0.0);
-        // 37 rows: two blocks of 16 rows and 5 more, the longest row in each place.
+        // 37 rows, the longest in each place: first, last, and on either side of rows 16 and 32.
         for width in [20, 64] {
             let rows = 37;
             let x: Vec<f32> = (0..rows * width)

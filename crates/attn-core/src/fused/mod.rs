@@ -21,8 +21,8 @@
 //!
 //! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
 //!
-//! On [`Isa::Amx`], both GEMMs run on AMX tiles in 32-row groups of `AMX_BLOCK_Q`-row blocks,
-//! a key chunk at a time (`amx.rs`): bf16 inputs with the weights rounded to bf16 for `P·V`,
+//! On [`Isa::Amx`], both GEMMs run on AMX tiles in 32-row groups, a key chunk at a time for all
+//! the groups of a query block (`amx.rs`): bf16 inputs with the weights rounded to bf16 for `P·V`,
 //! f32 inputs in three bf16 parts per value (f32 accuracy); heads that cannot (values holding
 //! NaN or ∞, f32 heads with fewer than 32 query rows or scores past the tiles' bound) run the
 //! AVX-512 kernels.
@@ -58,9 +58,6 @@ use crate::{
 
 /// Query rows per task.
 const BLOCK_Q: usize = 96;
-
-/// Query rows per task on the AMX path ([`amx`]): every key chunk is read once per block.
-const AMX_BLOCK_Q: usize = 256;
 /// Keys per score tile.
 const BLOCK_KV: usize = 128;
 /// Query rows from which values not on a cache line are copied onto one for `P·V`.
@@ -479,7 +476,10 @@ impl Plan<'_> {
             .map(|(bh, ((out, lse), stats))| {
                 let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
                 let amx = self.pack_head_amx(b, h);
-                let block = if amx.is_some() { AMX_BLOCK_Q } else { BLOCK_Q };
+                let dims = (sh.head_dim, sh.value_dim, sh.seq_kv);
+                let block = amx
+                    .as_ref()
+                    .map_or(BLOCK_Q, |head| head.block_rows(dims, BLOCK_Q));
                 let blocks = out
                     .par_chunks_mut(block * dv)
                     .zip(lse.par_chunks_mut(block))
