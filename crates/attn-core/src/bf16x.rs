@@ -188,7 +188,7 @@ pub(crate) unsafe fn pack_b<const P: usize>(
 /// Transposes 16 rows of 16 dwords: lane `j` of row `p` of the result is lane `p` of row `j`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+pub(crate) fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
     // Pairs, then quads of rows: within each 128-bit lane `L`, `u[4i + k]` holds column
     // `4L + k` of rows `4i..4i + 4`.
     let t: [__m512i; 16] = std::array::from_fn(|x| {
