@@ -322,6 +322,13 @@ fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [f32], widen: im
     }
 }
 
+/// A block of the output, zeroed: its pages fault in on the thread that computes it.
+fn zeroed(block: &mut [std::mem::MaybeUninit<f32>]) -> &mut [f32] {
+    block.fill(std::mem::MaybeUninit::new(0.0));
+    // SAFETY: every value was just written, and `MaybeUninit<f32>` has the layout of `f32`.
+    unsafe { &mut *(block as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }
+}
+
 /// [`transpose_blocks`] for f32 values, 16 × 16 tiles at a time where the CPU has AVX-512.
 fn transpose_blocks_f32(src: &[f32], width: usize, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -497,7 +504,9 @@ impl Plan<'_> {
         let sh = self.sh;
         let heads = sh.batch * sh.n_heads;
         let (l, dv) = (sh.seq_q, sh.value_dim);
-        let mut out = crate::zeros_written(heads * l * dv);
+        // Zeroed block by block by the tasks that compute the blocks (`zeroed`), in parallel and
+        // just before they write it, rather than all at once by this thread beforehand.
+        let mut out: Vec<f32> = Vec::with_capacity(heads * l * dv);
         let mut lse = vec![f32::NEG_INFINITY; heads * l];
         let mut stats = vec![[f32::NEG_INFINITY, 0.0]; heads * l];
         // A few rows' weights are computed head by head right after the head, while its keys
@@ -508,6 +517,8 @@ impl Plan<'_> {
         };
         if l == 0 {
             let row_weights = rows.map(|_| Vec::new());
+            // SAFETY: no values (`l == 0`).
+            unsafe { out.set_len(0) };
             return Forward {
                 out,
                 lse,
@@ -515,7 +526,7 @@ impl Plan<'_> {
                 row_weights,
             };
         }
-        let per_head: Vec<Vec<f32>> = out
+        let per_head: Vec<Vec<f32>> = out.spare_capacity_mut()[..heads * l * dv]
             .par_chunks_mut(l * dv)
             .zip(lse.par_chunks_mut(l))
             .zip(stats.par_chunks_mut(l))
@@ -534,7 +545,11 @@ impl Plan<'_> {
                     .enumerate();
                 let keys = if let Some(head) = amx {
                     blocks.for_each(|(qb, ((out, lse), stats))| {
-                        let dst = BlockOut { out, lse, stats };
+                        let dst = BlockOut {
+                            out: zeroed(out),
+                            lse,
+                            stats,
+                        };
                         with_amx_scratch(|s| {
                             self.forward_block_amx((b, h, qb * block), &head, dst, s)
                         });
@@ -543,7 +558,11 @@ impl Plan<'_> {
                 } else {
                     let head = self.pack_head(b, sh.kv_head(h));
                     blocks.for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
-                        let dst = BlockOut { out, lse, stats };
+                        let dst = BlockOut {
+                            out: zeroed(out),
+                            lse,
+                            stats,
+                        };
                         self.forward_block((b, h, qb * BLOCK_Q), &head, dst, s);
                     });
                     rows.map(|_| head.k)
@@ -557,6 +576,8 @@ impl Plan<'_> {
                 data
             })
             .collect();
+        // SAFETY: the blocks cover all `heads·l·dv` values, and `zeroed` wrote each of them.
+        unsafe { out.set_len(heads * l * dv) };
         let row_weights = rows.map(|_| per_head.concat());
         Forward {
             out,
