@@ -292,14 +292,14 @@ impl<'a> Plan<'a> {
             }
         }
         let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
-        for (g, state) in groups.iter().enumerate() {
+        for state in &groups {
             for r in 0..state.n {
                 let (row, (m, sum)) = (state.r0 + r, (state.m[r], state.sum[r]));
                 if sum == 0.0 {
                     lse[row] = f32::NEG_INFINITY;
                 } else {
                     let out_row = &mut out[row * dv..][..dv];
-                    out_row.copy_from_slice(&acc[(g * GROUP + r) * dv_pad..][..dv]);
+                    out_row.copy_from_slice(&acc[row * dv_pad..][..dv]);
                     self.isa.scale(out_row, keep_scale / sum);
                     lse[row] = m + sum.ln();
                 }
