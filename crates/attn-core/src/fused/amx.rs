@@ -269,7 +269,6 @@ impl<'a> Plan<'a> {
             p3,
             acc,
         } = s;
-        let q_head = (b * self.sh.n_heads + h) * self.sh.seq_q + i0;
         let dv_pad = dv.next_multiple_of(BLOCK);
         let acc = acc.get(n.next_multiple_of(GROUP) * dv_pad);
         let mut groups: Vec<GroupState> = (0..n.div_ceil(GROUP))
@@ -277,13 +276,12 @@ impl<'a> Plan<'a> {
             .collect();
         let chunk = chunk_keys(head.parts(), (d, dv));
         for c0 in (0..s_n).step_by(chunk) {
-            for (g, state) in groups.iter_mut().enumerate() {
-                let acc = &mut acc[g * GROUP * dv_pad..][..GROUP * dv_pad];
-                let q = (q_head + state.r0) * d..(q_head + state.r0 + state.n) * d;
+            for state in &mut groups {
+                let acc = &mut acc[state.r0 * dv_pad..][..GROUP * dv_pad];
                 let buffers = (&mut *q_bf16, &mut *q3, &mut *scores, &mut *p, &mut *p3);
                 self.forward_group_amx(
                     (b, h, i0),
-                    (head, q),
+                    head,
                     c0..(c0 + chunk).min(s_n),
                     state,
                     acc,
@@ -309,13 +307,13 @@ impl<'a> Plan<'a> {
     }
 
     /// The keys of `keys` for one group of query rows (`state`, rows `i0 + state.r0..` of head
-    /// `(b, h)`, their values at `q` in the call's queries), carrying its running max and sum in
-    /// `state` and its unnormalised output in `acc` (`[32, value_dim]`, padded) from chunk to
-    /// chunk. Packs the rows only when the group sees some of the keys.
+    /// `(b, h)`), carrying its running max and sum in `state` and its unnormalised output in
+    /// `acc` (`[32, value_dim]`, padded) from chunk to chunk. Packs the rows only when the
+    /// group sees some of the keys.
     fn forward_group_amx(
         &self,
         (b, h, i0): (usize, usize, usize),
-        (head, q): (&AmxHead<'_>, std::ops::Range<usize>),
+        head: &AmxHead<'_>,
         keys: std::ops::Range<usize>,
         state: &mut GroupState,
         acc: &mut [f32],
@@ -339,7 +337,8 @@ impl<'a> Plan<'a> {
         if lo >= hi {
             return;
         }
-        let group = GroupOperands::pack(head, q, (n, d), (q_bf16, q3));
+        let q0 = (b * self.sh.n_heads + h) * self.sh.seq_q + i0;
+        let group = GroupOperands::pack(head, q0 * d..(q0 + n) * d, (n, d), (q_bf16, q3));
         let mut weights = WeightsTile::new(&group, n, (p, p3));
         // Two score tiles: the next key block's scores are computed on the tiles while the
         // vector units run the current one's exponentials.

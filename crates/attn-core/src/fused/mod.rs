@@ -517,8 +517,6 @@ impl Plan<'_> {
         };
         if l == 0 {
             let row_weights = rows.map(|_| Vec::new());
-            // SAFETY: no values (`l == 0`).
-            unsafe { out.set_len(0) };
             return Forward {
                 out,
                 lse,
