@@ -162,6 +162,45 @@ pub(crate) unsafe fn pack_b<const P: usize>(
     (k, n, ld): (usize, usize, usize),
     dst: &mut [u16],
 ) {
+    // SAFETY: as this function's.
+    unsafe { pack_b_paired::<P>(src, (k, n, ld), dst, |p| (2 * p, 2 * p + 1)) }
+}
+
+/// [`pack_b`] with each depth chunk's rows paired by halves: the tile row of depth pair `p`
+/// of chunk `c` holds rows `32c + p` and `32c + p + 16` where the B layout holds `32c + 2p`
+/// and `32c + 2p + 1`. Its product is that of an A whose chunks hold their values in the
+/// order `0, 16, 1, 17, …`: the fused kernel's f32 weights, stored that way because two
+/// vectors of parts interleave with a shift and a blend, where the plain order takes a slower
+/// conversion.
+///
+/// # Safety
+/// As [`split`].
+///
+/// # Panics
+/// Unless the slices hold the rows.
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+pub(crate) unsafe fn pack_b_halves<const P: usize>(
+    src: &[f32],
+    (k, n, ld): (usize, usize, usize),
+    dst: &mut [u16],
+) {
+    let rows = |p: usize| (p / 16 * TK + p % 16, p / 16 * TK + p % 16 + 16);
+    // SAFETY: as this function's.
+    unsafe { pack_b_paired::<P>(src, (k, n, ld), dst, rows) }
+}
+
+/// [`pack_b`] with the rows of depth pair `p` (global, `0..k̂/2`) taken from `rows(p)`, both
+/// in the pair's chunk.
+///
+/// # Safety
+/// As [`split`].
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+unsafe fn pack_b_paired<const P: usize>(
+    src: &[f32],
+    (k, n, ld): (usize, usize, usize),
+    dst: &mut [u16],
+    rows: impl Fn(usize) -> (usize, usize),
+) {
     let (k_pad, n_pad) = (k.next_multiple_of(TK), n.next_multiple_of(2 * 16));
     assert!(n <= ld && dst.len() >= P * k_pad * n_pad);
     assert!(k == 0 || src.len() >= (k - 1) * ld + n);
@@ -178,7 +217,8 @@ pub(crate) unsafe fn pack_b<const P: usize>(
             // SAFETY: the stores are tile rows inside the `P·k̂·n̂` values of `dst` (checked
             // above).
             unsafe {
-                let (r0, r1) = (load(2 * p, 16 * g), load(2 * p + 1, 16 * g));
+                let (r0, r1) = rows(p);
+                let (r0, r1) = (load(r0, 16 * g), load(r1, 16 * g));
                 store_b(dst, b_at::<P>(p, g, k_pad), split::<P>(r0), split::<P>(r1));
             }
         }
@@ -522,6 +562,30 @@ pub(crate) mod tests {
         }
     }
 
+    /// `pack_b_halves` writes exactly what `pack_b` writes for the matrix whose rows `2p`,
+    /// `2p + 1` of each 32-row chunk are its rows `p`, `p + 16`, padding included.
+    fn halves_pack_matches<const P: usize>() {
+        for (k, n) in [(64, 32), (45, 33), (7, 1), (80, 17)] {
+            let x = values(k * n, 9);
+            let k_pad = k.next_multiple_of(TK);
+            let paired: Vec<f32> = (0..k_pad * n)
+                .map(|i| {
+                    let (row, col) = (i / n, i % n);
+                    let from = row / TK * TK + row % TK / 2 + 16 * (row % 2);
+                    if from < k { x[from * n + col] } else { 0.0 }
+                })
+                .collect();
+            let len = P * k_pad * n.next_multiple_of(32);
+            let (mut want, mut got) = (vec![u16::MAX; len], vec![0x5555; len]);
+            // SAFETY: what `Isa::Amx` needs is available (the callers check).
+            unsafe {
+                pack_b::<P>(&paired, (k_pad, n, n), &mut want);
+                pack_b_halves::<P>(&x, (k, n, n), &mut got);
+            }
+            assert!(want == got, "{P} parts, X [{k}, {n}]");
+        }
+    }
+
     #[test]
     fn the_layouts_hold_every_value() {
         if !crate::fused::Isa::Amx.is_available() {
@@ -532,6 +596,7 @@ pub(crate) mod tests {
         layouts_hold_every_value::<3>();
         transposed_pack_matches::<2>();
         transposed_pack_matches::<3>();
+        halves_pack_matches::<3>();
     }
 
     /// `C (+)= A·B` through the packers and the tiles against f64 sums, within the bound of
