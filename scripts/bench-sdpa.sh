@@ -35,15 +35,17 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(
 isa_of() { sed -E 's/.*"isa": ?"([A-Za-z0-9]+)".*/\1/' <<<"$("$ours" bench sdpa --seq 64 --heads 1 --head-dim 64 --dtype "$1" --reps 1 --json)"; }
 echo "kernels: f32 on $(isa_of f32), bf16 on $(isa_of bf16)"
 printf '%-34s %10s %10s %8s %8s\n' "shape (threads=$THREADS, rounds=$ROUNDS)" "ours GF/s" "torch GF/s" "ratio" "target"
-# compare LABEL TARGET DTYPE SEQ HEADS [--causal] [--backward]
+# compare LABEL TARGET DTYPE SEQ HEADS REPS [--causal] [--backward]: REPS calls per sample on
+# each side, so that a sample takes 50-150 ms (at L=512 five calls take under 10 ms, and the
+# ratio then moved by 0.2 between runs).
 compare() {
-  local label=$1 target=$2 dtype=$3 seq=$4 heads=$5; shift 5
+  local label=$1 target=$2 dtype=$3 seq=$4 heads=$5 reps=$6; shift 6
   local ours_g=() torch_g=() r
   for ((r = 0; r < ROUNDS; r++)); do
     ours_g+=("$(field gflops "$("$ours" bench sdpa --seq "$seq" --heads "$heads" --head-dim 64 \
-      --dtype "$dtype" --threads "$THREADS" --reps 5 --json "$@")")")
+      --dtype "$dtype" --threads "$THREADS" --reps "$reps" --json "$@")")")
     torch_g+=("$(field gflops "$("$PYTHON" "$torch_py" --seq "$seq" --heads "$heads" --head-dim 64 \
-      --dtype "$dtype" --threads "$THREADS" --reps 5 "$@")")")
+      --dtype "$dtype" --threads "$THREADS" --reps "$reps" "$@")")")
   done
   local o t
   o=$(median "${ours_g[@]}")
@@ -51,15 +53,15 @@ compare() {
   printf '%-34s %10.1f %10.1f %7.2fx %7sx\n' "$label" "$o" "$t" "$(awk -v o="$o" -v t="$t" 'BEGIN {print o / t}')" "$target"
 }
 
-compare "f32 B1 H8 L=S=2048 d64"        2.0 f32 2048 8
-compare "f32 B1 H8 L=S=2048 d64 causal" 2.0 f32 2048 8 --causal
-compare "f32 B1 H8 L=S=512 d64"         1.8 f32 512 8
-compare "f32 B1 H2 L=S=8192 d64"        1.8 f32 8192 2
-compare "bf16 B1 H8 L=S=2048 d64"       3.0 bf16 2048 8
-compare "bf16 B1 H8 L=S=2048 d64 causal" 3.0 bf16 2048 8 --causal
-compare "f32 fwd+bwd B1 H8 L=S=2048 d64" 1.5 f32 2048 8 --backward
-compare "f32 fwd+bwd same, causal"       1.5 f32 2048 8 --backward --causal
-compare "f32 fwd+bwd B1 H8 L=S=512 d64"  1.5 f32 512 8 --backward
+compare "f32 B1 H8 L=S=2048 d64"         2.0 f32 2048 8 5
+compare "f32 B1 H8 L=S=2048 d64 causal"  2.0 f32 2048 8 8 --causal
+compare "f32 B1 H8 L=S=512 d64"          1.8 f32 512 8 50
+compare "f32 B1 H2 L=S=8192 d64"         1.8 f32 8192 2 2
+compare "bf16 B1 H8 L=S=2048 d64"        3.0 bf16 2048 8 10
+compare "bf16 B1 H8 L=S=2048 d64 causal" 3.0 bf16 2048 8 15 --causal
+compare "f32 fwd+bwd B1 H8 L=S=2048 d64" 1.5 f32 2048 8 3 --backward
+compare "f32 fwd+bwd same, causal"       1.5 f32 2048 8 4 --backward --causal
+compare "f32 fwd+bwd B1 H8 L=S=512 d64"  1.5 f32 512 8 20 --backward
 
 # cpu_ms CMD...: CPU milliseconds (user + sys) the command used.
 cpu_ms() {
