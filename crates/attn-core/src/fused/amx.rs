@@ -11,7 +11,8 @@
 //!
 //! For each query head, its key/value head is packed once for all its query blocks (a head of
 //! a grouped-query group packs it again), keys as the B operand of `S = Q·Kᵀ` and values as the
-//! B operand of `O += P·V` (VNNI pairs, [`PackedB`], or the B layout of [`crate::bf16x`]). Then,
+//! B operand of `O += P·V` (VNNI pairs, [`PackedB`], or the B layout of [`crate::bf16x`], in
+//! the halves order of the f32 weights, [`bf16x::pack_b_halves`]). Then,
 //! for each block of query rows, key chunk by key chunk (about 1.5 MiB of packed keys and values,
 //! which stay in the L2 cache while every group of 32 rows of the block reads them), and for each
 //! group and each block of keys in the chunk:
@@ -112,7 +113,8 @@ pub(super) enum AmxHead<'a> {
         q: &'a [f32],
         /// `Kᵀ` `[head_dim, seq_kv]` in the B layout.
         k: Aligned<u16>,
-        /// `V` `[seq_kv, value_dim]` in the B layout.
+        /// `V` `[seq_kv, value_dim]` in the B layout, its rows in the halves order of the
+        /// weights ([`bf16x::pack_b_halves`]).
         v: Aligned<u16>,
     },
 }
@@ -136,7 +138,8 @@ pub(super) struct AmxScratch {
     scores: Aligned<f32>,
     /// Weights rounded to bf16, `[rows, AMX_BLOCK_KV]`.
     p: Aligned<bf16>,
-    /// Weights in the A layout of three parts, `[rows, 3·AMX_BLOCK_KV]`.
+    /// Weights in the A layout of three parts, `[rows, 3·AMX_BLOCK_KV]`, each 32 keys in the
+    /// halves order of [`store_parts`].
     p3: Aligned<u16>,
     /// The unnormalised output of a query block (every group's), `[rows, value_dim]`.
     acc: Aligned<f32>,
@@ -583,7 +586,8 @@ impl<'g> GroupOperands<'g> {
 }
 
 /// A group's weights for `P·V`: bf16, `[32, AMX_BLOCK_KV]`, or three parts in the A layout,
-/// `[32, 3·AMX_BLOCK_KV]` (split exactly, see [`store_parts`]). Rows past the group's are zero.
+/// `[32, 3·AMX_BLOCK_KV]` (split exactly, each 32 keys in the halves order, see
+/// [`store_parts`]). Rows past the group's are zero.
 enum WeightsTile<'g> {
     Bf16(&'g mut [bf16]),
     #[cfg(target_arch = "x86_64")]
@@ -729,7 +733,8 @@ unsafe fn max_norm_avx512(x: &[f32], width: usize) -> f32 {
 }
 
 /// Keys `[seq_kv, head_dim]` and values `[seq_kv, value_dim]` of one head as `Kᵀ` and `V` in
-/// the B layout of three parts; `None` off x86-64 (where [`Isa::Amx`] never is).
+/// the B layout of three parts (`V`'s rows in the weights' halves order,
+/// [`bf16x::pack_b_halves`]); `None` off x86-64 (where [`Isa::Amx`] never is).
 fn pack_f32_head(
     k: &[f32],
     v: &[f32],
@@ -933,8 +938,8 @@ unsafe fn softmax_step_plain_avx512(
 
 /// The fused step for f32 inputs: over keys `a..b` of the block's raw scores `row` (a whole
 /// number of 32-key chunks), `P = e^(scale·s − m')` (`scale·s − m'` formed with one rounding,
-/// then [`exp2`] of degree 5), stored as three parts in the row's A layout `parts`
-/// ([`store_parts`]); the other keys' weights are 0. `None` (nothing changed) as for
+/// then [`exp2`] of degree 5), stored as three parts in the row's A layout `parts`, in the
+/// halves order of [`store_parts`]; the other keys' weights are 0. `None` (nothing changed) as for
 /// [`softmax_step_plain`].
 #[cfg(target_arch = "x86_64")]
 fn softmax_step_parts(
@@ -1023,8 +1028,8 @@ unsafe fn softmax_step_parts_avx512(
     )
 }
 
-/// `row` (f32 weights, a whole number of 32-key chunks) as three parts in its A layout `parts`
-/// ([`store_parts`]).
+/// `row` (f32 weights, a whole number of 32-key chunks) as three parts in its A layout `parts`,
+/// in the halves order of [`store_parts`].
 #[cfg(target_arch = "x86_64")]
 fn split_weights(row: &[f32], parts: &mut [u16]) {
     assert!(row.len().is_multiple_of(32) && parts.len() == PARTS * row.len());
@@ -1052,13 +1057,14 @@ unsafe fn split_weights_avx512(row: &[f32], parts: &mut [u16]) {
 }
 
 /// Stores 32 weights (`x0`: values 0..16, `x1`: 16..32) as three bf16 parts each at `dst`, one
-/// 32-value chunk of the A layout (part `q` at `32q`) in the order `0, 16, 1, 17, …`, which
-/// the values' layout matches ([`bf16x::pack_b_halves`]): a shift and a blend per part, where
-/// the plain order takes a conversion (`VCVTNE2PS2BF16`) per part, which made the whole
+/// 32-value chunk of the A layout (part `q` at `32q`) in the halves order `0, 16, 1, 17, …`,
+/// which the values' layout matches ([`bf16x::pack_b_halves`]): a shift and a blend per part,
+/// where the plain order takes a conversion (`VCVTNE2PS2BF16`) per part, which made the whole
 /// fused step 12% slower (10.4 against 9.2 ns per 32 keys, on one row in the L1 cache).
 ///
 /// The split is by truncation: part 0 is `x` with its low 16 bits cleared, part 1 the same of
-/// `x − part 0`, and part 2 `x − part 0 − part 1`, which has at most 8 significant bits. So the parts sum to `x` exactly (each subtraction is
+/// `x − part 0`, and part 2 `x − part 0 − part 1`, which has at most 8 significant bits (its
+/// low 16 bits are zero). So the parts sum to `x` exactly (each subtraction is
 /// exact), unlike the nearest-even split of [`crate::bf16x`]; parts 1 and 2 are below
 /// `2⁻⁷|x|` and `2⁻¹⁴|x|`, so the products `bf16x::gemm` drops (`p₁v₂ ≤ 2⁻²³`,
 /// `p₂v₁ ≤ 2⁻²²`) and the values' own split (`2⁻²⁴`) move `P·V` by at most 4.2e-7 of
@@ -1077,8 +1083,9 @@ unsafe fn store_parts(x0: std::arch::x86_64::__m512, x1: std::arch::x86_64::__m5
     let (r0, s0) = (_mm512_sub_ps(x0, p0), _mm512_sub_ps(x1, q0));
     let (p1, q1) = (truncate(r0), truncate(s0));
     let (p2, q2) = (_mm512_sub_ps(r0, p1), _mm512_sub_ps(s0, q1));
-    // Each part's low 16 bits are zero (part 0's are dropped here): lane `2i` takes the high
-    // half of `x0`'s lane `i`, lane `2i + 1` that of `x1`'s.
+    // Only the high halves are stored: those of `x` and `x − part 0` are parts 0 and 1, and
+    // part 2's low half is zero. Lane `2i` takes the high half of `x0`'s lane `i`, lane
+    // `2i + 1` that of `x1`'s.
     for (q, (lo, hi)) in [(x0, x1), (r0, s0), (p2, q2)].into_iter().enumerate() {
         let lo = _mm512_srli_epi32::<16>(_mm512_castps_si512(lo));
         let bits = _mm512_mask_mov_epi16(_mm512_castps_si512(hi), 0x5555_5555, lo);
