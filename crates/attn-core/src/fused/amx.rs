@@ -12,14 +12,18 @@
 //! For each query head, its key/value head is packed once for all its query blocks (a head of
 //! a grouped-query group packs it again), keys as the B operand of `S = Q·Kᵀ` and values as the
 //! B operand of `O += P·V` (VNNI pairs, [`PackedB`], or the B layout of [`crate::bf16x`], in
-//! the halves order of the f32 weights, [`bf16x::pack_b_halves`]). Then,
-//! for each block of query rows, key chunk by key chunk (about 1.5 MiB of packed keys and values,
-//! which stay in the L2 cache while every group of 32 rows of the block reads them), and for each
-//! group and each block of keys in the chunk:
+//! the halves order of the f32 weights, [`bf16x::pack_b_halves`]). Then, for each block of
+//! query rows, key chunk by key chunk (about 1.5 MiB of packed keys and values, which stay in
+//! the L2 cache while every group of 32 rows of the block reads them), and for each group and
+//! each block of keys in the chunk:
 //! 1. `S = Q·Kᵀ` on tiles, times the scale in f32. Products of bf16 values (bf16 inputs, or the
 //!    parts of f32 ones) are exact in f32 and the sums are f32 sums. The next key block's `S` is
 //!    computed a column block at a time between the rows of step 2, so the tiles work while
-//!    the vector units run the exponentials;
+//!    the vector units run the exponentials. For bf16 inputs that is worth 6% of a call
+//!    (computing each block's `S` just before its rows: 20.2 against 19.0 ms at L = 2048, 1
+//!    thread); for f32 ones, whose column blocks take six times the tile products, nothing
+//!    measurable (50.8 against 50.5 ms): there the products and the vector work do not
+//!    overlap;
 //! 2. every rule of the reference and the online-softmax step in f32: rows with no rule beyond
 //!    a positive scale, causal and window take a fused two-pass step over their visible keys
 //!    (`row_max` for all the group's rows, then `softmax_step_plain`, or `softmax_step_parts`
@@ -344,7 +348,8 @@ impl<'a> Plan<'a> {
         let group = GroupOperands::pack(head, q0 * d..(q0 + n) * d, (n, d), (q_bf16, q3));
         let mut weights = WeightsTile::new(&group, n, (p, p3));
         // Two score tiles: the next key block's scores are computed on the tiles while the
-        // vector units run the current one's exponentials.
+        // vector units run the current one's exponentials (module docs: bf16 inputs gain from
+        // it, f32 ones do not lose).
         let scores = scores.get(2 * GROUP * AMX_BLOCK_KV);
         let (mut cur, mut next) = scores.split_at_mut(GROUP * AMX_BLOCK_KV);
         // Without extra rules or dropout, each row's visible keys (a range, from the causal and
@@ -1071,9 +1076,9 @@ unsafe fn split_weights_avx512(row: &[f32], parts: &mut [u16]) {
 /// `Σ p·|v|`.
 ///
 /// # Safety
-/// AVX-512F, AVX512_BF16, AVX512BW and AVX512VL must be available; `dst` holds 96 values.
+/// AVX-512F and AVX512BW must be available; `dst` holds 96 values.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+#[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
 unsafe fn store_parts(x0: std::arch::x86_64::__m512, x1: std::arch::x86_64::__m512, dst: *mut u16) {
     use std::arch::x86_64::*;
