@@ -5,14 +5,14 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, bail};
+use attn_core::fused::{AttnInputBf16, Isa, bf16, set_global_threads};
+use attn_core::{AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
+
 /// How long the untimed calls before the timed ones run (at least one call). After the inputs
 /// are made on one thread, the first calls can run on one: on a virtual machine an idle vCPU
 /// took up to 4 calls of 6–12 ms to come back (measured at L=S=2048 bf16 causal).
 const WARM_UP: Duration = Duration::from_millis(250);
-
-use anyhow::{Context, bail};
-use attn_core::fused::{AttnInputBf16, Isa, bf16, set_global_threads};
-use attn_core::{AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dtype {
