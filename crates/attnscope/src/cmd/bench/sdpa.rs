@@ -42,6 +42,10 @@ pub struct Args {
     batch: usize,
     #[arg(long)]
     heads: usize,
+    /// Key/value heads, each shared by `heads / kv_heads` query heads (grouped-query attention;
+    /// default: as many as --heads).
+    #[arg(long)]
+    kv_heads: Option<usize>,
     #[arg(long)]
     head_dim: usize,
     /// Causal mask (bottom-right aligned when --seq-kv differs from --seq).
@@ -72,6 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for (flag, value) in [
         ("--seq", args.seq),
         ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads.unwrap_or(args.heads)),
         ("--head-dim", args.head_dim),
         ("--batch", args.batch),
     ] {
@@ -79,12 +84,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bail!("{flag} must be at least 1");
         }
     }
+    if let Some(kv) = args.kv_heads
+        && !args.heads.is_multiple_of(kv)
+    {
+        bail!(
+            "--heads ({}) must be a multiple of --kv-heads ({kv})",
+            args.heads
+        );
+    }
     if args.backward && args.dtype != Dtype::F32 {
         bail!("--backward needs --dtype f32");
     }
     set_global_threads(args.threads).context("--threads")?;
     let seq_kv = args.seq_kv.unwrap_or(args.seq);
-    let shape = AttnShape::new(args.batch, args.heads, args.seq, seq_kv, args.head_dim);
+    let shape = AttnShape {
+        n_kv_heads: args.kv_heads.unwrap_or(args.heads),
+        ..AttnShape::new(args.batch, args.heads, args.seq, seq_kv, args.head_dim)
+    };
     let options = AttnOptions {
         causal: args.causal.then_some(Causal::BottomRight),
         weights: match args.weights {
@@ -169,6 +185,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "seq": args.seq,
             "seq_kv": seq_kv,
             "heads": args.heads,
+            "kv_heads": shape.n_kv_heads,
             "head_dim": args.head_dim,
             "causal": args.causal,
             "backward": args.backward,
@@ -185,7 +202,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{report}");
     } else {
         println!(
-            "sdpa{} {:?} B{} H{} L{} S{} d{}{} weights={:?} threads={}: {:.3} ms (median of {}), \
+            "sdpa{} {:?} B{} H{}{} L{} S{} d{}{} weights={:?} threads={}: {:.3} ms (median of {}), \
              {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
             if args.backward {
                 " forward+backward"
@@ -195,6 +212,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.dtype,
             args.batch,
             args.heads,
+            if shape.n_kv_heads == args.heads {
+                String::new()
+            } else {
+                format!(" KV{}", shape.n_kv_heads)
+            },
             args.seq,
             seq_kv,
             args.head_dim,
@@ -261,7 +283,8 @@ mod tests {
             seq: 70,
             seq_kv: Some(33),
             batch: 2,
-            heads: 2,
+            heads: 4,
+            kv_heads: Some(2),
             head_dim: 40,
             causal: true,
             dtype: Dtype::F32,
@@ -306,6 +329,13 @@ mod tests {
         let err = |a: Args| format!("{:#}", run(a).unwrap_err());
         assert!(err(Args { reps: 0, ..args() }).contains("--reps"));
         assert!(err(Args { seq: 0, ..args() }).contains("--seq"));
+        for kv_heads in [0, 3] {
+            let msg = err(Args {
+                kv_heads: Some(kv_heads),
+                ..args()
+            });
+            assert!(msg.contains("--kv-heads"), "{msg}");
+        }
         assert!(
             err(Args {
                 threads: 0,
@@ -331,6 +361,7 @@ mod tests {
             seq_kv: None,
             batch: 1,
             heads: 1,
+            kv_heads: None,
             head_dim: 1,
             weights: WeightsArg::All,
             ..args()
