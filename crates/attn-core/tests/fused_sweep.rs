@@ -616,7 +616,9 @@ fn amx_takes_the_tiles_for_f32_heads_that_allow_them() {
     // On AMX, an f32 head multiplies on the tiles in three bf16 parts per value: its output
     // differs from the AVX-512 path's in the last bits only. A head whose scores could pass
     // the tiles' bound (32) and a call with fewer than 32 query rows take the AVX-512 path and
-    // match it bit for bit.
+    // match it bit for bit, also when the two heads share their keys and values (one
+    // key/value head, packed once for each path), with the weights of a few rows computed
+    // right after each head.
     if !Isa::Amx.is_available() {
         // Nothing but the AVX-512 and portable paths to check: the sweeps do.
         return;
@@ -628,15 +630,25 @@ fn amx_takes_the_tiles_for_f32_heads_that_allow_them() {
     };
     let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     let mut rng = Rng(34);
-    let opts = AttnOptions {
-        causal: Some(Causal::BottomRight),
-        weights: WeightsRequest::All,
-        ..AttnOptions::default()
-    };
-    for seq_q in [100, 31] {
-        let shape = AttnShape::new(1, 2, seq_q, 300, 64);
+    let rows = WeightsRequest::Rows(vec![0, 17, 30]);
+    for (seq_q, n_kv_heads, weights) in [
+        (100, 2, WeightsRequest::All),
+        (100, 1, WeightsRequest::All),
+        (100, 1, rows.clone()),
+        (31, 1, rows.clone()),
+    ] {
+        let opts = AttnOptions {
+            causal: Some(Causal::BottomRight),
+            weights,
+            ..AttnOptions::default()
+        };
+        let shape = AttnShape {
+            n_kv_heads,
+            ..AttnShape::new(1, 2, seq_q, 300, 64)
+        };
         let mut q = rng.vec(2 * seq_q * 64, 1.5);
-        let (k, v) = (rng.vec(2 * 300 * 64, 1.5), rng.vec(2 * 300 * 64, 1.0));
+        let kv_len = n_kv_heads * 300 * 64;
+        let (k, v) = (rng.vec(kv_len, 1.5), rng.vec(kv_len, 1.0));
         // Head 1's scores reach ~1e3: past the bound.
         for x in &mut q[seq_q * 64..] {
             *x *= 100.0;
@@ -645,7 +657,8 @@ fn amx_takes_the_tiles_for_f32_heads_that_allow_them() {
         let want = sdpa_reference(&input, &opts).unwrap();
         let amx = sdpa_with(Isa::Amx, &input, &opts).unwrap();
         let fma = sdpa_with(Isa::Avx512, &input, &opts).unwrap();
-        assert_same(&format!("f32 on AMX, seq_q {seq_q}"), &amx, &want, TOL);
+        let name = format!("f32 on AMX, {shape:?} {:?}", opts.weights);
+        assert_same(&name, &amx, &want, TOL);
         let head = seq_q * 64;
         let (amx0, fma0) = (&amx.out[..head], &fma.out[..head]);
         if seq_q >= 32 {

@@ -9,10 +9,10 @@
 //! enough for that to move a weight by more than 2e-5 take the FMA kernels
 //! ([`F32_SCORE_BOUND`]).
 //!
-//! For each query head, its key/value head is packed once for all its query blocks (a head of
-//! a grouped-query group packs it again), keys as the B operand of `S = Q·Kᵀ` and values as the
-//! B operand of `O += P·V` (VNNI pairs, [`PackedB`], or the B layout of [`crate::bf16x`], in
-//! the halves order of the f32 weights, [`bf16x::pack_b_halves`]). Then, for each block of
+//! Each key/value head is packed once for all the query blocks of its query heads, keys as the
+//! B operand of `S = Q·Kᵀ` and values as the B operand of `O += P·V` (VNNI pairs, [`PackedB`],
+//! or the B layout of [`crate::bf16x`], in the halves order of the f32 weights,
+//! [`bf16x::pack_b_halves`]). Then, for each block of
 //! query rows, key chunk by key chunk (about 1.5 MiB of packed keys and values, which stay in
 //! the L2 cache while every group of 32 rows of the block reads them), and for each group and
 //! each block of keys in the chunk:
@@ -52,6 +52,7 @@
 //! or with fewer than [`AMX_F32_MIN_ROWS`] query rows.
 
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 
 use half::bf16;
 
@@ -210,40 +211,61 @@ impl Drop for AmxHead<'_> {
 }
 
 impl<'a> Plan<'a> {
-    /// Packs the key/value head of query head `(b, h)` for the tiles, or `None` when it takes
-    /// another path: an ISA other than [`Isa::Amx`], values that are not all finite, or f32
-    /// inputs with fewer than [`AMX_F32_MIN_ROWS`] query rows, or whose scores or values are
-    /// not bounded by [`F32_SCORE_BOUND`] and [`F32_MAGNITUDE_BOUND`].
-    pub(super) fn pack_head_amx(&self, b: usize, h: usize) -> Option<AmxHead<'a>> {
+    /// Whether key/value head `(b, kvh)` can go on the tiles: `None` when it takes another
+    /// path (an ISA other than [`Isa::Amx`], values that are not all finite, f32 inputs with
+    /// fewer than [`AMX_F32_MIN_ROWS`] query rows, f32 values not bounded by
+    /// [`F32_MAGNITUDE_BOUND`], f32 keys holding NaN or ∞), else its keys' largest norm, which
+    /// [`Self::amx_takes`] checks each query head against (0 for bf16 inputs, which need no
+    /// bound).
+    pub(super) fn amx_key_norm(&self, b: usize, kvh: usize) -> Option<f32> {
         if self.isa != Isa::Amx {
             return None;
         }
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
-        let head = (b * self.sh.n_kv_heads + self.sh.kv_head(h)) * s_n;
+        let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         match self.src {
-            Src::Bf16 { q, k, v } => {
-                let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
-                if !bf16::all_finite(v) {
+            Src::Bf16 { v, .. } => bf16::all_finite(&v[head * dv..][..s_n * dv]).then_some(0.0),
+            Src::F32 { k, v, .. } => {
+                if self.sh.seq_q < AMX_F32_MIN_ROWS
+                    || !f32::all_below(&v[head * dv..][..s_n * dv], F32_MAGNITUDE_BOUND)
+                {
                     return None;
                 }
-                Some(AmxHead::Bf16 {
-                    q,
-                    k: PackedB::from_transposed(k, s_n, d),
-                    v: PackedB::from_rows(v, s_n, dv),
-                })
+                let norm = max_norm(&k[head * d..][..s_n * d], d);
+                norm.is_finite().then_some(norm)
             }
-            Src::F32 { q, k, v } => {
-                let l_n = self.sh.seq_q;
+        }
+    }
+
+    /// Whether query head `(b, h)` goes on the tiles, its key/value head having passed
+    /// [`Self::amx_key_norm`] with `key_norm`: for f32 inputs, its scores must be bounded by
+    /// [`F32_SCORE_BOUND`] and `‖q‖·‖k‖` by [`F32_MAGNITUDE_BOUND`].
+    pub(super) fn amx_takes(&self, b: usize, h: usize, key_norm: f32) -> bool {
+        match self.src {
+            Src::Bf16 { .. } => true,
+            Src::F32 { q, .. } => {
+                let (l_n, d) = (self.sh.seq_q, self.sh.head_dim);
                 let q_head = &q[(b * self.sh.n_heads + h) * l_n * d..][..l_n * d];
-                let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
-                if l_n < AMX_F32_MIN_ROWS || !f32::all_below(v, F32_MAGNITUDE_BOUND) {
-                    return None;
-                }
                 // NaN and ∞ give a NaN or ∞ norm, which fails both bounds.
-                let qk = max_norm(q_head, d) * max_norm(k, d);
-                if !(qk < F32_MAGNITUDE_BOUND && self.scale.abs() * qk <= F32_SCORE_BOUND) {
-                    return None;
-                }
+                let qk = max_norm(q_head, d) * key_norm;
+                qk < F32_MAGNITUDE_BOUND && self.scale.abs() * qk <= F32_SCORE_BOUND
+            }
+        }
+    }
+
+    /// Packs key/value head `(b, kvh)`, which [`Self::amx_key_norm`] accepted, for the tiles;
+    /// `None` where this build has no tiles.
+    pub(super) fn pack_head_amx(&self, b: usize, kvh: usize) -> Option<AmxHead<'a>> {
+        let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
+        let head = (b * self.sh.n_kv_heads + kvh) * s_n;
+        match self.src {
+            Src::Bf16 { q, k, v } => Some(AmxHead::Bf16 {
+                q,
+                k: PackedB::from_transposed(&k[head * d..][..s_n * d], s_n, d),
+                v: PackedB::from_rows(&v[head * dv..][..s_n * dv], s_n, dv),
+            }),
+            Src::F32 { q, k, v } => {
+                let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
                 let (k, v) = pack_f32_head(k, v, (s_n, d, dv))?;
                 Some(AmxHead::F32 { q, k, v })
             }
@@ -253,11 +275,12 @@ impl<'a> Plan<'a> {
     /// Query rows `i0..i0 + dst.lse.len()` of head `(b, h)` on the tiles, 32 rows at a time
     /// (so a group's scores and weights stay in the L1 cache), one key chunk
     /// ([`KV_CHUNK_BYTES`]) at a time for all the groups (so the chunk stays in the L2 cache).
+    /// Writes every value of `dst.out`.
     pub(super) fn forward_block_amx(
         &self,
         (b, h, i0): (usize, usize, usize),
         head: &AmxHead<'_>,
-        dst: BlockOut<'_>,
+        dst: BlockOut<'_, MaybeUninit<f32>>,
         s: &mut AmxScratch,
     ) {
         let BlockOut { out, lse, stats } = dst;
@@ -300,12 +323,15 @@ impl<'a> Plan<'a> {
         for state in &groups {
             for r in 0..state.n {
                 let (row, (m, sum)) = (state.r0 + r, (state.m[r], state.sum[r]));
+                let out_row = &mut out[row * dv..][..dv];
                 if sum == 0.0 {
+                    out_row.fill(MaybeUninit::new(0.0));
                     lse[row] = f32::NEG_INFINITY;
                 } else {
-                    let out_row = &mut out[row * dv..][..dv];
-                    out_row.copy_from_slice(&acc[row * dv_pad..][..dv]);
-                    self.isa.scale(out_row, keep_scale / sum);
+                    let factor = keep_scale / sum;
+                    for (o, &a) in out_row.iter_mut().zip(&acc[row * dv_pad..][..dv]) {
+                        o.write(a * factor);
+                    }
                     lse[row] = m + sum.ln();
                 }
                 stats[row] = [m, sum];

@@ -19,7 +19,9 @@
 //! afterwards from each row's saved max `m` and sum `l` (`lse = m + ln l`) as `e^(score − m)/l`,
 //! only for the rows asked.
 //!
-//! Work is split over `batch × n_heads × query blocks` on rayon's global pool.
+//! Work is split over `batch × n_kv_heads`, then each group's query heads × query blocks, on
+//! rayon's global pool: a key/value head is packed once for its whole group (grouped-query and
+//! multi-query attention).
 //!
 //! On [`Isa::Amx`], both GEMMs run on AMX tiles in 32-row groups, a key chunk at a time for all
 //! the groups of a query block (`amx.rs`): bf16 inputs with the weights rounded to bf16 for `P·V`,
@@ -39,12 +41,15 @@ use avx512 as avx512_or_portable;
 #[cfg(not(target_arch = "x86_64"))]
 use portable as avx512_or_portable;
 
-use amx::with_amx_scratch;
+use amx::{AmxHead, with_amx_scratch};
 pub use input_bf16::AttnInputBf16;
 pub use isa::{Isa, set_global_threads};
 
 /// The bf16 type of [`AttnInputBf16`] (from the `half` crate), for callers without that dependency.
 pub use half::bf16;
+
+use std::mem::MaybeUninit;
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
@@ -233,9 +238,11 @@ struct Scratch {
 }
 
 /// Where a query block's results go: `out` `[rows, value_dim]`, `lse` `[rows]`, and each row's
-/// final `[max, sum]` `[rows]`.
-struct BlockOut<'a> {
-    out: &'a mut [f32],
+/// final `[max, sum]` `[rows]`. `out` is zeroed (`f32`: the AVX-512 and portable kernels
+/// accumulate into it) or not yet written (`MaybeUninit<f32>`: the AMX path writes each value
+/// once, at the end).
+struct BlockOut<'a, T = f32> {
+    out: &'a mut [T],
     lse: &'a mut [f32],
     stats: &'a mut [[f32; 2]],
 }
@@ -265,6 +272,17 @@ fn accumulate_skipping_zeros(
             }
         }
     }
+}
+
+/// A key/value head as the query heads of its group find it: whether the tiles can take it
+/// ([`Plan::amx_key_norm`]), and its operands, packed by the first query head that needs them
+/// for the tiles (`amx`), for the vector kernels (`vector`), or for the weights of a few rows
+/// after the tiles (`keys`).
+struct KvHead<'a> {
+    key_norm: Option<f32>,
+    amx: OnceLock<Option<AmxHead<'a>>>,
+    vector: OnceLock<Head<'a>>,
+    keys: OnceLock<Keys>,
 }
 
 /// One key/value head, packed once for all the query blocks that read it.
@@ -376,7 +394,7 @@ unsafe fn transpose_blocks_avx512(src: &[f32], width: usize, dst: &mut [f32]) {
     }
 }
 
-impl Plan<'_> {
+impl<'a> Plan<'a> {
     /// Copies query rows `rows` of head `(b, h)` into `s.q`, as f32 times the scale:
     /// `(scale·q)·k` saves a pass over every score tile.
     fn pack_q(&self, b: usize, h: usize, rows: &[usize], s: &mut Scratch) {
@@ -412,7 +430,7 @@ impl Plan<'_> {
 
     /// Packs key/value head `(b, kvh)` for [`Self::scores`] and [`Head::values`]; bf16 inputs
     /// are widened to f32 here (exactly), once per head.
-    fn pack_head(&self, b: usize, kvh: usize) -> Head<'_> {
+    fn pack_head(&self, b: usize, kvh: usize) -> Head<'a> {
         let (s_n, dv) = (self.sh.seq_kv, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         let mut copied = Aligned::default();
@@ -504,8 +522,9 @@ impl Plan<'_> {
         let sh = self.sh;
         let heads = sh.batch * sh.n_heads;
         let (l, dv) = (sh.seq_q, sh.value_dim);
-        // Zeroed block by block by the tasks that compute the blocks (`zeroed`), in parallel and
-        // just before they write it, rather than all at once by this thread beforehand.
+        // Written block by block by the tasks that compute the blocks (the AMX path), or zeroed
+        // by them (`zeroed`) just before they accumulate into it, in parallel rather than all at
+        // once by this thread beforehand.
         let mut out: Vec<f32> = Vec::with_capacity(heads * l * dv);
         let mut lse = vec![f32::NEG_INFINITY; heads * l];
         let mut stats = vec![[f32::NEG_INFINITY, 0.0]; heads * l];
@@ -524,65 +543,95 @@ impl Plan<'_> {
                 row_weights,
             };
         }
-        let per_head: Vec<Vec<f32>> = out.spare_capacity_mut()[..heads * l * dv]
-            .par_chunks_mut(l * dv)
-            .zip(lse.par_chunks_mut(l))
-            .zip(stats.par_chunks_mut(l))
+        // One task per key/value head: the query heads of its group share what it packs (for
+        // the tiles, and for the vector kernels when some query head does not take the tiles).
+        let group = sh.group_size();
+        let per_group: Vec<Vec<Vec<f32>>> = out.spare_capacity_mut()[..heads * l * dv]
+            .par_chunks_mut(group * l * dv)
+            .zip(lse.par_chunks_mut(group * l))
+            .zip(stats.par_chunks_mut(group * l))
             .enumerate()
-            .map(|(bh, ((out, lse), stats))| {
-                let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
-                let amx = self.pack_head_amx(b, h);
-                let dims = (sh.head_dim, sh.value_dim, sh.seq_kv);
-                let block = amx
-                    .as_ref()
-                    .map_or(BLOCK_Q, |head| head.block_rows(dims, BLOCK_Q));
-                let blocks = out
-                    .par_chunks_mut(block * dv)
-                    .zip(lse.par_chunks_mut(block))
-                    .zip(stats.par_chunks_mut(block))
-                    .enumerate();
-                let keys = if let Some(head) = amx {
-                    blocks.for_each(|(qb, ((out, lse), stats))| {
-                        let dst = BlockOut {
-                            out: zeroed(out),
-                            lse,
-                            stats,
-                        };
-                        with_amx_scratch(|s| {
-                            self.forward_block_amx((b, h, qb * block), &head, dst, s)
-                        });
-                    });
-                    rows.map(|_| self.pack_keys(b, sh.kv_head(h)))
-                } else {
-                    let head = self.pack_head(b, sh.kv_head(h));
-                    blocks.for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
-                        let dst = BlockOut {
-                            out: zeroed(out),
-                            lse,
-                            stats,
-                        };
-                        self.forward_block((b, h, qb * BLOCK_Q), &head, dst, s);
-                    });
-                    rows.map(|_| head.k)
+            .map(|(bkv, ((out, lse), stats))| {
+                let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
+                let kv = KvHead {
+                    key_norm: self.amx_key_norm(b, kvh),
+                    amx: OnceLock::new(),
+                    vector: OnceLock::new(),
+                    keys: OnceLock::new(),
                 };
-                let (Some(rows), Some(keys)) = (rows, keys) else {
-                    return Vec::new();
-                };
-                let mut data = vec![0.0f32; rows.len() * sh.seq_kv];
-                let s = &mut Scratch::default();
-                self.weight_rows((b, h), &keys, rows, stats, &mut data, None, s);
-                data
+                out.par_chunks_mut(l * dv)
+                    .zip(lse.par_chunks_mut(l))
+                    .zip(stats.par_chunks_mut(l))
+                    .enumerate()
+                    .map(|(g, ((out, lse), stats))| {
+                        let dst = BlockOut { out, lse, stats };
+                        self.forward_head((b, kvh), kvh * group + g, &kv, dst, rows)
+                    })
+                    .collect()
             })
             .collect();
-        // SAFETY: the blocks cover all `heads·l·dv` values, and `zeroed` wrote each of them.
+        // SAFETY: the blocks cover all `heads·l·dv` values, and each block's task wrote each of
+        // its values (`forward_block_amx`, or `zeroed`).
         unsafe { out.set_len(heads * l * dv) };
-        let row_weights = rows.map(|_| per_head.concat());
+        let row_weights = rows.map(|_| per_group.concat().concat());
         Forward {
             out,
             lse,
             stats,
             row_weights,
         }
+    }
+
+    /// Query head `(b, h)` (its blocks in parallel) into `dst`, reading key/value head `kv`
+    /// (`kvh`): on the tiles when they take it, else on the vector kernels. Returns the weights
+    /// of `rows` (empty when none are asked for).
+    fn forward_head(
+        &self,
+        (b, kvh): (usize, usize),
+        h: usize,
+        kv: &KvHead<'a>,
+        dst: BlockOut<'_, MaybeUninit<f32>>,
+        rows: Option<&[usize]>,
+    ) -> Vec<f32> {
+        let sh = self.sh;
+        let dv = sh.value_dim;
+        let BlockOut { out, lse, stats } = dst;
+        let amx = kv
+            .key_norm
+            .filter(|&norm| self.amx_takes(b, h, norm))
+            .and_then(|_| kv.amx.get_or_init(|| self.pack_head_amx(b, kvh)).as_ref());
+        let dims = (sh.head_dim, dv, sh.seq_kv);
+        let block = amx.map_or(BLOCK_Q, |head| head.block_rows(dims, BLOCK_Q));
+        let blocks = out
+            .par_chunks_mut(block * dv)
+            .zip(lse.par_chunks_mut(block))
+            .zip(stats.par_chunks_mut(block))
+            .enumerate();
+        let keys = if let Some(head) = amx {
+            blocks.for_each(|(qb, ((out, lse), stats))| {
+                let dst = BlockOut { out, lse, stats };
+                with_amx_scratch(|s| self.forward_block_amx((b, h, qb * block), head, dst, s));
+            });
+            rows.map(|_| kv.keys.get_or_init(|| self.pack_keys(b, kvh)))
+        } else {
+            let head = kv.vector.get_or_init(|| self.pack_head(b, kvh));
+            blocks.for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
+                let dst = BlockOut {
+                    out: zeroed(out),
+                    lse,
+                    stats,
+                };
+                self.forward_block((b, h, qb * BLOCK_Q), head, dst, s);
+            });
+            rows.map(|_| &head.k)
+        };
+        let (Some(rows), Some(keys)) = (rows, keys) else {
+            return Vec::new();
+        };
+        let mut data = vec![0.0f32; rows.len() * sh.seq_kv];
+        let s = &mut Scratch::default();
+        self.weight_rows((b, h), keys, rows, stats, &mut data, None, s);
+        data
     }
 
     /// One step of the online softmax for query `i` of head `(b, h)` over keys `j0..`: the raw
