@@ -353,8 +353,9 @@ impl PackedB {
     fn zeros(k: usize, n: usize) -> PackedB {
         let k_chunks = k.div_ceil(TILE_K);
         let n_groups = n.div_ceil(BLOCK) * (BLOCK / TILE_N);
+        // A fresh buffer grows with zeros (`Aligned::get`).
         let mut data = Aligned::default();
-        data.get(n_groups * k_chunks * TILE_ELEMS).fill(bf16::ZERO);
+        data.get(n_groups * k_chunks * TILE_ELEMS);
         PackedB {
             k,
             n,
@@ -366,9 +367,21 @@ impl PackedB {
     /// The packed `[k, n]` matrix `b` (row-major, length checked by the caller).
     pub(crate) fn from_rows(b: &[bf16], k: usize, n: usize) -> PackedB {
         let mut packed = PackedB::zeros(k, n);
-        let group = packed.k_chunks * TILE_ELEMS;
-        if n == 0 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: AVX-512F and AVX512BW are available (checked just above).
+            unsafe { pack_rows_avx512(b, &mut packed) };
             return packed;
+        }
+        packed.fill_from_rows(b);
+        packed
+    }
+
+    /// What [`PackedB::from_rows`] writes, one value at a time (into zeros).
+    fn fill_from_rows(&mut self, b: &[bf16]) {
+        let (n, group) = (self.n, self.k_chunks * TILE_ELEMS);
+        if n == 0 {
+            return;
         }
         // Rows 2p and 2p + 1 interleave into row p of their column group's tiles (tile
         // (kc, ng) starts at ng·group + kc·512 and its row p' at 32p': together 32p from the
@@ -376,27 +389,38 @@ impl PackedB {
         for (p, pair) in b.chunks(2 * n).enumerate() {
             for (e, row) in pair.chunks_exact(n).enumerate() {
                 for (ng, cols) in row.chunks(TILE_N).enumerate() {
-                    let dst = &mut packed.data.all_mut()[ng * group + p * 2 * TILE_N + e..];
+                    let dst = &mut self.data.all_mut()[ng * group + p * 2 * TILE_N + e..];
                     for (j, &x) in cols.iter().enumerate() {
                         dst[2 * j] = x;
                     }
                 }
             }
         }
-        packed
     }
 
     /// The packed `[k, n]` matrix `btᵀ` (`bt` row-major `[n, k]`, length checked by the caller).
     pub(crate) fn from_transposed(bt: &[bf16], n: usize, k: usize) -> PackedB {
         let mut packed = PackedB::zeros(k, n);
-        let group = packed.k_chunks * TILE_ELEMS;
-        if k == 0 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: AVX-512F and AVX512BW are available (checked just above).
+            unsafe { pack_transposed_avx512(bt, &mut packed) };
             return packed;
         }
-        // Column nn of B is row nn of `bt`: its pairs go 32 values apart (see `from_rows`),
-        // each pair two adjacent values of the row.
+        packed.fill_from_transposed(bt);
+        packed
+    }
+
+    /// What [`PackedB::from_transposed`] writes, one pair at a time (into zeros).
+    fn fill_from_transposed(&mut self, bt: &[bf16]) {
+        let (k, group) = (self.k, self.k_chunks * TILE_ELEMS);
+        if k == 0 {
+            return;
+        }
+        // Column nn of B is row nn of `bt`: its pairs go 32 values apart (see
+        // `fill_from_rows`), each pair two adjacent values of the row.
         for (nn, col) in bt.chunks_exact(k).enumerate() {
-            let dst = &mut packed.data.all_mut()[(nn / TILE_N) * group + (nn % TILE_N) * 2..];
+            let dst = &mut self.data.all_mut()[(nn / TILE_N) * group + (nn % TILE_N) * 2..];
             let mut pairs = col.chunks_exact(2);
             for (row, pair) in dst.chunks_mut(2 * TILE_N).zip(&mut pairs) {
                 row[..2].copy_from_slice(pair);
@@ -405,7 +429,6 @@ impl PackedB {
                 dst[(k / 2) * 2 * TILE_N] = *last;
             }
         }
-        packed
     }
 
     /// The depth `k` of `B`.
@@ -423,6 +446,105 @@ impl PackedB {
         let (kc, p, e) = (kk / TILE_K, kk % TILE_K / 2, kk % 2);
         let (ng, j) = (nn / TILE_N, nn % TILE_N);
         self.data.all()[(ng * self.k_chunks + kc) * TILE_ELEMS + p * 2 * TILE_N + 2 * j + e]
+    }
+}
+
+/// The mask of the first `n` (at most 32) of 32 lanes.
+#[cfg(target_arch = "x86_64")]
+fn first_lanes(n: usize) -> u32 {
+    u32::MAX.checked_shr(32 - n.min(32) as u32).unwrap_or(0)
+}
+
+/// [`PackedB::from_rows`] a tile row at a time: rows `2p` and `2p + 1` of 32 columns, loaded
+/// whole (zeros past `k` and `n`), interleave into row `p` of the two 16-column tiles, so every
+/// value of `packed`, padding included, is written once.
+///
+/// # Safety
+/// AVX-512F and AVX512BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_rows_avx512(b: &[bf16], packed: &mut PackedB) {
+    use std::arch::x86_64::*;
+    let (k, n, k_chunks) = (packed.k, packed.n, packed.k_chunks);
+    assert_eq!(b.len(), k * n);
+    let dst = packed.data.all_mut();
+    // Lane `2j` takes value `j` of the even row, lane `2j + 1` value `j` of the odd one (its
+    // index is 32 further): columns 0..16 for `lo`, 16..32 for `hi`.
+    let lo: [u16; 32] = std::array::from_fn(|x| (x / 2 + 32 * (x % 2)) as u16);
+    let hi = lo.map(|i| i + 16);
+    // SAFETY: each array holds 32 u16, 512 bits.
+    let (lo, hi) = unsafe {
+        (
+            _mm512_loadu_si512(lo.as_ptr().cast()),
+            _mm512_loadu_si512(hi.as_ptr().cast()),
+        )
+    };
+    for c in 0..n.div_ceil(BLOCK) {
+        let cols = first_lanes(n - BLOCK * c);
+        // Row `r`'s 32 columns from `BLOCK·c` (zeros past `k`).
+        let row = |r: usize| {
+            if r < k {
+                // SAFETY: the lanes of `cols` lie inside row `r` of `b` (checked above).
+                unsafe { _mm512_maskz_loadu_epi16(cols, b.as_ptr().add(r * n + BLOCK * c).cast()) }
+            } else {
+                _mm512_setzero_si512()
+            }
+        };
+        for kc in 0..k_chunks {
+            for p in 0..TILE_ROWS {
+                let r = TILE_K * kc + 2 * p;
+                let (even, odd) = (row(r), row(r + 1));
+                let at = (2 * c * k_chunks + kc) * TILE_ELEMS + 2 * TILE_N * p;
+                let next_group = k_chunks * TILE_ELEMS;
+                // SAFETY: row `p` of tile `(kc, 2c)` and of tile `(kc, 2c + 1)` lie inside the
+                // padded matrix.
+                unsafe {
+                    let out = dst[at..][..next_group + 32].as_mut_ptr();
+                    _mm512_storeu_si512(out.cast(), _mm512_permutex2var_epi16(even, lo, odd));
+                    let out = out.add(next_group);
+                    _mm512_storeu_si512(out.cast(), _mm512_permutex2var_epi16(even, hi, odd));
+                }
+            }
+        }
+    }
+}
+
+/// [`PackedB::from_transposed`] a tile at a time: a tile's rows are depth pairs, and its 16
+/// columns 16 rows of `bt`, so the tile is the 16 × 16 dword transpose of 16 rows' 32 values
+/// (zeros past `n` and `k`), and every value of `packed`, padding included, is written once.
+///
+/// # Safety
+/// AVX-512F and AVX512BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_transposed_avx512(bt: &[bf16], packed: &mut PackedB) {
+    use std::arch::x86_64::*;
+    let (k, n, k_chunks) = (packed.k, packed.n, packed.k_chunks);
+    assert_eq!(bt.len(), n * k);
+    let dst = packed.data.all_mut();
+    for ng in 0..n.div_ceil(BLOCK) * (BLOCK / TILE_N) {
+        for kc in 0..k_chunks {
+            let depth = first_lanes(k - TILE_K * kc);
+            let rows: [__m512i; TILE_N] = std::array::from_fn(|j| {
+                let nn = TILE_N * ng + j;
+                if nn < n {
+                    // SAFETY: the lanes of `depth` lie inside row `nn` of `bt` (checked above).
+                    unsafe {
+                        _mm512_maskz_loadu_epi16(
+                            depth,
+                            bt.as_ptr().add(nn * k + TILE_K * kc).cast(),
+                        )
+                    }
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let tile = &mut dst[(ng * k_chunks + kc) * TILE_ELEMS..][..TILE_ELEMS];
+            for (p, row) in crate::bf16x::transpose_16x16(rows).into_iter().enumerate() {
+                // SAFETY: row `p` of the tile lies inside `tile`.
+                unsafe { _mm512_storeu_si512(tile.as_mut_ptr().add(2 * TILE_N * p).cast(), row) };
+            }
+        }
     }
 }
 
@@ -595,6 +717,32 @@ pub(crate) fn gemm_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 packers write, bit for bit, what the one-value-at-a-time ones write into
+    /// zeros, padding included: every size around a tile's 16 columns and 32-deep chunks (on
+    /// CPUs without AVX512BW both are the scalar packers).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_packers_match_the_scalar_ones() {
+        let bits = |p: &PackedB| p.data.all().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for k in [1, 2, 15, 31, 32, 33, 64, 65, 100] {
+            for n in [1, 15, 16, 17, 31, 32, 33, 80] {
+                // Distinct bit patterns, none zero, NaNs included: any misplaced value shows.
+                let b: Vec<bf16> = (1..=k * n).map(|i| bf16::from_bits(i as u16)).collect();
+                let mut want = PackedB::zeros(k, n);
+                want.fill_from_rows(&b);
+                assert_eq!(
+                    bits(&PackedB::from_rows(&b, k, n)),
+                    bits(&want),
+                    "rows {k}×{n}"
+                );
+                let mut want = PackedB::zeros(k, n);
+                want.fill_from_transposed(&b);
+                let got = PackedB::from_transposed(&b, n, k);
+                assert_eq!(bits(&got), bits(&want), "transposed {n}×{k}");
+            }
+        }
+    }
 
     /// The portable fallback (which AMX machines never take through `gemm_bf16`) against f64:
     /// products of bf16 values are exact, so the only error is f32 summation, at most
