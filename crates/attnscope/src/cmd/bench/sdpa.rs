@@ -1,6 +1,7 @@
-//! `attnscope bench sdpa`: times the fused attention kernel on random inputs and prints the
-//! median time and GFLOP/s (FLOPs = 4·batch·n_heads·seq_q·seq_kv·head_dim, halved when causal —
-//! the count `shared/bench/sdpa_torch.py` uses, times 3.5 with `--backward`), plus the process's
+//! `attnscope bench sdpa`: times the fused attention kernel on random inputs (made, and checked
+//! by `AttnInput::new` or `AttnInputBf16::new`, before the timed calls) and prints the median
+//! time and GFLOP/s (FLOPs = 4·batch·n_heads·seq_q·seq_kv·head_dim, halved when causal — the
+//! count `shared/bench/sdpa_torch.py` uses, times 3.5 with `--backward`), plus the process's
 //! peak memory. `--backward` times the forward pass plus [`attn_core::sdpa_backward`] (f32 only).
 
 use std::time::{Duration, Instant};
@@ -120,6 +121,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let q: Vec<f32> = (0..nq).map(|_| rng.normal()).collect();
     let k: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
     let v: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
+    // Both dtypes make (and check) their inputs once, before the calls that are timed.
+    let to_bf16 = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+    let (qb, kb, vb) = match args.dtype {
+        Dtype::Bf16 => (to_bf16(&q), to_bf16(&k), to_bf16(&v)),
+        Dtype::F32 => Default::default(),
+    };
     let mut call: Box<dyn FnMut() -> anyhow::Result<AttnOutput>> = match args.dtype {
         Dtype::F32 if args.backward => {
             let input = AttnInput::new(&q, &k, &v, shape)?;
@@ -138,12 +145,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Box::new(move || Ok(attn_core::sdpa(&input, &options)?))
         }
         Dtype::Bf16 => {
-            let to_bf16 = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
-            let (q, k, v) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
-            Box::new(move || {
-                let input = AttnInputBf16::new(&q, &k, &v, shape)?;
-                Ok(attn_core::sdpa_bf16(&input, &options)?)
-            })
+            let input = AttnInputBf16::new(&qb, &kb, &vb, shape)?;
+            Box::new(move || Ok(attn_core::sdpa_bf16(&input, &options)?))
         }
     };
     let warm_up = Instant::now();
