@@ -677,6 +677,43 @@ fn amx_takes_the_tiles_for_f32_heads_that_allow_them() {
 }
 
 #[test]
+fn many_rows_of_weights_take_a_pass_of_their_own() {
+    // Up to 96 rows' weights come with each head's forward pass; more take a pass of their own
+    // after it, a key/value head at a time for the query heads that share it. On every ISA,
+    // in any order and repeated, causal or not, f32 and bf16 inputs, they match the reference.
+    let shape = AttnShape {
+        n_kv_heads: 2,
+        ..AttnShape::new(2, 4, 200, 150, 40)
+    };
+    let mut rng = Rng(55);
+    let q = rng.vec(shape.q_dims().iter().product(), 1.5);
+    let k = rng.vec(shape.k_dims().iter().product(), 1.5);
+    let v = rng.vec(shape.v_dims().iter().product(), 1.0);
+    let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+    let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let widened = AttnInput::new(&qw, &kw, &vw, shape).unwrap();
+    let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+    let rows: Vec<usize> = (0..200).rev().step_by(2).chain([7, 7, 150]).collect();
+    assert!(rows.len() > 96);
+    for causal in [None, Some(Causal::BottomRight)] {
+        let opts = AttnOptions {
+            causal,
+            weights: WeightsRequest::Rows(rows.clone()),
+            ..AttnOptions::default()
+        };
+        let want = sdpa_reference(&input, &opts).unwrap();
+        let want_bf16 = sdpa_reference(&widened, &opts).unwrap();
+        for isa in isas() {
+            let name = format!("{} rows, {causal:?} on {isa:?}", rows.len());
+            assert_same(&name, &sdpa_with(isa, &input, &opts).unwrap(), &want, TOL);
+            let got = sdpa_bf16_with(isa, &input_bf16, &opts).unwrap();
+            assert_same_bf16(&name, &got, &want_bf16, bf16_out_tol(isa, &opts, &vw));
+        }
+    }
+}
+
+#[test]
 fn bad_input_is_rejected_like_the_reference() {
     let shape = AttnShape::new(2, 4, 5, 6, 8);
     let q = vec![0.1f32; 2 * 4 * 5 * 8];

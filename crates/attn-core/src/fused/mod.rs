@@ -738,7 +738,7 @@ impl<'a> Plan<'a> {
     fn weights(&self, stats: &[[f32; 2]]) -> Option<Weights> {
         let sh = self.sh;
         let (l, s_n) = (sh.seq_q, sh.seq_kv);
-        let heads = sh.batch * sh.n_heads;
+        let (heads, group) = (sh.batch * sh.n_heads, sh.group_size());
         // Chunk sizes must not be 0; with no keys or no queries every weights tensor is empty.
         let row_len = s_n.max(1);
         let block_rows = |qb: usize, dst: &[f32]| -> Vec<usize> {
@@ -748,34 +748,44 @@ impl<'a> Plan<'a> {
             WeightsRequest::None => None,
             WeightsRequest::All => {
                 let mut all = vec![0.0f32; heads * l * s_n];
-                all.par_chunks_mut((l * row_len).max(1))
+                // One task per key/value head, packed once for its group's query heads.
+                all.par_chunks_mut((group * l * row_len).max(1))
                     .enumerate()
-                    .for_each(|(bh, all)| {
-                        let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
-                        let k = self.pack_keys(b, sh.kv_head(h));
-                        let stats = &stats[bh * l..][..l];
-                        all.par_chunks_mut(BLOCK_Q * row_len)
-                            .enumerate()
-                            .for_each_init(Scratch::default, |s, (qb, dst)| {
-                                let rows = block_rows(qb, dst);
-                                self.weight_rows((b, h), &k, &rows, stats, dst, None, s);
-                            });
+                    .for_each(|(bkv, all)| {
+                        let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
+                        let k = self.pack_keys(b, kvh);
+                        let blocks = all.par_chunks_mut((l * row_len).max(1)).enumerate();
+                        blocks.for_each(|(g, all)| {
+                            let (h, bh) = (kvh * group + g, bkv * group + g);
+                            let stats = &stats[bh * l..][..l];
+                            all.par_chunks_mut(BLOCK_Q * row_len)
+                                .enumerate()
+                                .for_each_init(Scratch::default, |s, (qb, dst)| {
+                                    let rows = block_rows(qb, dst);
+                                    self.weight_rows((b, h), &k, &rows, stats, dst, None, s);
+                                });
+                        });
                     });
                 Some(Weights::All(all))
             }
             WeightsRequest::Rows(rows) => {
                 let mut data = vec![0.0f32; heads * rows.len() * s_n];
-                data.par_chunks_mut((rows.len() * row_len).max(1))
+                // One task per key/value head, packed once for its group's query heads.
+                data.par_chunks_mut((group * rows.len() * row_len).max(1))
                     .enumerate()
-                    .for_each(|(bh, data)| {
-                        let (b, h) = (bh / sh.n_heads, bh % sh.n_heads);
-                        let k = self.pack_keys(b, sh.kv_head(h));
-                        let stats = &stats[bh * l..][..l];
-                        data.par_chunks_mut(BLOCK_Q * row_len)
-                            .zip(rows.par_chunks(BLOCK_Q))
-                            .for_each_init(Scratch::default, |s, (dst, rows)| {
-                                self.weight_rows((b, h), &k, rows, stats, dst, None, s);
-                            });
+                    .for_each(|(bkv, data)| {
+                        let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
+                        let k = self.pack_keys(b, kvh);
+                        let heads = data.par_chunks_mut((rows.len() * row_len).max(1));
+                        heads.enumerate().for_each(|(g, data)| {
+                            let (h, bh) = (kvh * group + g, bkv * group + g);
+                            let stats = &stats[bh * l..][..l];
+                            data.par_chunks_mut(BLOCK_Q * row_len)
+                                .zip(rows.par_chunks(BLOCK_Q))
+                                .for_each_init(Scratch::default, |s, (dst, rows)| {
+                                    self.weight_rows((b, h), &k, rows, stats, dst, None, s);
+                                });
+                        });
                     });
                 Some(Weights::Rows {
                     rows: rows.clone(),
@@ -786,15 +796,17 @@ impl<'a> Plan<'a> {
                 let mut avg = vec![0.0f32; sh.batch * l * s_n];
                 let share = Some(1.0 / sh.n_heads as f32);
                 for (b, avg) in avg.chunks_mut((l * row_len).max(1)).enumerate() {
-                    for h in 0..sh.n_heads {
-                        let k = self.pack_keys(b, sh.kv_head(h));
-                        let stats = &stats[(b * sh.n_heads + h) * l..][..l];
-                        avg.par_chunks_mut(BLOCK_Q * row_len)
-                            .enumerate()
-                            .for_each_init(Scratch::default, |s, (qb, dst)| {
-                                let rows = block_rows(qb, dst);
-                                self.weight_rows((b, h), &k, &rows, stats, dst, share, s);
-                            });
+                    for kvh in 0..sh.n_kv_heads {
+                        let k = self.pack_keys(b, kvh);
+                        for h in kvh * group..(kvh + 1) * group {
+                            let stats = &stats[(b * sh.n_heads + h) * l..][..l];
+                            avg.par_chunks_mut(BLOCK_Q * row_len)
+                                .enumerate()
+                                .for_each_init(Scratch::default, |s, (qb, dst)| {
+                                    let rows = block_rows(qb, dst);
+                                    self.weight_rows((b, h), &k, &rows, stats, dst, share, s);
+                                });
+                        }
                     }
                 }
                 Some(Weights::HeadAverage(avg))
