@@ -3,7 +3,8 @@
 #
 # usage: scripts/bench-sdpa.sh            (after: cargo build --release -p attnscope)
 # env:   PYTHON   python with torch (default python3)
-#        ROUNDS   alternations per shape, ours then PyTorch (default 3)
+#        ROUNDS   alternations per shape, ours then PyTorch (default 3); the weights-row
+#                 check takes 2·ROUNDS + 1 pairs (7 by default)
 #        THREADS  threads for both sides (default 2)
 #
 # For each shape it runs `attnscope bench sdpa --json` and `shared/bench/sdpa_torch.py`

@@ -25,7 +25,8 @@ impl<T: Copy + Default> Aligned<T> {
     /// Elements of slack that always hold a 64-byte boundary.
     const SLACK: usize = 64 / size_of::<T>();
 
-    /// Makes room for `n` values and returns them.
+    /// Makes room for `n` values and returns them; on a fresh buffer they are all
+    /// `T::default()`.
     pub(crate) fn get(&mut self, n: usize) -> &mut [T] {
         if self.buf.len() < n + Self::SLACK {
             self.buf.resize(n + Self::SLACK, T::default());

@@ -368,7 +368,9 @@ impl PackedB {
     pub(crate) fn from_rows(b: &[bf16], k: usize, n: usize) -> PackedB {
         let mut packed = PackedB::zeros(k, n);
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512bw") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
             // SAFETY: AVX-512F and AVX512BW are available (checked just above).
             unsafe { pack_rows_avx512(b, &mut packed) };
             return packed;
@@ -402,7 +404,9 @@ impl PackedB {
     pub(crate) fn from_transposed(bt: &[bf16], n: usize, k: usize) -> PackedB {
         let mut packed = PackedB::zeros(k, n);
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512bw") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
             // SAFETY: AVX-512F and AVX512BW are available (checked just above).
             unsafe { pack_transposed_avx512(bt, &mut packed) };
             return packed;
@@ -456,8 +460,8 @@ fn first_lanes(n: usize) -> u32 {
 }
 
 /// [`PackedB::from_rows`] a tile row at a time: rows `2p` and `2p + 1` of 32 columns, loaded
-/// whole (zeros past `k` and `n`), interleave into row `p` of the two 16-column tiles, so every
-/// value of `packed`, padding included, is written once.
+/// whole (zeros past `k` and `n`), interleave into row `p` of the two 16-column tiles, so this
+/// stores every value of `packed`, padding included, once.
 ///
 /// # Safety
 /// AVX-512F and AVX512BW must be available.
@@ -511,7 +515,7 @@ unsafe fn pack_rows_avx512(b: &[bf16], packed: &mut PackedB) {
 
 /// [`PackedB::from_transposed`] a tile at a time: a tile's rows are depth pairs, and its 16
 /// columns 16 rows of `bt`, so the tile is the 16 × 16 dword transpose of 16 rows' 32 values
-/// (zeros past `n` and `k`), and every value of `packed`, padding included, is written once.
+/// (zeros past `n` and `k`), so this stores every value of `packed`, padding included, once.
 ///
 /// # Safety
 /// AVX-512F and AVX512BW must be available.

@@ -467,6 +467,9 @@ fn fully_masked_rows_give_zero_and_minus_infinity() {
         ..AttnOptions::default()
     };
     for isa in isas() {
+        // A row that sees nothing must get its zeros written, not find them: free a block of
+        // NaN of the output's size first, which the allocator hands back for the output.
+        drop(std::hint::black_box(vec![f32::NAN; 70 * 8]));
         let got = sdpa_with(isa, &input, &opts).unwrap();
         for i in 0..67 {
             assert_eq!(got.lse[i], f32::NEG_INFINITY, "row {i} on {isa:?}");
@@ -480,6 +483,35 @@ fn fully_masked_rows_give_zero_and_minus_infinity() {
         // Each visible row's weights sum to 1.
         for row in w[67 * 3..].chunks(3) {
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn no_query_heads_give_empty_outputs() {
+    // A shape with no query heads is valid (0 is a multiple of every key/value head count): every
+    // ISA returns what the reference returns, nothing, for every kind of weights.
+    let shape = AttnShape {
+        n_heads: 0,
+        n_kv_heads: 1,
+        ..AttnShape::new(2, 0, 40, 33, 16)
+    };
+    let kv = Rng(8).vec(shape.k_dims().iter().product(), 1.0);
+    let kv_bf16 = round(&kv);
+    let input = AttnInput::new(&[], &kv, &kv, shape).unwrap();
+    let input_bf16 = AttnInputBf16::new(&[], &kv_bf16, &kv_bf16, shape).unwrap();
+    for which in 0..3 {
+        let opts = AttnOptions {
+            weights: weights_for(which, shape.seq_q),
+            ..AttnOptions::default()
+        };
+        let want = sdpa_reference(&input, &opts).unwrap();
+        assert!(want.out.is_empty() && want.lse.is_empty());
+        for isa in isas() {
+            let name = format!("no heads, {:?} on {isa:?}", opts.weights);
+            assert_same(&name, &sdpa_with(isa, &input, &opts).unwrap(), &want, TOL);
+            let got = sdpa_bf16_with(isa, &input_bf16, &opts).unwrap();
+            assert_same(&name, &got, &want, TOL);
         }
     }
 }

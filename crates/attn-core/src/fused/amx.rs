@@ -214,9 +214,9 @@ impl<'a> Plan<'a> {
     /// Whether key/value head `(b, kvh)` can go on the tiles: `None` when it takes another
     /// path (an ISA other than [`Isa::Amx`], values that are not all finite, f32 inputs with
     /// fewer than [`AMX_F32_MIN_ROWS`] query rows, f32 values not bounded by
-    /// [`F32_MAGNITUDE_BOUND`], f32 keys holding NaN or ∞), else its keys' largest norm, which
-    /// [`Self::amx_takes`] checks each query head against (0 for bf16 inputs, which need no
-    /// bound).
+    /// [`F32_MAGNITUDE_BOUND`], f32 keys whose largest norm is not finite: NaN, ∞, or past
+    /// f32's range), else that norm, which [`Self::amx_takes`] checks each query head against
+    /// (0 for bf16 inputs, which need no bound).
     pub(super) fn amx_key_norm(&self, b: usize, kvh: usize) -> Option<f32> {
         if self.isa != Isa::Amx {
             return None;

@@ -13,7 +13,8 @@
 //!
 //! Extra memory: per task, its query rows and one score tile, `O(BLOCK_Q · (head_dim +
 //! BLOCK_KV))`; per key/value head in flight, its keys transposed for the GEMM (and bf16 values
-//! widened, or, on AMX, keys and values in bf16 parts), `O(seq_kv · (head_dim + value_dim))`.
+//! widened), or, on AMX, keys and values in bf16 parts (both when its query heads take
+//! different paths), `O(seq_kv · (head_dim + value_dim))`.
 //! On AMX each thread keeps its tile buffers (a few hundred KiB) and its last f32 head's parts
 //! (up to 2 MiB) for the next call. Weights, when asked for, are recomputed
 //! afterwards from each row's saved max `m` and sum `l` (`lse = m + ln l`) as `e^(score − m)/l`,
@@ -277,7 +278,8 @@ fn accumulate_skipping_zeros(
 /// A key/value head as the query heads of its group find it: whether the tiles can take it
 /// ([`Plan::amx_key_norm`]), and its operands, packed by the first query head that needs them
 /// for the tiles (`amx`), for the vector kernels (`vector`), or for the weights of a few rows
-/// after the tiles (`keys`).
+/// after the tiles (`keys`, unless `vector` holds them). The others wait for it, so what packs
+/// them must not run rayon work: a waiting thread could be the one to steal it.
 struct KvHead<'a> {
     key_norm: Option<f32>,
     amx: OnceLock<Option<AmxHead<'a>>>,
@@ -534,7 +536,8 @@ impl<'a> Plan<'a> {
             WeightsRequest::Rows(rows) if rows.len() <= BLOCK_Q => Some(&rows[..]),
             _ => None,
         };
-        if l == 0 {
+        // Nothing to compute (and no zero-sized chunks for the tasks below).
+        if l == 0 || heads == 0 {
             let row_weights = rows.map(|_| Vec::new());
             return Forward {
                 out,
@@ -573,7 +576,8 @@ impl<'a> Plan<'a> {
         // SAFETY: the blocks cover all `heads·l·dv` values, and each block's task wrote each of
         // its values (`forward_block_amx`, or `zeroed`).
         unsafe { out.set_len(heads * l * dv) };
-        let row_weights = rows.map(|_| per_group.concat().concat());
+        let row_weights =
+            rows.map(|_| per_group.into_iter().flatten().collect::<Vec<_>>().concat());
         Forward {
             out,
             lse,
@@ -612,7 +616,10 @@ impl<'a> Plan<'a> {
                 let dst = BlockOut { out, lse, stats };
                 with_amx_scratch(|s| self.forward_block_amx((b, h, qb * block), head, dst, s));
             });
-            rows.map(|_| kv.keys.get_or_init(|| self.pack_keys(b, kvh)))
+            rows.map(|_| match kv.vector.get() {
+                Some(vector) => &vector.k,
+                None => kv.keys.get_or_init(|| self.pack_keys(b, kvh)),
+            })
         } else {
             let head = kv.vector.get_or_init(|| self.pack_head(b, kvh));
             blocks.for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
