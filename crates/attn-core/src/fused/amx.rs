@@ -970,8 +970,8 @@ unsafe fn softmax_step_plain_avx512(
 /// The fused step for f32 inputs: over keys `a..b` of the block's raw scores `row` (a whole
 /// number of 32-key chunks), `P = e^(scale·s − m')` (`scale·s − m'` formed with one rounding,
 /// then [`exp2`] of degree 5), stored as three parts in the row's A layout `parts`, in the
-/// halves order of [`store_parts`]; the other keys' weights are 0. `None` (nothing changed) as for
-/// [`softmax_step_plain`].
+/// halves order of [`store_parts`]; the other keys' weights are 0. `None` (nothing changed) as
+/// for [`softmax_step_plain`].
 #[cfg(target_arch = "x86_64")]
 fn softmax_step_parts(
     row: &[f32],

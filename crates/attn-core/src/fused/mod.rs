@@ -568,7 +568,7 @@ impl<'a> Plan<'a> {
                     .enumerate()
                     .map(|(g, ((out, lse), stats))| {
                         let dst = BlockOut { out, lse, stats };
-                        self.forward_head((b, kvh), kvh * group + g, &kv, dst, rows)
+                        self.forward_head((b, kvh * group + g), &kv, dst, rows)
                     })
                     .collect()
             })
@@ -586,19 +586,18 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// Query head `(b, h)` (its blocks in parallel) into `dst`, reading key/value head `kv`
-    /// (`kvh`): on the tiles when they take it, else on the vector kernels. Returns the weights
-    /// of `rows` (empty when none are asked for).
+    /// Query head `(b, h)` (its blocks in parallel) into `dst`, reading its key/value head
+    /// `kv`: on the tiles when they take it, else on the vector kernels. Returns the weights of
+    /// `rows` (empty when none are asked for).
     fn forward_head(
         &self,
-        (b, kvh): (usize, usize),
-        h: usize,
+        (b, h): (usize, usize),
         kv: &KvHead<'a>,
         dst: BlockOut<'_, MaybeUninit<f32>>,
         rows: Option<&[usize]>,
     ) -> Vec<f32> {
         let sh = self.sh;
-        let dv = sh.value_dim;
+        let (kvh, dv) = (sh.kv_head(h), sh.value_dim);
         let BlockOut { out, lse, stats } = dst;
         let amx = kv
             .key_norm
@@ -755,45 +754,30 @@ impl<'a> Plan<'a> {
             WeightsRequest::None => None,
             WeightsRequest::All => {
                 let mut all = vec![0.0f32; heads * l * s_n];
-                // One task per key/value head, packed once for its group's query heads.
-                all.par_chunks_mut((group * l * row_len).max(1))
-                    .enumerate()
-                    .for_each(|(bkv, all)| {
-                        let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
-                        let k = self.pack_keys(b, kvh);
-                        let blocks = all.par_chunks_mut((l * row_len).max(1)).enumerate();
-                        blocks.for_each(|(g, all)| {
-                            let (h, bh) = (kvh * group + g, bkv * group + g);
-                            let stats = &stats[bh * l..][..l];
-                            all.par_chunks_mut(BLOCK_Q * row_len)
-                                .enumerate()
-                                .for_each_init(Scratch::default, |s, (qb, dst)| {
-                                    let rows = block_rows(qb, dst);
-                                    self.weight_rows((b, h), &k, &rows, stats, dst, None, s);
-                                });
+                self.for_each_head(&mut all, l * row_len, stats, |bh, k, stats, all| {
+                    all.par_chunks_mut(BLOCK_Q * row_len)
+                        .enumerate()
+                        .for_each_init(Scratch::default, |s, (qb, dst)| {
+                            let rows = block_rows(qb, dst);
+                            self.weight_rows(bh, k, &rows, stats, dst, None, s);
                         });
-                    });
+                });
                 Some(Weights::All(all))
             }
             WeightsRequest::Rows(rows) => {
                 let mut data = vec![0.0f32; heads * rows.len() * s_n];
-                // One task per key/value head, packed once for its group's query heads.
-                data.par_chunks_mut((group * rows.len() * row_len).max(1))
-                    .enumerate()
-                    .for_each(|(bkv, data)| {
-                        let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
-                        let k = self.pack_keys(b, kvh);
-                        let heads = data.par_chunks_mut((rows.len() * row_len).max(1));
-                        heads.enumerate().for_each(|(g, data)| {
-                            let (h, bh) = (kvh * group + g, bkv * group + g);
-                            let stats = &stats[bh * l..][..l];
-                            data.par_chunks_mut(BLOCK_Q * row_len)
-                                .zip(rows.par_chunks(BLOCK_Q))
-                                .for_each_init(Scratch::default, |s, (dst, rows)| {
-                                    self.weight_rows((b, h), &k, rows, stats, dst, None, s);
-                                });
-                        });
-                    });
+                self.for_each_head(
+                    &mut data,
+                    rows.len() * row_len,
+                    stats,
+                    |bh, k, stats, data| {
+                        data.par_chunks_mut(BLOCK_Q * row_len)
+                            .zip(rows.par_chunks(BLOCK_Q))
+                            .for_each_init(Scratch::default, |s, (dst, rows)| {
+                                self.weight_rows(bh, k, rows, stats, dst, None, s);
+                            });
+                    },
+                );
                 Some(Weights::Rows {
                     rows: rows.clone(),
                     data,
@@ -819,6 +803,32 @@ impl<'a> Plan<'a> {
                 Some(Weights::HeadAverage(avg))
             }
         }
+    }
+
+    /// Runs `f((b, h), keys, stats, dst)` for every query head in parallel: `dst` is its
+    /// `per_head` values of `data` (`[batch, n_heads, …]`), `stats` its rows' `[max, sum]`, and
+    /// `keys` its key/value head's, transposed once for all the query heads of the group.
+    fn for_each_head(
+        &self,
+        data: &mut [f32],
+        per_head: usize,
+        stats: &[[f32; 2]],
+        f: impl Fn((usize, usize), &Keys, &[[f32; 2]], &mut [f32]) + Sync,
+    ) {
+        let (sh, l) = (self.sh, self.sh.seq_q);
+        let group = sh.group_size();
+        // Chunk sizes must not be 0; an empty `data` has no head to run.
+        data.par_chunks_mut((group * per_head).max(1))
+            .enumerate()
+            .for_each(|(bkv, data)| {
+                let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
+                let k = self.pack_keys(b, kvh);
+                let heads = data.par_chunks_mut(per_head.max(1)).enumerate();
+                heads.for_each(|(g, dst)| {
+                    let stats = &stats[(bkv * group + g) * l..][..l];
+                    f((b, kvh * group + g), &k, stats, dst);
+                });
+            });
     }
 
     /// Weights `e^(score − max) / sum` of query rows `rows` of head `(b, h)` into `dst`

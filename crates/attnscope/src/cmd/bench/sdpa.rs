@@ -74,10 +74,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    let kv_heads = args.kv_heads.unwrap_or(args.heads);
     for (flag, value) in [
         ("--seq", args.seq),
         ("--heads", args.heads),
-        ("--kv-heads", args.kv_heads.unwrap_or(args.heads)),
+        ("--kv-heads", kv_heads),
         ("--head-dim", args.head_dim),
         ("--batch", args.batch),
     ] {
@@ -85,11 +86,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bail!("{flag} must be at least 1");
         }
     }
-    if let Some(kv) = args.kv_heads
-        && !args.heads.is_multiple_of(kv)
-    {
+    if !args.heads.is_multiple_of(kv_heads) {
         bail!(
-            "--heads ({}) must be a multiple of --kv-heads ({kv})",
+            "--heads ({}) must be a multiple of --kv-heads ({kv_heads})",
             args.heads
         );
     }
@@ -99,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     set_global_threads(args.threads).context("--threads")?;
     let seq_kv = args.seq_kv.unwrap_or(args.seq);
     let shape = AttnShape {
-        n_kv_heads: args.kv_heads.unwrap_or(args.heads),
+        n_kv_heads: kv_heads,
         ..AttnShape::new(args.batch, args.heads, args.seq, seq_kv, args.head_dim)
     };
     let options = AttnOptions {
