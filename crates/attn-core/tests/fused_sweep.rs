@@ -517,6 +517,64 @@ fn no_query_heads_give_empty_outputs() {
 }
 
 #[test]
+fn values_near_the_limit_of_f32_give_what_the_reference_gives() {
+    // The kernels sum `P·V` with unnormalised weights over every key and divide by their sum at
+    // the end: 1000 values of 1e37 sum past f32's limit where the reference's normalised sum
+    // stays finite. Such heads are scaled down first. Also a value at the bound (2^64), one near
+    // the largest bf16 and f32 (3e38), and tiny values beside huge ones; f32 and bf16 inputs,
+    // causal or not, every ISA.
+    let shape = AttnShape::new(1, 2, 70, 1000, 40);
+    let mut rng = Rng(11);
+    let q = rng.vec(shape.q_dims().iter().product(), 1.0);
+    let k = rng.vec(shape.k_dims().iter().product(), 1.0);
+    let unit = rng.vec(shape.v_dims().iter().product(), 1.0);
+    for top in [1e37, 2f32.powi(64), 3e38] {
+        // Every seventh value tiny, those of even columns positive (so that sums grow); the
+        // largest exactly `top`.
+        let mut v: Vec<f32> = (0..unit.len())
+            .map(|i| match (i % 7, i % 2) {
+                (3, _) => unit[i] * 1e-30,
+                (_, 0) => unit[i].abs() * top,
+                _ => unit[i] * top,
+            })
+            .collect();
+        v[5] = top;
+        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+        for causal in [None, Some(Causal::TopLeft)] {
+            let opts = AttnOptions {
+                causal,
+                ..AttnOptions::default()
+            };
+            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
+                let input = AttnInput::new(q, k, v, shape).unwrap();
+                let want = sdpa_reference(&input, &opts).unwrap();
+                assert!(
+                    want.out.iter().all(|x| x.is_finite()),
+                    "{top}: the reference"
+                );
+                // Compared in units of the largest value.
+                let unit_v: Vec<f32> = v.iter().map(|x| x / top).collect();
+                for isa in isas() {
+                    let name =
+                        format!("values up to {top:e}, {causal:?}, bf16 {bf16_inputs}, {isa:?}");
+                    let (got, tol) = if bf16_inputs {
+                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+                        let tol = bf16_out_tol(isa, &opts, &unit_v);
+                        (sdpa_bf16_with(isa, &input, &opts).unwrap(), tol)
+                    } else {
+                        (sdpa_with(isa, &input, &opts).unwrap(), TOL)
+                    };
+                    let in_units = |x: &[f32]| x.iter().map(|x| x / top).collect::<Vec<_>>();
+                    assert_close("out", &name, &in_units(&got.out), &in_units(&want.out), tol);
+                    assert_close("lse", &name, &got.lse, &want.lse, TOL);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn golden_cases_on_every_isa() {
     // The fast path's test (`golden_sdpa.rs`) runs the best kernels; here each ISA this CPU has,
     // so that the AVX-512 FMA kernels stay checked where f32 heads take the AMX tiles.

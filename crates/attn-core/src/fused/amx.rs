@@ -56,11 +56,10 @@ use std::mem::MaybeUninit;
 
 use half::bf16;
 
-use super::{BlockOut, Isa, Plan, Src};
+use super::{BlockOut, Isa, Plan, Src, ValueScale};
 use crate::aligned::Aligned;
 use crate::amx::{self, BLOCK, PackedB, Tiles};
 use crate::mask::key_range;
-use crate::shape::FiniteBits;
 
 #[cfg(target_arch = "x86_64")]
 use crate::bf16x::{self, TILE, TK};
@@ -98,8 +97,8 @@ const PARTS: usize = 3;
 /// rounding alone moves a weight by up to 5e-4) take the AVX-512 path.
 const F32_SCORE_BOUND: f32 = 32.0;
 
-/// The largest magnitude of f32 values and of `‖q‖·‖k‖` on the tiles: below it no part,
-/// product or sum can overflow.
+/// The largest `‖q‖·‖k‖` of f32 heads on the tiles, whose values are below `VALUE_BOUND`
+/// (`2^64`, scaled there): below it no part, product or sum can overflow.
 const F32_MAGNITUDE_BOUND: f32 = (1u128 << 100) as f32;
 
 /// One key/value head packed for the tiles, with the queries it is read against.
@@ -211,24 +210,22 @@ impl Drop for AmxHead<'_> {
 }
 
 impl<'a> Plan<'a> {
-    /// Whether key/value head `(b, kvh)` can go on the tiles: `None` when it takes another
-    /// path (an ISA other than [`Isa::Amx`], values that are not all finite, f32 inputs with
-    /// fewer than [`AMX_F32_MIN_ROWS`] query rows, f32 values not bounded by
-    /// [`F32_MAGNITUDE_BOUND`], f32 keys whose largest norm is not finite: NaN, ∞, or past
-    /// f32's range), else that norm, which [`Self::amx_takes`] checks each query head against
-    /// (0 for bf16 inputs, which need no bound).
-    pub(super) fn amx_key_norm(&self, b: usize, kvh: usize) -> Option<f32> {
-        if self.isa != Isa::Amx {
+    /// Whether key/value head `(b, kvh)`, its values' scale `values`, can go on the tiles:
+    /// `None` when it takes another path (an ISA other than [`Isa::Amx`], values that are not
+    /// all finite, f32 inputs with fewer than [`AMX_F32_MIN_ROWS`] query rows, f32 keys whose
+    /// largest norm is not finite: NaN, ∞, or past f32's range), else that norm, which
+    /// [`Self::amx_takes`] checks each query head against (0 for bf16 inputs, which need no
+    /// bound).
+    pub(super) fn amx_key_norm(&self, b: usize, kvh: usize, values: ValueScale) -> Option<f32> {
+        if self.isa != Isa::Amx || !values.finite {
             return None;
         }
-        let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
+        let (s_n, d) = (self.sh.seq_kv, self.sh.head_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         match self.src {
-            Src::Bf16 { v, .. } => bf16::all_finite(&v[head * dv..][..s_n * dv]).then_some(0.0),
-            Src::F32 { k, v, .. } => {
-                if self.sh.seq_q < AMX_F32_MIN_ROWS
-                    || !f32::all_below(&v[head * dv..][..s_n * dv], F32_MAGNITUDE_BOUND)
-                {
+            Src::Bf16 { .. } => Some(0.0),
+            Src::F32 { k, .. } => {
+                if self.sh.seq_q < AMX_F32_MIN_ROWS {
                     return None;
                 }
                 let norm = max_norm(&k[head * d..][..s_n * d], d);
@@ -253,19 +250,46 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// Packs key/value head `(b, kvh)`, which [`Self::amx_key_norm`] accepted, for the tiles;
-    /// `None` where this build has no tiles.
-    pub(super) fn pack_head_amx(&self, b: usize, kvh: usize) -> Option<AmxHead<'a>> {
+    /// Packs key/value head `(b, kvh)`, which [`Self::amx_key_norm`] accepted, for the tiles,
+    /// its values divided by `2^values.shift` (in a copy first, when they need it); `None`
+    /// where this build has no tiles.
+    pub(super) fn pack_head_amx(
+        &self,
+        b: usize,
+        kvh: usize,
+        values: ValueScale,
+    ) -> Option<AmxHead<'a>> {
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
+        let down = values.down();
         match self.src {
-            Src::Bf16 { q, k, v } => Some(AmxHead::Bf16 {
-                q,
-                k: PackedB::from_transposed(&k[head * d..][..s_n * d], s_n, d),
-                v: PackedB::from_rows(&v[head * dv..][..s_n * dv], s_n, dv),
-            }),
+            Src::Bf16 { q, k, v } => {
+                let v = &v[head * dv..][..s_n * dv];
+                let scaled: Vec<bf16>;
+                let v = if values.shift == 0 {
+                    v
+                } else {
+                    scaled = v
+                        .iter()
+                        .map(|x| bf16::from_f32(x.to_f32() * down))
+                        .collect();
+                    &scaled
+                };
+                Some(AmxHead::Bf16 {
+                    q,
+                    k: PackedB::from_transposed(&k[head * d..][..s_n * d], s_n, d),
+                    v: PackedB::from_rows(v, s_n, dv),
+                })
+            }
             Src::F32 { q, k, v } => {
                 let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
+                let scaled: Vec<f32>;
+                let v = if values.shift == 0 {
+                    v
+                } else {
+                    scaled = v.iter().map(|x| x * down).collect();
+                    &scaled
+                };
                 let (k, v) = pack_f32_head(k, v, (s_n, d, dv))?;
                 Some(AmxHead::F32 { q, k, v })
             }
@@ -275,11 +299,11 @@ impl<'a> Plan<'a> {
     /// Query rows `i0..i0 + dst.lse.len()` of head `(b, h)` on the tiles, 32 rows at a time
     /// (so a group's scores and weights stay in the L1 cache), one key chunk
     /// ([`KV_CHUNK_BYTES`]) at a time for all the groups (so the chunk stays in the L2 cache).
-    /// Writes every value of `dst.out`.
+    /// Writes every value of `dst.out`, multiplied by `up` (`2^shift` of the head's values).
     pub(super) fn forward_block_amx(
         &self,
         (b, h, i0): (usize, usize, usize),
-        head: &AmxHead<'_>,
+        (head, up): (&AmxHead<'_>, f32),
         dst: BlockOut<'_, MaybeUninit<f32>>,
         s: &mut AmxScratch,
     ) {
@@ -319,7 +343,8 @@ impl<'a> Plan<'a> {
                 );
             }
         }
-        let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
+        // `up` is exact: multiplying by it here rounds as the unscaled values would.
+        let factor = self.opt.dropout.map_or(1.0, |d| d.scale()) * up;
         for state in &groups {
             for r in 0..state.n {
                 let (row, (m, sum)) = (state.r0 + r, (state.m[r], state.sum[r]));
@@ -328,7 +353,7 @@ impl<'a> Plan<'a> {
                     out_row.fill(MaybeUninit::new(0.0));
                     lse[row] = f32::NEG_INFINITY;
                 } else {
-                    let factor = keep_scale / sum;
+                    let factor = factor / sum;
                     for (o, &a) in out_row.iter_mut().zip(&acc[row * dv_pad..][..dv]) {
                         o.write(a * factor);
                     }

@@ -68,6 +68,8 @@ const BLOCK_Q: usize = 96;
 const BLOCK_KV: usize = 128;
 /// Query rows from which values not on a cache line are copied onto one for `P·V`.
 const ALIGNED_V_MIN_ROWS: usize = 32;
+/// The magnitude from which a key/value head's values are scaled down ([`ValueScale`]).
+const VALUE_BOUND: f32 = (1u128 << 64) as f32;
 
 /// Scaled dot-product attention through the fused kernels of `isa`.
 ///
@@ -275,12 +277,66 @@ fn accumulate_skipping_zeros(
     }
 }
 
-/// A key/value head as the query heads of its group find it: whether the tiles can take it
-/// ([`Plan::amx_key_norm`]), and its operands, packed by the first query head that needs them
+/// How a key/value head's values reach the kernels. The kernels sum `P·V` with unnormalised
+/// weights (each at most 1) over every key and divide by the weights' sum at the end, so values
+/// near f32's limit would overflow there where the reference's normalised sum does not. Finite
+/// values from [`VALUE_BOUND`] on are divided by the power of two that brings them under it
+/// (exactly, but for values that become subnormal: an absolute error below `2^-85` of the
+/// largest), and the output is multiplied back.
+#[derive(Clone, Copy)]
+struct ValueScale {
+    /// Whether every value is finite (inputs may opt out of that check).
+    finite: bool,
+    /// The exponent of the power of two the values are divided by (0 when they are not).
+    shift: i32,
+}
+
+impl ValueScale {
+    /// The scale of the values `v`: one pass when they are all below `bound` (`VALUE_BOUND`).
+    fn of<T: FiniteBits + Into<f32>>(v: &[T], bound: T) -> ValueScale {
+        if T::all_below(v, bound) {
+            return ValueScale {
+                finite: true,
+                shift: 0,
+            };
+        }
+        let mut max = 0.0f32;
+        for &x in v {
+            let x: f32 = x.into();
+            if !x.is_finite() {
+                return ValueScale {
+                    finite: false,
+                    shift: 0,
+                };
+            }
+            max = max.max(x.abs());
+        }
+        // `max ≥ 2^64`, a normal number: with its exponent `e`, `max / 2^(e − 63) < 2^64`.
+        let exponent = (max.to_bits() >> 23) as i32 - 127;
+        ValueScale {
+            finite: true,
+            shift: exponent - 63,
+        }
+    }
+
+    /// `2^-shift`, what the kernels' values are.
+    fn down(self) -> f32 {
+        f32::from_bits(((127 - self.shift) as u32) << 23)
+    }
+
+    /// `2^shift`, what the output is multiplied by.
+    fn up(self) -> f32 {
+        f32::from_bits(((127 + self.shift) as u32) << 23)
+    }
+}
+
+/// A key/value head as the query heads of its group find it: its values' scale, whether the
+/// tiles can take it ([`Plan::amx_key_norm`]), and its operands, packed by the first query head that needs them
 /// for the tiles (`amx`), for the vector kernels (`vector`), or for the weights of a few rows
 /// after the tiles (`keys`, unless `vector` holds them). The others wait for it, so what packs
 /// them must not run rayon work: a waiting thread could be the one to steal it.
 struct KvHead<'a> {
+    values: ValueScale,
     key_norm: Option<f32>,
     amx: OnceLock<Option<AmxHead<'a>>>,
     vector: OnceLock<Head<'a>>,
@@ -290,10 +346,10 @@ struct KvHead<'a> {
 /// One key/value head, packed once for all the query blocks that read it.
 struct Head<'a> {
     k: Keys,
-    /// Values as f32, `[seq_kv, value_dim]`, starting on a cache line.
+    /// Values as f32 (divided by `2^scale.shift`), `[seq_kv, value_dim]`, starting on a cache
+    /// line.
     v: Values<'a>,
-    /// Whether every value is finite (inputs may opt out of that check).
-    v_finite: bool,
+    scale: ValueScale,
 }
 
 /// A head's values as the `B` of `P·V`: borrowed from f32 inputs that start on a cache line,
@@ -430,39 +486,53 @@ impl<'a> Plan<'a> {
         Keys(packed)
     }
 
-    /// Packs key/value head `(b, kvh)` for [`Self::scores`] and [`Head::values`]; bf16 inputs
-    /// are widened to f32 here (exactly), once per head.
-    fn pack_head(&self, b: usize, kvh: usize) -> Head<'a> {
+    /// The scale of key/value head `(b, kvh)`'s values.
+    fn value_scale(&self, b: usize, kvh: usize) -> ValueScale {
+        let (s_n, dv) = (self.sh.seq_kv, self.sh.value_dim);
+        let head = (b * self.sh.n_kv_heads + kvh) * s_n * dv..;
+        match self.src {
+            Src::F32 { v, .. } => ValueScale::of(&v[head][..s_n * dv], VALUE_BOUND),
+            Src::Bf16 { v, .. } => {
+                ValueScale::of(&v[head][..s_n * dv], bf16::from_f32(VALUE_BOUND))
+            }
+        }
+    }
+
+    /// Packs key/value head `(b, kvh)`, its values' scale `scale`, for [`Self::scores`] and
+    /// [`Head::values`]; bf16 inputs are widened to f32 here (exactly), once per head.
+    fn pack_head(&self, b: usize, kvh: usize, scale: ValueScale) -> Head<'a> {
         let (s_n, dv) = (self.sh.seq_kv, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         let mut copied = Aligned::default();
+        let down = scale.down();
         let v = match self.src {
             Src::F32 { v, .. } => {
                 let v = &v[head * dv..][..s_n * dv];
                 // A copy pays off only when many query rows read the values again: a decoding
                 // step's single row reads them once.
-                if v.as_ptr().align_offset(64) == 0 || self.sh.seq_q < ALIGNED_V_MIN_ROWS {
+                let aligned = v.as_ptr().align_offset(64) == 0;
+                if scale.shift == 0 && (aligned || self.sh.seq_q < ALIGNED_V_MIN_ROWS) {
                     Values::Borrowed(v)
                 } else {
-                    copied.get(s_n * dv).copy_from_slice(v);
+                    for (x, &y) in copied.get(s_n * dv).iter_mut().zip(v) {
+                        *x = y * down;
+                    }
                     Values::Copied(copied)
                 }
             }
             Src::Bf16 { v, .. } => {
                 let widened = copied.get(s_n * dv);
                 for (x, y) in widened.iter_mut().zip(&v[head * dv..][..s_n * dv]) {
-                    *x = y.to_f32();
+                    *x = y.to_f32() * down;
                 }
                 Values::Copied(copied)
             }
         };
-        let mut head = Head {
+        Head {
             k: self.pack_keys(b, kvh),
             v,
-            v_finite: true,
-        };
-        head.v_finite = f32::all_finite(head.values((0, s_n), dv));
-        head
+            scale,
+        }
     }
 
     /// Raw scores `(scale·q)·k` of the packed query rows against key block `jb` (`keys` keys)
@@ -556,8 +626,10 @@ impl<'a> Plan<'a> {
             .enumerate()
             .map(|(bkv, ((out, lse), stats))| {
                 let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
+                let values = self.value_scale(b, kvh);
                 let kv = KvHead {
-                    key_norm: self.amx_key_norm(b, kvh),
+                    values,
+                    key_norm: self.amx_key_norm(b, kvh, values),
                     amx: OnceLock::new(),
                     vector: OnceLock::new(),
                     keys: OnceLock::new(),
@@ -602,7 +674,10 @@ impl<'a> Plan<'a> {
         let amx = kv
             .key_norm
             .filter(|&norm| self.amx_takes(b, h, norm))
-            .and_then(|_| kv.amx.get_or_init(|| self.pack_head_amx(b, kvh)).as_ref());
+            .and_then(|_| {
+                let pack = || self.pack_head_amx(b, kvh, kv.values);
+                kv.amx.get_or_init(pack).as_ref()
+            });
         let dims = (sh.head_dim, dv, sh.seq_kv);
         let block = amx.map_or(BLOCK_Q, |head| head.block_rows(dims, BLOCK_Q));
         let blocks = out
@@ -613,14 +688,16 @@ impl<'a> Plan<'a> {
         let keys = if let Some(head) = amx {
             blocks.for_each(|(qb, ((out, lse), stats))| {
                 let dst = BlockOut { out, lse, stats };
-                with_amx_scratch(|s| self.forward_block_amx((b, h, qb * block), head, dst, s));
+                let rows = (b, h, qb * block);
+                let up = kv.values.up();
+                with_amx_scratch(|s| self.forward_block_amx(rows, (head, up), dst, s));
             });
             rows.map(|_| match kv.vector.get() {
                 Some(vector) => &vector.k,
                 None => kv.keys.get_or_init(|| self.pack_keys(b, kvh)),
             })
         } else {
-            let head = kv.vector.get_or_init(|| self.pack_head(b, kvh));
+            let head = kv.vector.get_or_init(|| self.pack_head(b, kvh, kv.values));
             blocks.for_each_init(Scratch::default, |s, (qb, ((out, lse), stats))| {
                 let dst = BlockOut {
                     out: zeroed(out),
@@ -720,20 +797,21 @@ impl<'a> Plan<'a> {
                 }
             }
             let v = head.values((j0, keys), dv);
-            if head.v_finite {
+            if head.scale.finite {
                 self.isa
                     .gemm_f32((n, dv, keys), tile, keys, v, dv, out, dv, true);
             } else {
                 accumulate_skipping_zeros(self.isa, (keys, dv), tile, v, out);
             }
         }
-        let keep_scale = self.opt.dropout.map_or(1.0, |d| d.scale());
+        // `2^shift` is exact: multiplying by it here rounds as the unscaled values would.
+        let factor = self.opt.dropout.map_or(1.0, |d| d.scale()) * head.scale.up();
         for (r, out_row) in out.chunks_exact_mut(dv).enumerate() {
             if sum[r] == 0.0 {
                 out_row.fill(0.0);
                 lse[r] = f32::NEG_INFINITY;
             } else {
-                self.isa.scale(out_row, keep_scale / sum[r]);
+                self.isa.scale(out_row, factor / sum[r]);
                 lse[r] = m[r] + sum[r].ln();
             }
             stats[r] = [m[r], sum[r]];
