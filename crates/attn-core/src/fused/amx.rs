@@ -25,10 +25,16 @@
 //!    measurable (50.8 against 50.5 ms): there the products and the vector work do not
 //!    overlap;
 //! 2. every rule of the reference and the online-softmax step in f32: rows with no rule beyond
-//!    a positive scale, causal and window take a fused two-pass step over their visible keys
+//!    a positive scale, causal and window take a fused step over their visible keys, the
+//!    others (and rows with a NaN or ±∞ score) the step shared with the other paths
+//!    (`Plan::softmax_step`). The fused step takes a row's first key block in two passes
 //!    (`row_max` for all the group's rows, then `softmax_step_plain`, or `softmax_step_parts`
-//!    for f32 inputs, for each: no row waits on its own max), the others (and rows with a NaN
-//!    or ±∞ score) the step shared with the other paths (`Plan::softmax_step`);
+//!    for f32 inputs, for each: no row waits on its own max), and its later blocks in one,
+//!    offset by the row's running max, which moves only when a block's scores pass it by more
+//!    than a headroom ([`lazy_step`]). Measured against two passes for every block, 4
+//!    alternating pairs: bf16 at L = 2048 7.3–7.9 against 7.6–8.0 ms (2 threads) and 15.0–15.7
+//!    against 15.8–16.4 (1 thread), bf16 causal 3.7–4.3 against 4.2–5.0, f32 21.6–24.4
+//!    against 22.7–24.3;
 //! 3. `P` rounded to bf16 (nearest even, `VCVTNE2PS2BF16`), or split in three parts for f32
 //!    inputs, and `acc += P·V` on tiles.
 //!
@@ -432,14 +438,17 @@ impl<'a> Plan<'a> {
             // The fused step's first pass for every row before its second pass for any: a
             // row's exponentials then never wait on its own max.
             let mut visible = [(0, 0); GROUP];
-            let mut raw_max = [f32::NAN; GROUP];
+            let mut raw_max = [None; GROUP];
             if plain {
                 for r in 0..n {
                     let (vis_lo, vis_hi) = range(i0 + r);
                     let a = vis_lo.clamp(j0, j0 + keys) - j0;
                     let b = (vis_hi.clamp(j0, j0 + keys) - j0).max(a);
                     visible[r] = (a, b);
-                    raw_max[r] = row_max(&cur[r * AMX_BLOCK_KV..][a..b]);
+                    // A row with a running max takes it as its offset ([`lazy_step`]).
+                    if m[r] == f32::NEG_INFINITY {
+                        raw_max[r] = Some(row_max(&cur[r * AMX_BLOCK_KV..][a..b]));
+                    }
                 }
             }
             for r in 0..n {
@@ -700,12 +709,13 @@ enum WeightsRow<'r> {
 
 impl WeightsRow<'_> {
     /// The fused step (`softmax_step_plain`) over keys `a..b` of the block's raw scores `row`
-    /// (`raw_max` their max), with weights 0 at the other keys.
+    /// (`raw_max` their max, when the row has no running max yet), with weights 0 at the
+    /// other keys.
     fn fused_step(
         &mut self,
         row: &[f32],
         (a, b): (usize, usize),
-        (raw_max, scale): (f32, f32),
+        (raw_max, scale): (Option<f32>, f32),
         state: (&mut f32, &mut f32),
     ) -> Option<Option<f32>> {
         match self {
@@ -872,14 +882,59 @@ fn tail_masks(tail: usize) -> (u16, u16) {
     )
 }
 
+/// The largest `scale·s − m` a block's scores may reach over their row's running max `m` and
+/// keep it ([`lazy_step`]): weights up to `e^5.5 ≈ 245` in the unnormalised sums, whose values
+/// are below `2^64` (`VALUE_BOUND`).
+const MAX_HEADROOM: f32 = 5.5;
+
+/// The end of a fused step with the exponentials `pass(m')`, which writes a block's weights
+/// `e^(scale·s − m')` and returns their sum and the raw scores' max: with the max of the raw
+/// scores (`raw_max`) taken first, the row's max moves to include it, as in
+/// `Plan::softmax_step`. Without it (`None`: the row has a running max `m`) the exponentials
+/// take `m` as their offset, in a single pass that finds the max too; only when the block's
+/// scores reach past `m` by more than [`MAX_HEADROOM`] does a second pass take the new max
+/// (FlashAttention-4's conditional rescaling). So the row's max stays behind its scores by at
+/// most that headroom, and the accumulator is rescaled only when it moves. `None` (nothing
+/// changed) when a score is NaN or ±∞: those rows take the general step.
+fn lazy_step(
+    raw_max: Option<f32>,
+    scale: f32,
+    state: (&mut f32, &mut f32),
+    mut pass: impl FnMut(f32) -> (f32, f32),
+) -> Option<Option<f32>> {
+    let m = *state.0;
+    let (m_new, block_sum) = match raw_max {
+        Some(raw) => {
+            if !raw.is_finite() {
+                return None;
+            }
+            // `scale > 0`: the max of the scaled scores is the scaled max, rounding included.
+            let m_new = m.max(scale * raw);
+            (m_new, pass(m_new).0)
+        }
+        None => {
+            let (block_sum, raw) = pass(m);
+            if !raw.is_finite() {
+                return None;
+            }
+            if scale * raw - m <= MAX_HEADROOM {
+                (m, block_sum)
+            } else {
+                let m_new = m.max(scale * raw);
+                (m_new, pass(m_new).0)
+            }
+        }
+    };
+    advance(state, m_new, block_sum)
+}
+
 /// The online-softmax step of `Plan::softmax_step` for a row with no rule beyond a positive
-/// scale, fused into two passes: the raw scores' max ([`row_max`], `raw_max` here), then
-/// `P = e^(scale·s − m')` with its sum, stored as bf16 in `p`. `None` (nothing changed) when
-/// a score is NaN or ±∞, or where the CPU lacks AVX512DQ (for `VREDUCEPS`): those rows take
-/// the general step.
+/// scale ([`lazy_step`], `raw_max` from [`row_max`]): `P = e^(scale·s − m')` with its sum,
+/// stored as bf16 in `p`. `None` (nothing changed) when a score is NaN or ±∞, or where the CPU
+/// lacks AVX512DQ (for `VREDUCEPS`): those rows take the general step.
 fn softmax_step_plain(
     row: &[f32],
-    raw_max: f32,
+    raw_max: Option<f32>,
     scale: f32,
     state: (&mut f32, &mut f32),
     p: &mut [bf16],
@@ -890,10 +945,12 @@ fn softmax_step_plain(
         if !std::arch::is_x86_feature_detected!("avx512dq") {
             return None;
         }
-        // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
-        // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
-        // (checked above).
-        unsafe { softmax_step_plain_avx512(row, raw_max, scale, state, p) }
+        lazy_step(raw_max, scale, state, |m| {
+            // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
+            // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths
+            // agree (checked above).
+            unsafe { exps_plain_avx512(row, scale, m, p) }
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -919,18 +976,16 @@ fn advance((m, sum): (&mut f32, &mut f32), m_new: f32, block_sum: f32) -> Option
     Some(Some(alpha))
 }
 
+/// The pass of [`softmax_step_plain`] with the offset `m`: `p = e^(scale·s − m)` as bf16;
+/// returns their sum and the max of `row`. A NaN may be lost by the max (`vmaxps`), not by
+/// the sum.
+///
 /// # Safety
 /// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available;
 /// `p.len() == row.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
-unsafe fn softmax_step_plain_avx512(
-    row: &[f32],
-    raw_max: f32,
-    scale: f32,
-    state: (&mut f32, &mut f32),
-    p: &mut [bf16],
-) -> Option<Option<f32>> {
+unsafe fn exps_plain_avx512(row: &[f32], scale: f32, m: f32, p: &mut [bf16]) -> (f32, f32) {
     use std::arch::x86_64::*;
     let n = row.len();
     // Whole 32-value chunks, then a masked tail of up to 32 in two 16-lane halves.
@@ -938,29 +993,24 @@ unsafe fn softmax_step_plain_avx512(
     let tail = n - whole;
     let (lo, hi) = tail_masks(tail);
     let (row, p) = (row.as_ptr(), p.as_mut_ptr());
-    // A NaN or ±∞ in the max takes the general step; a NaN lost by `vmaxps` shows in the
-    // sum below, before anything is changed.
-    if !raw_max.is_finite() {
-        return None;
-    }
-    // `scale > 0`: the max of the scaled scores is the scaled max, rounding included.
-    let m_new = state.0.max(scale * raw_max);
-    // e^(scale·s − m') = 2^t with t = s·(scale·log₂e) − m'·log₂e, one fused multiply-add.
+    // e^(scale·s − m) = 2^t with t = s·(scale·log₂e) − m·log₂e, one fused multiply-add.
     let log2e = std::f32::consts::LOG2_E;
-    let (c, mc) = (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m_new * log2e));
+    let (c, mc) = (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m * log2e));
     let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let (mut max0, mut max1) = (ninf, ninf);
     // SAFETY (both blocks): whole 32-value chunks lie inside `row` and `p`, the tail's lanes
     // are masked to what is left of them.
     for i in (0..whole).step_by(32) {
         unsafe {
-            let e0 = exp2(
-                _mm512_fmsub_ps(_mm512_loadu_ps(row.add(i)), c, mc),
-                EXP2_DEGREE_4,
+            let (s0, s1) = (
+                _mm512_loadu_ps(row.add(i)),
+                _mm512_loadu_ps(row.add(i + 16)),
             );
-            let e1 = exp2(
-                _mm512_fmsub_ps(_mm512_loadu_ps(row.add(i + 16)), c, mc),
-                EXP2_DEGREE_4,
-            );
+            max0 = _mm512_max_ps(max0, s0);
+            max1 = _mm512_max_ps(max1, s1);
+            let e0 = exp2(_mm512_fmsub_ps(s0, c, mc), EXP2_DEGREE_4);
+            let e1 = exp2(_mm512_fmsub_ps(s1, c, mc), EXP2_DEGREE_4);
             sum0 = _mm512_add_ps(sum0, e0);
             sum1 = _mm512_add_ps(sum1, e1);
             // Values 0..16 from `e0`, 16..32 from `e1`.
@@ -970,14 +1020,12 @@ unsafe fn softmax_step_plain_avx512(
     }
     if tail > 0 {
         unsafe {
-            let e0 = exp2(
-                _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lo, row.add(whole)), c, mc),
-                EXP2_DEGREE_4,
-            );
-            let e1 = exp2(
-                _mm512_fmsub_ps(_mm512_maskz_loadu_ps(hi, row.add(whole + 16)), c, mc),
-                EXP2_DEGREE_4,
-            );
+            let s0 = _mm512_mask_loadu_ps(ninf, lo, row.add(whole));
+            let s1 = _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16));
+            max0 = _mm512_max_ps(max0, s0);
+            max1 = _mm512_max_ps(max1, s1);
+            let e0 = exp2(_mm512_fmsub_ps(s0, c, mc), EXP2_DEGREE_4);
+            let e1 = exp2(_mm512_fmsub_ps(s1, c, mc), EXP2_DEGREE_4);
             sum0 = _mm512_mask_add_ps(sum0, lo, sum0, e0);
             sum1 = _mm512_mask_add_ps(sum1, hi, sum1, e1);
             let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
@@ -985,73 +1033,79 @@ unsafe fn softmax_step_plain_avx512(
             _mm512_mask_storeu_epi16(p.add(whole).cast(), mask, w);
         }
     }
-    advance(
-        state,
-        m_new,
+    (
         _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1)),
+        _mm512_reduce_max_ps(_mm512_max_ps(max0, max1)),
     )
 }
 
-/// The fused step for f32 inputs: over keys `a..b` of the block's raw scores `row` (a whole
-/// number of 32-key chunks), `P = e^(scale·s − m')` (`scale·s − m'` formed with one rounding,
-/// then [`exp2`] of degree 5), stored as three parts in the row's A layout `parts`, in the
-/// halves order of [`store_parts`]; the other keys' weights are 0. `None` (nothing changed) as
-/// for [`softmax_step_plain`].
+/// The fused step for f32 inputs ([`lazy_step`], `raw_max` from [`row_max`] over keys
+/// `a..b`): over keys `a..b` of the block's raw scores `row` (a whole number of 32-key chunks),
+/// `P = e^(scale·s − m')` (`scale·s − m'` formed with one rounding, then [`exp2`] of degree 5),
+/// stored as three parts in the row's A layout `parts`, in the halves order of
+/// [`store_parts`]; the other keys' weights are 0. `None` (nothing changed) as for
+/// [`softmax_step_plain`].
 #[cfg(target_arch = "x86_64")]
 fn softmax_step_parts(
     row: &[f32],
     (a, b): (usize, usize),
-    raw_max: f32,
+    raw_max: Option<f32>,
     scale: f32,
     state: (&mut f32, &mut f32),
     parts: &mut [u16],
 ) -> Option<Option<f32>> {
     assert!(a <= b && b <= row.len() && row.len().is_multiple_of(32));
     assert_eq!(parts.len(), PARTS * row.len());
-    if !std::arch::is_x86_feature_detected!("avx512dq") {
-        return None;
-    }
-    // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F, AVX512_BF16,
-    // AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree (checked above).
-    unsafe { softmax_step_parts_avx512(row, (a, b), (raw_max, scale), state, parts) }
-}
-
-/// # Safety
-/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available; the lengths as
-/// [`softmax_step_parts`] checks them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
-unsafe fn softmax_step_parts_avx512(
-    row: &[f32],
-    (a, b): (usize, usize),
-    (raw_max, scale): (f32, f32),
-    state: (&mut f32, &mut f32),
-    parts: &mut [u16],
-) -> Option<Option<f32>> {
-    use std::arch::x86_64::*;
     if a == b {
         // Nothing visible here: weights 0, the row's state unchanged.
         parts.fill(0);
         return Some(None);
     }
-    // A NaN or ±∞ in the max takes the general step; a NaN lost by `vmaxps` shows in the
-    // sum below, before the row's state is changed.
-    if !raw_max.is_finite() {
+    if !std::arch::is_x86_feature_detected!("avx512dq") {
         return None;
     }
-    // `scale > 0`: the max of the scaled scores is the scaled max, rounding included.
-    let m_new = state.0.max(scale * raw_max);
-    let (c, mc) = (_mm512_set1_ps(scale), _mm512_set1_ps(m_new));
+    let (first, last) = (a / 32 * 32, b.next_multiple_of(32));
+    parts[..PARTS * first].fill(0);
+    parts[PARTS * last..].fill(0);
+    lazy_step(raw_max, scale, state, |m| {
+        // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
+        // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
+        // (checked above).
+        unsafe { exps_parts_avx512(row, (a, b), scale, m, parts) }
+    })
+}
+
+/// The pass of [`softmax_step_parts`] with the offset `m` over the chunks that hold keys
+/// `a..b` (`a < b`): their weights `e^(scale·s − m)` (0 at the other keys) in three parts;
+/// returns their sum and the max of `row[a..b]`. A NaN may be lost by the max, not by the sum.
+///
+/// # Safety
+/// AVX-512F, AVX512DQ, AVX512_BF16, AVX512BW and AVX512VL must be available; the lengths as
+/// [`softmax_step_parts`] checks them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
+unsafe fn exps_parts_avx512(
+    row: &[f32],
+    (a, b): (usize, usize),
+    scale: f32,
+    m: f32,
+    parts: &mut [u16],
+) -> (f32, f32) {
+    use std::arch::x86_64::*;
+    let (c, mc) = (_mm512_set1_ps(scale), _mm512_set1_ps(m));
     let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
     let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    // The weights of the 16 keys from `at` (those of `mask`; 0 elsewhere).
+    let (mut max0, mut max1) = (ninf, ninf);
+    // The weights of the 16 keys from `at` (those of `mask`; 0 elsewhere), and those keys'
+    // scores (−∞ elsewhere).
     let weights = |at: usize, mask: __mmask16| {
         // SAFETY: the keys of `mask` lie inside `row` (the caller's checks); AVX-512F and
         // AVX512DQ are available.
         unsafe {
-            let s = _mm512_maskz_loadu_ps(mask, row.as_ptr().add(at));
+            let s = _mm512_mask_loadu_ps(ninf, mask, row.as_ptr().add(at));
             let t = _mm512_mul_ps(_mm512_fmsub_ps(s, c, mc), log2e);
-            _mm512_maskz_mov_ps(mask, exp2(t, EXP2_DEGREE_5))
+            (_mm512_maskz_mov_ps(mask, exp2(t, EXP2_DEGREE_5)), s)
         }
     };
     // The visible lanes of the 16 keys from `j`.
@@ -1059,10 +1113,7 @@ unsafe fn softmax_step_parts_avx512(
         let (from, to) = (a.clamp(j, j + 16) - j, b.clamp(j, j + 16) - j);
         (((1u32 << to) - 1) & !((1u32 << from) - 1)) as __mmask16
     };
-    let (first, last) = (a / 32 * 32, b.next_multiple_of(32));
-    parts[..PARTS * first].fill(0);
-    parts[PARTS * last..].fill(0);
-    for j in (first..last).step_by(32) {
+    for j in (a / 32 * 32..b.next_multiple_of(32)).step_by(32) {
         // Only the first and last chunks have hidden keys: the others skip the masks' scalar
         // arithmetic, which would take the vector ports' turns.
         let (lo, hi) = if a <= j && j + 32 <= b {
@@ -1070,17 +1121,18 @@ unsafe fn softmax_step_parts_avx512(
         } else {
             (lanes(j), lanes(j + 16))
         };
-        let (e0, e1) = (weights(j, lo), weights(j + 16, hi));
+        let ((e0, s0), (e1, s1)) = (weights(j, lo), weights(j + 16, hi));
+        max0 = _mm512_max_ps(max0, s0);
+        max1 = _mm512_max_ps(max1, s1);
         sum0 = _mm512_add_ps(sum0, e0);
         sum1 = _mm512_add_ps(sum1, e1);
         // SAFETY: the three parts of the 32 keys from `j` lie inside `parts` (the caller's
         // checks).
         unsafe { store_parts(e0, e1, parts.as_mut_ptr().add(PARTS * j)) };
     }
-    advance(
-        state,
-        m_new,
+    (
         _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1)),
+        _mm512_reduce_max_ps(_mm512_max_ps(max0, max1)),
     )
 }
 
@@ -1323,32 +1375,43 @@ mod tests {
         if !fused_step_runs() {
             return;
         }
-        // Visible ranges inside one chunk, across chunks, at the ends, and empty.
-        for (n, (a, b)) in [
+        // Visible ranges inside one chunk, across chunks, at the ends, and empty; a running
+        // max the block's scores pass by less than the headroom (1.5) and by more (−8), with
+        // the block's max or without it (`lazy_step`).
+        let cases = [
             (32, (0, 32)),
             (64, (5, 40)),
             (96, (33, 34)),
             (256, (0, 200)),
             (64, (7, 7)),
-        ] {
+        ];
+        for ((n, (a, b)), (m0, lazy)) in cases.into_iter().flat_map(|case| {
+            [(1.5, false), (1.5, true), (-8.0, true)].map(|running| (case, running))
+        }) {
             let row: Vec<f32> = (0..n)
                 .map(|j| ((j * 37 % 101) as f32 - 50.0) * 0.173)
                 .collect();
             let scale = 0.7f32;
-            let (mut m, mut sum) = (1.5f32, 2.0f32);
+            let (mut m, mut sum) = (m0, 2.0f32);
             let mut parts = vec![u16::MAX; PARTS * n];
-            let raw_max = row[a..b].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+            let raw = row[a..b].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
             let state = (&mut m, &mut sum);
+            let raw_max = (!lazy).then_some(raw);
             let step = softmax_step_parts(&row, (a, b), raw_max, scale, state, &mut parts);
             let got = unsplit(&parts);
+            let name = format!("n = {n}, {a}..{b}, m = {m0}, lazy {lazy}");
             if a == b {
                 assert_eq!(step, Some(None), "nothing visible: the state stays");
-                assert_eq!((m, sum), (1.5, 2.0));
+                assert_eq!((m, sum), (m0, 2.0));
                 assert!(got.iter().all(|&w| w == 0.0));
                 continue;
             }
-            let want_m = 1.5f32.max(scale * raw_max);
-            assert_eq!(m, want_m, "n = {n}");
+            let want_m = if lazy && scale * raw - m0 <= MAX_HEADROOM {
+                m0
+            } else {
+                m0.max(scale * raw)
+            };
+            assert_eq!(m, want_m, "{name}");
             let e: Vec<f64> = row
                 .iter()
                 .map(|&s| (f64::from(scale) * f64::from(s) - f64::from(want_m)).exp())
@@ -1359,21 +1422,21 @@ mod tests {
             let exp_tol = 2e-7 + 7.7e-7 + 7.9e-7;
             for (j, (&w, &want)) in got.iter().zip(&e).enumerate() {
                 match (a..b).contains(&j) {
-                    true => assert!((w / want - 1.0).abs() <= exp_tol, "n = {n}, j = {j}"),
-                    false => assert_eq!(w, 0.0, "n = {n}, j = {j}: hidden"),
+                    true => assert!((w / want - 1.0).abs() <= exp_tol, "{name}, j = {j}"),
+                    false => assert_eq!(w, 0.0, "{name}, j = {j}: hidden"),
                 }
             }
-            let alpha = (1.5 - f64::from(want_m)).exp();
+            let alpha = (f64::from(m0) - f64::from(want_m)).exp();
             let want_sum = 2.0 * alpha + e[a..b].iter().sum::<f64>();
-            let sum_tol = exp_tol + (n + 8) as f64 * 2f64.powi(-24);
+            let sum_tol = exp_tol + (b - a + 8) as f64 * 2f64.powi(-24);
             assert!(
                 (f64::from(sum) / want_sum - 1.0).abs() <= sum_tol,
-                "n = {n}: sum"
+                "{name}: sum"
             );
             match step {
                 Some(Some(x)) => assert!((f64::from(x) / alpha - 1.0).abs() <= 1e-6),
-                Some(None) => assert_eq!(want_m, 1.5, "n = {n}"),
-                None => panic!("n = {n}: the fused step declined finite scores"),
+                Some(None) => assert_eq!(want_m, m0, "{name}"),
+                None => panic!("{name}: the fused step declined finite scores"),
             }
         }
     }
@@ -1437,25 +1500,37 @@ mod tests {
         if !fused_step_runs() {
             return;
         }
-        // Lengths around the 32-value chunks and the 16-lane halves of the tail.
-        for n in [1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 77, 256] {
+        // Lengths around the 32-value chunks and the 16-lane halves of the tail; a running
+        // state from an earlier block, sum 2 and a max the block's scores pass by less than
+        // the headroom (1.5) or by more (−8), with the block's max or without it
+        // (`lazy_step`).
+        let lengths = [1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 77, 256];
+        for (n, (m0, lazy)) in lengths
+            .into_iter()
+            .flat_map(|n| [(1.5, false), (1.5, true), (-8.0, true)].map(|running| (n, running)))
+        {
             let row: Vec<f32> = (0..n)
                 .map(|j| ((j * 37 % 101) as f32 - 50.0) * 0.173)
                 .collect();
             let scale = 0.7f32;
-            // A running state from an earlier block: max 1.5 (below this block's), sum 2.
-            let (mut m, mut sum) = (1.5f32, 2.0f32);
+            let (mut m, mut sum) = (m0, 2.0f32);
             let mut p = vec![bf16::from_f32(-7.0); n];
-            let raw_max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-            assert_eq!(row_max(&row), raw_max, "n = {n}");
+            let raw = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            assert_eq!(row_max(&row), raw, "n = {n}");
+            let raw_max = (!lazy).then_some(raw);
             let step = softmax_step_plain(&row, raw_max, scale, (&mut m, &mut sum), &mut p);
-            let want_m = 1.5f32.max(scale * raw_max);
-            assert_eq!(m, want_m, "n = {n}");
+            let name = format!("n = {n}, m = {m0}, lazy {lazy}");
+            let want_m = if lazy && scale * raw - m0 <= MAX_HEADROOM {
+                m0
+            } else {
+                m0.max(scale * raw)
+            };
+            assert_eq!(m, want_m, "{name}");
             let e: Vec<f64> = row
                 .iter()
                 .map(|&s| (f64::from(scale) * f64::from(s) - f64::from(want_m)).exp())
                 .collect();
-            let alpha = (1.5 - f64::from(want_m)).exp();
+            let alpha = (f64::from(m0) - f64::from(want_m)).exp();
             let want_sum = 2.0 * alpha + e.iter().sum::<f64>();
             // The exp's 3e-6, plus the f32 rounding of t = s·(scale·log₂e) − m'·log₂e: both
             // products rounded (2^-24 of values under 13) and the fused multiply-add (2^-20
@@ -1467,20 +1542,21 @@ mod tests {
             let got_sum = f64::from(sum);
             assert!(
                 (got_sum / want_sum - 1.0).abs() <= sum_tol,
-                "n = {n}: sum {got_sum} vs {want_sum}"
+                "{name}: sum {got_sum} vs {want_sum}"
             );
             match step {
                 // The max moved: the accumulator's factor, e^(m − m') in f32.
                 Some(Some(a)) => assert!((f64::from(a) / alpha - 1.0).abs() <= 1e-6),
-                // The max stayed (this block's scores are all below 1.5).
-                Some(None) => assert_eq!(want_m, 1.5, "n = {n}"),
-                None => panic!("n = {n}: the fused step declined finite scores"),
+                // The max stayed (this block's scores are all below it, or within the
+                // headroom).
+                Some(None) => assert_eq!(want_m, m0, "{name}"),
+                None => panic!("{name}: the fused step declined finite scores"),
             }
             // Each weight: the exp's error, then bf16's nearest-even rounding (2^-8).
             let p_tol = 2f64.powi(-8) * (1.0 + exp_tol) + exp_tol;
             for (j, (&got, &want)) in p.iter().zip(&e).enumerate() {
                 let err = (f64::from(got.to_f32()) / want - 1.0).abs();
-                assert!(err <= p_tol, "n = {n}, j = {j}: {got} vs {want}");
+                assert!(err <= p_tol, "{name}, j = {j}: {got} vs {want}");
             }
         }
     }
