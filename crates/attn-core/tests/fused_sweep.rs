@@ -574,6 +574,286 @@ fn values_near_the_limit_of_f32_give_what_the_reference_gives() {
     }
 }
 
+/// `x` in units of `unit`.
+fn in_units(x: &[f32], unit: f32) -> Vec<f32> {
+    x.iter().map(|x| x / unit).collect()
+}
+
+#[test]
+fn rows_that_see_only_small_values_keep_them_beside_huge_ones() {
+    // A head whose last key's values are 3e38 is scaled down for them; the rows that do not see
+    // that key (causal) must keep their values of 1e-20 or 1e-25: each row is compared with
+    // the reference in its own units. 40 query rows (f32 on the tiles) and 5 (the vector
+    // kernels, whose values are then copied to be scaled).
+    for (l, causal, huge_rows) in [(40, Causal::TopLeft, 39), (5, Causal::BottomRight, 4)] {
+        let shape = AttnShape::new(1, 1, l, 40, 16);
+        let opts = AttnOptions {
+            causal: Some(causal),
+            ..AttnOptions::default()
+        };
+        let mut rng = Rng(12);
+        let (q, k) = (rng.vec(l * 16, 1.0), rng.vec(40 * 16, 1.0));
+        let unit = rng.vec(40 * 16, 1.0);
+        for small in [1e-20f32, 1e-25] {
+            let v: Vec<f32> = (0..40 * 16)
+                .map(|i| {
+                    if i < 39 * 16 {
+                        unit[i] * small
+                    } else {
+                        unit[i].signum() * 3e38
+                    }
+                })
+                .collect();
+            let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+            let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
+                let input = AttnInput::new(q, k, v, shape).unwrap();
+                let want = sdpa_reference(&input, &opts).unwrap();
+                let small_v = in_units(&v[..39 * 16], small);
+                for isa in isas() {
+                    let (got, tol) = if bf16_inputs {
+                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+                        let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
+                        (got, bf16_out_tol(isa, &opts, &small_v))
+                    } else {
+                        (sdpa_with(isa, &input, &opts).unwrap(), TOL)
+                    };
+                    let name = format!("{l} rows, values {small:e}, bf16 {bf16_inputs}, {isa:?}");
+                    let (g, w) = got.out.split_at(huge_rows * 16);
+                    let (gw, ww) = want.out.split_at(huge_rows * 16);
+                    assert_close("out", &name, &in_units(g, small), &in_units(gw, small), tol);
+                    assert_close("out", &name, &in_units(w, 3e38), &in_units(ww, 3e38), tol);
+                    assert_close("lse", &name, &got.lse, &want.lse, TOL);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn huge_values_beside_a_non_finite_one_stay_finite_where_it_is_not_seen() {
+    // Causal, values up to 2e38 (positive, so that sums grow) and one NaN or ∞ at key 90
+    // (inputs that opt out of the finiteness check): rows before 90 must give the reference's
+    // finite output, so the head is scaled down for its finite values all the same.
+    let shape = AttnShape::new(1, 1, 100, 100, 16);
+    let opts = AttnOptions {
+        causal: Some(Causal::TopLeft),
+        ..AttnOptions::default()
+    };
+    let mut rng = Rng(13);
+    let (q, k) = (rng.vec(100 * 16, 1.0), rng.vec(100 * 16, 1.0));
+    let clean: Vec<f32> = rng
+        .vec(100 * 16, 1.0)
+        .iter()
+        .map(|x| x.abs() * 2e38)
+        .collect();
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut v = clean.clone();
+        v[90 * 16 + 3] = bad;
+        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+        for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
+            let input = AttnInput::allowing_non_finite(q, k, v, shape).unwrap();
+            let want = sdpa_reference(&input, &opts).unwrap();
+            for isa in isas() {
+                let got = if bf16_inputs {
+                    let input = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
+                    sdpa_bf16_with(isa, &input, &opts).unwrap()
+                } else {
+                    sdpa_with(isa, &input, &opts).unwrap()
+                };
+                let name = format!("{bad} at key 90, bf16 {bf16_inputs}, {isa:?}");
+                let (g, w) = (&got.out[..90 * 16], &want.out[..90 * 16]);
+                assert_close("out", &name, &in_units(g, 2e38), &in_units(w, 2e38), TOL);
+                assert!(
+                    (90..100).all(|i| !got.out[i * 16 + 3].is_finite()),
+                    "{name}: rows from 90 on must see it"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn scores_that_rise_block_after_block_move_the_running_max() {
+    // Scores rising by 3 or 8 every 256 keys, plus noise: on the tiles a row's later key blocks
+    // take one pass offset by its running max, and a second with the new max when a block's
+    // scores pass it by more than 5.5 (8 per block does, 3 does not). Every kind of weights,
+    // recomputed from the saved max and sum; causal or not; f32 and bf16; every ISA.
+    let (l, s, d) = (64, 768, 16);
+    // Two query heads on one key/value head.
+    let shape = AttnShape {
+        n_kv_heads: 1,
+        ..AttnShape::new(1, 2, l, s, d)
+    };
+    let mut rng = Rng(14);
+    let scale = 1.0 / (d as f32).sqrt();
+    let q: Vec<f32> = (0..2 * l * d)
+        .map(|i| if i % d == 0 { 1.0 } else { rng.sym(0.1) })
+        .collect();
+    for slope in [3.0f32, 8.0] {
+        let k: Vec<f32> = (0..s * d)
+            .map(|i| match i % d {
+                0 => slope * (i / d) as f32 / 256.0 / scale,
+                _ => rng.sym(1.0),
+            })
+            .collect();
+        let v = rng.vec(s * d, 1.0);
+        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+        for (causal, which) in [None, Some(Causal::BottomRight)]
+            .into_iter()
+            .flat_map(|c| (0..3).map(move |w| (c, w)))
+        {
+            let opts = AttnOptions {
+                causal,
+                weights: weights_for(which, l),
+                ..AttnOptions::default()
+            };
+            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
+                let input = AttnInput::new(q, k, v, shape).unwrap();
+                let want = sdpa_reference(&input, &opts).unwrap();
+                for isa in isas() {
+                    let name = format!(
+                        "slope {slope}, {causal:?}, weights {which}, bf16 {bf16_inputs}, {isa:?}"
+                    );
+                    if bf16_inputs {
+                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+                        let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
+                        assert_same_bf16(&name, &got, &want, bf16_out_tol(isa, &opts, v));
+                    } else {
+                        assert_same(&name, &sdpa_with(isa, &input, &opts).unwrap(), &want, TOL);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_non_finite_key_in_a_later_block_reaches_the_rows_that_see_it() {
+    // Causal, 400 queries and keys: key 300 (in the second 256-key block, where the tiles' rows
+    // take one pass with their running max) holds NaN, +∞ or −∞. The rows that see it give
+    // what the reference gives, NaN included; the others match it as usual. f32 and bf16.
+    let shape = AttnShape::new(1, 1, 400, 400, 16);
+    let opts = AttnOptions {
+        causal: Some(Causal::TopLeft),
+        ..AttnOptions::default()
+    };
+    let mut rng = Rng(15);
+    let (q, clean, v) = (
+        rng.vec(400 * 16, 1.0),
+        rng.vec(400 * 16, 1.0),
+        rng.vec(400 * 16, 1.0),
+    );
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut k = clean.clone();
+        k[300 * 16 + 5] = bad;
+        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+        for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
+            let input = AttnInput::allowing_non_finite(q, k, v, shape).unwrap();
+            let want = sdpa_reference(&input, &opts).unwrap();
+            for isa in isas() {
+                let (got, tol) = if bf16_inputs {
+                    let input = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
+                    let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
+                    (got, bf16_out_tol(isa, &opts, v))
+                } else {
+                    (sdpa_with(isa, &input, &opts).unwrap(), TOL)
+                };
+                let name = format!("{bad} at key 300, bf16 {bf16_inputs}, {isa:?}");
+                for (what, got, want, tol) in [
+                    ("out", &got.out, &want.out, tol),
+                    ("lse", &got.lse, &want.lse, TOL),
+                ] {
+                    for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                        let same = if w.is_nan() {
+                            g.is_nan()
+                        } else {
+                            g == w || (g - w).abs() <= tol * w.abs().max(1.0)
+                        };
+                        assert!(same, "{name}: {what}[{i}] is {g}, the reference {w}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn huge_scores_give_a_softmax_of_them() {
+    // Scores near ±1e4, ±1e9 and ±1e30 (queries and keys of 1e2, 3.2e4 and 1e15 times values
+    // up to 1): each weight's exponent must be formed as `scale·s − m`, not as two products of
+    // that size, whose roundings alone moved it past f32's range at 1e9 (NaN on the tiles).
+    // Near 1e4 every path matches the reference. From 1e9 on an ulp of a score is 64 or more,
+    // so scores summed in different orders give different softmaxes, the reference's among
+    // them: there the output must be a weighted mean of the values, the log-sum-exp the
+    // reference's (to f32 rounding of its size), and the weights a distribution. f32 and bf16,
+    // causal or not, every ISA; the weights of three rows.
+    let shape = AttnShape::new(1, 2, 40, 300, 16);
+    let mut rng = Rng(16);
+    let (q0, k0, v) = (
+        rng.vec(2 * 40 * 16, 1.0),
+        rng.vec(2 * 300 * 16, 1.0),
+        rng.vec(2 * 300 * 16, 1.0),
+    );
+    for size in [1e2f32, 3.2e4, 1e5, 1e15] {
+        let (q, k) = (in_units(&q0, 1.0 / size), in_units(&k0, 1.0 / size));
+        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+        for causal in [None, Some(Causal::TopLeft)] {
+            let opts = AttnOptions {
+                causal,
+                weights: weights_for(1, 40),
+                ..AttnOptions::default()
+            };
+            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
+                let input = AttnInput::new(q, k, v, shape).unwrap();
+                let want = sdpa_reference(&input, &opts).unwrap();
+                for isa in isas() {
+                    let name = format!("q, k × {size:e}, {causal:?}, bf16 {bf16_inputs}, {isa:?}");
+                    let got = if bf16_inputs {
+                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+                        sdpa_bf16_with(isa, &input, &opts).unwrap()
+                    } else {
+                        sdpa_with(isa, &input, &opts).unwrap()
+                    };
+                    if size < 1e3 {
+                        match bf16_inputs {
+                            true => {
+                                assert_same_bf16(&name, &got, &want, bf16_out_tol(isa, &opts, v))
+                            }
+                            false => assert_same(&name, &got, &want, TOL),
+                        }
+                        continue;
+                    }
+                    let (lo, hi) = v
+                        .iter()
+                        .fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+                    let mean = |x: &f32| *x >= lo - TOL && *x <= hi + TOL;
+                    assert!(
+                        got.out.iter().all(mean),
+                        "{name}: not a weighted mean of the values"
+                    );
+                    assert_close("lse", &name, &got.lse, &want.lse, TOL);
+                    let Some(Weights::Rows { data, .. }) = &got.weights else {
+                        panic!("{name}: no weights")
+                    };
+                    for row in data.chunks_exact(300) {
+                        let sum: f32 = row.iter().sum();
+                        assert!(
+                            row.iter().all(|w| (0.0..=1.0 + 1e-6).contains(w)),
+                            "{name}: weights"
+                        );
+                        assert!((sum - 1.0).abs() <= 1e-4, "{name}: weights sum to {sum}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn golden_cases_on_every_isa() {
     // The fast path's test (`golden_sdpa.rs`) runs the best kernels; here each ISA this CPU has,

@@ -45,7 +45,7 @@
 //! f32 weights. So a weight over the row's sum is off by at most `2ε` relative before the
 //! rounding, and an output element by at most `(2^-8 + 2ε) · max |v|` of its row's visible
 //! values (plus f32 rounding). The log-sum-exp moves by at most `ε` (plus the f32 rounding of
-//! every path); the weights, recomputed from the saved max and sum on the AVX-512 path, by the
+//! every path); the weights, recomputed from the saved offset and sum on the AVX-512 path, by the
 //! same relative `ε`. For f32 inputs the fused step takes a degree-5 polynomial (2e-7) on
 //! `scale·s − m` formed with one rounding, and nothing rounds to bf16: the weights split
 //! exactly into three parts ([`store_parts`]).
@@ -54,8 +54,7 @@
 //!
 //! A head whose values hold NaN or ∞ takes the AVX-512 path instead: the tile product would
 //! turn a hidden key's `0 · NaN` into NaN in rows that never see it. So does an f32 head whose
-//! scores could exceed [`F32_SCORE_BOUND`] (or whose values could overflow, or hold NaN or ∞),
-//! or with fewer than [`AMX_F32_MIN_ROWS`] query rows.
+//! scores could exceed [`F32_SCORE_BOUND`], or with fewer than [`AMX_F32_MIN_ROWS`] query rows.
 
 use std::cell::Cell;
 use std::mem::MaybeUninit;
@@ -103,8 +102,8 @@ const PARTS: usize = 3;
 /// rounding alone moves a weight by up to 5e-4) take the AVX-512 path.
 const F32_SCORE_BOUND: f32 = 32.0;
 
-/// The largest `‖q‖·‖k‖` of f32 heads on the tiles, whose values are below `VALUE_BOUND`
-/// (`2^64`, scaled there): below it no part, product or sum can overflow.
+/// The largest `‖q‖·‖k‖` of f32 heads on the tiles, and more than their values reach (they are
+/// scaled under it, `ValueScale`): below it no part, product or sum can overflow.
 const F32_MAGNITUDE_BOUND: f32 = (1u128 << 100) as f32;
 
 /// One key/value head packed for the tiles, with the queries it is read against.
@@ -435,8 +434,8 @@ impl<'a> Plan<'a> {
             let following = block_at(j0 + keys);
             let calls = following.1.div_ceil(BLOCK);
             let mut issued = 0;
-            // The fused step's first pass for every row before its second pass for any: a
-            // row's exponentials then never wait on its own max.
+            // The max pass of every row that needs one (its first key block) before the
+            // exponentials of any: a row's exponentials then never wait on its own max.
             let mut visible = [(0, 0); GROUP];
             let mut raw_max = [None; GROUP];
             if plain {
@@ -884,7 +883,7 @@ fn tail_masks(tail: usize) -> (u16, u16) {
 
 /// The largest `scale·s − m` a block's scores may reach over their row's running max `m` and
 /// keep it ([`lazy_step`]): weights up to `e^5.5 ≈ 245` in the unnormalised sums, whose values
-/// are below `2^64` (`VALUE_BOUND`).
+/// are scaled so that `seq_kv` such weights cannot overflow them (`ValueScale`).
 const MAX_HEADROOM: f32 = 5.5;
 
 /// The end of a fused step with the exponentials `pass(m')`, which writes a block's weights
@@ -993,9 +992,11 @@ unsafe fn exps_plain_avx512(row: &[f32], scale: f32, m: f32, p: &mut [bf16]) -> 
     let tail = n - whole;
     let (lo, hi) = tail_masks(tail);
     let (row, p) = (row.as_ptr(), p.as_mut_ptr());
-    // e^(scale·s − m) = 2^t with t = s·(scale·log₂e) − m·log₂e, one fused multiply-add.
-    let log2e = std::f32::consts::LOG2_E;
-    let (c, mc) = (_mm512_set1_ps(scale * log2e), _mm512_set1_ps(m * log2e));
+    // e^(scale·s − m) = 2^t with t = (scale·s − m)·log₂e: `scale·s − m` with one rounding,
+    // small near the max whatever the scores' size. (Folding log₂e into both terms rounds each
+    // by 2⁻²⁴ of its own size: scores near 1e9 moved t past f32's range.)
+    let (c, mc) = (_mm512_set1_ps(scale), _mm512_set1_ps(m));
+    let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
     let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
     let (mut max0, mut max1) = (ninf, ninf);
@@ -1009,8 +1010,14 @@ unsafe fn exps_plain_avx512(row: &[f32], scale: f32, m: f32, p: &mut [bf16]) -> 
             );
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
-            let e0 = exp2(_mm512_fmsub_ps(s0, c, mc), EXP2_DEGREE_4);
-            let e1 = exp2(_mm512_fmsub_ps(s1, c, mc), EXP2_DEGREE_4);
+            let e0 = exp2(
+                _mm512_mul_ps(_mm512_fmsub_ps(s0, c, mc), log2e),
+                EXP2_DEGREE_4,
+            );
+            let e1 = exp2(
+                _mm512_mul_ps(_mm512_fmsub_ps(s1, c, mc), log2e),
+                EXP2_DEGREE_4,
+            );
             sum0 = _mm512_add_ps(sum0, e0);
             sum1 = _mm512_add_ps(sum1, e1);
             // Values 0..16 from `e0`, 16..32 from `e1`.
@@ -1024,8 +1031,14 @@ unsafe fn exps_plain_avx512(row: &[f32], scale: f32, m: f32, p: &mut [bf16]) -> 
             let s1 = _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16));
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
-            let e0 = exp2(_mm512_fmsub_ps(s0, c, mc), EXP2_DEGREE_4);
-            let e1 = exp2(_mm512_fmsub_ps(s1, c, mc), EXP2_DEGREE_4);
+            let e0 = exp2(
+                _mm512_mul_ps(_mm512_fmsub_ps(s0, c, mc), log2e),
+                EXP2_DEGREE_4,
+            );
+            let e1 = exp2(
+                _mm512_mul_ps(_mm512_fmsub_ps(s1, c, mc), log2e),
+                EXP2_DEGREE_4,
+            );
             sum0 = _mm512_mask_add_ps(sum0, lo, sum0, e0);
             sum1 = _mm512_mask_add_ps(sum1, hi, sum1, e1);
             let w: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(e1, e0));
@@ -1217,9 +1230,9 @@ const EXP2_DEGREE_5: [f32; 5] = [
     6.931_513e-1,
 ];
 
-/// `2^t` for 16 lanes and `t ≤ 0` (up to rounding) with the polynomial `c` (`EXP2_DEGREE_4`:
-/// relative error ≤ 3e-6, `EXP2_DEGREE_5`: ≤ 2e-7, both checked for `t ≥ −125` in the
-/// tests): `t = n + f` with `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by the polynomial,
+/// `2^t` for 16 lanes and `t ≤ 8` (`MAX_HEADROOM·log₂e` is 7.9; a block's pass that is redone
+/// may overflow to ∞) with the polynomial `c` (`EXP2_DEGREE_4`: relative error ≤ 3e-6,
+/// `EXP2_DEGREE_5`: ≤ 2e-7, both checked for `−125 ≤ t ≤ 8` in the tests): `t = n + f` with `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by the polynomial,
 /// times `2^n` (`VSCALEFPS`, which takes `⌊t⌋` itself). The row's sum, and so the
 /// log-sum-exp, moves by at most the same relative error.
 ///
@@ -1299,10 +1312,12 @@ mod tests {
             return;
         }
         /// The worst relative error of `2^t` by the polynomial `c` on every 2^-12 from −125
-        /// to 0 (512 001 values, 16 per call), against f64; and that below −125 the result
+        /// to 8 (544 769 values, 16 per call), against f64; and that below −125 the result
         /// stays at 2^-125, clear of the subnormals.
         fn worst<const N: usize>(c: [f32; N]) -> f64 {
-            let ts: Vec<f32> = (0..=125 * 4096).map(|i| -(i as f32) / 4096.0).collect();
+            let ts: Vec<f32> = (-8 * 4096..=125 * 4096)
+                .map(|i| -(i as f32) / 4096.0)
+                .collect();
             let mut worst = 0.0f64;
             for chunk in ts.chunks(16) {
                 let mut t = [0.0f32; 16];

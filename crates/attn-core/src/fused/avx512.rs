@@ -137,7 +137,9 @@ pub(super) unsafe fn gemm_f32(
     }
 }
 
-/// `e^x` for 16 lanes and the `x ≤ 0` the softmax feeds it: relative error ≤ 5e-7 + |x|·1e-7
+/// `e^x` for 16 lanes and the `x ≤ 5.5` the softmax feeds it (the weights of rows whose saved
+/// max is the AMX path's running one, up to 5.5 below the row's largest score, are up to
+/// `e^5.5`): relative error ≤ 5e-7 + |x|·1e-7
 /// (the second term is the f32 rounding of `x·log₂e`); results below 2^-125 (and `−∞`) give 0,
 /// NaN gives NaN.
 ///
@@ -245,4 +247,31 @@ pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
         }
     }
     _mm512_reduce_add_ps(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_within_its_bound() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        // Every 2^-10 from −86 (above 2^-125) to 5.5, the largest `x` the softmax gives it.
+        let xs: Vec<f32> = (-86 * 1024..=11 * 512).map(|i| i as f32 / 1024.0).collect();
+        for chunk in xs.chunks(16) {
+            let mut x = [0.0f32; 16];
+            x[..chunk.len()].copy_from_slice(chunk);
+            let mut got = [0.0f32; 16];
+            // SAFETY: AVX-512F is available (checked above); both arrays hold 16 values.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp(_mm512_loadu_ps(x.as_ptr()))) };
+            for (&x, &g) in chunk.iter().zip(&got) {
+                let want = f64::from(x).exp();
+                let err = (f64::from(g) / want - 1.0).abs();
+                let bound = 5e-7 + f64::from(x.abs()) * 1e-7;
+                assert!(err <= bound, "e^{x}: {g} against {want}, error {err:e}");
+            }
+        }
+    }
 }

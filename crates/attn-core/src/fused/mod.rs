@@ -8,6 +8,11 @@
 //! `m`, running sum `l` and an accumulator `acc`:
 //! `m' = max(m, max S)`, `P = e^(S − m')`, `l' = l·e^(m − m') + ΣP`, `acc' = acc·e^(m − m') + P·V`;
 //! at the end `out = acc / l` and `lse = m + ln l` (a row that saw nothing: `out = 0`, `lse = −∞`).
+//! (On AMX `m` may stay up to 5.5 below `max S` and move only past that, `amx::lazy_step`:
+//! any offset gives the same `out` and `lse`.)
+//! `acc` sums unnormalised weights over every key, so a key/value head whose values could
+//! overflow that sum is divided by a power of two first, and its output multiplied back
+//! (`ValueScale`).
 //! Causal and window rules bound the key blocks a query block visits, so hidden blocks cost
 //! nothing; the blocks on the boundary are masked in place.
 //!
@@ -17,8 +22,8 @@
 //! different paths), `O(seq_kv · (head_dim + value_dim))`.
 //! On AMX each thread keeps its tile buffers (a few hundred KiB) and its last f32 head's parts
 //! (up to 2 MiB) for the next call. Weights, when asked for, are recomputed
-//! afterwards from each row's saved max `m` and sum `l` (`lse = m + ln l`) as `e^(score − m)/l`,
-//! only for the rows asked.
+//! afterwards from each row's saved offset `m` (its max, or on AMX up to 5.5 below it) and sum
+//! `l` (`lse = m + ln l`) as `e^(score − m)/l`, only for the rows asked.
 //!
 //! Work is split over `batch × n_kv_heads`, then each group's query heads × query blocks, on
 //! rayon's global pool: a key/value head is packed once for its whole group (grouped-query and
@@ -68,8 +73,9 @@ const BLOCK_Q: usize = 96;
 const BLOCK_KV: usize = 128;
 /// Query rows from which values not on a cache line are copied onto one for `P·V`.
 const ALIGNED_V_MIN_ROWS: usize = 32;
-/// The magnitude from which a key/value head's values are scaled down ([`ValueScale`]).
-const VALUE_BOUND: f32 = (1u128 << 64) as f32;
+/// How far a row's recomputed weights may sum from 1 before the row is recomputed with its own
+/// max and sum (`Plan::weight_rows`).
+const WEIGHTS_SUM_TOL: f32 = 1e-4;
 
 /// Scaled dot-product attention through the fused kernels of `isa`.
 ///
@@ -209,7 +215,7 @@ fn run(
 }
 
 /// What the forward pass returns: `out` `[batch, n_heads, seq_q, value_dim]`, `lse`
-/// `[batch, n_heads, seq_q]`, each row's final max and sum (`[max, sum]`, same order as `lse`)
+/// `[batch, n_heads, seq_q]`, each row's final offset and sum (`[m, l]`, same order as `lse`)
 /// for the weights, and the weights of the rows asked for when there are few of them
 /// (`[batch, n_heads, rows, seq_kv]`).
 struct Forward {
@@ -238,6 +244,8 @@ struct Scratch {
     q: Vec<f32>,
     /// Scores, then probabilities: `[rows, keys]` (the `C`, then the `A`, of the GEMMs).
     tile: Aligned,
+    /// A block of rows' weights before they are added to the average of the heads.
+    weights: Vec<f32>,
 }
 
 /// Where a query block's results go: `out` `[rows, value_dim]`, `lse` `[rows]`, and each row's
@@ -278,11 +286,14 @@ fn accumulate_skipping_zeros(
 }
 
 /// How a key/value head's values reach the kernels. The kernels sum `P·V` with unnormalised
-/// weights (each at most 1) over every key and divide by the weights' sum at the end, so values
-/// near f32's limit would overflow there where the reference's normalised sum does not. Finite
-/// values from [`VALUE_BOUND`] on are divided by the power of two that brings them under it
-/// (exactly, but for values that become subnormal: an absolute error below `2^-85` of the
-/// largest), and the output is multiplied back.
+/// weights over every key (each at most 1, or `e^5.5` on the tiles, `amx::MAX_HEADROOM`) and
+/// divide by the weights' sum at the end, so values near f32's limit would overflow there where
+/// the reference's normalised sum does not. A head whose largest finite value reaches
+/// `2^limit` ([`ValueScale::limit`]) has its values divided by the smallest power of two that
+/// brings that value under it, and its output multiplied back. That is exact, unless a value
+/// becomes subnormal: values under `2^(shift − 126)` lose bits (on the tiles, which read
+/// subnormal bf16 as 0, they become 0). With 1000 keys the shift is at most 20, so only values
+/// under `2^-106` (1e-32), in heads that also hold values near f32's limit, lose anything.
 #[derive(Clone, Copy)]
 struct ValueScale {
     /// Whether every value is finite (inputs may opt out of that check).
@@ -292,42 +303,58 @@ struct ValueScale {
 }
 
 impl ValueScale {
-    /// The scale of the values `v`: one pass when they are all below `bound` (`VALUE_BOUND`).
-    fn of<T: FiniteBits + Into<f32>>(v: &[T], bound: T) -> ValueScale {
-        if T::all_below(v, bound) {
+    /// The exponent `e` from which values of a head with `seq_kv` keys are scaled: a sum of
+    /// `seq_kv` products of weights under `2^8` and values under `2^e` stays under `2^126`.
+    /// At most 100, which the f32 tiles' parts need (`amx::F32_MAGNITUDE_BOUND`).
+    fn limit(seq_kv: usize) -> i32 {
+        let log2_keys = usize::BITS - (seq_kv.max(1) - 1).leading_zeros();
+        (118 - log2_keys as i32).min(100)
+    }
+
+    /// The scale of the values `v` of a head with `seq_kv` keys: one pass when they are all
+    /// below `2^limit` (almost always). Non-finite values do not count towards the shift: the
+    /// rows that do not see them get the scaled values' output.
+    fn of<T: FiniteBits + Into<f32>>(v: &[T], seq_kv: usize, from_f32: fn(f32) -> T) -> ValueScale {
+        let limit = Self::limit(seq_kv);
+        if T::all_below(v, from_f32(pow2(limit))) {
             return ValueScale {
                 finite: true,
                 shift: 0,
             };
         }
-        let mut max = 0.0f32;
+        let (mut finite, mut max) = (true, 0.0f32);
         for &x in v {
             let x: f32 = x.into();
-            if !x.is_finite() {
-                return ValueScale {
-                    finite: false,
-                    shift: 0,
-                };
+            if x.is_finite() {
+                max = max.max(x.abs());
+            } else {
+                finite = false;
             }
-            max = max.max(x.abs());
         }
-        // `max ≥ 2^64`, a normal number: with its exponent `e`, `max / 2^(e − 63) < 2^64`.
+        // `max / 2^(e − limit + 1) < 2^limit`, with `e` the exponent of `max` (a normal number
+        // where it reaches the limit).
         let exponent = (max.to_bits() >> 23) as i32 - 127;
         ValueScale {
-            finite: true,
-            shift: exponent - 63,
+            finite,
+            shift: (exponent - limit + 1).max(0),
         }
     }
 
     /// `2^-shift`, what the kernels' values are.
     fn down(self) -> f32 {
-        f32::from_bits(((127 - self.shift) as u32) << 23)
+        pow2(-self.shift)
     }
 
     /// `2^shift`, what the output is multiplied by.
     fn up(self) -> f32 {
-        f32::from_bits(((127 + self.shift) as u32) << 23)
+        pow2(self.shift)
     }
+}
+
+/// `2^e` for `e` in f32's normal range.
+fn pow2(e: i32) -> f32 {
+    debug_assert!((-126..=127).contains(&e));
+    f32::from_bits(((127 + e) as u32) << 23)
 }
 
 /// A key/value head as the query heads of its group find it: its values' scale, whether the
@@ -491,10 +518,8 @@ impl<'a> Plan<'a> {
         let (s_n, dv) = (self.sh.seq_kv, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n * dv..;
         match self.src {
-            Src::F32 { v, .. } => ValueScale::of(&v[head][..s_n * dv], VALUE_BOUND),
-            Src::Bf16 { v, .. } => {
-                ValueScale::of(&v[head][..s_n * dv], bf16::from_f32(VALUE_BOUND))
-            }
+            Src::F32 { v, .. } => ValueScale::of(&v[head][..s_n * dv], s_n, |x| x),
+            Src::Bf16 { v, .. } => ValueScale::of(&v[head][..s_n * dv], s_n, bf16::from_f32),
         }
     }
 
@@ -680,6 +705,7 @@ impl<'a> Plan<'a> {
             });
         let dims = (sh.head_dim, dv, sh.seq_kv);
         let block = amx.map_or(BLOCK_Q, |head| head.block_rows(dims, BLOCK_Q));
+        let up = kv.values.up();
         let blocks = out
             .par_chunks_mut(block * dv)
             .zip(lse.par_chunks_mut(block))
@@ -689,7 +715,6 @@ impl<'a> Plan<'a> {
             blocks.for_each(|(qb, ((out, lse), stats))| {
                 let dst = BlockOut { out, lse, stats };
                 let rows = (b, h, qb * block);
-                let up = kv.values.up();
                 with_amx_scratch(|s| self.forward_block_amx(rows, (head, up), dst, s));
             });
             rows.map(|_| match kv.vector.get() {
@@ -818,7 +843,7 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// The weights asked for, recomputed from each row's final max and sum (`stats`).
+    /// The weights asked for, recomputed from each row's final offset and sum (`stats`).
     fn weights(&self, stats: &[[f32; 2]]) -> Option<Weights> {
         let sh = self.sh;
         let (l, s_n) = (sh.seq_q, sh.seq_kv);
@@ -909,10 +934,16 @@ impl<'a> Plan<'a> {
             });
     }
 
-    /// Weights `e^(score − max) / sum` of query rows `rows` of head `(b, h)` into `dst`
-    /// (`[rows, seq_kv]`): written, or added times `share` when averaging heads. The row's max
-    /// and sum rather than `lse = max + ln sum`: near ±3e38 `ln sum` is below an ulp of `max`,
+    /// Weights `e^(score − m) / sum` of query rows `rows` of head `(b, h)` into `dst`
+    /// (`[rows, seq_kv]`): written, or added times `share` when averaging heads. The row's
+    /// offset `m` and sum rather than `lse = max + ln sum`: near ±3e38 `ln sum` is below an ulp of `max`,
     /// and `e^(score − lse)` would lose the ties' shares.
+    ///
+    /// The scores here come from the FMA kernels; a row computed on the tiles summed its scores
+    /// in another order. Where the scores are so large that the two orders' roundings move a
+    /// weight (bf16 inputs with scores near 1e9, whose ulp is 64), the saved offset and sum no
+    /// longer fit these scores, and the weights would not sum to 1: such rows (their sum off by
+    /// more than [`WEIGHTS_SUM_TOL`]) are recomputed with their own max and sum.
     #[allow(clippy::too_many_arguments)]
     fn weight_rows(
         &self,
@@ -925,35 +956,88 @@ impl<'a> Plan<'a> {
         s: &mut Scratch,
     ) {
         let s_n = self.sh.seq_kv;
+        if s_n == 0 {
+            // No keys, no weights.
+            return;
+        }
+        // Averaged heads are added to `dst` only once the row is right.
+        let mut staged = std::mem::take(&mut s.weights);
+        let out: &mut [f32] = match share {
+            None => dst,
+            Some(_) => {
+                staged.clear();
+                staged.resize(rows.len() * s_n, 0.0);
+                &mut staged
+            }
+        };
+        let mut totals = vec![0.0f32; rows.len()];
         self.pack_q(b, h, rows, s);
         for jb in 0..s_n.div_ceil(BLOCK_KV) {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
             self.scores(k, rows.len(), (jb, keys), s);
-            for ((row, &i), dst) in (s.tile.get(rows.len() * keys))
+            for (((row, &i), out), total) in (s.tile.get(rows.len() * keys))
                 .chunks_exact_mut(keys)
                 .zip(rows)
-                .zip(dst.chunks_exact_mut(s_n))
+                .zip(out.chunks_exact_mut(s_n))
+                .zip(&mut totals)
             {
-                let dst = &mut dst[j0..][..keys];
                 let [max, sum] = stats[i];
                 if sum == 0.0 {
-                    // A row that sees nothing weighs 0 everywhere (already 0 in `dst`).
+                    // A row that sees nothing weighs 0 everywhere (already 0 in `out`).
                     continue;
                 }
                 self.finish_scores((b, h, i), j0, row);
-                self.isa.exp_sub_sum(row, max);
+                *total += self.isa.exp_sub_sum(row, max);
                 self.isa.scale(row, 1.0 / sum);
-                match share {
-                    None => dst.copy_from_slice(row),
-                    Some(share) => {
-                        for (d, &w) in dst.iter_mut().zip(row.iter()) {
-                            *d += share * w;
-                        }
-                    }
-                }
+                out[j0..][..keys].copy_from_slice(row);
             }
         }
+        for ((&i, out), total) in rows.iter().zip(out.chunks_exact_mut(s_n)).zip(totals) {
+            let sum = stats[i][1];
+            // A NaN total (an ∞ weight) is off too.
+            let fits = (total / sum - 1.0).abs() <= WEIGHTS_SUM_TOL;
+            if sum.is_finite() && sum > 0.0 && !fits {
+                self.own_weights((b, h, i), k, out, s);
+            }
+        }
+        if let Some(share) = share {
+            for (d, &w) in dst.iter_mut().zip(staged.iter()) {
+                *d += share * w;
+            }
+        }
+        s.weights = staged;
+    }
+
+    /// Query `i`'s weights over its own scores here: their max, then `e^(score − max)` and
+    /// their sum, into `out` (`[seq_kv]`) divided by it ([`Self::weight_rows`]).
+    fn own_weights(
+        &self,
+        (b, h, i): (usize, usize, usize),
+        k: &Keys,
+        out: &mut [f32],
+        s: &mut Scratch,
+    ) {
+        let s_n = self.sh.seq_kv;
+        self.pack_q(b, h, &[i], s);
+        let blocks =
+            || (0..s_n.div_ceil(BLOCK_KV)).map(|jb| (jb, (s_n - jb * BLOCK_KV).min(BLOCK_KV)));
+        let mut max = f32::NEG_INFINITY;
+        for (jb, keys) in blocks() {
+            self.scores(k, 1, (jb, keys), s);
+            let row = s.tile.get(keys);
+            self.finish_scores((b, h, i), jb * BLOCK_KV, row);
+            max = max.max(self.isa.max(row));
+        }
+        let mut sum = 0.0f32;
+        for (jb, keys) in blocks() {
+            self.scores(k, 1, (jb, keys), s);
+            let row = s.tile.get(keys);
+            self.finish_scores((b, h, i), jb * BLOCK_KV, row);
+            sum += self.isa.exp_sub_sum(row, max);
+            out[jb * BLOCK_KV..][..keys].copy_from_slice(row);
+        }
+        self.isa.scale(out, 1.0 / sum);
     }
 }
 
