@@ -516,13 +516,69 @@ fn no_query_heads_give_empty_outputs() {
     }
 }
 
+/// One run of [`on_f32_and_bf16`]: the ISA, and whether the inputs were bf16.
+struct Run {
+    isa: Isa,
+    bf16: bool,
+}
+
+impl Run {
+    /// The tolerance of `out` for this run, with values `v` ([`bf16_out_tol`] or [`TOL`]).
+    fn out_tol(&self, opts: &AttnOptions, v: &[f32]) -> f32 {
+        if self.bf16 {
+            bf16_out_tol(self.isa, opts, v)
+        } else {
+            TOL
+        }
+    }
+}
+
+/// `check(name, run, got, want, v)` for `opts` on every ISA, with the inputs as f32 and rounded
+/// to bf16 (`want` from the reference on what the kernels saw, `v` the values it saw), checked
+/// for non-finite values or not (`checked`).
+fn on_f32_and_bf16(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    shape: AttnShape,
+    opts: &AttnOptions,
+    checked: bool,
+    check: impl Fn(&str, &Run, &AttnOutput, &AttnOutput, &[f32]),
+) {
+    let (qb, kb, vb) = (round(q), round(k), round(v));
+    let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+    for (bf16, (q, k, v)) in [(false, (q, k, v)), (true, (&qw[..], &kw[..], &vw[..]))] {
+        let input = match checked {
+            true => AttnInput::new(q, k, v, shape),
+            false => AttnInput::allowing_non_finite(q, k, v, shape),
+        };
+        let input = input.unwrap();
+        let want = sdpa_reference(&input, opts).unwrap();
+        for isa in isas() {
+            let got = if bf16 {
+                let input = match checked {
+                    true => AttnInputBf16::new(&qb, &kb, &vb, shape),
+                    false => AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape),
+                };
+                sdpa_bf16_with(isa, &input.unwrap(), opts).unwrap()
+            } else {
+                sdpa_with(isa, &input, opts).unwrap()
+            };
+            let name = format!("bf16 {bf16}, {isa:?}");
+            check(&name, &Run { isa, bf16 }, &got, &want, v);
+        }
+    }
+}
+
+/// `x` in units of `unit`.
+fn in_units(x: &[f32], unit: f32) -> Vec<f32> {
+    x.iter().map(|x| x / unit).collect()
+}
+
 #[test]
 fn values_near_the_limit_of_f32_give_what_the_reference_gives() {
     // The kernels sum `P·V` with unnormalised weights over every key and divide by their sum at
     // the end: 1000 values of 1e37 sum past f32's limit where the reference's normalised sum
-    // stays finite. Such heads are scaled down first. Also a value at the bound (2^64), one near
-    // the largest bf16 and f32 (3e38), and tiny values beside huge ones; f32 and bf16 inputs,
-    // causal or not, every ISA.
+    // stays finite. Such heads are scaled down first. Also a value at 2^64, one near the
+    // largest bf16 and f32 (3e38), and tiny values beside huge ones; causal or not.
     let shape = AttnShape::new(1, 2, 70, 1000, 40);
     let mut rng = Rng(11);
     let q = rng.vec(shape.q_dims().iter().product(), 1.0);
@@ -539,44 +595,31 @@ fn values_near_the_limit_of_f32_give_what_the_reference_gives() {
             })
             .collect();
         v[5] = top;
-        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
-        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
         for causal in [None, Some(Causal::TopLeft)] {
             let opts = AttnOptions {
                 causal,
                 ..AttnOptions::default()
             };
-            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
-                let input = AttnInput::new(q, k, v, shape).unwrap();
-                let want = sdpa_reference(&input, &opts).unwrap();
-                assert!(
-                    want.out.iter().all(|x| x.is_finite()),
-                    "{top}: the reference"
-                );
-                // Compared in units of the largest value.
-                let unit_v: Vec<f32> = v.iter().map(|x| x / top).collect();
-                for isa in isas() {
-                    let name =
-                        format!("values up to {top:e}, {causal:?}, bf16 {bf16_inputs}, {isa:?}");
-                    let (got, tol) = if bf16_inputs {
-                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
-                        let tol = bf16_out_tol(isa, &opts, &unit_v);
-                        (sdpa_bf16_with(isa, &input, &opts).unwrap(), tol)
-                    } else {
-                        (sdpa_with(isa, &input, &opts).unwrap(), TOL)
-                    };
-                    let in_units = |x: &[f32]| x.iter().map(|x| x / top).collect::<Vec<_>>();
-                    assert_close("out", &name, &in_units(&got.out), &in_units(&want.out), tol);
+            on_f32_and_bf16(
+                (&q, &k, &v),
+                shape,
+                &opts,
+                true,
+                |run_name, run, got, want, v| {
+                    assert!(
+                        want.out.iter().all(|x| x.is_finite()),
+                        "{top}: the reference"
+                    );
+                    let name = format!("values up to {top:e}, {causal:?}, {run_name}");
+                    // Compared in units of the largest value.
+                    let tol = run.out_tol(&opts, &in_units(v, top));
+                    let (got_out, want_out) = (in_units(&got.out, top), in_units(&want.out, top));
+                    assert_close("out", &name, &got_out, &want_out, tol);
                     assert_close("lse", &name, &got.lse, &want.lse, TOL);
-                }
-            }
+                },
+            );
         }
     }
-}
-
-/// `x` in units of `unit`.
-fn in_units(x: &[f32], unit: f32) -> Vec<f32> {
-    x.iter().map(|x| x / unit).collect()
 }
 
 #[test]
@@ -596,36 +639,26 @@ fn rows_that_see_only_small_values_keep_them_beside_huge_ones() {
         let unit = rng.vec(40 * 16, 1.0);
         for small in [1e-20f32, 1e-25] {
             let v: Vec<f32> = (0..40 * 16)
-                .map(|i| {
-                    if i < 39 * 16 {
-                        unit[i] * small
-                    } else {
-                        unit[i].signum() * 3e38
-                    }
+                .map(|i| match i < 39 * 16 {
+                    true => unit[i] * small,
+                    false => unit[i].signum() * 3e38,
                 })
                 .collect();
-            let (qb, kb, vb) = (round(&q), round(&k), round(&v));
-            let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
-            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
-                let input = AttnInput::new(q, k, v, shape).unwrap();
-                let want = sdpa_reference(&input, &opts).unwrap();
-                let small_v = in_units(&v[..39 * 16], small);
-                for isa in isas() {
-                    let (got, tol) = if bf16_inputs {
-                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
-                        let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
-                        (got, bf16_out_tol(isa, &opts, &small_v))
-                    } else {
-                        (sdpa_with(isa, &input, &opts).unwrap(), TOL)
-                    };
-                    let name = format!("{l} rows, values {small:e}, bf16 {bf16_inputs}, {isa:?}");
+            on_f32_and_bf16(
+                (&q, &k, &v),
+                shape,
+                &opts,
+                true,
+                |run_name, run, got, want, v| {
+                    let name = format!("{l} rows, values {small:e}, {run_name}");
+                    let tol = run.out_tol(&opts, &in_units(&v[..39 * 16], small));
                     let (g, w) = got.out.split_at(huge_rows * 16);
                     let (gw, ww) = want.out.split_at(huge_rows * 16);
                     assert_close("out", &name, &in_units(g, small), &in_units(gw, small), tol);
                     assert_close("out", &name, &in_units(w, 3e38), &in_units(ww, 3e38), tol);
                     assert_close("lse", &name, &got.lse, &want.lse, TOL);
-                }
-            }
+                },
+            );
         }
     }
 }
@@ -650,27 +683,21 @@ fn huge_values_beside_a_non_finite_one_stay_finite_where_it_is_not_seen() {
     for bad in [f32::NAN, f32::INFINITY] {
         let mut v = clean.clone();
         v[90 * 16 + 3] = bad;
-        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
-        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
-        for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
-            let input = AttnInput::allowing_non_finite(q, k, v, shape).unwrap();
-            let want = sdpa_reference(&input, &opts).unwrap();
-            for isa in isas() {
-                let got = if bf16_inputs {
-                    let input = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
-                    sdpa_bf16_with(isa, &input, &opts).unwrap()
-                } else {
-                    sdpa_with(isa, &input, &opts).unwrap()
-                };
-                let name = format!("{bad} at key 90, bf16 {bf16_inputs}, {isa:?}");
+        on_f32_and_bf16(
+            (&q, &k, &v),
+            shape,
+            &opts,
+            false,
+            |run_name, _, got, want, _| {
+                let name = format!("{bad} at key 90, {run_name}");
                 let (g, w) = (&got.out[..90 * 16], &want.out[..90 * 16]);
                 assert_close("out", &name, &in_units(g, 2e38), &in_units(w, 2e38), TOL);
                 assert!(
                     (90..100).all(|i| !got.out[i * 16 + 3].is_finite()),
                     "{name}: rows from 90 on must see it"
                 );
-            }
-        }
+            },
+        );
     }
 }
 
@@ -679,7 +706,7 @@ fn scores_that_rise_block_after_block_move_the_running_max() {
     // Scores rising by 3 or 8 every 256 keys, plus noise: on the tiles a row's later key blocks
     // take one pass offset by its running max, and a second with the new max when a block's
     // scores pass it by more than 5.5 (8 per block does, 3 does not). Every kind of weights,
-    // recomputed from the saved max and sum; causal or not; f32 and bf16; every ISA.
+    // recomputed from the saved offset and sum; causal or not.
     let (l, s, d) = (64, 768, 16);
     // Two query heads on one key/value head.
     let shape = AttnShape {
@@ -699,32 +726,27 @@ fn scores_that_rise_block_after_block_move_the_running_max() {
             })
             .collect();
         let v = rng.vec(s * d, 1.0);
-        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
-        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
-        for (causal, which) in [None, Some(Causal::BottomRight)]
-            .into_iter()
-            .flat_map(|c| (0..3).map(move |w| (c, w)))
-        {
-            let opts = AttnOptions {
-                causal,
-                weights: weights_for(which, l),
-                ..AttnOptions::default()
-            };
-            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
-                let input = AttnInput::new(q, k, v, shape).unwrap();
-                let want = sdpa_reference(&input, &opts).unwrap();
-                for isa in isas() {
-                    let name = format!(
-                        "slope {slope}, {causal:?}, weights {which}, bf16 {bf16_inputs}, {isa:?}"
-                    );
-                    if bf16_inputs {
-                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
-                        let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
-                        assert_same_bf16(&name, &got, &want, bf16_out_tol(isa, &opts, v));
-                    } else {
-                        assert_same(&name, &sdpa_with(isa, &input, &opts).unwrap(), &want, TOL);
-                    }
-                }
+        for causal in [None, Some(Causal::BottomRight)] {
+            for which in 0..3 {
+                let opts = AttnOptions {
+                    causal,
+                    weights: weights_for(which, l),
+                    ..AttnOptions::default()
+                };
+                on_f32_and_bf16(
+                    (&q, &k, &v),
+                    shape,
+                    &opts,
+                    true,
+                    |run_name, run, got, want, v| {
+                        let name =
+                            format!("slope {slope}, {causal:?}, weights {which}, {run_name}");
+                        match run.bf16 {
+                            true => assert_same_bf16(&name, got, want, run.out_tol(&opts, v)),
+                            false => assert_same(&name, got, want, TOL),
+                        }
+                    },
+                );
             }
         }
     }
@@ -734,7 +756,7 @@ fn scores_that_rise_block_after_block_move_the_running_max() {
 fn a_non_finite_key_in_a_later_block_reaches_the_rows_that_see_it() {
     // Causal, 400 queries and keys: key 300 (in the second 256-key block, where the tiles' rows
     // take one pass with their running max) holds NaN, +∞ or −∞. The rows that see it give
-    // what the reference gives, NaN included; the others match it as usual. f32 and bf16.
+    // what the reference gives, NaN included; the others match it as usual.
     let shape = AttnShape::new(1, 1, 400, 400, 16);
     let opts = AttnOptions {
         causal: Some(Causal::TopLeft),
@@ -749,22 +771,16 @@ fn a_non_finite_key_in_a_later_block_reaches_the_rows_that_see_it() {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut k = clean.clone();
         k[300 * 16 + 5] = bad;
-        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
-        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
-        for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
-            let input = AttnInput::allowing_non_finite(q, k, v, shape).unwrap();
-            let want = sdpa_reference(&input, &opts).unwrap();
-            for isa in isas() {
-                let (got, tol) = if bf16_inputs {
-                    let input = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
-                    let got = sdpa_bf16_with(isa, &input, &opts).unwrap();
-                    (got, bf16_out_tol(isa, &opts, v))
-                } else {
-                    (sdpa_with(isa, &input, &opts).unwrap(), TOL)
-                };
-                let name = format!("{bad} at key 300, bf16 {bf16_inputs}, {isa:?}");
+        on_f32_and_bf16(
+            (&q, &k, &v),
+            shape,
+            &opts,
+            false,
+            |run_name, run, got, want, v| {
+                let name = format!("{bad} at key 300, {run_name}");
+                let out_tol = run.out_tol(&opts, v);
                 for (what, got, want, tol) in [
-                    ("out", &got.out, &want.out, tol),
+                    ("out", &got.out, &want.out, out_tol),
                     ("lse", &got.lse, &want.lse, TOL),
                 ] {
                     for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
@@ -776,21 +792,21 @@ fn a_non_finite_key_in_a_later_block_reaches_the_rows_that_see_it() {
                         assert!(same, "{name}: {what}[{i}] is {g}, the reference {w}");
                     }
                 }
-            }
-        }
+            },
+        );
     }
 }
 
 #[test]
 fn huge_scores_give_a_softmax_of_them() {
-    // Scores near ±1e4, ±1e9 and ±1e30 (queries and keys of 1e2, 3.2e4 and 1e15 times values
-    // up to 1): each weight's exponent must be formed as `scale·s − m`, not as two products of
-    // that size, whose roundings alone moved it past f32's range at 1e9 (NaN on the tiles).
-    // Near 1e4 every path matches the reference. From 1e9 on an ulp of a score is 64 or more,
-    // so scores summed in different orders give different softmaxes, the reference's among
-    // them: there the output must be a weighted mean of the values, the log-sum-exp the
-    // reference's (to f32 rounding of its size), and the weights a distribution. f32 and bf16,
-    // causal or not, every ISA; the weights of three rows.
+    // Scores near ±1e4, ±1e9 and ±1e30 (queries and keys of 1e2, 3.2e4, 1e5 and 1e15 times
+    // values up to 1): each weight's exponent must be formed as `scale·s − m`, not as two
+    // products of that size, whose roundings alone moved it past f32's range at 1e9 (NaN on
+    // the tiles). Near 1e4 every path matches the reference. From 1e9 on an ulp of a score is
+    // 64 or more, so scores summed in different orders give different softmaxes, the
+    // reference's among them: there the output must be a weighted mean of the values, the
+    // log-sum-exp the reference's (to f32 rounding of its size), and the weights a
+    // distribution. Causal or not; the weights of three rows.
     let shape = AttnShape::new(1, 2, 40, 300, 16);
     let mut rng = Rng(16);
     let (q0, k0, v) = (
@@ -800,33 +816,25 @@ fn huge_scores_give_a_softmax_of_them() {
     );
     for size in [1e2f32, 3.2e4, 1e5, 1e15] {
         let (q, k) = (in_units(&q0, 1.0 / size), in_units(&k0, 1.0 / size));
-        let (qb, kb, vb) = (round(&q), round(&k), round(&v));
-        let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
         for causal in [None, Some(Causal::TopLeft)] {
             let opts = AttnOptions {
                 causal,
                 weights: weights_for(1, 40),
                 ..AttnOptions::default()
             };
-            for (bf16_inputs, (q, k, v)) in [(false, (&q, &k, &v)), (true, (&qw, &kw, &vw))] {
-                let input = AttnInput::new(q, k, v, shape).unwrap();
-                let want = sdpa_reference(&input, &opts).unwrap();
-                for isa in isas() {
-                    let name = format!("q, k × {size:e}, {causal:?}, bf16 {bf16_inputs}, {isa:?}");
-                    let got = if bf16_inputs {
-                        let input = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
-                        sdpa_bf16_with(isa, &input, &opts).unwrap()
-                    } else {
-                        sdpa_with(isa, &input, &opts).unwrap()
-                    };
+            on_f32_and_bf16(
+                (&q, &k, &v),
+                shape,
+                &opts,
+                true,
+                |run_name, run, got, want, v| {
+                    let name = format!("q, k × {size:e}, {causal:?}, {run_name}");
                     if size < 1e3 {
-                        match bf16_inputs {
-                            true => {
-                                assert_same_bf16(&name, &got, &want, bf16_out_tol(isa, &opts, v))
-                            }
-                            false => assert_same(&name, &got, &want, TOL),
+                        match run.bf16 {
+                            true => assert_same_bf16(&name, got, want, run.out_tol(&opts, v)),
+                            false => assert_same(&name, got, want, TOL),
                         }
-                        continue;
+                        return;
                     }
                     let (lo, hi) = v
                         .iter()
@@ -842,14 +850,12 @@ fn huge_scores_give_a_softmax_of_them() {
                     };
                     for row in data.chunks_exact(300) {
                         let sum: f32 = row.iter().sum();
-                        assert!(
-                            row.iter().all(|w| (0.0..=1.0 + 1e-6).contains(w)),
-                            "{name}: weights"
-                        );
+                        let in_range = row.iter().all(|w| (0.0..=1.0 + 1e-6).contains(w));
+                        assert!(in_range, "{name}: weights outside [0, 1]");
                         assert!((sum - 1.0).abs() <= 1e-4, "{name}: weights sum to {sum}");
                     }
-                }
-            }
+                },
+            );
         }
     }
 }
