@@ -266,36 +266,20 @@ impl<'a> Plan<'a> {
     ) -> Option<AmxHead<'a>> {
         let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
-        let down = values.down();
         match self.src {
             Src::Bf16 { q, k, v } => {
-                let v = &v[head * dv..][..s_n * dv];
-                let scaled: Vec<bf16>;
-                let v = if values.shift == 0 {
-                    v
-                } else {
-                    scaled = v
-                        .iter()
-                        .map(|x| bf16::from_f32(x.to_f32() * down))
-                        .collect();
-                    &scaled
-                };
+                let v = values.apply(&v[head * dv..][..s_n * dv], |x, down| {
+                    bf16::from_f32(x.to_f32() * down)
+                });
                 Some(AmxHead::Bf16 {
                     q,
                     k: PackedB::from_transposed(&k[head * d..][..s_n * d], s_n, d),
-                    v: PackedB::from_rows(v, s_n, dv),
+                    v: PackedB::from_rows(&v, s_n, dv),
                 })
             }
             Src::F32 { q, k, v } => {
-                let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
-                let scaled: Vec<f32>;
-                let v = if values.shift == 0 {
-                    v
-                } else {
-                    scaled = v.iter().map(|x| x * down).collect();
-                    &scaled
-                };
-                let (k, v) = pack_f32_head(k, v, (s_n, d, dv))?;
+                let v = values.apply(&v[head * dv..][..s_n * dv], |x, down| x * down);
+                let (k, v) = pack_f32_head(&k[head * d..][..s_n * d], &v, (s_n, d, dv))?;
                 Some(AmxHead::F32 { q, k, v })
             }
         }

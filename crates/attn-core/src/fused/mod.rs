@@ -54,6 +54,7 @@ pub use isa::{Isa, set_global_threads};
 /// The bf16 type of [`AttnInputBf16`] (from the `half` crate), for callers without that dependency.
 pub use half::bf16;
 
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
@@ -338,6 +339,16 @@ impl ValueScale {
             finite,
             shift: (exponent - limit + 1).max(0),
         }
+    }
+
+    /// `v` as the kernels take it: borrowed when it is not scaled, else a copy with each value
+    /// `x` as `times(x, 2^-shift)`.
+    fn apply<'v, T: Clone>(self, v: &'v [T], times: impl Fn(T, f32) -> T) -> Cow<'v, [T]> {
+        if self.shift == 0 {
+            return Cow::Borrowed(v);
+        }
+        let down = self.down();
+        Cow::Owned(v.iter().map(|x| times(x.clone(), down)).collect())
     }
 
     /// `2^-shift`, what the kernels' values are.
