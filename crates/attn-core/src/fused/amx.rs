@@ -1216,8 +1216,9 @@ const EXP2_DEGREE_5: [f32; 5] = [
 
 /// `2^t` for 16 lanes and `t ≤ 8` (`MAX_HEADROOM·log₂e` is 7.9; a block's pass that is redone
 /// may overflow to ∞) with the polynomial `c` (`EXP2_DEGREE_4`: relative error ≤ 3e-6,
-/// `EXP2_DEGREE_5`: ≤ 2e-7, both checked for `−125 ≤ t ≤ 8` in the tests): `t = n + f` with `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by the polynomial,
-/// times `2^n` (`VSCALEFPS`, which takes `⌊t⌋` itself). The row's sum, and so the
+/// `EXP2_DEGREE_5`: ≤ 2e-7, both checked for `−125 ≤ t ≤ 8` in the tests): `t = n + f` with
+/// `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by the polynomial, times `2^n`
+/// (`VSCALEFPS`, which takes `⌊t⌋` itself). The row's sum, and so the
 /// log-sum-exp, moves by at most the same relative error.
 ///
 /// Below −125 the result is 2^-125 (not 0): these rows have no hidden keys, and a weight of

@@ -369,10 +369,11 @@ fn pow2(e: i32) -> f32 {
 }
 
 /// A key/value head as the query heads of its group find it: its values' scale, whether the
-/// tiles can take it ([`Plan::amx_key_norm`]), and its operands, packed by the first query head that needs them
-/// for the tiles (`amx`), for the vector kernels (`vector`), or for the weights of a few rows
-/// after the tiles (`keys`, unless `vector` holds them). The others wait for it, so what packs
-/// them must not run rayon work: a waiting thread could be the one to steal it.
+/// tiles can take it ([`Plan::amx_key_norm`]), and its operands, packed by the first query head
+/// that needs them for the tiles (`amx`), for the vector kernels (`vector`), or for the
+/// weights of a few rows after the tiles (`keys`, unless `vector` holds them). The others
+/// wait for it, so what packs them must not run rayon work: a waiting thread could be the one
+/// to steal it.
 struct KvHead<'a> {
     values: ValueScale,
     key_norm: Option<f32>,
@@ -947,8 +948,8 @@ impl<'a> Plan<'a> {
 
     /// Weights `e^(score − m) / sum` of query rows `rows` of head `(b, h)` into `dst`
     /// (`[rows, seq_kv]`): written, or added times `share` when averaging heads. The row's
-    /// offset `m` and sum rather than `lse = max + ln sum`: near ±3e38 `ln sum` is below an ulp of `max`,
-    /// and `e^(score − lse)` would lose the ties' shares.
+    /// offset `m` and sum rather than `lse = m + ln sum`: near ±3e38 `ln sum` is below an ulp
+    /// of `m`, and `e^(score − lse)` would lose the ties' shares.
     ///
     /// The scores here come from the FMA kernels; a row computed on the tiles summed its scores
     /// in another order. Where the scores are so large that the two orders' roundings move a
