@@ -58,11 +58,13 @@ pub fn key_range(
         hi = hi.min(diag + 1);
     }
     if let Some(w) = window {
+        // A side wider than `isize` reaches every key, as no side does.
+        let wide = |side: usize| isize::try_from(side).unwrap_or(isize::MAX);
         if let Some(left) = w.left {
-            lo = lo.max(diag.saturating_sub(left as isize));
+            lo = lo.max(diag.saturating_sub(wide(left)));
         }
         if let Some(right) = w.right {
-            hi = hi.min(diag.saturating_add(right as isize).saturating_add(1));
+            hi = hi.min(diag.saturating_add(wide(right)).saturating_add(1));
         }
     }
     let lo = lo.clamp(0, s) as usize;

@@ -1272,3 +1272,43 @@ fn weights_of_tied_logits_near_the_f32_limit_share_exactly() {
         assert!(got.lse[0].is_finite());
     }
 }
+
+/// Window sides wider than `isize` (up to `usize::MAX`) reach every key: the same result as no
+/// window on each side, in the reference and on every ISA. They used to wrap to negative widths
+/// and hide keys (every output 0 with both sides at 2^63).
+#[test]
+fn window_sides_wider_than_isize_reach_every_key() {
+    let shape = AttnShape::new(1, 2, 37, 41, 8);
+    let mut rng = Rng(37);
+    let q = rng.vec(2 * 37 * 8, 1.0);
+    let (k, v) = (rng.vec(2 * 41 * 8, 1.0), rng.vec(2 * 41 * 8, 1.0));
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let huge = [usize::MAX, 1 << 63, isize::MAX as usize];
+    for causal in [None, Some(Causal::TopLeft), Some(Causal::BottomRight)] {
+        let unbounded = AttnOptions {
+            causal,
+            weights: WeightsRequest::All,
+            ..AttnOptions::default()
+        };
+        let sides = huge
+            .iter()
+            .flat_map(|&w| [(Some(w), None), (None, Some(w)), (Some(w), Some(w))]);
+        for (left, right) in sides {
+            let options = AttnOptions {
+                window: Some(Window { left, right }),
+                ..unbounded.clone()
+            };
+            let case = format!("causal {causal:?}, window {left:?}..{right:?}");
+            let run = |f: &dyn Fn(&AttnOptions) -> AttnOutput| {
+                let (got, want) = (f(&options), f(&unbounded));
+                assert_eq!(got.out, want.out, "{case}: out");
+                assert_eq!(got.lse, want.lse, "{case}: lse");
+                assert_eq!(got.weights, want.weights, "{case}: weights");
+            };
+            run(&|o| sdpa_reference(&input, o).unwrap());
+            for isa in isas() {
+                run(&|o| sdpa_with(isa, &input, o).unwrap());
+            }
+        }
+    }
+}
