@@ -1312,3 +1312,32 @@ fn window_sides_wider_than_isize_reach_every_key() {
         }
     }
 }
+
+/// The scale multiplies `q·k`, as in the reference, on every path: a scale of 1e30 on a query
+/// of 1e10 against keys of 1e-30 and 0 gives scores 1e10 and 0, so the first value, and a
+/// log-sum-exp of 1e10. Scaling the queries first overflowed (1e40): NaN on the vector
+/// kernels, the mean of both values on AMX's fallback.
+#[test]
+fn the_scale_multiplies_the_dot_product_not_the_queries() {
+    // One query row, and 32 (the tiles' smallest f32 call).
+    for rows in [1, 32] {
+        let shape = AttnShape::new(1, 1, rows, 2, 1);
+        let q = vec![1e10f32; rows];
+        let (k, v) = ([1e-30f32, 0.0], [1.0f32, 3.0]);
+        let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+        let options = AttnOptions {
+            scale: Some(1e30),
+            weights: WeightsRequest::All,
+            ..AttnOptions::default()
+        };
+        let want = sdpa_reference(&input, &options).unwrap();
+        assert_eq!(want.out, vec![1.0; rows], "reference");
+        for isa in isas() {
+            let got = sdpa_with(isa, &input, &options).unwrap();
+            let case = format!("{isa:?}, {rows} rows");
+            assert_eq!(got.out, vec![1.0; rows], "{case}: out");
+            assert_eq!(got.lse, vec![1e10; rows], "{case}: lse");
+            assert_eq!(got.weights, want.weights, "{case}: weights");
+        }
+    }
+}

@@ -733,13 +733,27 @@ impl WeightsRow<'_> {
     }
 }
 
-/// The largest Euclidean norm of the rows of `x` (`[rows, width]`); 0 without rows, NaN or ∞
-/// when `x` holds NaN or ∞.
+/// The largest Euclidean norm of the rows of `x` (`[rows, width]`), rounded up past what the
+/// squares lose to underflow; 0 without rows, NaN or ∞ when `x` holds NaN or ∞.
+///
+/// The squares of values under 2^-75 underflow: each loses up to 2^-149 of its row's sum, so
+/// `width · 2^-149` is added to the largest sum. Without it a head of keys of 1e-30 had norm 0
+/// and passed every bound, whatever the scale (1e30 made its scores 1e10 on the tiles).
 fn max_norm(x: &[f32], width: usize) -> f32 {
+    if x.is_empty() {
+        return 0.0;
+    }
+    let lost = width as f32 * f32::from_bits(1);
+    (max_square_sum(x, width) + lost).sqrt()
+}
+
+/// The largest sum of squares of the rows of `x` (`[rows, width]`, at least one); NaN or ∞ when
+/// `x` holds NaN or ∞.
+fn max_square_sum(x: &[f32], width: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is available (checked just above).
-        return unsafe { max_norm_avx512(x, width) };
+        return unsafe { max_square_sum_avx512(x, width) };
     }
     let mut max = 0.0f32;
     for row in x.chunks_exact(width) {
@@ -750,14 +764,14 @@ fn max_norm(x: &[f32], width: usize) -> f32 {
         }
         max = max.max(sq);
     }
-    max.sqrt()
+    max
 }
 
 /// # Safety
 /// AVX-512F must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn max_norm_avx512(x: &[f32], width: usize) -> f32 {
+unsafe fn max_square_sum_avx512(x: &[f32], width: usize) -> f32 {
     use std::arch::x86_64::*;
     let mut max = 0.0f32;
     let tail = ((1u32 << (width % 16)) - 1) as __mmask16;
@@ -778,7 +792,7 @@ unsafe fn max_norm_avx512(x: &[f32], width: usize) -> f32 {
         }
         max = max.max(sq);
     }
-    max.sqrt()
+    max
 }
 
 /// Keys `[seq_kv, head_dim]` and values `[seq_kv, value_dim]` of one head as `Kᵀ` and `V` in
@@ -1451,6 +1465,12 @@ mod tests {
         x[40 + 19] = 1.0;
         assert_eq!(max_norm(&x, 20), 13.0);
         assert_eq!(max_norm(&[], 20), 0.0);
+        // Rows whose squares underflow: still at least their norm.
+        for tiny in [1e-20f32, 1e-30, 1e-38, 1e-45] {
+            let y = vec![tiny; 3 * 20];
+            let norm = (20.0 * f64::from(tiny).powi(2)).sqrt();
+            assert!(f64::from(max_norm(&y, 20)) >= norm, "{tiny}");
+        }
         // 37 rows, the longest in each place: first, last, and on either side of rows 16 and 32.
         for width in [20, 64] {
             let rows = 37;

@@ -241,7 +241,7 @@ struct Plan<'a> {
 /// Per-task buffers, reused across the blocks of a task.
 #[derive(Default)]
 struct Scratch {
-    /// Query rows times the scale, `[rows, head_dim]`.
+    /// Query rows as f32, `[rows, head_dim]`.
     q: Vec<f32>,
     /// Scores, then probabilities: `[rows, keys]` (the `C`, then the `A`, of the GEMMs).
     tile: Aligned,
@@ -492,8 +492,7 @@ unsafe fn transpose_blocks_avx512(src: &[f32], width: usize, dst: &mut [f32]) {
 }
 
 impl<'a> Plan<'a> {
-    /// Copies query rows `rows` of head `(b, h)` into `s.q`, as f32 times the scale:
-    /// `(scale·q)·k` saves a pass over every score tile.
+    /// Copies query rows `rows` of head `(b, h)` into `s.q`, as f32.
     fn pack_q(&self, b: usize, h: usize, rows: &[usize], s: &mut Scratch) {
         let d = self.sh.head_dim;
         let head = (b * self.sh.n_heads + h) * self.sh.seq_q;
@@ -501,10 +500,8 @@ impl<'a> Plan<'a> {
         for &i in rows {
             let at = (head + i) * d;
             match self.src {
-                Src::F32 { q, .. } => s.q.extend(q[at..][..d].iter().map(|&x| x * self.scale)),
-                Src::Bf16 { q, .. } => {
-                    s.q.extend(q[at..][..d].iter().map(|&x| x.to_f32() * self.scale))
-                }
+                Src::F32 { q, .. } => s.q.extend_from_slice(&q[at..][..d]),
+                Src::Bf16 { q, .. } => s.q.extend(q[at..][..d].iter().map(|&x| x.to_f32())),
             }
         }
     }
@@ -572,14 +569,19 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// Raw scores `(scale·q)·k` of the packed query rows against key block `jb` (`keys` keys)
-    /// of `head`, into `s.tile` as `[rows, keys]`.
+    /// Scores `scale·(q·k)` of the packed query rows against key block `jb` (`keys` keys) of
+    /// `head`, into `s.tile` as `[rows, keys]`. The scale comes after the product, as in the
+    /// reference and on the tiles: `(scale·q)·k` would save this pass, but overflows where
+    /// `scale·q` does (a scale of 1e30 on queries of 1e10) and loses bits where it underflows.
     fn scores(&self, k: &Keys, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
         let d = self.sh.head_dim;
         let kt = k.block((jb, keys), d);
         let tile = s.tile.get(rows * keys);
         self.isa
             .gemm_f32((rows, keys, d), &s.q, d, kt, keys, tile, keys, false);
+        if self.scale != 1.0 {
+            self.isa.scale(tile, self.scale);
+        }
     }
 
     /// Turns raw scores of query `i` (head `(b, h)`) against keys `j0..` into the final scores
@@ -755,7 +757,7 @@ impl<'a> Plan<'a> {
     }
 
     /// One step of the online softmax for query `i` of head `(b, h)` over keys `j0..`: the raw
-    /// scores `(scale·q)·k` in `row` get the rules of [`Self::finish_scores`], then become
+    /// scores `scale·(q·k)` in `row` get the rules of [`Self::finish_scores`], then become
     /// `P = e^(S − m')` (0 where dropped), and the row's running max `m` and sum move on.
     /// Returns the factor `e^(m − m')` the row's accumulator must be scaled by, when `m` changed.
     fn softmax_step(
