@@ -1341,3 +1341,48 @@ fn the_scale_multiplies_the_dot_product_not_the_queries() {
         }
     }
 }
+
+/// A row with a NaN or ∞ score (inputs that opted out of the finiteness check) weighs NaN at
+/// the keys it sees and 0 at the hidden ones, as in the reference, for every kind of weights.
+/// The recomputed weights were NaN at the hidden keys too.
+#[test]
+fn rows_with_a_non_finite_score_weigh_hidden_keys_0() {
+    let shape = AttnShape::new(1, 2, 2, 2, 1);
+    let (q, v) = ([1.0f32; 4], [1.0f32; 4]);
+    for bad in [f32::NAN, f32::INFINITY] {
+        // Head 0's first key is bad; row 0 of each head sees only key 0 (top-left causal).
+        let k = [bad, 2.0, 0.5, 2.0];
+        let input = AttnInput::allowing_non_finite(&q, &k, &v, shape).unwrap();
+        for weights in [
+            WeightsRequest::All,
+            WeightsRequest::Rows(vec![1, 0]),
+            WeightsRequest::HeadAverage,
+        ] {
+            let options = AttnOptions {
+                causal: Some(Causal::TopLeft),
+                weights: weights.clone(),
+                ..AttnOptions::default()
+            };
+            let want = sdpa_reference(&input, &options).unwrap().weights.unwrap();
+            // Head 0: row 0 [bad, hidden], row 1 [bad, 2]: NaN where seen, 0 where hidden.
+            if weights == WeightsRequest::All {
+                let head0 = &want.data()[..4];
+                assert!(head0[0].is_nan() && head0[1] == 0.0, "{head0:?}");
+                assert!(head0[2].is_nan() && head0[3].is_nan(), "{head0:?}");
+            }
+            for isa in isas() {
+                let got = sdpa_with(isa, &input, &options).unwrap().weights.unwrap();
+                // NaN and 0 where the reference has them, the other weights within rounding.
+                let same = got.data().len() == want.data().len()
+                    && got.data().iter().zip(want.data()).all(|(g, w)| {
+                        (g.is_nan() && w.is_nan())
+                            || (*w == 0.0) == (*g == 0.0) && (g - w).abs() <= 1e-6
+                    });
+                assert!(
+                    same,
+                    "{isa:?}, k[0] = {bad}, {weights:?}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}

@@ -1001,6 +1001,18 @@ impl<'a> Plan<'a> {
                     // A row that sees nothing weighs 0 everywhere (already 0 in `out`).
                     continue;
                 }
+                if !max.is_finite() {
+                    // A NaN or ∞ score (inputs that opted out of the finiteness check) makes
+                    // the row's sum NaN: as in the reference, its weights are NaN at the keys
+                    // it sees and 0 at the hidden ones, which the rules turn to −∞.
+                    row.fill(f32::NAN);
+                    self.finish_scores((b, h, i), j0, row);
+                    for x in row.iter_mut().filter(|x| **x == f32::NEG_INFINITY) {
+                        *x = 0.0;
+                    }
+                    out[j0..][..keys].copy_from_slice(row);
+                    continue;
+                }
                 self.finish_scores((b, h, i), j0, row);
                 *total += self.isa.exp_sub_sum(row, max);
                 self.isa.scale(row, 1.0 / sum);
