@@ -31,13 +31,23 @@ pub fn sdpa_reference(
 
     let mut out = vec![0.0f32; b_n * h_n * l_n * dv];
     let mut lse = vec![f32::NEG_INFINITY; b_n * h_n * l_n];
-    // Every row's weights, kept only when some weights were asked for.
-    let keep_weights = options.weights != WeightsRequest::None;
-    let mut all = if keep_weights {
-        vec![0.0f32; b_n * h_n * l_n * s_n]
-    } else {
-        Vec::new()
-    };
+    // The weights asked for, and no more: every row's, the rows asked for (`at[i]`: where row
+    // `i` goes in the list, which may name it more than once), or each batch's sum over heads.
+    let mut kept = vec![
+        0.0f32;
+        match &options.weights {
+            WeightsRequest::None => 0,
+            WeightsRequest::All => b_n * h_n * l_n * s_n,
+            WeightsRequest::Rows(rows) => b_n * h_n * rows.len() * s_n,
+            WeightsRequest::HeadAverage => b_n * l_n * s_n,
+        }
+    ];
+    let mut at = vec![Vec::new(); l_n];
+    if let WeightsRequest::Rows(rows) = &options.weights {
+        for (p, &i) in rows.iter().enumerate() {
+            at[i].push(p);
+        }
+    }
     let mut w_row = vec![0.0f32; s_n];
     let mut scores = vec![0.0f32; s_n];
     let mut visible = vec![false; s_n];
@@ -106,8 +116,19 @@ pub fn sdpa_reference(
                         0.0
                     };
                 }
-                if keep_weights {
-                    all[row * s_n..][..s_n].copy_from_slice(&w_row);
+                match &options.weights {
+                    WeightsRequest::None => {}
+                    WeightsRequest::All => kept[row * s_n..][..s_n].copy_from_slice(&w_row),
+                    WeightsRequest::Rows(rows) => {
+                        for &p in &at[i] {
+                            let dst = ((b * h_n + h) * rows.len() + p) * s_n;
+                            kept[dst..][..s_n].copy_from_slice(&w_row);
+                        }
+                    }
+                    WeightsRequest::HeadAverage => {
+                        let sum = &mut kept[(b * l_n + i) * s_n..][..s_n];
+                        sum.iter_mut().zip(&w_row).for_each(|(a, &w)| *a += w);
+                    }
                 }
                 let o_row = &mut out[row * dv..][..dv];
                 for (j, &w) in w_row.iter().enumerate() {
@@ -128,42 +149,17 @@ pub fn sdpa_reference(
 
     let weights = match &options.weights {
         WeightsRequest::None => None,
-        WeightsRequest::All => Some(Weights::All(all)),
-        WeightsRequest::Rows(rows) => {
-            let mut data = Vec::with_capacity(b_n * h_n * rows.len() * s_n);
-            for bh in 0..b_n * h_n {
-                for &i in rows {
-                    data.extend_from_slice(&all[(bh * l_n + i) * s_n..][..s_n]);
-                }
-            }
-            Some(Weights::Rows {
-                rows: rows.clone(),
-                data,
-            })
+        WeightsRequest::All => Some(Weights::All(kept)),
+        WeightsRequest::Rows(rows) => Some(Weights::Rows {
+            rows: rows.clone(),
+            data: kept,
+        }),
+        WeightsRequest::HeadAverage => {
+            kept.iter_mut().for_each(|a| *a /= h_n as f32);
+            Some(Weights::HeadAverage(kept))
         }
-        WeightsRequest::HeadAverage => Some(Weights::HeadAverage(head_average(
-            &all,
-            b_n,
-            h_n,
-            l_n * s_n,
-        ))),
     };
     Ok(AttnOutput { out, lse, weights })
-}
-
-/// Averages `[batch, n_heads, rest]` over heads into `[batch, rest]`.
-pub fn head_average(all: &[f32], batch: usize, n_heads: usize, rest: usize) -> Vec<f32> {
-    let mut avg = vec![0.0f32; batch * rest];
-    for b in 0..batch {
-        let dst = &mut avg[b * rest..][..rest];
-        for h in 0..n_heads {
-            for (a, &w) in dst.iter_mut().zip(&all[(b * n_heads + h) * rest..][..rest]) {
-                *a += w;
-            }
-        }
-        dst.iter_mut().for_each(|a| *a /= n_heads as f32);
-    }
-    avg
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

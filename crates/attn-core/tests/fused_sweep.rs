@@ -1386,3 +1386,31 @@ fn rows_with_a_non_finite_score_weigh_hidden_keys_0() {
         }
     }
 }
+
+/// Degenerate bf16 calls (`head_dim` 0) take non-finite values as f32 ones do when the input
+/// opted out of the check: a NaN value reaches the outputs that read it, and the call succeeds
+/// instead of reporting the check the input skipped.
+#[test]
+fn degenerate_bf16_calls_keep_the_inputs_opt_out() {
+    let shape = AttnShape {
+        value_dim: 2,
+        ..AttnShape::new(1, 1, 2, 3, 0)
+    };
+    let v = [1.0, 2.0, f32::NAN, 4.0, 5.0, 6.0];
+    let vb: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+    let input = AttnInputBf16::allowing_non_finite(&[], &[], &vb, shape).unwrap();
+    let f32_input = AttnInput::allowing_non_finite(&[], &[], &v, shape).unwrap();
+    let options = AttnOptions {
+        scale: Some(1.0),
+        ..AttnOptions::default()
+    };
+    for isa in isas() {
+        let got = sdpa_bf16_with(isa, &input, &options).unwrap();
+        let want = sdpa_with(isa, &f32_input, &options).unwrap();
+        // Every score is 0: each row's log-sum-exp is ln 3, and the NaN reaches column 0.
+        assert_eq!(got.lse, vec![3f32.ln(); 2], "{isa:?}");
+        let nan_at = |out: &[f32]| out.iter().map(|x| x.is_nan()).collect::<Vec<_>>();
+        assert_eq!(nan_at(&got.out), vec![true, false, true, false], "{isa:?}");
+        assert_eq!(nan_at(&got.out), nan_at(&want.out), "{isa:?}");
+    }
+}
