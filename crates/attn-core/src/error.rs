@@ -63,11 +63,22 @@ pub enum AttnError {
     },
     /// The requested result would need more memory than is reasonable to allocate.
     #[error(
-        "{what} would need {bytes} bytes ({shape:?} f32 values); ask for fewer rows or the head average"
+        "{what} would need {bytes} bytes ({shape:?} f32 values), too many to allocate{}",
+        too_large_hint(what)
     )]
     TooLarge {
         what: &'static str,
         shape: Vec<usize>,
         bytes: u128,
     },
+}
+
+/// What to do about [`AttnError::TooLarge`]: weights can be asked for in less room; a shape too
+/// large for its per-row state cannot.
+fn too_large_hint(what: &str) -> &'static str {
+    if what == "attention weights" {
+        "; ask for fewer rows or the head average"
+    } else {
+        ""
+    }
 }

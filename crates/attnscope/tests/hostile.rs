@@ -334,6 +334,47 @@ fn cases(root: &Path) -> Vec<Case> {
         ));
     }
 
+    // `bench sdpa` makes its own inputs: sizes and counts that cannot be met are refused before
+    // anything is allocated or started.
+    let bench = |input: &str, args: &[&str], needles: &[&'static str]| {
+        let mut all = vec!["sdpa", "--heads", "1"];
+        all.extend(args);
+        case("bench", input, &all, needles)
+    };
+    cases.extend([
+        bench(
+            "inputs and outputs of 1.5 TiB",
+            &["--seq", "100000000", "--batch", "8", "--head-dim", "128"],
+            &["--seq 100000000", "GiB", "this machine has"],
+        ),
+        bench(
+            "--head-dim usize::MAX",
+            &["--seq", "1", "--head-dim", "18446744073709551615"],
+            &["--head-dim 18446744073709551615", "this machine has"],
+        ),
+        bench(
+            "--seq usize::MAX",
+            &["--seq", "18446744073709551615", "--head-dim", "8"],
+            &["query rows", "too many to allocate"],
+        ),
+        bench(
+            "--reps usize::MAX",
+            &[
+                "--seq",
+                "8",
+                "--head-dim",
+                "8",
+                "--reps",
+                "18446744073709551615",
+            ],
+            &["--reps", "1000000"],
+        ),
+        bench(
+            "--threads 10000",
+            &["--seq", "8", "--head-dim", "8", "--threads", "10000"],
+            &["--threads", "1024"],
+        ),
+    ]);
     cases.extend([
         case(
             "attention",

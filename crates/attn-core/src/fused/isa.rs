@@ -135,18 +135,25 @@ impl Isa {
     }
 }
 
+/// The most workers [`set_global_threads`] starts: more than the cores of any machine this
+/// runs on. Ten thousand took minutes to start (a 2-core virtual machine).
+pub const MAX_THREADS: usize = 1024;
+
 /// Sizes rayon's global pool, which the fused kernels run on, to `threads` workers. Call it once,
 /// before any attention call; asking again for the size the pool already has is fine.
 ///
 /// # Errors
-/// `threads` is 0, or the pool already runs with another size.
+/// `threads` is 0 or more than [`MAX_THREADS`], or the pool already runs with another size.
 pub fn set_global_threads(threads: usize) -> Result<(), AttnError> {
     let invalid = |reason: String| AttnError::InvalidOption {
         option: "threads",
         reason,
     };
-    if threads == 0 {
-        return Err(invalid("must be at least 1".into()));
+    if !(1..=MAX_THREADS).contains(&threads) {
+        return Err(invalid(format!(
+            "must be between 1 and {MAX_THREADS}, not {threads} (this machine has {} cores)",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        )));
     }
     match rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

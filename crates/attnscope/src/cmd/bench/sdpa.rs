@@ -70,9 +70,12 @@ pub struct Args {
     json: bool,
 }
 
+/// The most timed repetitions: their times are kept to take the median.
+const MAX_REPS: usize = 1_000_000;
+
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.reps == 0 {
-        bail!("--reps must be at least 1");
+    if !(1..=MAX_REPS).contains(&args.reps) {
+        bail!("--reps must be between 1 and {MAX_REPS}, not {}", args.reps);
     }
     let kv_heads = args.kv_heads.unwrap_or(args.heads);
     for (flag, value) in [
@@ -116,6 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         attn_core::shape::checked_numel(&dims).context("the inputs' size overflows")
     };
     let (nq, nk) = (numel(shape.q_dims())?, numel(shape.k_dims())?);
+    check_memory(&args, shape)?;
     let mut rng = Rng(0x5eed);
     let q: Vec<f32> = (0..nq).map(|_| rng.normal()).collect();
     let k: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
@@ -234,6 +238,49 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Refuses a case whose inputs and outputs alone would not fit in this machine's memory
+/// (where `/proc/meminfo` tells it), before anything is allocated: the f32 inputs (made for
+/// both dtypes), their bf16 copies, the output and log-sum-exp, and with `--backward` the
+/// output's gradient and the three input gradients.
+fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
+    let values = |dims: [usize; 4]| dims.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
+    let inputs = values(shape.q_dims()) + 2 * values(shape.k_dims());
+    let out = values(shape.out_dims());
+    let mut bytes = 4 * (inputs + out) + 4 * values([shape.batch, shape.n_heads, shape.seq_q, 1]);
+    if args.dtype == Dtype::Bf16 {
+        bytes += 2 * inputs;
+    }
+    if args.backward {
+        bytes += 4 * (out + inputs);
+    }
+    let Some(total) = physical_memory() else {
+        return Ok(());
+    };
+    if bytes > total {
+        bail!(
+            "--seq {} --heads {} --head-dim {} (batch {}, {} key/value heads, {} keys) would need \
+             {:.1} GiB for the inputs and outputs alone; this machine has {:.1} GiB",
+            args.seq,
+            args.heads,
+            args.head_dim,
+            shape.batch,
+            shape.n_kv_heads,
+            shape.seq_kv,
+            bytes as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64,
+        );
+    }
+    Ok(())
+}
+
+/// The machine's memory in bytes (`MemTotal`), where `/proc` tells it.
+fn physical_memory() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The process's peak resident memory (`VmHWM`), where `/proc` tells it.
