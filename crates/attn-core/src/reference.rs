@@ -17,6 +17,9 @@ pub fn sdpa_reference(
     options: &AttnOptions,
 ) -> Result<AttnOutput, AttnError> {
     let sh = input.shape;
+    // The input's fields are public: one built without its constructor may disagree with its
+    // shape.
+    sh.check_lens(input.q.len(), input.k.len(), input.v.len())?;
     options.validate(&sh)?;
     let (b_n, h_n, l_n, s_n, d, dv) = (
         sh.batch,

@@ -1,6 +1,7 @@
 //! One test per `AttnError` variant: each bad input gives that error, with a message naming the
 //! tensor or option and the shapes — never a panic.
 
+use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Dropout, FloatMask, KeyPadding, Linear,
     MhaConfig, MhaInput, MultiheadAttention, StateDict, WeightsRequest, sdpa, sdpa_reference,
@@ -87,6 +88,45 @@ fn length_mismatch_when_a_slice_disagrees_with_its_shape() {
         err.to_string()
             .starts_with("q: shape [1, 2, 3, 2] needs 12 elements, got 11")
     );
+    // An input built without `new` (its fields are public) is checked by the call itself, on
+    // every path, instead of indexing past its slices.
+    let short = AttnInput {
+        q: &q,
+        k: &k,
+        v: &v[1..],
+        shape: sh,
+    };
+    let bf = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+    let (qb, kb, vb) = (bf(&q), bf(&k), bf(&v[1..]));
+    let short_bf16 = AttnInputBf16 {
+        q: &qb,
+        k: &kb,
+        v: &vb,
+        shape: sh,
+    };
+    let options = AttnOptions::default();
+    let mut results = vec![sdpa_reference(&short, &options), sdpa(&short, &options)];
+    for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+        if isa.is_available() {
+            results.push(sdpa_with(isa, &short, &options));
+            results.push(sdpa_bf16_with(isa, &short_bf16, &options));
+        }
+    }
+    for result in results {
+        assert!(
+            matches!(
+                result,
+                Err(AttnError::LengthMismatch {
+                    tensor: "v",
+                    expected: 16,
+                    got: 15,
+                    ..
+                })
+            ),
+            "{:?}",
+            result.map(|o| o.out.len())
+        );
+    }
     // The same rule guards masks and the MHA inputs.
     assert!(matches!(
         BoolMask::from_vec(vec![true; 5], &[2, 3]),

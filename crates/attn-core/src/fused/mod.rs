@@ -175,6 +175,13 @@ fn run(
     options: &AttnOptions,
     degenerate: impl FnOnce() -> Result<AttnOutput, AttnError>,
 ) -> Result<AttnOutput, AttnError> {
+    // The input's fields are public: one built without its constructor may disagree with its
+    // shape.
+    let (q, k, v) = match src {
+        Src::F32 { q, k, v } => (q.len(), k.len(), v.len()),
+        Src::Bf16 { q, k, v } => (q.len(), k.len(), v.len()),
+    };
+    shape.check_lens(q, k, v)?;
     options.validate(&shape)?;
     if !isa.is_available() {
         return Err(AttnError::InvalidOption {
