@@ -1370,18 +1370,26 @@ fn rows_with_a_non_finite_score_weigh_hidden_keys_0() {
                 assert!(head0[0].is_nan() && head0[1] == 0.0, "{head0:?}");
                 assert!(head0[2].is_nan() && head0[3].is_nan(), "{head0:?}");
             }
+            // The same inputs in bf16 (all exact in bf16), which take the tiles on AMX.
+            let bf = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+            let (qb, kb, vb) = (bf(&q), bf(&k), bf(&v));
+            let input_bf16 = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
             for isa in isas() {
-                let got = sdpa_with(isa, &input, &options).unwrap().weights.unwrap();
-                // NaN and 0 where the reference has them, the other weights within rounding.
-                let same = got.data().len() == want.data().len()
-                    && got.data().iter().zip(want.data()).all(|(g, w)| {
-                        (g.is_nan() && w.is_nan())
-                            || (*w == 0.0) == (*g == 0.0) && (g - w).abs() <= 1e-6
-                    });
-                assert!(
-                    same,
-                    "{isa:?}, k[0] = {bad}, {weights:?}: {got:?} vs {want:?}"
-                );
+                let f32_run = sdpa_with(isa, &input, &options);
+                let bf16_run = sdpa_bf16_with(isa, &input_bf16, &options);
+                for (dtype, run) in [("f32", f32_run), ("bf16", bf16_run)] {
+                    let got = run.unwrap().weights.unwrap();
+                    // NaN and 0 where the reference has them, the others within rounding.
+                    let same = got.data().len() == want.data().len()
+                        && got.data().iter().zip(want.data()).all(|(g, w)| {
+                            (g.is_nan() && w.is_nan())
+                                || (*w == 0.0) == (*g == 0.0) && (g - w).abs() <= 1e-6
+                        });
+                    assert!(
+                        same,
+                        "{isa:?} {dtype}, k[0] = {bad}, {weights:?}: {got:?} vs {want:?}"
+                    );
+                }
             }
         }
     }
