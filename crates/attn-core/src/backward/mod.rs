@@ -34,7 +34,8 @@
 //! With [`Isa::Amx`] (what [`Isa::best`] picks where the CPU has it), whole 64 × 64 blocks with
 //! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles in
 //! "bf16x3" (`bf16x.rs`: three bf16 products per f32 product, ≤ 3·2⁻¹⁶ relative error each;
-//! measured 3e-6 to 1e-5 from the twin against 3e-7 for the FMA build).
+//! measured 3e-6 to 1e-5 from the twin against 3e-7 for the FMA build), when the call's scores
+//! are bounded as the forward pass's tiles need (`scores_bounded`).
 //!
 //! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
 //! its own softmax, no saved state.
@@ -55,7 +56,7 @@ use rayon::prelude::*;
 use crate::aligned::Aligned;
 #[cfg(target_arch = "x86_64")]
 use crate::bf16x;
-use crate::fused::Isa;
+use crate::fused::{F32_SCORE_BOUND, Isa, max_norm};
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::{FiniteBits, check_finite, check_len};
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
@@ -118,6 +119,20 @@ fn validate(
         }
     }
     Ok(())
+}
+
+/// Whether every score `scale·q·k` of the call is bounded by [`F32_SCORE_BOUND`] (by
+/// Cauchy–Schwarz, `|scale|·max ‖q‖·max ‖k‖`), as the AMX lane needs: its products round each
+/// term to about `3·2⁻¹⁶`, which the exponential turns into a relative error of `P` growing
+/// with the scores. Measured on 64 × 64 blocks whose keys share a large component (scores near
+/// `s` plus differences of order 1), `dq` off by 1.5e-4 of its largest value at a bound of 12
+/// (FMA kernels 1.3e-5), 6e-4 at 22, 2e-2 at 169 and 0.1 at 659; heads past the bound take the
+/// FMA kernels.
+fn scores_bounded(input: &AttnInput<'_>, scale: f32) -> bool {
+    let d = input.shape.head_dim;
+    let bound = scale.abs() * max_norm(input.q, d) * max_norm(input.k, d);
+    // NaN and ∞ fail it.
+    bound <= F32_SCORE_BOUND
 }
 
 /// Gradients of `sum(out · dout)` with respect to `q`, `k` and `v`: the fast path.
@@ -199,7 +214,8 @@ pub fn sdpa_backward_with(
             && sh.head_dim.is_multiple_of(32)
             && sh.value_dim.is_multiple_of(32)
             && sh.head_dim > 0
-            && sh.value_dim > 0,
+            && sh.value_dim > 0
+            && scores_bounded(input, options.scale_for(&sh)),
         scale: options.scale_for(&sh),
         q: input.q,
         k: input.k,

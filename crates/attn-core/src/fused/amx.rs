@@ -100,7 +100,7 @@ const PARTS: usize = 3;
 /// summation of the same scores can do in its own worst case (`(d − 1)·2⁻²⁴` times the bound,
 /// 1.2e-4 at `head_dim` 64); measured, 1e-7. Heads with larger scores (say near 1e4, where f32
 /// rounding alone moves a weight by up to 5e-4) take the AVX-512 path.
-const F32_SCORE_BOUND: f32 = 32.0;
+pub(crate) const F32_SCORE_BOUND: f32 = 32.0;
 
 /// The largest `‖q‖·‖k‖` of f32 heads on the tiles, and more than their values reach (they are
 /// scaled under it, `ValueScale`): below it no part, product or sum can overflow.
@@ -739,7 +739,7 @@ impl WeightsRow<'_> {
 /// The squares of values under 2^-75 underflow: each loses up to 2^-149 of its row's sum, so
 /// `width · 2^-149` is added to the largest sum. Without it a head of keys of 1e-30 had norm 0
 /// and passed every bound, whatever the scale (1e30 made its scores 1e10 on the tiles).
-fn max_norm(x: &[f32], width: usize) -> f32 {
+pub(crate) fn max_norm(x: &[f32], width: usize) -> f32 {
     if x.is_empty() {
         return 0.0;
     }

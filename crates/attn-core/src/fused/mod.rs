@@ -36,6 +36,7 @@
 //! AVX-512 kernels.
 
 mod amx;
+pub(crate) use amx::{F32_SCORE_BOUND, max_norm};
 mod input_bf16;
 mod isa;
 mod portable;
