@@ -89,6 +89,30 @@ impl<'a> PackedInput<'a> {
         cu_seqlens_kv: &'a [usize],
         dims: PackedDims,
     ) -> Result<Self, AttnError> {
+        let input = PackedInput {
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            dims,
+        };
+        input.check()?;
+        Ok(input)
+    }
+
+    /// The checks of [`PackedInput::new`], which every packed call runs again: the fields are
+    /// public, so an input built without `new` may disagree with itself (an empty offsets list
+    /// made `batch()` wrap and the call loop for ever).
+    fn check(&self) -> Result<(), AttnError> {
+        let PackedInput {
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            dims,
+        } = *self;
         check_offsets("cu_seqlens_q", cu_seqlens_q)?;
         check_offsets("cu_seqlens_kv", cu_seqlens_kv)?;
         if cu_seqlens_q.len() != cu_seqlens_kv.len() {
@@ -103,20 +127,11 @@ impl<'a> PackedInput<'a> {
                 ),
             });
         }
-        let input = PackedInput {
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            dims,
-        };
-        input.shape_of(0).validate()?;
-        let (total_q, total_kv) = input.totals();
+        self.shape_of(0).validate()?;
+        let (total_q, total_kv) = self.totals();
         check_len("q", &[total_q, dims.n_heads, dims.head_dim], q.len())?;
         check_len("k", &[total_kv, dims.n_kv_heads, dims.head_dim], k.len())?;
-        check_len("v", &[total_kv, dims.n_kv_heads, dims.value_dim], v.len())?;
-        Ok(input)
+        check_len("v", &[total_kv, dims.n_kv_heads, dims.value_dim], v.len())
     }
 
     /// How many sequences the batch holds.
@@ -233,6 +248,7 @@ fn options_for(options: &AttnOptions, b: usize) -> AttnOptions {
 
 /// Refuses what a packed batch cannot take, and checks the rest against the longest sequence.
 fn check_options(input: &PackedInput<'_>, options: &AttnOptions) -> Result<(), AttnError> {
+    input.check()?;
     let refuse = |option: &'static str, what: &str| {
         Err(AttnError::InvalidOption {
             option,

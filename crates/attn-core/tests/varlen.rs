@@ -305,3 +305,63 @@ fn padded_batch_options_are_refused() {
         "{err}"
     );
 }
+
+/// A packed input built without `PackedInput::new` (its fields are public) is checked by the
+/// packed calls themselves: an empty offsets list made the batch size wrap and the call loop
+/// for ever, offsets that disagree in count or do not start at 0, and short slices panicked or
+/// dropped tokens. Forward and backward refuse each with the error `new` gives.
+#[test]
+fn inputs_built_without_new_are_checked_by_the_calls() {
+    let d = DIMS;
+    let (cu_q, cu_kv) = ([0usize, 2, 5], [0usize, 3, 4]);
+    let q = random(5 * d.n_heads * d.head_dim, 1);
+    let k = random(4 * d.n_kv_heads * d.head_dim, 2);
+    let v = random(4 * d.n_kv_heads * d.value_dim, 3);
+    let good = PackedInput::new(&q, &k, &v, &cu_q, &cu_kv, d).unwrap();
+    let fwd = sdpa_varlen(&good, &AttnOptions::default()).unwrap();
+    let dout = vec![1.0; fwd.out.len()];
+    let (none, three, late): (&[usize], &[usize], &[usize]) = (&[], &[0, 2, 4, 5], &[1, 2, 5]);
+    let cases = [
+        (
+            PackedInput {
+                cu_seqlens_q: none,
+                cu_seqlens_kv: none,
+                ..good
+            },
+            "cu_seqlens_q",
+        ),
+        (
+            PackedInput {
+                cu_seqlens_q: three,
+                ..good
+            },
+            "cu_seqlens_kv",
+        ),
+        (
+            PackedInput {
+                cu_seqlens_q: late,
+                ..good
+            },
+            "cu_seqlens_q",
+        ),
+        (PackedInput { q: &q[1..], ..good }, "q"),
+        (
+            PackedInput {
+                v: &v[..v.len() - 1],
+                ..good
+            },
+            "v",
+        ),
+    ];
+    for (input, named) in cases {
+        let name = |err: AttnError| match err {
+            AttnError::InvalidOption { option, .. } => option,
+            AttnError::LengthMismatch { tensor, .. } => tensor,
+            other => panic!("{named}: {other}"),
+        };
+        let err = sdpa_varlen(&input, &AttnOptions::default()).unwrap_err();
+        assert_eq!(name(err), named);
+        let err = sdpa_varlen_backward(&input, &AttnOptions::default(), &fwd, &dout).unwrap_err();
+        assert_eq!(name(err), named);
+    }
+}
