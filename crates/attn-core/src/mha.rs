@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use crate::shape::check_len;
+use crate::shape::{check_finite, check_len};
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnShape, Weights, WeightsRequest, sdpa, sdpa_backward,
 };
@@ -276,6 +276,18 @@ pub struct MhaOutput {
     pub weights: Option<Weights>,
 }
 
+/// Checks the call's three inputs against `config`, and that they are finite: a NaN in
+/// `query` would otherwise be reported in the projected queries' layout, as `q`.
+fn check_inputs(c: &MhaConfig, input: &MhaInput<'_>) -> Result<(), AttnError> {
+    let (b, l, s) = (input.batch, input.seq_q, input.seq_kv);
+    check_len("query", &[b, l, c.embed_dim], input.query.len())?;
+    check_len("key", &[b, s, c.kdim], input.key.len())?;
+    check_len("value", &[b, s, c.vdim], input.value.len())?;
+    check_finite("query", input.query)?;
+    check_finite("key", input.key)?;
+    check_finite("value", input.value)
+}
+
 impl MultiheadAttention {
     /// Builds the module from its four projections, checking each against `config`:
     /// `q_proj` `E → E`, `k_proj` `kdim → E`, `v_proj` `vdim → E`, `out_proj` `E → E`.
@@ -300,6 +312,19 @@ impl MultiheadAttention {
                     got: vec![proj.out_dim, proj.in_dim],
                 });
             }
+        }
+        // A NaN or ∞ parameter would make every output NaN or ∞ without a word.
+        for (name, data) in [
+            ("q_proj_weight", Some(&q_proj.weight)),
+            ("q_proj bias", q_proj.bias.as_ref()),
+            ("k_proj_weight", Some(&k_proj.weight)),
+            ("k_proj bias", k_proj.bias.as_ref()),
+            ("v_proj_weight", Some(&v_proj.weight)),
+            ("v_proj bias", v_proj.bias.as_ref()),
+            ("out_proj.weight", Some(&out_proj.weight)),
+            ("out_proj.bias", out_proj.bias.as_ref()),
+        ] {
+            check_finite(name, data.map_or(&[][..], |d| d))?;
         }
         Ok(MultiheadAttention {
             config,
@@ -338,6 +363,7 @@ impl MultiheadAttention {
                 });
             }
             check_len(name, dims, data.len())?;
+            check_finite(name, data)?;
             Ok(Some(data.clone()))
         };
         let in_bias = take("in_proj_bias", &[3 * e])?;
@@ -410,9 +436,7 @@ impl MultiheadAttention {
     ) -> Result<MhaOutput, AttnError> {
         let c = &self.config;
         let (b, l, s) = (input.batch, input.seq_q, input.seq_kv);
-        check_len("query", &[b, l, c.embed_dim], input.query.len())?;
-        check_len("key", &[b, s, c.kdim], input.key.len())?;
-        check_len("value", &[b, s, c.vdim], input.value.len())?;
+        check_inputs(c, input)?;
 
         let (h, hd) = (c.num_heads, c.head_dim());
         // [b, seq, E] → [b, h, seq, hd]
@@ -451,9 +475,7 @@ impl MultiheadAttention {
     ) -> Result<MhaGrads, AttnError> {
         let c = &self.config;
         let (b, l, s) = (input.batch, input.seq_q, input.seq_kv);
-        check_len("query", &[b, l, c.embed_dim], input.query.len())?;
-        check_len("key", &[b, s, c.kdim], input.key.len())?;
-        check_len("value", &[b, s, c.vdim], input.value.len())?;
+        check_inputs(c, input)?;
         check_len("dout", &[b, l, c.embed_dim], dout.len())?;
         if let Some((index, &value)) = dout.iter().enumerate().find(|(_, x)| !x.is_finite()) {
             return Err(AttnError::NonFinite {

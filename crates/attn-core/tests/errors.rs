@@ -245,6 +245,58 @@ fn tiny_state() -> StateDict {
     .collect()
 }
 
+/// NaN or ∞ parameters are refused when the module is built, naming the state dict's tensor
+/// (they made every output NaN without a word), and a NaN input is reported in the caller's
+/// tensor and layout, not in the projected queries'.
+#[test]
+fn non_finite_parameters_and_inputs_name_their_tensor() {
+    let config = MhaConfig::new(4, 2).unwrap();
+    for (name, at) in [
+        ("in_proj_weight", 5),
+        ("out_proj.bias", 3),
+        ("in_proj_bias", 0),
+    ] {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut state = tiny_state();
+            state.get_mut(name).unwrap().1[at] = bad;
+            let err = MultiheadAttention::from_state_dict(config, &state).unwrap_err();
+            assert!(
+                matches!(err, AttnError::NonFinite { tensor, index, .. } if tensor == name && index == at),
+                "{name}: {err}"
+            );
+        }
+    }
+    let mha = tiny_mha();
+    let mut x = vec![0.5; 2 * 3 * 4];
+    x[5] = f32::NAN;
+    let query = MhaInput::self_attention(&x, 2, 3);
+    let options = AttnOptions::default();
+    let err = mha.forward(&query, &options).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "query",
+                index: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = mha.backward(&query, &options, &[1.0; 24]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "query",
+                index: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn missing_tensor_in_a_state_dict() {
     let config = MhaConfig::new(4, 2).unwrap();
