@@ -644,3 +644,42 @@ fn large_scores_leave_the_amx_lane() {
         }
     }
 }
+
+/// The backward reference lets a NaN input (opted out of the finiteness check) poison what it
+/// reaches, as the forward reference does: a NaN query row gets NaN gradients, and so do the
+/// keys and values it sees, while the other rows' gradients stay finite. It returned a
+/// gradient of 0 for that row and dropped it from the keys' and values' sums.
+#[test]
+fn the_backward_reference_keeps_a_nan_query_in_its_row() {
+    let (n, d) = (4, 2);
+    let shape = AttnShape::new(1, 1, n, n, d);
+    let mut rng = Rng(7);
+    let (mut q, k, v, dout) = (
+        rng.vec(n * d),
+        rng.vec(n * d),
+        rng.vec(n * d),
+        rng.vec(n * d),
+    );
+    q[2 * d] = f32::NAN;
+    let input = AttnInput::allowing_non_finite(&q, &k, &v, shape).unwrap();
+    // Causal: row 2 sees keys 0..=2, row 3 all four.
+    let options = AttnOptions {
+        causal: Some(Causal::TopLeft),
+        ..AttnOptions::default()
+    };
+    let fwd = sdpa_reference(&input, &options).unwrap();
+    assert!(fwd.lse[2].is_nan() && fwd.lse[3].is_finite());
+    let g = sdpa_backward_reference(&input, &options, &dout).unwrap();
+    let rows = |x: &[f32], r: usize| x[r * d..][..d].to_vec();
+    assert!(rows(&g.dq, 2).iter().all(|x| x.is_nan()), "{:?}", g.dq);
+    for r in [0, 1, 3] {
+        assert!(rows(&g.dq, r).iter().all(|x| x.is_finite()), "{:?}", g.dq);
+    }
+    for j in 0..3 {
+        assert!(rows(&g.dk, j).iter().all(|x| x.is_nan()), "{:?}", g.dk);
+        assert!(rows(&g.dv, j).iter().all(|x| x.is_nan()), "{:?}", g.dv);
+    }
+    // Key 3 is hidden from row 2: only row 3 reaches it.
+    assert!(rows(&g.dk, 3).iter().all(|x| x.is_finite()), "{:?}", g.dk);
+    assert!(rows(&g.dv, 3).iter().all(|x| x.is_finite()), "{:?}", g.dv);
+}

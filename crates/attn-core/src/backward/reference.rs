@@ -70,10 +70,19 @@ pub fn sdpa_backward_reference(
                         None => 1.0,
                     };
                 }
-                let max = (0..s_n)
-                    .filter(|&j| vis[j])
-                    .map(|j| s[j])
-                    .fold(f32::NEG_INFINITY, f32::max);
+                // NaN when any visible score is (`f32::max` would skip it), as in the forward
+                // reference: a NaN input poisons the gradients of exactly what it reaches.
+                let max =
+                    (0..s_n)
+                        .filter(|&j| vis[j])
+                        .map(|j| s[j])
+                        .fold(f32::NEG_INFINITY, |m, x| {
+                            if m.is_nan() || x.is_nan() {
+                                f32::NAN
+                            } else {
+                                m.max(x)
+                            }
+                        });
                 if max == f32::NEG_INFINITY {
                     continue; // nothing visible: the output is 0 whatever the inputs
                 }
