@@ -683,3 +683,52 @@ fn the_backward_reference_keeps_a_nan_query_in_its_row() {
     assert!(rows(&g.dk, 3).iter().all(|x| x.is_finite()), "{:?}", g.dk);
     assert!(rows(&g.dv, 3).iter().all(|x| x.is_finite()), "{:?}", g.dv);
 }
+
+/// Extreme scales give the reference's gradients on every ISA: a scale of 1e30 on queries of
+/// 1e10 against keys of 1e-40 (scores of order 1; `dq` and `dv` finite, `dk` past f32's
+/// range), and 1e-37 against keys of 1.5e37 with values and gradients of 100. Scaling the queries first overflowed in the first (NaN and
+/// infinite gradients where the reference's are finite), summing `dS·K` before the scale in the
+/// second (`dq` infinite).
+#[test]
+fn extreme_scales_give_the_references_gradients() {
+    let shape = AttnShape::new(1, 1, 4, 5, 4);
+    let mut rng = Rng(11);
+    let times = |x: Vec<f32>, a: f32| x.into_iter().map(|v| v * a).collect::<Vec<_>>();
+    for (scale, qa, ka, va) in [
+        (1e30f32, 1e10f32, 1e-40f32, 1.0f32),
+        (1e-37, 1.0, 1.5e37, 100.0),
+    ] {
+        let q = times(rng.vec(16), qa);
+        let k = times(rng.vec(20), ka);
+        let v = times(rng.vec(20), va);
+        let dout = times(rng.vec(16), va);
+        let options = AttnOptions {
+            scale: Some(scale),
+            ..AttnOptions::default()
+        };
+        let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+        let fwd = sdpa_reference(&input, &options).unwrap();
+        let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
+        for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+            if !isa.is_available() {
+                continue;
+            }
+            let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+            for (name, got, want) in [
+                ("dq", &got.dq, &want.dq),
+                ("dk", &got.dk, &want.dk),
+                ("dv", &got.dv, &want.dv),
+            ] {
+                // dk is past f32's range in the first case (1e30·1e10): ±∞ and NaN there too.
+                let close = got.iter().zip(want).all(|(g, w)| {
+                    g == w || g.is_nan() && w.is_nan() || (g - w).abs() <= 1e-4 * w.abs().max(1.0)
+                });
+                assert!(name == "dk" || want.iter().all(|w| w.is_finite()), "{name}");
+                assert!(
+                    close,
+                    "scale {scale:e}, {isa:?} {name}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}

@@ -35,10 +35,12 @@
 //! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles in
 //! "bf16x3" (`bf16x.rs`: three bf16 products per f32 product, ≤ 3·2⁻¹⁶ relative error each;
 //! measured 3e-6 to 1e-5 from the twin against 3e-7 for the FMA build), when the call's scores
-//! are bounded as the forward pass's tiles need (`scores_bounded`).
+//! are bounded as the forward pass's tiles need (`Norms::scores_bounded`).
 //!
 //! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
-//! its own softmax, no saved state.
+//! its own softmax, no saved state. Calls of extreme magnitudes (a scale past `2^±60`, a row
+//! of `q`, `k`, `v` or `dout` of norm past `2^30`), where the fast path's order of operations
+//! would overflow before the reference's, run its loop instead (`Norms::moderate`).
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -121,18 +123,72 @@ fn validate(
     Ok(())
 }
 
-/// Whether every score `scale·q·k` of the call is bounded by [`F32_SCORE_BOUND`] (by
-/// Cauchy–Schwarz, `|scale|·max ‖q‖·max ‖k‖`), as the AMX lane needs: its products round each
-/// term to about `3·2⁻¹⁶`, which the exponential turns into a relative error of `P` growing
-/// with the scores. Measured on 64 × 64 blocks whose keys share a large component (scores near
-/// `s` plus differences of order 1), `dq` off by 1.5e-4 of its largest value at a bound of 12
-/// (FMA kernels 1.3e-5), 6e-4 at 22, 2e-2 at 169 and 0.1 at 659; heads past the bound take the
-/// FMA kernels.
-fn scores_bounded(input: &AttnInput<'_>, scale: f32) -> bool {
-    let d = input.shape.head_dim;
-    let bound = scale.abs() * max_norm(input.q, d) * max_norm(input.k, d);
-    // NaN and ∞ fail it.
-    bound <= F32_SCORE_BOUND
+/// The largest row norm of `q`, `k`, `v` and `dout` ([`max_norm`], rows in parallel); NaN
+/// where one holds NaN.
+struct Norms {
+    q: f32,
+    k: f32,
+    v: f32,
+    dout: f32,
+}
+
+impl Norms {
+    fn of(input: &AttnInput<'_>, dout: &[f32]) -> Norms {
+        let sh = input.shape;
+        let norm = |x: &[f32], width: usize| {
+            if width == 0 {
+                return 0.0;
+            }
+            x.par_chunks(width * 1024)
+                .map(|rows| max_norm(rows, width))
+                .reduce(
+                    || 0.0,
+                    |a, b| {
+                        if a.is_nan() || b.is_nan() {
+                            f32::NAN
+                        } else {
+                            a.max(b)
+                        }
+                    },
+                )
+        };
+        Norms {
+            q: norm(input.q, sh.head_dim),
+            k: norm(input.k, sh.head_dim),
+            v: norm(input.v, sh.value_dim),
+            dout: norm(dout, sh.value_dim),
+        }
+    }
+
+    /// Whether the call's magnitudes leave the fast path's order of operations as exact as
+    /// the reference's: a scale within `2^±60` and every row of `q`, `k`, `v` and `dout` of
+    /// norm at most `2^30`. The fast path multiplies `q` by the scale before `K·Qᵀ` and `dQ` by
+    /// it after `dS·K`, where the reference scales each score and each `dS`: at a scale of 1e30
+    /// on queries of 1e10 its `scale·q` overflowed (NaN gradients for finite ones), at 1e-37
+    /// on keys of 1.5e37 its unscaled `dS·K` did. Within these bounds no partial result of
+    /// either order comes near f32's range (`|dS·K| ≤ 2·2^60·2^30·2^31`); past them the
+    /// reference's own loop runs.
+    fn moderate(&self, scale: f32) -> bool {
+        const SCALE: f32 = (1u64 << 60) as f32;
+        const NORM: f32 = (1u64 << 30) as f32;
+        let scale = scale.abs();
+        (scale == 0.0 || (1.0 / SCALE..=SCALE).contains(&scale))
+            && [self.q, self.k, self.v, self.dout]
+                .iter()
+                .all(|&n| n <= NORM)
+    }
+
+    /// Whether every score `scale·q·k` of the call is bounded by [`F32_SCORE_BOUND`] (by
+    /// Cauchy–Schwarz, `|scale|·max ‖q‖·max ‖k‖`), as the AMX lane needs: its products round
+    /// each term to about `3·2⁻¹⁶`, which the exponential turns into a relative error of `P`
+    /// growing with the scores. Measured on 64 × 64 blocks whose keys share a large component
+    /// (scores near `s` plus differences of order 1), `dq` off by 1.5e-4 of its largest value
+    /// at a bound of 12 (FMA kernels 1.3e-5), 6e-4 at 22, 2e-2 at 169 and 0.1 at 659; heads
+    /// past the bound take the FMA kernels.
+    fn scores_bounded(&self, scale: f32) -> bool {
+        // NaN and ∞ fail it.
+        scale.abs() * self.q * self.k <= F32_SCORE_BOUND
+    }
 }
 
 /// Gradients of `sum(out · dout)` with respect to `q`, `k` and `v`: the fast path.
@@ -183,6 +239,10 @@ pub fn sdpa_backward_with(
             reason: format!("{isa:?} kernels need CPU features this machine lacks"),
         });
     }
+    let norms = Norms::of(input, dout);
+    if !norms.moderate(options.scale_for(&input.shape)) {
+        return sdpa_backward_reference(input, options, dout);
+    }
     // Every ISA beyond the portable one implies AVX-512F.
     let kernels = match isa {
         Isa::Portable => Kernels::Portable,
@@ -215,7 +275,7 @@ pub fn sdpa_backward_with(
             && sh.value_dim.is_multiple_of(32)
             && sh.head_dim > 0
             && sh.value_dim > 0
-            && scores_bounded(input, options.scale_for(&sh)),
+            && norms.scores_bounded(options.scale_for(&sh)),
         scale: options.scale_for(&sh),
         q: input.q,
         k: input.k,
