@@ -74,6 +74,20 @@ const Q_GROUP: usize = 8;
 /// Tasks per rayon thread that the split over key blocks aims for.
 const TASKS_PER_THREAD: usize = 4;
 
+/// The most bytes the split's tasks may hold together: each holds its head's whole `dq`, `dk`
+/// and `dv` until they are added up, and buffers for the whole head while it runs, so 64
+/// threads on one head of 8192 keys (8 MiB of gradients) peaked at 2.6 GB without it.
+const SPLIT_BYTES: usize = 256 << 20;
+
+/// Chunks of key blocks per head (`heads` of `task_bytes` each, see [`SPLIT_BYTES`];
+/// `key_blocks` blocks): enough for [`TASKS_PER_THREAD`] tasks per thread, as long as they fit
+/// in [`SPLIT_BYTES`]; 1 (each head's task writes straight into the results) otherwise.
+fn split_chunks(heads: usize, key_blocks: usize, threads: usize, task_bytes: usize) -> usize {
+    let wanted = (TASKS_PER_THREAD * threads).div_ceil(heads);
+    let affordable = SPLIT_BYTES / heads.saturating_mul(task_bytes).max(1);
+    wanted.min(affordable).clamp(1, key_blocks.max(1))
+}
+
 /// Gradients of `sum(out · dout)` with respect to the inputs of an attention call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Grads {
@@ -297,8 +311,6 @@ pub fn sdpa_backward_with(
     }
     // A head's buffers (`Scratch`) hold about six `[seq, head_dim + value_dim]` arrays.
     let retain = (sh.seq_q + sh.seq_kv) * (sh.head_dim + dv) <= RETAINED_SCRATCH;
-    let wanted = TASKS_PER_THREAD * rayon::current_num_threads();
-    let chunks = wanted.div_ceil(heads).clamp(1, key_blocks);
     // Every (b, kv head) owns a contiguous run of query heads, [group, seq_q, head_dim], and
     // its own key/value rows, [seq_kv, head_dim] and [seq_kv, value_dim].
     let lens = (
@@ -306,6 +318,11 @@ pub fn sdpa_backward_with(
         sh.seq_kv * sh.head_dim,
         sh.seq_kv * dv,
     );
+    // A task's own sums, and its buffers (`Scratch`: about six `[seq, head_dim + value_dim]`
+    // arrays, `retain` above).
+    let task_bytes =
+        4 * (lens.0 + lens.1 + lens.2 + 6 * (sh.seq_q + sh.seq_kv) * (sh.head_dim + dv));
+    let chunks = split_chunks(heads, key_blocks, rayon::current_num_threads(), task_bytes);
     if chunks == 1 && lens.0 > 0 && lens.1 > 0 && lens.2 > 0 {
         // One task per head, writing straight into the results.
         (grads.dq.par_chunks_mut(lens.0))
@@ -930,5 +947,27 @@ fn softcap(s: &mut [f32], dcap: &mut [f32], c: f32) {
         let t = (*x / c).tanh();
         *x = c * t;
         *g = 1.0 - t * t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The split aims for four tasks per thread, but its tasks' sums stay within
+    /// [`SPLIT_BYTES`] together.
+    #[test]
+    fn the_split_keeps_its_sums_within_bounds() {
+        // Small heads: as many chunks as the threads want, up to the key blocks.
+        assert_eq!(split_chunks(1, 32, 2, 1 << 20), 8);
+        assert_eq!(split_chunks(8, 32, 2, 1 << 20), 1);
+        assert_eq!(split_chunks(1, 4, 64, 1 << 20), 4);
+        // One head of 64 queries and 8192 keys at head_dim 128 on 64 threads (8.4 MB of
+        // gradients, 51 MB of buffers): 4 chunks, not 128.
+        let head = 4 * (64 * 128 + 2 * 8192 * 128 + 6 * (64 + 8192) * 256);
+        let chunks = split_chunks(1, 128, 64, head);
+        assert!(chunks > 1 && chunks * head <= SPLIT_BYTES, "{chunks}");
+        // A head too large for two sums takes a single task.
+        assert_eq!(split_chunks(1, 2048, 64, SPLIT_BYTES), 1);
     }
 }
