@@ -540,6 +540,15 @@ fn wrong_shaped_saved_results_are_refused() {
     );
 }
 
+/// An lse of −∞ says the row saw no key, whose output is 0: beside a non-zero output it is not
+/// from the same forward pass, and gave that row no gradient without a word.
+#[test]
+fn an_lse_of_minus_infinity_beside_an_output_is_refused() {
+    let err = errors_of(small(), |_, _, lse| lse[4] = f32::NEG_INFINITY);
+    let named = matches!(&err, AttnError::InvalidOption { option: "lse", reason } if reason.contains("row 4"));
+    assert!(named, "{err}");
+}
+
 #[test]
 fn non_finite_gradients_and_saved_results_are_refused() {
     let err = errors_of(small(), |x, _, _| x.dout[3] = f32::NAN);

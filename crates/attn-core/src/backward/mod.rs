@@ -127,6 +127,20 @@ fn validate(
                 value,
             });
         }
+        // A row that saw no key has output 0: an lse of −∞ beside any other output is not from
+        // the same forward pass, and would silently give that row no gradient.
+        let dv = sh.value_dim;
+        if let Some(row) = (0..lse.len())
+            .find(|&r| lse[r] == f32::NEG_INFINITY && out[r * dv..][..dv].iter().any(|&x| x != 0.0))
+        {
+            return Err(AttnError::InvalidOption {
+                option: "lse",
+                reason: format!(
+                    "row {row} has lse −∞ (it saw no key) but a non-zero output: lse and out \
+                     are not from the same forward pass"
+                ),
+            });
+        }
     }
     for (tensor, data) in finite {
         // The bits check on every thread; the search for the first bad value only on failure.
