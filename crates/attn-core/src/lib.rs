@@ -51,6 +51,16 @@ pub(crate) fn zeros_written(n: usize) -> Vec<f32> {
     buf
 }
 
+/// The larger of `a` and `b`, NaN when either is: `f32::max` skips a NaN, which would let a NaN
+/// score pass for a hidden one.
+pub(crate) fn max_keeping_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 /// Scaled dot-product attention: the fast path.
 ///
 /// # Shapes

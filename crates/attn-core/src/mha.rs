@@ -477,13 +477,7 @@ impl MultiheadAttention {
         let (b, l, s) = (input.batch, input.seq_q, input.seq_kv);
         check_inputs(c, input)?;
         check_len("dout", &[b, l, c.embed_dim], dout.len())?;
-        if let Some((index, &value)) = dout.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            return Err(AttnError::NonFinite {
-                tensor: "dout",
-                index,
-                value,
-            });
-        }
+        check_finite("dout", dout)?;
         let options = AttnOptions {
             weights: WeightsRequest::None,
             ..options.clone()

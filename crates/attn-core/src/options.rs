@@ -149,9 +149,7 @@ impl AttnOptions {
             WeightsRequest::HeadAverage => Some(vec![shape.batch, shape.seq_q, shape.seq_kv]),
         };
         if let Some(dims) = weights_dims {
-            let bytes = dims
-                .iter()
-                .fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
+            let bytes = crate::shape::f32_bytes(&dims);
             if bytes > MAX_WEIGHTS_BYTES {
                 return Err(AttnError::TooLarge {
                     what: "attention weights",

@@ -94,16 +94,10 @@ pub fn sdpa_reference(
                 // 6. softmax over visible keys; -inf scores (from a float mask) weigh 0. The max
                 // is NaN when any visible score is (`f32::max` would skip it), so a NaN input
                 // poisons exactly the rows that read it instead of passing for a masked row.
-                let max = (0..s_n).filter(|&j| visible[j]).map(|j| scores[j]).fold(
-                    f32::NEG_INFINITY,
-                    |m, s| {
-                        if s.is_nan() || m.is_nan() {
-                            f32::NAN
-                        } else {
-                            m.max(s)
-                        }
-                    },
-                );
+                let max = (0..s_n)
+                    .filter(|&j| visible[j])
+                    .map(|j| scores[j])
+                    .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
                 if max == f32::NEG_INFINITY {
                     continue; // nothing visible: output 0, weights 0, lse -inf
                 }

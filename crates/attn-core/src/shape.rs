@@ -86,9 +86,7 @@ impl AttnShape {
         let q_rows = [self.batch, self.n_heads, self.seq_q];
         let k_rows = [self.batch, self.n_kv_heads, self.seq_kv];
         for (what, rows) in [("query rows", q_rows), ("key rows", k_rows)] {
-            let bytes = rows
-                .iter()
-                .fold(4u128, |acc, &d| acc.saturating_mul(d as u128));
+            let bytes = f32_bytes(&rows);
             if bytes > MAX_WEIGHTS_BYTES {
                 return Err(AttnError::TooLarge {
                     what,
@@ -99,6 +97,13 @@ impl AttnShape {
         }
         Ok(())
     }
+}
+
+/// Bytes of an f32 tensor of shape `dims`, saturating at `u128::MAX`: a size to compare with a
+/// limit before allocating, whatever the dims.
+pub fn f32_bytes(dims: &[usize]) -> u128 {
+    dims.iter()
+        .fold(4u128, |acc, &d| acc.saturating_mul(d as u128))
 }
 
 /// Number of elements of a shape, or `None` on overflow.

@@ -108,9 +108,7 @@ fn validate(
 ) -> Result<(), AttnError> {
     let sh = input.shape;
     options.validate(&sh)?;
-    check_len("q", &sh.q_dims(), input.q.len())?;
-    check_len("k", &sh.k_dims(), input.k.len())?;
-    check_len("v", &sh.v_dims(), input.v.len())?;
+    sh.check_lens(input.q.len(), input.k.len(), input.v.len())?;
     check_len("dout", &sh.out_dims(), dout.len())?;
     let mut finite = vec![("dout", dout)];
     if let Some((out, lse)) = saved {
@@ -169,16 +167,7 @@ impl Norms {
             }
             x.par_chunks(width * 1024)
                 .map(|rows| max_norm(rows, width))
-                .reduce(
-                    || 0.0,
-                    |a, b| {
-                        if a.is_nan() || b.is_nan() {
-                            f32::NAN
-                        } else {
-                            a.max(b)
-                        }
-                    },
-                )
+                .reduce(|| 0.0, crate::max_keeping_nan)
         };
         Norms {
             q: norm(input.q, sh.head_dim),
@@ -267,8 +256,9 @@ pub fn sdpa_backward_with(
             reason: format!("{isa:?} kernels need CPU features this machine lacks"),
         });
     }
-    let norms = Norms::of(input, dout);
-    if !norms.moderate(options.scale_for(&input.shape)) {
+    let sh = input.shape;
+    let (scale, norms) = (options.scale_for(&sh), Norms::of(input, dout));
+    if !norms.moderate(scale) {
         return sdpa_backward_reference(input, options, dout);
     }
     // Every ISA beyond the portable one implies AVX-512F.
@@ -276,7 +266,6 @@ pub fn sdpa_backward_with(
         Isa::Portable => Kernels::Portable,
         _ => Kernels::avx512().unwrap_or(Kernels::Portable),
     };
-    let sh = input.shape;
     let dv = sh.value_dim;
     // D = rowsum(dout ∘ out), [batch, n_heads, seq_q]
     let delta: Vec<f32> = if dv == 0 {
@@ -303,8 +292,8 @@ pub fn sdpa_backward_with(
             && sh.value_dim.is_multiple_of(32)
             && sh.head_dim > 0
             && sh.value_dim > 0
-            && norms.scores_bounded(options.scale_for(&sh)),
-        scale: options.scale_for(&sh),
+            && norms.scores_bounded(scale),
+        scale,
         q: input.q,
         k: input.k,
         v: input.v,

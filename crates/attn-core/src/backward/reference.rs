@@ -72,17 +72,10 @@ pub fn sdpa_backward_reference(
                 }
                 // NaN when any visible score is (`f32::max` would skip it), as in the forward
                 // reference: a NaN input poisons the gradients of exactly what it reaches.
-                let max =
-                    (0..s_n)
-                        .filter(|&j| vis[j])
-                        .map(|j| s[j])
-                        .fold(f32::NEG_INFINITY, |m, x| {
-                            if m.is_nan() || x.is_nan() {
-                                f32::NAN
-                            } else {
-                                m.max(x)
-                            }
-                        });
+                let max = (0..s_n)
+                    .filter(|&j| vis[j])
+                    .map(|j| s[j])
+                    .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
                 if max == f32::NEG_INFINITY {
                     continue; // nothing visible: the output is 0 whatever the inputs
                 }

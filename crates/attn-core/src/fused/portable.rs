@@ -33,13 +33,9 @@ pub(super) fn scale(x: &mut [f32], a: f32) {
 
 /// The largest value of `x` (`−∞` when empty; NaN when `x` holds one).
 pub(super) fn max(x: &[f32]) -> f32 {
-    x.iter().copied().fold(f32::NEG_INFINITY, |m, v| {
-        if m.is_nan() || v.is_nan() {
-            f32::NAN
-        } else {
-            m.max(v)
-        }
-    })
+    x.iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, crate::max_keeping_nan)
 }
 
 /// `x = e^(x − m)`, returning the sum of the new values.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use attn_core::fused::{AttnInputBf16, Isa, bf16, set_global_threads};
+use attn_core::shape::f32_bytes;
 use attn_core::{AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
 
 /// How long the untimed calls before the timed ones run (at least one call). After the inputs
@@ -245,15 +246,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// both dtypes), their bf16 copies, the output and log-sum-exp, and with `--backward` the
 /// output's gradient and the three input gradients.
 fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
-    let values = |dims: [usize; 4]| dims.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
-    let inputs = values(shape.q_dims()) + 2 * values(shape.k_dims());
-    let out = values(shape.out_dims());
-    let mut bytes = 4 * (inputs + out) + 4 * values([shape.batch, shape.n_heads, shape.seq_q, 1]);
+    let inputs = f32_bytes(&shape.q_dims()) + 2 * f32_bytes(&shape.k_dims());
+    let out = f32_bytes(&shape.out_dims());
+    let mut bytes = inputs + out + f32_bytes(&shape.out_dims()[..3]);
     if args.dtype == Dtype::Bf16 {
-        bytes += 2 * inputs;
+        bytes += inputs / 2;
     }
     if args.backward {
-        bytes += 4 * (out + inputs);
+        bytes += out + inputs;
     }
     let Some(total) = physical_memory() else {
         return Ok(());
