@@ -19,7 +19,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &["bert", "gpt2"];
 pub enum ModelKind {
     /// BERT encoder: post-LayerNorm, bidirectional attention, token type embeddings.
     Bert,
-    /// GPT-2 decoder: pre-LayerNorm, causal attention, tied language-model head.
+    /// GPT-2 decoder: pre-LayerNorm, causal attention, a language-model head (tied to the word
+    /// embeddings unless `tie_word_embeddings` is false).
     Gpt2,
 }
 
@@ -66,6 +67,12 @@ pub struct ModelConfig {
     pub activation: Activation,
     /// The id a padded position holds.
     pub pad_token_id: u32,
+    /// Each position sees only itself and the positions before it: GPT-2, and BERT built with
+    /// `is_decoder` (transformers then masks its self-attention causally).
+    pub causal: bool,
+    /// GPT-2's language-model head is the word embedding matrix (`tie_word_embeddings`, true by
+    /// default); when false the checkpoint holds its own `lm_head.weight`.
+    pub tied_lm_head: bool,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +98,10 @@ struct BertJson {
     pad_token_id: Option<u32>,
     #[serde(default)]
     position_embedding_type: Option<String>,
+    #[serde(default)]
+    is_decoder: bool,
+    #[serde(default)]
+    add_cross_attention: bool,
 }
 
 #[derive(Deserialize)]
@@ -114,6 +125,8 @@ struct Gpt2Json {
     add_cross_attention: bool,
     #[serde(default)]
     eos_token_id: Option<u32>,
+    #[serde(default = "yes")]
+    tie_word_embeddings: bool,
 }
 
 fn bert_act() -> String {
@@ -179,6 +192,12 @@ impl ModelConfig {
                         format!("{p:?} is not supported (only \"absolute\")"),
                     ));
                 }
+                if c.add_cross_attention {
+                    return Err(unsupported(
+                        "add_cross_attention",
+                        "cross-attention is not supported",
+                    ));
+                }
                 ModelConfig {
                     kind: ModelKind::Bert,
                     vocab_size: c.vocab_size,
@@ -191,14 +210,22 @@ impl ModelConfig {
                     layer_norm_eps: c.layer_norm_eps,
                     activation: Activation::parse(&c.hidden_act)?,
                     pad_token_id: c.pad_token_id.unwrap_or(0),
+                    causal: c.is_decoder,
+                    tied_lm_head: true,
                 }
             }
             "gpt2" => {
                 let c: Gpt2Json = serde_json::from_str(text).map_err(bad)?;
-                if !c.scale_attn_weights || c.scale_attn_by_inverse_layer_idx {
+                if !c.scale_attn_weights {
                     return Err(unsupported(
                         "scale_attn_weights",
-                        "only the standard 1/sqrt(head_dim) scaling is supported",
+                        "false is not supported (only the standard 1/sqrt(head_dim) scaling)",
+                    ));
+                }
+                if c.scale_attn_by_inverse_layer_idx {
+                    return Err(unsupported(
+                        "scale_attn_by_inverse_layer_idx",
+                        "true is not supported (only the standard 1/sqrt(head_dim) scaling)",
                     ));
                 }
                 if c.add_cross_attention {
@@ -224,6 +251,8 @@ impl ModelConfig {
                     layer_norm_eps: c.layer_norm_epsilon,
                     activation: Activation::parse(&c.activation_function)?,
                     pad_token_id: c.eos_token_id.unwrap_or(0),
+                    causal: true,
+                    tied_lm_head: c.tie_word_embeddings,
                 }
             }
             _ => {

@@ -218,13 +218,12 @@ impl<'m> KvCache<'m> {
                 value: hidden[index],
             });
         }
-        // The language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
         let mut logits = vec![0.0f32; new * c.vocab_size];
-        let wte = &weights.word_embeddings;
+        let head = weights.lm_head();
         if new == 1 {
-            dot_rows(wte, &hidden, &mut logits);
+            dot_rows(head, &hidden, &mut logits);
         } else {
-            gemm_bt(&hidden, new, h, wte, c.vocab_size, &mut logits, par);
+            gemm_bt(&hidden, new, h, head, c.vocab_size, &mut logits, par);
         }
 
         // Only now do the rows written past `len` count: an error above left them unread.

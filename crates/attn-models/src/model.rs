@@ -325,12 +325,11 @@ impl Model {
         let out = self.run_layers(encs, options, par, &mut ws)?;
         let c = &self.config;
         let rows = encs.len() * out.seq_len;
-        // GPT-2's language-model head is the word embedding matrix (tied): logits = h·wteᵀ.
         let logits = (c.kind == ModelKind::Gpt2).then(|| {
             let mut logits = vec![0.0f32; rows * c.vocab_size];
-            let wte = &self.weights.word_embeddings;
+            let head = self.weights.lm_head();
             let h = c.hidden_size;
-            gemm_bt(&ws.hidden, rows, h, wte, c.vocab_size, &mut logits, par);
+            gemm_bt(&ws.hidden, rows, h, head, c.vocab_size, &mut logits, par);
             logits
         });
         Ok(ModelOutput {
@@ -420,7 +419,7 @@ impl Model {
 
         let shape = AttnShape::new(batch, n_heads, seq_len, seq_len, d);
         let attn_options = AttnOptions {
-            causal: (c.kind == ModelKind::Gpt2).then_some(Causal::TopLeft),
+            causal: c.causal.then_some(Causal::TopLeft),
             key_padding: if lengths.iter().all(|&l| l == seq_len) {
                 None
             } else {

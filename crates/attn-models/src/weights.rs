@@ -25,8 +25,11 @@ pub struct Layer {
 /// Every tensor the forward pass reads. Large ones stay in the map (only the pages a run
 /// touches are ever read).
 pub struct Weights {
-    /// `[vocab, hidden]`; GPT-2's language-model head too (tied).
+    /// `[vocab, hidden]`; GPT-2's language-model head too, unless `lm_head` holds its own.
     pub word_embeddings: F32Data,
+    /// GPT-2's untied language-model head `lm_head.weight` (`[vocab, hidden]`), read when
+    /// `tie_word_embeddings` is false.
+    pub lm_head: Option<F32Data>,
     /// `[max_positions, hidden]`
     pub position: Vec<f32>,
     /// `[type_vocab_size, hidden]`; empty for GPT-2.
@@ -95,6 +98,11 @@ impl Weights {
             ModelKind::Gpt2 => load_gpt2(ckpt, config),
         }
     }
+
+    /// The language-model head's `[vocab, hidden]` matrix: logits = h·headᵀ.
+    pub fn lm_head(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.word_embeddings)
+    }
 }
 
 fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
@@ -139,6 +147,7 @@ fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
             &format!("{p}embeddings.token_type_embeddings.weight"),
             &[c.type_vocab_size, h],
         )?,
+        lm_head: None,
         embed_norm: Some(norm(ckpt, &format!("{p}embeddings.LayerNorm"), h, eps)?),
         layers,
         final_norm: None,
@@ -166,6 +175,11 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
         word_embeddings,
         position: ckpt.f32(&format!("{p}wpe.weight"), &[c.max_positions, h])?,
         token_type: Vec::new(),
+        // A task head's own tensor: never under the `transformer.` prefix.
+        lm_head: match c.tied_lm_head {
+            true => None,
+            false => Some(ckpt.f32_data("lm_head.weight", &[c.vocab_size, h])?),
+        },
         embed_norm: None,
         layers,
         final_norm: Some(norm(ckpt, &format!("{p}ln_f"), h, eps)?),

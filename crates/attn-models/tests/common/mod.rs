@@ -133,16 +133,34 @@ pub fn cosine(a: &[f32], b: &[f64]) -> f64 {
     dot / (na * nb)
 }
 
-/// A copy of tiny-gpt2 in `dir` whose first weight of `tensor` is NaN, loaded.
-#[allow(dead_code)] // for the error tests (generate.rs, embed_path.rs), not the golden ones
-pub fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
-    let src = golden_dir().join("tiny-gpt2");
-    for f in ["config.json", "tokenizer.json"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
+/// One tensor of a checkpoint being edited: name, dtype, shape, little-endian bytes.
+pub type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+/// An edit of a checkpoint's tensors.
+pub type TensorEdit<'a> = &'a dyn Fn(&mut Vec<RawTensor>);
+
+/// Copies the checkpoint directory `src` into `dir` (sub-folders such as `1_Pooling` too), with
+/// its `config.json` passed through `edit_config` and, when `edit_tensors` is given, its tensors
+/// through it (else `model.safetensors` is copied as it is).
+#[allow(dead_code)] // for the tests that build variants of a checkpoint, not the golden ones
+pub fn edited_checkpoint(
+    src: &std::path::Path,
+    dir: &std::path::Path,
+    edit_config: impl FnOnce(&mut serde_json::Value),
+    edit_tensors: Option<TensorEdit<'_>>,
+) {
+    copy_dir(src, dir);
+    let config_path = dir.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    edit_config(&mut config);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let Some(edit_tensors) = edit_tensors else {
+        return;
+    };
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+    let mut tensors: Vec<RawTensor> = st
         .tensors()
         .into_iter()
         .map(|(name, view)| {
@@ -154,11 +172,7 @@ pub fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
             )
         })
         .collect();
-    let (_, _, _, data) = tensors
-        .iter_mut()
-        .find(|(name, ..)| name.ends_with(tensor))
-        .unwrap();
-    data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    edit_tensors(&mut tensors);
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
         .map(|(name, dtype, shape, data)| {
@@ -168,5 +182,31 @@ pub fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
         .collect();
     let out = safetensors::serialize(views, None).unwrap();
     std::fs::write(dir.join("model.safetensors"), out).unwrap();
+}
+
+fn copy_dir(src: &std::path::Path, dest: &std::path::Path) {
+    std::fs::create_dir_all(dest).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let to = dest.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_dir(&path, &to);
+        } else {
+            std::fs::copy(&path, &to).unwrap();
+        }
+    }
+}
+
+/// A copy of tiny-gpt2 in `dir` whose first weight of `tensor` is NaN, loaded.
+#[allow(dead_code)] // for the error tests (generate.rs, embed_path.rs), not the golden ones
+pub fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
+    let poison = |tensors: &mut Vec<RawTensor>| {
+        let (_, _, _, data) = tensors
+            .iter_mut()
+            .find(|(name, ..)| name.ends_with(tensor))
+            .unwrap();
+        data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    };
+    edited_checkpoint(&golden_dir().join("tiny-gpt2"), dir, |_| {}, Some(&poison));
     Model::load(dir).unwrap()
 }

@@ -1,0 +1,190 @@
+//! Config settings that change what a checkpoint computes: GPT-2 with its own language-model
+//! head (`tie_word_embeddings: false`) and BERT built as a decoder (`is_decoder: true`). Each is
+//! checked against an independent computation, and against the setting's absence so that the
+//! test fails if the setting is ignored.
+
+#[allow(dead_code)]
+mod common;
+
+use attn_models::fetch::default_model_dir;
+use attn_models::kv_cache::KvCache;
+use attn_models::{Encoding, Model, RunOptions};
+use common::{RawTensor, edited_checkpoint, golden_dir};
+use safetensors::Dtype;
+
+/// The logits `h·headᵀ` in f64, `head` being `[vocab, hidden]`.
+fn logits_of(hidden: &[f32], head: &[f32], h: usize) -> Vec<f64> {
+    hidden
+        .chunks_exact(h)
+        .flat_map(|row| {
+            head.chunks_exact(h).map(move |w| {
+                row.iter()
+                    .zip(w)
+                    .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                    .sum::<f64>()
+            })
+        })
+        .collect()
+}
+
+fn as_f64(xs: &[f32]) -> Vec<f64> {
+    xs.iter().map(|&x| f64::from(x)).collect()
+}
+
+fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - y).abs())
+        .fold(0.0, f64::max)
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// tiny-gpt2 with `tie_word_embeddings: false` and an `lm_head.weight` of its own: the word
+/// embeddings with their rows in reverse order, halved.
+fn untied_tiny_gpt2(dir: &std::path::Path, with_head: bool) -> Vec<f32> {
+    let head = std::cell::RefCell::new(Vec::new());
+    let add_head = |tensors: &mut Vec<RawTensor>| {
+        let (_, _, shape, data) = tensors
+            .iter()
+            .find(|(name, ..)| name.ends_with("wte.weight"))
+            .unwrap()
+            .clone();
+        let wte = f32s(&data);
+        let h = shape[1];
+        let reversed: Vec<f32> = wte
+            .chunks_exact(h)
+            .rev()
+            .flatten()
+            .map(|x| 0.5 * x)
+            .collect();
+        let bytes = reversed.iter().flat_map(|x| x.to_le_bytes()).collect();
+        if with_head {
+            tensors.push(("lm_head.weight".into(), Dtype::F32, shape, bytes));
+        }
+        *head.borrow_mut() = reversed;
+    };
+    edited_checkpoint(
+        &golden_dir().join("tiny-gpt2"),
+        dir,
+        |config| config["tie_word_embeddings"] = false.into(),
+        Some(&add_head),
+    );
+    head.into_inner()
+}
+
+#[test]
+fn an_untied_gpt2_head_is_read_from_lm_head_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = untied_tiny_gpt2(dir.path(), true);
+    let model = Model::load(dir.path()).unwrap();
+    let tied = Model::load(&golden_dir().join("tiny-gpt2")).unwrap();
+    let h = model.hidden_size();
+    let enc = model.encode("Hello there, friend of mine", None).unwrap();
+    let out = model.forward(&enc, &RunOptions::default()).unwrap();
+    let logits = out.logits.unwrap();
+
+    let want = logits_of(&out.last_hidden_state, &head, h);
+    let err = max_diff(&logits, &want);
+    assert!(err < 1e-4, "logits against h·lm_headᵀ: {err:e}");
+    // The same hidden states through the word embeddings give other logits.
+    let tied_out = tied.forward(&enc, &RunOptions::default()).unwrap();
+    let hidden = as_f64(&out.last_hidden_state);
+    assert!(max_diff(&tied_out.last_hidden_state, &hidden) < 1e-6);
+    assert!(max_diff(&tied_out.logits.unwrap(), &want) > 1e-2);
+
+    // The KV cache's logits, the whole prompt at once and then one token at a time.
+    let mut cache = KvCache::new(&model).unwrap();
+    let (first, rest) = enc.ids.split_at(2);
+    let mut cached = cache.feed(first, false).unwrap().logits;
+    for &id in rest {
+        cached.extend(cache.feed(&[id], false).unwrap().logits);
+    }
+    let err = max_diff(&cached, &want);
+    assert!(err < 1e-4, "cached logits against h·lm_headᵀ: {err:e}");
+}
+
+#[test]
+fn an_untied_gpt2_without_lm_head_weight_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    untied_tiny_gpt2(dir.path(), false);
+    let message = Model::load(dir.path()).err().unwrap().to_string();
+    assert!(message.contains("lm_head.weight"), "{message}");
+}
+
+/// The first `n` tokens of `enc`.
+fn prefix(enc: &Encoding, n: usize) -> Encoding {
+    Encoding {
+        ids: enc.ids[..n].to_vec(),
+        tokens: enc.tokens[..n].to_vec(),
+        spans: enc.spans[..n].to_vec(),
+        segments: enc.segments[..n].to_vec(),
+        special: enc.special[..n].to_vec(),
+    }
+}
+
+#[test]
+fn a_bert_decoder_attends_causally() {
+    let minilm = default_model_dir(false).expect("the default model is cached or can be fetched");
+    let dir = tempfile::tempdir().unwrap();
+    edited_checkpoint(
+        &minilm,
+        dir.path(),
+        |config| config["is_decoder"] = true.into(),
+        None,
+    );
+    let decoder = Model::load(dir.path()).unwrap();
+    let encoder = Model::load(&minilm).unwrap();
+    let options = RunOptions {
+        attentions: true,
+        ..RunOptions::default()
+    };
+    let enc = decoder.encode("The cat sat on the mat", None).unwrap();
+    let t = enc.len();
+    let h = decoder.hidden_size();
+    let out = decoder.forward(&enc, &options).unwrap();
+
+    // Every layer's and head's row i weighs no key after i, and sums to 1.
+    for (r, row) in out.attentions.unwrap().chunks_exact(t).enumerate() {
+        let i = r % t;
+        assert!(row[i + 1..].iter().all(|&w| w == 0.0), "row {r}: {row:?}");
+        let sum: f32 = row.iter().sum();
+        assert!((sum - 1.0).abs() < 1e-5, "row {r} sums to {sum}");
+    }
+    // So a prefix's hidden states are the whole text's first rows.
+    for n in [1, 3, t - 1] {
+        let part = decoder.forward(&prefix(&enc, n), &options).unwrap();
+        let whole = as_f64(&out.last_hidden_state[..n * h]);
+        let err = max_diff(&part.last_hidden_state, &whole);
+        assert!(err < 1e-4, "prefix of {n}: {err:e}");
+    }
+    // The encoder's rows see later keys.
+    let bidirectional = encoder.forward(&enc, &options).unwrap();
+    let first_row = &bidirectional.attentions.unwrap()[..t];
+    assert!(first_row[1..].iter().any(|&w| w > 1e-3), "{first_row:?}");
+}
+
+#[test]
+fn unsupported_settings_are_refused_naming_their_field() {
+    let gpt2 = std::fs::read_to_string(golden_dir().join("tiny-gpt2/config.json")).unwrap();
+    let minilm = default_model_dir(false).expect("the default model is cached or can be fetched");
+    let bert = std::fs::read_to_string(minilm.join("config.json")).unwrap();
+    for (base, field) in [
+        (&bert, "add_cross_attention"),
+        (&gpt2, "add_cross_attention"),
+        (&gpt2, "scale_attn_by_inverse_layer_idx"),
+    ] {
+        let mut config: serde_json::Value = serde_json::from_str(base).unwrap();
+        config[field] = true.into();
+        let message = attn_models::ModelConfig::from_json(&config.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains(field), "{field}: {message}");
+    }
+}
