@@ -90,11 +90,17 @@ pub enum ModelError {
     /// The text (or the text pair) is empty or only whitespace.
     #[error("the {which} is empty")]
     EmptyText { which: &'static str },
-    /// The text needs more positions than the model has.
-    #[error(
-        "the text is {tokens} tokens long, more than the model's {max} positions; shorten it or pass --truncate"
-    )]
-    TooLong { tokens: usize, max: usize },
+    /// The text needs more tokens than the model reads: its positions, or for embeddings the
+    /// `max_seq_length` of its sentence-transformers config.
+    #[error("the text is {tokens} tokens long, more than {}", limit(*.max, *.embedding))]
+    TooLong {
+        tokens: usize,
+        max: usize,
+        /// The limit is sentence-transformers' `max_seq_length` (embeddings), not the positions.
+        embedding: bool,
+        /// Which of the texts embedded together (0-based), for the caller to name.
+        text: Option<usize>,
+    },
     /// Text generation (a KV cache) was asked of a model that is not a GPT-2-family decoder.
     #[error("generating text needs a GPT-2-family decoder; {model} is a {model_type} model")]
     NotADecoder {
@@ -158,5 +164,34 @@ impl ModelError {
         } else {
             ModelError::Io { path, source }
         }
+    }
+
+    /// The error of one of several texts embedded together: a [`ModelError::TooLong`] holds
+    /// `index` (0-based) as its `text`; other errors are unchanged.
+    pub fn in_text(self, index: usize) -> ModelError {
+        match self {
+            ModelError::TooLong {
+                tokens,
+                max,
+                embedding,
+                ..
+            } => ModelError::TooLong {
+                tokens,
+                max,
+                embedding,
+                text: Some(index),
+            },
+            other => other,
+        }
+    }
+}
+
+fn limit(max: usize, embedding: bool) -> String {
+    match embedding {
+        true => format!(
+            "the {max} that sentence-transformers embeds with this model (max_seq_length in \
+             sentence_bert_config.json)"
+        ),
+        false => format!("the model's {max} positions"),
     }
 }

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use crate::checkpoint::Checkpoint;
 use crate::ops::{Epilogue, Gemm, GemmKernel, gemm_bt, residual_bias_add};
 use crate::pooling::Pooling;
-use crate::tokenize::{Encoding, TextTokenizer};
+use crate::tokenize::{Encoding, Limit, TextTokenizer};
 use crate::weights::Weights;
 use crate::{ModelConfig, ModelError, ModelKind};
 
@@ -366,6 +366,8 @@ impl Model {
             return Err(ModelError::TooLong {
                 tokens: seq_len,
                 max: c.max_positions,
+                embedding: false,
+                text: None,
             });
         }
         for enc in encs {
@@ -522,8 +524,9 @@ impl Model {
     }
 
     /// Sentence embeddings of `texts`, as sentence-transformers computes them: batches of
-    /// [`EMBED_BATCH`] padded together, mean over each text's real tokens, L2-normalised.
-    /// A text longer than the model's positions is an error.
+    /// [`EMBED_BATCH`] padded together, mean over each text's real tokens, L2-normalised when the
+    /// model's `modules.json` says so. A text longer than sentence-transformers embeds
+    /// (`max_seq_length`, else the model's positions) is an error.
     ///
     /// # Shapes
     /// - returns `[texts.len()][hidden]`
@@ -531,7 +534,8 @@ impl Model {
         self.embed_with(texts, false)
     }
 
-    /// [`Model::embed`], cutting texts that are too long when `truncate` is set.
+    /// [`Model::embed`], cutting texts that are too long when `truncate` is set (as
+    /// sentence-transformers always does).
     ///
     /// # Shapes
     /// - returns `[texts.len()][hidden]`
@@ -539,9 +543,24 @@ impl Model {
         if texts.is_empty() {
             return Err(ModelError::EmptyBatch);
         }
+        let limit = self
+            .pooling
+            .max_seq_length
+            .map_or(Limit::Positions, Limit::Embedding);
         let encs = texts
             .par_iter()
-            .map(|t| self.tokenizer.encode(t, None, truncate))
+            .enumerate()
+            .map(|(i, &text)| {
+                let lowered;
+                let text = if self.pooling.lower_case {
+                    lowered = text.to_lowercase();
+                    &lowered
+                } else {
+                    text
+                };
+                let enc = self.tokenizer.encode_within(text, None, limit, truncate);
+                enc.map_err(|e| e.in_text(i))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let threads = rayon::current_num_threads().max(1);
         let mut out = Vec::with_capacity(texts.len());

@@ -1,7 +1,8 @@
 //! Sentence embeddings as sentence-transformers computes them: the `modules.json` pipeline
-//! (Transformer → Pooling → Normalize), of which mean pooling and L2 normalisation are supported.
+//! (Transformer → Pooling → Normalize), of which mean pooling and L2 normalisation are supported,
+//! with the Transformer module's `sentence_bert_config.json` (`max_seq_length`, `do_lower_case`).
 //!
-//! Mirrors `sentence_transformers/models/Pooling.py` and `Normalize.py`
+//! Mirrors `sentence_transformers/models/Transformer.py`, `Pooling.py` and `Normalize.py`
 //! (<https://github.com/UKPLab/sentence-transformers/blob/v3.0.1/sentence_transformers/models/Pooling.py>).
 
 use std::path::Path;
@@ -11,11 +12,23 @@ use serde::Deserialize;
 use crate::ModelError;
 use crate::config::read_text;
 
-/// How token states become one sentence vector.
+/// How texts become one sentence vector each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pooling {
     /// Divide by the L2 norm after pooling (a `Normalize` module).
     pub normalize: bool,
+    /// The most tokens a text is embedded with (`max_seq_length`); `None`: the model's positions.
+    pub max_seq_length: Option<usize>,
+    /// Lower-case each text before tokenizing it (`do_lower_case`).
+    pub lower_case: bool,
+}
+
+#[derive(Deserialize)]
+struct TransformerJson {
+    #[serde(default)]
+    max_seq_length: Option<usize>,
+    #[serde(default)]
+    do_lower_case: bool,
 }
 
 #[derive(Deserialize)]
@@ -44,12 +57,17 @@ struct PoolingJson {
 
 impl Pooling {
     /// Reads `modules.json` of a sentence-transformers directory. A plain transformers
-    /// checkpoint (no `modules.json`) gets mean pooling and normalisation, the
-    /// sentence-transformers default.
+    /// checkpoint (no `modules.json`) gets what sentence-transformers builds for one: mean
+    /// pooling, no normalisation, texts up to the model's positions.
     pub fn from_dir(dir: &Path) -> Result<Pooling, ModelError> {
         let modules_path = dir.join("modules.json");
+        let mut pooling = Pooling {
+            normalize: false,
+            max_seq_length: None,
+            lower_case: false,
+        };
         if !modules_path.exists() {
-            return Ok(Pooling { normalize: true });
+            return Ok(pooling);
         }
         let bad = |path: &Path, e: serde_json::Error| ModelError::BadJson {
             path: path.to_path_buf(),
@@ -60,12 +78,26 @@ impl Pooling {
             "sentence-transformers modules.json",
         )?)
         .map_err(|e| bad(&modules_path, e))?;
-        let mut normalize = false;
         let mut pooled = false;
         for m in &modules {
             let kind = m.kind.rsplit('.').next().unwrap_or_default();
             match kind {
-                "Transformer" => {}
+                "Transformer" => {
+                    let path = dir.join(&m.path).join("sentence_bert_config.json");
+                    if path.exists() {
+                        let t: TransformerJson =
+                            serde_json::from_str(&read_text(&path, "sentence_bert_config.json")?)
+                                .map_err(|e| bad(&path, e))?;
+                        if t.max_seq_length == Some(0) {
+                            return Err(ModelError::UnsupportedPooling {
+                                path,
+                                reason: "max_seq_length is 0".into(),
+                            });
+                        }
+                        pooling.max_seq_length = t.max_seq_length;
+                        pooling.lower_case = t.do_lower_case;
+                    }
+                }
                 "Pooling" => {
                     let path = dir.join(&m.path).join("config.json");
                     let p: PoolingJson =
@@ -86,7 +118,7 @@ impl Pooling {
                     }
                     pooled = true;
                 }
-                "Normalize" => normalize = true,
+                "Normalize" => pooling.normalize = true,
                 other => {
                     return Err(ModelError::UnsupportedPooling {
                         path: modules_path.clone(),
@@ -103,7 +135,7 @@ impl Pooling {
                 reason: "no Pooling module".into(),
             });
         }
-        Ok(Pooling { normalize })
+        Ok(pooling)
     }
 
     /// The mean of the first `len` rows of `states`, L2-normalised if asked (with PyTorch's

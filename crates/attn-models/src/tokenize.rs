@@ -38,6 +38,15 @@ impl Encoding {
     }
 }
 
+/// How many tokens a text may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The model's positions.
+    Positions,
+    /// Sentence-transformers' `max_seq_length` for embeddings (at most the positions).
+    Embedding(usize),
+}
+
 /// A model's tokenizer with padding and truncation switched off.
 #[derive(Clone)]
 pub struct TextTokenizer {
@@ -77,6 +86,21 @@ impl TextTokenizer {
         pair: Option<&str>,
         truncate: bool,
     ) -> Result<Encoding, ModelError> {
+        self.encode_within(text, pair, Limit::Positions, truncate)
+    }
+
+    /// [`TextTokenizer::encode`] within `limit` tokens instead of the model's positions.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        pair: Option<&str>,
+        limit: Limit,
+        truncate: bool,
+    ) -> Result<Encoding, ModelError> {
+        let max = match limit {
+            Limit::Positions => self.max_positions,
+            Limit::Embedding(n) => n.min(self.max_positions),
+        };
         if text.trim().is_empty() {
             return Err(ModelError::EmptyText { which: "text" });
         }
@@ -91,12 +115,12 @@ impl TextTokenizer {
             None => tk.encode(text, true),
         };
         let enc = encode(&self.inner).map_err(tokenizer_err)?;
-        let enc = if enc.len() <= self.max_positions {
+        let enc = if enc.len() <= max {
             enc
         } else if truncate {
             let mut tk = self.inner.clone();
             tk.with_truncation(Some(TruncationParams {
-                max_length: self.max_positions,
+                max_length: max,
                 strategy: TruncationStrategy::LongestFirst,
                 ..TruncationParams::default()
             }))
@@ -105,7 +129,9 @@ impl TextTokenizer {
         } else {
             return Err(ModelError::TooLong {
                 tokens: enc.len(),
-                max: self.max_positions,
+                max,
+                embedding: matches!(limit, Limit::Embedding(_)),
+                text: None,
             });
         };
         if enc.is_empty() {

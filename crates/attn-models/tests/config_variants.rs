@@ -1,7 +1,8 @@
 //! Config settings that change what a checkpoint computes: GPT-2 with its own language-model
-//! head (`tie_word_embeddings: false`) and BERT built as a decoder (`is_decoder: true`). Each is
-//! checked against an independent computation, and against the setting's absence so that the
-//! test fails if the setting is ignored.
+//! head (`tie_word_embeddings: false`), BERT built as a decoder (`is_decoder: true`), and the
+//! sentence-transformers settings of embeddings (`max_seq_length`, `do_lower_case`, the
+//! `Normalize` module). Each is checked against an independent computation, and against the
+//! setting's absence so that the test fails if the setting is ignored.
 
 #[allow(dead_code)]
 mod common;
@@ -187,4 +188,88 @@ fn unsupported_settings_are_refused_naming_their_field() {
             .to_string();
         assert!(message.contains(field), "{field}: {message}");
     }
+}
+
+fn minilm_copy(dir: &std::path::Path) -> std::path::PathBuf {
+    let minilm = default_model_dir(false).expect("the default model is cached or can be fetched");
+    edited_checkpoint(&minilm, dir, |_| {}, None);
+    minilm
+}
+
+/// Rewrites the JSON file `name` in `dir`.
+fn edit_json(dir: &std::path::Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join(name);
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut doc);
+    std::fs::write(&path, doc.to_string()).unwrap();
+}
+
+#[test]
+fn embeddings_stop_at_sentence_transformers_max_seq_length() {
+    let model = Model::load(&default_model_dir(false).unwrap()).unwrap();
+    // "cat" is one token: n words are n + 2 tokens with [CLS] and [SEP].
+    let cats = |n: usize| "cat ".repeat(n);
+    assert_eq!(model.encode(&cats(300), None).unwrap().len(), 302);
+    for n in [255, 300] {
+        let err = model.embed(&["fine", &cats(n)]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                attn_models::ModelError::TooLong {
+                    max: 256,
+                    embedding: true,
+                    text: Some(1),
+                    ..
+                }
+            ),
+            "{n}: {err:?}"
+        );
+        assert!(err.to_string().contains("max_seq_length"), "{err}");
+    }
+    // Cut to 256 tokens: [CLS], 254 cats, [SEP], the same tokens as 254 cats.
+    let cut = model.embed_with(&[&cats(300)], true).unwrap();
+    let whole = model.embed(&[&cats(254)]).unwrap();
+    assert_eq!(cut, whole);
+    // The attention views still take the model's 512 positions.
+    assert_eq!(model.encode(&cats(510), None).unwrap().len(), 512);
+}
+
+#[test]
+fn a_plain_checkpoint_is_mean_pooled_without_normalising() {
+    let dir = tempfile::tempdir().unwrap();
+    let minilm = minilm_copy(dir.path());
+    std::fs::remove_file(dir.path().join("modules.json")).unwrap();
+    let plain = Model::load(dir.path()).unwrap();
+    let normalised = Model::load(&minilm).unwrap();
+    let texts = ["The cat sat on the mat", "A completely different sentence"];
+    let got = plain.embed(&texts).unwrap();
+    let want = normalised.embed(&texts).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        let norm = g.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() > 0.1, "norm {norm}");
+        let scaled: Vec<f64> = g.iter().map(|&x| f64::from(x) / norm).collect();
+        let err = max_diff(w, &scaled);
+        assert!(err < 1e-6, "direction differs by {err:e}");
+    }
+}
+
+#[test]
+fn do_lower_case_lowers_texts_before_tokenizing() {
+    let dir = tempfile::tempdir().unwrap();
+    minilm_copy(dir.path());
+    // A cased tokenizer, so that only do_lower_case can make "The CAT" and "the cat" agree.
+    edit_json(dir.path(), "tokenizer.json", |t| {
+        t["normalizer"]["lowercase"] = false.into();
+    });
+    let cased = Model::load(dir.path()).unwrap();
+    let differ = cased.embed(&["The CAT sat", "the cat sat"]).unwrap();
+    assert_ne!(differ[0], differ[1]);
+    edit_json(dir.path(), "sentence_bert_config.json", |c| {
+        c["do_lower_case"] = true.into();
+    });
+    let lowered = Model::load(dir.path()).unwrap();
+    let same = lowered.embed(&["The CAT sat", "the cat sat"]).unwrap();
+    assert_eq!(same[0], same[1]);
+    assert_eq!(same[1], differ[1]);
 }

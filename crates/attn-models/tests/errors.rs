@@ -512,7 +512,10 @@ fn bad_text() {
     let long = "The cat sat on the mat. ".repeat(40);
     let err = model.encode(&long, None).unwrap_err();
     assert!(matches!(err, ModelError::TooLong { max: 64, .. }), "{err}");
-    assert!(err.to_string().contains("--truncate"), "{err}");
+    assert!(
+        err.to_string().contains("the model's 64 positions"),
+        "{err}"
+    );
     assert_eq!(model.encode_truncated(&long, None).unwrap().len(), 64);
     assert!(matches!(model.embed(&[]), Err(ModelError::EmptyBatch)));
     assert!(matches!(
@@ -551,7 +554,9 @@ fn bad_encodings_given_to_forward() {
         model.forward(&longer, &opts),
         Err(ModelError::TooLong {
             tokens: 65,
-            max: 64
+            max: 64,
+            embedding: false,
+            text: None,
         })
     ));
     assert!(matches!(

@@ -71,6 +71,16 @@ fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     keep_freed_memory();
     let cli = Cli::parse();
+    let truncates = matches!(
+        cli.command,
+        Command::Attention(_)
+            | Command::Embed(_)
+            | Command::Explain(_)
+            | Command::Heatmap(_)
+            | Command::Html(_)
+            | Command::Heads(_)
+            | Command::Lookup(_)
+    );
     let result = match cli.command {
         Command::Sdpa(args) => cmd::sdpa::run(args),
         Command::Walkthrough(args) => cmd::walkthrough::run(args),
@@ -91,9 +101,25 @@ fn main() -> ExitCode {
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
+            if is_too_long(&err) {
+                match truncates {
+                    true => eprintln!("hint: shorten it, or pass --truncate to cut it to fit"),
+                    false => eprintln!("hint: shorten it"),
+                }
+            }
             ExitCode::from(1)
         }
     }
+}
+
+/// A text longer than the model reads: the commands that take `--truncate` say so.
+fn is_too_long(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<attn_models::ModelError>(),
+            Some(attn_models::ModelError::TooLong { .. })
+        )
+    })
 }
 
 /// Output piped into `head` closes early; that is not an error (ripgrep does the same).

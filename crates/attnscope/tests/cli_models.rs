@@ -365,11 +365,43 @@ fn empty_and_too_long_text_are_errors() {
     let long = "The cat sat on the mat. ".repeat(40);
     let stderr = fails_with(&["attention", &long, "--model", m, "--json"], "--truncate");
     assert!(stderr.contains("64 positions"), "{stderr}");
-    fails_with(&["embed", &long, "--model", m], "--truncate");
+    let stderr = fails_with(&["embed", "fine", &long, "--model", m], "--truncate");
+    assert!(stderr.contains("embedding text 1:"), "{stderr}");
     let doc = ok_json(&["attention", &long, "--model", m, "--truncate", "--json"]);
     assert_eq!(doc["tokens"].as_array().unwrap().len(), 64);
     let doc = ok_json(&["embed", &long, "--model", m, "--truncate", "--json"]);
     assert_eq!(doc["embeddings"][0].as_array().unwrap().len(), 32);
+    // generate has no --truncate: its hint does not offer one.
+    let stderr = fails_with(
+        &["generate", &long, "--model", m, "--max-new-tokens", "1"],
+        "hint: shorten it",
+    );
+    assert!(!stderr.contains("--truncate"), "{stderr}");
+}
+
+#[test]
+fn a_long_lookup_key_is_named_and_can_be_cut() {
+    let m = tiny_gpt2();
+    let m = m.to_str().unwrap();
+    let long = format!("{}=v", "The cat sat on the mat. ".repeat(40));
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "lookup",
+            "--query",
+            "cat",
+            "--entry",
+            "dog=a dog",
+            "--entry",
+        ];
+        a.push(&long);
+        a.extend(["--model", m, "--json"]);
+        a.extend(extra);
+        a
+    };
+    let stderr = fails_with(&args(&[]), "--truncate");
+    assert!(stderr.contains("embedding the key of entry #2"), "{stderr}");
+    let doc = ok_json(&args(&["--truncate"]));
+    assert_eq!(doc["entries"].as_array().unwrap().len(), 2);
 }
 
 #[test]

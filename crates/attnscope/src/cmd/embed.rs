@@ -1,10 +1,12 @@
 //! `attnscope embed`: sentence embeddings of a real model (mean pooling over real tokens, L2
-//! normalised), as JSON or as a readable summary with the texts' cosine similarities.
+//! normalised when its sentence-transformers config says so), as JSON or as a readable summary
+//! with the texts' cosine similarities.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::bail;
+use attn_models::ModelError;
 
 use super::attention::{load_model, read_text_file};
 
@@ -20,7 +22,8 @@ pub struct Args {
     /// default model, fetched on first use].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
-    /// Cut texts longer than the model's positions instead of refusing them.
+    /// Cut texts longer than the model embeds (sentence-transformers' max_seq_length, else its
+    /// positions) instead of refusing them, as sentence-transformers does.
     #[arg(long)]
     pub truncate: bool,
     /// Print {"model", "embeddings": [[...], ...]}.
@@ -32,20 +35,31 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let texts: Vec<String> = match &args.file {
+    // Each text, and its line number in --file.
+    let (texts, lines): (Vec<String>, Vec<usize>) = match &args.file {
         Some(file) => read_text_file(file)?
             .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(str::to_string)
-            .collect(),
-        None => args.texts.clone(),
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(n, l)| (l.to_string(), n + 1))
+            .unzip(),
+        None => (args.texts.clone(), Vec::new()),
     };
     if texts.is_empty() {
         bail!("no texts to embed");
     }
     let model = load_model(args.model.as_deref(), args.threads)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let embeddings = model.embed_with(&refs, args.truncate)?;
+    let embeddings = model.embed_with(&refs, args.truncate).map_err(|e| {
+        let what = match (&e, &args.file) {
+            (ModelError::TooLong { text: Some(i), .. }, None) => format!("text {i}"),
+            (ModelError::TooLong { text: Some(i), .. }, Some(file)) => {
+                format!("{}, line {}", file.display(), lines[*i])
+            }
+            _ => "the texts".to_string(),
+        };
+        anyhow::Error::new(e).context(format!("embedding {what}"))
+    })?;
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     if args.json {
@@ -65,10 +79,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if embeddings.len() > 1 {
             writeln!(w, "\ncosine similarity")?;
+            let norm = |a: &[f32]| a.iter().map(|x| x * x).sum::<f32>().sqrt();
             for (i, a) in embeddings.iter().enumerate() {
                 let row: Vec<String> = embeddings
                     .iter()
-                    .map(|b| format!("{:6.3}", a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()))
+                    .map(|b| {
+                        let dot = a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+                        format!("{:6.3}", dot / (norm(a) * norm(b)).max(1e-12))
+                    })
                     .collect();
                 writeln!(w, "{i:>3} {}", row.join(" "))?;
             }

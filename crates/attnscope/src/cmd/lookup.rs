@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use attn_models::ModelError;
 use attn_viz::bars::{self, BarStyle};
 use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, soft_lookup};
 
@@ -31,6 +32,9 @@ pub struct Args {
     /// all-MiniLM-L6-v2 was trained with.
     #[arg(long, value_name = "T", default_value_t = DEFAULT_TEMPERATURE)]
     pub temperature: f32,
+    /// Cut a query or key longer than the model embeds instead of refusing it.
+    #[arg(long)]
+    pub truncate: bool,
     /// Print JSON instead of bars.
     #[arg(long)]
     pub json: bool,
@@ -90,9 +94,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = args.model.load()?;
     let mut texts: Vec<&str> = vec![args.query.as_str()];
     texts.extend(entries.iter().map(|e| e.key.as_str()));
-    let embeddings = model
-        .embed(&texts)
-        .context("embedding the query and keys")?;
+    let embeddings = model.embed_with(&texts, args.truncate).map_err(|e| {
+        let what = match &e {
+            ModelError::TooLong { text: Some(0), .. } => "the --query".to_string(),
+            ModelError::TooLong { text: Some(i), .. } => {
+                format!("the key of entry #{i} ({:?})", entries[i - 1].key)
+            }
+            _ => "the query and keys".to_string(),
+        };
+        anyhow::Error::new(e).context(format!("embedding {what}"))
+    })?;
     let lookup = soft_lookup(&embeddings[0], &embeddings[1..], args.temperature)?;
     let mut out = std::io::stdout().lock();
     if args.json {

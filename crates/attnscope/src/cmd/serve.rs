@@ -250,7 +250,7 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
 /// The error as the page shows it; the CLI's advice (`--truncate`) does not apply here.
 fn page_message(err: &anyhow::Error) -> String {
     match err.downcast_ref::<ModelError>() {
-        Some(ModelError::TooLong { tokens, max }) => format!(
+        Some(ModelError::TooLong { tokens, max, .. }) => format!(
             "The text is {tokens} tokens long; this model reads at most {max}. Shorten the text (or the pair)."
         ),
         _ => format!("{err:#}"),
