@@ -83,7 +83,9 @@ pub fn generate(
     check_decoder(model)?;
     let enc = model.encode(prompt, None)?;
     // The last generated token is never fed back, so the cache needs prompt + n − 1 positions.
-    let needed = enc.len() + options.max_new_tokens.saturating_sub(1);
+    let needed = enc
+        .len()
+        .saturating_add(options.max_new_tokens.saturating_sub(1));
     let mut cache = KvCache::with_capacity(model, needed)?;
     let tokenizer = load_decoder(model)?;
     let vocab = model.config().vocab_size;

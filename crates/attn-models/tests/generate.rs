@@ -371,4 +371,11 @@ fn bad_prompts_and_lengths_are_errors() {
         "{err:?}"
     );
     assert!(generate(&model, "Hi", &greedy(0)).unwrap().ids.is_empty());
+    for huge in [usize::MAX, usize::MAX - 1] {
+        let err = generate(&model, "Hi", &greedy(huge)).unwrap_err();
+        assert!(
+            matches!(err, ModelError::CacheFull { needed: usize::MAX, capacity, .. } if capacity == max),
+            "{err:?}"
+        );
+    }
 }

@@ -194,6 +194,10 @@ fn bad_options_and_models_are_clear_errors() {
         "needs 65 positions: the KV cache holds 64 positions and 65 are needed",
     );
     fails_with(
+        &with(&base[..4], &["--max-new-tokens", "18446744073709551615"]),
+        "--max-new-tokens 18446744073709551615 is more than the model's 64 positions",
+    );
+    fails_with(
         &[
             "generate",
             "Hi",

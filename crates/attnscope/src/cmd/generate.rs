@@ -74,6 +74,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         attention: args.explain,
     };
     let generation = generate(&model, &args.prompt, &options).map_err(|err| match err {
+        ModelError::CacheFull { n_positions, .. } if args.max_new_tokens > n_positions => {
+            let too_many = format!(
+                "--max-new-tokens {} is more than the model's {n_positions} positions",
+                args.max_new_tokens
+            );
+            anyhow::Error::new(err).context(too_many)
+        }
         // The cache needs the prompt's positions and those of every new token but the last.
         ModelError::CacheFull { needed, .. } => {
             let prompt = needed + 1 - args.max_new_tokens;
