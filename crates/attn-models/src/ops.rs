@@ -408,7 +408,7 @@ fn bias_activation_body(
             Some(Activation::Relu) => row
                 .iter_mut()
                 .zip(bias)
-                .for_each(|(v, b)| *v = (*v + b).max(0.0)),
+                .for_each(|(v, b)| *v = relu(*v + b)),
         }
     }
 }
@@ -530,6 +530,11 @@ pub fn residual_bias_add(residual: &mut [f32], y: &[f32], bias: &[f32]) {
 #[inline(always)]
 pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `max(x, 0)` keeping NaN, as `torch.relu` does (`f32::max` would turn NaN into 0).
+fn relu(x: f32) -> f32 {
+    if x < 0.0 { 0.0 } else { x }
 }
 
 /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, GPT-2's `gelu_new`.

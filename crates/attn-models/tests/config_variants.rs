@@ -273,3 +273,28 @@ fn do_lower_case_lowers_texts_before_tokenizing() {
     assert_eq!(same[0], same[1]);
     assert_eq!(same[1], differ[1]);
 }
+
+#[test]
+fn relu_keeps_a_nan_for_the_finiteness_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let poison = |tensors: &mut Vec<RawTensor>| {
+        let (_, _, _, data) = tensors
+            .iter_mut()
+            .find(|(name, ..)| name.ends_with("h.0.mlp.c_fc.bias"))
+            .unwrap();
+        data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    };
+    edited_checkpoint(
+        &golden_dir().join("tiny-gpt2"),
+        dir.path(),
+        |config| config["activation_function"] = "relu".into(),
+        Some(&poison),
+    );
+    let model = Model::load(dir.path()).unwrap();
+    let enc = model.encode("The cat sat", None).unwrap();
+    let err = model.forward(&enc, &RunOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, attn_models::ModelError::NonFinite { value, .. } if value.is_nan()),
+        "{err:?}"
+    );
+}
