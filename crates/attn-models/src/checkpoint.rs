@@ -18,6 +18,7 @@ use memmap2::Mmap;
 use serde::Deserialize;
 
 use crate::ModelError;
+use crate::config::regular_file;
 
 /// Largest header accepted (the `safetensors` crate uses the same 100 MB cap).
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
@@ -60,15 +61,10 @@ fn dtype_size(dtype: &str) -> Option<u64> {
 impl Checkpoint {
     /// Maps `path` and validates its header against the file.
     pub fn open(path: &Path) -> Result<Checkpoint, ModelError> {
+        // Mapping a directory fails with a puzzling "No such device", and opening a named pipe
+        // blocks: say what is wrong instead.
+        regular_file(path, "the model weights")?;
         let file = File::open(path).map_err(|e| ModelError::io(path, "the model weights", e))?;
-        // Mapping a directory fails with a puzzling "No such device": say what is wrong instead.
-        if file.metadata().is_ok_and(|m| m.is_dir()) {
-            let err = std::io::Error::new(
-                std::io::ErrorKind::IsADirectory,
-                "a directory, not a safetensors file",
-            );
-            return Err(ModelError::io(path, "the model weights", err));
-        }
         // SAFETY: the map is read-only and private to this process; like every reader of
         // safetensors files we assume nobody truncates the file while it is mapped.
         let mmap = unsafe { Mmap::map(&file) }

@@ -148,8 +148,40 @@ fn yes() -> bool {
     true
 }
 
-/// Reads a whole text file, naming `what` it is if it is missing.
+/// The most bytes a JSON file of a model directory may hold (the largest tokenizers are tens
+/// of MiB).
+pub(crate) const MAX_JSON_BYTES: u64 = 256 << 20;
+
+/// Checks that `path` (after symlinks) is a regular file before anything opens it: opening a
+/// named pipe blocks for ever, and a device such as `/dev/zero` reads without end. Returns its
+/// length.
+pub(crate) fn regular_file(path: &Path, what: &'static str) -> Result<u64, ModelError> {
+    let meta = std::fs::metadata(path).map_err(|e| ModelError::io(path, what, e))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let kind = if meta.is_dir() {
+        "a directory"
+    } else {
+        "a pipe, socket or device"
+    };
+    let err = std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{kind}, not a regular file"),
+    );
+    Err(ModelError::io(path, what, err))
+}
+
+/// Reads a whole text file of at most [`MAX_JSON_BYTES`], naming `what` it is if it is missing.
 pub(crate) fn read_text(path: &Path, what: &'static str) -> Result<String, ModelError> {
+    let len = regular_file(path, what)?;
+    if len > MAX_JSON_BYTES {
+        let err = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{len} bytes, more than the {MAX_JSON_BYTES} a model's JSON file may hold"),
+        );
+        return Err(ModelError::io(path, what, err));
+    }
     std::fs::read_to_string(path).map_err(|e| ModelError::io(path, what, e))
 }
 

@@ -7,8 +7,6 @@
 
 use std::num::NonZeroUsize;
 
-use tokenizers::Tokenizer;
-
 use crate::kv_cache::{KvCache, check_decoder};
 use crate::{Encoding, Model, ModelError};
 
@@ -87,7 +85,6 @@ pub fn generate(
         .len()
         .saturating_add(options.max_new_tokens.saturating_sub(1));
     let mut cache = KvCache::with_capacity(model, needed)?;
-    let tokenizer = load_decoder(model)?;
     let vocab = model.config().vocab_size;
     let mut rng = match options.sampling {
         Sampling::Sample { seed, .. } => SplitMix64(seed),
@@ -108,32 +105,17 @@ pub fn generate(
         ids.push(next);
         feed = vec![next];
     }
-    let decode = |ids: &[u32]| {
-        tokenizer
-            .decode(ids, false)
-            .map_err(|e| ModelError::Tokenizer {
-                reason: e.to_string(),
-            })
-    };
     let pieces = ids
         .iter()
-        .map(|&id| decode(&[id]))
+        .map(|&id| model.decode(&[id]))
         .collect::<Result<Vec<_>, _>>()?;
-    let text = decode(&ids)?;
+    let text = model.decode(&ids)?;
     Ok(Generation {
         prompt: enc,
         ids,
         pieces,
         text,
         attention,
-    })
-}
-
-/// The model's `tokenizer.json`, for turning generated ids back into text.
-fn load_decoder(model: &Model) -> Result<Tokenizer, ModelError> {
-    let path = model.dir().join("tokenizer.json");
-    Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
-        reason: format!("{}: {e}", path.display()),
     })
 }
 

@@ -288,6 +288,11 @@ impl Model {
         self.tokenizer.encode(text, pair, false)
     }
 
+    /// The text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        self.tokenizer.decode(ids)
+    }
+
     /// Like [`Model::encode`], but a text that is too long is cut to fit (longest segment first).
     pub fn encode_truncated(&self, text: &str, pair: Option<&str>) -> Result<Encoding, ModelError> {
         self.tokenizer.encode(text, pair, true)

@@ -6,10 +6,12 @@
 //! text longer than the model's positions is an error unless the caller asks to truncate.
 
 use std::path::Path;
+use std::str::FromStr;
 
-use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
+use tokenizers::{PostProcessor, Tokenizer, TruncationParams, TruncationStrategy};
 
 use crate::ModelError;
+use crate::config::read_text;
 
 /// One tokenized text (or text pair).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,13 +59,8 @@ pub struct TextTokenizer {
 impl TextTokenizer {
     /// Loads `tokenizer.json`; texts may use at most `max_positions` tokens.
     pub fn from_file(path: &Path, max_positions: usize) -> Result<TextTokenizer, ModelError> {
-        if !path.is_file() {
-            return Err(ModelError::MissingFile {
-                path: path.to_path_buf(),
-                what: "the model's tokenizer.json",
-            });
-        }
-        let mut inner = Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer {
+        let text = read_text(path, "the model's tokenizer.json")?;
+        let mut inner = Tokenizer::from_str(&text).map_err(|e| ModelError::Tokenizer {
             reason: format!("{}: {e}", path.display()),
         })?;
         inner.with_padding(None);
@@ -76,6 +73,15 @@ impl TextTokenizer {
             inner,
             max_positions,
         })
+    }
+
+    /// The text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| ModelError::Tokenizer {
+                reason: e.to_string(),
+            })
     }
 
     /// Tokenizes `text` (and `pair`), adding the model's special tokens. Longer than the model's
@@ -118,6 +124,21 @@ impl TextTokenizer {
         let enc = if enc.len() <= max {
             enc
         } else if truncate {
+            // Each segment keeps at least one token next to the special ones (tokenizers
+            // panics on a limit below them).
+            let segments = if pair.is_some() { 2 } else { 1 };
+            let special = self
+                .inner
+                .get_post_processor()
+                .map_or(0, |p| p.added_tokens(pair.is_some()));
+            if max < special + segments {
+                return Err(ModelError::Tokenizer {
+                    reason: format!(
+                        "cannot cut the text to {max} tokens: the tokenizer adds {special} special \
+                         tokens, and each of the {segments} text(s) needs one more"
+                    ),
+                });
+            }
             let mut tk = self.inner.clone();
             tk.with_truncation(Some(TruncationParams {
                 max_length: max,

@@ -9,6 +9,7 @@ mod common;
 
 use attn_models::fetch::default_model_dir;
 use attn_models::kv_cache::KvCache;
+use attn_models::tokenize::TextTokenizer;
 use attn_models::{Encoding, Model, RunOptions};
 use common::{RawTensor, edited_checkpoint, golden_dir};
 use safetensors::Dtype;
@@ -297,4 +298,28 @@ fn relu_keeps_a_nan_for_the_finiteness_check() {
         matches!(err, attn_models::ModelError::NonFinite { value, .. } if value.is_nan()),
         "{err:?}"
     );
+}
+
+#[test]
+fn truncating_below_the_special_tokens_is_an_error_not_a_panic() {
+    let minilm = default_model_dir(false).expect("the default model is cached or can be fetched");
+    let path = minilm.join("tokenizer.json");
+    for (positions, pair, fits) in [
+        (1, None, false),
+        (2, None, false),
+        (3, None, true),
+        (3, Some("bye now"), false),
+        (4, Some("bye now"), false),
+        (5, Some("bye now"), true),
+    ] {
+        let tokenizer = TextTokenizer::from_file(&path, positions).unwrap();
+        let got = tokenizer.encode("hello world again", pair, true);
+        match fits {
+            true => assert_eq!(got.unwrap().len(), positions),
+            false => {
+                let message = got.unwrap_err().to_string();
+                assert!(message.contains("special tokens"), "{message}");
+            }
+        }
+    }
 }

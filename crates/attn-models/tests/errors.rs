@@ -654,3 +654,38 @@ fn checksum_mismatch_is_named() {
         "{err}"
     );
 }
+
+/// The error of `Model::load` of `dir`, run on another thread, failing the test if it loads or
+/// takes over 10 s.
+fn load_error_within_10s(dir: &Path) -> String {
+    let (send, receive) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let message = Model::load(&dir).err().map(|e| e.to_string());
+        send.send(message).ok();
+    });
+    receive
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("Model::load hung")
+        .expect("Model::load succeeded")
+}
+
+#[test]
+fn pipes_and_devices_in_a_model_dir_are_refused_without_reading() {
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        let dir = tiny_copy();
+        let path = dir.path().join(file);
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success(), "mkfifo {}", path.display());
+        let message = load_error_within_10s(dir.path());
+        assert!(message.contains(file), "{message}");
+        assert!(message.contains("not a regular file"), "{message}");
+
+        // /dev/zero reads without end.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        let message = load_error_within_10s(dir.path());
+        assert!(message.contains("not a regular file"), "{message}");
+    }
+}

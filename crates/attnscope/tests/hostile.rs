@@ -280,7 +280,7 @@ fn cases(root: &Path) -> Vec<Case> {
         (
             "weights path is a directory",
             &weights_dir,
-            &["model.safetensors", "a directory, not a safetensors file"],
+            &["model.safetensors", "a directory, not a regular file"],
         ),
         (
             "overlapping tensor ranges",
