@@ -66,6 +66,17 @@ fn split(x: f32) -> (u16, u16) {
     (hi, bf16_bits(x - bf16_value(hi)))
 }
 
+/// The largest magnitude the tiles take. bf16's largest finite value is 3.39e38, so `bf16(x)`
+/// of a larger f32 is ∞ and its product NaN; past 2¹²⁶ the products run in f32 instead. At the
+/// other end the tiles flush bf16 subnormals to 0: parts below 2⁻¹²⁶ (a `lo` part of values
+/// below about 2⁻¹¹⁷ ≈ 6e-36) are lost, an absolute error under 1e-35 per product.
+pub const MAX_ABS: f32 = 8.507_059e37;
+
+/// Whether every value of `values` is within [`MAX_ABS`] (NaN is not).
+pub fn fits(values: &[f32]) -> bool {
+    values.iter().all(|v| v.abs() <= MAX_ABS)
+}
+
 /// Whether this CPU and OS run AMX bf16 tiles ([`attn_core::amx::available`]: checked, and on
 /// Linux the tile state requested for the process, once).
 pub fn available() -> bool {

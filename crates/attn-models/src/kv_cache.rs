@@ -23,7 +23,9 @@ use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 use rayon::prelude::*;
 
 use crate::model::parallelism;
-use crate::ops::{Linear, WeightLayout, bias_activation, gemm_bt, residual_bias_add};
+use crate::ops::{
+    Epilogue, Gemm, Linear, WeightLayout, bias_activation, gemm_bt, residual_bias_add,
+};
 use crate::{Model, ModelError, ModelKind};
 
 /// Keys and values of every layer of one model for the tokens fed so far.
@@ -163,12 +165,16 @@ impl<'m> KvCache<'m> {
         let n_layers = weights.layers.len();
         let mut last_layer_attention = None;
 
-        // `y = x·W` (no bias) and `y = act(x·W + b)` for the fed rows.
+        // `y = x·W` (no bias) and `y = act(x·W + b)` for the fed rows, on the model's kernel.
+        let gemm = Gemm {
+            par,
+            kernel: self.model.gemm_kernel(),
+        };
         let linear = |layer: &Linear, x: &[f32], y: &mut [f32]| {
             if new == 1 {
                 matvec(layer, x, y);
             } else {
-                layer.matmul(x, y, par);
+                layer.forward(x, y, Epilogue::None, gemm);
             }
         };
         let linear_activation = |layer: &Linear, x: &[f32], y: &mut [f32]| {
@@ -176,7 +182,7 @@ impl<'m> KvCache<'m> {
                 matvec(layer, x, y);
                 bias_activation(y, &layer.bias, Some(c.activation));
             } else {
-                layer.matmul_activation(x, y, c.activation, par);
+                layer.forward(x, y, Epilogue::BiasActivation(c.activation), gemm);
             }
         };
         for (l, layer) in weights.layers.iter().enumerate() {

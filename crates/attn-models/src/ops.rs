@@ -102,8 +102,9 @@ pub struct Linear {
     pub n_in: usize,
     /// Sum of the parts' `n_out`.
     pub n_out: usize,
-    /// `W` packed for AMX tiles, made on the first product that runs on them.
-    packed: OnceLock<PackedWeight>,
+    /// `W` packed for AMX tiles, made on the first product that runs on them; `None` when `W`
+    /// holds values the tiles cannot take ([`bf16x3::fits`]).
+    packed: OnceLock<Option<PackedWeight>>,
 }
 
 impl Linear {
@@ -171,9 +172,12 @@ impl Linear {
         let rows = x.len() / self.n_in;
         debug_assert_eq!(x.len(), rows * self.n_in);
         debug_assert_eq!(y.len(), rows * self.n_out);
-        if gemm.kernel.uses_tiles(rows) {
+        if gemm.kernel.uses_tiles(rows)
+            && let Some(packed) = self.packed()
+            && bf16x3::fits(x)
+        {
             let parallel = !matches!(gemm.par, Par::Seq);
-            bf16x3::matmul(self.packed(), x, y, parallel, |rows, cols| {
+            bf16x3::matmul(packed, x, y, parallel, |rows, cols| {
                 epilogue.apply(rows, &self.bias, cols)
             });
             return;
@@ -189,31 +193,39 @@ impl Linear {
         }
     }
 
-    /// The weight packed for AMX tiles (packed on first use).
-    fn packed(&self) -> &PackedWeight {
-        self.packed.get_or_init(|| {
-            let mut start = 0;
-            let parts: Vec<(usize, &Weight, &[f32])> = self
-                .parts
-                .iter()
-                .map(|p| {
-                    start += p.n_out;
-                    (start - p.n_out, p, &p.data[..])
-                })
-                .collect();
-            let n_in = self.n_in;
-            PackedWeight::pack(n_in, self.n_out, |k, n| {
-                let (col, part, data) = parts
-                    .iter()
-                    .rev()
-                    .find(|(col, _, _)| *col <= n)
-                    .copied()
-                    .unwrap_or(parts[0]);
-                match part.layout {
-                    WeightLayout::OutIn => data[(n - col) * n_in + k],
-                    WeightLayout::InOut => data[k * part.n_out + n - col],
-                }
+    /// The weight packed for AMX tiles (packed on first use), unless the tiles cannot take it.
+    fn packed(&self) -> Option<&PackedWeight> {
+        self.packed
+            .get_or_init(|| {
+                let fits = self.parts.iter().all(|p| bf16x3::fits(&p.data));
+                fits.then(|| self.pack())
             })
+            .as_ref()
+    }
+
+    /// `W` split and laid out in tiles.
+    fn pack(&self) -> PackedWeight {
+        let mut start = 0;
+        let parts: Vec<(usize, &Weight, &[f32])> = self
+            .parts
+            .iter()
+            .map(|p| {
+                start += p.n_out;
+                (start - p.n_out, p, &p.data[..])
+            })
+            .collect();
+        let n_in = self.n_in;
+        PackedWeight::pack(n_in, self.n_out, |k, n| {
+            let (col, part, data) = parts
+                .iter()
+                .rev()
+                .find(|(col, _, _)| *col <= n)
+                .copied()
+                .unwrap_or(parts[0]);
+            match part.layout {
+                WeightLayout::OutIn => data[(n - col) * n_in + k],
+                WeightLayout::InOut => data[k * part.n_out + n - col],
+            }
         })
     }
 
@@ -794,7 +806,7 @@ mod tests {
                 lin.forward(&x, &mut got, Epilogue::None, tiles);
                 let mut want = vec![0.0; rows * n_out];
                 if bf16x3::available() {
-                    bf16x3::matmul_reference(lin.packed(), &x, &mut want);
+                    bf16x3::matmul_reference(lin.packed().unwrap(), &x, &mut want);
                     let (worst, at) = max_relative_error(&got, &want);
                     // The tiles add in f32, the reference in f64: n_in roundings at most.
                     assert!(
@@ -810,6 +822,34 @@ mod tests {
                     assert_eq!(got, want, "{rows}×{n_in}×{n_out}: no AMX, so f32");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn values_the_tiles_cannot_take_run_in_f32() {
+        // bf16(3.4e38) is ∞: on the tiles these products were NaN.
+        let big = 3.4e38f32;
+        let (rows, n_in) = (AUTO_MIN_ROWS, 2);
+        for (w, x, want) in [
+            (0.5, big, 0.5 * big),
+            (big, 0.5, 0.5 * big),
+            (-1e-3, f32::MAX, -1e-3 * f32::MAX),
+        ] {
+            let lin = Linear::new(
+                F32Data::Owned(vec![w, 0.0]),
+                WeightLayout::OutIn,
+                vec![0.0],
+                n_in,
+                1,
+            );
+            let xs: Vec<f32> = (0..rows).flat_map(|_| [x, 1.0]).collect();
+            let mut y = vec![f32::NAN; rows];
+            let tiles = Gemm {
+                par: Par::Seq,
+                kernel: GemmKernel::Bf16x3,
+            };
+            lin.forward(&xs, &mut y, Epilogue::None, tiles);
+            assert!(y.iter().all(|&v| v == want), "{w} · {x}: {:?}", &y[..2]);
         }
     }
 

@@ -379,3 +379,26 @@ fn bad_prompts_and_lengths_are_errors() {
         );
     }
 }
+
+#[test]
+fn the_cache_runs_the_models_gemm_kernel() {
+    use attn_models::ops::GemmKernel;
+    let prefill = |kernel| {
+        let mut model = tiny_gpt2();
+        model.set_gemm_kernel(kernel);
+        let mut cache = KvCache::new(&model).unwrap();
+        cache
+            .feed(&(1..40).collect::<Vec<u32>>(), false)
+            .unwrap()
+            .logits
+    };
+    let (tiles, f32) = (prefill(GemmKernel::Bf16x3), prefill(GemmKernel::F32));
+    // bf16x3 rounds differently from f32 GEMMs; without AMX it is f32.
+    let available = attn_models::bf16x3::available();
+    assert_eq!(
+        tiles != f32,
+        available,
+        "the kernels' logits differ only on AMX"
+    );
+    assert_close("bf16x3 against f32", &tiles, &as_f64(&f32), 1e-3);
+}
