@@ -14,6 +14,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use half::{bf16, f16};
 use memmap2::Mmap;
 use serde::Deserialize;
 
@@ -93,23 +94,14 @@ impl Checkpoint {
         self.tensors.get(name)
     }
 
-    /// The raw little-endian bytes of an F32 tensor whose shape must be `shape`.
-    ///
-    /// # Shapes
-    /// - returns `numel(shape) · 4` bytes
-    pub fn f32_bytes(&self, name: &str, shape: &[usize]) -> Result<&[u8], ModelError> {
+    /// The dtype and raw little-endian bytes of a tensor whose shape must be `shape`.
+    fn bytes(&self, name: &str, shape: &[usize]) -> Result<(&str, &[u8]), ModelError> {
         let info = self
             .tensors
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor {
                 tensor: name.to_string(),
             })?;
-        if info.dtype != "F32" {
-            return Err(ModelError::UnsupportedDtype {
-                tensor: name.to_string(),
-                dtype: info.dtype.clone(),
-            });
-        }
         if info.shape != shape {
             return Err(ModelError::TensorShape {
                 tensor: name.to_string(),
@@ -117,34 +109,81 @@ impl Checkpoint {
                 got: info.shape.clone(),
             });
         }
-        Ok(&self.mmap[self.data_start + info.begin..self.data_start + info.end])
+        let bytes = &self.mmap[self.data_start + info.begin..self.data_start + info.end];
+        Ok((&info.dtype, bytes))
     }
 
-    /// An F32 tensor checked to have `shape`, read in place from the map when it is aligned
-    /// (little-endian targets), else copied.
+    /// A floating-point tensor checked to have `shape`, as f32. F32 is read in place from the
+    /// map when it is aligned (little-endian targets), else copied; F16, BF16 and F64 are
+    /// converted, as transformers upcasts them when it loads a model in f32 (exactly, except
+    /// F64, whose values beyond f32's range are an error and are otherwise rounded).
     ///
     /// # Shapes
     /// - returns `numel(shape)` values, row-major
     pub fn f32_data(&self, name: &str, shape: &[usize]) -> Result<F32Data, ModelError> {
-        let bytes = self.f32_bytes(name, shape)?;
-        if cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok() {
-            let start = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
-            return Ok(F32Data::Mapped {
-                map: Arc::clone(&self.mmap),
-                start,
-                len: bytes.len() / 4,
-            });
-        }
-        Ok(F32Data::Owned(f32_from_le(bytes)))
+        let (dtype, bytes) = self.bytes(name, shape)?;
+        let values = match dtype {
+            "F32" => {
+                let aligned = bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok();
+                if cfg!(target_endian = "little") && aligned {
+                    let start = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
+                    return Ok(F32Data::Mapped {
+                        map: Arc::clone(&self.mmap),
+                        start,
+                        len: bytes.len() / 4,
+                    });
+                }
+                f32_from_le(bytes)
+            }
+            "F16" => bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            "BF16" => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            "F64" => f64_to_f32(name, bytes)?,
+            other => {
+                return Err(ModelError::UnsupportedDtype {
+                    tensor: name.to_string(),
+                    dtype: other.to_string(),
+                });
+            }
+        };
+        Ok(F32Data::Owned(values))
     }
 
-    /// An F32 tensor copied out of the map, checked to have `shape`.
+    /// [`Checkpoint::f32_data`] copied out of the map.
     ///
     /// # Shapes
     /// - returns `numel(shape)` values, row-major
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        Ok(f32_from_le(self.f32_bytes(name, shape)?))
+        Ok(match self.f32_data(name, shape)? {
+            F32Data::Owned(values) => values,
+            mapped => mapped.to_vec(),
+        })
     }
+}
+
+/// Little-endian f64 values as f32; a finite value beyond f32's range is an error naming it.
+fn f64_to_f32(tensor: &str, bytes: &[u8]) -> Result<Vec<f32>, ModelError> {
+    bytes
+        .chunks_exact(8)
+        .enumerate()
+        .map(|(index, b)| {
+            let value = f64::from_le_bytes(b.try_into().expect("chunks of 8 bytes"));
+            let narrow = value as f32;
+            match narrow.is_infinite() && value.is_finite() {
+                true => Err(ModelError::ValueOutOfRange {
+                    tensor: tensor.to_string(),
+                    index,
+                    value,
+                }),
+                false => Ok(narrow),
+            }
+        })
+        .collect()
 }
 
 /// f32 values either owned or borrowed from a mapped checkpoint (kept alive by the `Arc`).

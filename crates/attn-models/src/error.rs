@@ -72,8 +72,15 @@ pub enum ModelError {
         got: u64,
     },
     /// A tensor the model needs has a dtype it cannot read.
-    #[error("tensor {tensor}: dtype {dtype} is not supported (expected F32)")]
+    #[error("tensor {tensor}: dtype {dtype} is not supported (expected F32, F16, BF16 or F64)")]
     UnsupportedDtype { tensor: String, dtype: String },
+    /// An F64 tensor holds a value beyond f32's range.
+    #[error("tensor {tensor}: value {value:e} at flat index {index} does not fit in f32")]
+    ValueOutOfRange {
+        tensor: String,
+        index: usize,
+        value: f64,
+    },
     /// A tensor the model needs is not in the checkpoint.
     #[error("tensor {tensor} is missing from the checkpoint")]
     MissingTensor { tensor: String },

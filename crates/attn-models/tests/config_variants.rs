@@ -323,3 +323,52 @@ fn truncating_below_the_special_tokens_is_an_error_not_a_panic() {
         }
     }
 }
+
+/// tiny-gpt2 with every tensor stored as `dtype`, the values given by `store` (f32 → bytes).
+fn tiny_gpt2_as(dir: &std::path::Path, dtype: Dtype, store: fn(f32) -> Vec<u8>) {
+    let convert = |tensors: &mut Vec<RawTensor>| {
+        for (_, dt, _, data) in tensors.iter_mut() {
+            *data = f32s(data).into_iter().flat_map(store).collect();
+            *dt = dtype;
+        }
+    };
+    edited_checkpoint(&golden_dir().join("tiny-gpt2"), dir, |_| {}, Some(&convert));
+}
+
+#[test]
+fn f16_bf16_and_f64_checkpoints_load_as_f32() {
+    use half::{bf16, f16};
+    let run = |dtype, store: fn(f32) -> Vec<u8>| {
+        let dir = tempfile::tempdir().unwrap();
+        tiny_gpt2_as(dir.path(), dtype, store);
+        let model = Model::load(dir.path()).unwrap();
+        let enc = model.encode("The cat sat on the mat", None).unwrap();
+        let out = model.forward(&enc, &RunOptions::default()).unwrap();
+        out.logits.unwrap()
+    };
+    let f32_bytes = |x: f32| x.to_le_bytes().to_vec();
+    // F64 holds every f32 exactly: the same logits, bit for bit.
+    let reference = run(Dtype::F32, f32_bytes);
+    assert_eq!(
+        run(Dtype::F64, |x| f64::from(x).to_le_bytes().to_vec()),
+        reference
+    );
+    // F16 and BF16: the same logits as F32 weights holding the rounded values.
+    let rounded = [
+        (
+            Dtype::F16,
+            (|x| f16::from_f32(x).to_le_bytes().to_vec()) as fn(f32) -> Vec<u8>,
+            (|x| f16::from_f32(x).to_f32().to_le_bytes().to_vec()) as fn(f32) -> Vec<u8>,
+        ),
+        (
+            Dtype::BF16,
+            |x| bf16::from_f32(x).to_le_bytes().to_vec(),
+            |x| bf16::from_f32(x).to_f32().to_le_bytes().to_vec(),
+        ),
+    ];
+    for (dtype, store, store_rounded) in rounded {
+        let got = run(dtype, store);
+        assert_eq!(got, run(Dtype::F32, store_rounded), "{dtype:?}");
+        assert_ne!(got, reference, "{dtype:?} rounds the weights");
+    }
+}

@@ -264,11 +264,26 @@ fn safetensors_byte_length_disagrees_with_shape() {
 
 #[test]
 fn wrong_dtype_is_named() {
-    let header = r#"{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}"#;
-    let ckpt = open_bytes(&safetensors_bytes(header, &[0; 4])).unwrap();
+    let header = r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}}"#;
+    let ckpt = open_bytes(&safetensors_bytes(header, &[0; 8])).unwrap();
     let err = ckpt.f32("a", &[2]).unwrap_err();
     assert!(
-        matches!(&err, ModelError::UnsupportedDtype { tensor, dtype } if tensor == "a" && dtype == "F16"),
+        matches!(&err, ModelError::UnsupportedDtype { tensor, dtype } if tensor == "a" && dtype == "I32"),
+        "{err}"
+    );
+}
+
+#[test]
+fn f64_values_beyond_f32_are_named() {
+    let header = r#"{"a":{"dtype":"F64","shape":[2],"data_offsets":[0,16]}}"#;
+    let data: Vec<u8> = [1.5f64, -1e300]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let ckpt = open_bytes(&safetensors_bytes(header, &data)).unwrap();
+    let err = ckpt.f32("a", &[2]).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::ValueOutOfRange { tensor, index: 1, value } if tensor == "a" && *value == -1e300),
         "{err}"
     );
 }
