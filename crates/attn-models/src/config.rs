@@ -36,17 +36,64 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn parse(name: &str) -> Result<Activation, ModelError> {
+    /// The activation `name`, read from the config field `field`.
+    fn parse(name: &str, field: &'static str) -> Result<Activation, ModelError> {
         match name {
             "gelu" => Ok(Activation::GeluErf),
             "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Activation::GeluTanh),
             "relu" => Ok(Activation::Relu),
             other => Err(ModelError::InvalidConfig {
-                field: "activation",
+                field,
                 reason: format!(
-                    "{other:?} is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu)"
+                    "{other:?} is not supported (gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu)"
                 ),
             }),
+        }
+    }
+}
+
+/// The `config.json` names of the fields [`ModelConfig::validate`] checks, which differ between
+/// BERT and GPT-2.
+struct FieldNames {
+    hidden_size: &'static str,
+    n_layers: &'static str,
+    n_heads: &'static str,
+    intermediate_size: &'static str,
+    max_positions: &'static str,
+    layer_norm_eps: &'static str,
+}
+
+const BERT_FIELDS: FieldNames = FieldNames {
+    hidden_size: "hidden_size",
+    n_layers: "num_hidden_layers",
+    n_heads: "num_attention_heads",
+    intermediate_size: "intermediate_size",
+    max_positions: "max_position_embeddings",
+    layer_norm_eps: "layer_norm_eps",
+};
+
+const GPT2_FIELDS: FieldNames = FieldNames {
+    hidden_size: "n_embd",
+    n_layers: "n_layer",
+    n_heads: "n_head",
+    intermediate_size: "n_inner",
+    max_positions: "n_positions",
+    layer_norm_eps: "layer_norm_epsilon",
+};
+
+/// A token id, or a list of them of which the first counts (`eos_token_id: [50256]`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    fn first(&self) -> Option<u32> {
+        match self {
+            TokenIds::One(id) => Some(*id),
+            TokenIds::Many(ids) => ids.first().copied(),
         }
     }
 }
@@ -93,7 +140,7 @@ struct BertJson {
     #[serde(default = "two")]
     type_vocab_size: usize,
     #[serde(default = "bert_eps")]
-    layer_norm_eps: f32,
+    layer_norm_eps: f64,
     #[serde(default)]
     pad_token_id: Option<u32>,
     #[serde(default)]
@@ -116,7 +163,7 @@ struct Gpt2Json {
     #[serde(default = "gpt2_act")]
     activation_function: String,
     #[serde(default = "gpt2_eps")]
-    layer_norm_epsilon: f32,
+    layer_norm_epsilon: f64,
     #[serde(default = "yes")]
     scale_attn_weights: bool,
     #[serde(default)]
@@ -124,7 +171,7 @@ struct Gpt2Json {
     #[serde(default)]
     add_cross_attention: bool,
     #[serde(default)]
-    eos_token_id: Option<u32>,
+    eos_token_id: Option<TokenIds>,
     #[serde(default = "yes")]
     tie_word_embeddings: bool,
 }
@@ -138,10 +185,10 @@ fn gpt2_act() -> String {
 fn two() -> usize {
     2
 }
-fn bert_eps() -> f32 {
+fn bert_eps() -> f64 {
     1e-12
 }
-fn gpt2_eps() -> f32 {
+fn gpt2_eps() -> f64 {
     1e-5
 }
 fn yes() -> bool {
@@ -183,6 +230,18 @@ pub(crate) fn read_text(path: &Path, what: &'static str) -> Result<String, Model
         return Err(ModelError::io(path, what, err));
     }
     std::fs::read_to_string(path).map_err(|e| ModelError::io(path, what, e))
+}
+
+/// The LayerNorm epsilon as the f32 the norms add: finite and above 0 once rounded.
+fn layer_norm_eps(eps: f64, field: &'static str) -> Result<f32, ModelError> {
+    let rounded = eps as f32;
+    if !(rounded.is_finite() && rounded > 0.0) {
+        return Err(unsupported(
+            field,
+            format!("must be finite and above 0 in f32, got {eps:e}"),
+        ));
+    }
+    Ok(rounded)
 }
 
 fn unsupported(field: &'static str, reason: impl Into<String>) -> ModelError {
@@ -239,8 +298,8 @@ impl ModelConfig {
                     intermediate_size: c.intermediate_size,
                     max_positions: c.max_position_embeddings,
                     type_vocab_size: c.type_vocab_size,
-                    layer_norm_eps: c.layer_norm_eps,
-                    activation: Activation::parse(&c.hidden_act)?,
+                    layer_norm_eps: layer_norm_eps(c.layer_norm_eps, BERT_FIELDS.layer_norm_eps)?,
+                    activation: Activation::parse(&c.hidden_act, "hidden_act")?,
                     pad_token_id: c.pad_token_id.unwrap_or(0),
                     causal: c.is_decoder,
                     tied_lm_head: true,
@@ -280,9 +339,12 @@ impl ModelConfig {
                     },
                     max_positions: c.n_positions,
                     type_vocab_size: 0,
-                    layer_norm_eps: c.layer_norm_epsilon,
-                    activation: Activation::parse(&c.activation_function)?,
-                    pad_token_id: c.eos_token_id.unwrap_or(0),
+                    layer_norm_eps: layer_norm_eps(
+                        c.layer_norm_epsilon,
+                        GPT2_FIELDS.layer_norm_eps,
+                    )?,
+                    activation: Activation::parse(&c.activation_function, "activation_function")?,
+                    pad_token_id: c.eos_token_id.and_then(|ids| ids.first()).unwrap_or(0),
                     causal: true,
                     tied_lm_head: c.tie_word_embeddings,
                 }
@@ -294,7 +356,10 @@ impl ModelConfig {
                 });
             }
         };
-        config.validate()?;
+        config.validate(match config.kind {
+            ModelKind::Bert => &BERT_FIELDS,
+            ModelKind::Gpt2 => &GPT2_FIELDS,
+        })?;
         Ok(config)
     }
 
@@ -303,14 +368,14 @@ impl ModelConfig {
         self.hidden_size / self.n_heads
     }
 
-    fn validate(&self) -> Result<(), ModelError> {
+    fn validate(&self, names: &FieldNames) -> Result<(), ModelError> {
         for (field, value) in [
             ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.n_layers),
-            ("num_attention_heads", self.n_heads),
-            ("intermediate_size", self.intermediate_size),
-            ("max_position_embeddings", self.max_positions),
+            (names.hidden_size, self.hidden_size),
+            (names.n_layers, self.n_layers),
+            (names.n_heads, self.n_heads),
+            (names.intermediate_size, self.intermediate_size),
+            (names.max_positions, self.max_positions),
         ] {
             if value == 0 {
                 return Err(unsupported(field, "must be at least 1"));
@@ -318,17 +383,11 @@ impl ModelConfig {
         }
         if !self.hidden_size.is_multiple_of(self.n_heads) {
             return Err(unsupported(
-                "hidden_size",
+                names.hidden_size,
                 format!(
                     "{} is not a multiple of the {} heads",
                     self.hidden_size, self.n_heads
                 ),
-            ));
-        }
-        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
-            return Err(unsupported(
-                "layer_norm_eps",
-                format!("must be finite and > 0, got {}", self.layer_norm_eps),
             ));
         }
         // Every weight matrix must be addressable: the largest is vocab × hidden or
@@ -337,15 +396,11 @@ impl ModelConfig {
         for (field, a, b) in [
             ("vocab_size", self.vocab_size, self.hidden_size),
             (
-                "intermediate_size",
+                names.intermediate_size,
                 self.intermediate_size,
                 self.hidden_size,
             ),
-            (
-                "max_position_embeddings",
-                self.max_positions,
-                self.hidden_size,
-            ),
+            (names.max_positions, self.max_positions, self.hidden_size),
         ] {
             if a.checked_mul(b).is_none_or(|n| n > limit) {
                 return Err(unsupported(field, format!("{a} × {b} values is too large")));

@@ -372,3 +372,29 @@ fn f16_bf16_and_f64_checkpoints_load_as_f32() {
         assert_ne!(got, reference, "{dtype:?} rounds the weights");
     }
 }
+
+#[test]
+fn gpt2_config_errors_name_gpt2_fields_and_eos_lists_are_read() {
+    let gpt2 = std::fs::read_to_string(golden_dir().join("tiny-gpt2/config.json")).unwrap();
+    let with = |field: &str, value: serde_json::Value| {
+        let mut config: serde_json::Value = serde_json::from_str(&gpt2).unwrap();
+        config[field] = value;
+        attn_models::ModelConfig::from_json(&config.to_string())
+    };
+    for (field, value) in [
+        ("n_head", 0.into()),
+        ("n_inner", 0.into()),
+        ("n_positions", 0.into()),
+        ("n_layer", 0.into()),
+        ("layer_norm_epsilon", 1e-50.into()),
+        ("activation_function", "silu".into()),
+    ] {
+        let message = with(field, value).unwrap_err().to_string();
+        assert!(
+            message.starts_with(&format!("config.json: {field}")),
+            "{message}"
+        );
+    }
+    let config = with("eos_token_id", serde_json::json!([7, 9])).unwrap();
+    assert_eq!(config.pad_token_id, 7);
+}

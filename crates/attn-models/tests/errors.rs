@@ -443,7 +443,7 @@ fn bad_configs() {
         matches!(
             err,
             ModelError::InvalidConfig {
-                field: "activation",
+                field: "hidden_act",
                 ..
             }
         ),
