@@ -10,11 +10,11 @@ use attn_core::AttnError;
 #[non_exhaustive]
 pub enum ModelError {
     /// A file of the model directory could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    /// (The I/O error is part of the message, not a source: `{err:#}` would print it twice.)
+    #[error("cannot read {}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file the model directory must hold is not there.
     #[error("{} is missing ({what})", path.display())]
@@ -169,7 +169,10 @@ impl ModelError {
         if source.kind() == std::io::ErrorKind::NotFound {
             ModelError::MissingFile { path, what }
         } else {
-            ModelError::Io { path, source }
+            ModelError::Io {
+                path,
+                error: source,
+            }
         }
     }
 
