@@ -29,6 +29,9 @@ pub enum AttnError {
     /// `n_heads` is not a multiple of `n_kv_heads` (grouped-query attention).
     #[error("n_heads ({n_heads}) is not a multiple of n_kv_heads ({n_kv_heads})")]
     HeadsNotDivisible { n_heads: usize, n_kv_heads: usize },
+    /// Keys and values need at least one head (queries may have none: the output is empty).
+    #[error("n_kv_heads is 0 (n_heads {n_heads}): keys and values need at least one head")]
+    NoKvHeads { n_heads: usize },
     /// `embed_dim` is not a multiple of `num_heads` (multi-head attention).
     #[error("embed_dim ({embed_dim}) is not a multiple of num_heads ({num_heads})")]
     EmbedNotDivisible { embed_dim: usize, num_heads: usize },

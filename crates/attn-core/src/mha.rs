@@ -21,7 +21,8 @@ use std::collections::HashMap;
 
 use crate::shape::{check_finite, check_len};
 use crate::{
-    AttnError, AttnInput, AttnOptions, AttnShape, Weights, WeightsRequest, sdpa, sdpa_backward,
+    AttnError, AttnInput, AttnOptions, AttnShape, Dropout, Weights, WeightsRequest, sdpa,
+    sdpa_backward,
 };
 
 /// The sizes of a multi-head attention module (PyTorch's constructor arguments).
@@ -113,7 +114,7 @@ impl Linear {
     ) -> Result<Self, AttnError> {
         check_len(name, &[out_dim, in_dim], weight.len())?;
         if let Some(b) = &bias {
-            check_len(name, &[out_dim], b.len())?;
+            check_len(bias_name(name), &[out_dim], b.len())?;
         }
         Ok(Linear {
             in_dim,
@@ -444,12 +445,30 @@ impl MultiheadAttention {
         let k = split_heads(&self.k_proj.forward(input.key), b, s, h, hd);
         let v = split_heads(&self.v_proj.forward(input.value), b, s, h, hd);
         let shape = AttnShape::new(b, h, l, s, hd);
-        let attn = sdpa(&AttnInput::new(&q, &k, &v, shape)?, options)?;
+        let input = AttnInput::new(&q, &k, &v, shape)?;
+        // PyTorch's module returns the weights after dropout, averaged over heads after it: ask
+        // for every head's weights, drop them, then average.
+        let attn = match (options.dropout, &options.weights) {
+            (Some(_), WeightsRequest::HeadAverage) => {
+                let per_head = AttnOptions {
+                    weights: WeightsRequest::All,
+                    ..options.clone()
+                };
+                sdpa(&input, &per_head)?
+            }
+            _ => sdpa(&input, options)?,
+        };
+        let weights = match options.dropout {
+            Some(d) => attn
+                .weights
+                .map(|w| dropped(w, d, &shape, &options.weights)),
+            None => attn.weights,
+        };
         // [b, h, l, hd] → [b, l, E], then the output projection.
         let merged = merge_heads(&attn.out, b, l, h, hd);
         Ok(MhaOutput {
             out: self.out_proj.forward(&merged),
-            weights: attn.weights,
+            weights,
         })
     }
 }
@@ -532,6 +551,52 @@ fn split_heads(x: &[f32], batch: usize, seq: usize, n_heads: usize, head_dim: us
 }
 
 /// `[batch, n_heads, seq, head_dim]` → `[batch, seq, n_heads · head_dim]`.
+/// The name of the bias that goes with the weight `name`, for errors.
+fn bias_name(name: &'static str) -> &'static str {
+    match name {
+        "out_proj.weight" => "out_proj.bias",
+        "q_proj_weight" | "k_proj_weight" | "v_proj_weight" => "in_proj_bias",
+        other => other,
+    }
+}
+
+/// The weights `w` of a call on `shape` after dropout `d`, as `asked` (all heads' weights
+/// when the heads are to be averaged).
+fn dropped(w: Weights, d: Dropout, shape: &AttnShape, asked: &WeightsRequest) -> Weights {
+    let (b, h, l, s) = (shape.batch, shape.n_heads, shape.seq_q, shape.seq_kv);
+    match w {
+        Weights::All(mut data) => {
+            for (n, w) in data.iter_mut().enumerate() {
+                let (row, j) = (n / s, n % s);
+                *w = d.apply(*w, row / (h * l), row / l % h, row % l, j);
+            }
+            match asked {
+                WeightsRequest::HeadAverage => {
+                    let per_batch = l * s;
+                    let mut mean = vec![0.0f32; b * per_batch];
+                    for (n, &w) in data.iter().enumerate() {
+                        let (batch, at) = (n / (h * per_batch), n % per_batch);
+                        mean[batch * per_batch + at] += w;
+                    }
+                    mean.iter_mut().for_each(|m| *m /= h as f32);
+                    Weights::HeadAverage(mean)
+                }
+                _ => Weights::All(data),
+            }
+        }
+        Weights::Rows { rows, mut data } => {
+            let n_rows = rows.len();
+            for (n, w) in data.iter_mut().enumerate() {
+                let (row, j) = (n / s, n % s);
+                let i = rows[row % n_rows];
+                *w = d.apply(*w, row / (h * n_rows), row / n_rows % h, i, j);
+            }
+            Weights::Rows { rows, data }
+        }
+        average => average,
+    }
+}
+
 fn merge_heads(x: &[f32], batch: usize, seq: usize, n_heads: usize, head_dim: usize) -> Vec<f32> {
     let mut y = vec![0.0; x.len()];
     for b in 0..batch {

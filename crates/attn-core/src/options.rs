@@ -20,9 +20,12 @@ pub enum WeightsRequest {
 }
 
 /// Dropout on the attention weights, for training. Each weight is kept with probability `1 − p`
-/// and scaled by `1 / (1 − p)`. Whether weight `(b, h, i, j)` is dropped depends only on `seed`
-/// and its index, so any kernel (and a backward pass) replays the same mask.
-/// The weights an attention call returns are the softmax before dropout.
+/// and scaled by `1 / (1 − p)`; `p = 1` drops every weight (the output is 0, as in PyTorch).
+/// Whether weight `(b, h, i, j)` is dropped depends only on `seed` and its index, so any kernel
+/// (and a backward pass) replays the same mask.
+/// The weights [`crate::sdpa`] returns are the softmax before dropout (those it saves the
+/// log-sum-exp of); [`crate::mha::MultiheadAttention`] returns them after, as PyTorch's module
+/// does.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
     pub p: f32,
@@ -41,9 +44,23 @@ impl Dropout {
         u >= self.p
     }
 
-    /// The factor applied to kept weights.
+    /// The factor applied to kept weights: `1 / (1 − p)`, and 0 at `p = 1`, where no weight is
+    /// kept (the factor then multiplies only zeros, never ∞).
     pub fn scale(&self) -> f32 {
-        1.0 / (1.0 - self.p)
+        if self.p >= 1.0 {
+            0.0
+        } else {
+            1.0 / (1.0 - self.p)
+        }
+    }
+
+    /// `weight` after dropout: scaled when `(b, h, i, j)` is kept, else 0.
+    pub fn apply(&self, weight: f32, b: usize, h: usize, i: usize, j: usize) -> f32 {
+        if self.keep(b, h, i, j) {
+            weight * self.scale()
+        } else {
+            0.0
+        }
     }
 }
 
@@ -127,11 +144,11 @@ impl AttnOptions {
             kp.validate(shape)?;
         }
         if let Some(d) = self.dropout
-            && !(0.0..1.0).contains(&d.p)
+            && !(0.0..=1.0).contains(&d.p)
         {
             return Err(AttnError::InvalidOption {
                 option: "dropout",
-                reason: format!("p must be in [0, 1), got {}", d.p),
+                reason: format!("p must be in [0, 1], got {}", d.p),
             });
         }
         let weights_dims = match &self.weights {

@@ -77,7 +77,12 @@ impl AttnShape {
     /// `batch · n_kv_heads · seq_kv` f32 values must each fit in [`MAX_WEIGHTS_BYTES`], which
     /// any input that holds at least one value per row already does.
     pub fn validate(&self) -> Result<(), AttnError> {
-        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
+        if self.n_kv_heads == 0 {
+            return Err(AttnError::NoKvHeads {
+                n_heads: self.n_heads,
+            });
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(AttnError::HeadsNotDivisible {
                 n_heads: self.n_heads,
                 n_kv_heads: self.n_kv_heads,

@@ -129,6 +129,13 @@ impl<'a> PackedInput<'a> {
         }
         self.shape_of(0).validate()?;
         let (total_q, total_kv) = self.totals();
+        // The per-row state of every sequence together: the limit the padded call has.
+        AttnShape {
+            seq_q: total_q,
+            seq_kv: total_kv,
+            ..self.shape_of(0)
+        }
+        .validate()?;
         check_len("q", &[total_q, dims.n_heads, dims.head_dim], q.len())?;
         check_len("k", &[total_kv, dims.n_kv_heads, dims.head_dim], k.len())?;
         check_len("v", &[total_kv, dims.n_kv_heads, dims.value_dim], v.len())

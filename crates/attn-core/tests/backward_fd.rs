@@ -292,6 +292,70 @@ fn dropout_replays_the_forward_mask() {
     check_against_fd("dropout + causal + softcap + alibi + gqa", sh, all, 14);
 }
 
+/// Dropout with p = 1 drops every weight, as PyTorch's does: the output and every gradient are 0
+/// on every kernel (the factor 1 / (1 − p) made them NaN), while the weights and log-sum-exp
+/// returned are those of the call without dropout.
+#[test]
+fn dropout_of_one_drops_every_weight() {
+    let sh = AttnShape {
+        seq_q: 40,
+        seq_kv: 70,
+        head_dim: 32,
+        value_dim: 32,
+        ..small()
+    };
+    let x = random_inputs(sh, 15);
+    let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
+    let plain = AttnOptions {
+        weights: attn_core::WeightsRequest::All,
+        ..AttnOptions::default()
+    };
+    let all_dropped = AttnOptions {
+        dropout: Some(Dropout { p: 1.0, seed: 3 }),
+        ..plain.clone()
+    };
+    type Kernel = fn(&AttnInput, &AttnOptions) -> Result<attn_core::AttnOutput, AttnError>;
+    let kernels: [(&str, Kernel); 2] = [("reference", sdpa_reference), ("fused", sdpa)];
+    for (kernel, run) in kernels {
+        let (got, want) = (
+            run(&input, &all_dropped).unwrap(),
+            run(&input, &plain).unwrap(),
+        );
+        assert!(got.out.iter().all(|&o| o == 0.0), "{kernel}: out");
+        // Dropout may take another path through the kernel: the same values, other roundings.
+        let weights = |o: &attn_core::AttnOutput| o.weights.as_ref().unwrap().data().to_vec();
+        for (what, a, b) in [
+            ("weights", weights(&got), weights(&want)),
+            ("lse", got.lse, want.lse),
+        ] {
+            let err = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(err < 1e-5, "{kernel}: {what} off by {err}");
+        }
+    }
+    let bf16 = |v: &[f32]| {
+        v.iter()
+            .map(|&x| attn_core::fused::bf16::from_f32(x))
+            .collect::<Vec<_>>()
+    };
+    let (qb, kb, vb) = (bf16(&x.q), bf16(&x.k), bf16(&x.v));
+    let input_bf16 = attn_core::fused::AttnInputBf16::new(&qb, &kb, &vb, sh).unwrap();
+    let got = attn_core::fused::sdpa_bf16(&input_bf16, &all_dropped).unwrap();
+    assert!(got.out.iter().all(|&o| o == 0.0), "bf16: out");
+
+    let fwd = sdpa(&input, &all_dropped).unwrap();
+    let fast = sdpa_backward(&input, &all_dropped, &fwd.out, &fwd.lse, &x.dout).unwrap();
+    let slow = sdpa_backward_reference(&input, &all_dropped, &x.dout).unwrap();
+    for (kernel, g) in [("fast", fast), ("reference", slow)] {
+        for (name, grad) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
+            assert!(grad.iter().all(|&d| d == 0.0), "{kernel} {name}");
+        }
+    }
+}
+
 /// Fast path vs reference twin, within 1e-4 · max(1, |x|).
 fn check_twin(case: &str, sh: AttnShape, opt: &AttnOptions, seed: u64) {
     let x = random_inputs(sh, seed);

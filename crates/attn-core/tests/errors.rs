@@ -195,14 +195,42 @@ fn heads_not_divisible() {
         err.to_string(),
         "n_heads (3) is not a multiple of n_kv_heads (2)"
     );
-    let zero = AttnShape {
-        n_kv_heads: 0,
-        ..sh
-    };
-    assert!(matches!(
-        zero.validate(),
-        Err(AttnError::HeadsNotDivisible { n_kv_heads: 0, .. })
-    ));
+    for n_heads in [3, 0] {
+        let zero = AttnShape {
+            n_heads,
+            n_kv_heads: 0,
+            ..sh
+        };
+        let err = zero.validate().unwrap_err();
+        assert_eq!(err, AttnError::NoKvHeads { n_heads });
+        assert!(err.to_string().contains("need at least one head"), "{err}");
+    }
+}
+
+#[test]
+fn a_bias_of_the_wrong_length_is_named() {
+    let err = Linear::new("out_proj.weight", vec![0.0; 4], 2, 2, Some(vec![0.0; 3])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::LengthMismatch {
+                tensor: "out_proj.bias",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = Linear::new("q_proj_weight", vec![0.0; 4], 2, 2, Some(vec![0.0; 3])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::LengthMismatch {
+                tensor: "in_proj_bias",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -388,7 +416,7 @@ fn invalid_options() {
         (
             "dropout",
             AttnOptions {
-                dropout: Some(Dropout { p: 1.0, seed: 0 }),
+                dropout: Some(Dropout { p: -0.5, seed: 0 }),
                 ..AttnOptions::default()
             },
         ),

@@ -217,3 +217,91 @@ fn a_bad_dout_is_refused() {
         "{err}"
     );
 }
+
+/// The weights the module returns under dropout are those its output used, as PyTorch's module
+/// returns them: with identity projections, out = weights · value for one head; with two, the
+/// head average is the mean of the heads' dropped weights, and chosen rows are theirs.
+#[test]
+fn returned_weights_are_after_dropout() {
+    use attn_core::{Weights, WeightsRequest};
+    let identity = |e: usize| -> Vec<f32> {
+        (0..e * e)
+            .map(|i| if i / e == i % e { 1.0 } else { 0.0 })
+            .collect()
+    };
+    let module = |e: usize, heads: usize| {
+        let lin = |name| Linear::new(name, identity(e), e, e, None).unwrap();
+        MultiheadAttention::new(
+            MhaConfig::new(e, heads).unwrap(),
+            lin("q_proj_weight"),
+            lin("k_proj_weight"),
+            lin("v_proj_weight"),
+            lin("out_proj.weight"),
+        )
+        .unwrap()
+    };
+    let (b, l, s, e) = (2, 5, 6, 4);
+    let query = random(b * l * e, 21);
+    let key = random(b * s * e, 22);
+    let value = random(b * s * e, 23);
+    let input = MhaInput {
+        query: &query,
+        key: &key,
+        value: &value,
+        batch: b,
+        seq_q: l,
+        seq_kv: s,
+    };
+    let with = |weights| AttnOptions {
+        dropout: Some(Dropout { p: 0.5, seed: 7 }),
+        weights,
+        ..AttnOptions::default()
+    };
+    // One head of width e: out[b, i] = Σ_j w[b, i, j] · value[b, j].
+    let one = module(e, 1)
+        .forward(&input, &with(WeightsRequest::HeadAverage))
+        .unwrap();
+    let w = one.weights.unwrap().data().to_vec();
+    assert!(w.contains(&0.0), "some weights are dropped");
+    for (row, w_row) in w.chunks_exact(s).enumerate() {
+        let batch = row / l;
+        for c in 0..e {
+            let want: f32 = (0..s)
+                .map(|j| w_row[j] * value[(batch * s + j) * e + c])
+                .sum();
+            let got = one.out[row * e + c];
+            assert!(
+                (got - want).abs() < 1e-5,
+                "row {row} col {c}: {got} vs {want}"
+            );
+        }
+    }
+    // Two heads: the average and the rows agree with every head's dropped weights.
+    let two = module(e, 2);
+    let all = match two
+        .forward(&input, &with(WeightsRequest::All))
+        .unwrap()
+        .weights
+    {
+        Some(Weights::All(w)) => w,
+        other => panic!("{other:?}"),
+    };
+    let average = two
+        .forward(&input, &with(WeightsRequest::HeadAverage))
+        .unwrap();
+    let average = average.weights.unwrap().data().to_vec();
+    for (n, &got) in average.iter().enumerate() {
+        let (batch, at) = (n / (l * s), n % (l * s));
+        let want = (all[(batch * 2) * l * s + at] + all[(batch * 2 + 1) * l * s + at]) / 2.0;
+        assert!((got - want).abs() < 1e-6, "average at {n}: {got} vs {want}");
+    }
+    let rows = two
+        .forward(&input, &with(WeightsRequest::Rows(vec![3, 0])))
+        .unwrap();
+    let rows = rows.weights.unwrap().data().to_vec();
+    for (n, &got) in rows.iter().enumerate() {
+        let (bh, r, j) = (n / (2 * s), n / s % 2, n % s);
+        let i = [3, 0][r];
+        assert_eq!(got, all[(bh * l + i) * s + j], "row {r} of head-batch {bh}");
+    }
+}

@@ -365,3 +365,28 @@ fn inputs_built_without_new_are_checked_by_the_calls() {
         assert_eq!(name(err), named);
     }
 }
+
+/// The totals of a packed batch have the padded call's limit: 40 sequences of 2^28 queries
+/// (empty rows, head_dim 0) passed every per-sequence check, then aborted allocating 6 GiB.
+#[test]
+fn packed_totals_beyond_the_limit_are_refused_before_allocating() {
+    let d = PackedDims {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 0,
+        value_dim: 0,
+    };
+    let cu_q: Vec<usize> = (0..=40).map(|b| b << 28).collect();
+    let cu_kv: Vec<usize> = (0..=40).collect();
+    let err = PackedInput::new(&[], &[], &[], &cu_q, &cu_kv, d).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::TooLarge {
+                what: "query rows",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
