@@ -411,9 +411,9 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
     );
     bad_case(
         d,
-        "dropout_p_one",
-        &meta(r#"{"dropout_p":"1.0"}"#),
-        &["dropout: p must be in [0, 1)"],
+        "dropout_p_above_one",
+        &meta(r#"{"dropout_p":"1.5"}"#),
+        &["dropout: p must be in [0, 1]"],
     );
 
     // Head counts: different without gqa, and not dividing with it.
@@ -987,5 +987,35 @@ fn bench_sdpa_backward_reports_forward_plus_backward() {
             "bf16",
         ],
         &["--backward needs --dtype f32"],
+    );
+}
+
+/// Empty results (no queries) compare as nothing: the comparison indexed element 0 of an empty
+/// tensor and panicked after writing the results. A negative tolerance is refused.
+#[test]
+fn sdpa_compares_empty_results_and_refuses_a_negative_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = r#"{"q":{"dtype":"F32","shape":[1,1,0,2],"data_offsets":[0,0]},
+        "k":{"dtype":"F32","shape":[1,1,2,2],"data_offsets":[0,16]},
+        "v":{"dtype":"F32","shape":[1,1,2,2],"data_offsets":[16,32]},
+        "expected_out":{"dtype":"F32","shape":[1,1,0,2],"data_offsets":[32,32]},
+        "expected_lse":{"dtype":"F32","shape":[1,1,0],"data_offsets":[32,32]}}"#;
+    let path = dir.path().join("empty.safetensors");
+    std::fs::write(&path, st_bytes(header, &[0; 32])).unwrap();
+    let out = dir.path().join("out.safetensors");
+    let stdout = ok(&["sdpa", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(
+        stdout.contains("out     is empty ([1, 1, 0, 2]): nothing to compare"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("lse     is empty"), "{stdout}");
+
+    std::fs::remove_file(&out).unwrap();
+    let negative = case_bytes(("F32", "[1,1,1,2]"), "", &[], r#"{"tolerance":"-1"}"#);
+    bad_case(
+        dir.path(),
+        "negative-tolerance",
+        &negative,
+        &["tolerance is -1"],
     );
 }

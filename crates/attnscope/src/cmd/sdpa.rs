@@ -333,12 +333,17 @@ impl Case {
         } else {
             None
         };
+        let tolerance = meta.f32("tolerance")?.unwrap_or(1e-5);
+        ensure!(
+            tolerance.is_finite() && tolerance >= 0.0,
+            "metadata tolerance is {tolerance}; it must be a finite number ≥ 0"
+        );
         Ok(Case {
             backward,
             expected_out: expected("expected_out", shape.out_dims().to_vec())?,
             expected_lse: expected("expected_lse", shape.out_dims()[..3].to_vec())?,
             expected_weights: expected("expected_weights", shape.score_dims().to_vec())?,
-            tolerance: meta.f32("tolerance")?.unwrap_or(1e-5),
+            tolerance,
             shape,
             q,
             k,
@@ -577,6 +582,13 @@ fn report_differences(
         let (Some(expected), Some(got)) = (expected, got) else {
             continue;
         };
+        if expected.data.is_empty() {
+            println!(
+                "{name:<7} is empty ({:?}): nothing to compare",
+                expected.dims
+            );
+            continue;
+        }
         let d = compare(got, &expected.data);
         println!(
             "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); relative {:.3e}, \
@@ -608,6 +620,13 @@ fn report_grad_differences(bw: &Backward, grads: &Grads) {
         let Some(expected) = expected else {
             continue;
         };
+        if expected.data.is_empty() {
+            println!(
+                "{name:<7} is empty ({:?}): nothing to compare",
+                expected.dims
+            );
+            continue;
+        }
         let d = compare(got, &expected.data);
         println!(
             "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); tolerance \
