@@ -29,6 +29,17 @@ pub enum AttnError {
     /// `n_heads` is not a multiple of `n_kv_heads` (grouped-query attention).
     #[error("n_heads ({n_heads}) is not a multiple of n_kv_heads ({n_kv_heads})")]
     HeadsNotDivisible { n_heads: usize, n_kv_heads: usize },
+    /// A score overflowed f32 although q, k and v are finite (`scale · q·k` beyond ±3.4e38): the
+    /// row's softmax would be NaN.
+    #[error(
+        "the scores of query row {row} (batch {batch}, head {head}) overflow f32: scale · q·k \
+         passes ±3.4e38 although q, k and v are finite; scale the inputs down"
+    )]
+    ScoreOverflow {
+        batch: usize,
+        head: usize,
+        row: usize,
+    },
     /// Keys and values need at least one head (queries may have none: the output is empty).
     #[error("n_kv_heads is 0 (n_heads {n_heads}): keys and values need at least one head")]
     NoKvHeads { n_heads: usize },

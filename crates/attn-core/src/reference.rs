@@ -2,6 +2,7 @@
 //! `shared/golden/README.md` written out in order. The fast path is tested against it.
 
 use crate::mask::{diagonal_offset, key_range};
+use crate::shape::check_overflow;
 use crate::{AttnError, AttnInput, AttnOptions, AttnOutput, Weights, WeightsRequest};
 
 /// Scaled dot-product attention, computed the plain way (O(seq_kv) scratch per row).
@@ -144,6 +145,11 @@ pub fn sdpa_reference(
         }
     }
 
+    check_overflow(&lse, &sh, || {
+        [input.q, input.k, input.v]
+            .iter()
+            .all(|x| x.iter().all(|v| v.is_finite()))
+    })?;
     let weights = match &options.weights {
         WeightsRequest::None => None,
         WeightsRequest::All => Some(Weights::All(kept)),

@@ -104,6 +104,28 @@ impl AttnShape {
     }
 }
 
+/// Refuses a call whose scores overflowed f32 from finite inputs: a row's log-sum-exp of NaN or
+/// +∞ while q, k and v are finite (`inputs_finite` is asked only then; a NaN or ∞ the inputs
+/// opted in to is theirs to keep, as in PyTorch).
+pub(crate) fn check_overflow(
+    lse: &[f32],
+    shape: &AttnShape,
+    inputs_finite: impl FnOnce() -> bool,
+) -> Result<(), AttnError> {
+    let Some(at) = lse.iter().position(|x| x.is_nan() || *x == f32::INFINITY) else {
+        return Ok(());
+    };
+    if !inputs_finite() {
+        return Ok(());
+    }
+    let (h, l) = (shape.n_heads, shape.seq_q);
+    Err(AttnError::ScoreOverflow {
+        batch: at / (h * l),
+        head: at / l % h,
+        row: at % l,
+    })
+}
+
 /// Bytes of an f32 tensor of shape `dims`, saturating at `u128::MAX`: a size to compare with a
 /// limit before allocating, whatever the dims.
 pub fn f32_bytes(dims: &[usize]) -> u128 {

@@ -6,6 +6,7 @@
 //! Visibility is recomputed here from the rules of `shared/golden/README.md` (step 5), not taken
 //! from the crate, so the mask properties test the kernels' masking against an independent oracle.
 
+use attn_core::fused::{AttnInputBf16, bf16, sdpa_bf16};
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, KeyPadding,
     Weights, WeightsRequest, Window, sdpa, sdpa_reference,
@@ -728,4 +729,39 @@ fn empty_tensors_declaring_a_trillion_rows_are_refused_not_allocated() {
             assert!(matches!(err, AttnError::TooLarge { .. }), "{name}: {err:?}");
         }
     }
+}
+
+/// Finite inputs whose scores pass f32's range (q·k = 4e38) made the row's softmax NaN, with no
+/// error, on every kernel (PyTorch's float32 path does the same); now the call is refused,
+/// naming the row. A NaN the inputs opted in to still propagates.
+#[test]
+fn finite_inputs_whose_scores_overflow_are_refused_naming_the_row() {
+    let shape = AttnShape::new(1, 1, 3, 2, 1);
+    let (q, k, v) = ([1.0, -1.0, 2e19], [2e19, 1.0], [1.0, 2.0]);
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let options = AttnOptions {
+        scale: Some(1.0),
+        ..AttnOptions::default()
+    };
+    let overflow = AttnError::ScoreOverflow {
+        batch: 0,
+        head: 0,
+        row: 2,
+    };
+    assert_eq!(sdpa_reference(&input, &options).unwrap_err(), overflow);
+    assert_eq!(sdpa(&input, &options).unwrap_err(), overflow);
+    let to_bf16 = |x: &[f32]| x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>();
+    let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
+    let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+    assert_eq!(sdpa_bf16(&input_bf16, &options).unwrap_err(), overflow);
+    let message = overflow.to_string();
+    assert!(
+        message.contains("query row 2") && message.contains("overflow"),
+        "{message}"
+    );
+
+    let nan_q = [1.0, f32::NAN, 0.5];
+    let opted_out = AttnInput::allowing_non_finite(&nan_q, &k, &v, shape).unwrap();
+    let out = sdpa(&opted_out, &options).unwrap();
+    assert!(out.lse[1].is_nan() && out.lse[0].is_finite());
 }

@@ -63,7 +63,7 @@ use rayon::prelude::*;
 
 use crate::aligned::Aligned;
 use crate::mask::{diagonal_offset, key_range};
-use crate::shape::FiniteBits;
+use crate::shape::{FiniteBits, check_overflow};
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, Weights, WeightsRequest,
     sdpa_reference,
@@ -207,6 +207,10 @@ fn run(
             || options.key_padding.is_some(),
     };
     let forward = plan.forward();
+    check_overflow(&forward.lse, &shape, || match src {
+        Src::F32 { q, k, v } => [q, k, v].iter().all(|x| x.iter().all(|v| v.is_finite())),
+        Src::Bf16 { q, k, v } => [q, k, v].iter().all(|x| x.iter().all(|v| v.is_finite())),
+    })?;
     let weights = match forward.row_weights {
         Some(data) => {
             let WeightsRequest::Rows(rows) = &options.weights else {
