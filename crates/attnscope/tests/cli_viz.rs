@@ -393,6 +393,19 @@ fn bad_flags_and_files_are_clear_errors() {
         2,
         "cannot be used",
     );
+    // The maps hold their own text: a TEXT or --pair beside them would be silently ignored.
+    let png = dir.path().join("text.png");
+    let png = png.to_str().unwrap();
+    for args in [
+        &["explain", "The dog barked", "--maps", maps][..],
+        &["explain", "--maps", maps, "--pair", "b"],
+        &["heatmap", "The dog barked", "--maps", maps, "-o", png],
+        &["heatmap", "--maps", maps, "--pair", "b", "-o", png],
+        &["heads", "The dog barked", "--maps", maps],
+        &["heads", "--maps", maps, "--pair", "b"],
+    ] {
+        fails_with(args, 2, "cannot be used");
+    }
 
     let out = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     fails_with(

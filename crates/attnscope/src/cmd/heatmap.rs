@@ -16,10 +16,10 @@ use crate::maps::{SourceArgs, check_output, progress_bar};
   attnscope heatmap \"The cat sat on the mat\" -o heads.svg --grid")]
 pub struct Args {
     /// The text to look at.
-    #[arg(required_unless_present = "maps")]
+    #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
     /// A second text, run as a sentence pair with TEXT.
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
     pub pair: Option<String>,
     /// The picture to write: FILE.png or FILE.svg.
     #[arg(short, long, value_name = "FILE")]
