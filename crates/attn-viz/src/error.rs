@@ -68,7 +68,10 @@ pub enum VizError {
     FlowTooLong { seq_len: usize, max: usize },
     #[error("a lookup needs at least one entry")]
     NoEntries,
-    #[error("temperature must be a number above 0, got {temperature}")]
+    #[error(
+        "temperature must be a number above 0, at least {:?} (f32's smallest normal number: cosine / temperature overflows below it), got {temperature:?}",
+        f32::MIN_POSITIVE
+    )]
     BadTemperature { temperature: f32 },
     #[error("embedding of key {index} has {got} values; the query's has {expected}")]
     EmbeddingSize {

@@ -337,6 +337,14 @@ fn soft_lookup_errors() {
             Err(VizError::BadTemperature { .. })
         ));
     }
+    // Below f32's smallest normal number, cosines 1 and 0.71 scale to inf and inf: the softmax
+    // would be inf - inf = NaN. At that number they are 8.5e37 and 6.0e37: weights 1 and 0.
+    let keys = [vec![1.0, 0.0], vec![1.0, 1.0]];
+    let err = soft_lookup(&[1.0, 0.0], &keys, 1e-39).unwrap_err();
+    assert!(matches!(err, VizError::BadTemperature { .. }), "{err}");
+    assert!(err.to_string().contains("1.1754944e-38"), "{err}");
+    let l = soft_lookup(&[1.0, 0.0], &keys, f32::MIN_POSITIVE).unwrap();
+    assert_eq!(l.weights, [1.0, 0.0]);
     let err = soft_lookup(&[1.0, 0.0], &[vec![1.0, 0.0], vec![1.0]], 1.0).unwrap_err();
     assert!(matches!(
         err,

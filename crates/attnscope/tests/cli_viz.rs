@@ -482,6 +482,22 @@ fn bad_flags_and_files_are_clear_errors() {
         1,
         "above 0",
     );
+    // 1e-39 overflowed cosine / T to inf for both entries: NaN weights, exit 0.
+    fails_with(
+        &[
+            "lookup",
+            "--query",
+            "x",
+            "--entry",
+            "a=b",
+            "--entry",
+            "c=d",
+            "--temperature",
+            "1e-39",
+        ],
+        1,
+        "at least 1.1754944e-38",
+    );
     fails_with(&["lookup", "--query", " ", "--entry", "a=b"], 1, "empty");
 }
 
