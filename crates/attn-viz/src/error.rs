@@ -88,6 +88,11 @@ pub enum VizError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the picture would be {width} × {height} pixels, more than the {} million allowed; draw fewer tokens or heads",
+        max / 1_000_000
+    )]
+    TooLarge { width: u64, height: u64, max: u64 },
     #[error("drawing the image failed: {message}")]
     Draw { message: String },
     #[error(

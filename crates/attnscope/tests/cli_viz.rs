@@ -444,6 +444,28 @@ fn bad_flags_and_files_are_clear_errors() {
         "cannot be used",
     );
 
+    // 60 layers × 60 heads of one token: an 8290 × 8830 grid (220 MB of pixels) is refused.
+    let tokens = [json!({"text": "a", "id": 0, "span": [0, 1], "segment": 0, "special": false})];
+    let many = json!({
+        "model": "hand", "text": "a", "pair": null, "tokens": tokens,
+        "n_layers": 60, "n_heads": 60, "weights": vec![1.0; 3600],
+    });
+    std::fs::write(out("many.json"), many.to_string()).unwrap();
+    let stderr = fails_with(
+        &[
+            "heatmap",
+            "--maps",
+            &out("many.json"),
+            "-o",
+            &out("many.png"),
+            "--grid",
+        ],
+        1,
+        "--grid of 60 layers × 60 heads",
+    );
+    assert!(stderr.contains("8290 × 8830 pixels"), "{stderr}");
+    assert!(!dir.path().join("many.png").exists());
+
     fails_with(&["heads", "--maps", &out("missing.json")], 1, "cannot read");
     std::fs::write(out("bad.json"), "{not json").unwrap();
     fails_with(

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
+
 use attn_viz::AttentionMaps;
 use attn_viz::heatmap::{Heatmap, ImageFormat, Panel, write_grid, write_heatmap};
 use attn_viz::select::{Selection, select};
@@ -97,7 +99,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             short(&maps.text),
             maps.model
         );
-        write_grid(&args.output, &title, shown.len(), maps.n_heads, &panels)?;
+        write_grid(&args.output, &title, shown.len(), maps.n_heads, &panels).with_context(
+            || {
+                format!(
+                    "--grid of {} layers × {} heads (--layer L --head H draws one)",
+                    maps.n_layers, maps.n_heads
+                )
+            },
+        )?;
     } else {
         let selection = match (args.layer, args.head) {
             (Some(layer), Some(head)) => Selection::Head { layer, head },
