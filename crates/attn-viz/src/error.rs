@@ -54,13 +54,17 @@ pub enum VizError {
         word: String,
         available: Vec<String>,
     },
+    #[error("{focus:?}: the number after '#' is too large (it picks the n-th occurrence)")]
+    FocusNumber { focus: String },
     #[error("{word:?} occurs {count} times in the input; #{occurrence} asks for more")]
     FocusOccurrence {
         word: String,
         count: usize,
         occurrence: usize,
     },
-    #[error("a question/context view needs a sentence pair, and these maps hold one text")]
+    #[error(
+        "a question/context view (--across, --question) needs a sentence pair (TEXT and --pair TEXT), and this input is one text"
+    )]
     NoPair,
     #[error("nothing to show: {what}")]
     NothingToShow { what: String },

@@ -601,5 +601,9 @@ fn across_a_pair_shows_the_other_language() {
         .map(|r| r["word"].as_str().unwrap())
         .collect();
     assert_eq!(words, ["I", "love", "machine", "learning"]);
-    fails_with(&["explain", "one text", "--across"], 1, "sentence pair");
+    let stderr = fails_with(&["explain", "one text", "--across"], 1, "sentence pair");
+    assert!(
+        stderr.contains("--across") && stderr.contains("--pair"),
+        "names the flags: {stderr}"
+    );
 }

@@ -72,10 +72,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         shown: &shown,
     };
     let level = if args.tokens { "tokens" } else { "words" };
-    let hidden = if shown.len() < units.len() {
-        "; [CLS]/[SEP] hidden, rows renormalised"
+    // The special tokens hidden, as this model writes them ("[CLS]/[SEP]", "<|endoftext|>").
+    let mut specials: Vec<&str> = Vec::new();
+    for unit in units.iter().filter(|u| u.special && !args.special) {
+        if !specials.contains(&unit.label.as_str()) {
+            specials.push(&unit.label);
+        }
+    }
+    let hidden = if specials.is_empty() {
+        String::new()
     } else {
-        ""
+        format!("; {} hidden, rows renormalised", specials.join("/"))
     };
     if args.grid {
         let bar = progress_bar((maps.n_layers * maps.n_heads) as u64, "heads");
