@@ -54,13 +54,17 @@ pub enum VizError {
         word: String,
         available: Vec<String>,
     },
+    #[error("{focus:?}: the number after '#' is too large (it picks the n-th occurrence)")]
+    FocusNumber { focus: String },
     #[error("{word:?} occurs {count} times in the input; #{occurrence} asks for more")]
     FocusOccurrence {
         word: String,
         count: usize,
         occurrence: usize,
     },
-    #[error("a question/context view needs a sentence pair, and these maps hold one text")]
+    #[error(
+        "a question/context view (--across, --question) needs a sentence pair (TEXT and --pair TEXT), and this input is one text"
+    )]
     NoPair,
     #[error("nothing to show: {what}")]
     NothingToShow { what: String },
@@ -68,7 +72,10 @@ pub enum VizError {
     FlowTooLong { seq_len: usize, max: usize },
     #[error("a lookup needs at least one entry")]
     NoEntries,
-    #[error("temperature must be a number above 0, got {temperature}")]
+    #[error(
+        "temperature must be a number above 0, at least {:?} (f32's smallest normal number: cosine / temperature overflows below it), got {temperature:?}",
+        f32::MIN_POSITIVE
+    )]
     BadTemperature { temperature: f32 },
     #[error("embedding of key {index} has {got} values; the query's has {expected}")]
     EmbeddingSize {
@@ -85,6 +92,11 @@ pub enum VizError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the picture would be {width} × {height} pixels, more than the {} million allowed; draw fewer tokens or heads",
+        max / 1_000_000
+    )]
+    TooLarge { width: u64, height: u64, max: u64 },
     #[error("drawing the image failed: {message}")]
     Draw { message: String },
     #[error(

@@ -60,6 +60,8 @@ pub struct Row {
     pub weight: f32,
     /// The weight before renormalisation.
     pub raw: f32,
+    /// Whether the word is named in [`Explanation::focuses_on`] (and highlighted).
+    pub heavy: bool,
 }
 
 /// An explanation, ready to print or to serialise.
@@ -78,7 +80,8 @@ pub struct Explanation {
     pub focus_is_default: bool,
     /// Rows shown: input order, or heaviest first with `top`.
     pub rows: Vec<Row>,
-    /// The heaviest words ([`bars::heavy`]), heaviest first; punctuation is not named.
+    /// The heaviest words among the rows shown ([`bars::heavy`]: with `top`, only words that
+    /// have a bar), heaviest first; punctuation is not named.
     pub focuses_on: Vec<String>,
     /// Share of the row's raw weight that went to words not shown (special tokens, the
     /// question's own words).
@@ -189,8 +192,13 @@ pub fn explain(
             word: units[u].label.clone(),
             weight,
             raw,
+            heavy: false,
         })
         .collect();
+    if let Some(k) = options.top {
+        rows.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        rows.truncate(k);
+    }
     // Punctuation keeps its bar but is not named as what the model "focuses on".
     let wordlike: Vec<f32> = rows
         .iter()
@@ -202,10 +210,11 @@ pub fn explain(
             }
         })
         .collect();
-    let focuses_on = bars::heavy(&wordlike)
-        .into_iter()
-        .map(|i| rows[i].word.clone())
-        .collect();
+    let mut focuses_on = Vec::new();
+    for i in bars::heavy(&wordlike) {
+        rows[i].heavy = true;
+        focuses_on.push(rows[i].word.clone());
+    }
     let total: f32 = unit_row.iter().sum();
     let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0);
     match options.method {
@@ -214,13 +223,20 @@ pub fn explain(
              they are scaled to sum to 1 over the words shown"
                 .to_string(),
         ),
-        Method::Attention { .. } if hidden_share > 0.0005 => notes.push(format!(
-            "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \
-             over the words shown{}",
-            hidden_what(options),
-            100.0 * hidden_share / total.max(f32::MIN_POSITIVE),
-            if options.special { "" } else { " (--special shows [CLS]/[SEP])" }
-        )),
+        Method::Attention { .. } if hidden_share > 0.0005 => {
+            let specials = hidden_specials(&units, options);
+            notes.push(format!(
+                "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \
+                 over the words shown{}",
+                hidden_what(options, &specials),
+                100.0 * hidden_share / total.max(f32::MIN_POSITIVE),
+                if specials.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (--special shows {specials})")
+                }
+            ))
+        }
         Method::Attention { .. } => {}
     }
     if options.level == Level::Words {
@@ -229,10 +245,6 @@ pub fn explain(
              tokens (--tokens shows raw tokens)"
                 .to_string(),
         );
-    }
-    if let Some(k) = options.top {
-        rows.sort_by(|a, b| b.weight.total_cmp(&a.weight));
-        rows.truncate(k);
     }
     let attention = match options.method {
         Method::Attention { selection } => selection.describe(maps),
@@ -254,12 +266,29 @@ pub fn explain(
     })
 }
 
-fn hidden_what(options: &ExplainOptions) -> &'static str {
-    match (options.question || options.across, options.special) {
-        (true, true) => "the words of its own text",
-        (true, false) => "the words of its own text and [CLS]/[SEP]",
-        (false, _) => "[CLS]/[SEP]",
+/// What took the hidden share: the focus's own text (question and `across` views) and the
+/// hidden special tokens, by name.
+fn hidden_what(options: &ExplainOptions, specials: &str) -> String {
+    match (options.question || options.across, specials.is_empty()) {
+        (true, true) => "the words of its own text".to_string(),
+        (true, false) => format!("the words of its own text and {specials}"),
+        (false, true) => "the words not shown".to_string(),
+        (false, false) => specials.to_string(),
     }
+}
+
+/// The special tokens this model added and the view hides, as they are written ("[CLS]/[SEP]",
+/// "<|endoftext|>"); empty when none are hidden.
+fn hidden_specials(units: &[Unit], options: &ExplainOptions) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    if !options.special {
+        for unit in units.iter().filter(|u| u.special) {
+            if !names.contains(&unit.label.as_str()) {
+                names.push(&unit.label);
+            }
+        }
+    }
+    names.join("/")
 }
 
 /// `Σ_k w_k · matrix[row_k]` over `(row, weight)` pairs.
@@ -287,7 +316,10 @@ fn find_focus(
         Some((word, n))
             if !word.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) =>
         {
-            (word, n.parse::<usize>().ok())
+            let n = n.parse::<usize>().map_err(|_| VizError::FocusNumber {
+                focus: asked.to_string(),
+            })?;
+            (word, Some(n))
         }
         _ => (asked, None),
     };
@@ -346,7 +378,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
         .map(|r| (r.word.clone(), r.weight))
         .collect();
     let highlight: Vec<usize> = (0..rows.len())
-        .filter(|&i| explanation.focuses_on.contains(&rows[i].0))
+        .filter(|&i| explanation.rows[i].heavy)
         .collect();
     let from = if explanation.focus_is_default {
         explanation.focus.clone()
@@ -363,10 +395,18 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
         .iter()
         .map(|w| format!("{w:?}"))
         .collect();
-    out.push_str(&format!(
-        "\nModel focuses heavily on: {}\n",
-        heavy.join(", ")
-    ));
+    if !heavy.is_empty() {
+        out.push_str(&format!(
+            "\nModel focuses heavily on: {}\n",
+            heavy.join(", ")
+        ));
+    } else if explanation.rows.iter().any(|r| r.weight > 0.0) {
+        out.push_str(
+            "\nModel focuses on no word: the attention shown went to punctuation and symbols\n",
+        );
+    } else {
+        out.push_str("\nModel focuses on no word: the words shown got no attention\n");
+    }
     for note in &explanation.notes {
         out.push_str(&bars::dim(&format!("note: {note}"), style.colour));
         out.push('\n');

@@ -18,6 +18,7 @@ use plotters::style::{
 };
 
 use crate::VizError;
+use crate::bars::decimals_for;
 
 /// The picture formats, chosen by the file name's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +79,8 @@ pub fn write_heatmap(path: &Path, heatmap: &Heatmap<'_>) -> Result<(), VizError>
 /// Writes a grid of panels, `columns` per row, all `[n, n]`, sharing one colour scale.
 ///
 /// Panels larger than [`GRID_MAX_CELLS`] rows are average-pooled to that many blocks, so a
-/// 512-token grid stays a readable picture of a sane size.
+/// 512-token grid stays a readable picture of a sane size. A grid of more than [`MAX_PIXELS`]
+/// is refused before anything is drawn.
 ///
 /// # Shapes
 /// Each `panel.matrix: [n, n]`.
@@ -101,30 +103,32 @@ pub fn write_grid(
     let blocks = n.min(GRID_MAX_CELLS);
     let side = (blocks * (GRID_PANEL / blocks).max(1)).max(blocks);
     let rows = panels.len().div_ceil(columns);
-    let cell_w = side as i32 + 16;
-    let cell_h = side as i32 + 26;
+    let (cell_w, cell_h) = (side as u64 + 16, side as u64 + 26);
+    let width = (columns as u64)
+        .saturating_mul(cell_w)
+        .saturating_add(130)
+        .max(420);
     fonts()?;
-    let (title_w, _) = FontDesc::new(FontFamily::SansSerif, TITLE_FONT, FontStyle::Normal)
-        .box_size(title)
-        .map_err(|e| VizError::Draw {
-            message: format!("measuring the title: {e}"),
-        })?;
-    let size = (
-        (40 + columns as i32 * cell_w + 90).max(title_w as i32 + 40) as u32,
-        (50 + rows as i32 * cell_h + 20) as u32,
-    );
+    let title = wrap_title(title, i32::try_from(width).unwrap_or(i32::MAX) - 40)?;
+    let top = 26 + TITLE_LINE * title.len() as i32;
+    let height = (rows as u64)
+        .saturating_mul(cell_h)
+        .saturating_add(top as u64 + 20);
+    // Within MAX_PIXELS every coordinate fits an i32.
+    let size = check_size(width, height)?;
     let vmax = panels
         .iter()
         .flat_map(|p| p.matrix.iter().copied())
         .fold(0.0f32, f32::max);
     let grid = GridDrawing {
         title,
+        top,
         n,
         columns,
         panels,
         blocks,
         side,
-        cell: (cell_w, cell_h),
+        cell: (cell_w as i32, cell_h as i32),
         rows,
         vmax,
     };
@@ -134,6 +138,23 @@ pub fn write_grid(
 
 /// Title size in pixels.
 const TITLE_FONT: f64 = 18.0;
+
+/// The largest picture drawn, in pixels (192 MB as RGB): a 512-token heatmap is about
+/// 2000 × 2100, a grid of 48 layers × 25 heads about 3500 × 7100.
+pub const MAX_PIXELS: u64 = 64_000_000;
+
+/// `(width, height)` when the picture has at most [`MAX_PIXELS`].
+fn check_size(width: u64, height: u64) -> Result<(u32, u32), VizError> {
+    if width.saturating_mul(height) > MAX_PIXELS {
+        return Err(VizError::TooLarge {
+            width,
+            height,
+            max: MAX_PIXELS,
+        });
+    }
+    // Both are at most MAX_PIXELS (each side is at least 1).
+    Ok((width as u32, height as u32))
+}
 
 /// Blocks per side of a grid panel at most (see [`write_grid`]).
 pub const GRID_MAX_CELLS: usize = 96;
@@ -186,7 +207,7 @@ struct HeatmapLayout {
     /// Draw every `step`-th label (1 up to 128 tokens).
     step: usize,
     vmax: f32,
-    /// The title, wrapped at its " — " separators to the picture's width.
+    /// The title, wrapped at its " — " separators to the picture's width (see [`wrap_title`]).
     title: Vec<String>,
 }
 
@@ -211,16 +232,16 @@ impl HeatmapLayout {
             })?;
             label_w = label_w.max(w);
         }
-        let label_w = label_w.min(220) as i32;
-        let side = (cell * n as f64).ceil() as i32;
-        let width = (label_w + 24 + side + 110).max(420);
-        let (title, title_w) = wrap_title(heatmap.title, width - 32)?;
-        let origin = (label_w + 24, 14 + TITLE_LINE * title.len() as i32 + 18);
-        let size = (
-            width.max(title_w + 32) as u32,
-            // Rotated labels under the matrix; their measured width runs a little short.
-            (origin.1 + side + label_w + label_w / 8 + 30) as u32,
-        );
+        let label_w = label_w.min(220);
+        let side = (cell * n as f64).ceil() as u64;
+        let width = side.saturating_add(u64::from(label_w) + 134).max(420);
+        let title = wrap_title(heatmap.title, i32::try_from(width).unwrap_or(i32::MAX) - 32)?;
+        let top = 14 + TITLE_LINE * title.len() as i32 + 18;
+        // Rotated labels under the matrix; their measured width runs a little short.
+        let height = side.saturating_add(top as u64 + u64::from(label_w + label_w / 8 + 30));
+        // Within MAX_PIXELS every coordinate fits an i32.
+        let size = check_size(width, height)?;
+        let origin = (label_w as i32 + 24, top);
         let vmax = heatmap.matrix.iter().copied().fold(0.0f32, f32::max);
         Ok(HeatmapLayout {
             size,
@@ -236,10 +257,14 @@ impl HeatmapLayout {
 
 /// Pixels from one title line to the next.
 const TITLE_LINE: i32 = 24;
+/// Title lines at most: a longer title (a model name of thousands of characters in a maps
+/// file) ends in "…" rather than making the picture grow.
+const TITLE_MAX_LINES: usize = 3;
 
-/// Splits `title` at its " — " separators into lines of at most `max_width` pixels (a piece
-/// wider than that gets a line of its own). Returns the lines and the widest one's width.
-fn wrap_title(title: &str, max_width: i32) -> Result<(Vec<String>, i32), VizError> {
+/// Splits `title` at its " — " separators into at most [`TITLE_MAX_LINES`] lines of at most
+/// `max_width` pixels; a piece wider than that gets a line of its own, cut to fit and ending in
+/// "…", as does the last line when the title has more.
+fn wrap_title(title: &str, max_width: i32) -> Result<Vec<String>, VizError> {
     let desc = FontDesc::new(FontFamily::SansSerif, TITLE_FONT, FontStyle::Normal);
     let width = |text: &str| {
         desc.box_size(text)
@@ -249,20 +274,42 @@ fn wrap_title(title: &str, max_width: i32) -> Result<(Vec<String>, i32), VizErro
             })
     };
     let mut lines: Vec<String> = Vec::new();
+    let mut cut = false;
     for piece in title.split(" — ") {
+        let full = lines.len() == TITLE_MAX_LINES;
         match lines.last_mut() {
             Some(line) if width(&format!("{line} — {piece}"))? <= max_width => {
                 line.push_str(" — ");
                 line.push_str(piece);
             }
+            _ if full => {
+                cut = true;
+                break;
+            }
             _ => lines.push(piece.to_string()),
         }
     }
-    let mut widest = 0;
-    for line in &lines {
-        widest = widest.max(width(line)?);
+    if let Some(last) = lines.last_mut().filter(|_| cut) {
+        last.push_str(" …");
     }
-    Ok((lines, widest))
+    for line in &mut lines {
+        if width(line)? > max_width {
+            // The most characters that fit before "…" (binary search: at least 0 fit).
+            let chars: Vec<char> = line.chars().collect();
+            let (mut fit, mut over) = (0, chars.len());
+            while over - fit > 1 {
+                let mid = (fit + over) / 2;
+                let cut: String = chars[..mid].iter().chain(['…'].iter()).collect();
+                if width(&cut)? <= max_width {
+                    fit = mid;
+                } else {
+                    over = mid;
+                }
+            }
+            *line = chars[..fit].iter().chain(['…'].iter()).collect();
+        }
+    }
+    Ok(lines)
 }
 
 /// Something drawn the same way on either backend.
@@ -282,7 +329,9 @@ impl Drawing for HeatmapDrawing<'_> {
 }
 
 struct GridDrawing<'a> {
-    title: &'a str,
+    /// The title's lines, and where the panels start below them.
+    title: Vec<String>,
+    top: i32,
     n: usize,
     columns: usize,
     panels: &'a [Panel],
@@ -299,18 +348,24 @@ impl Drawing for GridDrawing<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let (cell_w, cell_h) = self.cell;
         root.fill(&WHITE)?;
-        root.draw_text(self.title, &text_style(TITLE_FONT), (20, 14))?;
+        for (k, line) in self.title.iter().enumerate() {
+            root.draw_text(
+                line,
+                &text_style(TITLE_FONT),
+                (20, 14 + TITLE_LINE * k as i32),
+            )?;
+        }
         let pixel = self.side as f64 / self.blocks as f64;
         for (k, panel) in self.panels.iter().enumerate() {
             let x = 20 + (k % self.columns) as i32 * cell_w;
-            let y = 50 + (k / self.columns) as i32 * cell_h;
+            let y = self.top + (k / self.columns) as i32 * cell_h;
             root.draw_text(&panel.title, &text_style(12.0), (x, y))?;
             let pooled = pool(&panel.matrix, self.n, self.blocks);
             draw_cells(root, &pooled, self.blocks, (x, y + 16), pixel, self.vmax)?;
         }
         let bar_x = 40 + self.columns as i32 * cell_w - 10;
         let bar_h = (self.rows as i32 * cell_h - 26).max(60);
-        draw_colour_bar(root, (bar_x, 66), bar_h, self.vmax)
+        draw_colour_bar(root, (bar_x, self.top + 16), bar_h, self.vmax)
     }
 }
 
@@ -423,13 +478,15 @@ fn draw_colour_bar<DB: DrawingBackend>(
         ))?;
     }
     let tick = text_style(11.0).pos(Pos::new(HPos::Left, VPos::Center));
+    // Enough decimals that the top tick is not 0.00 (uniform weights over 300 tokens: 0.0033).
+    let decimals = decimals_for(vmax);
     for (frac, value) in [(0.0, vmax), (0.5, vmax / 2.0), (1.0, 0.0)] {
         let ty = y + (frac * (height - 1) as f64) as i32;
         root.draw(&Rectangle::new(
             [(x + 16, ty), (x + 20, ty + 1)],
             RGBColor(0, 0, 0).filled(),
         ))?;
-        root.draw_text(&format!("{value:.2}"), &tick, (x + 23, ty))?;
+        root.draw_text(&format!("{value:.decimals$}"), &tick, (x + 23, ty))?;
     }
     Ok(())
 }

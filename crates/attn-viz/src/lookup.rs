@@ -8,6 +8,12 @@ use crate::VizError;
 /// `MultipleNegativesRankingLoss`), i.e. the temperature its cosine scores were made for.
 pub const DEFAULT_TEMPERATURE: f32 = 0.05;
 
+/// The smallest temperature taken: f32's smallest normal number. Below it `cosine / T` can
+/// overflow to infinity, and two infinite scores make the softmax `inf - inf = NaN`. Nothing is
+/// lost by refusing: already at 1e-3 a key whose cosine is 0.1 below the best weighs e^-100 of
+/// the best one's weight.
+pub const MIN_TEMPERATURE: f32 = f32::MIN_POSITIVE;
+
 /// Scores and weights of one lookup, one entry per key.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Lookup {
@@ -31,7 +37,7 @@ pub fn soft_lookup<K: AsRef<[f32]>>(
     if keys.is_empty() {
         return Err(VizError::NoEntries);
     }
-    if !(temperature.is_finite() && temperature > 0.0) {
+    if !(temperature.is_finite() && temperature >= MIN_TEMPERATURE) {
         return Err(VizError::BadTemperature { temperature });
     }
     let mut cosine = Vec::with_capacity(keys.len());

@@ -5,7 +5,12 @@
 //! while `paris ,` stays two words ("Paris" and ","). GPT-2's `Ġcat` carries its leading space in
 //! its span under some tokenizers: a space is not a letter, so it starts a new word either way;
 //! a token that is only a space (`Ġ` before `un ##believ ##ably`) joins the word after it.
-//! Special tokens are words of their own.
+//! GPT-2's byte-level pieces of one character (the four bytes of 🐱, the two of é) all carry
+//! that character's span, so a token whose span starts before the previous one ends is part of
+//! the same word. A CJK ideograph is a word of its own, as BERT's `BasicTokenizer` splits them
+//! (`_is_chinese_char` in
+//! <https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/tokenization_bert.py>):
+//! "我爱北京" is four words, not one run of letters. Special tokens are words of their own.
 //!
 //! Merging a `[T, T]` matrix into words: the weight TO a word is the sum over its tokens (the
 //! share of attention it received), the weight FROM a word is the mean over its tokens (so each
@@ -53,19 +58,24 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
         let blank_so_far = units
             .last()
             .is_some_and(|u| !u.special && u.tokens.iter().all(|&t| blank(maps, t)));
-        let touches = open == Some((token.segment, span.0));
-        let joins = touches
-            && (blank_so_far
-                || text[..span.0]
-                    .chars()
-                    .next_back()
-                    .is_some_and(char::is_alphanumeric)
-                    && piece.chars().next().is_some_and(char::is_alphanumeric));
+        let (touches, overlaps) = match open {
+            Some((segment, end)) if segment == token.segment => (span.0 == end, span.0 < end),
+            _ => (false, false),
+        };
+        let joins = overlaps
+            || touches
+                && (blank_so_far
+                    || text[..span.0].chars().next_back().is_some_and(word_char)
+                        && piece.chars().next().is_some_and(word_char));
+        let end = match open {
+            Some((_, end)) if overlaps => end.max(span.1),
+            _ => span.1,
+        };
         match units.last_mut() {
             Some(last) if joins => {
                 last.tokens.push(index);
                 let first = maps.tokens[last.tokens[0]].span.map_or(span.0, |s| s.0);
-                last.label = label_of(&text[first..span.1], token);
+                last.label = label_of(&text[first..end], token);
             }
             _ => units.push(Unit {
                 label: label_of(piece, token),
@@ -74,9 +84,30 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
                 special: false,
             }),
         }
-        open = Some((token.segment, span.1));
+        open = Some((token.segment, end));
     }
     Ok(units)
+}
+
+/// Whether `c` may continue a word into the next token: a letter or digit, but not a CJK
+/// ideograph, which is a word of its own.
+fn word_char(c: char) -> bool {
+    c.is_alphanumeric() && !cjk(c)
+}
+
+/// The code points BERT's `_is_chinese_char` counts as CJK ideographs.
+fn cjk(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x4E00..=0x9FFF
+            | 0x3400..=0x4DBF
+            | 0x20000..=0x2A6DF
+            | 0x2A700..=0x2B73F
+            | 0x2B740..=0x2B81F
+            | 0x2B820..=0x2CEAF
+            | 0xF900..=0xFAFF
+            | 0x2F800..=0x2FA1F
+    )
 }
 
 /// Whether token `t`'s span covers only whitespace.

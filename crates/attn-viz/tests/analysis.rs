@@ -337,6 +337,14 @@ fn soft_lookup_errors() {
             Err(VizError::BadTemperature { .. })
         ));
     }
+    // Below f32's smallest normal number, cosines 1 and 0.71 scale to inf and inf: the softmax
+    // would be inf - inf = NaN. At that number they are 8.5e37 and 6.0e37: weights 1 and 0.
+    let keys = [vec![1.0, 0.0], vec![1.0, 1.0]];
+    let err = soft_lookup(&[1.0, 0.0], &keys, 1e-39).unwrap_err();
+    assert!(matches!(err, VizError::BadTemperature { .. }), "{err}");
+    assert!(err.to_string().contains("1.1754944e-38"), "{err}");
+    let l = soft_lookup(&[1.0, 0.0], &keys, f32::MIN_POSITIVE).unwrap();
+    assert_eq!(l.weights, [1.0, 0.0]);
     let err = soft_lookup(&[1.0, 0.0], &[vec![1.0, 0.0], vec![1.0]], 1.0).unwrap_err();
     assert!(matches!(
         err,
@@ -443,4 +451,46 @@ fn a_lone_space_token_joins_the_word_after_it() {
     let units = words::words(&maps).unwrap();
     assert_eq!(labels(&units), ["a", "unb"]);
     assert_eq!(units[1].tokens, [1, 2, 3]);
+}
+
+#[test]
+fn cjk_ideographs_are_words_of_their_own() {
+    // "我爱北京": one token per ideograph, 3 bytes each (0..3, 3..6, 6..9, 9..12); their spans
+    // touch and each is a letter, yet BERT splits CJK ideographs into words of their own.
+    let tokens = vec![
+        tok("我", Some((0, 3)), 0),
+        tok("爱", Some((3, 6)), 0),
+        tok("北", Some((6, 9)), 0),
+        tok("京", Some((9, 12)), 0),
+    ];
+    let maps = hand_maps("我爱北京", None, tokens, 1, 1, vec![0.25; 16]);
+    assert_eq!(
+        labels(&words::words(&maps).unwrap()),
+        ["我", "爱", "北", "京"]
+    );
+}
+
+#[test]
+fn byte_level_pieces_of_one_character_are_one_word() {
+    // GPT-2 on "I love 🐱 cats": 🐱 (bytes 7..11) is three byte-level tokens, each with the
+    // character's span (the first with its space, 6..11); "café": é (3..5) is two tokens.
+    let tokens = vec![
+        tok("I", Some((0, 1)), 0),
+        tok("Ġlove", Some((1, 6)), 0),
+        tok("ĠðŁ", Some((6, 11)), 0),
+        tok("Ĳ", Some((7, 11)), 0),
+        tok("±", Some((7, 11)), 0),
+        tok("Ġcats", Some((11, 16)), 0),
+    ];
+    let maps = hand_maps("I love 🐱 cats", None, tokens, 1, 1, vec![1.0 / 6.0; 36]);
+    let units = words::words(&maps).unwrap();
+    assert_eq!(labels(&units), ["I", "love", "🐱", "cats"]);
+    assert_eq!(units[2].tokens, [2, 3, 4]);
+    let tokens = vec![
+        tok("caf", Some((0, 3)), 0),
+        tok("Ã", Some((3, 5)), 0),
+        tok("©", Some((3, 5)), 0),
+    ];
+    let maps = hand_maps("café", None, tokens, 1, 1, vec![1.0 / 3.0; 9]);
+    assert_eq!(labels(&words::words(&maps).unwrap()), ["café"]);
 }

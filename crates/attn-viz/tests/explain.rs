@@ -304,3 +304,117 @@ fn across_a_pair_shows_the_other_texts_words() {
         Err(VizError::NoPair)
     ));
 }
+
+/// "a b c" without special tokens, every row [.4 .35 .25].
+fn three_words() -> attn_viz::AttentionMaps {
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("c", Some((4, 5)), 0),
+    ];
+    hand_maps("a b c", None, tokens, 1, 1, [0.4, 0.35, 0.25].repeat(3))
+}
+
+#[test]
+fn top_k_names_only_the_words_it_shows() {
+    // All three are at least half of .4, so all three are heavy; --top 1 shows only "a", and
+    // only "a" is named.
+    let e = run(&three_words(), &options(Some("b")));
+    assert_eq!(e.focuses_on, ["a", "b", "c"]);
+    let mut o = options(Some("b"));
+    o.top = Some(1);
+    let e = run(&three_words(), &o);
+    assert_eq!(words_and_weights(&e).0, ["a"]);
+    assert_eq!(e.focuses_on, ["a"]);
+    let text = render(&e, BarStyle::default());
+    assert!(text.contains("Model focuses heavily on: \"a\"\n"), "{text}");
+}
+
+#[test]
+fn highlighting_follows_rows_not_labels() {
+    // "a b a", every row [.6 .35 .05]: from "b", the first "a" (.6) and "b" (.35) are heavy
+    // (at least .3); the second "a" (.05) is not, though it is spelled as the first.
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("a", Some((4, 5)), 0),
+    ];
+    let maps = hand_maps("a b a", None, tokens, 1, 1, [0.6, 0.35, 0.05].repeat(3));
+    let e = run(&maps, &options(Some("b")));
+    let heavy: Vec<bool> = e.rows.iter().map(|r| r.heavy).collect();
+    assert_eq!(heavy, [true, true, false]);
+    let text = render(
+        &e,
+        BarStyle {
+            width: 8,
+            colour: true,
+        },
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    // Bold yellow for the heavy rows, plain cyan for the rest.
+    assert!(lines[1].contains("\x1b[1ma\x1b[0m"), "{:?}", lines[1]);
+    assert!(
+        lines[3].starts_with("  a ") && lines[3].contains("\x1b[36m"),
+        "{:?}",
+        lines[3]
+    );
+}
+
+#[test]
+fn only_punctuation_is_said_in_words() {
+    // "...": three words "." that are not named as a focus; the line says why none is.
+    let tokens = vec![
+        tok(".", Some((0, 1)), 0),
+        tok(".", Some((1, 2)), 0),
+        tok(".", Some((2, 3)), 0),
+    ];
+    let maps = hand_maps("...", None, tokens, 1, 1, vec![1.0 / 3.0; 9]);
+    let e = run(&maps, &options(None));
+    assert!(e.focuses_on.is_empty());
+    let text = render(&e, BarStyle::default());
+    assert!(!text.contains("heavily on:"), "{text}");
+    assert!(
+        text.contains("\nModel focuses on no word: the attention shown went to punctuation"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_footer_names_the_models_own_special_tokens() {
+    // GPT-2 style: <|endoftext|> a b, every row [.5 .25 .25]: the hidden token took 50%.
+    let tokens = vec![
+        tok("<|endoftext|>", None, 0),
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+    ];
+    let gpt2 = hand_maps("a b", None, tokens, 1, 1, [0.5, 0.25, 0.25].repeat(3));
+    let e = run(&gpt2, &options(Some("a")));
+    let note = e.notes.iter().find(|n| n.contains("took")).unwrap();
+    assert!(
+        note.starts_with("<|endoftext|> took 50% of this attention")
+            && note.ends_with("(--special shows <|endoftext|>)"),
+        "{note}"
+    );
+    assert!(!note.contains("[CLS]"), "{note}");
+    // BERT's own are named as before.
+    let e = run(&maps(), &options(Some("a")));
+    assert!(
+        e.notes.iter().any(|n| n.starts_with("[CLS]/[SEP] took 60%")
+            && n.ends_with("(--special shows [CLS]/[SEP])")),
+        "{:?}",
+        e.notes
+    );
+}
+
+#[test]
+fn an_occurrence_past_any_number_is_an_error() {
+    // 20 digits do not fit a usize: an error, not the first "a".
+    let err = explain(
+        &three_words(),
+        &options(Some("a#99999999999999999999")),
+        |_, _| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, VizError::FocusNumber { .. }), "{err}");
+    assert!(err.to_string().contains("too large"), "{err}");
+}

@@ -263,3 +263,89 @@ fn merged_rows_of_real_attention_still_sum_to_one() {
     );
     assert_eq!(words::words(&maps).unwrap()[0].label, "Ab");
 }
+
+#[test]
+fn long_titles_are_cut_not_drawn_wider() {
+    // A maps file's 20,000-character model name made a 266,955-pixel-wide picture; the title is
+    // cut to the picture's width (at most 3 lines) and the picture keeps its size.
+    let labels = vec!["a".to_string(), "b".to_string()];
+    let matrix = vec![0.5; 4];
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("t.png");
+    let short = Heatmap {
+        title: "t",
+        labels: &labels,
+        matrix: &matrix,
+    };
+    write_heatmap(&png, &short).unwrap();
+    let (w, h) = png_size(&png);
+    for title in [
+        format!("\"a b\" — all heads — {}", "m".repeat(20_000)),
+        vec!["piece"; 5_000].join(" — "),
+    ] {
+        let long = Heatmap {
+            title: &title,
+            labels: &labels,
+            matrix: &matrix,
+        };
+        write_heatmap(&png, &long).unwrap();
+        let (long_w, long_h) = png_size(&png);
+        assert_eq!(long_w, w, "{}", &title[..20]);
+        assert!(long_h <= h + 2 * 24, "{long_w}×{long_h} against {w}×{h}");
+        let svg = dir.path().join("t.svg");
+        write_heatmap(&svg, &long).unwrap();
+        assert!(std::fs::read_to_string(&svg).unwrap().contains('…'));
+    }
+}
+
+#[test]
+fn pictures_past_the_pixel_limit_are_refused_before_drawing() {
+    // 60 × 60 one-token panels: 60 · 136 + 130 = 8290 px wide, 26 + 24 + 60 · 146 + 20 = 8830
+    // high, 73.2 million pixels (220 MB of RGB) against a limit of 64 million.
+    let panels: Vec<Panel> = (0..3600)
+        .map(|k| Panel {
+            title: format!("L{} H{}", k / 60, k % 60),
+            matrix: vec![1.0],
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("g.png");
+    let err = write_grid(&png, "g", 1, 60, &panels).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VizError::TooLarge {
+                width: 8290,
+                height: 8830,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("64 million"), "{err}");
+    assert!(!png.exists());
+    // A column count whose pixels overflow an i32 (and a u64) is refused the same way.
+    let err = write_grid(&png, "g", 1, usize::MAX, &panels[..1]).unwrap_err();
+    assert!(matches!(err, VizError::TooLarge { .. }), "{err}");
+}
+
+#[test]
+fn colour_bar_ticks_show_small_weights() {
+    // 300 tokens, uniform: every weight is 1/300 = 0.0033, so the ticks are 0.0033, 0.0017 and
+    // 0.0000 (with two decimals all three were 0.00).
+    let n = 300;
+    let labels: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
+    let matrix = vec![1.0 / n as f32; n * n];
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("u.svg");
+    let heatmap = Heatmap {
+        title: "uniform",
+        labels: &labels,
+        matrix: &matrix,
+    };
+    write_heatmap(&svg, &heatmap).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for tick in ["\n0.0033\n", "\n0.0017\n", "\n0.0000\n"] {
+        assert!(text.contains(tick), "no tick {tick:?}");
+    }
+}

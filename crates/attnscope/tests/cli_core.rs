@@ -679,6 +679,13 @@ fn walkthrough_rejects_bad_input() {
             r#"{"x": [["a"]], "w_q": [[1]], "w_k": [[1]], "w_v": [[1]]}"#.to_string(),
             vec!["x[0][0] is \"a\"; expected a finite number"],
         ),
+        (
+            // 1e30 · 1e30 + 1e30 · 1e30 overflows: q[0][0] = inf.
+            "overflow",
+            r#"{"x": [[1e30, 1e30]], "w_q": [[1e30], [1e30]], "w_k": [[1], [1]], "w_v": [[1], [1]]}"#
+                .to_string(),
+            vec!["overflow.json", "q = X·W_q is inf at row 0, column 0"],
+        ),
     ];
     for (name, text, needles) in cases {
         let p = write(&format!("{name}.json"), &text);

@@ -393,6 +393,19 @@ fn bad_flags_and_files_are_clear_errors() {
         2,
         "cannot be used",
     );
+    // The maps hold their own text: a TEXT or --pair beside them would be silently ignored.
+    let png = dir.path().join("text.png");
+    let png = png.to_str().unwrap();
+    for args in [
+        &["explain", "The dog barked", "--maps", maps][..],
+        &["explain", "--maps", maps, "--pair", "b"],
+        &["heatmap", "The dog barked", "--maps", maps, "-o", png],
+        &["heatmap", "--maps", maps, "--pair", "b", "-o", png],
+        &["heads", "The dog barked", "--maps", maps],
+        &["heads", "--maps", maps, "--pair", "b"],
+    ] {
+        fails_with(args, 2, "cannot be used");
+    }
 
     let out = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     fails_with(
@@ -431,6 +444,28 @@ fn bad_flags_and_files_are_clear_errors() {
         "cannot be used",
     );
 
+    // 60 layers × 60 heads of one token: an 8290 × 8830 grid (220 MB of pixels) is refused.
+    let tokens = [json!({"text": "a", "id": 0, "span": [0, 1], "segment": 0, "special": false})];
+    let many = json!({
+        "model": "hand", "text": "a", "pair": null, "tokens": tokens,
+        "n_layers": 60, "n_heads": 60, "weights": vec![1.0; 3600],
+    });
+    std::fs::write(out("many.json"), many.to_string()).unwrap();
+    let stderr = fails_with(
+        &[
+            "heatmap",
+            "--maps",
+            &out("many.json"),
+            "-o",
+            &out("many.png"),
+            "--grid",
+        ],
+        1,
+        "--grid of 60 layers × 60 heads",
+    );
+    assert!(stderr.contains("8290 × 8830 pixels"), "{stderr}");
+    assert!(!dir.path().join("many.png").exists());
+
     fails_with(&["heads", "--maps", &out("missing.json")], 1, "cannot read");
     std::fs::write(out("bad.json"), "{not json").unwrap();
     fails_with(
@@ -468,6 +503,22 @@ fn bad_flags_and_files_are_clear_errors() {
         ],
         1,
         "above 0",
+    );
+    // 1e-39 overflowed cosine / T to inf for both entries: NaN weights, exit 0.
+    fails_with(
+        &[
+            "lookup",
+            "--query",
+            "x",
+            "--entry",
+            "a=b",
+            "--entry",
+            "c=d",
+            "--temperature",
+            "1e-39",
+        ],
+        1,
+        "at least 1.1754944e-38",
     );
     fails_with(&["lookup", "--query", " ", "--entry", "a=b"], 1, "empty");
 }
@@ -550,5 +601,9 @@ fn across_a_pair_shows_the_other_language() {
         .map(|r| r["word"].as_str().unwrap())
         .collect();
     assert_eq!(words, ["I", "love", "machine", "learning"]);
-    fails_with(&["explain", "one text", "--across"], 1, "sentence pair");
+    let stderr = fails_with(&["explain", "one text", "--across"], 1, "sentence pair");
+    assert!(
+        stderr.contains("--across") && stderr.contains("--pair"),
+        "names the flags: {stderr}"
+    );
 }

@@ -17,10 +17,13 @@ use crate::maps::{ColorChoice, SourceArgs, progress_bar};
   attnscope explain \"The cat sat on the mat\" --focus sat --layer 2 --head 5")]
 pub struct Args {
     /// The text to look at.
-    #[arg(required_unless_present_any = ["question", "maps"], conflicts_with = "question")]
+    #[arg(
+        required_unless_present_any = ["question", "maps"],
+        conflicts_with_all = ["question", "maps"]
+    )]
     pub text: Option<String>,
     /// A second text, run as a sentence pair with TEXT.
-    #[arg(long, value_name = "TEXT", conflicts_with = "question")]
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["question", "maps"])]
     pub pair: Option<String>,
     /// Show the attention from this question's words to --context's words.
     #[arg(

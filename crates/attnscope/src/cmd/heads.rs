@@ -13,10 +13,10 @@ use crate::maps::SourceArgs;
   attnscope heads \"The cat that ate the mouse that lived in the barn ran away\"")]
 pub struct Args {
     /// The text to look at.
-    #[arg(required_unless_present = "maps")]
+    #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
     /// A second text, run as a sentence pair with TEXT.
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
     pub pair: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]

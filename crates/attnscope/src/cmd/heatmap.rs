@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
+
 use attn_viz::AttentionMaps;
 use attn_viz::heatmap::{Heatmap, ImageFormat, Panel, write_grid, write_heatmap};
 use attn_viz::select::{Selection, select};
@@ -16,10 +18,10 @@ use crate::maps::{SourceArgs, check_output, progress_bar};
   attnscope heatmap \"The cat sat on the mat\" -o heads.svg --grid")]
 pub struct Args {
     /// The text to look at.
-    #[arg(required_unless_present = "maps")]
+    #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
     /// A second text, run as a sentence pair with TEXT.
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
     pub pair: Option<String>,
     /// The picture to write: FILE.png or FILE.svg.
     #[arg(short, long, value_name = "FILE")]
@@ -70,10 +72,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         shown: &shown,
     };
     let level = if args.tokens { "tokens" } else { "words" };
-    let hidden = if shown.len() < units.len() {
-        "; [CLS]/[SEP] hidden, rows renormalised"
+    // The special tokens hidden, as this model writes them ("[CLS]/[SEP]", "<|endoftext|>").
+    let mut specials: Vec<&str> = Vec::new();
+    for unit in units.iter().filter(|u| u.special && !args.special) {
+        if !specials.contains(&unit.label.as_str()) {
+            specials.push(&unit.label);
+        }
+    }
+    let hidden = if specials.is_empty() {
+        String::new()
     } else {
-        ""
+        format!("; {} hidden, rows renormalised", specials.join("/"))
     };
     if args.grid {
         let bar = progress_bar((maps.n_layers * maps.n_heads) as u64, "heads");
@@ -97,7 +106,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             short(&maps.text),
             maps.model
         );
-        write_grid(&args.output, &title, shown.len(), maps.n_heads, &panels)?;
+        write_grid(&args.output, &title, shown.len(), maps.n_heads, &panels).with_context(
+            || {
+                format!(
+                    "--grid of {} layers × {} heads (--layer L --head H draws one)",
+                    maps.n_layers, maps.n_heads
+                )
+            },
+        )?;
     } else {
         let selection = match (args.layer, args.head) {
             (Some(layer), Some(head)) => Selection::Head { layer, head },

@@ -17,11 +17,11 @@ use crate::maps::{SourceArgs, check_output, read_maps, run_model_with};
   attnscope html \"Where is the Eiffel Tower?\" --pair \"The Eiffel Tower is in Paris.\" -o pair.html")]
 pub struct Args {
     /// The text to look at.
-    #[arg(required_unless_present = "maps")]
+    #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
     /// A second text (sentence B, or the context of a question); the page can then show
     /// attention from A to B and from B to A.
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
     pub pair: Option<String>,
     /// Where to write the page (a .html or .htm file).
     #[arg(short, long, value_name = "FILE.html")]
@@ -47,6 +47,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a TEXT to look at (or --maps FILE.json)"),
     };
+    // Saved maps have no neuron view, yet a layer they lack is still a mistake worth naming.
+    if let Some(layer) = args.neuron_layer {
+        maps.check_layer(layer).context("--neuron-layer")?;
+    }
     let options = PageOptions {
         neuron_layer: args.neuron_layer,
         ..PageOptions::default()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use attn_models::ModelError;
 use attn_viz::bars::{self, BarStyle};
-use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, soft_lookup};
+use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, MIN_TEMPERATURE, soft_lookup};
 
 use crate::maps::{ColorChoice, ModelArgs};
 
@@ -85,9 +85,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.query.trim().is_empty() {
         anyhow::bail!("the --query is empty");
     }
-    if !(args.temperature.is_finite() && args.temperature > 0.0) {
+    if !(args.temperature.is_finite() && args.temperature >= MIN_TEMPERATURE) {
         anyhow::bail!(
-            "--temperature must be a number above 0, got {}",
+            "--temperature must be a number above 0, at least {MIN_TEMPERATURE:?} (below it \
+             cosine / temperature overflows), got {:?}",
             args.temperature
         );
     }

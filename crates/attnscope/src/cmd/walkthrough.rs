@@ -277,7 +277,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )
         })?,
     };
-    print!("{}", walkthrough(&ex, mask.as_ref(), focus)?);
+    let text = walkthrough(&ex, mask.as_ref(), focus);
+    let text = match &args.input {
+        Some(path) => text.with_context(|| format!("{}", path.display()))?,
+        None => text?,
+    };
+    print!("{text}");
     Ok(())
 }
 
@@ -288,6 +293,19 @@ fn walkthrough(ex: &Example, mask: Option<&MaskKind>, focus: usize) -> anyhow::R
     let q = ex.x.matmul(&ex.w_q);
     let k = ex.x.matmul(&ex.w_k);
     let v = ex.x.matmul(&ex.w_v);
+    // The input's numbers are finite, yet their products can overflow f32.
+    for (name, m) in [("q = X·W_q", &q), ("k = X·W_k", &k), ("v = X·W_v", &v)] {
+        if let Some(i) = m.data.iter().position(|x| !x.is_finite()) {
+            bail!(
+                "{name} is {} at row {}, column {}: the products of X and the weights overflow \
+                 f32 (largest finite: {:e})",
+                m.data[i],
+                i / m.cols,
+                i % m.cols,
+                f32::MAX
+            );
+        }
+    }
 
     let mut options = AttnOptions {
         weights: WeightsRequest::All,
