@@ -361,7 +361,7 @@ fn empty_and_too_long_text_are_errors() {
         &["attention", "The cat", "--pair", "", "--model", m],
         "pair text is empty",
     );
-    fails_with(&["embed", "fine", "", "--model", m], "empty");
+    fails_with(&["embed", "fine", "", "--model", m], "text 1 is empty");
     let long = "The cat sat on the mat. ".repeat(40);
     let stderr = fails_with(&["attention", &long, "--model", m, "--json"], "--truncate");
     assert!(stderr.contains("64 positions"), "{stderr}");

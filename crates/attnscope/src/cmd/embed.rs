@@ -48,6 +48,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if texts.is_empty() {
         bail!("no texts to embed");
     }
+    // (--file skips blank lines; a blank TEXT is named by its place in the listing below.)
+    if let Some(i) = texts.iter().position(|t| t.trim().is_empty()) {
+        bail!("text {i} is empty");
+    }
     let model = load_model(args.model.as_deref(), args.threads)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let embeddings = model.embed_with(&refs, args.truncate).map_err(|e| {
