@@ -130,11 +130,7 @@ pub fn sdpa_reference(
                 }
                 let o_row = &mut out[row * dv..][..dv];
                 for (j, &w) in w_row.iter().enumerate() {
-                    let w = match options.dropout {
-                        Some(drop) if drop.keep(b, h, i, j) => w * drop.scale(),
-                        Some(_) => 0.0,
-                        None => w,
-                    };
+                    let w = options.dropout.map_or(w, |d| d.apply(w, b, h, i, j));
                     if w != 0.0 {
                         for (o, &x) in o_row.iter_mut().zip(&v_head[j * dv..][..dv]) {
                             *o += w * x;
@@ -145,11 +141,7 @@ pub fn sdpa_reference(
         }
     }
 
-    check_overflow(&lse, &sh, || {
-        [input.q, input.k, input.v]
-            .iter()
-            .all(|x| x.iter().all(|v| v.is_finite()))
-    })?;
+    check_overflow(&lse, &sh, [input.q, input.k, input.v])?;
     let weights = match &options.weights {
         WeightsRequest::None => None,
         WeightsRequest::All => Some(Weights::All(kept)),

@@ -105,17 +105,17 @@ impl AttnShape {
 }
 
 /// Refuses a call whose scores overflowed f32 from finite inputs: a row's log-sum-exp of NaN or
-/// +∞ while q, k and v are finite (`inputs_finite` is asked only then; a NaN or ∞ the inputs
-/// opted in to is theirs to keep, as in PyTorch).
-pub(crate) fn check_overflow(
+/// +∞ while `q`, `k` and `v` are finite (read only then; a NaN or ∞ the inputs opted in to is
+/// theirs to keep, as in PyTorch).
+pub(crate) fn check_overflow<T: FiniteBits>(
     lse: &[f32],
     shape: &AttnShape,
-    inputs_finite: impl FnOnce() -> bool,
+    [q, k, v]: [&[T]; 3],
 ) -> Result<(), AttnError> {
     let Some(at) = lse.iter().position(|x| x.is_nan() || *x == f32::INFINITY) else {
         return Ok(());
     };
-    if !inputs_finite() {
+    if ![q, k, v].into_iter().all(T::all_finite) {
         return Ok(());
     }
     let (h, l) = (shape.n_heads, shape.seq_q);

@@ -64,11 +64,7 @@ pub fn sdpa_backward_reference(
                         && j < hi
                         && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
                         && (options.key_padding.as_ref()).is_none_or(|kp| kp.is_real(b, j));
-                    z[j] = match options.dropout {
-                        Some(drop) if drop.keep(b, h, i, j) => drop.scale(),
-                        Some(_) => 0.0,
-                        None => 1.0,
-                    };
+                    z[j] = options.dropout.map_or(1.0, |d| d.apply(1.0, b, h, i, j));
                 }
                 // NaN when any visible score is (`f32::max` would skip it), as in the forward
                 // reference: a NaN input poisons the gradients of exactly what it reaches.
