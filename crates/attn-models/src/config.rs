@@ -52,8 +52,7 @@ impl Activation {
     }
 }
 
-/// The `config.json` names of the fields [`ModelConfig::validate`] checks, which differ between
-/// BERT and GPT-2.
+/// The `config.json` names of the fields that differ between BERT and GPT-2, for errors.
 struct FieldNames {
     hidden_size: &'static str,
     n_layers: &'static str,
@@ -61,6 +60,7 @@ struct FieldNames {
     intermediate_size: &'static str,
     max_positions: &'static str,
     layer_norm_eps: &'static str,
+    activation: &'static str,
 }
 
 const BERT_FIELDS: FieldNames = FieldNames {
@@ -70,6 +70,7 @@ const BERT_FIELDS: FieldNames = FieldNames {
     intermediate_size: "intermediate_size",
     max_positions: "max_position_embeddings",
     layer_norm_eps: "layer_norm_eps",
+    activation: "hidden_act",
 };
 
 const GPT2_FIELDS: FieldNames = FieldNames {
@@ -79,6 +80,7 @@ const GPT2_FIELDS: FieldNames = FieldNames {
     intermediate_size: "n_inner",
     max_positions: "n_positions",
     layer_norm_eps: "layer_norm_epsilon",
+    activation: "activation_function",
 };
 
 /// A token id, or a list of them of which the first counts (`eos_token_id: [50256]`).
@@ -299,7 +301,7 @@ impl ModelConfig {
                     max_positions: c.max_position_embeddings,
                     type_vocab_size: c.type_vocab_size,
                     layer_norm_eps: layer_norm_eps(c.layer_norm_eps, BERT_FIELDS.layer_norm_eps)?,
-                    activation: Activation::parse(&c.hidden_act, "hidden_act")?,
+                    activation: Activation::parse(&c.hidden_act, BERT_FIELDS.activation)?,
                     pad_token_id: c.pad_token_id.unwrap_or(0),
                     causal: c.is_decoder,
                     tied_lm_head: true,
@@ -343,7 +345,7 @@ impl ModelConfig {
                         c.layer_norm_epsilon,
                         GPT2_FIELDS.layer_norm_eps,
                     )?,
-                    activation: Activation::parse(&c.activation_function, "activation_function")?,
+                    activation: Activation::parse(&c.activation_function, GPT2_FIELDS.activation)?,
                     pad_token_id: c.eos_token_id.and_then(|ids| ids.first()).unwrap_or(0),
                     causal: true,
                     tied_lm_head: c.tie_word_embeddings,

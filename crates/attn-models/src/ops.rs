@@ -146,24 +146,6 @@ impl Linear {
         }
     }
 
-    /// `y = x·W` without the bias (the caller fuses it into the next pass).
-    ///
-    /// # Shapes
-    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
-    pub fn matmul(&self, x: &[f32], y: &mut [f32], par: Par) {
-        let kernel = GemmKernel::Auto;
-        self.forward(x, y, Epilogue::None, Gemm { par, kernel });
-    }
-
-    /// `y = act(x·W + b)`.
-    ///
-    /// # Shapes
-    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
-    pub fn matmul_activation(&self, x: &[f32], y: &mut [f32], act: Activation, par: Par) {
-        let kernel = GemmKernel::Auto;
-        self.forward(x, y, Epilogue::BiasActivation(act), Gemm { par, kernel });
-    }
-
     /// `y = epilogue(x·W)` on the kernel `gemm` picks for this many rows.
     ///
     /// # Shapes
@@ -615,6 +597,12 @@ pub fn erf(x: f32) -> f32 {
 mod tests {
     use super::*;
 
+    /// One thread, f32 GEMMs.
+    const SEQ_F32: Gemm = Gemm {
+        par: Par::Seq,
+        kernel: GemmKernel::F32,
+    };
+
     /// The largest |f(x) − reference(x)| over `xs`, and the x where it occurs.
     fn worst_error(
         f: impl Fn(f32) -> f32,
@@ -695,7 +683,7 @@ mod tests {
             3,
         );
         let mut y = [0.0; 3];
-        torch.matmul(&[1.0, 1.0], &mut y, Par::Seq);
+        torch.forward(&[1.0, 1.0], &mut y, Epilogue::None, SEQ_F32);
         bias_activation(&mut y, &torch.bias, None);
         assert_eq!(y, [3.5, 7.0, 10.0]);
         // The same weight as Conv1D [n_in=2, n_out=3] = [[1, 3, 5], [2, 4, 6]].
@@ -706,7 +694,7 @@ mod tests {
             2,
             3,
         );
-        conv.matmul(&[1.0, 1.0], &mut y, Par::Seq);
+        conv.forward(&[1.0, 1.0], &mut y, Epilogue::None, SEQ_F32);
         bias_activation(&mut y, &conv.bias, None);
         assert_eq!(y, [3.5, 7.0, 10.0]);
         // Split in two along the output: rows [1, 2] and [3, 4], [5, 6] of the PyTorch weight,
@@ -728,7 +716,7 @@ mod tests {
             2,
         );
         let mut y = [0.0; 6];
-        split.matmul(&[1.0, 1.0, 1.0, 0.0], &mut y, Par::Seq);
+        split.forward(&[1.0, 1.0, 1.0, 0.0], &mut y, Epilogue::None, SEQ_F32);
         // Rows x = [1, 1] → [3, 7, 11]; x = [1, 0] → [1, 3, 5].
         assert_eq!(y, [3.0, 7.0, 11.0, 1.0, 3.0, 5.0]);
     }
@@ -748,10 +736,15 @@ mod tests {
         for (data, layout) in [(w, WeightLayout::OutIn), (w_t, WeightLayout::InOut)] {
             let lin = Linear::new(F32Data::Owned(data), layout, bias.clone(), n_in, n_out);
             let mut want = vec![0.0; rows * n_out];
-            lin.matmul(&x, &mut want, Par::Seq);
+            lin.forward(&x, &mut want, Epilogue::None, SEQ_F32);
             bias_activation(&mut want, &bias, Some(Activation::GeluErf));
             let mut got = vec![0.0; rows * n_out];
-            lin.matmul_activation(&x, &mut got, Activation::GeluErf, Par::Seq);
+            lin.forward(
+                &x,
+                &mut got,
+                Epilogue::BiasActivation(Activation::GeluErf),
+                SEQ_F32,
+            );
             let worst = got
                 .iter()
                 .zip(&want)
