@@ -224,7 +224,11 @@ pub fn explain(
                 .to_string(),
         ),
         Method::Attention { .. } if hidden_share > 0.0005 => {
-            let specials = hidden_specials(&units, options);
+            // The special tokens the view hides: none with --special.
+            let specials = match options.special {
+                true => String::new(),
+                false => words::special_labels(&units),
+            };
             notes.push(format!(
                 "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \
                  over the words shown{}",
@@ -275,20 +279,6 @@ fn hidden_what(options: &ExplainOptions, specials: &str) -> String {
         (false, true) => "the words not shown".to_string(),
         (false, false) => specials.to_string(),
     }
-}
-
-/// The special tokens this model added and the view hides, as they are written ("[CLS]/[SEP]",
-/// "<|endoftext|>"); empty when none are hidden.
-fn hidden_specials(units: &[Unit], options: &ExplainOptions) -> String {
-    let mut names: Vec<&str> = Vec::new();
-    if !options.special {
-        for unit in units.iter().filter(|u| u.special) {
-            if !names.contains(&unit.label.as_str()) {
-                names.push(&unit.label);
-            }
-        }
-    }
-    names.join("/")
 }
 
 /// `Σ_k w_k · matrix[row_k]` over `(row, weight)` pairs.

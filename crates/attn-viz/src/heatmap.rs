@@ -348,13 +348,7 @@ impl Drawing for GridDrawing<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let (cell_w, cell_h) = self.cell;
         root.fill(&WHITE)?;
-        for (k, line) in self.title.iter().enumerate() {
-            root.draw_text(
-                line,
-                &text_style(TITLE_FONT),
-                (20, 14 + TITLE_LINE * k as i32),
-            )?;
-        }
+        draw_title(root, &self.title, 20)?;
         let pixel = self.side as f64 / self.blocks as f64;
         for (k, panel) in self.panels.iter().enumerate() {
             let x = 20 + (k % self.columns) as i32 * cell_w;
@@ -372,6 +366,22 @@ impl Drawing for GridDrawing<'_> {
 type DrawResult<DB> =
     Result<(), plotters::drawing::DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
+/// The title's lines from `(x, 14)` down, [`TITLE_LINE`] apart.
+fn draw_title<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    lines: &[String],
+    x: i32,
+) -> DrawResult<DB> {
+    for (k, line) in lines.iter().enumerate() {
+        root.draw_text(
+            line,
+            &text_style(TITLE_FONT),
+            (x, 14 + TITLE_LINE * k as i32),
+        )?;
+    }
+    Ok(())
+}
+
 fn draw_heatmap<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     layout: &HeatmapLayout,
@@ -380,13 +390,7 @@ fn draw_heatmap<DB: DrawingBackend>(
     let n = heatmap.labels.len();
     let (x0, y0) = layout.origin;
     root.fill(&WHITE)?;
-    for (k, line) in layout.title.iter().enumerate() {
-        root.draw_text(
-            line,
-            &text_style(TITLE_FONT),
-            (16, 14 + TITLE_LINE * k as i32),
-        )?;
-    }
+    draw_title(root, &layout.title, 16)?;
     root.draw_text(
         "rows: query (attending) · columns: key (attended to)",
         &text_style(11.0),

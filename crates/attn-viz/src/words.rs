@@ -147,6 +147,18 @@ fn label_of(piece: &str, token: &crate::Token) -> String {
     }
 }
 
+/// The labels of the special units, each once, joined by "/" as the model writes them
+/// ("[CLS]/[SEP]", "<|endoftext|>"); empty when there are none.
+pub fn special_labels(units: &[Unit]) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for unit in units.iter().filter(|u| u.special) {
+        if !names.contains(&unit.label.as_str()) {
+            names.push(&unit.label);
+        }
+    }
+    names.join("/")
+}
+
 /// Sums a token-level row into units: entry `u` is the weight to unit `u`'s tokens together.
 ///
 /// # Shapes

@@ -73,16 +73,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let level = if args.tokens { "tokens" } else { "words" };
     // The special tokens hidden, as this model writes them ("[CLS]/[SEP]", "<|endoftext|>").
-    let mut specials: Vec<&str> = Vec::new();
-    for unit in units.iter().filter(|u| u.special && !args.special) {
-        if !specials.contains(&unit.label.as_str()) {
-            specials.push(&unit.label);
-        }
-    }
+    let specials = match args.special {
+        true => String::new(),
+        false => words::special_labels(&units),
+    };
     let hidden = if specials.is_empty() {
         String::new()
     } else {
-        format!("; {} hidden, rows renormalised", specials.join("/"))
+        format!("; {specials} hidden, rows renormalised")
     };
     if args.grid {
         let bar = progress_bar((maps.n_layers * maps.n_heads) as u64, "heads");
