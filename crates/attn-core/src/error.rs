@@ -29,11 +29,13 @@ pub enum AttnError {
     /// `n_heads` is not a multiple of `n_kv_heads` (grouped-query attention).
     #[error("n_heads ({n_heads}) is not a multiple of n_kv_heads ({n_kv_heads})")]
     HeadsNotDivisible { n_heads: usize, n_kv_heads: usize },
-    /// A score overflowed f32 although q, k and v are finite (`scale · q·k` beyond ±3.4e38): the
-    /// row's softmax would be NaN.
+    /// A score overflowed f32 although q, k and v are finite (`scale · q·k`, with ALiBi and the
+    /// float mask, beyond ±3.4e38): the row's softmax would be NaN, or, when every score of a
+    /// row the masks leave keys falls to `-inf`, the row would pass for one that sees none.
     #[error(
         "the scores of query row {row} (batch {batch}, head {head}) overflow f32: scale · q·k \
-         passes ±3.4e38 although q, k and v are finite; scale the inputs down"
+         (with ALiBi and the float mask) passes ±3.4e38 although q, k and v are finite; scale \
+         the inputs down"
     )]
     ScoreOverflow {
         batch: usize,

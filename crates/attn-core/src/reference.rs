@@ -141,7 +141,7 @@ pub fn sdpa_reference(
         }
     }
 
-    check_overflow(&lse, &sh, [input.q, input.k, input.v])?;
+    check_overflow(&lse, &sh, options, [input.q, input.k, input.v])?;
     let weights = match &options.weights {
         WeightsRequest::None => None,
         WeightsRequest::All => Some(Weights::All(kept)),

@@ -2,8 +2,9 @@
 
 use half::bf16;
 
-use crate::AttnError;
+use crate::mask::{diagonal_offset, key_range};
 use crate::options::MAX_WEIGHTS_BYTES;
+use crate::{AttnError, AttnOptions};
 
 /// The dimensions of one attention call. One vocabulary everywhere:
 /// `batch, n_heads, n_kv_heads, seq_q, seq_kv, head_dim, value_dim`.
@@ -105,24 +106,47 @@ impl AttnShape {
 }
 
 /// Refuses a call whose scores overflowed f32 from finite inputs: a row's log-sum-exp of NaN or
-/// +∞ while `q`, `k` and `v` are finite (read only then; a NaN or ∞ the inputs opted in to is
-/// theirs to keep, as in PyTorch).
+/// +∞, or of −∞ (every score −∞) although the masks leave the row a key with no `-inf` in the
+/// float mask, while `q`, `k` and `v` are finite (read only then; a NaN or ∞ the inputs opted in
+/// to is theirs to keep, as in PyTorch). Only the rows of −∞ reread the masks: a row the masks
+/// hide entirely keeps its output 0.
 pub(crate) fn check_overflow<T: FiniteBits>(
     lse: &[f32],
     shape: &AttnShape,
+    options: &AttnOptions,
     [q, k, v]: [&[T]; 3],
 ) -> Result<(), AttnError> {
-    let Some(at) = lse.iter().position(|x| x.is_nan() || *x == f32::INFINITY) else {
+    let (h, l) = (shape.n_heads, shape.seq_q);
+    let row_of = |at: usize| (at / (h * l), at / l % h, at % l);
+    let Some(at) = lse.iter().enumerate().position(|(at, &x)| {
+        x.is_nan()
+            || x == f32::INFINITY
+            || (x == f32::NEG_INFINITY && sees_a_key(shape, options, row_of(at)))
+    }) else {
         return Ok(());
     };
     if ![q, k, v].into_iter().all(T::all_finite) {
         return Ok(());
     }
-    let (h, l) = (shape.n_heads, shape.seq_q);
-    Err(AttnError::ScoreOverflow {
-        batch: at / (h * l),
-        head: at / l % h,
-        row: at % l,
+    let (batch, head, row) = row_of(at);
+    Err(AttnError::ScoreOverflow { batch, head, row })
+}
+
+/// Whether query row `i` of head `h` in batch `b` has a key that every rule leaves visible and
+/// the float mask does not set to `-inf`: its scores cannot all be `-inf` unless they overflowed.
+fn sees_a_key(shape: &AttnShape, options: &AttnOptions, (b, h, i): (usize, usize, usize)) -> bool {
+    let offset = diagonal_offset(options.causal, shape.seq_q, shape.seq_kv);
+    let (lo, hi) = key_range(options.causal, options.window, offset, i, shape.seq_kv);
+    (lo..hi).any(|j| {
+        options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
+            && options
+                .key_padding
+                .as_ref()
+                .is_none_or(|kp| kp.is_real(b, j))
+            && options
+                .float_mask
+                .as_ref()
+                .is_none_or(|m| m.at(b, h, i, j) != f32::NEG_INFINITY)
     })
 }
 

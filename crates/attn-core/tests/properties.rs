@@ -8,8 +8,8 @@
 
 use attn_core::fused::{AttnInputBf16, bf16, sdpa_bf16};
 use attn_core::{
-    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, KeyPadding,
-    Weights, WeightsRequest, Window, sdpa, sdpa_reference,
+    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, FloatMask,
+    KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
 };
 use proptest::prelude::*;
 
@@ -764,4 +764,76 @@ fn finite_inputs_whose_scores_overflow_are_refused_naming_the_row() {
     let opted_out = AttnInput::allowing_non_finite(&nan_q, &k, &v, shape).unwrap();
     let out = sdpa(&opted_out, &options).unwrap();
     assert!(out.lse[1].is_nan() && out.lse[0].is_finite());
+}
+
+/// Finite scores that all fall below −3.4e38 (q·k of −4e38 and −6e38, or −1e38 plus a float
+/// mask of −3e38) made a row's lse −∞ and its output 0, as if the masks hid every key; now the
+/// call is refused, naming the row, on every kernel. Rows the masks hide (a `false` bool mask,
+/// a float mask of −∞) keep output 0 and lse −∞ whatever their scores.
+#[test]
+fn scores_that_all_overflow_to_minus_infinity_are_refused_naming_the_row() {
+    let shape = AttnShape::new(1, 1, 3, 2, 1);
+    let (q, k, v) = ([1.0, -2e19, 0.5], [2e19, 3e19], [1.0, 2.0]);
+    let to_bf16 = |x: &[f32]| x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>();
+    let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+    let run = |options: &AttnOptions| {
+        [
+            sdpa_reference(&input, options),
+            sdpa(&input, options),
+            sdpa_bf16(&input_bf16, options),
+        ]
+    };
+    let plain = AttnOptions {
+        scale: Some(1.0),
+        ..AttnOptions::default()
+    };
+    let row_1 = AttnError::ScoreOverflow {
+        batch: 0,
+        head: 0,
+        row: 1,
+    };
+    for result in run(&plain) {
+        assert_eq!(result.unwrap_err(), row_1);
+    }
+
+    // Row 1 hidden by the masks, either way: output 0, lse −∞, no error.
+    let hide_row_1 = |value: f32| {
+        let mut m = vec![0.0f32; 6];
+        m[2..4].fill(value);
+        m
+    };
+    let bool_mask = (0..6).map(|x| !(2..4).contains(&x)).collect();
+    let hidden = [
+        AttnOptions {
+            bool_mask: Some(BoolMask::from_vec(bool_mask, &[3, 2]).unwrap()),
+            ..plain.clone()
+        },
+        AttnOptions {
+            float_mask: Some(FloatMask::from_vec(hide_row_1(f32::NEG_INFINITY), &[3, 2]).unwrap()),
+            ..plain.clone()
+        },
+    ];
+    for options in &hidden {
+        for result in run(options) {
+            let out = result.unwrap();
+            assert_eq!(
+                (out.lse[1], &out.out[1..2]),
+                (f32::NEG_INFINITY, &[0.0][..])
+            );
+            assert!(out.lse[0].is_finite() && out.lse[2].is_finite());
+        }
+    }
+
+    // A finite float mask whose sum with a finite score falls below −3.4e38.
+    let q_small = [1.0, -1e19, 0.5];
+    let k_small = [1e19, 1e19];
+    let masked = AttnOptions {
+        float_mask: Some(FloatMask::from_vec(hide_row_1(-3e38), &[3, 2]).unwrap()),
+        ..plain.clone()
+    };
+    let input = AttnInput::new(&q_small, &k_small, &v, shape).unwrap();
+    assert_eq!(sdpa_reference(&input, &masked).unwrap_err(), row_1);
+    assert_eq!(sdpa(&input, &masked).unwrap_err(), row_1);
 }

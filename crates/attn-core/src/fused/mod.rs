@@ -208,8 +208,8 @@ fn run(
     };
     let forward = plan.forward();
     match src {
-        Src::F32 { q, k, v } => check_overflow(&forward.lse, &shape, [q, k, v])?,
-        Src::Bf16 { q, k, v } => check_overflow(&forward.lse, &shape, [q, k, v])?,
+        Src::F32 { q, k, v } => check_overflow(&forward.lse, &shape, options, [q, k, v])?,
+        Src::Bf16 { q, k, v } => check_overflow(&forward.lse, &shape, options, [q, k, v])?,
     }
     let weights = match forward.row_weights {
         Some(data) => {
