@@ -173,19 +173,16 @@ struct LayersOutput {
 }
 
 /// Sets how many threads every later model call uses (rayon's global pool, which otherwise
-/// follows `RAYON_NUM_THREADS` or the number of cores). Call it once, before the first run.
+/// follows `RAYON_NUM_THREADS` or the number of cores), as the attention kernels' own
+/// [`attn_core::fused::set_global_threads`] does: 1 to
+/// [`attn_core::fused::MAX_THREADS`]. Call it once, before the first run.
 pub fn set_threads(threads: usize) -> Result<(), ModelError> {
-    if threads == 0 {
-        return Err(ModelError::Threads {
-            reason: "the thread count must be at least 1".into(),
-        });
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
-        .map_err(|e| ModelError::Threads {
-            reason: e.to_string(),
-        })
+    attn_core::fused::set_global_threads(threads).map_err(|e| ModelError::Threads {
+        reason: match e {
+            attn_core::AttnError::InvalidOption { reason, .. } => reason,
+            other => other.to_string(),
+        },
+    })
 }
 
 /// The parallelism for the GEMMs: rayon's pool (sized by `RAYON_NUM_THREADS` or

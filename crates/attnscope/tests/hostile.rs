@@ -367,6 +367,41 @@ fn cases(root: &Path) -> Vec<Case> {
             &["--threads", "1024"],
         ),
     ]);
+    // The model benchmarks check their counts before loading anything: a count past what can
+    // be kept aborted allocating (`bench embed --sentences`/`--reps` 10^14), and a thread count
+    // of 100000 (every model command) spent minutes starting threads.
+    cases.extend([
+        case(
+            "bench",
+            "embed --sentences 10^14",
+            &["embed", "--sentences", "100000000000000"],
+            &["--sentences", "1000000"],
+        ),
+        case(
+            "bench",
+            "embed --reps 10^14",
+            &["embed", "--reps", "100000000000000"],
+            &["--reps", "1000000"],
+        ),
+        case(
+            "bench",
+            "generate --reps 10^14",
+            &["generate", "--model", tiny, "--reps", "100000000000000"],
+            &["--reps", "1000000"],
+        ),
+        case(
+            "bench",
+            "embed --threads 100000",
+            &["embed", "--threads", "100000"],
+            &["threads", "1024"],
+        ),
+        case(
+            "embed",
+            "--threads 100000",
+            &["a text", "--threads", "100000"],
+            &["threads", "1024"],
+        ),
+    ]);
     cases.extend([
         case(
             "attention",

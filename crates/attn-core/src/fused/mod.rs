@@ -50,7 +50,7 @@ use portable as avx512_or_portable;
 
 use amx::{AmxHead, with_amx_scratch};
 pub use input_bf16::AttnInputBf16;
-pub use isa::{Isa, set_global_threads};
+pub use isa::{Isa, MAX_THREADS, set_global_threads};
 
 /// The bf16 type of [`AttnInputBf16`] (from the `half` crate), for callers without that dependency.
 pub use half::bf16;

@@ -53,9 +53,19 @@ impl From<Gemm> for GemmKernel {
     }
 }
 
+/// The most sentences per repetition (about 100 MB of text).
+const MAX_SENTENCES: usize = 1_000_000;
+
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.batch == 0 || args.sentences == 0 || args.reps == 0 {
-        bail!("--batch, --sentences and --reps must be at least 1");
+    super::check_reps(args.reps)?;
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    if !(1..=MAX_SENTENCES).contains(&args.sentences) {
+        bail!(
+            "--sentences must be between 1 and {MAX_SENTENCES}, not {}",
+            args.sentences
+        );
     }
     let mut model = load_model(args.model.as_deref(), Some(args.threads))?;
     model.set_gemm_kernel(args.gemm.into());

@@ -106,8 +106,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              an encoder and cannot generate"
         );
     };
-    if args.new_tokens == 0 || args.reps == 0 {
-        bail!("--new-tokens and --reps must be at least 1");
+    super::check_reps(args.reps)?;
+    if args.new_tokens == 0 {
+        bail!("--new-tokens must be at least 1");
     }
     let model = load_model(Some(dir), Some(args.threads))?;
     // An encoder is refused here, before its tokenizer sees the prompt.

@@ -14,6 +14,17 @@ pub enum BenchCommand {
     Generate(generate::Args),
 }
 
+/// The most timed repetitions of any benchmark: their times are kept to take the median.
+const MAX_REPS: usize = 1_000_000;
+
+/// Refuses a `--reps` of 0 or past [`MAX_REPS`].
+fn check_reps(reps: usize) -> anyhow::Result<()> {
+    if !(1..=MAX_REPS).contains(&reps) {
+        anyhow::bail!("--reps must be between 1 and {MAX_REPS}, not {reps}");
+    }
+    Ok(())
+}
+
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Sdpa(args) => sdpa::run(args),

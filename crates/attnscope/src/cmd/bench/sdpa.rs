@@ -71,13 +71,8 @@ pub struct Args {
     json: bool,
 }
 
-/// The most timed repetitions: their times are kept to take the median.
-const MAX_REPS: usize = 1_000_000;
-
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if !(1..=MAX_REPS).contains(&args.reps) {
-        bail!("--reps must be between 1 and {MAX_REPS}, not {}", args.reps);
-    }
+    super::check_reps(args.reps)?;
     let kv_heads = args.kv_heads.unwrap_or(args.heads);
     for (flag, value) in [
         ("--seq", args.seq),
