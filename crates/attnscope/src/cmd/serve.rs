@@ -2,11 +2,21 @@
 //! page (`GET /`) posts text to `POST /api/attention` and draws the same views as
 //! `attnscope html`, without restarting.
 //!
-//! Hardening: bound to 127.0.0.1 unless `--host` says otherwise, request bodies over 1 MiB get
-//! 413, a body that has not fully arrived within `--body-timeout` seconds gets 408 and its
-//! connection is closed, at most two forward passes run at once (the rest wait), and any failure,
-//! including a panic inside the model, becomes a JSON `{"error": ...}` answer rather than a dead
-//! server.
+//! Hardening:
+//! - bound to 127.0.0.1 unless `--host` says otherwise; on a loopback address only requests
+//!   for a loopback host name (`Host`) are answered, and posts only from the page's own origin
+//!   (`Origin`), so a web page cannot reach the app through DNS rebinding; the page may not be
+//!   framed by another site;
+//! - a request's headers, and then its body, must each arrive within `--body-timeout`
+//!   seconds: an idle or half-sent connection is closed (408 for a late body), and at most
+//!   [`MAX_CONNECTIONS`] are open at once (more wait to be accepted), so idle sockets cannot
+//!   keep a real client out for longer than that;
+//! - request bodies over 1 MiB get 413; at most two forward passes run at once (the rest
+//!   wait);
+//! - any failure, including a panic inside the model, becomes a JSON `{"error": ...}` answer
+//!   rather than a dead server, and so do unknown paths (404) and methods (405);
+//! - Ctrl-C stops accepting, gives the requests in flight [`SHUTDOWN_GRACE`] to finish, then
+//!   exits (a second Ctrl-C exits at once).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -16,13 +26,17 @@ use anyhow::Context;
 use attn_models::{Model, ModelError};
 use attn_viz::html::{PageOptions, app_page, content_security_policy, payload_json};
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::html::analyse;
 use crate::maps::ModelArgs;
@@ -41,7 +55,8 @@ pub struct Args {
     /// Address to bind. Anything but 127.0.0.1 / ::1 exposes the app to your network.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     pub host: IpAddr,
-    /// Seconds a client may take to send a request body; slower ones get 408 and are closed.
+    /// Seconds a client may take to send a request's headers, and then its body; an idle or
+    /// slower connection is closed (with 408 for a late body).
     #[arg(long, default_value_t = 10.0, value_parser = parse_timeout)]
     pub body_timeout: f64,
     #[command(flatten)]
@@ -92,6 +107,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ))
 }
 
+/// Connections open at once; more wait to be accepted. Each idle one is closed within the
+/// request timeout, so a flood of idle sockets keeps a real client waiting at most that long.
+const MAX_CONNECTIONS: usize = 256;
+
+/// How long the requests in flight may take to finish after Ctrl-C.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -112,20 +134,133 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
     if !bound.ip().is_loopback() {
         eprintln!("warning: listening on {bound}, reachable from other machines");
     }
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(async {
-            // Without a Ctrl-C handler the process still ends on the signal's default action.
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .context("the server stopped")
+    let router = router(app, bound);
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let (permit, stream) = tokio::select! {
+            _ = &mut ctrl_c => break,
+            accepted = accept(&listener, &open) => accepted,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let mut stopping = stopping.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(body_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopping.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+        while connections.try_join_next().is_some() {}
+    }
+    let _ = stop.send(true);
+    tokio::select! {
+        _ = async { while connections.join_next().await.is_some() {} } => {}
+        _ = tokio::time::sleep(SHUTDOWN_GRACE) => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
 }
 
-fn router(app: Arc<App>) -> Router {
+/// The next connection, once one of the [`MAX_CONNECTIONS`] is free. Failed accepts (out of
+/// file descriptors, a connection reset before it was taken) are retried after a pause, as
+/// axum's own server does.
+async fn accept(
+    listener: &tokio::net::TcpListener,
+    open: &Arc<Semaphore>,
+) -> (OwnedSemaphorePermit, tokio::net::TcpStream) {
+    let permit = Arc::clone(open)
+        .acquire_owned()
+        .await
+        .expect("the connection semaphore is never closed");
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => return (permit, stream),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn router(app: Arc<App>, bound: SocketAddr) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/api/attention", post(attention))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(bound, same_host))
         .with_state(app)
+}
+
+/// On a loopback address, answers only requests for a loopback host name, and requests with
+/// an `Origin` only from that host: a page from elsewhere that re-points its own name at
+/// 127.0.0.1 (DNS rebinding) gets 403. An app bound to another address (`--host`) was exposed
+/// on purpose, under names it cannot know.
+async fn same_host(State(bound): State<SocketAddr>, request: Request, next: Next) -> Response {
+    match refusal(bound, request.headers()) {
+        Some(answer) => answer,
+        None => next.run(request).await,
+    }
+}
+
+/// The 403 of [`same_host`] for these headers, if any.
+fn refusal(bound: SocketAddr, headers: &HeaderMap) -> Option<Response> {
+    if !bound.ip().is_loopback() {
+        return None;
+    }
+    let header = |name| headers.get(name).and_then(|value| value.to_str().ok());
+    let host = header(header::HOST).unwrap_or_default();
+    if !is_local(host) {
+        return Some(error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this app answers only requests for localhost or {}, not {host:?}; open \
+                 http://{bound}/",
+                bound.ip()
+            ),
+        ));
+    }
+    match header(header::ORIGIN) {
+        Some(origin) if origin != format!("http://{host}") => Some(error(
+            StatusCode::FORBIDDEN,
+            format!("requests from {origin} are not accepted; open http://{host}/"),
+        )),
+        _ => None,
+    }
+}
+
+/// Whether `host` (a `Host` header, with or without a port) names this machine's loopback.
+fn is_local(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no such page: the app is at / and its API at POST /api/attention".into(),
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed: GET / for the page, POST /api/attention for the API".into(),
+    )
 }
 
 async fn page() -> Response {
@@ -134,8 +269,10 @@ async fn page() -> Response {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (
                 header::CONTENT_SECURITY_POLICY,
-                content_security_policy().as_str(),
+                // Only a header can forbid framing (a page's own policy tag cannot).
+                format!("{}; frame-ancestors 'none'", content_security_policy()).as_str(),
             ),
+            (header::X_FRAME_OPTIONS, "DENY"),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
         app_page(),
@@ -194,7 +331,7 @@ async fn read_request(
             let mut answer = error(
                 StatusCode::REQUEST_TIMEOUT,
                 format!(
-                    "the request body did not arrive within {:.0} s",
+                    "the request body did not arrive within {} s",
                     app.body_timeout.as_secs_f64()
                 ),
             );
