@@ -35,7 +35,7 @@ pub enum AttnError {
     #[error(
         "the scores of query row {row} (batch {batch}, head {head}) overflow f32: scale · q·k \
          (with ALiBi and the float mask) passes ±3.4e38 although q, k and v are finite; scale \
-         the inputs down"
+         the inputs, the scale, the ALiBi slopes or the float mask down"
     )]
     ScoreOverflow {
         batch: usize,

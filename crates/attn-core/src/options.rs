@@ -110,6 +110,13 @@ impl AttnOptions {
                 reason: format!("must be finite, got {scale}"),
             });
         }
+        // 1/√0: every score would be 0·∞ = NaN (PyTorch's outputs are NaN).
+        if self.scale.is_none() && shape.head_dim == 0 && !shape.score_dims().contains(&0) {
+            return Err(AttnError::InvalidOption {
+                option: "scale",
+                reason: "the default 1/√head_dim is infinite for head_dim 0: give a scale".into(),
+            });
+        }
         if let Some(c) = self.softcap
             && !(c.is_finite() && c > 0.0)
         {

@@ -805,3 +805,54 @@ fn extreme_scales_give_the_references_gradients() {
         }
     }
 }
+
+/// A float mask of −1e30 on every key of a row (or −1e4, BERT's old padding value, or
+/// `finfo.min`) makes the row's saved lse too large to hold its sum: the fast path's
+/// `P = e^(S − lse)` was 1 at each key, so with all four keys at weight 1/4, `dv` came out 1
+/// instead of 1/4 and `dq` 4 times too large. Now such calls take the reference's loop, and
+/// every build gives its gradients; rows of ordinary size keep the fast path's own.
+#[test]
+fn a_large_float_mask_on_a_whole_row_gives_the_references_gradients() {
+    let shape = AttnShape::new(1, 1, 1, 4, 8);
+    let q = vec![0.0f32; 8];
+    let k: Vec<f32> = (0..32).map(|x| x as f32 / 32.0).collect();
+    let v = k.clone();
+    let dout = vec![1.0f32; 8];
+    for offset in [-1e30f32, f32::MIN, -1e4, 1e6] {
+        let options = AttnOptions {
+            float_mask: Some(FloatMask::from_vec(vec![offset; 4], &[1, 4]).unwrap()),
+            ..AttnOptions::default()
+        };
+        let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+        let fwd = sdpa(&input, &options).unwrap();
+        let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
+        // All scores are the offset: weights 1/4, so dv = dout / 4.
+        assert!(
+            want.dv.iter().all(|&x| (x - 0.25).abs() < 1e-6),
+            "{offset:e}: {:?}",
+            want.dv
+        );
+        for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+            if !isa.is_available() {
+                continue;
+            }
+            let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+            let worst = worst_difference(&got, &want);
+            assert!(worst <= 1e-6, "mask {offset:e}, {isa:?}: off by {worst:e}");
+        }
+    }
+
+    // Random rows of 128 keys under a mask of −1e4 on every key, against the twin.
+    let shape = AttnShape::new(1, 2, 128, 128, 64);
+    let x = random_inputs(shape, 5);
+    let options = AttnOptions {
+        float_mask: Some(FloatMask::from_vec(vec![-1e4; 128 * 128], &[128, 128]).unwrap()),
+        ..AttnOptions::default()
+    };
+    let input = AttnInput::new(&x.q, &x.k, &x.v, shape).unwrap();
+    let fwd = sdpa(&input, &options).unwrap();
+    let want = sdpa_backward_reference(&input, &options, &x.dout).unwrap();
+    let got = sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &x.dout).unwrap();
+    let worst = worst_difference(&got, &want);
+    assert!(worst <= 1e-5, "mask -1e4 on 128 keys: off by {worst:e}");
+}

@@ -507,6 +507,8 @@ fn too_large_weights_are_refused_before_allocating() {
     let sh = AttnShape::new(1, 1, 1 << 20, 1 << 20, 0);
     let input = AttnInput::new(&[], &[], &[], sh).unwrap();
     let options = AttnOptions {
+        // head_dim 0 has no default scale (1/√0).
+        scale: Some(1.0),
         weights: WeightsRequest::All,
         ..AttnOptions::default()
     };
@@ -530,4 +532,41 @@ fn too_large_weights_are_refused_before_allocating() {
         AttnInput::new(&[], &[], &[], huge),
         Err(AttnError::TooLarge { .. })
     ));
+}
+
+/// head_dim 0 with the default scale (1/√0 = ∞) made every score 0·∞ = NaN, which the call then
+/// blamed on q·k overflowing; it is refused naming the scale, and a given scale still works
+/// (uniform weights over the keys).
+#[test]
+fn a_head_dim_of_0_needs_a_scale() {
+    let sh = AttnShape::new(1, 1, 4, 4, 0);
+    let v: Vec<f32> = (0..32).map(|x| x as f32).collect();
+    let sh = AttnShape { value_dim: 8, ..sh };
+    let input = AttnInput::new(&[], &[], &v, sh).unwrap();
+    for err in [
+        sdpa_reference(&input, &AttnOptions::default()).unwrap_err(),
+        sdpa(&input, &AttnOptions::default()).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                err,
+                AttnError::InvalidOption {
+                    option: "scale",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("head_dim 0"), "{err}");
+    }
+    let given = AttnOptions {
+        scale: Some(1.0),
+        ..AttnOptions::default()
+    };
+    let out = sdpa(&input, &given).unwrap();
+    // Each output row is the mean of the 4 value rows: 12 + c at column c.
+    assert_eq!(
+        &out.out[..8],
+        &[12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0]
+    );
 }

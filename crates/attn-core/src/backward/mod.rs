@@ -40,7 +40,8 @@
 //! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
 //! its own softmax, no saved state. Calls of extreme magnitudes (a scale past `2^±60`, a row
 //! of `q`, `k`, `v` or `dout` of norm past `2^30`), where the fast path's order of operations
-//! would overflow before the reference's, run its loop instead (`Norms::moderate`).
+//! would overflow before the reference's, run its loop instead (`Norms::moderate`), and so do
+//! calls with a log-sum-exp too large to recompute `P` from ([`LSE_BOUND`]).
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -73,6 +74,15 @@ const BLOCK_Q: usize = 64;
 const Q_GROUP: usize = 8;
 /// Tasks per rayon thread that the split over key blocks aims for.
 const TASKS_PER_THREAD: usize = 4;
+
+/// The largest `|lse|` the fast path recomputes `P = e^(S − lse)` from. The saved f32 `lse` of
+/// a row holds `ln(Σ e^(s − max))` only to `|lse|·2⁻²⁴`, which `P` takes as a relative error:
+/// at most 8e-6 here, but under a float mask of −1e30 on every key of a row (or of
+/// `finfo.min`, or scores near 1e30) the row's sum is lost whole, `P = 1` at each of its keys,
+/// and `dv` came out 4 times too large for 4 keys (PyTorch's fused CPU backward does the
+/// same; its math path and the reference loop, which recompute the softmax, do not). Calls
+/// past it run the reference's loop.
+const LSE_BOUND: f32 = 128.0;
 
 /// The most bytes the split's tasks may hold together: each holds its head's whole `dq`, `dk`
 /// and `dv` until they are added up, and buffers for the whole head while it runs, so 64
@@ -258,7 +268,7 @@ pub fn sdpa_backward_with(
     }
     let sh = input.shape;
     let (scale, norms) = (options.scale_for(&sh), Norms::of(input, dout));
-    if !norms.moderate(scale) {
+    if !norms.moderate(scale) || lse.iter().any(|x| x.abs() > LSE_BOUND && x.is_finite()) {
         return sdpa_backward_reference(input, options, dout);
     }
     // Every ISA beyond the portable one implies AVX-512F.
