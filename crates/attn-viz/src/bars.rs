@@ -8,8 +8,48 @@
 //! A bar's length is its weight relative to the largest weight shown (the largest gets the full
 //! width), in whole blocks, rounded; a weight that rounds to no block gets `▁`, so every row shows
 //! something and a reader can tell "small" from "missing".
+//!
+//! Labels line up by the columns a terminal gives them ([`display_width`]): a CJK ideograph
+//! takes two, a combining mark none.
 
 use std::fmt::Write as _;
+
+use unicode_width::UnicodeWidthStr;
+
+/// The columns `text` takes in a terminal (East Asian wide characters two, combining marks
+/// none), which padding by `char`s gets wrong: "北京" is 2 chars and 4 columns, "cafe\u{301}" 5
+/// and 4.
+pub fn display_width(text: &str) -> usize {
+    text.width()
+}
+
+/// `text` followed by spaces up to `width` columns.
+pub fn pad_end(text: &str, width: usize) -> String {
+    format!(
+        "{text}{}",
+        " ".repeat(width.saturating_sub(display_width(text)))
+    )
+}
+
+/// Spaces up to `width` columns, then `text`.
+pub fn pad_start(text: &str, width: usize) -> String {
+    format!(
+        "{}{text}",
+        " ".repeat(width.saturating_sub(display_width(text)))
+    )
+}
+
+/// The longest start of `text` that takes at most `width` columns.
+pub fn truncate_to_width(text: &str, width: usize) -> &str {
+    let mut end = 0;
+    for (at, c) in text.char_indices() {
+        if display_width(&text[..at + c.len_utf8()]) > width {
+            break;
+        }
+        end = at + c.len_utf8();
+    }
+    &text[..end]
+}
 
 /// How to draw bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +94,7 @@ pub fn bar(weight: f32, max: f32, width: usize) -> String {
 pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle) -> String {
     let label_width = rows
         .iter()
-        .map(|(label, _)| label.chars().count())
+        .map(|(label, _)| display_width(label))
         .max()
         .unwrap_or(0)
         .max(8);
@@ -62,7 +102,7 @@ pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle)
     let decimals = decimals_for(max);
     let mut out = String::new();
     for (index, (label, weight)) in rows.iter().enumerate() {
-        let pad = " ".repeat(label_width - label.chars().count());
+        let pad = " ".repeat(label_width - display_width(label));
         let bar = bar(*weight, max, style.width);
         let line = if style.colour {
             let (label, colour) = if highlight.contains(&index) {

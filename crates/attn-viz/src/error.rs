@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::ROW_SUM_TOLERANCE;
+
 /// Everything a view can refuse, with the facts needed to fix the input.
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +34,16 @@ pub enum VizError {
         col: usize,
         value: f32,
     },
+    #[error(
+        "attention weights at layer {layer}, head {head}, row {row} sum to {sum}; each row of a \
+         softmax sums to 1 (within {ROW_SUM_TOLERANCE})"
+    )]
+    RowSum {
+        layer: usize,
+        head: usize,
+        row: usize,
+        sum: f32,
+    },
     #[error("layer {layer} is out of range: this model's layers are 0..={}", n_layers - 1)]
     LayerOutOfRange { layer: usize, n_layers: usize },
     #[error("head {head} is out of range: this model's heads are 0..={}", n_heads - 1)]
@@ -56,6 +68,8 @@ pub enum VizError {
     },
     #[error("{focus:?}: the number after '#' is too large (it picks the n-th occurrence)")]
     FocusNumber { focus: String },
+    #[error("{word:?}#0: occurrences count from 1 ({word}#1 is the first)")]
+    FocusZero { word: String },
     #[error("{word:?} occurs {count} times in the input; #{occurrence} asks for more")]
     FocusOccurrence {
         word: String,

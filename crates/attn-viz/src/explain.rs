@@ -83,7 +83,7 @@ pub struct Explanation {
     /// The heaviest words among the rows shown ([`bars::heavy`]: with `top`, only words that
     /// have a bar), heaviest first; punctuation is not named.
     pub focuses_on: Vec<String>,
-    /// Share of the row's raw weight that went to words not shown (special tokens, the
+    /// Share (0..=1) of the row's raw weight that went to words not shown (special tokens, the
     /// question's own words).
     pub hidden_share: f32,
     /// Lines for the footer: how the numbers were made.
@@ -216,7 +216,7 @@ pub fn explain(
         focuses_on.push(rows[i].word.clone());
     }
     let total: f32 = unit_row.iter().sum();
-    let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0);
+    let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0) / total.max(f32::MIN_POSITIVE);
     match options.method {
         Method::Flow => notes.push(
             "attention flow (max-flow through the layers, Abnar & Zuidema 2020); flows overlap, so \
@@ -233,7 +233,7 @@ pub fn explain(
                 "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \
                  over the words shown{}",
                 hidden_what(options, &specials),
-                100.0 * hidden_share / total.max(f32::MIN_POSITIVE),
+                100.0 * hidden_share,
                 if specials.is_empty() {
                     String::new()
                 } else {
@@ -343,6 +343,9 @@ fn find_focus(
     }
     match occurrence {
         Some(n) if n >= 1 && n <= matches.len() => Ok((matches[n - 1], None)),
+        Some(0) => Err(VizError::FocusZero {
+            word: word.to_string(),
+        }),
         Some(n) => Err(VizError::FocusOccurrence {
             word: word.to_string(),
             count: matches.len(),

@@ -163,7 +163,11 @@ pub fn notable_heads(stats: &[HeadStats]) -> Vec<Notable> {
             let order = key(a).total_cmp(&key(b));
             if highest { order } else { order.reverse() }
         });
+        // A comparison every head ties (one head, or one token: entropy and distance 0
+        // everywhere) names none; the shares have their floors.
+        let tied = floor.is_none() && stats.iter().all(|s| key(s) == key(&stats[0]));
         if let Some(best) = best
+            && !tied
             && floor.is_none_or(|f| key(best) >= f)
         {
             notable.push(Notable {

@@ -10,11 +10,16 @@
 //! the same word. A CJK ideograph is a word of its own, as BERT's `BasicTokenizer` splits them
 //! (`_is_chinese_char` in
 //! <https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/tokenization_bert.py>):
-//! "我爱北京" is four words, not one run of letters. Special tokens are words of their own.
+//! "我爱北京" is four words, not one run of letters. Combining marks (the U+0301 of "cafe\u{301}",
+//! written decomposed) belong to the letter before them: a piece that starts with one continues
+//! the word, and a word's label takes the marks right after its last token, which BERT's
+//! accent stripping leaves out of every span. Special tokens are words of their own.
 //!
 //! Merging a `[T, T]` matrix into words: the weight TO a word is the sum over its tokens (the
 //! share of attention it received), the weight FROM a word is the mean over its tokens (so each
 //! merged row still sums to 1). This is bertviz's and Clark et al. (2019)'s convention.
+
+use unicode_categories::UnicodeCategories;
 
 use crate::{AttentionMaps, VizError};
 
@@ -67,10 +72,13 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
                 && (blank_so_far
                     || text[..span.0].chars().next_back().is_some_and(word_char)
                         && piece.chars().next().is_some_and(word_char));
-        let end = match open {
-            Some((_, end)) if overlaps => end.max(span.1),
-            _ => span.1,
-        };
+        let end = with_marks(
+            text,
+            match open {
+                Some((_, end)) if overlaps => end.max(span.1),
+                _ => span.1,
+            },
+        );
         match units.last_mut() {
             Some(last) if joins => {
                 last.tokens.push(index);
@@ -78,7 +86,7 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
                 last.label = label_of(&text[first..end], token);
             }
             _ => units.push(Unit {
-                label: label_of(piece, token),
+                label: label_of(&text[span.0..end], token),
                 tokens: vec![index],
                 segment: token.segment,
                 special: false,
@@ -89,10 +97,19 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
     Ok(units)
 }
 
-/// Whether `c` may continue a word into the next token: a letter or digit, but not a CJK
-/// ideograph, which is a word of its own.
+/// Whether `c` may continue a word into the next token: a letter, a digit or a combining mark,
+/// but not a CJK ideograph, which is a word of its own.
 fn word_char(c: char) -> bool {
-    c.is_alphanumeric() && !cjk(c)
+    (c.is_alphanumeric() || c.is_mark()) && !cjk(c)
+}
+
+/// `end` moved past the combining marks that follow it in `text`.
+fn with_marks(text: &str, end: usize) -> usize {
+    end + text[end..]
+        .chars()
+        .take_while(|c| c.is_mark())
+        .map(char::len_utf8)
+        .sum::<usize>()
 }
 
 /// The code points BERT's `_is_chinese_char` counts as CJK ideographs.

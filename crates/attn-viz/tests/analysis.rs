@@ -4,7 +4,9 @@
 mod common;
 
 use attn_viz::VizError;
-use attn_viz::bars::{BarStyle, bar, decimals_for, heavy, render_bars};
+use attn_viz::bars::{
+    BarStyle, bar, decimals_for, display_width, heavy, pad_start, render_bars, truncate_to_width,
+};
 use attn_viz::flow::attention_flow;
 use attn_viz::lookup::soft_lookup;
 use attn_viz::select::{Selection, residual_layers, rollout, select};
@@ -266,6 +268,40 @@ fn malformed_maps_are_refused() {
     let mut maps = two_layer_maps();
     maps.weights[2] = -0.5;
     assert!(matches!(maps.validate(), Err(VizError::BadWeight { .. })));
+    // Rows that are no softmax: 2.0 everywhere made `heads` print an entropy of −27.7.
+    let mut maps = two_layer_maps();
+    maps.weights.iter_mut().for_each(|w| *w = 2.0);
+    let err = maps.validate().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VizError::RowSum {
+                layer: 0,
+                head: 0,
+                row: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("sum to 4; each row of a softmax sums to 1"),
+        "{err}"
+    );
+    let mut maps = two_layer_maps();
+    maps.weights[13] += 0.005; // L1 H1, row 0: within the tolerance
+    maps.validate().unwrap();
+    maps.weights[13] += 0.01;
+    assert!(matches!(
+        maps.validate(),
+        Err(VizError::RowSum {
+            layer: 1,
+            head: 1,
+            row: 0,
+            ..
+        })
+    ));
     let mut maps = two_layer_maps();
     maps.tokens.clear();
     assert!(matches!(maps.validate(), Err(VizError::NoTokens)));
@@ -299,6 +335,14 @@ fn head_statistics_of_a_hand_made_head() {
     );
     let notable = notable_heads(&head_stats(&maps).unwrap());
     let roles: Vec<&str> = notable.iter().map(|n| n.role.as_str()).collect();
+    // One head: no comparison of entropy or distance (it named the head both the most focused
+    // and the broadest).
+    assert!(
+        !roles
+            .iter()
+            .any(|r| r.contains("entropy") || r.contains("distance")),
+        "{roles:?}"
+    );
     // previous/next (.25) are under the 0.3 floor; [CLS], [SEP] and self (≥ .5) are named.
     assert!(roles.contains(&"attends to [CLS]") && roles.contains(&"attends to the token itself"));
     assert!(
@@ -470,6 +514,40 @@ fn cjk_ideographs_are_words_of_their_own() {
     );
 }
 
+/// Text written decomposed: "cafe\u{301}" (the accent a combining mark after the "e") and
+/// "nai\u{308}ve". BERT strips the accents, so no token covers the marks and the word was
+/// labelled "cafe" (`--focus` of the written word failed); GPT-2 gives the mark tokens of their
+/// own, which began new "words" ("nai", "\u{308}", "ve").
+#[test]
+fn combining_marks_stay_with_their_letters() {
+    let bert = vec![
+        tok("[CLS]", None, 0),
+        tok("the", Some((0, 3)), 0),
+        tok("cafe", Some((4, 8)), 0),
+        tok("is", Some((11, 13)), 0),
+        tok("[SEP]", None, 0),
+    ];
+    let maps = hand_maps("the cafe\u{301} is", None, bert, 1, 1, vec![0.2; 25]);
+    assert_eq!(
+        labels(&words::words(&maps).unwrap()),
+        ["[CLS]", "the", "cafe\u{301}", "is", "[SEP]"]
+    );
+    // "nai\u{308}ve art": the mark is bytes 3..5, in two byte-level tokens.
+    let gpt2 = vec![
+        tok("na", Some((0, 2)), 0),
+        tok("i", Some((2, 3)), 0),
+        tok("Ì", Some((3, 5)), 0),
+        tok("Ī", Some((3, 5)), 0),
+        tok("ve", Some((5, 7)), 0),
+        tok("Ġart", Some((7, 11)), 0),
+    ];
+    let maps = hand_maps("nai\u{308}ve art", None, gpt2, 1, 1, vec![1.0 / 6.0; 36]);
+    assert_eq!(
+        labels(&words::words(&maps).unwrap()),
+        ["nai\u{308}ve", "art"]
+    );
+}
+
 #[test]
 fn byte_level_pieces_of_one_character_are_one_word() {
     // GPT-2 on "I love 🐱 cats": 🐱 (bytes 7..11) is three byte-level tokens, each with the
@@ -493,4 +571,24 @@ fn byte_level_pieces_of_one_character_are_one_word() {
     ];
     let maps = hand_maps("café", None, tokens, 1, 1, vec![1.0 / 3.0; 9]);
     assert_eq!(labels(&words::words(&maps).unwrap()), ["café"]);
+}
+
+/// Labels are padded by the columns a terminal gives them: "北京" (2 chars, 4 columns) and
+/// "cafe\u{301}" (5 chars, 4 columns) put their weights one column off when padded by chars.
+#[test]
+fn bars_line_up_by_display_columns() {
+    let rows = vec![
+        ("the".to_string(), 0.2),
+        ("北京".to_string(), 0.5),
+        ("cafe\u{301}".to_string(), 0.3),
+    ];
+    let out = render_bars(&rows, &[], BarStyle::default());
+    let columns: Vec<usize> = out
+        .lines()
+        .map(|line| display_width(&line[..line.find('[').unwrap()]))
+        .collect();
+    assert_eq!(columns, [11, 11, 11], "{out}");
+    assert_eq!(pad_start("北京", 6), "  北京");
+    assert_eq!(truncate_to_width("北京天安门", 5), "北京");
+    assert_eq!(truncate_to_width("cafe\u{301}s", 4), "cafe\u{301}");
 }

@@ -158,6 +158,10 @@ fn repeated_words_are_picked_by_number() {
             ..
         }
     ));
+    // #0 said "occurs 2 times; #0 asks for more".
+    let err = explain(&maps, &options(Some("a#0")), |_, _| {}).unwrap_err();
+    assert!(matches!(err, VizError::FocusZero { .. }), "{err:?}");
+    assert!(err.to_string().contains("count from 1"), "{err}");
 }
 
 /// Question "q" and context "x y": [CLS] q [SEP] | x y [SEP]; q's row is

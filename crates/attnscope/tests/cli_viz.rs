@@ -200,6 +200,14 @@ fn every_selection_runs_on_the_real_model() {
     ]))
     .unwrap();
     assert_eq!(top["rows"].as_array().unwrap().len(), 3);
+    // `hidden_share` is a share for every method: flows do not sum to 1, and it was the flow to
+    // [CLS]/[SEP] itself (1.81 for "The cat sat").
+    for method in ["--flow", "--rollout"] {
+        let json: Value =
+            serde_json::from_str(&ok(&["explain", "The cat sat", method, "--json"])).unwrap();
+        let share = json["hidden_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{method}: {share}");
+    }
 }
 
 #[test]

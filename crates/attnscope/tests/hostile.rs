@@ -187,6 +187,11 @@ fn cases(root: &Path) -> Vec<Case> {
         maps_json(1, 1, "[1.5, -0.5, 0.0, 1.0]"),
     );
     let maps_no_heads = write(root, "maps-no-heads.json", maps_json(0, 1, "[]"));
+    let maps_not_softmax = write(
+        root,
+        "maps-not-softmax.json",
+        maps_json(1, 1, "[2.0, 2.0, 2.0, 2.0]"),
+    );
     let maps_overflow = write(
         root,
         "maps-overflow.json",
@@ -534,6 +539,12 @@ fn cases(root: &Path) -> Vec<Case> {
             "maps negative weight",
             &["--maps", &maps_negative],
             &["-0.5"],
+        ),
+        case(
+            "heads",
+            "maps rows summing to 4",
+            &["--maps", &maps_not_softmax],
+            &["maps-not-softmax.json", "sum to 4"],
         ),
         case(
             "heatmap",

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use attn_models::{Encoding, Model, RunOptions};
+use attn_viz::bars::{display_width, pad_start, truncate_to_width};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -165,11 +166,11 @@ fn write_readable(
     let width = enc
         .tokens
         .iter()
-        .map(|s| s.chars().count())
+        .map(|s| display_width(s))
         .max()
         .unwrap_or(1)
         .clamp(5, 16);
-    let label = |s: &str| -> String { s.chars().take(width).collect() };
+    let label = |s: &str| pad_start(truncate_to_width(s, width), width);
     let layers: Vec<usize> = match layer {
         Some(l) => vec![l],
         None => (0..model.n_layers()).collect(),
@@ -191,7 +192,7 @@ fn write_readable(
         }
         writeln!(w)?;
         for i in 0..t {
-            write!(w, "{:>width$} ", label(&enc.tokens[i]))?;
+            write!(w, "{} ", label(&enc.tokens[i]))?;
             for j in 0..t {
                 let at = |h: usize| att[((l * n_heads + h) * t + i) * t + j];
                 let value = match head {

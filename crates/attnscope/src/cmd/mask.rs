@@ -5,6 +5,7 @@
 use anyhow::ensure;
 use attn_core::mask::causal_matrix;
 use attn_core::{Causal, KeyPadding};
+use attn_viz::bars::{display_width, pad_end, pad_start};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -123,22 +124,22 @@ fn padding(text: &str) -> anyhow::Result<String> {
 pub fn render(row_labels: &[String], col_labels: &[String], rows: &[Vec<u8>]) -> String {
     let width = col_labels
         .iter()
-        .map(|l| l.chars().count())
+        .map(|l| display_width(l))
         .max()
         .unwrap_or(1)
         .max(1);
     let label_width = row_labels
         .iter()
-        .map(|l| l.chars().count())
+        .map(|l| display_width(l))
         .max()
         .unwrap_or(0);
     let mut s = format!("{:label_width$}  ", "");
-    let header: Vec<String> = col_labels.iter().map(|l| format!("{l:>width$}")).collect();
+    let header: Vec<String> = col_labels.iter().map(|l| pad_start(l, width)).collect();
     s += &header.join(" ");
     s.push('\n');
     for (label, row) in row_labels.iter().zip(rows) {
         let cells: Vec<String> = row.iter().map(|v| format!("{v:>width$}")).collect();
-        s += &format!("{label:<label_width$}  {}\n", cells.join(" "));
+        s += &format!("{}  {}\n", pad_end(label, label_width), cells.join(" "));
     }
     s
 }

@@ -9,6 +9,7 @@ use attn_core::mask::causal_matrix;
 use attn_core::{
     AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, Weights, WeightsRequest, sdpa_reference,
 };
+use attn_viz::bars::{display_width, pad_end, pad_start};
 use serde_json::Value;
 
 use super::mask::render;
@@ -489,22 +490,22 @@ fn table(row_labels: &[String], col_labels: &[String], data: &[f32]) -> String {
     let cols = col_labels.len();
     let lw = row_labels
         .iter()
-        .map(|l| l.chars().count())
+        .map(|l| display_width(l))
         .max()
         .unwrap_or(0);
     let cw = col_labels
         .iter()
-        .map(|l| l.chars().count())
+        .map(|l| display_width(l))
         .max()
         .unwrap_or(0)
         .max(7);
     let mut s = format!("   {:lw$} ", "");
     for l in col_labels {
-        s += &format!(" {l:>cw$}");
+        s += &format!(" {}", pad_start(l, cw));
     }
     s.push('\n');
     for (i, label) in row_labels.iter().enumerate() {
-        s += &format!("   {label:<lw$} ");
+        s += &format!("   {} ", pad_end(label, lw));
         for x in &data[i * cols..][..cols] {
             s += &format!(" {x:>cw$.3}");
         }
