@@ -274,25 +274,39 @@ fn rounds_of_a_hundred_concurrent_mixed_requests_all_answer_and_memory_stays_bou
     );
 }
 
+/// `n` connections to `address`: every second one sends `partial` (a request that never ends),
+/// the others nothing.
+fn idle_connections(address: &str, n: usize, partial: &[u8]) -> Vec<TcpStream> {
+    (0..n)
+        .map(|i| {
+            let mut stream = TcpStream::connect(address).unwrap();
+            if i % 2 == 0 {
+                stream.write_all(partial).unwrap();
+            }
+            stream
+        })
+        .collect()
+}
+
+/// How long a real request (a short text) took to be answered as it should.
+fn answered_in(address: &str) -> Duration {
+    let started = Instant::now();
+    let (request, want, _) = mixed(0);
+    let answer = exchange(address, &request).unwrap();
+    assert_eq!(answer.status, want, "{}", answer.body);
+    started.elapsed()
+}
+
 #[test]
 fn idle_and_half_sent_connections_do_not_block_a_real_request() {
     let mut server = Server::start();
-    let mut idle = Vec::new();
-    for i in 0..300 {
-        let mut stream = TcpStream::connect(&server.address).unwrap();
-        if i % 2 == 0 {
-            // Half a request line and no more: the slow-loris pattern.
-            stream
-                .write_all(b"POST /api/attention HTTP/1.1\r\nHost: loc")
-                .unwrap();
-        }
-        idle.push(stream);
-    }
-    let started = Instant::now();
-    let (request, want, _) = mixed(0);
-    let answer = exchange(&server.address, &request).unwrap();
-    assert_eq!(answer.status, want, "{}", answer.body);
-    let elapsed = started.elapsed();
+    // Half a request line and no more: the slow-loris pattern.
+    let idle = idle_connections(
+        &server.address,
+        300,
+        b"POST /api/attention HTTP/1.1\r\nHost: loc",
+    );
+    let elapsed = answered_in(&server.address);
     println!(
         "load: a request among 300 idle or half-sent connections answered in {:.0} ms",
         elapsed.as_secs_f64() * 1e3
@@ -397,21 +411,12 @@ fn a_body_not_declared_as_json_gets_415() {
 #[test]
 fn idle_connections_are_closed_so_they_cannot_use_up_the_file_descriptors() {
     let mut server = Server::start_with_file_limit(200, &["--body-timeout", "1"]);
-    let mut idle = Vec::new();
-    for i in 0..250 {
-        let mut stream = TcpStream::connect(&server.address).unwrap();
-        if i % 2 == 0 {
-            stream
-                .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
-                .unwrap();
-        }
-        idle.push(stream);
-    }
-    let started = Instant::now();
-    let (request, want, _) = mixed(0);
-    let answer = exchange(&server.address, &request).unwrap();
-    assert_eq!(answer.status, want, "{}", answer.body);
-    let elapsed = started.elapsed();
+    let mut idle = idle_connections(
+        &server.address,
+        250,
+        b"GET / HTTP/1.1\r\nHost: localhost\r\n",
+    );
+    let elapsed = answered_in(&server.address);
     println!(
         "load: with 200 file descriptors, a request among 250 idle or half-sent connections \
          answered in {:.0} ms",
