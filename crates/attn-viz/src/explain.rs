@@ -229,9 +229,14 @@ pub fn explain(
                 true => String::new(),
                 false => words::special_labels(&units),
             };
+            // With --top the weights are renormalised before the lightest words are dropped.
+            let over = match options.top {
+                Some(k) => format!("over every word (the {k} heaviest shown)"),
+                None => "over the words shown".to_string(),
+            };
             notes.push(format!(
                 "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \
-                 over the words shown{}",
+                 {over}{}",
                 hidden_what(options, &specials),
                 100.0 * hidden_share,
                 if specials.is_empty() {

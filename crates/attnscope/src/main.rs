@@ -81,7 +81,7 @@ fn main() -> ExitCode {
             | Command::Heads(_)
             | Command::Lookup(_)
     );
-    let result = match cli.command {
+    let result = check_rayon_threads().and_then(|()| match cli.command {
         Command::Sdpa(args) => cmd::sdpa::run(args),
         Command::Walkthrough(args) => cmd::walkthrough::run(args),
         Command::Mask(args) => cmd::mask::run(args),
@@ -95,7 +95,7 @@ fn main() -> ExitCode {
         Command::Lookup(args) => cmd::lookup::run(args),
         Command::Generate(args) => cmd::generate::run(args),
         Command::Bench(command) => cmd::bench::run(command),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
@@ -109,6 +109,24 @@ fn main() -> ExitCode {
             }
             ExitCode::from(1)
         }
+    }
+}
+
+/// `RAYON_NUM_THREADS` sizes the thread pool of every command without `--threads`: the same
+/// limit as `--threads` (1 to 1024; 0 is rayon's "every core"), checked before any work.
+/// 100000 spent minutes starting threads.
+fn check_rayon_threads() -> anyhow::Result<()> {
+    let Some(value) = std::env::var_os("RAYON_NUM_THREADS") else {
+        return Ok(());
+    };
+    let text = value.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if n <= attn_core::fused::MAX_THREADS => Ok(()),
+        _ => anyhow::bail!(
+            "RAYON_NUM_THREADS={text}: must be a thread count from 1 to {} (0 or unset: every \
+             core)",
+            attn_core::fused::MAX_THREADS
+        ),
     }
 }
 

@@ -14,8 +14,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Which model to run, or which saved maps to read.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json); default:
-    /// all-MiniLM-L6-v2 from the cache, fetched on first use.
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json)
+    /// [default: $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 }
@@ -37,8 +37,9 @@ impl ModelArgs {
 pub struct SourceArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Read attention maps saved as JSON (an `AttentionMaps`: model, text, pair, tokens,
-    /// n_layers, n_heads, weights) instead of running a model.
+    /// Read attention maps saved by `attnscope attention TEXT --save-maps FILE.json` (an
+    /// `AttentionMaps`: model, text, pair, tokens, n_layers, n_heads, weights) instead of
+    /// running a model.
     #[arg(long, value_name = "FILE.json", conflicts_with = "model")]
     pub maps: Option<PathBuf>,
     /// Cut a text longer than the model's positions to fit (the longest segment first).

@@ -200,6 +200,12 @@ fn every_selection_runs_on_the_real_model() {
     ]))
     .unwrap();
     assert_eq!(top["rows"].as_array().unwrap().len(), 3);
+    // Under --top the weights sum to 1 over every word, not the ones shown (the note said so).
+    let top_one = ok(&["explain", "The cat sat", "--focus", "cat", "--top", "1"]);
+    assert!(
+        top_one.contains("renormalised to sum to 1 over every word (the 1 heaviest shown)"),
+        "{top_one}"
+    );
     // `hidden_share` is a share for every method: flows do not sum to 1, and it was the flow to
     // [CLS]/[SEP] itself (1.81 for "The cat sat").
     for method in ["--flow", "--rollout"] {
@@ -355,6 +361,40 @@ fn saved_maps_are_explained_and_drawn() {
     ok(&["heatmap", "--maps", maps, "-o", png.to_str().unwrap()]);
     assert!(png.is_file());
     assert!(ok(&["heads", "--maps", maps]).contains("Notable heads:"));
+
+    // No command wrote the maps format: `attention --save-maps` does, and every view of the
+    // saved maps is the view of the model's run.
+    let saved = dir.path().join("eiffel.json");
+    let text = "Where is the Eiffel Tower?";
+    let out = attnscope(&["attention", text, "--save-maps", saved.to_str().unwrap()]);
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+    let saved = saved.to_str().unwrap();
+    for view in [&["explain", "--focus", "Tower"][..], &["heads"]] {
+        let mut from_model = view.to_vec();
+        from_model.insert(1, text);
+        let mut from_file = view.to_vec();
+        from_file.extend(["--maps", saved]);
+        assert_eq!(ok(&from_file), ok(&from_model), "{view:?}");
+    }
+}
+
+/// `RAYON_NUM_THREADS` sized the pool of every command without `--threads`, unchecked:
+/// 100000 spent minutes starting threads.
+#[test]
+fn a_thread_count_from_the_environment_has_the_flags_limit() {
+    for value in ["100000", "many"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+            .args(["mask", "causal", "2"])
+            .env("RAYON_NUM_THREADS", value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{value}: {stderr}");
+        assert!(
+            stderr.contains(&format!("RAYON_NUM_THREADS={value}")) && stderr.contains("1024"),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]

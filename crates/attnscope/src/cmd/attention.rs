@@ -29,6 +29,11 @@ pub struct Args {
     /// Print {"model", "tokens", "attentions": [layers][heads][T][T]} (row = query token).
     #[arg(long)]
     pub json: bool,
+    /// Save the maps to this file instead of printing them, for `explain`, `heatmap`, `heads`
+    /// and `html --maps FILE.json` (an `AttentionMaps`: the text, its tokens with their spans,
+    /// every layer's and head's weights).
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["json", "layer", "head"])]
+    pub save_maps: Option<PathBuf>,
     /// Readable form: show this layer only (0-based) [default: every layer].
     #[arg(long, value_name = "L")]
     pub layer: Option<usize>,
@@ -93,6 +98,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let pair = args.pair.as_deref();
+    if let Some(path) = &args.save_maps {
+        let maps = crate::maps::run_model(&model, &text, pair, args.truncate)?;
+        let json = serde_json::to_vec(&maps).context("encoding the maps")?;
+        std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!(
+            "wrote {} ({} tokens, {} layers × {} heads)",
+            path.display(),
+            maps.tokens.len(),
+            maps.n_layers,
+            maps.n_heads
+        );
+        return Ok(());
+    }
     let enc = if args.truncate {
         model.encode_truncated(&text, pair)?
     } else {

@@ -30,7 +30,8 @@ pub struct Args {
     /// the batch is large, else f32), f32 (faer), or bf16x3 (AMX whenever present).
     #[arg(long, value_enum, default_value_t = Gemm::Auto)]
     pub gemm: Gemm,
-    /// Print one JSON line: {"engine", "threads", "batch", "sentences", "gemm", "sentences_per_s"}.
+    /// Print one JSON line: {"engine", "model", "threads", "batch", "sentences", "gemm",
+    /// "sentences_per_s"}.
     #[arg(long)]
     pub json: bool,
 }
