@@ -82,9 +82,16 @@ impl MhaConfig {
         })
     }
 
-    /// Width of one head: `embed_dim / num_heads`.
+    /// Width of one head: `embed_dim / num_heads` (0 for a config of no heads, which only a
+    /// struct literal can make and no module accepts).
     pub fn head_dim(&self) -> usize {
-        self.embed_dim / self.num_heads
+        self.embed_dim.checked_div(self.num_heads).unwrap_or(0)
+    }
+
+    /// The checks of [`MhaConfig::with_kv_dims`] again: the fields are public, so a config
+    /// built without it may have no heads (a division by 0 in `forward`) or a `kdim` of 0.
+    fn checked(self) -> Result<Self, AttnError> {
+        Self::with_kv_dims(self.embed_dim, self.num_heads, self.kdim, self.vdim)
     }
 }
 
@@ -299,6 +306,7 @@ impl MultiheadAttention {
         v_proj: Linear,
         out_proj: Linear,
     ) -> Result<Self, AttnError> {
+        let config = config.checked()?;
         let e = config.embed_dim;
         for (name, proj, in_dim) in [
             ("q_proj_weight", &q_proj, e),
@@ -341,6 +349,7 @@ impl MultiheadAttention {
     /// `q/k/v_proj_weight`; the biases are optional. Any other tensor is an error, as PyTorch's
     /// strict loading does (`bias_k`/`bias_v` of `add_bias_kv` are not supported).
     pub fn from_state_dict(config: MhaConfig, state: &StateDict) -> Result<Self, AttnError> {
+        let config = config.checked()?;
         if let Some(name) = state.keys().find(|name| {
             !KNOWN_TENSORS
                 .split(", ")

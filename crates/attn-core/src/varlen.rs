@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::shape::check_len;
+use crate::shape::{check_finite, check_len};
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnShape, Dropout, Grads, WeightsRequest, sdpa,
     sdpa_backward,
@@ -254,8 +254,13 @@ fn options_for(options: &AttnOptions, b: usize) -> AttnOptions {
 }
 
 /// Refuses what a packed batch cannot take, and checks the rest against the longest sequence.
+/// NaN and ∞ are looked for here, in the packed tensors: each sequence's own call would name an
+/// index into its gathered copy (a NaN at `q[4]` was reported at `q[0]`).
 fn check_options(input: &PackedInput<'_>, options: &AttnOptions) -> Result<(), AttnError> {
     input.check()?;
+    check_finite("q", input.q)?;
+    check_finite("k", input.k)?;
+    check_finite("v", input.v)?;
     let refuse = |option: &'static str, what: &str| {
         Err(AttnError::InvalidOption {
             option,
@@ -355,6 +360,8 @@ pub fn sdpa_varlen_backward(
     check_len("out", &[total_q, n_heads, value_dim], fwd.out.len())?;
     check_len("lse", &[n_heads, total_q], fwd.lse.len())?;
     check_len("dout", &[total_q, n_heads, value_dim], dout.len())?;
+    check_finite("dout", dout)?;
+    check_finite("out", &fwd.out)?;
     let width = n_heads * value_dim;
     let results = (0..input.batch())
         .into_par_iter()

@@ -570,3 +570,51 @@ fn a_head_dim_of_0_needs_a_scale() {
         &[12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0]
     );
 }
+
+/// `MhaConfig`'s fields are public: a struct literal of no heads (or a `kdim` of 0) skipped
+/// `with_kv_dims`, was accepted, and `forward` panicked dividing by 0 (or slicing an empty
+/// projection). Both constructors check the config again.
+#[test]
+fn a_config_built_by_hand_is_checked_by_the_module() {
+    let lin = |name, o, i| Linear::new(name, vec![0.1; o * i], o, i, None).unwrap();
+    let state = tiny_state();
+    for (config, want) in [
+        (
+            MhaConfig {
+                embed_dim: 4,
+                num_heads: 0,
+                kdim: 4,
+                vdim: 4,
+            },
+            "num_heads (0)",
+        ),
+        (
+            MhaConfig {
+                embed_dim: 4,
+                num_heads: 2,
+                kdim: 0,
+                vdim: 4,
+            },
+            "kdim",
+        ),
+    ] {
+        let err = MultiheadAttention::new(
+            config,
+            lin("q_proj_weight", 4, 4),
+            lin("k_proj_weight", 4, config.kdim),
+            lin("v_proj_weight", 4, 4),
+            lin("out_proj.weight", 4, 4),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains(want), "{err}");
+        let err = MultiheadAttention::from_state_dict(config, &state).unwrap_err();
+        assert!(err.to_string().contains(want), "{err}");
+    }
+    let no_heads = MhaConfig {
+        embed_dim: 4,
+        num_heads: 0,
+        kdim: 4,
+        vdim: 4,
+    };
+    assert_eq!(no_heads.head_dim(), 0);
+}

@@ -390,3 +390,48 @@ fn packed_totals_beyond_the_limit_are_refused_before_allocating() {
         "{err}"
     );
 }
+
+/// A NaN in a packed tensor was reported at its index in one sequence's gathered copy (`q[4]`,
+/// in sequence 1, as `q[0]`); `dout[5]` as `dout[1]`. The packed tensors are checked first.
+#[test]
+fn non_finite_values_are_named_at_their_packed_index() {
+    let dims = PackedDims {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 2,
+        value_dim: 2,
+    };
+    let cu = [0, 2, 3];
+    let (mut q, k, v) = (vec![0.0f32; 6], vec![0.0f32; 6], vec![0.0f32; 6]);
+    q[4] = f32::NAN;
+    let input = PackedInput::new(&q, &k, &v, &cu, &cu, dims).unwrap();
+    let err = sdpa_varlen(&input, &AttnOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "q",
+                index: 4,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    q[4] = 0.0;
+    let input = PackedInput::new(&q, &k, &v, &cu, &cu, dims).unwrap();
+    let fwd = sdpa_varlen(&input, &AttnOptions::default()).unwrap();
+    let mut dout = vec![1.0f32; 6];
+    dout[5] = f32::INFINITY;
+    let err = sdpa_varlen_backward(&input, &AttnOptions::default(), &fwd, &dout).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "dout",
+                index: 5,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
