@@ -24,94 +24,109 @@ pub fn sdpa_backward_reference(
     dout: &[f32],
 ) -> Result<Grads, AttnError> {
     validate(input, options, None, dout)?;
-    let sh = input.shape;
-    let (s_n, d, dv) = (sh.seq_kv, sh.head_dim, sh.value_dim);
-    let scale = options.scale_for(&sh);
-    let offset = diagonal_offset(options.causal, sh.seq_q, s_n);
     let mut g = Grads {
         dq: vec![0.0; input.q.len()],
         dk: vec![0.0; input.k.len()],
         dv: vec![0.0; input.v.len()],
     };
+    let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
+    add_rows(input, options, dout, 0..rows, &mut g);
+    Ok(g)
+}
+
+/// Adds the gradients that query rows `rows` (flat indices into `[batch, n_heads, seq_q]`)
+/// contribute, each with its own softmax, to `g`: the whole of the reference's loop, and the
+/// fast path's for rows whose saved lse cannot be trusted (`super::LSE_BOUND`). `input`,
+/// `options` and `dout` are validated by the caller.
+pub(super) fn add_rows(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    dout: &[f32],
+    rows: impl IntoIterator<Item = usize>,
+    g: &mut Grads,
+) {
+    let sh = input.shape;
+    let (s_n, d, dv) = (sh.seq_kv, sh.head_dim, sh.value_dim);
+    let scale = options.scale_for(&sh);
+    let offset = diagonal_offset(options.causal, sh.seq_q, s_n);
     // Per key of one row: score, visibility, d(capped)/d(raw), P, dropout factor Z, dP.
     let (mut s, mut vis, mut dcap) = (vec![0.0f32; s_n], vec![false; s_n], vec![1.0f32; s_n]);
     let (mut p, mut z, mut dp) = (vec![0.0f32; s_n], vec![1.0f32; s_n], vec![0.0f32; s_n]);
-    for b in 0..sh.batch {
-        for h in 0..sh.n_heads {
-            let kv = b * sh.n_kv_heads + sh.kv_head(h);
-            for i in 0..sh.seq_q {
-                let row = (b * sh.n_heads + h) * sh.seq_q + i;
-                let q_row = &input.q[row * d..][..d];
-                let do_row = &dout[row * dv..][..dv];
-                let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
-                for j in 0..s_n {
-                    let k_row = &input.k[(kv * s_n + j) * d..][..d];
-                    let mut x = scale * dot(q_row, k_row);
-                    if let Some(c) = options.softcap {
-                        let t = (x / c).tanh();
-                        x = c * t;
-                        dcap[j] = 1.0 - t * t;
-                    }
-                    if let Some(slopes) = &options.alibi {
-                        let dist = (i as isize + offset - j as isize).unsigned_abs();
-                        x -= slopes[h] * dist as f32;
-                    }
-                    if let Some(m) = &options.float_mask {
-                        x += m.at(b, h, i, j);
-                    }
-                    s[j] = x;
-                    vis[j] = j >= lo
-                        && j < hi
-                        && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
-                        && (options.key_padding.as_ref()).is_none_or(|kp| kp.is_real(b, j));
-                    z[j] = options.dropout.map_or(1.0, |d| d.apply(1.0, b, h, i, j));
-                }
-                // NaN when any visible score is (`f32::max` would skip it), as in the forward
-                // reference: a NaN input poisons the gradients of exactly what it reaches.
-                let max = (0..s_n)
-                    .filter(|&j| vis[j])
-                    .map(|j| s[j])
-                    .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
-                if max == f32::NEG_INFINITY {
-                    continue; // nothing visible: the output is 0 whatever the inputs
-                }
-                let sum: f32 = (0..s_n)
-                    .filter(|&j| vis[j])
-                    .map(|j| (s[j] - max).exp())
-                    .sum();
-                for j in 0..s_n {
-                    p[j] = if vis[j] {
-                        (s[j] - max).exp() / sum
-                    } else {
-                        0.0
-                    };
-                    // out = Σ_j P_j·Z_j·v_j, so ∂/∂P_j = Z_j·(dout·v_j)
-                    dp[j] = z[j] * dot(do_row, &input.v[(kv * s_n + j) * dv..][..dv]);
-                }
-                // Softmax backward: dS_j = P_j·(dP_j − Σ_k P_k·dP_k)
-                let delta: f32 = (0..s_n).map(|j| p[j] * dp[j]).sum();
-                for j in 0..s_n {
-                    if p[j] == 0.0 {
-                        continue;
-                    }
-                    let ds = p[j] * (dp[j] - delta) * dcap[j] * scale;
-                    let k_at = (kv * s_n + j) * d;
-                    let k_row = &input.k[k_at..][..d];
-                    for (dq, &kx) in g.dq[row * d..][..d].iter_mut().zip(k_row) {
-                        *dq += ds * kx;
-                    }
-                    for (dk, &qx) in g.dk[k_at..][..d].iter_mut().zip(q_row) {
-                        *dk += ds * qx;
-                    }
-                    let w = p[j] * z[j];
-                    for (dvx, &o) in g.dv[(kv * s_n + j) * dv..][..dv].iter_mut().zip(do_row) {
-                        *dvx += w * o;
-                    }
-                }
+    for row in rows {
+        let (b, h, i) = (
+            row / (sh.n_heads * sh.seq_q),
+            row / sh.seq_q % sh.n_heads,
+            row % sh.seq_q,
+        );
+        let kv = b * sh.n_kv_heads + sh.kv_head(h);
+        let q_row = &input.q[row * d..][..d];
+        let do_row = &dout[row * dv..][..dv];
+        let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
+        for j in 0..s_n {
+            let k_row = &input.k[(kv * s_n + j) * d..][..d];
+            let mut x = scale * dot(q_row, k_row);
+            if let Some(c) = options.softcap {
+                let t = (x / c).tanh();
+                x = c * t;
+                dcap[j] = 1.0 - t * t;
+            }
+            if let Some(slopes) = &options.alibi {
+                let dist = (i as isize + offset - j as isize).unsigned_abs();
+                x -= slopes[h] * dist as f32;
+            }
+            if let Some(m) = &options.float_mask {
+                x += m.at(b, h, i, j);
+            }
+            s[j] = x;
+            vis[j] = j >= lo
+                && j < hi
+                && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
+                && (options.key_padding.as_ref()).is_none_or(|kp| kp.is_real(b, j));
+            z[j] = options.dropout.map_or(1.0, |d| d.apply(1.0, b, h, i, j));
+        }
+        // NaN when any visible score is (`f32::max` would skip it), as in the forward
+        // reference: a NaN input poisons the gradients of exactly what it reaches.
+        let max = (0..s_n)
+            .filter(|&j| vis[j])
+            .map(|j| s[j])
+            .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
+        if max == f32::NEG_INFINITY {
+            continue; // nothing visible: the output is 0 whatever the inputs
+        }
+        let sum: f32 = (0..s_n)
+            .filter(|&j| vis[j])
+            .map(|j| (s[j] - max).exp())
+            .sum();
+        for j in 0..s_n {
+            p[j] = if vis[j] {
+                (s[j] - max).exp() / sum
+            } else {
+                0.0
+            };
+            // out = Σ_j P_j·Z_j·v_j, so ∂/∂P_j = Z_j·(dout·v_j)
+            dp[j] = z[j] * dot(do_row, &input.v[(kv * s_n + j) * dv..][..dv]);
+        }
+        // Softmax backward: dS_j = P_j·(dP_j − Σ_k P_k·dP_k)
+        let delta: f32 = (0..s_n).map(|j| p[j] * dp[j]).sum();
+        for j in 0..s_n {
+            if p[j] == 0.0 {
+                continue;
+            }
+            let ds = p[j] * (dp[j] - delta) * dcap[j] * scale;
+            let k_at = (kv * s_n + j) * d;
+            let k_row = &input.k[k_at..][..d];
+            for (dq, &kx) in g.dq[row * d..][..d].iter_mut().zip(k_row) {
+                *dq += ds * kx;
+            }
+            for (dk, &qx) in g.dk[k_at..][..d].iter_mut().zip(q_row) {
+                *dk += ds * qx;
+            }
+            let w = p[j] * z[j];
+            for (dvx, &o) in g.dv[(kv * s_n + j) * dv..][..dv].iter_mut().zip(do_row) {
+                *dvx += w * o;
             }
         }
     }
-    Ok(g)
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
