@@ -9,6 +9,9 @@
 //! they would leave rows that sum to well under 1. The weights shown are therefore renormalised to
 //! sum to 1 over the words shown, and the footer says how much the hidden tokens took.
 
+use unicode_categories::UnicodeCategories;
+use unicode_normalization_alignments::UnicodeNormalization;
+
 use crate::bars::{self, BarStyle};
 use crate::flow::attention_flow;
 use crate::select::{Selection, select};
@@ -300,8 +303,15 @@ fn weighted_rows(matrix: &[f32], rows: &[(usize, f64)], t: usize) -> Vec<f32> {
     acc.into_iter().map(|x| x as f32).collect()
 }
 
+/// `text` in Unicode's composed form (NFC): "cafe\u{301}" and "café" alike are "café".
+fn nfc(text: &str) -> String {
+    text.nfc().map(|(c, _)| c).collect()
+}
+
 /// Resolves `"word"` or `"word#n"` (the n-th occurrence, from 1) among `candidates`, ignoring
-/// case, and with raw tokens also the tokenizer's marks (`Ġ`, `▁`, `##`). Returns the unit and, when the word is ambiguous, a note saying which one was used.
+/// case and how accents are encoded, and with raw tokens also the tokenizer's marks (`Ġ`, `▁`,
+/// `##`), then accents themselves. Returns the unit and, when the word is ambiguous, a note
+/// saying which one was used.
 fn find_focus(
     asked: &str,
     units: &[Unit],
@@ -325,13 +335,25 @@ fn find_focus(
             .filter(|&u| key(&units[u].label) == key(word))
             .collect()
     };
-    // The label as written, else without a tokenizer's marks ("mat" finds GPT-2's "Ġmat").
-    let mut matches = find(|s| s.to_lowercase());
+    // The label as written (composed or decomposed alike: "café" finds "cafe\u{301}"), else
+    // without a tokenizer's marks ("mat" finds GPT-2's "Ġmat"), else without accents, as BERT's
+    // uncased tokenizers read words ("cafe" finds "café").
+    let mut matches = find(|s| nfc(&s.to_lowercase()));
     if matches.is_empty() {
         matches = find(|s| {
-            s.trim_start_matches(['Ġ', '▁'])
+            nfc(&s
+                .trim_start_matches(['Ġ', '▁'])
                 .trim_start_matches("##")
-                .to_lowercase()
+                .to_lowercase())
+        });
+    }
+    if matches.is_empty() {
+        matches = find(|s| {
+            s.to_lowercase()
+                .nfd()
+                .map(|(c, _)| c)
+                .filter(|c| !c.is_mark())
+                .collect()
         });
     }
     if matches.is_empty() {

@@ -422,3 +422,28 @@ fn an_occurrence_past_any_number_is_an_error() {
     assert!(matches!(err, VizError::FocusNumber { .. }), "{err}");
     assert!(err.to_string().contains("too large"), "{err}");
 }
+
+/// The word "cafe\u{301}" (written decomposed) is found as typed on a keyboard ("café",
+/// precomposed), in capitals, and without its accent, as BERT's uncased tokenizers read it:
+/// labels keep the mark, and comparing them as strings refused all three.
+#[test]
+fn focus_finds_a_word_however_its_accent_is_written() {
+    let tokens = vec![
+        tok("the", Some((0, 3)), 0),
+        tok("cafe", Some((4, 8)), 0),
+        tok("is", Some((11, 13)), 0),
+    ];
+    let maps = hand_maps(
+        "the cafe\u{301} is",
+        None,
+        tokens,
+        1,
+        1,
+        vec![0.1, 0.8, 0.1, 0.2, 0.3, 0.5, 0.6, 0.2, 0.2],
+    );
+    for asked in ["cafe\u{301}", "caf\u{e9}", "CAF\u{c9}", "cafe"] {
+        let e = run(&maps, &options(Some(asked)));
+        assert_eq!(e.focus, "cafe\u{301}", "{asked}");
+        assert_close(&words_and_weights(&e).1, &[0.2, 0.3, 0.5], 1e-6);
+    }
+}
