@@ -749,6 +749,20 @@ fn cases(root: &Path) -> Vec<Case> {
             &["--port", "70000", "--model", tiny],
             &["70000"],
         ),
+        // Checked before the model is loaded (here it cannot be): not after a whole run.
+        case(
+            "attention",
+            "--save-maps into a missing folder",
+            &["hi", "--save-maps", "/nonexistent-dir/m.json"],
+            &["/nonexistent-dir", "does not exist"],
+        ),
+        // 1e-10 s became no time at all: every connection closed before its headers came.
+        usage(
+            "serve",
+            "--body-timeout 1e-10",
+            &["--body-timeout", "1e-10", "--model", tiny],
+            &["1e-10", "from 0.1"],
+        ),
     ]);
     cases
 }

@@ -8,9 +8,10 @@
 //!   (`Origin`), so a web page cannot reach the app through DNS rebinding; the page may not be
 //!   framed by another site;
 //! - a request's headers, and then its body, must each arrive within `--body-timeout`
-//!   seconds: an idle or half-sent connection is closed (408 for a late body), and at most
-//!   [`MAX_CONNECTIONS`] are open at once (more wait to be accepted), so idle sockets cannot
-//!   keep a real client out for longer than that;
+//!   seconds: an idle or half-sent connection is closed (408 for a late body), no connection
+//!   stays open past [`CONNECTION_LIFETIME`] (a client that never reads its answers), and at
+//!   most [`MAX_CONNECTIONS`] are open at once (more wait to be accepted), so idle sockets
+//!   cannot keep a real client out for longer than the timeout;
 //! - request bodies over 1 MiB get 413; at most two forward passes run at once (the rest
 //!   wait);
 //! - any failure, including a panic inside the model, becomes a JSON `{"error": ...}` answer
@@ -63,12 +64,13 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-/// `--body-timeout`: a finite number of seconds, above 0 and at most a day.
+/// `--body-timeout`: a finite number of seconds from 0.1 to a day (below it, and it applies
+/// to headers too, every connection would be closed before its request arrived).
 fn parse_timeout(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
-        Ok(seconds) if seconds > 0.0 && seconds <= 86_400.0 => Ok(seconds),
+        Ok(seconds) if (0.1..=86_400.0).contains(&seconds) => Ok(seconds),
         _ => Err(format!(
-            "{text:?} is not a number of seconds above 0 and at most 86400"
+            "{text:?} is not a number of seconds from 0.1 to 86400"
         )),
     }
 }
@@ -100,11 +102,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let body_timeout = Duration::from_secs_f64(args.body_timeout);
-    runtime.block_on(serve(
+    let served = runtime.block_on(serve(
         model,
         SocketAddr::new(args.host, args.port),
         body_timeout,
-    ))
+    ));
+    // A forward pass still running (spawn_blocking) is not waited for: dropping the runtime
+    // would, and Ctrl-C no longer ends the process by then.
+    runtime.shutdown_background();
+    served
 }
 
 /// Connections open at once; more wait to be accepted. Each idle one is closed within the
@@ -113,6 +119,11 @@ const MAX_CONNECTIONS: usize = 256;
 
 /// How long the requests in flight may take to finish after Ctrl-C.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a connection may stay open, whatever it does: a client that never reads its
+/// answers (a write that never completes) cannot hold one of the [`MAX_CONNECTIONS`] for
+/// longer. A browser opens a new one for its next request.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 
 async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
@@ -156,6 +167,7 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
             tokio::pin!(connection);
             tokio::select! {
                 _ = connection.as_mut() => {}
+                _ = tokio::time::sleep(CONNECTION_LIFETIME) => {}
                 _ = stopping.changed() => {
                     connection.as_mut().graceful_shutdown();
                     let _ = connection.await;
@@ -175,7 +187,8 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
 
 /// The next connection, once one of the [`MAX_CONNECTIONS`] is free. Failed accepts (out of
 /// file descriptors, a connection reset before it was taken) are retried after a pause, as
-/// axum's own server does.
+/// axum's own server does; the first of a run is printed, so a server at its file limit does
+/// not look hung.
 async fn accept(
     listener: &tokio::net::TcpListener,
     open: &Arc<Semaphore>,
@@ -184,10 +197,17 @@ async fn accept(
         .acquire_owned()
         .await
         .expect("the connection semaphore is never closed");
+    let mut failed = false;
     loop {
         match listener.accept().await {
             Ok((stream, _)) => return (permit, stream),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(err) => {
+                if !failed {
+                    eprintln!("warning: cannot accept a connection ({err}); retrying");
+                    failed = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
 }
@@ -219,7 +239,12 @@ fn refusal(bound: SocketAddr, headers: &HeaderMap) -> Option<Response> {
         return None;
     }
     let header = |name| headers.get(name).and_then(|value| value.to_str().ok());
-    let host = header(header::HOST).unwrap_or_default();
+    let Some(host) = header(header::HOST) else {
+        return Some(error(
+            StatusCode::FORBIDDEN,
+            format!("the request names no host (Host header); open http://{bound}/"),
+        ));
+    };
     if !is_local(host) {
         return Some(error(
             StatusCode::FORBIDDEN,
@@ -231,7 +256,7 @@ fn refusal(bound: SocketAddr, headers: &HeaderMap) -> Option<Response> {
         ));
     }
     match header(header::ORIGIN) {
-        Some(origin) if origin != format!("http://{host}") => Some(error(
+        Some(origin) if !origin.eq_ignore_ascii_case(&format!("http://{host}")) => Some(error(
             StatusCode::FORBIDDEN,
             format!("requests from {origin} are not accepted; open http://{host}/"),
         )),
@@ -245,6 +270,8 @@ fn is_local(host: &str) -> bool {
         Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
         None => host.split(':').next().unwrap_or_default(),
     };
+    // "localhost." is the same name, fully qualified.
+    let name = name.strip_suffix('.').unwrap_or(name);
     name.eq_ignore_ascii_case("localhost")
         || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
