@@ -94,6 +94,13 @@ pub struct AttnOptions {
 }
 
 impl AttnOptions {
+    /// Whether the bool mask and the key padding let query `i` of head `h` in batch `b` see key
+    /// `j` (the causal and window rules are [`crate::mask::key_range`]'s).
+    pub(crate) fn masks_allow(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
+        self.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
+            && self.key_padding.as_ref().is_none_or(|kp| kp.is_real(b, j))
+    }
+
     /// The scale in effect for `shape`.
     pub fn scale_for(&self, shape: &AttnShape) -> f32 {
         self.scale.unwrap_or(1.0 / (shape.head_dim as f32).sqrt())

@@ -84,13 +84,7 @@ pub fn sdpa_reference(
                     }
                     scores[j] = s;
                     // 5. visibility
-                    visible[j] = j >= lo
-                        && j < hi
-                        && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
-                        && options
-                            .key_padding
-                            .as_ref()
-                            .is_none_or(|kp| kp.is_real(b, j));
+                    visible[j] = j >= lo && j < hi && options.masks_allow(b, h, i, j);
                 }
                 // 6. softmax over visible keys; -inf scores (from a float mask) weigh 0. The max
                 // is NaN when any visible score is (`f32::max` would skip it), so a NaN input

@@ -138,15 +138,8 @@ fn sees_a_key(shape: &AttnShape, options: &AttnOptions, (b, h, i): (usize, usize
     let offset = diagonal_offset(options.causal, shape.seq_q, shape.seq_kv);
     let (lo, hi) = key_range(options.causal, options.window, offset, i, shape.seq_kv);
     (lo..hi).any(|j| {
-        options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
-            && options
-                .key_padding
-                .as_ref()
-                .is_none_or(|kp| kp.is_real(b, j))
-            && options
-                .float_mask
-                .as_ref()
-                .is_none_or(|m| m.at(b, h, i, j) != f32::NEG_INFINITY)
+        options.masks_allow(b, h, i, j)
+            && (options.float_mask.as_ref()).is_none_or(|m| m.at(b, h, i, j) != f32::NEG_INFINITY)
     })
 }
 

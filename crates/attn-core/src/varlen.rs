@@ -253,6 +253,19 @@ fn options_for(options: &AttnOptions, b: usize) -> AttnOptions {
     opt
 }
 
+/// An error of sequence `b`'s own call, as the packed call's: a score overflow names the
+/// sequence as its batch (its own call has batch 0) and the row within it.
+fn in_sequence(err: AttnError, b: usize) -> AttnError {
+    match err {
+        AttnError::ScoreOverflow { head, row, .. } => AttnError::ScoreOverflow {
+            batch: b,
+            head,
+            row,
+        },
+        other => other,
+    }
+}
+
 /// Refuses what a packed batch cannot take, and checks the rest against the longest sequence.
 /// NaN and ∞ are looked for here, in the packed tensors: each sequence's own call would name an
 /// index into its gathered copy (a NaN at `q[4]` was reported at `q[0]`).
@@ -308,10 +321,9 @@ pub fn sdpa_varlen(
         .into_par_iter()
         .map(|b| {
             let (q, k, v) = input.gather(b);
-            sdpa(
-                &AttnInput::new(&q, &k, &v, input.shape_of(b))?,
-                &options_for(options, b),
-            )
+            // Checked finite in packed form (`check_options`).
+            let one = AttnInput::allowing_non_finite(&q, &k, &v, input.shape_of(b))?;
+            sdpa(&one, &options_for(options, b)).map_err(|e| in_sequence(e, b))
         })
         .collect::<Result<Vec<_>, AttnError>>()?;
     let mut out = vec![0.0; total_q * n_heads * value_dim];
@@ -362,6 +374,18 @@ pub fn sdpa_varlen_backward(
     check_len("dout", &[total_q, n_heads, value_dim], dout.len())?;
     check_finite("dout", dout)?;
     check_finite("out", &fwd.out)?;
+    // −∞ is a row that saw no key; NaN and +∞ cannot come from a forward pass.
+    if let Some(index) = fwd
+        .lse
+        .iter()
+        .position(|x| x.is_nan() || *x == f32::INFINITY)
+    {
+        return Err(AttnError::NonFinite {
+            tensor: "lse",
+            index,
+            value: fwd.lse[index],
+        });
+    }
     let width = n_heads * value_dim;
     let results = (0..input.batch())
         .into_par_iter()
@@ -383,12 +407,13 @@ pub fn sdpa_varlen_backward(
                 })
                 .collect();
             sdpa_backward(
-                &AttnInput::new(&q, &k, &v, input.shape_of(b))?,
+                &AttnInput::allowing_non_finite(&q, &k, &v, input.shape_of(b))?,
                 &options_for(options, b),
                 &tokens(&fwd.out),
                 &lse,
                 &tokens(dout),
             )
+            .map_err(|e| in_sequence(e, b))
         })
         .collect::<Result<Vec<_>, AttnError>>()?;
     let mut g = Grads {

@@ -392,7 +392,8 @@ fn packed_totals_beyond_the_limit_are_refused_before_allocating() {
 }
 
 /// A NaN in a packed tensor was reported at its index in one sequence's gathered copy (`q[4]`,
-/// in sequence 1, as `q[0]`); `dout[5]` as `dout[1]`. The packed tensors are checked first.
+/// in sequence 1, as `q[0]`); `dout[5]` as `dout[1]`. The packed tensors are checked first,
+/// and a score overflow names its sequence.
 #[test]
 fn non_finite_values_are_named_at_their_packed_index() {
     let dims = PackedDims {
@@ -433,5 +434,33 @@ fn non_finite_values_are_named_at_their_packed_index() {
             }
         ),
         "{err:?}"
+    );
+    let mut nan_lse = fwd.clone();
+    nan_lse.lse[2] = f32::NAN;
+    let err =
+        sdpa_varlen_backward(&input, &AttnOptions::default(), &nan_lse, &[1.0; 6]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttnError::NonFinite {
+                tensor: "lse",
+                index: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Scores past f32 in sequence 1 (its only row) were named as batch 0.
+    (q[4], q[5]) = (3e19, 0.0);
+    let mut k = k.clone();
+    (k[4], k[5]) = (3e19, 0.0);
+    let input = PackedInput::new(&q, &k, &v, &cu, &cu, dims).unwrap();
+    assert_eq!(
+        sdpa_varlen(&input, &AttnOptions::default()).unwrap_err(),
+        AttnError::ScoreOverflow {
+            batch: 1,
+            head: 0,
+            row: 0
+        }
     );
 }

@@ -78,10 +78,7 @@ pub(super) fn add_rows(
                 x += m.at(b, h, i, j);
             }
             s[j] = x;
-            vis[j] = j >= lo
-                && j < hi
-                && options.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
-                && (options.key_padding.as_ref()).is_none_or(|kp| kp.is_real(b, j));
+            vis[j] = j >= lo && j < hi && options.masks_allow(b, h, i, j);
             z[j] = options.dropout.map_or(1.0, |d| d.apply(1.0, b, h, i, j));
         }
         // NaN when any visible score is (`f32::max` would skip it), as in the forward
