@@ -220,22 +220,21 @@ pub fn explain(
     }
     let total: f32 = unit_row.iter().sum();
     let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0) / total.max(f32::MIN_POSITIVE);
+    // With --top the weights are renormalised before the lightest words are dropped.
+    let over = match options.top {
+        Some(k) => format!("over every word (the {k} heaviest shown)"),
+        None => "over the words shown".to_string(),
+    };
     match options.method {
-        Method::Flow => notes.push(
+        Method::Flow => notes.push(format!(
             "attention flow (max-flow through the layers, Abnar & Zuidema 2020); flows overlap, so \
-             they are scaled to sum to 1 over the words shown"
-                .to_string(),
-        ),
+             they are scaled to sum to 1 {over}"
+        )),
         Method::Attention { .. } if hidden_share > 0.0005 => {
             // The special tokens the view hides: none with --special.
             let specials = match options.special {
                 true => String::new(),
                 false => words::special_labels(&units),
-            };
-            // With --top the weights are renormalised before the lightest words are dropped.
-            let over = match options.top {
-                Some(k) => format!("over every word (the {k} heaviest shown)"),
-                None => "over the words shown".to_string(),
             };
             notes.push(format!(
                 "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \

@@ -81,7 +81,7 @@ fn main() -> ExitCode {
             | Command::Heads(_)
             | Command::Lookup(_)
     );
-    let result = check_rayon_threads().and_then(|()| match cli.command {
+    let result = check_rayon_threads(&cli.command).and_then(|()| match cli.command {
         Command::Sdpa(args) => cmd::sdpa::run(args),
         Command::Walkthrough(args) => cmd::walkthrough::run(args),
         Command::Mask(args) => cmd::mask::run(args),
@@ -112,15 +112,23 @@ fn main() -> ExitCode {
     }
 }
 
-/// `RAYON_NUM_THREADS` sizes the thread pool of every command without `--threads`: the same
-/// limit as `--threads` (1 to 1024; 0 is rayon's "every core"), checked before any work.
-/// 100000 spent minutes starting threads.
-fn check_rayon_threads() -> anyhow::Result<()> {
-    let Some(value) = std::env::var_os("RAYON_NUM_THREADS") else {
+/// `RAYON_NUM_THREADS` sizes the thread pool of a command run without `--threads` (the
+/// benchmarks always set theirs): the same limit as `--threads` (1 to 1024; 0, empty or unset
+/// is rayon's "every core"), checked before any work. 100000 spent minutes starting threads.
+fn check_rayon_threads(command: &Command) -> anyhow::Result<()> {
+    let given = match command {
+        Command::Attention(args) => args.threads.is_some(),
+        Command::Embed(args) => args.threads.is_some(),
+        Command::Generate(args) => args.threads.is_some(),
+        Command::Bench(_) => true,
+        _ => false,
+    };
+    let Some(value) = std::env::var_os("RAYON_NUM_THREADS").filter(|v| !v.is_empty() && !given)
+    else {
         return Ok(());
     };
     let text = value.to_string_lossy();
-    match text.trim().parse::<usize>() {
+    match text.parse::<usize>() {
         Ok(n) if n <= attn_core::fused::MAX_THREADS => Ok(()),
         _ => anyhow::bail!(
             "RAYON_NUM_THREADS={text}: must be a thread count from 1 to {} (0 or unset: every \

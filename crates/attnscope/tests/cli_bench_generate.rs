@@ -132,15 +132,15 @@ fn bad_models_and_options_are_clear_errors() {
         &["bench", "generate", "--model", "/nonexistent/model"],
         "/nonexistent/model",
     );
-    for (flag, value) in [("--new-tokens", "0"), ("--reps", "0")] {
-        fails_with(
-            &["bench", "generate", "--model", &model, flag, value],
-            "--new-tokens and --reps must be at least 1",
-        );
+    for (flag, value, says) in [
+        ("--new-tokens", "0", "--new-tokens must be at least 1"),
+        ("--reps", "0", "--reps must be between 1 and 1000000, not 0"),
+    ] {
+        fails_with(&["bench", "generate", "--model", &model, flag, value], says);
     }
     fails_with(
         &["bench", "generate", "--model", &model, "--threads", "0"],
-        "the thread count must be at least 1",
+        "threads: must be between 1 and 1024, not 0",
     );
     fails_with(
         &["bench", "generate", "--model", &model, "--prompt", "  "],

@@ -379,15 +379,19 @@ fn saved_maps_are_explained_and_drawn() {
 }
 
 /// `RAYON_NUM_THREADS` sized the pool of every command without `--threads`, unchecked:
-/// 100000 spent minutes starting threads.
+/// 100000 spent minutes starting threads. A `--threads` given overrides it, and an empty one
+/// is rayon's default.
 #[test]
 fn a_thread_count_from_the_environment_has_the_flags_limit() {
-    for value in ["100000", "many"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
-            .args(["mask", "causal", "2"])
+    let run = |args: &[&str], value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_attnscope"))
+            .args(args)
             .env("RAYON_NUM_THREADS", value)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    for value in ["100000", "many", " 4"] {
+        let out = run(&["mask", "causal", "2"], value);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{value}: {stderr}");
         assert!(
@@ -395,6 +399,20 @@ fn a_thread_count_from_the_environment_has_the_flags_limit() {
             "{stderr}"
         );
     }
+    assert!(run(&["mask", "causal", "2"], "").status.success());
+    let tiny = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/golden/tiny-gpt2"
+    );
+    let out = run(
+        &["attention", "hi", "--model", tiny, "--threads", "2"],
+        "100000",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -82,6 +82,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(file)) => read_text_file(file)?,
         (None, None) => bail!("give a TEXT or --file FILE"),
     };
+    if let Some(path) = &args.save_maps {
+        crate::maps::check_output(path)?;
+    }
     let model = load_model(args.model.as_deref(), args.threads)?;
     if let Some(l) = args.layer.filter(|&l| l >= model.n_layers()) {
         bail!(

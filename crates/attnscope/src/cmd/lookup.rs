@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use attn_models::ModelError;
-use attn_viz::bars::{self, BarStyle, display_width};
+use attn_viz::bars::{self, BarStyle, display_width, pad_end};
 use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, MIN_TEMPERATURE, soft_lookup};
 
 use crate::maps::{ColorChoice, ModelArgs};
@@ -159,10 +159,9 @@ fn render(
     let mut s = format!("Query: {query:?}  ({model}, temperature {temperature})\n\n");
     s.push_str("Step 1: match the query to each key (cosine similarity of sentence embeddings)\n");
     for (e, (c, sc)) in entries.iter().zip(lookup.cosine.iter().zip(&lookup.scaled)) {
-        let pad = " ".repeat(width - display_width(&e.key));
         s.push_str(&format!(
-            "  {}{pad} {c:>6.3}   / {temperature} = {sc:>7.2}\n",
-            e.key
+            "  {} {c:>6.3}   / {temperature} = {sc:>7.2}\n",
+            pad_end(&e.key, width)
         ));
     }
     s.push_str("\nStep 2: softmax to get attention weights\n");
