@@ -311,7 +311,8 @@ fn idle_and_half_sent_connections_do_not_block_a_real_request() {
         "load: a request among 300 idle or half-sent connections answered in {:.0} ms",
         elapsed.as_secs_f64() * 1e3
     );
-    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    // Well under the 10 s timeout: a limit of 256 connections made it wait the idle ones out.
+    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
     drop(idle);
     assert!(server.alive());
 }

@@ -8,10 +8,10 @@
 //!   (`Origin`), so a web page cannot reach the app through DNS rebinding; the page may not be
 //!   framed by another site;
 //! - a request's headers, and then its body, must each arrive within `--body-timeout`
-//!   seconds: an idle or half-sent connection is closed (408 for a late body), no connection
-//!   stays open past [`CONNECTION_LIFETIME`] (a client that never reads its answers), and at
-//!   most [`MAX_CONNECTIONS`] are open at once (more wait to be accepted), so idle sockets
-//!   cannot keep a real client out for longer than the timeout;
+//!   seconds: an idle or half-sent connection is closed (408 for a late body), and no
+//!   connection stays open past [`CONNECTION_LIFETIME`] (a client that never reads its
+//!   answers), so sockets held open to use up the process's file descriptors keep a real
+//!   client waiting at most that long (the accept is retried);
 //! - request bodies over 1 MiB get 413; at most two forward passes run at once (the rest
 //!   wait);
 //! - any failure, including a panic inside the model, becomes a JSON `{"error": ...}` answer
@@ -37,7 +37,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::html::analyse;
 use crate::maps::ModelArgs;
@@ -113,16 +113,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     served
 }
 
-/// Connections open at once; more wait to be accepted. Each idle one is closed within the
-/// request timeout, so a flood of idle sockets keeps a real client waiting at most that long.
-const MAX_CONNECTIONS: usize = 256;
-
 /// How long the requests in flight may take to finish after Ctrl-C.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a connection may stay open, whatever it does: a client that never reads its
-/// answers (a write that never completes) cannot hold one of the [`MAX_CONNECTIONS`] for
-/// longer. A browser opens a new one for its next request.
+/// answers (a write that never completes) cannot hold a file descriptor for longer. A browser
+/// opens a new one for its next request.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 
 async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> anyhow::Result<()> {
@@ -146,20 +142,18 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
         eprintln!("warning: listening on {bound}, reachable from other machines");
     }
     let router = router(app, bound);
-    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
-        let (permit, stream) = tokio::select! {
+        let stream = tokio::select! {
             _ = &mut ctrl_c => break,
-            accepted = accept(&listener, &open) => accepted,
+            stream = accept(&listener) => stream,
         };
         let service = TowerToHyperService::new(router.clone());
         let mut stopping = stopping.clone();
         connections.spawn(async move {
-            let _permit = permit;
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(body_timeout)
@@ -185,22 +179,15 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
     Ok(())
 }
 
-/// The next connection, once one of the [`MAX_CONNECTIONS`] is free. Failed accepts (out of
-/// file descriptors, a connection reset before it was taken) are retried after a pause, as
-/// axum's own server does; the first of a run is printed, so a server at its file limit does
-/// not look hung.
-async fn accept(
-    listener: &tokio::net::TcpListener,
-    open: &Arc<Semaphore>,
-) -> (OwnedSemaphorePermit, tokio::net::TcpStream) {
-    let permit = Arc::clone(open)
-        .acquire_owned()
-        .await
-        .expect("the connection semaphore is never closed");
+/// The next connection. Failed accepts (out of file descriptors, a connection reset before it
+/// was taken) are retried after a pause, as axum's own server does; the first of a run is
+/// printed, so a server at its file limit does not look hung. No limit of its own: one below
+/// the file limit made a real request wait out the timeout behind 256 idle sockets.
+async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream {
     let mut failed = false;
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => return (permit, stream),
+            Ok((stream, _)) => return stream,
             Err(err) => {
                 if !failed {
                     eprintln!("warning: cannot accept a connection ({err}); retrying");
