@@ -144,6 +144,16 @@ pub enum ModelError {
         "the model produced a non-finite value ({value}) in the final hidden state at flat index {index}: the checkpoint's weights hold NaN or infinity, or its activations overflow f32"
     )]
     NonFinite { index: usize, value: f32 },
+    /// A logit came out NaN or infinite from a finite hidden state: the output head (the
+    /// untied `lm_head.weight`, or the tied embeddings) holds one, or the products overflow.
+    #[error(
+        "the model produced a non-finite logit ({value}) for token id {token} at position {position}: the checkpoint's output head (lm_head.weight or the tied embeddings) holds NaN or infinity, or its logits overflow f32"
+    )]
+    NonFiniteLogit {
+        position: usize,
+        token: usize,
+        value: f32,
+    },
     /// An attention call failed.
     #[error("attention: {0}")]
     Attention(#[from] AttnError),

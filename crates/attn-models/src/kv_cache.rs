@@ -231,6 +231,7 @@ impl<'m> KvCache<'m> {
         } else {
             gemm_bt(&hidden, new, h, head, c.vocab_size, &mut logits, par);
         }
+        crate::model::check_logits(&logits, c.vocab_size)?;
 
         // Only now do the rows written past `len` count: an error above left them unread.
         self.len = total;

@@ -172,6 +172,19 @@ struct LayersOutput {
     hidden_states: Option<Vec<f32>>,
 }
 
+/// Refuses logits (`[rows, vocab]`) holding NaN or ∞, naming the position and the token: a
+/// sampler sorts a NaN first and then draws the last token whatever the seed, greedy skips it.
+pub(crate) fn check_logits(logits: &[f32], vocab: usize) -> Result<(), ModelError> {
+    match logits.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(at) => Err(ModelError::NonFiniteLogit {
+            position: at / vocab.max(1),
+            token: at % vocab.max(1),
+            value: logits[at],
+        }),
+    }
+}
+
 /// Sets how many threads every later model call uses (rayon's global pool, which otherwise
 /// follows `RAYON_NUM_THREADS` or the number of cores), as the attention kernels' own
 /// [`attn_core::fused::set_global_threads`] does: 1 to
@@ -334,6 +347,9 @@ impl Model {
             gemm_bt(&ws.hidden, rows, h, head, c.vocab_size, &mut logits, par);
             logits
         });
+        if let Some(logits) = &logits {
+            check_logits(logits, c.vocab_size)?;
+        }
         Ok(ModelOutput {
             batch: encs.len(),
             seq_len: out.seq_len,

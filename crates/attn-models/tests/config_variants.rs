@@ -112,6 +112,50 @@ fn an_untied_gpt2_head_is_read_from_lm_head_weight() {
     assert!(err < 1e-4, "cached logits against h·lm_headᵀ: {err:e}");
 }
 
+/// An output head with a NaN row (token 5, which the prompt does not use): the hidden states
+/// stay finite, the logits did not, and nothing said so: greedy skipped the NaN, sampling drew
+/// the same tokens whatever the seed. Both passes now refuse it, naming the token.
+#[test]
+fn a_nan_in_the_output_head_is_refused_naming_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let nan_row = |tensors: &mut Vec<RawTensor>| {
+        let (_, _, shape, data) = tensors
+            .iter()
+            .find(|(name, ..)| name.ends_with("wte.weight"))
+            .unwrap()
+            .clone();
+        let mut head = f32s(&data);
+        let h = shape[1];
+        head[5 * h..6 * h].fill(f32::NAN);
+        let bytes = head.iter().flat_map(|x| x.to_le_bytes()).collect();
+        tensors.push(("lm_head.weight".into(), Dtype::F32, shape, bytes));
+    };
+    edited_checkpoint(
+        &golden_dir().join("tiny-gpt2"),
+        dir.path(),
+        |config| config["tie_word_embeddings"] = false.into(),
+        Some(&nan_row),
+    );
+    let model = Model::load(dir.path()).unwrap();
+    let enc = model.encode("Hello there", None).unwrap();
+    assert!(!enc.ids.contains(&5));
+    for err in [
+        model.forward(&enc, &RunOptions::default()).err().unwrap(),
+        KvCache::new(&model)
+            .unwrap()
+            .feed(&enc.ids, false)
+            .err()
+            .unwrap(),
+    ] {
+        let message = err.to_string();
+        assert!(
+            message.contains("non-finite logit (NaN) for token id 5")
+                && message.contains("lm_head"),
+            "{message}"
+        );
+    }
+}
+
 #[test]
 fn an_untied_gpt2_without_lm_head_weight_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();

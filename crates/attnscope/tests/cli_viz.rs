@@ -673,3 +673,28 @@ fn across_a_pair_shows_the_other_language() {
         "names the flags: {stderr}"
     );
 }
+
+/// A key of an `--entries` file too long for the model was named "entry #2" (counting the
+/// `--entry` flags and the file together) and quoted whole (2 MB for a 400,000-word key).
+#[test]
+fn a_too_long_key_is_named_by_its_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys.txt");
+    let long_key = "word ".repeat(400);
+    std::fs::write(&file, format!("# cities\nParis=France\n\n{long_key}=v\n")).unwrap();
+    let file = file.to_str().unwrap();
+    let stderr = fails_with(
+        &[
+            "lookup",
+            "--query",
+            "q",
+            "--entry",
+            "Rome=Italy",
+            "--entries",
+            file,
+        ],
+        1,
+        &format!("the key of {file}, line 4"),
+    );
+    assert!(stderr.len() < 1000, "{} bytes: {stderr}", stderr.len());
+}

@@ -388,6 +388,20 @@ fn cases(root: &Path) -> Vec<Case> {
             &["embed", "--reps", "100000000000000"],
             &["--reps", "1000000"],
         ),
+        // prompt + new tokens − 1 overflowed: a nonsense capacity in release builds, a panic in
+        // debug ones.
+        case(
+            "bench",
+            "generate --new-tokens usize::MAX",
+            &[
+                "generate",
+                "--model",
+                tiny,
+                "--new-tokens",
+                "18446744073709551615",
+            ],
+            &["18446744073709551615 are needed", "64 positions"],
+        ),
         case(
             "bench",
             "generate --reps 10^14",

@@ -45,7 +45,8 @@ pub struct Args {
     pub threads: Option<usize>,
 }
 
-/// Reads a text file that must be UTF-8; "-" is standard input.
+/// Reads a text file that must be UTF-8, without a leading byte-order mark; "-" is standard
+/// input.
 pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
     let bytes = if path == Path::new("-") {
         let mut buf = Vec::new();
@@ -55,12 +56,17 @@ pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
     } else {
         std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
     };
-    String::from_utf8(bytes).map_err(|e| {
+    let text = String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
             "{} is not valid UTF-8 (invalid byte at offset {})",
             path.display(),
             e.utf8_error().valid_up_to()
         )
+    })?;
+    // A byte-order mark (Windows editors write one) is not part of the text.
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
     })
 }
 

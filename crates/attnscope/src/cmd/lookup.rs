@@ -10,6 +10,7 @@ use attn_models::ModelError;
 use attn_viz::bars::{self, BarStyle, display_width, pad_end};
 use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, MIN_TEMPERATURE, soft_lookup};
 
+use super::attention::read_text_file;
 use crate::maps::{ColorChoice, ModelArgs};
 
 #[derive(clap::Args)]
@@ -70,12 +71,19 @@ struct Scored<'a> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Each entry, and where it was given (for errors about it).
     let mut entries = Vec::new();
+    let mut sources = Vec::new();
     for (n, raw) in args.entries.iter().enumerate() {
-        entries.push(parse_entry(raw).with_context(|| format!("--entry #{}", n + 1))?);
+        let source = format!("--entry #{}", n + 1);
+        entries.push(parse_entry(raw).with_context(|| source.clone())?);
+        sources.push(source);
     }
     if let Some(path) = &args.entries_file {
-        entries.extend(read_entries(path)?);
+        for (line, entry) in read_entries(path)? {
+            entries.push(entry);
+            sources.push(format!("{}, line {line}", path.display()));
+        }
     }
     if entries.is_empty() {
         anyhow::bail!(
@@ -99,7 +107,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let what = match &e {
             ModelError::TooLong { text: Some(0), .. } => "the --query".to_string(),
             ModelError::TooLong { text: Some(i), .. } => {
-                format!("the key of entry #{i} ({:?})", entries[i - 1].key)
+                format!(
+                    "the key of {} ({})",
+                    sources[i - 1],
+                    opening(&entries[i - 1].key)
+                )
             }
             _ => "the query and keys".to_string(),
         };
@@ -212,19 +224,29 @@ fn parse_entry(raw: &str) -> anyhow::Result<Entry> {
     })
 }
 
-/// Entries of a file, one `key=value` a line.
-fn read_entries(path: &Path) -> anyhow::Result<Vec<Entry>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+/// The first words of `text`, quoted, for an error about all of it: a 400,000-word key made a
+/// 2 MB message.
+fn opening(text: &str) -> String {
+    const SHOWN: usize = 40;
+    match text.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{:?}…", &text[..cut]),
+        None => format!("{text:?}"),
+    }
+}
+
+/// Entries of a file, one `key=value` a line, each with its line number (from 1). Read as
+/// `--file` texts are ([`read_text_file`]: a byte-order mark is not part of the first line).
+fn read_entries(path: &Path) -> anyhow::Result<Vec<(usize, Entry)>> {
+    let text = read_text_file(path)?;
     let mut entries = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        entries.push(
-            parse_entry(line).with_context(|| format!("{}, line {}", path.display(), n + 1))?,
-        );
+        let entry =
+            parse_entry(line).with_context(|| format!("{}, line {}", path.display(), n + 1))?;
+        entries.push((n + 1, entry));
     }
     Ok(entries)
 }
@@ -259,7 +281,12 @@ mod tests {
         std::fs::write(&good, "# cities\nParis=France\n\nTokyo=Japan\n").unwrap();
         let entries = read_entries(&good).unwrap();
         assert_eq!(entries.len(), 2);
-        assert_eq!(entries[1].key, "Tokyo");
+        assert_eq!((entries[1].0, entries[1].1.key.as_str()), (4, "Tokyo"));
+        // A byte-order mark (Windows editors write one) made line 1 "\u{feff}# cities".
+        let bom = dir.path().join("bom.txt");
+        std::fs::write(&bom, "\u{feff}# cities\nParis=France\n").unwrap();
+        assert_eq!(read_entries(&bom).unwrap()[0].1.key, "Paris");
+        assert_eq!(opening(&"word ".repeat(1000)).chars().count(), 43);
         let bad = dir.path().join("bad.txt");
         std::fs::write(&bad, "Paris=France\nLondon\n").unwrap();
         let err = format!("{:#}", read_entries(&bad).unwrap_err());

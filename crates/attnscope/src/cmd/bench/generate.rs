@@ -81,7 +81,8 @@ fn run_once(model: &Model, prompt: &[u32], new_tokens: usize) -> Result<Run, Mod
     let last_row = |logits: &[f32]| greedy(&logits[logits.len() - vocab..]);
     let start = Instant::now();
     // The last new token is never fed back: prompt + N − 1 positions.
-    let mut cache = KvCache::with_capacity(model, prompt.len() + new_tokens - 1)?;
+    let positions = prompt.len().saturating_add(new_tokens - 1);
+    let mut cache = KvCache::with_capacity(model, positions)?;
     let mut next = last_row(&cache.feed(prompt, false)?.logits);
     let prefill = start.elapsed().as_secs_f64();
     let mut ids = vec![next];
