@@ -66,23 +66,9 @@ pub fn sdpa_reference(
                 let q_row = &input.q[row * d..][..d];
                 let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
                 for j in 0..s_n {
-                    let k_row = &k_head[j * d..][..d];
-                    // 1. scale · q·k
-                    let mut s = scale * dot(q_row, k_row);
-                    // 2. softcap
-                    if let Some(c) = options.softcap {
-                        s = c * (s / c).tanh();
-                    }
-                    // 3. ALiBi: a linear penalty on the distance to the aligned diagonal.
-                    if let Some(slopes) = &options.alibi {
-                        let dist = (i as isize + offset - j as isize).unsigned_abs();
-                        s -= slopes[h] * dist as f32;
-                    }
-                    // 4. float mask
-                    if let Some(m) = &options.float_mask {
-                        s += m.at(b, h, i, j);
-                    }
-                    scores[j] = s;
+                    // 1–4. scale · q·k, softcap, ALiBi, float mask
+                    let qk = dot(q_row, &k_head[j * d..][..d]);
+                    scores[j] = score(options, (scale, offset), qk, (b, h, i, j)).0;
                     // 5. visibility
                     visible[j] = j >= lo && j < hi && options.masks_allow(b, h, i, j);
                 }
@@ -151,6 +137,33 @@ pub fn sdpa_reference(
     Ok(AttnOutput { out, lse, weights })
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// Steps 1–4 of the rules for query `i` of head `h` in batch `b` and key `j`, from `q·k`:
+/// times the scale, the softcap, the ALiBi penalty on the distance to the aligned diagonal
+/// (`offset`), the float mask. Also returns the softcap's derivative `d(capped)/d(raw)` (1
+/// without one), which the backward twin needs.
+pub(crate) fn score(
+    options: &AttnOptions,
+    (scale, offset): (f32, isize),
+    qk: f32,
+    (b, h, i, j): (usize, usize, usize, usize),
+) -> (f32, f32) {
+    let mut s = scale * qk;
+    let mut dcap = 1.0;
+    if let Some(c) = options.softcap {
+        let t = (s / c).tanh();
+        s = c * t;
+        dcap = 1.0 - t * t;
+    }
+    if let Some(slopes) = &options.alibi {
+        let dist = (i as isize + offset - j as isize).unsigned_abs();
+        s -= slopes[h] * dist as f32;
+    }
+    if let Some(m) = &options.float_mask {
+        s += m.at(b, h, i, j);
+    }
+    (s, dcap)
+}
+
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

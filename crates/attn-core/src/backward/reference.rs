@@ -4,6 +4,7 @@
 
 use super::{Grads, validate};
 use crate::mask::{diagonal_offset, key_range};
+use crate::reference::{dot, score};
 use crate::{AttnError, AttnInput, AttnOptions};
 
 /// Gradients of `sum(out · dout)` computed the plain way: one query row at a time, with its
@@ -63,21 +64,8 @@ pub(super) fn add_rows(
         let do_row = &dout[row * dv..][..dv];
         let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
         for j in 0..s_n {
-            let k_row = &input.k[(kv * s_n + j) * d..][..d];
-            let mut x = scale * dot(q_row, k_row);
-            if let Some(c) = options.softcap {
-                let t = (x / c).tanh();
-                x = c * t;
-                dcap[j] = 1.0 - t * t;
-            }
-            if let Some(slopes) = &options.alibi {
-                let dist = (i as isize + offset - j as isize).unsigned_abs();
-                x -= slopes[h] * dist as f32;
-            }
-            if let Some(m) = &options.float_mask {
-                x += m.at(b, h, i, j);
-            }
-            s[j] = x;
+            let qk = dot(q_row, &input.k[(kv * s_n + j) * d..][..d]);
+            (s[j], dcap[j]) = score(options, (scale, offset), qk, (b, h, i, j));
             vis[j] = j >= lo && j < hi && options.masks_allow(b, h, i, j);
             z[j] = options.dropout.map_or(1.0, |d| d.apply(1.0, b, h, i, j));
         }
@@ -124,8 +112,4 @@ pub(super) fn add_rows(
             }
         }
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
