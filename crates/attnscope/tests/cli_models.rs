@@ -399,7 +399,10 @@ fn a_long_lookup_key_is_named_and_can_be_cut() {
         a
     };
     let stderr = fails_with(&args(&[]), "--truncate");
-    assert!(stderr.contains("embedding the key of --entry #2"), "{stderr}");
+    assert!(
+        stderr.contains("embedding the key of --entry #2"),
+        "{stderr}"
+    );
     let doc = ok_json(&args(&["--truncate"]));
     assert_eq!(doc["entries"].as_array().unwrap().len(), 2);
 }
