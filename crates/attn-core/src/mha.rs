@@ -576,8 +576,8 @@ fn dropped(w: Weights, d: Dropout, shape: &AttnShape, asked: &WeightsRequest) ->
     match w {
         Weights::All(mut data) => {
             for (n, w) in data.iter_mut().enumerate() {
-                let (row, j) = (n / s, n % s);
-                *w = d.apply(*w, row / (h * l), row / l % h, row % l, j);
+                let ((b, h, i), j) = (shape.query_row(n / s), n % s);
+                *w = d.apply(*w, b, h, i, j);
             }
             match asked {
                 WeightsRequest::HeadAverage => {

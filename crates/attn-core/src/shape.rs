@@ -43,6 +43,13 @@ impl AttnShape {
         h / self.group_size()
     }
 
+    /// `(batch, head, query)` of row `row` of a `[batch, n_heads, seq_q]` tensor (the lse, or
+    /// the rows of `q` and `out`).
+    pub(crate) fn query_row(&self, row: usize) -> (usize, usize, usize) {
+        let (h, l) = (self.n_heads, self.seq_q);
+        (row / (h * l), row / l % h, row % l)
+    }
+
     pub fn q_dims(&self) -> [usize; 4] {
         [self.batch, self.n_heads, self.seq_q, self.head_dim]
     }
@@ -116,19 +123,17 @@ pub(crate) fn check_overflow<T: FiniteBits>(
     options: &AttnOptions,
     [q, k, v]: [&[T]; 3],
 ) -> Result<(), AttnError> {
-    let (h, l) = (shape.n_heads, shape.seq_q);
-    let row_of = |at: usize| (at / (h * l), at / l % h, at % l);
     let Some(at) = lse.iter().enumerate().position(|(at, &x)| {
         x.is_nan()
             || x == f32::INFINITY
-            || (x == f32::NEG_INFINITY && sees_a_key(shape, options, row_of(at)))
+            || (x == f32::NEG_INFINITY && sees_a_key(shape, options, shape.query_row(at)))
     }) else {
         return Ok(());
     };
     if ![q, k, v].into_iter().all(T::all_finite) {
         return Ok(());
     }
-    let (batch, head, row) = row_of(at);
+    let (batch, head, row) = shape.query_row(at);
     Err(AttnError::ScoreOverflow { batch, head, row })
 }
 

@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::backward::check_saved_lse;
 use crate::shape::{check_finite, check_len};
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnShape, Dropout, Grads, WeightsRequest, sdpa,
@@ -374,18 +375,7 @@ pub fn sdpa_varlen_backward(
     check_len("dout", &[total_q, n_heads, value_dim], dout.len())?;
     check_finite("dout", dout)?;
     check_finite("out", &fwd.out)?;
-    // −∞ is a row that saw no key; NaN and +∞ cannot come from a forward pass.
-    if let Some(index) = fwd
-        .lse
-        .iter()
-        .position(|x| x.is_nan() || *x == f32::INFINITY)
-    {
-        return Err(AttnError::NonFinite {
-            tensor: "lse",
-            index,
-            value: fwd.lse[index],
-        });
-    }
+    check_saved_lse(&fwd.lse)?;
     let width = n_heads * value_dim;
     let results = (0..input.batch())
         .into_par_iter()

@@ -120,6 +120,19 @@ pub struct Grads {
     pub dv: Vec<f32>,
 }
 
+/// Refuses a saved log-sum-exp holding NaN or +∞, which no forward pass gives (−∞ is a row
+/// that saw no key).
+pub(crate) fn check_saved_lse(lse: &[f32]) -> Result<(), AttnError> {
+    match lse.iter().position(|x| x.is_nan() || *x == f32::INFINITY) {
+        None => Ok(()),
+        Some(index) => Err(AttnError::NonFinite {
+            tensor: "lse",
+            index,
+            value: lse[index],
+        }),
+    }
+}
+
 /// Checks the saved forward results and the incoming gradient against the call's shape.
 fn validate(
     input: &AttnInput<'_>,
@@ -136,16 +149,7 @@ fn validate(
         check_len("out", &sh.out_dims(), out.len())?;
         check_len("lse", &sh.out_dims()[..3], lse.len())?;
         finite.push(("out", out));
-        // −∞ is a row that saw no key; NaN and +∞ cannot come from a forward pass.
-        if let Some((index, &value)) =
-            (lse.iter().enumerate()).find(|(_, x)| x.is_nan() || **x == f32::INFINITY)
-        {
-            return Err(AttnError::NonFinite {
-                tensor: "lse",
-                index,
-                value,
-            });
-        }
+        check_saved_lse(lse)?;
         // A row that saw no key has output 0: an lse of −∞ beside any other output is not from
         // the same forward pass, and would silently give that row no gradient.
         let dv = sh.value_dim;

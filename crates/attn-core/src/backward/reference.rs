@@ -54,11 +54,7 @@ pub(super) fn add_rows(
     let (mut s, mut vis, mut dcap) = (vec![0.0f32; s_n], vec![false; s_n], vec![1.0f32; s_n]);
     let (mut p, mut z, mut dp) = (vec![0.0f32; s_n], vec![1.0f32; s_n], vec![0.0f32; s_n]);
     for row in rows {
-        let (b, h, i) = (
-            row / (sh.n_heads * sh.seq_q),
-            row / sh.seq_q % sh.n_heads,
-            row % sh.seq_q,
-        );
+        let (b, h, i) = sh.query_row(row);
         let kv = b * sh.n_kv_heads + sh.kv_head(h);
         let q_row = &input.q[row * d..][..d];
         let do_row = &dout[row * dv..][..dv];
