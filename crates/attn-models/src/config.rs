@@ -1,7 +1,9 @@
 //! `config.json` of a Hugging Face checkpoint, read into one architecture-neutral description.
 //!
-//! Field names and defaults mirror transformers' `BertConfig` and `GPT2Config`
+//! Field names and defaults mirror transformers' `BertConfig`, `RobertaConfig`,
+//! `DistilBertConfig` and `GPT2Config`
 //! (<https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/configuration_bert.py>,
+//! `.../models/roberta/configuration_roberta.py`, `.../models/distilbert/configuration_distilbert.py`,
 //! `.../models/gpt2/configuration_gpt2.py`). Every dimension is checked here, once, so that the
 //! model code can index without further checks.
 
@@ -11,16 +13,40 @@ use serde::Deserialize;
 
 use crate::ModelError;
 
-/// The architectures this crate runs.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["bert", "gpt2"];
+/// The `model_type`s this crate runs.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "camembert",
+    "distilbert",
+    "gpt2",
+];
 
 /// Which architecture a checkpoint is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
-    /// BERT encoder: post-LayerNorm, bidirectional attention, token type embeddings.
+    /// BERT-family encoder: post-LayerNorm, bidirectional attention.
     Bert,
     /// GPT-2 decoder: pre-LayerNorm, causal attention, a language-model head (tied to the word
     /// embeddings unless `tie_word_embeddings` is false).
+    Gpt2,
+}
+
+/// Which member of a [`ModelKind`] a checkpoint is: the encoders share their layers and differ
+/// in their tensor names and embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// BERT: positions from 0, token type embeddings of each token's segment.
+    Bert,
+    /// RoBERTa, XLM-RoBERTa and CamemBERT (fairseq's numbering): a token other than the pad
+    /// token takes position `pad_token_id + 1 +` the non-pad tokens before it, a pad token
+    /// `pad_token_id`; every token takes token type 0, as transformers does when it is given
+    /// no `token_type_ids`, which their tokenizers do not return.
+    Roberta,
+    /// DistilBERT: BERT's layers under other names, positions from 0, no token types.
+    DistilBert,
+    /// GPT-2.
     Gpt2,
 }
 
@@ -73,6 +99,16 @@ const BERT_FIELDS: FieldNames = FieldNames {
     activation: "hidden_act",
 };
 
+const DISTILBERT_FIELDS: FieldNames = FieldNames {
+    hidden_size: "dim",
+    n_layers: "n_layers",
+    n_heads: "n_heads",
+    intermediate_size: "hidden_dim",
+    max_positions: "max_position_embeddings",
+    layer_norm_eps: "layer_norm_eps",
+    activation: "activation",
+};
+
 const GPT2_FIELDS: FieldNames = FieldNames {
     hidden_size: "n_embd",
     n_layers: "n_layer",
@@ -104,13 +140,16 @@ impl TokenIds {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub kind: ModelKind,
+    pub family: Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub n_layers: usize,
     pub n_heads: usize,
     pub intermediate_size: usize,
+    /// Rows of the position embedding table (RoBERTa's first `pad_token_id + 1` are never
+    /// read by a text: [`ModelConfig::max_tokens`]).
     pub max_positions: usize,
-    /// Number of token types (segments); 0 for GPT-2, which has none.
+    /// Number of token types (segments); 0 for DistilBERT and GPT-2, which have none.
     pub type_vocab_size: usize,
     pub layer_norm_eps: f32,
     pub activation: Activation,
@@ -153,6 +192,27 @@ struct BertJson {
     add_cross_attention: bool,
 }
 
+/// `DistilBertConfig`'s fields, with its defaults.
+#[derive(Deserialize)]
+struct DistilBertJson {
+    #[serde(default = "distilbert_vocab")]
+    vocab_size: usize,
+    #[serde(default = "distilbert_dim")]
+    dim: usize,
+    #[serde(default = "distilbert_layers")]
+    n_layers: usize,
+    #[serde(default = "distilbert_heads")]
+    n_heads: usize,
+    #[serde(default = "distilbert_hidden_dim")]
+    hidden_dim: usize,
+    #[serde(default = "bert_act")]
+    activation: String,
+    #[serde(default = "distilbert_positions")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    pad_token_id: Option<u32>,
+}
+
 #[derive(Deserialize)]
 struct Gpt2Json {
     vocab_size: usize,
@@ -186,6 +246,24 @@ fn gpt2_act() -> String {
 }
 fn two() -> usize {
     2
+}
+fn distilbert_vocab() -> usize {
+    30522
+}
+fn distilbert_dim() -> usize {
+    768
+}
+fn distilbert_layers() -> usize {
+    6
+}
+fn distilbert_heads() -> usize {
+    12
+}
+fn distilbert_hidden_dim() -> usize {
+    3072
+}
+fn distilbert_positions() -> usize {
+    512
 }
 fn bert_eps() -> f64 {
     1e-12
@@ -275,7 +353,7 @@ impl ModelConfig {
         let ty: TypeOnly = serde_json::from_str(text).map_err(bad)?;
         let model_type = ty.model_type.unwrap_or_default();
         let config = match model_type.as_str() {
-            "bert" => {
+            "bert" | "roberta" | "xlm-roberta" | "camembert" => {
                 let c: BertJson = serde_json::from_str(text).map_err(bad)?;
                 if let Some(p) = c.position_embedding_type.as_deref()
                     && p != "absolute"
@@ -291,8 +369,13 @@ impl ModelConfig {
                         "cross-attention is not supported",
                     ));
                 }
+                let (family, default_pad) = match model_type.as_str() {
+                    "bert" => (Family::Bert, 0),
+                    _ => (Family::Roberta, 1),
+                };
                 ModelConfig {
                     kind: ModelKind::Bert,
+                    family,
                     vocab_size: c.vocab_size,
                     hidden_size: c.hidden_size,
                     n_layers: c.num_hidden_layers,
@@ -302,8 +385,28 @@ impl ModelConfig {
                     type_vocab_size: c.type_vocab_size,
                     layer_norm_eps: layer_norm_eps(c.layer_norm_eps, BERT_FIELDS.layer_norm_eps)?,
                     activation: Activation::parse(&c.hidden_act, BERT_FIELDS.activation)?,
-                    pad_token_id: c.pad_token_id.unwrap_or(0),
+                    pad_token_id: c.pad_token_id.unwrap_or(default_pad),
                     causal: c.is_decoder,
+                    tied_lm_head: true,
+                }
+            }
+            "distilbert" => {
+                let c: DistilBertJson = serde_json::from_str(text).map_err(bad)?;
+                ModelConfig {
+                    kind: ModelKind::Bert,
+                    family: Family::DistilBert,
+                    vocab_size: c.vocab_size,
+                    hidden_size: c.dim,
+                    n_layers: c.n_layers,
+                    n_heads: c.n_heads,
+                    intermediate_size: c.hidden_dim,
+                    max_positions: c.max_position_embeddings,
+                    type_vocab_size: 0,
+                    // transformers' DistilBERT layers fix their LayerNorms' epsilon.
+                    layer_norm_eps: 1e-12,
+                    activation: Activation::parse(&c.activation, DISTILBERT_FIELDS.activation)?,
+                    pad_token_id: c.pad_token_id.unwrap_or(0),
+                    causal: false,
                     tied_lm_head: true,
                 }
             }
@@ -329,6 +432,7 @@ impl ModelConfig {
                 }
                 ModelConfig {
                     kind: ModelKind::Gpt2,
+                    family: Family::Gpt2,
                     vocab_size: c.vocab_size,
                     hidden_size: c.n_embd,
                     n_layers: c.n_layer,
@@ -358,11 +462,44 @@ impl ModelConfig {
                 });
             }
         };
-        config.validate(match config.kind {
-            ModelKind::Bert => &BERT_FIELDS,
-            ModelKind::Gpt2 => &GPT2_FIELDS,
+        config.validate(match config.family {
+            Family::Bert | Family::Roberta => &BERT_FIELDS,
+            Family::DistilBert => &DISTILBERT_FIELDS,
+            Family::Gpt2 => &GPT2_FIELDS,
         })?;
         Ok(config)
+    }
+
+    /// The most tokens one text may hold: a position for each ([`Family::Roberta`] numbers
+    /// a text's tokens from `pad_token_id + 1`).
+    pub fn max_tokens(&self) -> usize {
+        match self.family {
+            Family::Roberta => self
+                .max_positions
+                .saturating_sub(self.pad_token_id as usize + 1),
+            Family::Bert | Family::DistilBert | Family::Gpt2 => self.max_positions,
+        }
+    }
+
+    /// The position embedding row of each of the `n` tokens of one text whose ids begin with
+    /// `ids` (pad tokens after them): `0..n`, or RoBERTa's numbering ([`Family::Roberta`]).
+    pub fn positions(&self, ids: &[u32], n: usize) -> Vec<usize> {
+        match self.family {
+            Family::Roberta => {
+                let pad = self.pad_token_id;
+                let mut last = pad as usize;
+                (0..n)
+                    .map(|t| match ids.get(t) {
+                        Some(&id) if id != pad => {
+                            last += 1;
+                            last
+                        }
+                        _ => pad as usize,
+                    })
+                    .collect()
+            }
+            Family::Bert | Family::DistilBert | Family::Gpt2 => (0..n).collect(),
+        }
     }
 
     /// Size of one head: `hidden_size / n_heads`.
@@ -382,6 +519,19 @@ impl ModelConfig {
             if value == 0 {
                 return Err(unsupported(field, "must be at least 1"));
             }
+        }
+        if matches!(self.family, Family::Bert | Family::Roberta) && self.type_vocab_size == 0 {
+            return Err(unsupported("type_vocab_size", "must be at least 1"));
+        }
+        if self.max_tokens() == 0 {
+            return Err(unsupported(
+                names.max_positions,
+                format!(
+                    "{} leaves no position for a token: RoBERTa's positions start after \
+                     pad_token_id {}",
+                    self.max_positions, self.pad_token_id
+                ),
+            ));
         }
         if !self.hidden_size.is_multiple_of(self.n_heads) {
             return Err(unsupported(

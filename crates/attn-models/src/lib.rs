@@ -15,7 +15,7 @@ pub mod pooling;
 pub mod tokenize;
 pub mod weights;
 
-pub use config::{Activation, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES};
+pub use config::{Activation, Family, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES};
 pub use error::ModelError;
 pub use model::{EMBED_BATCH, Model, ModelOutput, QueryKey, RunOptions, set_threads};
 pub use tokenize::Encoding;

@@ -17,7 +17,7 @@ use crate::ops::{Epilogue, Gemm, GemmKernel, gemm_bt, residual_bias_add};
 use crate::pooling::Pooling;
 use crate::tokenize::{Encoding, Limit, TextTokenizer};
 use crate::weights::Weights;
-use crate::{ModelConfig, ModelError, ModelKind};
+use crate::{Family, ModelConfig, ModelError, ModelKind};
 
 /// How many texts [`Model::embed`] runs through the model at once.
 pub const EMBED_BATCH: usize = 64;
@@ -222,7 +222,7 @@ impl Model {
         // once. A tokenizer error is reported first, as if they had run in turn.
         let (tokenizer, weights) = std::thread::scope(|scope| {
             let tokenizer = scope.spawn(|| {
-                TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_positions)
+                TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_tokens())
             });
             let weights = Checkpoint::open(&dir.join("model.safetensors"))
                 .and_then(|checkpoint| Weights::load(&checkpoint, &config));
@@ -274,9 +274,9 @@ impl Model {
     pub fn hidden_size(&self) -> usize {
         self.config.hidden_size
     }
-    /// The most tokens one text may have.
+    /// The most tokens one text may have ([`ModelConfig::max_tokens`]).
     pub fn max_positions(&self) -> usize {
-        self.config.max_positions
+        self.config.max_tokens()
     }
     /// Chooses the multiply of the linear layers for later runs ([`GemmKernel::Auto`] unless
     /// set).
@@ -380,10 +380,10 @@ impl Model {
         if lengths.contains(&0) {
             return Err(ModelError::EmptyText { which: "text" });
         }
-        if seq_len > c.max_positions {
+        if seq_len > c.max_tokens() {
             return Err(ModelError::TooLong {
                 tokens: seq_len,
-                max: c.max_positions,
+                max: c.max_tokens(),
                 embedding: false,
                 text: None,
             });
@@ -395,7 +395,7 @@ impl Model {
                     vocab_size: c.vocab_size,
                 });
             }
-            if c.kind == ModelKind::Bert
+            if c.family == Family::Bert
                 && let Some(&s) = enc.segments.iter().find(|&&s| s >= c.type_vocab_size)
             {
                 return Err(ModelError::InvalidConfig {
@@ -621,28 +621,34 @@ impl Model {
             .collect()
     }
 
-    /// Word + position (+ token type) embeddings, then BERT's embedding LayerNorm. Padded
-    /// positions hold the pad token.
+    /// Word + position (+ token type) embeddings, then the encoders' embedding LayerNorm.
+    /// Padded positions hold the pad token.
     fn embed_tokens(&self, encs: &[Encoding], seq_len: usize, hidden: &mut [f32]) {
         let c = &self.config;
         let h = c.hidden_size;
         let words = &self.weights.word_embeddings;
         let pad = (c.pad_token_id as usize).min(c.vocab_size - 1);
         for (b, enc) in encs.iter().enumerate() {
-            for t in 0..seq_len {
+            let positions = c.positions(&enc.ids, seq_len);
+            for (t, position) in positions.into_iter().enumerate() {
                 let (id, segment) = match enc.ids.get(t) {
                     Some(&id) => (id as usize, enc.segments.get(t).copied().unwrap_or(0)),
                     None => (pad, 0),
                 };
                 let row = &mut hidden[(b * seq_len + t) * h..][..h];
                 let word = &words[id * h..][..h];
-                let pos = &self.weights.position[t * h..][..h];
+                let pos = &self.weights.position[position * h..][..h];
                 row.iter_mut()
                     .zip(word)
                     .zip(pos)
                     .for_each(|((v, w), p)| *v = w + p);
-                if c.kind == ModelKind::Bert {
-                    let ty = &self.weights.token_type[segment * h..][..h];
+                let token_type = match c.family {
+                    Family::Bert => Some(segment),
+                    Family::Roberta => Some(0),
+                    Family::DistilBert | Family::Gpt2 => None,
+                };
+                if let Some(ty) = token_type {
+                    let ty = &self.weights.token_type[ty * h..][..h];
                     row.iter_mut().zip(ty).for_each(|(v, t)| *v += t);
                 }
             }

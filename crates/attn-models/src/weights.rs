@@ -1,17 +1,20 @@
-//! The tensors of a BERT or GPT-2 checkpoint, read once from the mapped safetensors file,
-//! checked against the config, and packed for the GEMMs.
+//! The tensors of a BERT-family or GPT-2 checkpoint, read once from the mapped safetensors
+//! file, checked against the config, and packed for the GEMMs.
 //!
-//! Tensor names follow transformers' `BertModel` and `GPT2Model` state dicts
+//! Tensor names follow transformers' `BertModel`, `RobertaModel`, `DistilBertModel` and
+//! `GPT2Model` state dicts
 //! (<https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/modeling_bert.py>,
-//! `.../models/gpt2/modeling_gpt2.py`), with or without the `bert.` / `transformer.` prefix that
-//! task heads add.
+//! `.../models/roberta/modeling_roberta.py`, `.../models/distilbert/modeling_distilbert.py`,
+//! `.../models/gpt2/modeling_gpt2.py`), with or without the `bert.` / `roberta.` /
+//! `distilbert.` / `transformer.` prefix that task heads add.
 
 use crate::checkpoint::{Checkpoint, F32Data};
 use crate::ops::{LayerNorm, Linear, Weight, WeightLayout};
-use crate::{ModelConfig, ModelError, ModelKind};
+use crate::{Family, ModelConfig, ModelError};
 
-/// One transformer block. For BERT the norms come after each sublayer (post-norm: attention
-/// output LayerNorm, output LayerNorm); for GPT-2 before (pre-norm: `ln_1`, `ln_2`).
+/// One transformer block. For the encoders the norms come after each sublayer (post-norm:
+/// BERT's attention output LayerNorm and output LayerNorm, DistilBERT's `sa_layer_norm` and
+/// `output_layer_norm`); for GPT-2 before (pre-norm: `ln_1`, `ln_2`).
 pub struct Layer {
     /// Query, key and value projections side by side: output `[rows, 3·hidden]`.
     pub qkv: Linear,
@@ -32,9 +35,9 @@ pub struct Weights {
     pub lm_head: Option<F32Data>,
     /// `[max_positions, hidden]`
     pub position: Vec<f32>,
-    /// `[type_vocab_size, hidden]`; empty for GPT-2.
+    /// `[type_vocab_size, hidden]`; empty for DistilBERT and GPT-2.
     pub token_type: Vec<f32>,
-    /// BERT's embedding LayerNorm.
+    /// The encoders' embedding LayerNorm.
     pub embed_norm: Option<LayerNorm>,
     pub layers: Vec<Layer>,
     /// GPT-2's `ln_f`.
@@ -79,6 +82,28 @@ fn torch_linear(
     ))
 }
 
+/// The query, key and value `nn.Linear`s (`hidden` to `hidden`) named `{prefix}{part}`,
+/// writing side by side into one `[rows, 3·hidden]` output like GPT-2's fused `c_attn`; the
+/// weights stay in the map.
+fn torch_qkv(
+    ckpt: &Checkpoint,
+    prefix: &str,
+    parts: [&str; 3],
+    h: usize,
+) -> Result<Linear, ModelError> {
+    let mut weights = Vec::with_capacity(3);
+    let mut bias = Vec::with_capacity(3 * h);
+    for part in parts {
+        weights.push(Weight {
+            data: ckpt.f32_data(&format!("{prefix}{part}.weight"), &[h, h])?,
+            layout: WeightLayout::OutIn,
+            n_out: h,
+        });
+        bias.extend(ckpt.f32(&format!("{prefix}{part}.bias"), &[h])?);
+    }
+    Ok(Linear::from_parts(weights, bias, h))
+}
+
 /// A GPT-2 `Conv1D` (`weight` `[n_in, n_out]`).
 fn conv1d(ckpt: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Linear, ModelError> {
     Ok(Linear::new(
@@ -93,9 +118,11 @@ fn conv1d(ckpt: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Li
 impl Weights {
     /// Reads every tensor the config calls for, checking each one's shape.
     pub fn load(ckpt: &Checkpoint, config: &ModelConfig) -> Result<Weights, ModelError> {
-        match config.kind {
-            ModelKind::Bert => load_bert(ckpt, config),
-            ModelKind::Gpt2 => load_gpt2(ckpt, config),
+        match config.family {
+            Family::Bert => load_bert(ckpt, config, "bert."),
+            Family::Roberta => load_bert(ckpt, config, "roberta."),
+            Family::DistilBert => load_distilbert(ckpt, config),
+            Family::Gpt2 => load_gpt2(ckpt, config),
         }
     }
 
@@ -105,8 +132,17 @@ impl Weights {
     }
 }
 
-fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
-    let p = prefix_of(ckpt, &["", "bert."], "embeddings.word_embeddings.weight")?;
+/// BERT, or RoBERTa (the same tensors): `task_prefix` is the prefix task heads add.
+fn load_bert(
+    ckpt: &Checkpoint,
+    c: &ModelConfig,
+    task_prefix: &'static str,
+) -> Result<Weights, ModelError> {
+    let p = prefix_of(
+        ckpt,
+        &["", task_prefix],
+        "embeddings.word_embeddings.weight",
+    )?;
     let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
     let word_embeddings = ckpt.f32_data(
         &format!("{p}embeddings.word_embeddings.weight"),
@@ -115,20 +151,13 @@ fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}encoder.layer.{l}.");
-            // Query, key and value write side by side into one [rows, 3h] output, like
-            // GPT-2's fused c_attn; the weights stay in the map.
-            let mut parts = Vec::with_capacity(3);
-            let mut bias = Vec::with_capacity(3 * h);
-            for part in ["query", "key", "value"] {
-                parts.push(Weight {
-                    data: ckpt.f32_data(&format!("{lp}attention.self.{part}.weight"), &[h, h])?,
-                    layout: WeightLayout::OutIn,
-                    n_out: h,
-                });
-                bias.extend(ckpt.f32(&format!("{lp}attention.self.{part}.bias"), &[h])?);
-            }
             Ok(Layer {
-                qkv: Linear::from_parts(parts, bias, h),
+                qkv: torch_qkv(
+                    ckpt,
+                    &format!("{lp}attention.self."),
+                    ["query", "key", "value"],
+                    h,
+                )?,
                 attn_out: torch_linear(ckpt, &format!("{lp}attention.output.dense"), h, h)?,
                 norm_attn: norm(ckpt, &format!("{lp}attention.output.LayerNorm"), h, eps)?,
                 ff_in: torch_linear(ckpt, &format!("{lp}intermediate.dense"), h, i)?,
@@ -147,6 +176,49 @@ fn load_bert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
             &format!("{p}embeddings.token_type_embeddings.weight"),
             &[c.type_vocab_size, h],
         )?,
+        lm_head: None,
+        embed_norm: Some(norm(ckpt, &format!("{p}embeddings.LayerNorm"), h, eps)?),
+        layers,
+        final_norm: None,
+    })
+}
+
+fn load_distilbert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
+    let p = prefix_of(
+        ckpt,
+        &["", "distilbert."],
+        "embeddings.word_embeddings.weight",
+    )?;
+    let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+    let word_embeddings = ckpt.f32_data(
+        &format!("{p}embeddings.word_embeddings.weight"),
+        &[c.vocab_size, h],
+    )?;
+    let layers = (0..c.n_layers)
+        .map(|l| {
+            let lp = format!("{p}transformer.layer.{l}.");
+            Ok(Layer {
+                qkv: torch_qkv(
+                    ckpt,
+                    &format!("{lp}attention."),
+                    ["q_lin", "k_lin", "v_lin"],
+                    h,
+                )?,
+                attn_out: torch_linear(ckpt, &format!("{lp}attention.out_lin"), h, h)?,
+                norm_attn: norm(ckpt, &format!("{lp}sa_layer_norm"), h, eps)?,
+                ff_in: torch_linear(ckpt, &format!("{lp}ffn.lin1"), h, i)?,
+                ff_out: torch_linear(ckpt, &format!("{lp}ffn.lin2"), i, h)?,
+                norm_ff: norm(ckpt, &format!("{lp}output_layer_norm"), h, eps)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    Ok(Weights {
+        word_embeddings,
+        position: ckpt.f32(
+            &format!("{p}embeddings.position_embeddings.weight"),
+            &[c.max_positions, h],
+        )?,
+        token_type: Vec::new(),
         lm_head: None,
         embed_norm: Some(norm(ckpt, &format!("{p}embeddings.LayerNorm"), h, eps)?),
         layers,

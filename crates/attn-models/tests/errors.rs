@@ -397,7 +397,7 @@ fn bad_configs() {
         "{err}"
     );
     assert!(
-        err.to_string().contains("\"llama\"") && err.to_string().contains("bert, gpt2"),
+        err.to_string().contains("\"llama\"") && err.to_string().contains("bert, roberta"),
         "{err}"
     );
     let err = ModelConfig::from_json(r#"{"hidden_size": 8}"#).unwrap_err();
