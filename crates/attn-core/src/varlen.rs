@@ -403,7 +403,24 @@ pub fn sdpa_varlen_backward(
                 &lse,
                 &tokens(dout),
             )
-            .map_err(|e| in_sequence(e, b))
+            .map_err(|e| match e {
+                // The index is into the sequence's `[heads, seq, width]` gradient: name the
+                // packed `[tokens, heads, width]` one.
+                AttnError::GradientOverflow { tensor, index } => {
+                    let (rq, rkv) = input.ranges(b);
+                    let (heads, width, range) = match tensor {
+                        "dq" => (n_heads, head_dim, rq),
+                        "dk" => (n_kv_heads, head_dim, rkv),
+                        _ => (n_kv_heads, value_dim, rkv),
+                    };
+                    let (h, t) = (index / width / range.len(), index / width % range.len());
+                    AttnError::GradientOverflow {
+                        tensor,
+                        index: ((range.start + t) * heads + h) * width + index % width,
+                    }
+                }
+                other => in_sequence(other, b),
+            })
         })
         .collect::<Result<Vec<_>, AttnError>>()?;
     let mut g = Grads {

@@ -4,7 +4,9 @@
 use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Dropout, FloatMask, KeyPadding, Linear,
-    MhaConfig, MhaInput, MultiheadAttention, StateDict, WeightsRequest, sdpa, sdpa_reference,
+    MhaConfig, MhaInput, MultiheadAttention, PackedDims, PackedInput, StateDict, WeightsRequest,
+    sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference, sdpa_varlen,
+    sdpa_varlen_backward,
 };
 
 /// A valid 1×2×3×4 call (batch 1, 2 heads, 3 queries, 4 keys, head_dim 2).
@@ -617,4 +619,87 @@ fn a_config_built_by_hand_is_checked_by_the_module() {
         vdim: 4,
     };
     assert_eq!(no_heads.head_dim(), 0);
+}
+
+/// One query against four keys of values near 1 (d 2): a `dout` of 2e38 makes
+/// `dP = dout·vᵀ` pass f32's range (about 4e38) although every gradient, computed in f64, is
+/// finite (|dq| below 3e34). Both backward paths returned NaN for `dq` and `dk`.
+#[test]
+fn a_gradient_that_overflows_is_refused_naming_it() {
+    let sh = AttnShape::new(1, 1, 1, 4, 2);
+    let (q, k) = (
+        vec![0.5, -0.3],
+        vec![0.1, 0.2, -0.4, 0.3, 0.6, -0.1, 0.0, 0.5],
+    );
+    let v = vec![1.0, 1.001, 0.999, 1.0, 1.002, 0.998, 1.0005, 1.0];
+    let input = AttnInput::new(&q, &k, &v, sh).unwrap();
+    let options = AttnOptions::default();
+    let fwd = sdpa(&input, &options).unwrap();
+    let dout = vec![2e38f32; 2];
+    for (path, err) in [
+        (
+            "fast",
+            sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &dout).unwrap_err(),
+        ),
+        (
+            "reference",
+            sdpa_backward_reference(&input, &options, &dout).unwrap_err(),
+        ),
+    ] {
+        assert!(
+            matches!(err, AttnError::GradientOverflow { tensor: "dq", .. }),
+            "{path}: {err:?}"
+        );
+        assert!(err.to_string().contains("scale dout"), "{path}: {err}");
+    }
+    // Half that dout gives finite gradients.
+    let half = vec![1e38f32; 2];
+    let g = sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &half).unwrap();
+    assert!(g.dq.iter().chain(&g.dk).chain(&g.dv).all(|x| x.is_finite()));
+}
+
+/// The same overflow in the second sequence of a packed batch is named at its packed index:
+/// `dq` is `[tokens, heads, head_dim]`, and the sequence's one query is token 3.
+#[test]
+fn a_packed_gradient_overflow_names_the_packed_index() {
+    let dims = PackedDims {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 2,
+        value_dim: 2,
+    };
+    let (cu_q, cu_kv) = ([0, 3, 4], [0, 2, 6]);
+    let q: Vec<f32> = (0..4 * 2 * 2).map(|i| 0.1 * (i % 5) as f32 - 0.2).collect();
+    let k: Vec<f32> = (0..6 * 2).map(|i| 0.1 * (i % 7) as f32 - 0.3).collect();
+    let v: Vec<f32> = (0..6 * 2).map(|i| 1.0 + 0.001 * i as f32).collect();
+    let input = PackedInput::new(&q, &k, &v, &cu_q, &cu_kv, dims).unwrap();
+    let options = AttnOptions::default();
+    let fwd = sdpa_varlen(&input, &options).unwrap();
+    let mut dout = vec![1.0f32; 4 * 2 * 2];
+    // Token 3 (sequence 1's only query), head 1.
+    dout[(3 * 2 + 1) * 2..][..2].fill(2e38);
+    let err = sdpa_varlen_backward(&input, &options, &fwd, &dout).unwrap_err();
+    let AttnError::GradientOverflow { tensor, index } = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(tensor, "dq");
+    assert_eq!(index / (2 * 2), 3, "token of flat index {index}");
+    assert_eq!(index / 2 % 2, 1, "head of flat index {index}");
+}
+
+/// A call of 2^40 heads without a query or a key has nothing to compute: the reference looped
+/// over every head and was still running after a minute. Run on a thread so that a regression
+/// fails instead of hanging.
+#[test]
+fn a_call_without_rows_returns_at_once_whatever_its_head_count() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let sh = AttnShape::new(1 << 40, 1, 0, 0, 8);
+        let input = AttnInput::new(&[], &[], &[], sh).unwrap();
+        let fwd = sdpa_reference(&input, &AttnOptions::default()).unwrap();
+        let grads = sdpa_backward_reference(&input, &AttnOptions::default(), &[]).unwrap();
+        tx.send((fwd.out.len(), grads.dq.len())).unwrap();
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(60));
+    assert_eq!(got, Ok((0, 0)), "no answer within 60 s");
 }

@@ -120,6 +120,27 @@ pub struct Grads {
     pub dv: Vec<f32>,
 }
 
+impl Grads {
+    /// Refuses gradients holding NaN or ±∞ when `input` is finite (`dout`, `out` and `lse`
+    /// were checked by `validate`): only an overflow gives them then, and NaN or ∞ would come
+    /// back as a result. Non-finite inputs (`AttnInput::allowing_non_finite`) keep theirs.
+    fn refuse_overflow(self, input: &AttnInput<'_>) -> Result<Grads, AttnError> {
+        let overflow = [("dq", &self.dq), ("dk", &self.dk), ("dv", &self.dv)]
+            .into_iter()
+            .find_map(|(tensor, g)| Some((tensor, g.iter().position(|x| !x.is_finite())?)));
+        match overflow {
+            Some((tensor, index))
+                if [input.q, input.k, input.v]
+                    .iter()
+                    .all(|x| x.par_chunks(1 << 14).all(f32::all_finite)) =>
+            {
+                Err(AttnError::GradientOverflow { tensor, index })
+            }
+            _ => Ok(self),
+        }
+    }
+}
+
 /// Refuses a saved log-sum-exp holding NaN or +∞, which no forward pass gives (−∞ is a row
 /// that saw no key).
 pub(crate) fn check_saved_lse(lse: &[f32]) -> Result<(), AttnError> {
@@ -401,7 +422,7 @@ pub fn sdpa_backward_with(
         }
     }
     reference::add_rows(input, options, dout, far, &mut grads);
-    Ok(grads)
+    grads.refuse_overflow(input)
 }
 
 /// Everything a task reads.

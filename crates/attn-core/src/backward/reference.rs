@@ -32,7 +32,7 @@ pub fn sdpa_backward_reference(
     };
     let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
     add_rows(input, options, dout, 0..rows, &mut g);
-    Ok(g)
+    g.refuse_overflow(input)
 }
 
 /// Adds the gradients that query rows `rows` (flat indices into `[batch, n_heads, seq_q]`)
