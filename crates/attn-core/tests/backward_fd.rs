@@ -673,6 +673,60 @@ fn bad_options_are_refused_as_in_the_forward_pass() {
     );
 }
 
+/// Just under the tile bound (`scale·max ‖q‖·max ‖k‖` = 31.9) on queries and keys that share
+/// one direction, the AMX lane gives the reference's gradients within 1e-4 of their largest
+/// value (measured: `dq` 4.5e-5, `dk` 6e-6, `dv` 4e-6). Its scores were bf16x3 products,
+/// `3·2⁻¹⁶` of `Σ|q·k|` each, which `P = e^(S − lse)` took whole: `dq` was 2.1e-4 off here, and
+/// 1.2e-4 to 1.5e-3 from float64 in a review's cases (PyTorch's own backward: 1e-5). They are
+/// now bf16x6, as in the forward pass.
+#[test]
+fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
+    if !Isa::Amx.is_available() {
+        return;
+    }
+    let (l, s, d) = (128, 64, 32);
+    let shape = AttnShape::new(1, 1, l, s, d);
+    let mut rng = Rng(17);
+    let unit = |x: Vec<f32>| {
+        let norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        x.into_iter().map(move |v| v / norm)
+    };
+    let u: Vec<f32> = unit(rng.vec(d)).collect();
+    // Rows u + noise/20, of norm a: scale·a² = 31.9 with the default scale 1/√d.
+    let a = (31.9 * (d as f32).sqrt()).sqrt();
+    let mut rows = |n: usize| -> Vec<f32> {
+        (0..n)
+            .flat_map(|_| {
+                let row: Vec<f32> = u
+                    .iter()
+                    .zip(rng.vec(d))
+                    .map(|(u, e)| u + 0.05 * e)
+                    .collect();
+                unit(row).map(|v| v * a).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let (q, k) = (rows(l), rows(s));
+    let (v, dout) = (rng.vec(s * d), rng.vec(l * d));
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let options = AttnOptions::default();
+    let fwd = sdpa(&input, &options).unwrap();
+    let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
+    let got = sdpa_backward_with(Isa::Amx, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+    for (name, got, want) in [
+        ("dq", &got.dq, &want.dq),
+        ("dk", &got.dk, &want.dk),
+        ("dv", &got.dv, &want.dv),
+    ] {
+        let largest = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(err <= 1e-4 * largest, "{name}: off by {err} of {largest}");
+    }
+}
+
 /// Scores past the forward pass's tile bound take the FMA kernels in the backward pass too,
 /// whatever the ISA: the AMX lane's bf16x3 products put `dq` off by a tenth of its largest value
 /// on keys that share a component of 1000 (scores near 125), against 4e-4 on the FMA kernels.

@@ -32,10 +32,12 @@
 //! chunks of key blocks, each chunk with its own sums, added up at the end. The GEMMs and the
 //! elementwise pass have an AVX-512 build (`avx512.rs`) and a portable one (`kernels.rs`).
 //! With [`Isa::Amx`] (what [`Isa::best`] picks where the CPU has it), whole 64 × 64 blocks with
-//! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles in
-//! "bf16x3" (`bf16x.rs`: three bf16 products per f32 product, ≤ 3·2⁻¹⁶ relative error each;
-//! measured 3e-6 to 1e-5 from the twin against 3e-7 for the FMA build), when the call's scores
-//! are bounded as the forward pass's tiles need (`Norms::scores_bounded`).
+//! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles (`amx.rs`:
+//! `S`, `dP` and `dV` in bf16x6 as the forward pass, within a few f32 roundings; `dK` and `dQ`
+//! in bf16x3, ≤ 3·2⁻¹⁶ relative error per product), when the call's scores are bounded as the
+//! forward pass's tiles need (`Norms::scores_bounded`). At L = S = 2048, 8 heads, d 64 (2
+//! threads) forward + backward takes 81–83 ms against 64–65 with all five in bf16x3, and 97–99
+//! with all five in bf16x6.
 //!
 //! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
 //! its own softmax, no saved state. Calls of extreme magnitudes (a scale past `2^±60`, a row
@@ -242,11 +244,11 @@ impl Norms {
     }
 
     /// Whether every score `scale·q·k` of the call is bounded by [`F32_SCORE_BOUND`] (by
-    /// Cauchy–Schwarz, `|scale|·max ‖q‖·max ‖k‖`), as the AMX lane needs: its products round
-    /// each term to about `3·2⁻¹⁶`, which the exponential turns into a relative error of `P`
-    /// growing with the scores. Measured on 64 × 64 blocks whose keys share a large component
-    /// (scores near `s` plus differences of order 1), `dq` off by 1.5e-4 of its largest value
-    /// at a bound of 12 (FMA kernels 1.3e-5), 6e-4 at 22, 2e-2 at 169 and 0.1 at 659; heads
+    /// Cauchy–Schwarz, `|scale|·max ‖q‖·max ‖k‖`), as the AMX lane needs: the exponential turns
+    /// a score's rounding into a relative error of `P` that grows with the scores. When the
+    /// scores were bf16x3 products, `dq` on 64 × 64 blocks whose keys share a large component
+    /// was off by 1.5e-4 of its largest value at a bound of 12, 6e-4 at 22 and 0.1 at 659; in
+    /// bf16x6, 4.5e-5 at 31.9 (`scores_near_the_tile_bound_keep_the_amx_lane_exact`). Heads
     /// past the bound take the FMA kernels.
     fn scores_bounded(&self, scale: f32) -> bool {
         // NaN and ∞ fail it.
@@ -433,7 +435,7 @@ struct Plan<'a> {
     /// Whether ALiBi, a float mask, a boolean mask or key padding applies (the per-key lane).
     extras: bool,
     kernels: Kernels,
-    /// Whether whole blocks take the AMX bf16x3 products (`amx.rs`).
+    /// Whether whole blocks take the AMX products (`amx.rs`).
     amx: bool,
     scale: f32,
     q: &'a [f32],
@@ -476,26 +478,27 @@ struct Scratch {
     kh: KeyHead,
     t: Tiles,
     #[cfg(target_arch = "x86_64")]
-    bf: Bf16x3,
+    bf: AmxOperands,
 }
 
-/// The bf16x3 operands of the AMX products, each value's `hi` and `lo` (`bf16x.rs`: the A layout
-/// row-major, the B layout in tiles), for whole blocks only.
+/// The operands of the AMX products, each value split in bf16 parts (`amx::X6` or `amx::X3`;
+/// `bf16x.rs`: the A layout row-major, the B layout in tiles), for whole blocks only.
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
-struct Bf16x3 {
-    /// The A layout of `K` and `V`, `[seq_kv, 2·head_dim]` and `[seq_kv, 2·value_dim]`.
+struct AmxOperands {
+    /// The A layout of `K` and `V`, `[seq_kv, 3·head_dim]` and `[seq_kv, 3·value_dim]`.
     k: Aligned<u16>,
     v: Aligned<u16>,
     /// The A layout of each key block's `Kᵀ`, `[head_dim, 2·BLOCK_KV]` at `j0·2·head_dim`.
     kt: Aligned<u16>,
-    /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout`, `scale·Q`, at
-    /// `i0·2·width`.
+    /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout` (3 parts) and
+    /// `scale·Q` (2 parts), at `i0·parts·width`.
     qt: Aligned<u16>,
     dot: Aligned<u16>,
     dout: Aligned<u16>,
     q: Aligned<u16>,
-    /// This block's A layout of `(P∘Z)ᵀ` and of `dSᵀ`, and B layout of `dSᵀ`.
+    /// This block's A layout of `(P∘Z)ᵀ` (3 parts) and of `dSᵀ`, and B layout of `dSᵀ` (2
+    /// parts).
     p: Aligned<u16>,
     ds_a: Aligned<u16>,
     ds_b: Aligned<u16>,
@@ -625,14 +628,14 @@ impl Plan<'_> {
         self.pack_key_head(bkv, &key_blocks, tiles.is_some(), &mut scratch.kh);
         #[cfg(target_arch = "x86_64")]
         if tiles.is_some() {
-            self.pack_key_head_bf16x3(bkv, &key_blocks, &mut scratch.bf);
+            self.pack_key_head_amx(bkv, &key_blocks, &mut scratch.bf);
         }
         for g in 0..group {
             let h = (bkv % sh.n_kv_heads) * group + g;
             self.pack_query_head(b, h, &mut scratch.qh);
             #[cfg(target_arch = "x86_64")]
             if tiles.is_some() {
-                self.pack_query_head_bf16x3(&scratch.qh, &mut scratch.bf);
+                self.pack_query_head_amx(&scratch.qh, &mut scratch.bf);
             }
             // A group of query blocks stays in L2 while the key blocks stream past it.
             for g0 in (0..l_n).step_by(BLOCK_Q * Q_GROUP) {
@@ -672,13 +675,13 @@ impl Plan<'_> {
     /// The A layout of the whole key blocks among `blocks` of key/value head `bkv` (`K`, `V`,
     /// `Kᵀ`), for the AMX products.
     #[cfg(target_arch = "x86_64")]
-    fn pack_key_head_bf16x3(&self, bkv: usize, blocks: &[usize], bf: &mut Bf16x3) {
+    fn pack_key_head_amx(&self, bkv: usize, blocks: &[usize], bf: &mut AmxOperands) {
         let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
         let k_head = &self.k[bkv * s_n * d..][..s_n * d];
         let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
-        bf.k.get(2 * s_n * d);
-        bf.v.get(2 * s_n * dv);
-        bf.kt.get(2 * s_n * d);
+        bf.k.get(amx::X6 * s_n * d);
+        bf.v.get(amx::X6 * s_n * dv);
+        bf.kt.get(amx::X3 * s_n * d);
         let kt_f32 = bf.kt_f32.get(d * BLOCK_KV);
         for &jb in blocks {
             let j0 = jb * BLOCK_KV;
@@ -689,46 +692,49 @@ impl Plan<'_> {
             transpose(k_blk, (BLOCK_KV, d), kt_f32);
             // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
             unsafe {
-                bf16x::pack_a::<2>(k_blk, (BLOCK_KV, d, d), &mut bf.k.all_mut()[2 * j0 * d..]);
+                let k_at = &mut bf.k.all_mut()[amx::X6 * j0 * d..];
+                bf16x::pack_a::<{ amx::X6 }>(k_blk, (BLOCK_KV, d, d), k_at);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
-                let v_at = &mut bf.v.all_mut()[2 * j0 * dv..];
-                bf16x::pack_a::<2>(v_blk, (BLOCK_KV, dv, dv), v_at);
+                let v_at = &mut bf.v.all_mut()[amx::X6 * j0 * dv..];
+                bf16x::pack_a::<{ amx::X6 }>(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                bf16x::pack_a::<2>(kt_f32, kt, &mut bf.kt.all_mut()[2 * j0 * d..]);
+                bf16x::pack_a::<{ amx::X3 }>(kt_f32, kt, &mut bf.kt.all_mut()[amx::X3 * j0 * d..]);
             }
         }
     }
 
     /// The B layout of the whole query blocks of the packed query head `qh`, for the AMX products.
     #[cfg(target_arch = "x86_64")]
-    fn pack_query_head_bf16x3(&self, qh: &QueryHead, bf: &mut Bf16x3) {
+    fn pack_query_head_amx(&self, qh: &QueryHead, bf: &mut AmxOperands) {
         let (d, dv, l_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_q);
         let (q, dout) = (qh.q.view(l_n * d), qh.dout.view(l_n * dv));
         let (qt, dot) = (qh.qt.view(l_n * d), qh.dot.view(l_n * dv));
-        for (buf, len) in [
-            (&mut bf.qt, d),
-            (&mut bf.q, d),
-            (&mut bf.dot, dv),
-            (&mut bf.dout, dv),
-        ] {
-            buf.get(2 * l_n * len);
-        }
+        bf.qt.get(amx::X6 * l_n * d);
+        bf.dot.get(amx::X6 * l_n * dv);
+        bf.q.get(amx::X3 * l_n * d);
+        bf.dout.get(amx::X6 * l_n * dv);
         for i0 in (0..l_n).step_by(BLOCK_Q) {
             if l_n - i0 < BLOCK_Q {
                 continue;
             }
             let w = BLOCK_Q;
-            // Each block is `[width, w]` or `[w, width]`, at `i0·width` (`2·i0·width` packed).
-            for (src, (k, n), width, dst) in [
-                (qt, (d, w), d, &mut bf.qt),
-                (q, (w, d), d, &mut bf.q),
-                (dot, (dv, w), dv, &mut bf.dot),
-                (dout, (w, dv), dv, &mut bf.dout),
-            ] {
-                let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[2 * i0 * width..]);
+            // Each block is `[width, w]` or `[w, width]`, at `i0·width` (`parts·i0·width`
+            // packed).
+            for (src, (k, n), width, dst) in
+                [(qt, (d, w), d, &mut bf.qt), (dot, (dv, w), dv, &mut bf.dot)]
+            {
+                let at = amx::X6 * i0 * width;
+                let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[at..]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
-                unsafe { bf16x::pack_b::<2>(src, (k, n, n), dst) };
+                unsafe { bf16x::pack_b::<{ amx::X6 }>(src, (k, n, n), dst) };
             }
+            let (src, dst) = (&q[i0 * d..], &mut bf.q.all_mut()[amx::X3 * i0 * d..]);
+            // SAFETY: as above.
+            unsafe { bf16x::pack_b::<{ amx::X3 }>(src, (w, d, d), dst) };
+            let at = amx::X6 * i0 * dv;
+            let (src, dst) = (&dout[i0 * dv..], &mut bf.dout.all_mut()[at..]);
+            // SAFETY: as above.
+            unsafe { bf16x::pack_b::<{ amx::X6 }>(src, (w, dv, dv), dst) };
         }
     }
 
@@ -839,10 +845,16 @@ impl Plan<'_> {
             Some(tiles) => {
                 let bf = &scratch.bf;
                 let (p, ds) = ((t.p.get(n), rows), (t.ds.get(n), rows));
-                let (kk, qt) = (&bf.k.all()[2 * j0 * d..], &bf.qt.all()[2 * i0 * d..]);
-                amx::gemm(tiles, p, kk, qt, (keys, rows, d), false);
-                let (vv, dot) = (&bf.v.all()[2 * j0 * dv..], &bf.dot.all()[2 * i0 * dv..]);
-                amx::gemm(tiles, ds, vv, dot, (keys, rows, dv), false);
+                let (kk, qt) = (
+                    &bf.k.all()[amx::X6 * j0 * d..],
+                    &bf.qt.all()[amx::X6 * i0 * d..],
+                );
+                amx::gemm::<{ amx::X6 }>(tiles, p, kk, qt, (keys, rows, d), false);
+                let (vv, dot) = (
+                    &bf.v.all()[amx::X6 * j0 * dv..],
+                    &bf.dot.all()[amx::X6 * i0 * dv..],
+                );
+                amx::gemm::<{ amx::X6 }>(tiles, ds, vv, dot, (keys, rows, dv), false);
             }
             _ => {
                 let qt = Mat::packed(&qh.qt.view(l_n * d)[i0 * d..], d, rows);
@@ -863,7 +875,11 @@ impl Plan<'_> {
             {
                 let bf = &mut scratch.bf;
                 let tiles = (t.p.view(n), t.ds.view(n));
-                let packed = (bf.p.get(2 * n), bf.ds_a.get(2 * n), bf.ds_b.get(2 * n));
+                let packed = (
+                    bf.p.get(amx::X6 * n),
+                    bf.ds_a.get(amx::X3 * n),
+                    bf.ds_b.get(amx::X3 * n),
+                );
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe { amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed) };
             }
@@ -890,18 +906,32 @@ impl Plan<'_> {
                     let tile = (keys, rows, rows);
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                     unsafe {
-                        bf16x::pack_a::<2>(p, tile, bf.p.get(2 * n));
-                        bf16x::pack_a::<2>(ds, tile, bf.ds_a.get(2 * n));
-                        bf16x::pack_b::<2>(ds, tile, bf.ds_b.get(2 * n));
+                        bf16x::pack_a::<{ amx::X6 }>(p, tile, bf.p.get(amx::X6 * n));
+                        bf16x::pack_a::<{ amx::X3 }>(ds, tile, bf.ds_a.get(amx::X3 * n));
+                        bf16x::pack_b::<{ amx::X3 }>(ds, tile, bf.ds_b.get(amx::X3 * n));
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q);  dQᵀ += Kᵀ · dSᵀ
-                let (p, dout) = (bf.p.all(), &bf.dout.all()[2 * i0 * dv..]);
-                amx::gemm(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
-                let q = &bf.q.all()[2 * i0 * d..];
-                amx::gemm(tiles, (dk_acc, d), bf.ds_a.all(), q, (keys, d, rows), true);
-                let kt = &bf.kt.all()[2 * j0 * d..];
-                amx::gemm(tiles, (dqt, rows), kt, bf.ds_b.all(), (d, rows, keys), true);
+                let (p, dout) = (bf.p.all(), &bf.dout.all()[amx::X6 * i0 * dv..]);
+                amx::gemm::<{ amx::X6 }>(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
+                let q = &bf.q.all()[amx::X3 * i0 * d..];
+                amx::gemm::<{ amx::X3 }>(
+                    tiles,
+                    (dk_acc, d),
+                    bf.ds_a.all(),
+                    q,
+                    (keys, d, rows),
+                    true,
+                );
+                let kt = &bf.kt.all()[amx::X3 * j0 * d..];
+                amx::gemm::<{ amx::X3 }>(
+                    tiles,
+                    (dqt, rows),
+                    kt,
+                    bf.ds_b.all(),
+                    (d, rows, keys),
+                    true,
+                );
             }
             _ => {
                 let ds = Mat::packed(ds, keys, rows);
