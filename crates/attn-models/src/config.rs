@@ -139,6 +139,8 @@ impl TokenIds {
 /// The dimensions and constants of a checkpoint, whatever its architecture.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
+    /// `config.json`'s `model_type` (`"xlm-roberta"`).
+    pub model_type: String,
     pub kind: ModelKind,
     pub family: Family,
     pub vocab_size: usize,
@@ -374,6 +376,7 @@ impl ModelConfig {
                     _ => (Family::Roberta, 1),
                 };
                 ModelConfig {
+                    model_type,
                     kind: ModelKind::Bert,
                     family,
                     vocab_size: c.vocab_size,
@@ -393,6 +396,7 @@ impl ModelConfig {
             "distilbert" => {
                 let c: DistilBertJson = serde_json::from_str(text).map_err(bad)?;
                 ModelConfig {
+                    model_type,
                     kind: ModelKind::Bert,
                     family: Family::DistilBert,
                     vocab_size: c.vocab_size,
@@ -431,6 +435,7 @@ impl ModelConfig {
                     ));
                 }
                 ModelConfig {
+                    model_type,
                     kind: ModelKind::Gpt2,
                     family: Family::Gpt2,
                     vocab_size: c.vocab_size,

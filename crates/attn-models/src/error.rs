@@ -114,7 +114,7 @@ pub enum ModelError {
         /// The model directory's name.
         model: String,
         /// Its `config.json` `model_type`.
-        model_type: &'static str,
+        model_type: String,
     },
     /// Decoding needs more positions than the KV cache holds: its capacity, at most the model's
     /// `n_positions`.

@@ -57,7 +57,7 @@ pub(crate) fn check_decoder(model: &Model) -> Result<(), ModelError> {
         ModelKind::Gpt2 => Ok(()),
         ModelKind::Bert => Err(ModelError::NotADecoder {
             model: model.name().to_string(),
-            model_type: "bert",
+            model_type: model.config().model_type.clone(),
         }),
     }
 }

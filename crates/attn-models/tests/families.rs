@@ -180,6 +180,8 @@ fn minilm_as_distilbert_matches_transformers() {
     );
     assert_eq!(model.max_positions(), 512);
     matches_minilm_golden(&model, "distilbert");
+    let err = attn_models::kv_cache::KvCache::new(&model).err().unwrap();
+    assert!(err.to_string().ends_with("is a distilbert model"), "{err}");
 }
 
 #[test]
