@@ -60,14 +60,19 @@ def make(name, d):
         if name.startswith("distilbert"):
             cfg = DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=48,
                                    max_position_embeddings=64, sinusoidal_pos_embds=name.endswith("sinusoidal"))
+            assert cfg.sinusoidal_pos_embds == name.endswith("sinusoidal")
         else:
             cfg = BertConfig(vocab_size=30522, max_position_embeddings=64, **common)
         with open(f"{MINILM}/tokenizer.json", "rb") as src, open(f"{d}/tokenizer.json", "wb") as dst:
             dst.write(src.read())
     model = AutoModel.from_config(cfg, attn_implementation="eager").eval()
     with torch.no_grad():  # larger than the initialisation's weights, so that every layer matters
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
+        for n, p in model.named_parameters():
+            if "position_embeddings" not in n or not getattr(cfg, "sinusoidal_pos_embds", False):
+                p.add_(torch.randn_like(p) * 0.2)
+    if getattr(cfg, "sinusoidal_pos_embds", False):  # the table is sin/cos: row 0 is 0, 1, 0, 1, ...
+        row0 = model.embeddings.position_embeddings.weight[0, :4].tolist()
+        assert row0 == [0.0, 1.0, 0.0, 1.0], row0
     model.save_pretrained(d, safe_serialization=True)
     return model, plain(Tokenizer.from_file(f"{d}/tokenizer.json"))
 
@@ -97,7 +102,7 @@ def report(what, got, want):
 
 for name in ["bert", *ROBERTAS, "distilbert", "distilbert-sinusoidal"]:
     d = os.path.join(WORK, name)
-    model, tok = make(name.split("-sinusoidal")[0], d)
+    model, tok = make(name, d)
     for text, pair in [(t, None) for t in TEXTS] + [PAIR]:
         enc = tok.encode(text, pair) if pair else tok.encode(text)
         kw = {"token_type_ids": torch.tensor([enc.type_ids])} if name == "bert" else {}

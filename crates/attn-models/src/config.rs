@@ -194,16 +194,17 @@ struct BertJson {
     add_cross_attention: bool,
 }
 
-/// `DistilBertConfig`'s fields, with its defaults.
+/// `DistilBertConfig`'s fields, with its defaults, under their own names or the aliases of its
+/// `attribute_map` (both at once is a duplicate field).
 #[derive(Deserialize)]
 struct DistilBertJson {
     #[serde(default = "distilbert_vocab")]
     vocab_size: usize,
-    #[serde(default = "distilbert_dim")]
+    #[serde(default = "distilbert_dim", alias = "hidden_size")]
     dim: usize,
-    #[serde(default = "distilbert_layers")]
+    #[serde(default = "distilbert_layers", alias = "num_hidden_layers")]
     n_layers: usize,
-    #[serde(default = "distilbert_heads")]
+    #[serde(default = "distilbert_heads", alias = "num_attention_heads")]
     n_heads: usize,
     #[serde(default = "distilbert_hidden_dim")]
     hidden_dim: usize,
@@ -353,7 +354,15 @@ impl ModelConfig {
             reason: e.to_string(),
         };
         let ty: TypeOnly = serde_json::from_str(text).map_err(bad)?;
-        let model_type = ty.model_type.unwrap_or_default();
+        let Some(model_type) = ty.model_type else {
+            return Err(unsupported(
+                "model_type",
+                format!(
+                    "missing: config.json must name its architecture ({})",
+                    SUPPORTED_MODEL_TYPES.join(", ")
+                ),
+            ));
+        };
         let config = match model_type.as_str() {
             "bert" | "roberta" | "xlm-roberta" | "camembert" => {
                 let c: BertJson = serde_json::from_str(text).map_err(bad)?;
@@ -527,6 +536,17 @@ impl ModelConfig {
         }
         if matches!(self.family, Family::Bert | Family::Roberta) && self.type_vocab_size == 0 {
             return Err(unsupported("type_vocab_size", "must be at least 1"));
+        }
+        // The encoders' word embeddings take it as their padding index, which transformers
+        // refuses past the vocabulary ("Padding_idx must be within num_embeddings").
+        if self.kind == ModelKind::Bert && self.pad_token_id as usize >= self.vocab_size {
+            return Err(unsupported(
+                "pad_token_id",
+                format!(
+                    "{} is past the vocabulary of {} tokens",
+                    self.pad_token_id, self.vocab_size
+                ),
+            ));
         }
         if self.max_tokens() == 0 {
             return Err(unsupported(

@@ -402,7 +402,13 @@ fn bad_configs() {
     );
     let err = ModelConfig::from_json(r#"{"hidden_size": 8}"#).unwrap_err();
     assert!(
-        matches!(err, ModelError::UnsupportedModelType { .. }),
+        matches!(
+            err,
+            ModelError::InvalidConfig {
+                field: "model_type",
+                ..
+            }
+        ),
         "{err}"
     );
     let bert = |hidden: usize, heads: usize| {

@@ -269,6 +269,47 @@ fn family_config_errors_name_their_fields() {
             "{extra}: {err:?}"
         );
     }
+    // DistilBertConfig's attribute_map aliases: a head count under `num_attention_heads` was
+    // ignored (12 heads ran where transformers runs 4); both names at once are refused.
+    let aliased = distilbert(
+        r#", "hidden_size": 48, "num_attention_heads": 4, "num_hidden_layers": 2, "hidden_dim": 8"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (aliased.hidden_size, aliased.n_heads, aliased.n_layers),
+        (48, 4, 2)
+    );
+    let err = distilbert(r#", "n_heads": 4, "num_attention_heads": 4"#).unwrap_err();
+    assert!(err.to_string().contains("duplicate field"), "{err}");
+    // The encoders' padding index must be a token, as transformers requires.
+    for (config, vocab) in [
+        (
+            roberta(r#""max_position_embeddings": 8, "pad_token_id": 10"#),
+            10,
+        ),
+        (distilbert(r#", "pad_token_id": 4294967295"#), 10),
+    ] {
+        let err = config.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ModelError::InvalidConfig {
+                    field: "pad_token_id",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains(&format!("{vocab} tokens")),
+            "{err}"
+        );
+    }
+    let err = ModelConfig::from_json(r#"{"vocab_size": 10}"#).unwrap_err();
+    assert!(
+        err.to_string().contains("model_type: missing") && err.to_string().contains("distilbert"),
+        "{err}"
+    );
     let err = ModelConfig::from_json(r#"{"model_type": "mpnet"}"#).unwrap_err();
     assert!(
         err.to_string()
