@@ -6,7 +6,7 @@
 //! `[CLS]` is a special token at position 0 (BERT's `[CLS]`, RoBERTa's `<s>`); `[SEP]` is every
 //! other special token. A model without special tokens (GPT-2) gets 0 for both.
 
-use crate::{AttentionMaps, VizError};
+use crate::{AttentionMaps, Token, VizError};
 
 /// Statistics of one head. Shares are in `0..=1`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -179,4 +179,77 @@ pub fn notable_heads(stats: &[HeadStats]) -> Vec<Notable> {
         }
     }
     notable
+}
+
+/// What the `[CLS]` and `[SEP]` shares stand for when the text's special tokens have other names
+/// (RoBERTa's `<s>` and `</s>`) or it has none (GPT-2): the leading special token and every
+/// other one. `None` for BERT's own.
+pub fn special_columns_note(tokens: &[Token]) -> Option<String> {
+    let leading = tokens
+        .first()
+        .filter(|t| t.special)
+        .map(|t| t.text.as_str());
+    let mut others: Vec<&str> = Vec::new();
+    for t in tokens.iter().skip(usize::from(leading.is_some())) {
+        if t.special && !others.contains(&t.text.as_str()) {
+            others.push(&t.text);
+        }
+    }
+    match (leading, others.as_slice()) {
+        (None, []) => Some("note: this text has no special tokens: [CLS] and [SEP] are 0".into()),
+        (Some("[CLS]"), [] | ["[SEP]"]) => None,
+        _ => Some(format!(
+            "note: [CLS] is the leading special token ({}), [SEP] every other one ({})",
+            leading.unwrap_or("none here"),
+            match others.is_empty() {
+                true => "none here".to_string(),
+                false => others.join(", "),
+            }
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(texts: &[(&str, bool)]) -> Vec<Token> {
+        texts
+            .iter()
+            .map(|&(text, special)| Token {
+                text: text.into(),
+                id: 0,
+                span: None,
+                segment: 0,
+                special,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_special_columns_are_named_after_the_models_own_tokens() {
+        let bert = tokens(&[("[CLS]", true), ("cat", false), ("[SEP]", true)]);
+        assert_eq!(special_columns_note(&bert), None);
+        let roberta = tokens(&[
+            ("<s>", true),
+            ("cat", false),
+            ("</s>", true),
+            ("</s>", true),
+        ]);
+        assert_eq!(
+            special_columns_note(&roberta).unwrap(),
+            "note: [CLS] is the leading special token (<s>), [SEP] every other one (</s>)"
+        );
+        let gpt2 = tokens(&[("The", false), ("Ġcat", false)]);
+        assert_eq!(
+            special_columns_note(&gpt2).unwrap(),
+            "note: this text has no special tokens: [CLS] and [SEP] are 0"
+        );
+        let typed = tokens(&[("The", false), ("<|endoftext|>", true)]);
+        assert_eq!(
+            special_columns_note(&typed).unwrap(),
+            "note: [CLS] is the leading special token (none here), [SEP] every other one \
+             (<|endoftext|>)"
+        );
+    }
 }

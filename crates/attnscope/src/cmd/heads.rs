@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use anyhow::Context;
-use attn_viz::stats::{HeadStats, Notable, head_stats, notable_heads};
+use attn_viz::stats::{HeadStats, Notable, head_stats, notable_heads, special_columns_note};
 
 use crate::maps::SourceArgs;
 
@@ -87,6 +87,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         maps.seq_len(),
         (maps.seq_len() as f32).ln()
     )?;
+    if let Some(note) = special_columns_note(&maps.tokens) {
+        writeln!(out, "{note}")?;
+    }
     out.flush()?;
     Ok(())
 }
