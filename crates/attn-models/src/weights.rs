@@ -119,9 +119,9 @@ impl Weights {
     /// Reads every tensor the config calls for, checking each one's shape.
     pub fn load(ckpt: &Checkpoint, config: &ModelConfig) -> Result<Weights, ModelError> {
         match config.family {
-            Family::Bert => load_bert(ckpt, config, "bert."),
-            Family::Roberta => load_bert(ckpt, config, "roberta."),
-            Family::DistilBert => load_distilbert(ckpt, config),
+            Family::Bert => load_encoder(ckpt, config, &BERT),
+            Family::Roberta => load_encoder(ckpt, config, &ROBERTA),
+            Family::DistilBert => load_encoder(ckpt, config, &DISTILBERT),
             Family::Gpt2 => load_gpt2(ckpt, config),
         }
     }
@@ -132,15 +132,64 @@ impl Weights {
     }
 }
 
-/// BERT, or RoBERTa (the same tensors): `task_prefix` is the prefix task heads add.
-fn load_bert(
+/// Where an encoder family keeps its tensors: transformers' state dict names below each
+/// layer's `{layers}.{l}.`, and the prefix task heads add.
+struct EncoderNames {
+    task_prefix: &'static str,
+    layers: &'static str,
+    /// The query, key and value `nn.Linear`s.
+    qkv: [&'static str; 3],
+    attn_out: &'static str,
+    norm_attn: &'static str,
+    ff_in: &'static str,
+    ff_out: &'static str,
+    norm_ff: &'static str,
+    /// Whether the checkpoint has token type embeddings.
+    token_types: bool,
+}
+
+const BERT: EncoderNames = EncoderNames {
+    task_prefix: "bert.",
+    layers: "encoder.layer",
+    qkv: [
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+    ],
+    attn_out: "attention.output.dense",
+    norm_attn: "attention.output.LayerNorm",
+    ff_in: "intermediate.dense",
+    ff_out: "output.dense",
+    norm_ff: "output.LayerNorm",
+    token_types: true,
+};
+
+/// RoBERTa's tensors are BERT's.
+const ROBERTA: EncoderNames = EncoderNames {
+    task_prefix: "roberta.",
+    ..BERT
+};
+
+const DISTILBERT: EncoderNames = EncoderNames {
+    task_prefix: "distilbert.",
+    layers: "transformer.layer",
+    qkv: ["attention.q_lin", "attention.k_lin", "attention.v_lin"],
+    attn_out: "attention.out_lin",
+    norm_attn: "sa_layer_norm",
+    ff_in: "ffn.lin1",
+    ff_out: "ffn.lin2",
+    norm_ff: "output_layer_norm",
+    token_types: false,
+};
+
+fn load_encoder(
     ckpt: &Checkpoint,
     c: &ModelConfig,
-    task_prefix: &'static str,
+    names: &EncoderNames,
 ) -> Result<Weights, ModelError> {
     let p = prefix_of(
         ckpt,
-        &["", task_prefix],
+        &["", names.task_prefix],
         "embeddings.word_embeddings.weight",
     )?;
     let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
@@ -150,19 +199,14 @@ fn load_bert(
     )?;
     let layers = (0..c.n_layers)
         .map(|l| {
-            let lp = format!("{p}encoder.layer.{l}.");
+            let lp = format!("{p}{}.{l}.", names.layers);
             Ok(Layer {
-                qkv: torch_qkv(
-                    ckpt,
-                    &format!("{lp}attention.self."),
-                    ["query", "key", "value"],
-                    h,
-                )?,
-                attn_out: torch_linear(ckpt, &format!("{lp}attention.output.dense"), h, h)?,
-                norm_attn: norm(ckpt, &format!("{lp}attention.output.LayerNorm"), h, eps)?,
-                ff_in: torch_linear(ckpt, &format!("{lp}intermediate.dense"), h, i)?,
-                ff_out: torch_linear(ckpt, &format!("{lp}output.dense"), i, h)?,
-                norm_ff: norm(ckpt, &format!("{lp}output.LayerNorm"), h, eps)?,
+                qkv: torch_qkv(ckpt, &lp, names.qkv, h)?,
+                attn_out: torch_linear(ckpt, &format!("{lp}{}", names.attn_out), h, h)?,
+                norm_attn: norm(ckpt, &format!("{lp}{}", names.norm_attn), h, eps)?,
+                ff_in: torch_linear(ckpt, &format!("{lp}{}", names.ff_in), h, i)?,
+                ff_out: torch_linear(ckpt, &format!("{lp}{}", names.ff_out), i, h)?,
+                norm_ff: norm(ckpt, &format!("{lp}{}", names.norm_ff), h, eps)?,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -172,53 +216,13 @@ fn load_bert(
             &format!("{p}embeddings.position_embeddings.weight"),
             &[c.max_positions, h],
         )?,
-        token_type: ckpt.f32(
-            &format!("{p}embeddings.token_type_embeddings.weight"),
-            &[c.type_vocab_size, h],
-        )?,
-        lm_head: None,
-        embed_norm: Some(norm(ckpt, &format!("{p}embeddings.LayerNorm"), h, eps)?),
-        layers,
-        final_norm: None,
-    })
-}
-
-fn load_distilbert(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
-    let p = prefix_of(
-        ckpt,
-        &["", "distilbert."],
-        "embeddings.word_embeddings.weight",
-    )?;
-    let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
-    let word_embeddings = ckpt.f32_data(
-        &format!("{p}embeddings.word_embeddings.weight"),
-        &[c.vocab_size, h],
-    )?;
-    let layers = (0..c.n_layers)
-        .map(|l| {
-            let lp = format!("{p}transformer.layer.{l}.");
-            Ok(Layer {
-                qkv: torch_qkv(
-                    ckpt,
-                    &format!("{lp}attention."),
-                    ["q_lin", "k_lin", "v_lin"],
-                    h,
-                )?,
-                attn_out: torch_linear(ckpt, &format!("{lp}attention.out_lin"), h, h)?,
-                norm_attn: norm(ckpt, &format!("{lp}sa_layer_norm"), h, eps)?,
-                ff_in: torch_linear(ckpt, &format!("{lp}ffn.lin1"), h, i)?,
-                ff_out: torch_linear(ckpt, &format!("{lp}ffn.lin2"), i, h)?,
-                norm_ff: norm(ckpt, &format!("{lp}output_layer_norm"), h, eps)?,
-            })
-        })
-        .collect::<Result<Vec<_>, ModelError>>()?;
-    Ok(Weights {
-        word_embeddings,
-        position: ckpt.f32(
-            &format!("{p}embeddings.position_embeddings.weight"),
-            &[c.max_positions, h],
-        )?,
-        token_type: Vec::new(),
+        token_type: match names.token_types {
+            true => ckpt.f32(
+                &format!("{p}embeddings.token_type_embeddings.weight"),
+                &[c.type_vocab_size, h],
+            )?,
+            false => Vec::new(),
+        },
         lm_head: None,
         embed_norm: Some(norm(ckpt, &format!("{p}embeddings.LayerNorm"), h, eps)?),
         layers,
