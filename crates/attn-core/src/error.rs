@@ -43,10 +43,11 @@ pub enum AttnError {
         row: usize,
     },
     /// A gradient overflowed f32 although every input is finite: `dout`, `v` or the scores
-    /// are too large for the products of the backward pass (`dP = dout·vᵀ`, `dS·k`, `Pᵀ·dout`).
+    /// are too large for the products of the backward pass (`dP = dout·vᵀ`, `dS·k`, `dS·q`,
+    /// `Pᵀ·dout`).
     #[error(
-        "{tensor} overflows f32 at flat index {index} although q, k, v, out, lse and dout are \
-         finite: the products of the backward pass (dout·vᵀ, dS·k, dS·q, Pᵀ·dout) pass ±3.4e38; \
+        "{tensor} overflows f32 at flat index {index} although q, k, v and dout are finite: \
+         the products of the backward pass (dout·vᵀ, dS·k, dS·q, Pᵀ·dout) pass ±3.4e38; \
          scale dout (or v, or the scores) down"
     )]
     GradientOverflow { tensor: &'static str, index: usize },

@@ -355,7 +355,9 @@ pub fn sdpa_varlen(
 /// - returns `dq`, `dk`, `dv` shaped like `input.q`, `input.k`, `input.v`.
 ///
 /// # Errors
-/// As [`sdpa_varlen`], and saved results or a `dout` of the wrong length.
+/// As [`sdpa_varlen`], saved results or a `dout` of the wrong length, and gradients that
+/// overflow f32 ([`AttnError::GradientOverflow`], its index into the packed
+/// `[tokens, heads, width]` gradient).
 pub fn sdpa_varlen_backward(
     input: &PackedInput<'_>,
     options: &AttnOptions,

@@ -479,8 +479,9 @@ fn worst_difference(a: &Grads, b: &Grads) -> f32 {
 
 #[test]
 fn the_amx_build_matches_the_fma_build_and_the_twin() {
-    // Whole 64 × 64 blocks with head_dim and value_dim multiples of 32 take the AMX bf16x3
-    // products (`backward/amx.rs`: ≤ 3·2⁻¹⁶ relative per product); ragged edges take the FMA
+    // Whole 64 × 64 blocks with head_dim and value_dim multiples of 32 take the AMX products
+    // (`backward/amx.rs`: three in bf16x6, `dK` and `dQ` in bf16x3, ≤ 3·2⁻¹⁶ relative per
+    // product); ragged edges take the FMA
     // kernels. Both must meet the twin's 1e-4, and the AMX run must really differ from the FMA
     // run (it is another summation), or the path did not run.
     let cases = [
@@ -736,8 +737,9 @@ fn assert_within_of_largest(what: &str, got: &Grads, want: &Grads, tol: f32) {
 }
 
 /// Scores past the forward pass's tile bound take the FMA kernels in the backward pass too,
-/// whatever the ISA: the AMX lane's bf16x3 products put `dq` off by a tenth of its largest value
-/// on keys that share a component of 1000 (scores near 125), against 4e-4 on the FMA kernels.
+/// whatever the ISA: when the AMX lane's scores were bf16x3 products, they put `dq` off by a
+/// tenth of its largest value on keys that share a component of 1000 (scores near 125),
+/// against 4e-4 on the FMA kernels.
 #[test]
 fn large_scores_leave_the_amx_lane() {
     let (n, d) = (64, 64);

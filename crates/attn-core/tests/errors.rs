@@ -658,33 +658,55 @@ fn a_gradient_that_overflows_is_refused_naming_it() {
     assert!(g.dq.iter().chain(&g.dk).chain(&g.dv).all(|x| x.is_finite()));
 }
 
-/// The same overflow in the second sequence of a packed batch is named at its packed index:
-/// `dq` is `[tokens, heads, head_dim]`, and the sequence's one query is token 3.
+/// Overflows in the second sequence of a packed batch are named at their packed index: each
+/// sequence's own call indexes `[heads, seq, width]`, the packed gradients `[tokens, heads,
+/// width]`. Sequence 1 holds queries 2..5 and keys 3..7, so its query 1 of head 1 is packed row
+/// `(3 + 1)·2 + 1` and its key 2 of key/value head 1 row `(3 + 2)·2 + 1` (neither its own
+/// index nor one shifted by the sequence's start).
 #[test]
 fn a_packed_gradient_overflow_names_the_packed_index() {
     let dims = PackedDims {
         n_heads: 2,
-        n_kv_heads: 1,
+        n_kv_heads: 2,
         head_dim: 2,
-        value_dim: 2,
+        value_dim: 3,
     };
-    let (cu_q, cu_kv) = ([0, 3, 4], [0, 2, 6]);
-    let q: Vec<f32> = (0..4 * 2 * 2).map(|i| 0.1 * (i % 5) as f32 - 0.2).collect();
-    let k: Vec<f32> = (0..6 * 2).map(|i| 0.1 * (i % 7) as f32 - 0.3).collect();
-    let v: Vec<f32> = (0..6 * 2).map(|i| 1.0 + 0.001 * i as f32).collect();
-    let input = PackedInput::new(&q, &k, &v, &cu_q, &cu_kv, dims).unwrap();
+    let (cu_q, cu_kv) = ([0, 2, 5], [0, 3, 7]);
+    let q: Vec<f32> = (0..5 * 2 * 2).map(|i| 0.1 * (i % 5) as f32 - 0.2).collect();
+    let mut k: Vec<f32> = (0..7 * 2 * 2).map(|i| 0.1 * (i % 7) as f32 - 0.3).collect();
+    let v: Vec<f32> = (0..7 * 2 * 3)
+        .map(|i| 1e-3 * (1.0 + 0.01 * i as f32))
+        .collect();
     let options = AttnOptions::default();
-    let fwd = sdpa_varlen(&input, &options).unwrap();
-    let mut dout = vec![1.0f32; 4 * 2 * 2];
-    // Token 3 (sequence 1's only query), head 1.
-    dout[(3 * 2 + 1) * 2..][..2].fill(2e38);
-    let err = sdpa_varlen_backward(&input, &options, &fwd, &dout).unwrap_err();
-    let AttnError::GradientOverflow { tensor, index } = err else {
-        panic!("{err:?}")
+    let run = |q: &[f32], k: &[f32], v: &[f32], dout: &[f32]| {
+        let input = PackedInput::new(q, k, v, &cu_q, &cu_kv, dims).unwrap();
+        let fwd = sdpa_varlen(&input, &options).unwrap();
+        match sdpa_varlen_backward(&input, &options, &fwd, dout).unwrap_err() {
+            AttnError::GradientOverflow { tensor, index } => (tensor, index),
+            err => panic!("{err:?}"),
+        }
     };
-    assert_eq!(tensor, "dq");
-    assert_eq!(index / (2 * 2), 3, "token of flat index {index}");
-    assert_eq!(index / 2 % 2, 1, "head of flat index {index}");
+    // dq: query token 3 (sequence 1's query 1), head 1, with a dout of 3e38 against values
+    // near 1: dP = dout·v passes f32's range.
+    let mut dout = vec![1.0f32; 5 * 2 * 3];
+    dout[(3 * 2 + 1) * 3..][..3].fill(3e38);
+    let v_one: Vec<f32> = v.iter().map(|x| x * 1e3).collect();
+    assert_eq!(run(&q, &k, &v_one, &dout), ("dq", (3 * 2 + 1) * 2), "dq");
+    // dv: sequence 1's key 2 of key/value head 1 takes all the weight of head 1's three
+    // queries, whose dout is 2e38 in column 1: dv sums them past f32's range, and nothing
+    // else overflows (dP = dout·v is 2e35).
+    let mut q = q.clone();
+    for t in 2..5 {
+        q[(t * 2 + 1) * 2..][..2].fill(1.0);
+    }
+    for t in 3..7 {
+        k[(t * 2 + 1) * 2..][..2].fill(if t == 5 { 60.0 } else { 0.0 });
+    }
+    let mut dout = vec![1.0f32; 5 * 2 * 3];
+    for t in 2..5 {
+        dout[(t * 2 + 1) * 3 + 1] = 2e38;
+    }
+    assert_eq!(run(&q, &k, &v, &dout), ("dv", (5 * 2 + 1) * 3 + 1), "dv");
 }
 
 /// A call of 2^40 heads without a query or a key has nothing to compute: the reference looped
@@ -694,7 +716,7 @@ fn a_packed_gradient_overflow_names_the_packed_index() {
 fn a_call_without_rows_returns_at_once_whatever_its_head_count() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let sh = AttnShape::new(1 << 40, 1, 0, 0, 8);
+        let sh = AttnShape::new(1, 1 << 40, 0, 0, 8);
         let input = AttnInput::new(&[], &[], &[], sh).unwrap();
         let fwd = sdpa_reference(&input, &AttnOptions::default()).unwrap();
         let grads = sdpa_backward_reference(&input, &AttnOptions::default(), &[]).unwrap();

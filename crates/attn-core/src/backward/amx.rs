@@ -1,6 +1,6 @@
 //! The AMX lane of the backward pass: its five block products in f32 through [`crate::bf16x`],
-//! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` and `dV += Pᵀ·dO` in "bf16x6" ([`X6`]: three parts per value, as
-//! the forward pass's f32 products), `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ` in "bf16x3" ([`X3`]:
+//! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` and `dV += Pᵀ·dO` in "bf16x6" ([`PARTS_X6`]: three parts per value, as
+//! the forward pass's f32 products), `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ` in "bf16x3" ([`PARTS_X3`]:
 //! `hi` and `lo`, three tile products each, within `3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|` per product);
 //! and the fast lane that writes `P` and `dS` straight into those layouts.
 //!
@@ -14,7 +14,7 @@ use crate::bf16x::{self, TILE, TK, a_at, b_at, split, store_a, store_b};
 use crate::fused::avx512::exp;
 
 /// Parts per value in the products of `dK` and `dQ`: `hi` and `lo` (bf16x3).
-pub(super) const X3: usize = 2;
+pub(super) const PARTS_X3: usize = 2;
 
 /// Parts per value in the products of `S`, `dP` and `dV` (bf16x6, as the forward pass's f32
 /// products), within a few f32 roundings. `P = e^(S − lse)` takes a score's error whole as a
@@ -23,7 +23,7 @@ pub(super) const X3: usize = 2;
 /// scaled to scores near 32, where PyTorch's own backward is within 1e-5. `dP` feeds `dS` the
 /// same way, and `dV`'s sum over many query rows mostly cancels in sign: with all five in
 /// bf16x3, `dv` was 1e-4 off on 300 queries against 129 keys (7.7e-6 now, as the FMA kernels).
-pub(super) const X6: usize = 3;
+pub(super) const PARTS_X6: usize = 3;
 
 /// `C (+)= A·B` in bf16x3 (`P = 2`) or bf16x6 (`P = 3`) for `A` `[m, k]` in the A layout (`m`
 /// a multiple of 32) and `B` `[k, n]` in the B layout (`n` a multiple of 32), `k` a multiple
@@ -65,13 +65,14 @@ pub(super) unsafe fn probs_and_grads_packed(
     let n = keys * rows;
     assert!(keys.is_multiple_of(TK) && rows.is_multiple_of(TK));
     assert!(s.len() >= n && dp.len() >= n && lse.len() >= rows && delta.len() >= rows);
-    assert!(p_a.len() >= X6 * n && ds_a.len() >= X3 * n && ds_b.len() >= X3 * n);
+    assert!(p_a.len() >= PARTS_X6 * n && ds_a.len() >= PARTS_X3 * n && ds_b.len() >= PARTS_X3 * n);
     for pair in 0..keys / 2 {
         let (r0, r1) = (2 * pair, 2 * pair + 1);
         for ng in 0..rows / 16 {
             let c = 16 * ng;
             // SAFETY: `c + 16 ≤ rows` and `r1 < keys`: every load lies inside the tiles and
-            // `lse`/`delta`, every store inside the `2·keys·rows` values of its buffer.
+            // `lse`/`delta`, every store inside the `PARTS_X6·n` (`p_a`) or `PARTS_X3·n` (`ds_a`, `ds_b`)
+            // values asserted above.
             unsafe {
                 let lse_v = _mm512_loadu_ps(lse.as_ptr().add(c));
                 let delta_v = _mm512_loadu_ps(delta.as_ptr().add(c));
@@ -82,12 +83,12 @@ pub(super) unsafe fn probs_and_grads_packed(
                     (p, _mm512_mul_ps(p, _mm512_sub_ps(dpv, delta_v)))
                 };
                 let ((p0, ds0), (p1, ds1)) = (grads(r0), grads(r1));
-                store_a(p_a, a_at::<X6>(r0, c, rows), split::<X6>(p0));
-                store_a(p_a, a_at::<X6>(r1, c, rows), split::<X6>(p1));
-                let (d0, d1) = (split::<X3>(ds0), split::<X3>(ds1));
-                store_a(ds_a, a_at::<X3>(r0, c, rows), d0);
-                store_a(ds_a, a_at::<X3>(r1, c, rows), d1);
-                store_b(ds_b, b_at::<X3>(pair, ng, keys), d0, d1);
+                store_a(p_a, a_at::<PARTS_X6>(r0, c, rows), split::<PARTS_X6>(p0));
+                store_a(p_a, a_at::<PARTS_X6>(r1, c, rows), split::<PARTS_X6>(p1));
+                let (d0, d1) = (split::<PARTS_X3>(ds0), split::<PARTS_X3>(ds1));
+                store_a(ds_a, a_at::<PARTS_X3>(r0, c, rows), d0);
+                store_a(ds_a, a_at::<PARTS_X3>(r1, c, rows), d1);
+                store_b(ds_b, b_at::<PARTS_X3>(pair, ng, keys), d0, d1);
             }
         }
     }
@@ -101,7 +102,8 @@ mod tests {
 
     /// The fused fast lane writes what the unfused one (P and dS in f32, then [`pack_a`] and
     /// [`pack_b`]) writes, up to the two `exp` implementations (each within 5e-7 relative):
-    /// compared as the sums of their parts, each within `2⁻¹⁶` relative of its f32 value.
+    /// compared as the sums of their parts, each within `2⁻¹⁶` relative of its f32 value (`P`'s
+    /// three parts within `2⁻²⁴`).
     #[test]
     fn the_fused_lane_packs_like_the_packers() {
         if !crate::fused::Isa::Amx.is_available() {
@@ -123,24 +125,37 @@ mod tests {
         for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
             super::super::kernels::probs_and_grads_body(p, ds, &lse, &delta);
         }
-        let mut want = [vec![0u16; X6 * n], vec![0u16; X3 * n], vec![0u16; X3 * n]];
+        let mut want = [
+            vec![0u16; PARTS_X6 * n],
+            vec![0u16; PARTS_X3 * n],
+            vec![0u16; PARTS_X3 * n],
+        ];
         let mut got = want.clone();
         let [wp, wa, wb] = &mut want;
         let [gp, ga, gb] = &mut got;
         // SAFETY: what `Isa::Amx` needs is available (checked above).
         unsafe {
-            pack_a::<X6>(&p, (keys, rows, rows), wp);
-            pack_a::<X3>(&ds, (keys, rows, rows), wa);
-            pack_b::<X3>(&ds, (keys, rows, rows), wb);
+            pack_a::<PARTS_X6>(&p, (keys, rows, rows), wp);
+            pack_a::<PARTS_X3>(&ds, (keys, rows, rows), wa);
+            pack_b::<PARTS_X3>(&ds, (keys, rows, rows), wb);
             probs_and_grads_packed((&s, &dp), (keys, rows), (&lse, &delta), (gp, ga, gb));
         }
         let shape = (keys, rows);
         let [wp, wa, wb] = &want;
         let [gp, ga, gb] = &got;
         let pairs = [
-            (unpack_a::<X6>(wp, shape), unpack_a::<X6>(gp, shape)),
-            (unpack_a::<X3>(wa, shape), unpack_a::<X3>(ga, shape)),
-            (unpack_b::<X3>(wb, shape), unpack_b::<X3>(gb, shape)),
+            (
+                unpack_a::<PARTS_X6>(wp, shape),
+                unpack_a::<PARTS_X6>(gp, shape),
+            ),
+            (
+                unpack_a::<PARTS_X3>(wa, shape),
+                unpack_a::<PARTS_X3>(ga, shape),
+            ),
+            (
+                unpack_b::<PARTS_X3>(wb, shape),
+                unpack_b::<PARTS_X3>(gb, shape),
+            ),
         ];
         for (which, (w, g)) in pairs.iter().enumerate() {
             for (i, (&a, &b)) in w.iter().zip(g).enumerate() {

@@ -129,6 +129,7 @@ impl Grads {
     fn refuse_overflow(self, input: &AttnInput<'_>) -> Result<Grads, AttnError> {
         let overflow = [("dq", &self.dq), ("dk", &self.dk), ("dv", &self.dv)]
             .into_iter()
+            .filter(|(_, g)| !g.par_chunks(1 << 14).all(f32::all_finite))
             .find_map(|(tensor, g)| Some((tensor, g.iter().position(|x| !x.is_finite())?)));
         match overflow {
             Some((tensor, index))
@@ -269,8 +270,9 @@ impl Norms {
 /// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`.
 ///
 /// # Errors
-/// Whatever [`AttnOptions::validate`] rejects, a tensor of the wrong length, and a non-finite
-/// `dout` or `out`, or a NaN or `+∞` in `lse`.
+/// Whatever [`AttnOptions::validate`] rejects, a tensor of the wrong length, a non-finite
+/// `dout` or `out`, a NaN or `+∞` in `lse`, and gradients that overflow f32 from finite
+/// inputs ([`AttnError::GradientOverflow`]).
 pub fn sdpa_backward(
     input: &AttnInput<'_>,
     options: &AttnOptions,
@@ -481,7 +483,7 @@ struct Scratch {
     bf: AmxOperands,
 }
 
-/// The operands of the AMX products, each value split in bf16 parts (`amx::X6` or `amx::X3`;
+/// The operands of the AMX products, each value split in bf16 parts (`amx::PARTS_X6` or `amx::PARTS_X3`;
 /// `bf16x.rs`: the A layout row-major, the B layout in tiles), for whole blocks only.
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
@@ -489,7 +491,8 @@ struct AmxOperands {
     /// The A layout of `K` and `V`, `[seq_kv, 3·head_dim]` and `[seq_kv, 3·value_dim]`.
     k: Aligned<u16>,
     v: Aligned<u16>,
-    /// The A layout of each key block's `Kᵀ`, `[head_dim, 2·BLOCK_KV]` at `j0·2·head_dim`.
+    /// The A layout of each key block's `Kᵀ`, `[head_dim, 2·BLOCK_KV]` at `j0·2·head_dim`
+    /// (`amx::PARTS_X3` parts).
     kt: Aligned<u16>,
     /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout` (3 parts) and
     /// `scale·Q` (2 parts), at `i0·parts·width`.
@@ -679,9 +682,9 @@ impl Plan<'_> {
         let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
         let k_head = &self.k[bkv * s_n * d..][..s_n * d];
         let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
-        bf.k.get(amx::X6 * s_n * d);
-        bf.v.get(amx::X6 * s_n * dv);
-        bf.kt.get(amx::X3 * s_n * d);
+        bf.k.get(amx::PARTS_X6 * s_n * d);
+        bf.v.get(amx::PARTS_X6 * s_n * dv);
+        bf.kt.get(amx::PARTS_X3 * s_n * d);
         let kt_f32 = bf.kt_f32.get(d * BLOCK_KV);
         for &jb in blocks {
             let j0 = jb * BLOCK_KV;
@@ -692,13 +695,17 @@ impl Plan<'_> {
             transpose(k_blk, (BLOCK_KV, d), kt_f32);
             // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
             unsafe {
-                let k_at = &mut bf.k.all_mut()[amx::X6 * j0 * d..];
-                bf16x::pack_a::<{ amx::X6 }>(k_blk, (BLOCK_KV, d, d), k_at);
+                let k_at = &mut bf.k.all_mut()[amx::PARTS_X6 * j0 * d..];
+                bf16x::pack_a::<{ amx::PARTS_X6 }>(k_blk, (BLOCK_KV, d, d), k_at);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
-                let v_at = &mut bf.v.all_mut()[amx::X6 * j0 * dv..];
-                bf16x::pack_a::<{ amx::X6 }>(v_blk, (BLOCK_KV, dv, dv), v_at);
+                let v_at = &mut bf.v.all_mut()[amx::PARTS_X6 * j0 * dv..];
+                bf16x::pack_a::<{ amx::PARTS_X6 }>(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                bf16x::pack_a::<{ amx::X3 }>(kt_f32, kt, &mut bf.kt.all_mut()[amx::X3 * j0 * d..]);
+                bf16x::pack_a::<{ amx::PARTS_X3 }>(
+                    kt_f32,
+                    kt,
+                    &mut bf.kt.all_mut()[amx::PARTS_X3 * j0 * d..],
+                );
             }
         }
     }
@@ -709,10 +716,10 @@ impl Plan<'_> {
         let (d, dv, l_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_q);
         let (q, dout) = (qh.q.view(l_n * d), qh.dout.view(l_n * dv));
         let (qt, dot) = (qh.qt.view(l_n * d), qh.dot.view(l_n * dv));
-        bf.qt.get(amx::X6 * l_n * d);
-        bf.dot.get(amx::X6 * l_n * dv);
-        bf.q.get(amx::X3 * l_n * d);
-        bf.dout.get(amx::X6 * l_n * dv);
+        bf.qt.get(amx::PARTS_X6 * l_n * d);
+        bf.dot.get(amx::PARTS_X6 * l_n * dv);
+        bf.q.get(amx::PARTS_X3 * l_n * d);
+        bf.dout.get(amx::PARTS_X6 * l_n * dv);
         for i0 in (0..l_n).step_by(BLOCK_Q) {
             if l_n - i0 < BLOCK_Q {
                 continue;
@@ -723,18 +730,18 @@ impl Plan<'_> {
             for (src, (k, n), width, dst) in
                 [(qt, (d, w), d, &mut bf.qt), (dot, (dv, w), dv, &mut bf.dot)]
             {
-                let at = amx::X6 * i0 * width;
+                let at = amx::PARTS_X6 * i0 * width;
                 let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[at..]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
-                unsafe { bf16x::pack_b::<{ amx::X6 }>(src, (k, n, n), dst) };
+                unsafe { bf16x::pack_b::<{ amx::PARTS_X6 }>(src, (k, n, n), dst) };
             }
-            let (src, dst) = (&q[i0 * d..], &mut bf.q.all_mut()[amx::X3 * i0 * d..]);
+            let (src, dst) = (&q[i0 * d..], &mut bf.q.all_mut()[amx::PARTS_X3 * i0 * d..]);
             // SAFETY: as above.
-            unsafe { bf16x::pack_b::<{ amx::X3 }>(src, (w, d, d), dst) };
-            let at = amx::X6 * i0 * dv;
+            unsafe { bf16x::pack_b::<{ amx::PARTS_X3 }>(src, (w, d, d), dst) };
+            let at = amx::PARTS_X6 * i0 * dv;
             let (src, dst) = (&dout[i0 * dv..], &mut bf.dout.all_mut()[at..]);
             // SAFETY: as above.
-            unsafe { bf16x::pack_b::<{ amx::X6 }>(src, (w, dv, dv), dst) };
+            unsafe { bf16x::pack_b::<{ amx::PARTS_X6 }>(src, (w, dv, dv), dst) };
         }
     }
 
@@ -846,15 +853,15 @@ impl Plan<'_> {
                 let bf = &scratch.bf;
                 let (p, ds) = ((t.p.get(n), rows), (t.ds.get(n), rows));
                 let (kk, qt) = (
-                    &bf.k.all()[amx::X6 * j0 * d..],
-                    &bf.qt.all()[amx::X6 * i0 * d..],
+                    &bf.k.all()[amx::PARTS_X6 * j0 * d..],
+                    &bf.qt.all()[amx::PARTS_X6 * i0 * d..],
                 );
-                amx::gemm::<{ amx::X6 }>(tiles, p, kk, qt, (keys, rows, d), false);
+                amx::gemm::<{ amx::PARTS_X6 }>(tiles, p, kk, qt, (keys, rows, d), false);
                 let (vv, dot) = (
-                    &bf.v.all()[amx::X6 * j0 * dv..],
-                    &bf.dot.all()[amx::X6 * i0 * dv..],
+                    &bf.v.all()[amx::PARTS_X6 * j0 * dv..],
+                    &bf.dot.all()[amx::PARTS_X6 * i0 * dv..],
                 );
-                amx::gemm::<{ amx::X6 }>(tiles, ds, vv, dot, (keys, rows, dv), false);
+                amx::gemm::<{ amx::PARTS_X6 }>(tiles, ds, vv, dot, (keys, rows, dv), false);
             }
             _ => {
                 let qt = Mat::packed(&qh.qt.view(l_n * d)[i0 * d..], d, rows);
@@ -876,9 +883,9 @@ impl Plan<'_> {
                 let bf = &mut scratch.bf;
                 let tiles = (t.p.view(n), t.ds.view(n));
                 let packed = (
-                    bf.p.get(amx::X6 * n),
-                    bf.ds_a.get(amx::X3 * n),
-                    bf.ds_b.get(amx::X3 * n),
+                    bf.p.get(amx::PARTS_X6 * n),
+                    bf.ds_a.get(amx::PARTS_X3 * n),
+                    bf.ds_b.get(amx::PARTS_X3 * n),
                 );
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe { amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed) };
@@ -906,16 +913,31 @@ impl Plan<'_> {
                     let tile = (keys, rows, rows);
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                     unsafe {
-                        bf16x::pack_a::<{ amx::X6 }>(p, tile, bf.p.get(amx::X6 * n));
-                        bf16x::pack_a::<{ amx::X3 }>(ds, tile, bf.ds_a.get(amx::X3 * n));
-                        bf16x::pack_b::<{ amx::X3 }>(ds, tile, bf.ds_b.get(amx::X3 * n));
+                        bf16x::pack_a::<{ amx::PARTS_X6 }>(p, tile, bf.p.get(amx::PARTS_X6 * n));
+                        bf16x::pack_a::<{ amx::PARTS_X3 }>(
+                            ds,
+                            tile,
+                            bf.ds_a.get(amx::PARTS_X3 * n),
+                        );
+                        bf16x::pack_b::<{ amx::PARTS_X3 }>(
+                            ds,
+                            tile,
+                            bf.ds_b.get(amx::PARTS_X3 * n),
+                        );
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q);  dQᵀ += Kᵀ · dSᵀ
-                let (p, dout) = (bf.p.all(), &bf.dout.all()[amx::X6 * i0 * dv..]);
-                amx::gemm::<{ amx::X6 }>(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
-                let q = &bf.q.all()[amx::X3 * i0 * d..];
-                amx::gemm::<{ amx::X3 }>(
+                let (p, dout) = (bf.p.all(), &bf.dout.all()[amx::PARTS_X6 * i0 * dv..]);
+                amx::gemm::<{ amx::PARTS_X6 }>(
+                    tiles,
+                    (dv_acc, dv),
+                    p,
+                    dout,
+                    (keys, dv, rows),
+                    true,
+                );
+                let q = &bf.q.all()[amx::PARTS_X3 * i0 * d..];
+                amx::gemm::<{ amx::PARTS_X3 }>(
                     tiles,
                     (dk_acc, d),
                     bf.ds_a.all(),
@@ -923,8 +945,8 @@ impl Plan<'_> {
                     (keys, d, rows),
                     true,
                 );
-                let kt = &bf.kt.all()[amx::X3 * j0 * d..];
-                amx::gemm::<{ amx::X3 }>(
+                let kt = &bf.kt.all()[amx::PARTS_X3 * j0 * d..];
+                amx::gemm::<{ amx::PARTS_X3 }>(
                     tiles,
                     (dqt, rows),
                     kt,
