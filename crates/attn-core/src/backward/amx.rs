@@ -1,8 +1,10 @@
 //! The AMX lane of the backward pass: its five block products in f32 through [`crate::bf16x`],
 //! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` and `dV += Pᵀ·dO` in "bf16x6" ([`PARTS_X6`]: three parts per value, as
 //! the forward pass's f32 products), `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ` in "bf16x3" ([`PARTS_X3`]:
-//! `hi` and `lo`, three tile products each, within `3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|` per product);
-//! and the fast lane that writes `P` and `dS` straight into those layouts.
+//! `hi` and `lo`, three tile products each, within `3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|` per product) on
+//! keys and queries centred on their means (`Plan::add_centres` adds the means' share back);
+//! and the fast lane that writes `P` and `dS` straight into those layouts, summing `dS` for
+//! that.
 //!
 //! Only whole 64 × 64 blocks with `head_dim` and `value_dim` multiples of 32 come here (the
 //! tiles' 32-deep, 32-wide granules); the rest take the FMA kernels.
@@ -48,7 +50,9 @@ pub(super) fn gemm<const P: usize>(
 /// The fast lane of a whole block fused with the packing: from `Sᵀ` and `dPᵀ` (`[keys, rows]`
 /// each), `P = e^(S − lse)` and `dS = P ∘ (dP − delta)` (per query: `lse`, `delta` `[rows]`)
 /// go straight into the A layout of `Pᵀ` (`p_a`) and of `dSᵀ` (`ds_a`), and the B layout of
-/// `dSᵀ` (`ds_b`), as [`bf16x::pack_a`] and [`bf16x::pack_b`] would write them.
+/// `dSᵀ` (`ds_b`), as [`bf16x::pack_a`] and [`bf16x::pack_b`] would write them; `dS`'s sums
+/// over the keys are added to `row_sums` (`[rows]`) and over the queries to `key_sums`
+/// (`[keys]`), in f32.
 ///
 /// # Safety
 /// As [`bf16x::split`].
@@ -61,13 +65,16 @@ pub(super) unsafe fn probs_and_grads_packed(
     (keys, rows): (usize, usize),
     (lse, delta): (&[f32], &[f32]),
     (p_a, ds_a, ds_b): (&mut [u16], &mut [u16], &mut [u16]),
+    (row_sums, key_sums): (&mut [f32], &mut [f32]),
 ) {
     let n = keys * rows;
     assert!(keys.is_multiple_of(TK) && rows.is_multiple_of(TK));
     assert!(s.len() >= n && dp.len() >= n && lse.len() >= rows && delta.len() >= rows);
+    assert!(row_sums.len() >= rows && key_sums.len() >= keys);
     assert!(p_a.len() >= PARTS_X6 * n && ds_a.len() >= PARTS_X3 * n && ds_b.len() >= PARTS_X3 * n);
     for pair in 0..keys / 2 {
         let (r0, r1) = (2 * pair, 2 * pair + 1);
+        let (mut key0, mut key1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for ng in 0..rows / 16 {
             let c = 16 * ng;
             // SAFETY: `c + 16 ≤ rows` and `r1 < keys`: every load lies inside the tiles and
@@ -83,6 +90,11 @@ pub(super) unsafe fn probs_and_grads_packed(
                     (p, _mm512_mul_ps(p, _mm512_sub_ps(dpv, delta_v)))
                 };
                 let ((p0, ds0), (p1, ds1)) = (grads(r0), grads(r1));
+                key0 = _mm512_add_ps(key0, ds0);
+                key1 = _mm512_add_ps(key1, ds1);
+                let sums = row_sums.as_mut_ptr().add(c);
+                let pair_sum = _mm512_add_ps(ds0, ds1);
+                _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_loadu_ps(sums), pair_sum));
                 store_a(p_a, a_at::<PARTS_X6>(r0, c, rows), split::<PARTS_X6>(p0));
                 store_a(p_a, a_at::<PARTS_X6>(r1, c, rows), split::<PARTS_X6>(p1));
                 let (d0, d1) = (split::<PARTS_X3>(ds0), split::<PARTS_X3>(ds1));
@@ -91,6 +103,8 @@ pub(super) unsafe fn probs_and_grads_packed(
                 store_b(ds_b, b_at::<PARTS_X3>(pair, ng, keys), d0, d1);
             }
         }
+        key_sums[r0] += _mm512_reduce_add_ps(key0);
+        key_sums[r1] += _mm512_reduce_add_ps(key1);
     }
 }
 
@@ -131,6 +145,8 @@ mod tests {
             vec![0u16; PARTS_X3 * n],
         ];
         let mut got = want.clone();
+        // Sums already holding something: the lane adds to them.
+        let (mut row_sums, mut key_sums) = (vec![1.0f32; rows], vec![-1.0f32; keys]);
         let [wp, wa, wb] = &mut want;
         let [gp, ga, gb] = &mut got;
         // SAFETY: what `Isa::Amx` needs is available (checked above).
@@ -138,7 +154,13 @@ mod tests {
             pack_a::<PARTS_X6>(&p, (keys, rows, rows), wp);
             pack_a::<PARTS_X3>(&ds, (keys, rows, rows), wa);
             pack_b::<PARTS_X3>(&ds, (keys, rows, rows), wb);
-            probs_and_grads_packed((&s, &dp), (keys, rows), (&lse, &delta), (gp, ga, gb));
+            probs_and_grads_packed(
+                (&s, &dp),
+                (keys, rows),
+                (&lse, &delta),
+                (gp, ga, gb),
+                (&mut row_sums, &mut key_sums),
+            );
         }
         let shape = (keys, rows);
         let [wp, wa, wb] = &want;
@@ -164,6 +186,26 @@ mod tests {
                     "output {which}, value {i}: {a} against {b}"
                 );
             }
+        }
+        // dS (`[keys, rows]`) summed over the keys for each query, and over the queries for
+        // each key, in f64.
+        for (c, &got) in row_sums.iter().enumerate() {
+            let want = 1.0 + (0..keys).map(|r| f64::from(ds[r * rows + c])).sum::<f64>();
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-5,
+                "query {c}: {got} against {want}"
+            );
+        }
+        for (r, &got) in key_sums.iter().enumerate() {
+            let want = -1.0
+                + ds[r * rows..][..rows]
+                    .iter()
+                    .map(|&x| f64::from(x))
+                    .sum::<f64>();
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-5,
+                "key {r}: {got} against {want}"
+            );
         }
     }
 }

@@ -34,7 +34,8 @@
 //! With [`Isa::Amx`] (what [`Isa::best`] picks where the CPU has it), whole 64 × 64 blocks with
 //! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles (`amx.rs`:
 //! `S`, `dP` and `dV` in bf16x6 as the forward pass, within a few f32 roundings; `dK` and `dQ`
-//! in bf16x3, ≤ 3·2⁻¹⁶ relative error per product), when the call's scores are bounded as the
+//! in bf16x3, ≤ 3·2⁻¹⁶ relative error per product, on queries and keys centred on their means:
+//! `Plan::add_centres`), when the call's scores are bounded as the
 //! forward pass's tiles need (`Norms::scores_bounded`). At L = S = 2048, 8 heads, d 64 (2
 //! threads) forward + backward takes 81–83 ms against 64–65 with all five in bf16x3, and 97–99
 //! with all five in bf16x6.
@@ -507,6 +508,28 @@ struct AmxOperands {
     ds_b: Aligned<u16>,
     /// A key block's `Kᵀ` in f32, `[head_dim, BLOCK_KV]`.
     kt_f32: Aligned,
+    /// The mean key of the task's key/value head and the mean `scale·q` of its current query
+    /// head: the tiles take `Kᵀ` (for `dQ`) and `scale·Q` (for `dK`) centred on them, and
+    /// [`Plan::add_centres`] adds back what that took out.
+    c_k: Vec<f32>,
+    c_q: Vec<f32>,
+    /// `scale·Q − c_q` of the current query head, `[seq_q, head_dim]`.
+    q_centred: Vec<f32>,
+    /// The current query head's `Σ_j dS_ij` for each query `i` and `Σ_i dS_ij` for each key
+    /// `j`, over the blocks on the tiles.
+    ds_rows: Vec<f32>,
+    ds_keys: Vec<f32>,
+}
+
+/// The mean of the rows of `x` (`[n, width]`) into `mean`: 0 when there are none.
+fn mean_row(x: &[f32], width: usize, mean: &mut Vec<f32>) {
+    mean.clear();
+    mean.resize(width, 0.0);
+    let n = x.len().checked_div(width).unwrap_or(0);
+    for row in x.chunks_exact(width) {
+        mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v);
+    }
+    mean.iter_mut().for_each(|m| *m /= n.max(1) as f32);
 }
 
 /// One query head packed for a task; blocks are laid out one after the other, block `ib`
@@ -648,6 +671,14 @@ impl Plan<'_> {
                     }
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            if tiles.is_some() {
+                self.add_centres(
+                    &scratch.bf,
+                    &mut dq[g * l_n * d..][..l_n * d],
+                    &mut scratch.kh,
+                );
+            }
             // dQ = scale · (dQᵀ)ᵀ, block by block
             let dqt = scratch.qh.dqt.view(l_n * d);
             for i0 in (0..l_n).step_by(BLOCK_Q) {
@@ -675,6 +706,25 @@ impl Plan<'_> {
         }
     }
 
+    /// Adds back to one query head's `dq` (`[seq_q, head_dim]`) and to the key head's `dK`
+    /// sums what centring took out of the tiles' products: `dQ_i = scale·Σ_j dS_ij k_j` was
+    /// computed on `k_j − c_k`, `dK_j = Σ_i dS_ij (scale·q_i)` on `scale·q_i − c_q`. Centred,
+    /// the products' bf16x3 rounding (`3·2⁻¹⁶` of each term) falls on what the keys or queries
+    /// do not share: on keys and queries sharing one direction, whose sums mostly cancel, it
+    /// had put `dq` and `dk` up to 1.9e-4 off.
+    #[cfg(target_arch = "x86_64")]
+    fn add_centres(&self, bf: &AmxOperands, dq: &mut [f32], kh: &mut KeyHead) {
+        let (d, s_n) = (self.sh.head_dim, self.sh.seq_kv);
+        for (dq, &sum) in dq.chunks_exact_mut(d).zip(&bf.ds_rows) {
+            let sum = self.scale * sum;
+            dq.iter_mut().zip(&bf.c_k).for_each(|(x, &c)| *x += c * sum);
+        }
+        let dk = kh.dk.get(s_n * d);
+        for (dk, &sum) in dk.chunks_exact_mut(d).zip(&bf.ds_keys) {
+            dk.iter_mut().zip(&bf.c_q).for_each(|(x, &c)| *x += c * sum);
+        }
+    }
+
     /// The A layout of the whole key blocks among `blocks` of key/value head `bkv` (`K`, `V`,
     /// `Kᵀ`), for the AMX products.
     #[cfg(target_arch = "x86_64")]
@@ -685,6 +735,7 @@ impl Plan<'_> {
         bf.k.get(amx::PARTS_X6 * s_n * d);
         bf.v.get(amx::PARTS_X6 * s_n * dv);
         bf.kt.get(amx::PARTS_X3 * s_n * d);
+        mean_row(k_head, d, &mut bf.c_k);
         let kt_f32 = bf.kt_f32.get(d * BLOCK_KV);
         for &jb in blocks {
             let j0 = jb * BLOCK_KV;
@@ -693,6 +744,9 @@ impl Plan<'_> {
             }
             let k_blk = &k_head[j0 * d..][..BLOCK_KV * d];
             transpose(k_blk, (BLOCK_KV, d), kt_f32);
+            for (row, &c) in kt_f32.chunks_exact_mut(BLOCK_KV).zip(&bf.c_k) {
+                row.iter_mut().for_each(|x| *x -= c);
+            }
             // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
             unsafe {
                 let k_at = &mut bf.k.all_mut()[amx::PARTS_X6 * j0 * d..];
@@ -720,6 +774,16 @@ impl Plan<'_> {
         bf.dot.get(amx::PARTS_X6 * l_n * dv);
         bf.q.get(amx::PARTS_X3 * l_n * d);
         bf.dout.get(amx::PARTS_X6 * l_n * dv);
+        mean_row(q, d, &mut bf.c_q);
+        bf.q_centred.clear();
+        for row in q.chunks_exact(d) {
+            bf.q_centred
+                .extend(row.iter().zip(&bf.c_q).map(|(&x, &c)| x - c));
+        }
+        bf.ds_rows.clear();
+        bf.ds_rows.resize(l_n, 0.0);
+        bf.ds_keys.clear();
+        bf.ds_keys.resize(self.sh.seq_kv, 0.0);
         for i0 in (0..l_n).step_by(BLOCK_Q) {
             if l_n - i0 < BLOCK_Q {
                 continue;
@@ -735,7 +799,8 @@ impl Plan<'_> {
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe { bf16x::pack_b::<{ amx::PARTS_X6 }>(src, (k, n, n), dst) };
             }
-            let (src, dst) = (&q[i0 * d..], &mut bf.q.all_mut()[amx::PARTS_X3 * i0 * d..]);
+            let q = &bf.q_centred[i0 * d..];
+            let (src, dst) = (q, &mut bf.q.all_mut()[amx::PARTS_X3 * i0 * d..]);
             // SAFETY: as above.
             unsafe { bf16x::pack_b::<{ amx::PARTS_X3 }>(src, (w, d, d), dst) };
             let at = amx::PARTS_X6 * i0 * dv;
@@ -887,8 +952,11 @@ impl Plan<'_> {
                     bf.ds_a.get(amx::PARTS_X3 * n),
                     bf.ds_b.get(amx::PARTS_X3 * n),
                 );
+                let sums = (&mut bf.ds_rows[i0..][..rows], &mut bf.ds_keys[j0..][..keys]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
-                unsafe { amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed) };
+                unsafe {
+                    amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed, sums)
+                };
             }
         } else {
             let (p, ds) = (t.p.get(n), t.ds.get(n));
@@ -910,6 +978,11 @@ impl Plan<'_> {
             Some(tiles) => {
                 let bf = &mut scratch.bf;
                 if !fused {
+                    for (r, ds_row) in ds.chunks_exact(rows).enumerate() {
+                        bf.ds_keys[j0 + r] += ds_row.iter().sum::<f32>();
+                        let sums = &mut bf.ds_rows[i0..][..rows];
+                        sums.iter_mut().zip(ds_row).for_each(|(s, &x)| *s += x);
+                    }
                     let tile = (keys, rows, rows);
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                     unsafe {
