@@ -999,7 +999,8 @@ impl Plan<'_> {
                         );
                     }
                 }
-                // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q);  dQᵀ += Kᵀ · dSᵀ
+                // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q − c_q);  dQᵀ += (K − c_k)ᵀ · dSᵀ
+                // (`add_centres` adds the centres' share once the query head is done)
                 let (p, dout) = (bf.p.all(), &bf.dout.all()[amx::PARTS_X6 * i0 * dv..]);
                 amx::gemm::<{ amx::PARTS_X6 }>(
                     tiles,
