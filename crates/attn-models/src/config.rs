@@ -50,6 +50,16 @@ pub enum Family {
     Gpt2,
 }
 
+impl Family {
+    /// The architecture the family's members share.
+    pub fn kind(self) -> ModelKind {
+        match self {
+            Family::Bert | Family::Roberta | Family::DistilBert => ModelKind::Bert,
+            Family::Gpt2 => ModelKind::Gpt2,
+        }
+    }
+}
+
 /// The feed-forward activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
@@ -141,7 +151,6 @@ impl TokenIds {
 pub struct ModelConfig {
     /// `config.json`'s `model_type` (`"xlm-roberta"`).
     pub model_type: String,
-    pub kind: ModelKind,
     pub family: Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -386,7 +395,6 @@ impl ModelConfig {
                 };
                 ModelConfig {
                     model_type,
-                    kind: ModelKind::Bert,
                     family,
                     vocab_size: c.vocab_size,
                     hidden_size: c.hidden_size,
@@ -406,7 +414,6 @@ impl ModelConfig {
                 let c: DistilBertJson = serde_json::from_str(text).map_err(bad)?;
                 ModelConfig {
                     model_type,
-                    kind: ModelKind::Bert,
                     family: Family::DistilBert,
                     vocab_size: c.vocab_size,
                     hidden_size: c.dim,
@@ -445,7 +452,6 @@ impl ModelConfig {
                 }
                 ModelConfig {
                     model_type,
-                    kind: ModelKind::Gpt2,
                     family: Family::Gpt2,
                     vocab_size: c.vocab_size,
                     hidden_size: c.n_embd,
@@ -516,6 +522,11 @@ impl ModelConfig {
         }
     }
 
+    /// The architecture ([`Family::kind`]).
+    pub fn kind(&self) -> ModelKind {
+        self.family.kind()
+    }
+
     /// Size of one head: `hidden_size / n_heads`.
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.n_heads
@@ -539,7 +550,7 @@ impl ModelConfig {
         }
         // The encoders' word embeddings take it as their padding index, which transformers
         // refuses past the vocabulary ("Padding_idx must be within num_embeddings").
-        if self.kind == ModelKind::Bert && self.pad_token_id as usize >= self.vocab_size {
+        if self.kind() == ModelKind::Bert && self.pad_token_id as usize >= self.vocab_size {
             return Err(unsupported(
                 "pad_token_id",
                 format!(

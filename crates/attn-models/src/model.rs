@@ -121,7 +121,7 @@ impl Workspace {
     /// so reused memory needs no clearing.
     fn resize(&mut self, rows: usize, c: &ModelConfig) {
         let h = c.hidden_size;
-        let gpt2 = c.kind == ModelKind::Gpt2;
+        let gpt2 = c.kind() == ModelKind::Gpt2;
         for (buf, len) in [
             (&mut self.hidden, rows * h),
             (&mut self.normed, if gpt2 { rows * h } else { 0 }),
@@ -263,7 +263,7 @@ impl Model {
         &self.config
     }
     pub fn kind(&self) -> ModelKind {
-        self.config.kind
+        self.config.kind()
     }
     pub fn n_layers(&self) -> usize {
         self.config.n_layers
@@ -340,7 +340,7 @@ impl Model {
         let out = self.run_layers(encs, options, par, &mut ws)?;
         let c = &self.config;
         let rows = encs.len() * out.seq_len;
-        let logits = (c.kind == ModelKind::Gpt2).then(|| {
+        let logits = (c.kind() == ModelKind::Gpt2).then(|| {
             let mut logits = vec![0.0f32; rows * c.vocab_size];
             let head = self.weights.lm_head();
             let h = c.hidden_size;
@@ -455,7 +455,7 @@ impl Model {
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
             // Attention sublayer: BERT projects the residual stream, GPT-2 its ln_1.
-            let x = match c.kind {
+            let x = match c.kind() {
                 ModelKind::Bert => &ws.hidden,
                 ModelKind::Gpt2 => {
                     layer.norm_attn.apply_into(&ws.hidden, &mut ws.normed);
@@ -487,7 +487,7 @@ impl Model {
             layer
                 .attn_out
                 .forward(&ws.context, sublayer, Epilogue::None, gemm);
-            match c.kind {
+            match c.kind() {
                 ModelKind::Bert => layer.norm_attn.residual_bias_apply(
                     &mut ws.hidden,
                     &ws.sublayer,
@@ -499,7 +499,7 @@ impl Model {
             }
 
             // Feed-forward sublayer.
-            let x = match c.kind {
+            let x = match c.kind() {
                 ModelKind::Bert => &ws.hidden,
                 ModelKind::Gpt2 => {
                     layer.norm_ff.apply_into(&ws.hidden, &mut ws.normed);
@@ -513,7 +513,7 @@ impl Model {
                 .ff_out
                 .forward(&ws.intermediate, sublayer, Epilogue::None, gemm);
             let (hidden, out, bias) = (&mut ws.hidden, &ws.sublayer, &layer.ff_out.bias);
-            match c.kind {
+            match c.kind() {
                 ModelKind::Bert => layer.norm_ff.residual_bias_apply(hidden, out, bias),
                 ModelKind::Gpt2 => residual_bias_add(hidden, out, bias),
             }
