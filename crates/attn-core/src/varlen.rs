@@ -255,14 +255,30 @@ fn options_for(options: &AttnOptions, b: usize) -> AttnOptions {
 }
 
 /// An error of sequence `b`'s own call, as the packed call's: a score overflow names the
-/// sequence as its batch (its own call has batch 0) and the row within it.
-fn in_sequence(err: AttnError, b: usize) -> AttnError {
+/// sequence as its batch (its own call has batch 0) and the row within it; a gradient
+/// overflow, whose index is into the sequence's `[heads, seq, width]` gradient, the packed
+/// `[tokens, heads, width]` one.
+fn in_sequence(err: AttnError, b: usize, input: &PackedInput<'_>) -> AttnError {
     match err {
         AttnError::ScoreOverflow { head, row, .. } => AttnError::ScoreOverflow {
             batch: b,
             head,
             row,
         },
+        AttnError::GradientOverflow { tensor, index } => {
+            let dims = input.dims;
+            let (rq, rkv) = input.ranges(b);
+            let (heads, width, range) = match tensor {
+                "dq" => (dims.n_heads, dims.head_dim, rq),
+                "dk" => (dims.n_kv_heads, dims.head_dim, rkv),
+                _ => (dims.n_kv_heads, dims.value_dim, rkv),
+            };
+            let (h, t) = (index / width / range.len(), index / width % range.len());
+            AttnError::GradientOverflow {
+                tensor,
+                index: ((range.start + t) * heads + h) * width + index % width,
+            }
+        }
         other => other,
     }
 }
@@ -324,7 +340,7 @@ pub fn sdpa_varlen(
             let (q, k, v) = input.gather(b);
             // Checked finite in packed form (`check_options`).
             let one = AttnInput::allowing_non_finite(&q, &k, &v, input.shape_of(b))?;
-            sdpa(&one, &options_for(options, b)).map_err(|e| in_sequence(e, b))
+            sdpa(&one, &options_for(options, b)).map_err(|e| in_sequence(e, b, input))
         })
         .collect::<Result<Vec<_>, AttnError>>()?;
     let mut out = vec![0.0; total_q * n_heads * value_dim];
@@ -405,24 +421,7 @@ pub fn sdpa_varlen_backward(
                 &lse,
                 &tokens(dout),
             )
-            .map_err(|e| match e {
-                // The index is into the sequence's `[heads, seq, width]` gradient: name the
-                // packed `[tokens, heads, width]` one.
-                AttnError::GradientOverflow { tensor, index } => {
-                    let (rq, rkv) = input.ranges(b);
-                    let (heads, width, range) = match tensor {
-                        "dq" => (n_heads, head_dim, rq),
-                        "dk" => (n_kv_heads, head_dim, rkv),
-                        _ => (n_kv_heads, value_dim, rkv),
-                    };
-                    let (h, t) = (index / width / range.len(), index / width % range.len());
-                    AttnError::GradientOverflow {
-                        tensor,
-                        index: ((range.start + t) * heads + h) * width + index % width,
-                    }
-                }
-                other => in_sequence(other, b),
-            })
+            .map_err(|e| in_sequence(e, b, input))
         })
         .collect::<Result<Vec<_>, AttnError>>()?;
     let mut g = Grads {

@@ -1,10 +1,10 @@
 //! The AMX lane of the backward pass: its five block products in f32 through [`crate::bf16x`],
-//! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` and `dV += Pᵀ·dO` in "bf16x6" ([`PARTS_X6`]: three parts per value, as
-//! the forward pass's f32 products), `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ` in "bf16x3" ([`PARTS_X3`]:
-//! `hi` and `lo`, three tile products each, within `3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|` per product) on
-//! keys and queries centred on their means (`Plan::add_centres` adds the means' share back);
-//! and the fast lane that writes `P` and `dS` straight into those layouts, summing `dS` for
-//! that.
+//! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` and `dV += Pᵀ·dO` in "bf16x6" ([`PARTS_X6`]: three parts per
+//! value, as the forward pass's f32 products), `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ` in "bf16x3"
+//! ([`PARTS_X3`]: `hi` and `lo`, three tile products each, within `3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|`
+//! per product) on keys and queries centred on their means (`Plan::add_centres` adds the
+//! means' share back); and the fast lane that writes `P` and `dS` straight into those layouts,
+//! summing `dS` for that.
 //!
 //! Only whole 64 × 64 blocks with `head_dim` and `value_dim` multiples of 32 come here (the
 //! tiles' 32-deep, 32-wide granules); the rest take the FMA kernels.
@@ -78,8 +78,8 @@ pub(super) unsafe fn probs_and_grads_packed(
         for ng in 0..rows / 16 {
             let c = 16 * ng;
             // SAFETY: `c + 16 ≤ rows` and `r1 < keys`: every load lies inside the tiles and
-            // `lse`/`delta`, every store inside the `PARTS_X6·n` (`p_a`) or `PARTS_X3·n` (`ds_a`, `ds_b`)
-            // values asserted above.
+            // `lse`/`delta`, every store inside the `PARTS_X6·n` (`p_a`) or `PARTS_X3·n`
+            // (`ds_a`, `ds_b`) values asserted above, and `row_sums[c..c + 16]`.
             unsafe {
                 let lse_v = _mm512_loadu_ps(lse.as_ptr().add(c));
                 let delta_v = _mm512_loadu_ps(delta.as_ptr().add(c));

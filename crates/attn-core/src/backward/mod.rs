@@ -67,6 +67,8 @@ use crate::fused::{F32_SCORE_BOUND, Isa, max_norm};
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::{FiniteBits, check_finite, check_len};
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
+#[cfg(target_arch = "x86_64")]
+use amx::{PARTS_X3, PARTS_X6};
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
 /// Keys per block: the rows of the transposed tiles.
@@ -250,8 +252,9 @@ impl Norms {
     /// a score's rounding into a relative error of `P` that grows with the scores. When the
     /// scores were bf16x3 products, `dq` on 64 × 64 blocks whose keys share a large component
     /// was off by 1.5e-4 of its largest value at a bound of 12, 6e-4 at 22 and 0.1 at 659; in
-    /// bf16x6, 4.5e-5 at 31.9 (`scores_near_the_tile_bound_keep_the_amx_lane_exact`). Heads
-    /// past the bound take the FMA kernels.
+    /// bf16x6, with `dK` and `dQ` centred, 2.5e-5 at 31.9
+    /// (`scores_near_the_tile_bound_keep_the_amx_lane_exact`). Heads past the bound take the
+    /// FMA kernels.
     fn scores_bounded(&self, scale: f32) -> bool {
         // NaN and ∞ fail it.
         scale.abs() * self.q * self.k <= F32_SCORE_BOUND
@@ -484,8 +487,9 @@ struct Scratch {
     bf: AmxOperands,
 }
 
-/// The operands of the AMX products, each value split in bf16 parts (`amx::PARTS_X6` or `amx::PARTS_X3`;
-/// `bf16x.rs`: the A layout row-major, the B layout in tiles), for whole blocks only.
+/// The operands of the AMX products, each value split in bf16 parts (`PARTS_X6` or
+/// `PARTS_X3`; `bf16x.rs`: the A layout row-major, the B layout in tiles), for whole blocks
+/// only.
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
 struct AmxOperands {
@@ -493,7 +497,7 @@ struct AmxOperands {
     k: Aligned<u16>,
     v: Aligned<u16>,
     /// The A layout of each key block's `Kᵀ`, `[head_dim, 2·BLOCK_KV]` at `j0·2·head_dim`
-    /// (`amx::PARTS_X3` parts).
+    /// (`PARTS_X3` parts).
     kt: Aligned<u16>,
     /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout` (3 parts) and
     /// `scale·Q` (2 parts), at `i0·parts·width`.
@@ -732,9 +736,9 @@ impl Plan<'_> {
         let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
         let k_head = &self.k[bkv * s_n * d..][..s_n * d];
         let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
-        bf.k.get(amx::PARTS_X6 * s_n * d);
-        bf.v.get(amx::PARTS_X6 * s_n * dv);
-        bf.kt.get(amx::PARTS_X3 * s_n * d);
+        bf.k.get(PARTS_X6 * s_n * d);
+        bf.v.get(PARTS_X6 * s_n * dv);
+        bf.kt.get(PARTS_X3 * s_n * d);
         mean_row(k_head, d, &mut bf.c_k);
         let kt_f32 = bf.kt_f32.get(d * BLOCK_KV);
         for &jb in blocks {
@@ -749,17 +753,13 @@ impl Plan<'_> {
             }
             // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
             unsafe {
-                let k_at = &mut bf.k.all_mut()[amx::PARTS_X6 * j0 * d..];
-                bf16x::pack_a::<{ amx::PARTS_X6 }>(k_blk, (BLOCK_KV, d, d), k_at);
+                let k_at = &mut bf.k.all_mut()[PARTS_X6 * j0 * d..];
+                bf16x::pack_a::<PARTS_X6>(k_blk, (BLOCK_KV, d, d), k_at);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
-                let v_at = &mut bf.v.all_mut()[amx::PARTS_X6 * j0 * dv..];
-                bf16x::pack_a::<{ amx::PARTS_X6 }>(v_blk, (BLOCK_KV, dv, dv), v_at);
+                let v_at = &mut bf.v.all_mut()[PARTS_X6 * j0 * dv..];
+                bf16x::pack_a::<PARTS_X6>(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                bf16x::pack_a::<{ amx::PARTS_X3 }>(
-                    kt_f32,
-                    kt,
-                    &mut bf.kt.all_mut()[amx::PARTS_X3 * j0 * d..],
-                );
+                bf16x::pack_a::<PARTS_X3>(kt_f32, kt, &mut bf.kt.all_mut()[PARTS_X3 * j0 * d..]);
             }
         }
     }
@@ -770,10 +770,10 @@ impl Plan<'_> {
         let (d, dv, l_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_q);
         let (q, dout) = (qh.q.view(l_n * d), qh.dout.view(l_n * dv));
         let (qt, dot) = (qh.qt.view(l_n * d), qh.dot.view(l_n * dv));
-        bf.qt.get(amx::PARTS_X6 * l_n * d);
-        bf.dot.get(amx::PARTS_X6 * l_n * dv);
-        bf.q.get(amx::PARTS_X3 * l_n * d);
-        bf.dout.get(amx::PARTS_X6 * l_n * dv);
+        bf.qt.get(PARTS_X6 * l_n * d);
+        bf.dot.get(PARTS_X6 * l_n * dv);
+        bf.q.get(PARTS_X3 * l_n * d);
+        bf.dout.get(PARTS_X6 * l_n * dv);
         mean_row(q, d, &mut bf.c_q);
         bf.q_centred.clear();
         for row in q.chunks_exact(d) {
@@ -794,19 +794,19 @@ impl Plan<'_> {
             for (src, (k, n), width, dst) in
                 [(qt, (d, w), d, &mut bf.qt), (dot, (dv, w), dv, &mut bf.dot)]
             {
-                let at = amx::PARTS_X6 * i0 * width;
+                let at = PARTS_X6 * i0 * width;
                 let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[at..]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
-                unsafe { bf16x::pack_b::<{ amx::PARTS_X6 }>(src, (k, n, n), dst) };
+                unsafe { bf16x::pack_b::<PARTS_X6>(src, (k, n, n), dst) };
             }
             let q = &bf.q_centred[i0 * d..];
-            let (src, dst) = (q, &mut bf.q.all_mut()[amx::PARTS_X3 * i0 * d..]);
+            let (src, dst) = (q, &mut bf.q.all_mut()[PARTS_X3 * i0 * d..]);
             // SAFETY: as above.
-            unsafe { bf16x::pack_b::<{ amx::PARTS_X3 }>(src, (w, d, d), dst) };
-            let at = amx::PARTS_X6 * i0 * dv;
+            unsafe { bf16x::pack_b::<PARTS_X3>(src, (w, d, d), dst) };
+            let at = PARTS_X6 * i0 * dv;
             let (src, dst) = (&dout[i0 * dv..], &mut bf.dout.all_mut()[at..]);
             // SAFETY: as above.
-            unsafe { bf16x::pack_b::<{ amx::PARTS_X6 }>(src, (w, dv, dv), dst) };
+            unsafe { bf16x::pack_b::<PARTS_X6>(src, (w, dv, dv), dst) };
         }
     }
 
@@ -918,15 +918,15 @@ impl Plan<'_> {
                 let bf = &scratch.bf;
                 let (p, ds) = ((t.p.get(n), rows), (t.ds.get(n), rows));
                 let (kk, qt) = (
-                    &bf.k.all()[amx::PARTS_X6 * j0 * d..],
-                    &bf.qt.all()[amx::PARTS_X6 * i0 * d..],
+                    &bf.k.all()[PARTS_X6 * j0 * d..],
+                    &bf.qt.all()[PARTS_X6 * i0 * d..],
                 );
-                amx::gemm::<{ amx::PARTS_X6 }>(tiles, p, kk, qt, (keys, rows, d), false);
+                amx::gemm::<PARTS_X6>(tiles, p, kk, qt, (keys, rows, d), false);
                 let (vv, dot) = (
-                    &bf.v.all()[amx::PARTS_X6 * j0 * dv..],
-                    &bf.dot.all()[amx::PARTS_X6 * i0 * dv..],
+                    &bf.v.all()[PARTS_X6 * j0 * dv..],
+                    &bf.dot.all()[PARTS_X6 * i0 * dv..],
                 );
-                amx::gemm::<{ amx::PARTS_X6 }>(tiles, ds, vv, dot, (keys, rows, dv), false);
+                amx::gemm::<PARTS_X6>(tiles, ds, vv, dot, (keys, rows, dv), false);
             }
             _ => {
                 let qt = Mat::packed(&qh.qt.view(l_n * d)[i0 * d..], d, rows);
@@ -948,9 +948,9 @@ impl Plan<'_> {
                 let bf = &mut scratch.bf;
                 let tiles = (t.p.view(n), t.ds.view(n));
                 let packed = (
-                    bf.p.get(amx::PARTS_X6 * n),
-                    bf.ds_a.get(amx::PARTS_X3 * n),
-                    bf.ds_b.get(amx::PARTS_X3 * n),
+                    bf.p.get(PARTS_X6 * n),
+                    bf.ds_a.get(PARTS_X3 * n),
+                    bf.ds_b.get(PARTS_X3 * n),
                 );
                 let sums = (&mut bf.ds_rows[i0..][..rows], &mut bf.ds_keys[j0..][..keys]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
@@ -978,56 +978,28 @@ impl Plan<'_> {
             Some(tiles) => {
                 let bf = &mut scratch.bf;
                 if !fused {
-                    for (r, ds_row) in ds.chunks_exact(rows).enumerate() {
-                        bf.ds_keys[j0 + r] += ds_row.iter().sum::<f32>();
-                        let sums = &mut bf.ds_rows[i0..][..rows];
-                        sums.iter_mut().zip(ds_row).for_each(|(s, &x)| *s += x);
+                    let row_sums = &mut bf.ds_rows[i0..][..rows];
+                    let key_sums = &mut bf.ds_keys[j0..][..keys];
+                    for (ds_row, key_sum) in ds.chunks_exact(rows).zip(key_sums) {
+                        *key_sum += ds_row.iter().sum::<f32>();
+                        row_sums.iter_mut().zip(ds_row).for_each(|(s, &x)| *s += x);
                     }
                     let tile = (keys, rows, rows);
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                     unsafe {
-                        bf16x::pack_a::<{ amx::PARTS_X6 }>(p, tile, bf.p.get(amx::PARTS_X6 * n));
-                        bf16x::pack_a::<{ amx::PARTS_X3 }>(
-                            ds,
-                            tile,
-                            bf.ds_a.get(amx::PARTS_X3 * n),
-                        );
-                        bf16x::pack_b::<{ amx::PARTS_X3 }>(
-                            ds,
-                            tile,
-                            bf.ds_b.get(amx::PARTS_X3 * n),
-                        );
+                        bf16x::pack_a::<PARTS_X6>(p, tile, bf.p.get(PARTS_X6 * n));
+                        bf16x::pack_a::<PARTS_X3>(ds, tile, bf.ds_a.get(PARTS_X3 * n));
+                        bf16x::pack_b::<PARTS_X3>(ds, tile, bf.ds_b.get(PARTS_X3 * n));
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q − c_q);  dQᵀ += (K − c_k)ᵀ · dSᵀ
                 // (`add_centres` adds the centres' share once the query head is done)
-                let (p, dout) = (bf.p.all(), &bf.dout.all()[amx::PARTS_X6 * i0 * dv..]);
-                amx::gemm::<{ amx::PARTS_X6 }>(
-                    tiles,
-                    (dv_acc, dv),
-                    p,
-                    dout,
-                    (keys, dv, rows),
-                    true,
-                );
-                let q = &bf.q.all()[amx::PARTS_X3 * i0 * d..];
-                amx::gemm::<{ amx::PARTS_X3 }>(
-                    tiles,
-                    (dk_acc, d),
-                    bf.ds_a.all(),
-                    q,
-                    (keys, d, rows),
-                    true,
-                );
-                let kt = &bf.kt.all()[amx::PARTS_X3 * j0 * d..];
-                amx::gemm::<{ amx::PARTS_X3 }>(
-                    tiles,
-                    (dqt, rows),
-                    kt,
-                    bf.ds_b.all(),
-                    (d, rows, keys),
-                    true,
-                );
+                let (p, dout) = (bf.p.all(), &bf.dout.all()[PARTS_X6 * i0 * dv..]);
+                amx::gemm::<PARTS_X6>(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
+                let q = &bf.q.all()[PARTS_X3 * i0 * d..];
+                amx::gemm::<PARTS_X3>(tiles, (dk_acc, d), bf.ds_a.all(), q, (keys, d, rows), true);
+                let kt = &bf.kt.all()[PARTS_X3 * j0 * d..];
+                amx::gemm::<PARTS_X3>(tiles, (dqt, rows), kt, bf.ds_b.all(), (d, rows, keys), true);
             }
             _ => {
                 let ds = Mat::packed(ds, keys, rows);
