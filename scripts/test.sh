@@ -14,6 +14,12 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 
+# The browser tests start $CHROME_BIN, else /usr/bin/chromium: name the one on PATH.
+if [ -z "${CHROME_BIN:-}" ]; then
+    CHROME_BIN=$(command -v chromium)
+    export CHROME_BIN
+fi
+
 if [ ! -d ../shared/golden ]; then
     echo "error: ../shared/golden (the reference vectors) is missing next to this checkout" >&2
     exit 1

@@ -259,7 +259,7 @@ impl HeatmapLayout {
 const TITLE_LINE: i32 = 24;
 /// Title lines at most: a longer title (a model name of thousands of characters in a maps
 /// file) ends in "…" rather than making the picture grow.
-const TITLE_MAX_LINES: usize = 3;
+const TITLE_MAX_LINES: usize = 4;
 
 /// Splits `title` at its " — " separators into at most [`TITLE_MAX_LINES`] lines of at most
 /// `max_width` pixels; a piece wider than that gets a line of its own, cut to fit and ending in

@@ -120,8 +120,25 @@ fn bad_models_and_options_are_clear_errors() {
     let model = tiny_gpt2().to_str().unwrap().to_string();
     fails_with(
         &["bench", "generate", "--new-tokens", "4"],
-        "bench generate needs --model DIR, a GPT-2-family checkpoint",
+        "bench generate needs --model DIR (or ATTNSCOPE_MODEL), a GPT-2-family checkpoint",
     );
+    // `ATTNSCOPE_MODEL` stands in for `--model`, as in every other command.
+    let from_env = std::process::Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args([
+            "bench",
+            "generate",
+            "--new-tokens",
+            "2",
+            "--reps",
+            "1",
+            "--json",
+        ])
+        .env("ATTNSCOPE_MODEL", &model)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&from_env.stdout);
+    assert!(from_env.status.success(), "{from_env:?}");
+    assert!(stdout.contains(r#""model":"tiny-gpt2""#), "{stdout}");
     let bert = attn_models::fetch::default_model_dir(false)
         .expect("the default model is cached or can be fetched");
     fails_with(
@@ -140,7 +157,7 @@ fn bad_models_and_options_are_clear_errors() {
     }
     fails_with(
         &["bench", "generate", "--model", &model, "--threads", "0"],
-        "threads: must be between 1 and 1024, not 0",
+        "--threads: must be between 1 and 1024, not 0",
     );
     fails_with(
         &["bench", "generate", "--model", &model, "--prompt", "  "],

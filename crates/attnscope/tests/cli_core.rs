@@ -464,7 +464,7 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
             "-o",
             d.join("no/such/dir/out.safetensors").to_str().unwrap(),
         ],
-        &["writing", "out.safetensors"],
+        &["the folder", "no/such/dir", "does not exist"],
     );
     // A missing -o is a usage error: exit code 2.
     assert_eq!(
@@ -590,6 +590,7 @@ fn walkthrough_masks_follow_the_mask_matrix() {
     let padded = [[true, true, false]; 3];
     let stdout = ok(&["walkthrough", "--mask", "padding:1"]);
     assert!(stdout.contains("cat    1   1   0\n"));
+    assert!(stdout.contains("(each row sums to 1)"), "{stdout}");
     let w = softmax_rows(&scores, &padded);
     for (i, word) in words.iter().enumerate() {
         let line = percent_line(word, &words, i, &w[i], &[false, false, true]);
@@ -636,6 +637,8 @@ fn walkthrough_takes_a_users_matrices() {
     // All words padding: no row sees anything, outputs are 0.
     let stdout = ok(&["walkthrough", "--input", p, "--mask", "padding:3"]);
     assert!(stdout.contains("a: sees no word"), "{stdout}");
+    assert!(stdout.contains("a row that sees none is 0"), "{stdout}");
+    assert!(!stdout.contains("(each row sums to 1)"), "{stdout}");
 }
 
 #[test]

@@ -73,7 +73,10 @@ pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
 /// The model in `dir`, else the default one (fetched on first use, with progress on stderr).
 pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<Model> {
     if let Some(n) = threads {
-        attn_models::set_threads(n)?;
+        attn_models::set_threads(n).map_err(|e| match e {
+            attn_models::ModelError::Threads { reason } => anyhow::anyhow!("--threads: {reason}"),
+            other => other.into(),
+        })?;
     }
     let dir = match dir {
         Some(dir) => dir.to_path_buf(),
@@ -94,16 +97,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = load_model(args.model.as_deref(), args.threads)?;
     if let Some(l) = args.layer.filter(|&l| l >= model.n_layers()) {
         bail!(
-            "--layer {l} is out of range: the model has {} layers (0..{})",
-            model.n_layers(),
-            model.n_layers()
+            "--layer {l} is out of range: this model's layers are 0..={}",
+            model.n_layers() - 1
         );
     }
     if let Some(h) = args.head.filter(|&h| h >= model.n_heads()) {
         bail!(
-            "--head {h} is out of range: the model has {} heads (0..{})",
-            model.n_heads(),
-            model.n_heads()
+            "--head {h} is out of range: this model's heads are 0..={}",
+            model.n_heads() - 1
         );
     }
     let pair = args.pair.as_deref();

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let hidden = if specials.is_empty() {
         String::new()
     } else {
-        format!("; {specials} hidden, rows renormalised")
+        format!(", {specials} hidden, rows renormalised")
     };
     if args.grid {
         let bar = progress_bar((maps.n_layers * maps.n_heads) as u64, "heads");
@@ -100,7 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bar.finish_and_clear();
         }
         let title = format!(
-            "{} — every layer (row) × head (column) — {} ({level}{hidden})",
+            "{} — every layer (row) × head (column) — {} — {level}{hidden}",
             short(&maps.text),
             maps.model
         );
@@ -121,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         let matrix = view.merge(&select(&maps, selection)?);
         let title = format!(
-            "{} — {} — {} ({level}{hidden})",
+            "{} — {} — {} — {level}{hidden}",
             short(&maps.text),
             selection.describe(&maps),
             maps.model

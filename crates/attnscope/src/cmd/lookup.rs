@@ -172,7 +172,7 @@ fn render(
     s.push_str("Step 1: match the query to each key (cosine similarity of sentence embeddings)\n");
     for (e, (c, sc)) in entries.iter().zip(lookup.cosine.iter().zip(&lookup.scaled)) {
         s.push_str(&format!(
-            "  {} {c:>6.3}   / {temperature} = {sc:>7.2}\n",
+            "  {} {c:>7.4}   / {temperature} = {sc:>7.2}\n",
             pad_end(&e.key, width)
         ));
     }

@@ -91,6 +91,7 @@ const KNOWN_TENSORS: &[&str] = &[
 const GRAD_TOLERANCE: f64 = 1e-4;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::maps::check_output(&args.output)?;
     let bytes =
         std::fs::read(&args.case).with_context(|| format!("reading {}", args.case.display()))?;
     let case =

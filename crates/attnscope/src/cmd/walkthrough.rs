@@ -395,7 +395,16 @@ fn walkthrough(ex: &Example, mask: Option<&MaskKind>, focus: usize) -> anyhow::R
         s += "   Masked scaled scores\n";
         s += &table(words, words, &masked);
     }
-    s += "\n6. Attention weights = softmax of each row (each row sums to 1)\n";
+    // A row whose every key is masked has no softmax: its weights are 0.
+    let blind_row = mask_rows
+        .as_ref()
+        .is_some_and(|rows| rows.iter().any(|row| row.iter().all(|&m| m == 0)));
+    s += if blind_row {
+        "\n6. Attention weights = softmax of each row (each row that sees a word sums to 1; a row \
+         that sees none is 0)\n"
+    } else {
+        "\n6. Attention weights = softmax of each row (each row sums to 1)\n"
+    };
     s += &table(words, words, weights);
     for i in 0..n {
         let visible = mask_rows.as_ref().map(|rows| rows[i].as_slice());

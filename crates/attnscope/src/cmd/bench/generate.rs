@@ -17,8 +17,8 @@ use crate::cmd::attention::load_model;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GPT-2-family model directory in Hugging Face layout (required: the default model is an
-    /// encoder, which cannot generate).
+    /// GPT-2-family model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL; one of
+    /// the two is required: the default model is an encoder, which cannot generate].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// The prompt to continue.
@@ -101,10 +101,13 @@ fn run_once(model: &Model, prompt: &[u32], new_tokens: usize) -> Result<Run, Mod
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Some(dir) = &args.model else {
+    let from_env = std::env::var_os("ATTNSCOPE_MODEL")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let Some(dir) = args.model.as_ref().or(from_env.as_ref()) else {
         bail!(
-            "bench generate needs --model DIR, a GPT-2-family checkpoint: the default model is \
-             an encoder and cannot generate"
+            "bench generate needs --model DIR (or ATTNSCOPE_MODEL), a GPT-2-family checkpoint: \
+             the default model is an encoder and cannot generate"
         );
     };
     super::check_reps(args.reps)?;
