@@ -13,7 +13,11 @@
 //! "我爱北京" is four words, not one run of letters. Combining marks (the U+0301 of "cafe\u{301}",
 //! written decomposed) belong to the letter before them: a piece that starts with one continues
 //! the word, and a word's label takes the marks right after its last token, which BERT's
-//! accent stripping leaves out of every span. Special tokens are words of their own.
+//! accent stripping leaves out of every span. Nor does a word end inside one user-perceived
+//! character (an extended grapheme cluster: GPT-2's pieces of 👍🏽 or of 👨‍👩‍👧 with its zero-width
+//! joiners). Invisible format characters (a zero-width space, which BERT deletes) join what
+//! they touch: "zero\u{200b}width" is one word, as Hugging Face's `word_ids` counts it. Special
+//! tokens are words of their own.
 //!
 //! Merging a `[T, T]` matrix into words: the weight TO a word is the sum over its tokens (the
 //! share of attention it received), the weight FROM a word is the mean over its tokens (so each
@@ -63,14 +67,27 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
         let blank_so_far = units
             .last()
             .is_some_and(|u| !u.special && u.tokens.iter().all(|&t| blank(maps, t)));
+        // Tokens touch when nothing but invisible format characters lies between them (BERT
+        // deletes a zero-width space, and its spans skip it).
         let (touches, overlaps) = match open {
-            Some((segment, end)) if segment == token.segment => (span.0 == end, span.0 < end),
+            Some((segment, end)) if segment == token.segment => (
+                text.get(end..span.0)
+                    .is_some_and(|gap| gap.chars().all(invisible)),
+                span.0 < end,
+            ),
             _ => (false, false),
         };
+        let before = text[..span.0]
+            .trim_end_matches(invisible)
+            .chars()
+            .next_back();
         let joins = overlaps
             || touches
                 && (blank_so_far
-                    || text[..span.0].chars().next_back().is_some_and(word_char)
+                    || piece.chars().all(invisible)
+                    || open.is_some_and(|(_, end)| inside_character(text, end))
+                    || inside_character(text, span.0)
+                    || before.is_some_and(word_char)
                         && piece.chars().next().is_some_and(word_char));
         let end = with_marks(
             text,
@@ -103,6 +120,19 @@ fn word_char(c: char) -> bool {
     (c.is_alphanumeric() || c.is_mark()) && !cjk(c)
 }
 
+/// An invisible format character (Unicode category Cf: zero-width space and joiners, word
+/// joiner, byte-order mark), which neither shows nor separates words.
+fn invisible(c: char) -> bool {
+    c.is_other_format()
+}
+
+/// Whether byte `at` of `text` falls inside one user-perceived character (an extended grapheme
+/// cluster: 👍🏽, 👨‍👩‍👧, a flag's two letters), which a word boundary never splits.
+fn inside_character(text: &str, at: usize) -> bool {
+    let mut cursor = unicode_segmentation::GraphemeCursor::new(at, text.len(), true);
+    cursor.is_boundary(text, 0).is_ok_and(|boundary| !boundary)
+}
+
 /// `end` moved past the combining marks that follow it in `text`.
 fn with_marks(text: &str, end: usize) -> usize {
     end + text[end..]
@@ -127,11 +157,13 @@ fn cjk(c: char) -> bool {
     )
 }
 
-/// Whether token `t`'s span covers only whitespace.
+/// Whether token `t`'s span covers only whitespace and invisible format characters.
 fn blank(maps: &AttentionMaps, t: usize) -> bool {
     let token = &maps.tokens[t];
     match (token.span, maps.segment_text(token.segment)) {
-        (Some((a, b)), Some(text)) => text.get(a..b).is_some_and(|p| p.trim().is_empty()),
+        (Some((a, b)), Some(text)) => text
+            .get(a..b)
+            .is_some_and(|p| p.chars().all(|c| c.is_whitespace() || invisible(c))),
         _ => false,
     }
 }
@@ -156,11 +188,17 @@ fn raw_unit(index: usize, token: &crate::Token) -> Unit {
 
 /// The input's own spelling, or the token when its span covers only spaces.
 fn label_of(piece: &str, token: &crate::Token) -> String {
-    let trimmed = piece.trim();
-    if trimmed.is_empty() {
+    // Invisible characters leave the label, but for the zero-width joiner that holds an emoji
+    // sequence together (👨‍👩‍👧).
+    let label: String = piece
+        .trim()
+        .chars()
+        .filter(|&c| !invisible(c) || c == '\u{200d}')
+        .collect();
+    if label.is_empty() {
         token.text.clone()
     } else {
-        trimmed.to_string()
+        label
     }
 }
 

@@ -573,6 +573,73 @@ fn byte_level_pieces_of_one_character_are_one_word() {
     assert_eq!(labels(&words::words(&maps).unwrap()), ["café"]);
 }
 
+/// A zero-width space split a word that BERT reads as one (it deletes the space: "zero",
+/// "##wi", … with a gap of 3 bytes), leaving a word that began with a `##` piece; GPT-2's
+/// pieces of 👍🏽 and of 👨‍👩‍👧 (with its zero-width joiners, shown as invisible rows) were words
+/// of their own.
+#[test]
+fn invisible_characters_and_emoji_sequences_do_not_split_words() {
+    let bert = vec![
+        tok("[CLS]", None, 0),
+        tok("zero", Some((0, 4)), 0),
+        tok("##wi", Some((7, 9)), 0),
+        tok("##dt", Some((9, 11)), 0),
+        tok("##h", Some((11, 12)), 0),
+        tok("joiner", Some((13, 19)), 0),
+        tok("[SEP]", None, 0),
+    ];
+    let maps = hand_maps(
+        "zero\u{200b}width joiner",
+        None,
+        bert,
+        1,
+        1,
+        vec![1.0 / 7.0; 49],
+    );
+    let units = words::words(&maps).unwrap();
+    assert_eq!(labels(&units), ["[CLS]", "zerowidth", "joiner", "[SEP]"]);
+    assert_eq!(units[1].tokens, [1, 2, 3, 4]);
+    // GPT-2 on "a 👍🏽 👨‍👩‍👧 b": two pieces per emoji (the first with its space), one per
+    // joiner (bytes 15..18 and 22..25).
+    let gpt2 = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("ĠðŁ", Some((1, 6)), 0),
+        tok("ĳį", Some((2, 6)), 0),
+        tok("ðŁ", Some((6, 10)), 0),
+        tok("ı½", Some((6, 10)), 0),
+        tok("ĠðŁ", Some((10, 15)), 0),
+        tok("ĳ¨", Some((11, 15)), 0),
+        tok("âĢį", Some((15, 18)), 0),
+        tok("ðŁĳ©", Some((18, 22)), 0),
+        tok("âĢį", Some((22, 25)), 0),
+        tok("ðŁĳ§", Some((25, 29)), 0),
+        tok("Ġb", Some((29, 31)), 0),
+    ];
+    let text = "a \u{1F44D}\u{1F3FD} \u{1F468}\u{200d}\u{1F469}\u{200d}\u{1F467} b";
+    let maps = hand_maps(text, None, gpt2, 1, 1, vec![1.0 / 12.0; 144]);
+    let units = words::words(&maps).unwrap();
+    assert_eq!(
+        labels(&units),
+        [
+            "a",
+            "\u{1F44D}\u{1F3FD}",
+            "\u{1F468}\u{200d}\u{1F469}\u{200d}\u{1F467}",
+            "b"
+        ]
+    );
+    assert_eq!(units[2].tokens, [5, 6, 7, 8, 9, 10]);
+    // Two flags, each a pair of regional indicators, one token per letter: 🇫🇷 and 🇩🇪.
+    let flags = (0..4)
+        .map(|i| tok("x", Some((4 * i, 4 * i + 4)), 0))
+        .collect();
+    let text = "\u{1F1EB}\u{1F1F7}\u{1F1E9}\u{1F1EA}";
+    let maps = hand_maps(text, None, flags, 1, 1, vec![0.25; 16]);
+    assert_eq!(
+        labels(&words::words(&maps).unwrap()),
+        ["\u{1F1EB}\u{1F1F7}", "\u{1F1E9}\u{1F1EA}"]
+    );
+}
+
 /// Labels are padded by the columns a terminal gives them: "北京" (2 chars, 4 columns) and
 /// "cafe\u{301}" (5 chars, 4 columns) put their weights one column off when padded by chars.
 #[test]
