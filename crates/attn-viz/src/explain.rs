@@ -236,17 +236,22 @@ pub fn explain(
                 true => String::new(),
                 false => words::special_labels(&units),
             };
-            notes.push(format!(
-                "{} took {:.0}% of this attention; the weights shown are renormalised to sum to 1 \
-                 {over}{}",
-                hidden_what(options, &specials),
-                100.0 * hidden_share,
-                if specials.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (--special shows {specials})")
-                }
-            ))
+            let what = hidden_what(options, &specials);
+            let shows = if specials.is_empty() {
+                String::new()
+            } else {
+                format!(" (--special shows {specials})")
+            };
+            notes.push(if raw.iter().sum::<f32>() > 0.0 {
+                format!(
+                    "{what} took {:.0}% of this attention; the weights shown are renormalised to \
+                     sum to 1 {over}{shows}",
+                    100.0 * hidden_share
+                )
+            } else {
+                // A causal model's first text cannot see its pair: nothing to renormalise.
+                format!("{what} took all of this attention: the words shown got none{shows}")
+            })
         }
         Method::Attention { .. } => {}
     }

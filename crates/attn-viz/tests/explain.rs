@@ -309,6 +309,31 @@ fn across_a_pair_shows_the_other_texts_words() {
     ));
 }
 
+/// A causal model's first text cannot see its pair: across, every weight was 0 under a footer
+/// saying the weights shown were renormalised to sum to 1.
+#[test]
+fn across_to_words_that_got_nothing_says_so() {
+    let mut maps = pair_maps();
+    // Row 1 ("q") sees only [CLS] and itself, as a causal model's row would.
+    maps.weights[6..12].copy_from_slice(&[0.4, 0.6, 0.0, 0.0, 0.0, 0.0]);
+    let mut o = options(Some("q"));
+    o.across = true;
+    let e = run(&maps, &o);
+    assert_eq!(words_and_weights(&e), (vec!["x", "y"], vec![0.0, 0.0]));
+    assert!(
+        e.notes
+            .iter()
+            .any(|n| n.contains("took all of this attention: the words shown got none")),
+        "{:?}",
+        e.notes
+    );
+    assert!(
+        !e.notes.iter().any(|n| n.contains("renormalised")),
+        "{:?}",
+        e.notes
+    );
+}
+
 /// "a b c" without special tokens, every row [.4 .35 .25].
 fn three_words() -> attn_viz::AttentionMaps {
     let tokens = vec![
