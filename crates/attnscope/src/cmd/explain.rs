@@ -49,7 +49,9 @@ pub struct Args {
     /// One head (0-based) of --layer.
     #[arg(long, value_name = "H", requires = "layer")]
     pub head: Option<usize>,
-    /// Attention rollout through every layer (Abnar & Zuidema 2020).
+    /// Attention rollout through every layer (Abnar & Zuidema 2020): per layer the heads
+    /// averaged, 0.5·A + 0.5·I for the residual, rows renormalised; layers multiplied from the
+    /// input up.
     #[arg(long, conflicts_with_all = ["layer", "head"])]
     pub rollout: bool,
     /// Attention flow (max-flow through the layers, Abnar & Zuidema 2020); up to 64 tokens.

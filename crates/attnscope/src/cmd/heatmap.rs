@@ -32,7 +32,8 @@ pub struct Args {
     /// One head (0-based) of --layer.
     #[arg(long, value_name = "H", requires = "layer")]
     pub head: Option<usize>,
-    /// Attention rollout through every layer.
+    /// Attention rollout through every layer (as `explain --rollout`: heads averaged,
+    /// 0.5·A + 0.5·I, rows renormalised, layers multiplied from the input up).
     #[arg(long, conflicts_with_all = ["layer", "head"])]
     pub rollout: bool,
     /// Every layer × head as small multiples in one picture.
