@@ -37,7 +37,7 @@ isa_of() { sed -E 's/.*"isa": ?"([A-Za-z0-9]+)".*/\1/' <<<"$("$ours" bench sdpa 
 echo "kernels: f32 on $(isa_of f32), bf16 on $(isa_of bf16)"
 printf '%-34s %10s %10s %8s %8s\n' "shape (threads=$THREADS, rounds=$ROUNDS)" "ours GF/s" "torch GF/s" "ratio" "target"
 # compare LABEL TARGET DTYPE SEQ HEADS REPS [--causal] [--backward]: REPS calls per sample on
-# each side, so that a sample takes 50-150 ms (at L=512 five calls take under 10 ms, and the
+# each side, so that a sample takes 50-300 ms (at L=512 five calls take under 10 ms, and the
 # ratio then moved by 0.2 between runs).
 compare() {
   local label=$1 target=$2 dtype=$3 seq=$4 heads=$5 reps=$6; shift 6
