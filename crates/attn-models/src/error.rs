@@ -16,6 +16,10 @@ pub enum ModelError {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// A model id (`gpt2`, `org/name@revision`) that is no directory and that the Hugging Face
+    /// cache does not hold ([`crate::hub`]).
+    #[error("{spec}: {reason}")]
+    HubCache { spec: String, reason: String },
     /// A file the model directory must hold is not there.
     #[error("{} is missing ({what})", path.display())]
     MissingFile { path: PathBuf, what: &'static str },

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod hub;
 pub mod kv_cache;
 pub mod model;
 pub mod ops;

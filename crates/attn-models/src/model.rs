@@ -235,10 +235,12 @@ impl Model {
         });
         let (tokenizer, weights) = (tokenizer?, weights?);
         let pooling = Pooling::from_dir(dir)?;
-        let name = dir
-            .canonicalize()
-            .ok()
-            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        // A snapshot of the Hugging Face cache is named by its model id, not its commit.
+        let name = crate::hub::repo_of(dir)
+            .or_else(|| {
+                let dir = dir.canonicalize().ok()?;
+                Some(dir.file_name()?.to_string_lossy().into_owned())
+            })
             .unwrap_or_else(|| dir.display().to_string());
         Ok(Model {
             name,
@@ -251,7 +253,8 @@ impl Model {
         })
     }
 
-    /// The model directory's name (`all-MiniLM-L6-v2`).
+    /// The model directory's name (`all-MiniLM-L6-v2`), or its model id for a snapshot of the
+    /// Hugging Face cache (`openai-community/gpt2`).
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -14,8 +14,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Which model to run, or which saved maps to read.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json)
-    /// [default: $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
+    /// model id in the Hugging Face cache (`gpt2`, `org/name@revision`) [default:
+    /// $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 }
@@ -28,6 +29,7 @@ impl ModelArgs {
             None => attn_models::fetch::default_model_dir(std::io::stderr().is_terminal())
                 .context("finding the default model")?,
         };
+        let dir = attn_models::hub::resolve(&dir)?;
         Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
     }
 }

@@ -620,3 +620,127 @@ with zipfile.ZipFile(wheel, "w") as z:
             else:
                 z.write(path, name)
 "#;
+
+/// A Hugging Face cache holding tiny-gpt2 as `acme/tiny-gpt2`, laid out as `huggingface_hub`
+/// leaves it: files in `blobs/`, linked from the snapshot of commit `0123abc`, which the branch
+/// `main` names in `refs/`.
+fn hub_cache() -> TempDir {
+    let hub = TempDir::new();
+    let repo = hub.path().join("models--acme--tiny-gpt2");
+    let snapshot = repo.join("snapshots").join("0123abc");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        let blob = repo.join("blobs").join(format!("blob-{f}"));
+        std::fs::copy(tiny_gpt2().join(f), &blob).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new("../../blobs").join(format!("blob-{f}")),
+            snapshot.join(f),
+        )
+        .unwrap();
+    }
+    std::fs::write(repo.join("refs").join("main"), "0123abc\n").unwrap();
+    hub
+}
+
+/// Runs the binary with `HF_HUB_CACHE` at `hub`, in the folder `cwd`.
+fn with_hub(hub: &Path, cwd: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(args)
+        .env_remove("ATTNSCOPE_MODEL")
+        .env("HF_HUB_CACHE", hub)
+        .current_dir(cwd)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn models_are_found_in_the_hugging_face_cache_by_id() {
+    let hub = hub_cache();
+    let cwd = TempDir::new();
+    let by_dir = ok_json(&[
+        "attention",
+        "The cat sat",
+        "--json",
+        "--model",
+        tiny_gpt2().to_str().unwrap(),
+    ]);
+    for id in [
+        "acme/tiny-gpt2",
+        "acme/tiny-gpt2@main",
+        "acme/tiny-gpt2@0123abc",
+    ] {
+        let out = with_hub(
+            hub.path(),
+            cwd.path(),
+            &["attention", "The cat sat", "--json", "--model", id],
+        );
+        assert!(
+            out.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // Named by its id, not its commit; the same attention as from the directory.
+        assert_eq!(doc["model"], "acme/tiny-gpt2", "{id}");
+        assert_eq!(doc["weights"], by_dir["weights"], "{id}");
+    }
+    // What the cache lacks is named, with where it looked and what it has.
+    for (id, says) in [
+        (
+            "acme/tiny-gpt2@v2",
+            "holds no revision \"v2\" of acme/tiny-gpt2 (it has: main, 0123abc)",
+        ),
+        (
+            "gpt2",
+            "has no models--gpt2 (`huggingface-cli download gpt2` puts it there)",
+        ),
+    ] {
+        let out = with_hub(
+            hub.path(),
+            cwd.path(),
+            &["attention", "The cat sat", "--model", id],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{id}: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains(&hub.path().display().to_string()),
+            "{id}: {stderr}"
+        );
+    }
+    // A branch that points outside the snapshots (here at the blobs) is refused, not followed.
+    std::fs::write(
+        hub.path().join("models--acme--tiny-gpt2/refs/evil"),
+        "../blobs",
+    )
+    .unwrap();
+    let out = with_hub(
+        hub.path(),
+        cwd.path(),
+        &["attention", "x", "--model", "acme/tiny-gpt2@evil"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no revision \"evil\""));
+    // A directory of that name comes first.
+    std::fs::create_dir_all(cwd.path().join("acme")).unwrap();
+    std::os::unix::fs::symlink(tiny_gpt2(), cwd.path().join("acme").join("tiny-gpt2")).unwrap();
+    let out = with_hub(
+        hub.path(),
+        cwd.path(),
+        &[
+            "attention",
+            "The cat sat",
+            "--json",
+            "--model",
+            "acme/tiny-gpt2",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["model"], "tiny-gpt2");
+}

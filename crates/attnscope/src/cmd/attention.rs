@@ -19,8 +19,9 @@ pub struct Args {
     /// A second text: sentence B, or the context of a question (BERT token type 1).
     #[arg(long)]
     pub pair: Option<String>,
-    /// Model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else the cached
-    /// default model, fetched on first use].
+    /// Model directory in Hugging Face layout, or a model id in the Hugging Face cache
+    /// (`gpt2`, `org/name@revision`) [default: $ATTNSCOPE_MODEL, else the cached default
+    /// model, fetched on first use].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// Cut a text longer than the model's positions instead of refusing it.
@@ -82,6 +83,7 @@ pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::
         Some(dir) => dir.to_path_buf(),
         None => attn_models::fetch::default_model_dir(true)?,
     };
+    let dir = attn_models::hub::resolve(&dir)?;
     Model::load(&dir).with_context(|| format!("cannot load the model in {}", dir.display()))
 }
 

@@ -18,8 +18,9 @@ const EXPLAIN_TOP: usize = 3;
 pub struct Args {
     /// The prompt to continue.
     pub prompt: String,
-    /// GPT-2-family model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL, else
-    /// the default model, which is BERT and cannot generate].
+    /// GPT-2-family model directory in Hugging Face layout, or its model id in the Hugging
+    /// Face cache (`gpt2`) [default: $ATTNSCOPE_MODEL, else the default model, which is BERT
+    /// and cannot generate].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// How many tokens to generate (all of them: the end-of-text token does not stop early).

@@ -23,7 +23,8 @@ pub struct Args {
     /// Timed repetitions after one warm-up; the median counts.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
-    /// Model directory [default: $ATTNSCOPE_MODEL, else the cached default model].
+    /// Model directory, or a model id in the Hugging Face cache [default: $ATTNSCOPE_MODEL,
+    /// else the cached default model].
     #[arg(long, value_name = "DIR")]
     pub model: Option<std::path::PathBuf>,
     /// The multiply of the linear layers: auto (bf16x3 on AMX tiles where the CPU has them and

@@ -17,8 +17,9 @@ use crate::cmd::attention::load_model;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GPT-2-family model directory in Hugging Face layout [default: $ATTNSCOPE_MODEL; one of
-    /// the two is required: the default model is an encoder, which cannot generate].
+    /// GPT-2-family model directory in Hugging Face layout, or its model id in the Hugging
+    /// Face cache [default: $ATTNSCOPE_MODEL; one of the two is required: the default model is
+    /// an encoder, which cannot generate].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// The prompt to continue.
