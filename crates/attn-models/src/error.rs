@@ -20,6 +20,20 @@ pub enum ModelError {
     /// cache does not hold ([`crate::hub`]).
     #[error("{spec}: {reason}")]
     HubCache { spec: String, reason: String },
+    /// The directory holds the weights or the tokenizer in a form this crate does not read (a
+    /// PyTorch pickle, a sharded checkpoint, a slow tokenizer's vocabulary) instead of the one
+    /// it does.
+    #[error(
+        "{} is missing; the directory has {found} instead, which attnscope does not read: \
+         write {needed} once with transformers, {how}",
+        dir.join(needed).display()
+    )]
+    NeedsConversion {
+        dir: PathBuf,
+        found: &'static str,
+        needed: &'static str,
+        how: &'static str,
+    },
     /// A file the model directory must hold is not there.
     #[error("{} is missing ({what})", path.display())]
     MissingFile { path: PathBuf, what: &'static str },

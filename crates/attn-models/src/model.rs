@@ -185,6 +185,52 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize) -> Result<(), ModelErro
     }
 }
 
+/// Files that Hugging Face directories hold in place of `model.safetensors` or
+/// `tokenizer.json`, and how transformers rewrites them as those.
+const CONVERTIBLE: [(&str, &str, &str); 5] = [
+    (
+        "model.safetensors",
+        "pytorch_model.bin",
+        "`AutoModel.from_pretrained(DIR).save_pretrained(DIR)` (AutoModelForCausalLM for GPT-2)",
+    ),
+    (
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "`AutoModel.from_pretrained(DIR).save_pretrained(DIR, max_shard_size=\"100GB\")` (one file; AutoModelForCausalLM for GPT-2)",
+    ),
+    (
+        "model.safetensors",
+        "tf_model.h5",
+        "`AutoModel.from_pretrained(DIR, from_tf=True).save_pretrained(DIR)`",
+    ),
+    (
+        "tokenizer.json",
+        "vocab.txt",
+        "`AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`",
+    ),
+    (
+        "tokenizer.json",
+        "vocab.json",
+        "`AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`",
+    ),
+];
+
+/// [`ModelError::NeedsConversion`] when `dir` lacks `model.safetensors` or `tokenizer.json` but
+/// holds what transformers can rewrite as it.
+fn check_convertible(dir: &Path) -> Result<(), ModelError> {
+    for (needed, found, how) in CONVERTIBLE {
+        if !dir.join(needed).exists() && dir.join(found).exists() {
+            return Err(ModelError::NeedsConversion {
+                dir: dir.to_path_buf(),
+                found,
+                needed,
+                how,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Sets how many threads every later model call uses (rayon's global pool, which otherwise
 /// follows `RAYON_NUM_THREADS` or the number of cores), as the attention kernels' own
 /// [`attn_core::fused::set_global_threads`] does: 1 to
@@ -217,6 +263,7 @@ impl Model {
                 what: "the model directory",
             });
         }
+        check_convertible(dir)?;
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         // Parsing tokenizer.json takes as long as mapping and checking the weights: do both at
         // once. A tokenizer error is reported first, as if they had run in turn.

@@ -301,6 +301,28 @@ fn missing_model_is_an_error() {
         &["embed", "hi", "--model", dir.path().to_str().unwrap()],
         "tokenizer.json",
     );
+    // What transformers can rewrite as the files read here is named, with how.
+    let model = dir.path().to_str().unwrap();
+    std::fs::write(dir.path().join("vocab.json"), "{}").unwrap();
+    fails_with(
+        &["embed", "hi", "--model", model],
+        "has vocab.json instead, which attnscope does not read: write tokenizer.json once with \
+         transformers, `AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`",
+    );
+    std::fs::copy(
+        tiny_gpt2().join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::rename(
+        dir.path().join("model.safetensors"),
+        dir.path().join("pytorch_model.bin"),
+    )
+    .unwrap();
+    fails_with(
+        &["attention", "hi", "--model", model],
+        "model.safetensors is missing; the directory has pytorch_model.bin instead",
+    );
 }
 
 #[test]
