@@ -25,14 +25,14 @@ pub enum ModelError {
     /// it does.
     #[error(
         "{} is missing; the directory has {found} instead, which attnscope does not read: \
-         write {needed} once with transformers, {how}",
+         write {needed} once with transformers: `{how}`",
         dir.join(needed).display()
     )]
     NeedsConversion {
         dir: PathBuf,
         found: &'static str,
         needed: &'static str,
-        how: &'static str,
+        how: String,
     },
     /// A file the model directory must hold is not there.
     #[error("{} is missing ({what})", path.display())]

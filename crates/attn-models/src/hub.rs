@@ -1,6 +1,6 @@
 //! Models from the Hugging Face hub's local cache: `--model gpt2` or
 //! `--model sentence-transformers/all-MiniLM-L6-v2@main` finds the snapshot that
-//! `huggingface_hub` (transformers' `from_pretrained`, `huggingface-cli download`) left in the
+//! `huggingface_hub` (transformers' `from_pretrained`, `hf download`) left in the
 //! cache, laid out as
 //!
 //! ```text
@@ -8,23 +8,23 @@
 //! $HF_HUB_CACHE/models--ORG--NAME/snapshots/COMMIT/…   the files (links into ../../blobs)
 //! ```
 //!
-//! with the cache at `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
-//! `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`, as `huggingface_hub`
-//! places it. Nothing is downloaded. A directory of the given name comes first, so a local
+//! with the cache at `$HF_HUB_CACHE` (or the older `$HUGGINGFACE_HUB_CACHE`), else
+//! `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`, as
+//! `huggingface_hub` places it. Nothing is downloaded. A directory of the given name comes first, so a local
 //! `./gpt2` is never shadowed.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::ModelError;
 
-/// The directory `spec` names: itself when it exists (or cannot be a model id: a path, which
+/// The directory `spec` names: itself when it is one (or cannot be a model id: a path, which
 /// [`crate::Model::load`] then reports missing), else the snapshot of the model id
 /// `REPO[@REVISION]` in the Hugging Face cache (revision `main` by default: a branch or tag in
 /// `refs/`, or a commit).
 ///
 /// # Errors
-/// [`ModelError::HubCache`] when `spec` is a model id that the cache does not hold, naming
-/// where it looked and the revisions it has.
+/// [`ModelError::HubCache`] when `spec` is a model id that the cache does not hold (or holds
+/// unreadably), naming where it looked and the revisions it has.
 pub fn resolve(spec: &Path) -> Result<PathBuf, ModelError> {
     let var = |name: &str| {
         std::env::var_os(name)
@@ -39,7 +39,7 @@ pub fn resolve_in(spec: &Path, hub: Option<&Path>) -> Result<PathBuf, ModelError
     let Some((repo, revision)) = model_id(spec) else {
         return Ok(spec.to_path_buf());
     };
-    if spec.exists() {
+    if spec.is_dir() {
         return Ok(spec.to_path_buf());
     }
     let missing = |reason: String| {
@@ -56,31 +56,80 @@ pub fn resolve_in(spec: &Path, hub: Option<&Path>) -> Result<PathBuf, ModelError
         );
     };
     let folder = hub.join(format!("models--{}", repo.replace('/', "--")));
-    if !folder.is_dir() {
-        return missing(format!(
-            "no such directory, and the Hugging Face cache {} has no {} (`huggingface-cli \
-             download {repo}` puts it there)",
-            hub.display(),
-            folder
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into()),
-        ));
+    match std::fs::metadata(&folder) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return missing(format!("{} is not a folder", folder.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let name = folder.file_name().unwrap_or_default().to_string_lossy();
+            return missing(format!(
+                "no such directory, and the Hugging Face cache {} has no {name} (`hf download \
+                 {repo}` puts it there)",
+                hub.display(),
+            ));
+        }
+        Err(e) => return missing(format!("cannot read {}: {e}", folder.display())),
     }
     // A branch or tag names its commit in `refs/`; a commit is a snapshot's own name.
-    let commit = match std::fs::read_to_string(folder.join("refs").join(revision)) {
-        Ok(text) => text.trim().to_string(),
-        Err(_) => revision.to_string(),
+    let reference = folder.join("refs").join(revision);
+    let commit = match read_reference(&reference) {
+        Ok(Some(commit)) if revision_part(&commit) => commit,
+        Ok(Some(commit)) => {
+            return missing(format!(
+                "{} names {commit:?}, which is no commit",
+                reference.display()
+            ));
+        }
+        Ok(None) => revision.to_string(),
+        Err(reason) => return missing(format!("{}: {reason}", reference.display())),
     };
     let snapshot = folder.join("snapshots").join(&commit);
-    if !revision_part(&commit) || !snapshot.is_dir() {
-        return missing(format!(
+    match std::fs::metadata(&snapshot) {
+        Ok(meta) if meta.is_dir() => Ok(snapshot),
+        Ok(_) => missing(format!("{} is not a folder", snapshot.display())),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            missing(format!("cannot read {}: {e}", snapshot.display()))
+        }
+        Err(_) if commit != revision => missing(format!(
+            "{} names commit {commit}, which the cache has no snapshot of (it has: {})",
+            reference.display(),
+            names(&folder.join("snapshots")).join(", ")
+        )),
+        Err(_) => missing(format!(
             "the Hugging Face cache {} holds no revision {revision:?} of {repo} (it has: {})",
             hub.display(),
             revisions(&folder).join(", ")
+        )),
+    }
+}
+
+/// The commit a branch or tag file names (`None` when there is no such file): a regular file
+/// of at most [`MAX_REFERENCE`] bytes, trimmed.
+fn read_reference(path: &Path) -> Result<Option<String>, String> {
+    use std::io::Read;
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read it: {e}")),
+    };
+    // Checked before opening: a named pipe would block the open for ever.
+    if !meta.is_file() {
+        return Err("not a file".into());
+    }
+    if meta.len() > MAX_REFERENCE {
+        return Err(format!(
+            "{} bytes, where a commit takes {MAX_REFERENCE} at most",
+            meta.len()
         ));
     }
-    Ok(snapshot)
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_REFERENCE).read_to_string(&mut text))
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    Ok(Some(text.trim().to_string()))
 }
+
+/// The longest branch or tag file read: a commit is 40 hexadecimal digits.
+const MAX_REFERENCE: u64 = 1024;
 
 /// The model id a snapshot directory of the cache belongs to (`…/models--ORG--NAME/snapshots/
 /// COMMIT` → `ORG/NAME`), for titles.
@@ -96,9 +145,18 @@ pub fn repo_of(dir: &Path) -> Option<String> {
 
 /// The cache `huggingface_hub` uses, from the environment variables `var` reads.
 pub fn hub_cache(var: impl Fn(&str) -> Option<PathBuf>) -> Option<PathBuf> {
-    var("HF_HUB_CACHE")
-        .or_else(|| var("HF_HOME").map(|home| home.join("hub")))
-        .or_else(|| var("XDG_CACHE_HOME").map(|cache| cache.join("huggingface").join("hub")))
+    // `~/` at the start stands for the home folder, as `huggingface_hub` expands it.
+    let expanded = |name: &str| {
+        let path = var(name)?;
+        match path.strip_prefix("~") {
+            Ok(rest) => Some(var("HOME")?.join(rest)),
+            Err(_) => Some(path),
+        }
+    };
+    expanded("HF_HUB_CACHE")
+        .or_else(|| expanded("HUGGINGFACE_HUB_CACHE"))
+        .or_else(|| expanded("HF_HOME").map(|home| home.join("hub")))
+        .or_else(|| expanded("XDG_CACHE_HOME").map(|cache| cache.join("huggingface").join("hub")))
         .or_else(|| var("HOME").map(|home| home.join(".cache").join("huggingface").join("hub")))
 }
 
@@ -135,22 +193,24 @@ fn revision_part(part: &str) -> bool {
 
 /// The revisions a model's folder holds: its branches and tags (`refs/`), then its snapshots.
 fn revisions(folder: &Path) -> Vec<String> {
-    let names = |dir: PathBuf| {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    };
-    let mut all = names(folder.join("refs"));
-    all.extend(names(folder.join("snapshots")));
+    let mut all = names(&folder.join("refs"));
+    all.extend(names(&folder.join("snapshots")));
     if all.is_empty() {
         all.push("none".into());
     }
     all
+}
+
+/// The sorted names in `dir` (none when it cannot be read).
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 #[cfg(test)]
@@ -201,6 +261,17 @@ mod tests {
             ("HOME", "/home/u"),
         ];
         assert_eq!(hub_cache(env(&all)), Some("/hub".into()));
+        assert_eq!(
+            hub_cache(env(&[
+                ("HUGGINGFACE_HUB_CACHE", "/old"),
+                ("HF_HOME", "/hf")
+            ])),
+            Some("/old".into())
+        );
+        assert_eq!(
+            hub_cache(env(&[("HF_HOME", "~/hf"), ("HOME", "/home/u")])),
+            Some("/home/u/hf/hub".into())
+        );
         assert_eq!(hub_cache(env(&all[1..])), Some("/hf/hub".into()));
         assert_eq!(
             hub_cache(env(&all[2..])),

@@ -186,45 +186,51 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize) -> Result<(), ModelErro
 }
 
 /// Files that Hugging Face directories hold in place of `model.safetensors` or
-/// `tokenizer.json`, and how transformers rewrites them as those.
+/// `tokenizer.json`, and the transformers call that rewrites them as those (`MODEL` and `DIR`
+/// filled in by [`check_convertible`]).
 const CONVERTIBLE: [(&str, &str, &str); 5] = [
     (
         "model.safetensors",
         "pytorch_model.bin",
-        "`AutoModel.from_pretrained(DIR).save_pretrained(DIR)` (AutoModelForCausalLM for GPT-2)",
+        "MODEL.from_pretrained(DIR).save_pretrained(DIR)",
     ),
     (
         "model.safetensors",
         "model.safetensors.index.json",
-        "`AutoModel.from_pretrained(DIR).save_pretrained(DIR, max_shard_size=\"100GB\")` (one file; AutoModelForCausalLM for GPT-2)",
+        "MODEL.from_pretrained(DIR).save_pretrained(DIR, max_shard_size=\"100GB\")",
     ),
     (
         "model.safetensors",
         "tf_model.h5",
-        "`AutoModel.from_pretrained(DIR, from_tf=True).save_pretrained(DIR)`",
+        "MODEL.from_pretrained(DIR, from_tf=True).save_pretrained(DIR)",
     ),
     (
         "tokenizer.json",
         "vocab.txt",
-        "`AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`",
+        "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)",
     ),
     (
         "tokenizer.json",
         "vocab.json",
-        "`AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`",
+        "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)",
     ),
 ];
 
 /// [`ModelError::NeedsConversion`] when `dir` lacks `model.safetensors` or `tokenizer.json` but
 /// holds what transformers can rewrite as it.
-fn check_convertible(dir: &Path) -> Result<(), ModelError> {
+fn check_convertible(dir: &Path, config: &ModelConfig) -> Result<(), ModelError> {
+    let model = match config.kind() {
+        ModelKind::Bert => "AutoModel",
+        ModelKind::Gpt2 => "AutoModelForCausalLM",
+    };
     for (needed, found, how) in CONVERTIBLE {
         if !dir.join(needed).exists() && dir.join(found).exists() {
+            let dir_arg = format!("{:?}", dir.display().to_string());
             return Err(ModelError::NeedsConversion {
                 dir: dir.to_path_buf(),
                 found,
                 needed,
-                how,
+                how: how.replace("MODEL", model).replace("DIR", &dir_arg),
             });
         }
     }
@@ -263,8 +269,8 @@ impl Model {
                 what: "the model directory",
             });
         }
-        check_convertible(dir)?;
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        check_convertible(dir, &config)?;
         // Parsing tokenizer.json takes as long as mapping and checking the weights: do both at
         // once. A tokenizer error is reported first, as if they had run in turn.
         let (tokenizer, weights) = std::thread::scope(|scope| {

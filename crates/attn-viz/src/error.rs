@@ -77,7 +77,7 @@ pub enum VizError {
         occurrence: usize,
     },
     #[error(
-        "a view across a sentence pair (--across) needs two texts (TEXT and --pair TEXT, or --question and --context), and this input is one text"
+        "a view across a sentence pair (--across) needs two texts (TEXT and --pair TEXT), and this input is one text"
     )]
     NoPair,
     #[error("nothing to show: {what}")]

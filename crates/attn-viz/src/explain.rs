@@ -332,11 +332,15 @@ fn find_focus(
         }
         _ => (asked, None),
     };
+    // Invisible characters never count: "and\u{200d}joiner" is found as the terminal shows it,
+    // "zero\u{200b}width" as it was typed.
+    let visible = |s: &str| -> String { s.chars().filter(|c| !c.is_other_format()).collect() };
+    let word = &visible(word);
     let find = |key: fn(&str) -> String| -> Vec<usize> {
         candidates
             .iter()
             .copied()
-            .filter(|&u| key(&units[u].label) == key(word))
+            .filter(|&u| key(&visible(&units[u].label)) == key(word))
             .collect()
     };
     // The label as written (composed or decomposed alike: "café" finds "cafe\u{301}"), else

@@ -15,9 +15,11 @@
 //! the word, and a word's label takes the marks right after its last token, which BERT's
 //! accent stripping leaves out of every span. Nor does a word end inside one user-perceived
 //! character (an extended grapheme cluster: GPT-2's pieces of 👍🏽 or of 👨‍👩‍👧 with its zero-width
-//! joiners). Invisible format characters (a zero-width space, which BERT deletes) join what
-//! they touch: "zero\u{200b}width" is one word, as Hugging Face's `word_ids` counts it. Special
-//! tokens are words of their own.
+//! joiners). Invisible format characters that a tokenizer deletes (BERT deletes them all) leave
+//! the tokens around them touching: "zero\u{200b}width" is one word to BERT, as Hugging Face's
+//! `word_ids` counts it. A token of only invisible characters (GPT-2 keeps them) belongs to the
+//! word before it, and a zero-width space among them also ends that word, as Thai and Khmer
+//! use it. Special tokens are words of their own.
 //!
 //! Merging a `[T, T]` matrix into words: the weight TO a word is the sum over its tokens (the
 //! share of attention it received), the weight FROM a word is the mean over its tokens (so each
@@ -67,8 +69,9 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
         let blank_so_far = units
             .last()
             .is_some_and(|u| !u.special && u.tokens.iter().all(|&t| blank(maps, t)));
-        // Tokens touch when nothing but invisible format characters lies between them (BERT
-        // deletes a zero-width space, and its spans skip it).
+        // Tokens touch when nothing but invisible format characters lies between them: ones
+        // the tokenizer deleted (BERT deletes them all, so "zero\u{200b}width" is one word to
+        // it, as its `word_ids` say).
         let (touches, overlaps) = match open {
             Some((segment, end)) if segment == token.segment => (
                 text.get(end..span.0)
@@ -77,10 +80,15 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
             ),
             _ => (false, false),
         };
-        let before = text[..span.0]
-            .trim_end_matches(invisible)
-            .chars()
-            .next_back();
+        // The character a word would continue from: the previous token's last, past the
+        // invisible ones a byte-level model keeps as tokens of their own, but for a zero-width
+        // space, which separates words (Thai and Khmer write it between words).
+        let before = open.and_then(|(_, end)| {
+            text[..end]
+                .trim_end_matches(|c| invisible(c) && c != ZERO_WIDTH_SPACE)
+                .chars()
+                .next_back()
+        });
         let joins = overlaps
             || touches
                 && (blank_so_far
@@ -120,10 +128,38 @@ fn word_char(c: char) -> bool {
     (c.is_alphanumeric() || c.is_mark()) && !cjk(c)
 }
 
-/// An invisible format character (Unicode category Cf: zero-width space and joiners, word
-/// joiner, byte-order mark), which neither shows nor separates words.
+/// An invisible format character (Unicode category Cf: zero-width space and joiners, soft
+/// hyphen, direction marks, word joiner, byte-order mark). A token of nothing else belongs to
+/// the word before it; only the zero-width space also ends that word.
 fn invisible(c: char) -> bool {
     c.is_other_format()
+}
+
+const ZERO_WIDTH_SPACE: char = '\u{200b}';
+
+/// Invisible characters that change nothing a label shows, so labels and `--focus` leave them
+/// out: the zero-width space, word joiner, byte-order mark, soft hyphen and direction marks.
+/// Joiners stay (U+200D holds 👨‍👩‍👧 together, U+200C keeps Persian letters apart), as do
+/// emoji tags (🏴 with tags is England's flag).
+fn hidden_in_labels(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{061c}'
+            | '\u{180e}'
+            | ZERO_WIDTH_SPACE
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{feff}'
+    )
+}
+
+/// `text` without the characters [`hidden_in_labels`] leaves out.
+pub fn without_hidden(text: &str) -> String {
+    text.chars().filter(|&c| !hidden_in_labels(c)).collect()
 }
 
 /// Whether byte `at` of `text` falls inside one user-perceived character (an extended grapheme
@@ -186,19 +222,23 @@ fn raw_unit(index: usize, token: &crate::Token) -> Unit {
     }
 }
 
-/// The input's own spelling, or the token when its span covers only spaces.
+/// The input's own spelling without [`hidden_in_labels`] characters; the token when its span
+/// covers only spaces, the code points when it covers only invisible characters.
 fn label_of(piece: &str, token: &crate::Token) -> String {
-    // Invisible characters leave the label, but for the zero-width joiner that holds an emoji
-    // sequence together (👨‍👩‍👧).
-    let label: String = piece
-        .trim()
-        .chars()
-        .filter(|&c| !invisible(c) || c == '\u{200d}')
-        .collect();
-    if label.is_empty() {
+    let label = without_hidden(piece);
+    let label = label.trim();
+    if !label.is_empty() {
+        label.to_string()
+    } else if piece.chars().all(char::is_whitespace) {
         token.text.clone()
     } else {
-        label
+        // Nothing visible: the code points, not a byte-level token's letters.
+        piece
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .map(|c| format!("U+{:04X}", u32::from(c)))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 

@@ -628,6 +628,44 @@ fn invisible_characters_and_emoji_sequences_do_not_split_words() {
         ]
     );
     assert_eq!(units[2].tokens, [5, 6, 7, 8, 9, 10]);
+    // GPT-2 keeps invisible characters as tokens. A space and a zero-width space before a
+    // word gave the label " b" (`trim` keeps U+200B); a zero-width space separates words (Thai
+    // and Khmer write it between words); a zero-width non-joiner stays in its word and label,
+    // as do emoji tags (England's flag); a token of nothing visible shows its code points.
+    type Case<'a> = (&'a str, Vec<(usize, usize)>, Vec<&'a str>);
+    let cases: [Case; 5] = [
+        ("a \u{200b} b", vec![(0, 1), (1, 5), (5, 7)], vec!["a", "b"]),
+        (
+            "hello\u{200b}world",
+            vec![(0, 5), (5, 8), (8, 13)],
+            vec!["hello", "world"],
+        ),
+        (
+            "mi\u{200c}x",
+            vec![(0, 2), (2, 5), (5, 6)],
+            vec!["mi\u{200c}x"],
+        ),
+        (
+            "go \u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F} team",
+            vec![(0, 2), (2, 7), (7, 11), (11, 31), (31, 36)],
+            vec![
+                "go",
+                "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F}",
+                "team",
+            ],
+        ),
+        (
+            "\u{200b}\u{200b}",
+            vec![(0, 3), (3, 6)],
+            vec!["U+200B U+200B"],
+        ),
+    ];
+    for (text, spans, want) in cases {
+        let n = spans.len();
+        let tokens = spans.into_iter().map(|s| tok("x", Some(s), 0)).collect();
+        let maps = hand_maps(text, None, tokens, 1, 1, vec![1.0 / n as f32; n * n]);
+        assert_eq!(labels(&words::words(&maps).unwrap()), want, "{text:?}");
+    }
     // Two flags, each a pair of regional indicators, one token per letter: 🇫🇷 and 🇩🇪.
     let flags = (0..4)
         .map(|i| tok("x", Some((4 * i, 4 * i + 4)), 0))

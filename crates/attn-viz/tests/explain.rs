@@ -472,3 +472,36 @@ fn focus_finds_a_word_however_its_accent_is_written() {
         assert_close(&words_and_weights(&e).1, &[0.2, 0.3, 0.5], 1e-6);
     }
 }
+
+/// A word holding an invisible character was found only as its label spells it: not as typed
+/// ("zero\u{200b}width", whose label drops the space) nor as the terminal shows it
+/// ("andjoiner", whose label keeps the joiner).
+#[test]
+fn focus_ignores_invisible_characters() {
+    // BERT deletes the zero-width space (no token covers bytes 4..7); GPT-2-like pieces keep
+    // the joiner (bytes 12..15) as a token of its own.
+    let tokens = vec![
+        tok("zero", Some((0, 4)), 0),
+        tok("##width", Some((7, 12)), 0),
+        tok("and", Some((13, 16)), 0),
+        tok("x", Some((16, 19)), 0),
+        tok("joiner", Some((19, 25)), 0),
+    ];
+    let maps = hand_maps(
+        "zero\u{200b}width and\u{200d}joiner",
+        None,
+        tokens,
+        1,
+        1,
+        vec![0.2; 25],
+    );
+    for (asked, label) in [
+        ("zero\u{200b}width", "zerowidth"),
+        ("zerowidth", "zerowidth"),
+        ("andjoiner", "and\u{200d}joiner"),
+        ("and\u{200d}joiner", "and\u{200d}joiner"),
+    ] {
+        let e = run(&maps, &options(Some(asked)));
+        assert_eq!(e.focus, label, "{asked:?}");
+    }
+}

@@ -189,6 +189,13 @@ pub fn check_output(path: &Path) -> anyhow::Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
+    if parent.exists() && !parent.is_dir() {
+        anyhow::bail!(
+            "cannot write {}: {} is not a folder",
+            path.display(),
+            parent.display()
+        );
+    }
     if !parent.is_dir() {
         anyhow::bail!(
             "cannot write {}: the folder {} does not exist",

@@ -307,7 +307,7 @@ fn missing_model_is_an_error() {
     fails_with(
         &["embed", "hi", "--model", model],
         "has vocab.json instead, which attnscope does not read: write tokenizer.json once with \
-         transformers, `AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`",
+         transformers: `AutoTokenizer.from_pretrained(",
     );
     std::fs::copy(
         tiny_gpt2().join("tokenizer.json"),
@@ -321,7 +321,10 @@ fn missing_model_is_an_error() {
     .unwrap();
     fails_with(
         &["attention", "hi", "--model", model],
-        "model.safetensors is missing; the directory has pytorch_model.bin instead",
+        // tiny-gpt2 is a decoder: its weights come from the causal-LM class.
+        "model.safetensors is missing; the directory has pytorch_model.bin instead, which \
+         attnscope does not read: write model.safetensors once with transformers: \
+         `AutoModelForCausalLM.from_pretrained(",
     );
 }
 
@@ -716,7 +719,7 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
         ),
         (
             "gpt2",
-            "has no models--gpt2 (`huggingface-cli download gpt2` puts it there)",
+            "has no models--gpt2 (`hf download gpt2` puts it there)",
         ),
     ] {
         let out = with_hub(
@@ -731,19 +734,32 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
             "{id}: {stderr}"
         );
     }
-    // A branch that points outside the snapshots (here at the blobs) is refused, not followed.
-    std::fs::write(
-        hub.path().join("models--acme--tiny-gpt2/refs/evil"),
-        "../blobs",
-    )
-    .unwrap();
-    let out = with_hub(
-        hub.path(),
-        cwd.path(),
-        &["attention", "x", "--model", "acme/tiny-gpt2@evil"],
+    // Branches that point outside the snapshots (here at the blobs), at no snapshot, or that
+    // are not files (a named pipe would block a read for ever) are refused and named.
+    let refs = hub.path().join("models--acme--tiny-gpt2/refs");
+    std::fs::write(refs.join("evil"), "../blobs").unwrap();
+    std::fs::write(refs.join("gone"), "fedcba9\n").unwrap();
+    assert!(
+        Command::new("mkfifo")
+            .arg(refs.join("pipe"))
+            .status()
+            .unwrap()
+            .success()
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no revision \"evil\""));
+    for (revision, says) in [
+        ("evil", "refs/evil names \"../blobs\", which is no commit"),
+        (
+            "gone",
+            "refs/gone names commit fedcba9, which the cache has no snapshot of (it has: 0123abc)",
+        ),
+        ("pipe", "refs/pipe: not a file"),
+    ] {
+        let id = format!("acme/tiny-gpt2@{revision}");
+        let out = with_hub(hub.path(), cwd.path(), &["attention", "x", "--model", &id]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{id}: {stderr}");
+        assert!(stderr.contains(says), "{id}: {stderr}");
+    }
     // A directory of that name comes first.
     std::fs::create_dir_all(cwd.path().join("acme")).unwrap();
     std::os::unix::fs::symlink(tiny_gpt2(), cwd.path().join("acme").join("tiny-gpt2")).unwrap();

@@ -158,8 +158,13 @@ impl View<'_> {
     }
 }
 
-/// The text for a title, cut at 60 characters.
+/// The text for a title: one line, cut at 60 characters.
 fn short(text: &str) -> String {
+    // One line, without the invisible characters labels leave out.
+    let text = attn_viz::words::without_hidden(text)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     if text.chars().count() > 60 {
         format!("\"{}…\"", text.chars().take(59).collect::<String>())
     } else {
