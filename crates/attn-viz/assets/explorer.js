@@ -100,7 +100,18 @@
   // ---- helpers shared by the views ----
   function headColour(h) { return h < PALETTE.length ? PALETTE[h] : "hsl(" + ((h * 47) % 360) + ",60%,45%)"; }
 
-  function tokenLabel(t) { return t.text.replace(/^\u0120/, " ").replace(/\u010a/g, "\\n"); }
+  function tokenLabel(t) {
+    const label = t.text.replace(/^\u0120/, " ").replace(/\u010a/g, "\\n");
+    return label.trim() === "" ? "␣" : label;
+  }
+
+  // Why a filtered view is empty: on a causal model the first text comes before its pair.
+  function emptyReason() {
+    const causal = S.data.neuron && S.data.neuron.causal;
+    return S.filter === "AB" && causal
+      ? "Nothing to show: A comes before B, so a causal model's A tokens cannot see B."
+      : "Nothing to show: no attention passes this filter.";
+  }
 
   function weight(layer, head, i, j) { return S.W[((layer * S.H + head) * S.T + i) * S.T + j] / S.scale; }
 
@@ -184,7 +195,8 @@
         column.appendChild(tok);
       }
     });
-    view.append(left, canvas, right);
+    view.append(el("span", "heading left", "query (attending)"), el("span", "heading right", "key (attended to)"),
+      left, canvas, right);
     container.appendChild(view);
     const caption = el("p", "muted", "");
     container.appendChild(caption);
@@ -196,10 +208,15 @@
       if (!hover) {
         const lines = lineFloor(layerOf(), heads, 0.005, 40000);
         minQ = lines.floor;
-        caption.textContent = lines.shown < lines.all
-          ? "Showing the " + lines.shown.toLocaleString("en") + " strongest of " + lines.all.toLocaleString("en") +
-            " lines (weight ≥ " + (minQ / S.scale).toFixed(3) + "); point at a token to see all of its lines."
-          : "Point at a token to see only its lines.";
+        const pair = S.data.tokens.some((t) => t.segment === 1) ? " Italic tokens are the pair's (B)." : "";
+        caption.textContent = heads.length === 0
+          ? "No head is shown: turn one on above."
+          : lines.all === 0
+            ? emptyReason()
+            : (lines.shown < lines.all
+              ? "Showing the " + lines.shown.toLocaleString("en") + " strongest of " + lines.all.toLocaleString("en") +
+                " lines (weight ≥ " + (minQ / S.scale).toFixed(3) + "); point at a token to see all of its lines."
+              : "Each line goes from a query to a key it attends to, darker for more weight; point at a token to see only its lines.") + pair;
       }
       drawLines(ctx, layerOf(), heads, { x0: 4, x1: 236, y0: 0, step: ROW }, hover, minQ);
       for (const tok of view.querySelectorAll(".tok.hover")) tok.classList.remove("hover");
@@ -279,6 +296,9 @@
       if (S.filter === "all" || S.data.tokens[i].segment === (S.filter[1] === "A" ? 0 : 1)) cols.push(i);
     }
     const heads = choice === "mean" ? [...Array(S.H).keys()] : [Number(choice)];
+    const which = "layer " + S.layer + ", " + (choice === "mean" ? "mean of heads" : "head " + choice);
+    const idle = "Point at a cell to read its weight (" + which + ").";
+    $("heatmap-readout").textContent = idle;
     const values = new Float32Array(rows.length * cols.length);
     let max = 0;
     rows.forEach((i, r) => cols.forEach((j, c) => {
@@ -344,14 +364,19 @@
     ctx.fillText(max.toFixed(3), barX + 15, top);
     ctx.textBaseline = "bottom";
     ctx.fillText("0", barX + 15, top + barH);
+    if (max === 0) $("heatmap-readout").textContent = emptyReason();
     canvas.onmousemove = (event) => {
       const box = canvas.getBoundingClientRect();
       const c = Math.floor((event.clientX - box.left - left) / cell), r = Math.floor((event.clientY - box.top - top) / cell);
-      if (r < 0 || c < 0 || r >= rows.length || c >= cols.length) return;
+      if (r < 0 || c < 0 || r >= rows.length || c >= cols.length) {
+        $("heatmap-readout").textContent = idle;
+        return;
+      }
       const q = S.data.tokens[rows[r]], k = S.data.tokens[cols[c]];
-      $("heatmap-readout").textContent = "query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
+      $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
         JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " + values[r * cols.length + c].toFixed(3);
     };
+    canvas.onmouseleave = () => { $("heatmap-readout").textContent = max === 0 ? emptyReason() : idle; };
   }
 
   // ---- neuron view: q, each k, q·k, scaled, softmax for one query ----
@@ -464,8 +489,11 @@
     $("summary").textContent = summary;
     const floor = S.data.weight_floor;
     $("notice").hidden = !floor;
+    const hidden = (x) => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
     $("notice").textContent = floor ? "To keep this page small, weights below " + (floor / S.scale).toFixed(3) +
-      " are stored as 0; every larger weight is exact to 3 decimals." : "";
+      " are stored as 0 (" + hidden(S.data.floor_hidden_mean) + " of a row's attention on average, " +
+      hidden(S.data.floor_hidden_max) + " at most); every larger weight is exact to 3 decimals. " +
+      "`attnscope serve` shows every weight." : "";
     document.title = "attnscope: " + S.data.text.slice(0, 60);
     fillSelect($("layer"), [...Array(S.L).keys()].map((l) => [l, String(l)]), S.layer);
     const hasPair = S.data.tokens.some((t) => t.segment === 1);
@@ -483,7 +511,13 @@
       button.type = "button";
       button.style.background = headColour(h);
       button.title = "Show or hide head " + h + " (double-click: only this head)";
-      button.addEventListener("click", () => { S.heads[h] = !S.heads[h]; buildControls(); render(); });
+      button.setAttribute("aria-pressed", String(S.heads[h]));
+      button.addEventListener("click", () => {
+        S.heads[h] = !S.heads[h];
+        buildControls();
+        render();
+        toggles.children[h + 1].focus();
+      });
       button.addEventListener("dblclick", () => { S.heads = S.heads.map((_, k) => k === h); buildControls(); render(); });
       toggles.appendChild(button);
     }
@@ -498,7 +532,10 @@
     const renderId = ++S.renderId;
     const started = performance.now();
     setState("rendering");
-    for (const button of document.querySelectorAll("#tabs button")) button.classList.toggle("active", button.dataset.view === S.view);
+    for (const button of document.querySelectorAll("#tabs button")) {
+      button.classList.toggle("active", button.dataset.view === S.view);
+      button.setAttribute("aria-selected", String(button.dataset.view === S.view));
+    }
     for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
     $("head-toggles").hidden = S.view !== "head";
     try {
@@ -525,6 +562,9 @@
     for (const id of ["heatmap-head", "heatmap-scale", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
     $("overlay-close").addEventListener("click", () => { $("overlay").hidden = true; $("overlay-body").replaceChildren(); });
     $("overlay").addEventListener("click", (event) => { if (event.target === $("overlay")) $("overlay-close").click(); });
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && !$("overlay").hidden) $("overlay-close").click();
+    });
   }
 
   // ---- app mode: ask the server ----
@@ -547,7 +587,7 @@
       }
       await load(json);
     } catch (error) {
-      showError("Could not get attention from the server: " + error.message);
+      showError("Could not get attention from the server: " + error.message + " (is `attnscope serve` still running?)");
     } finally {
       $("input-submit").disabled = false;
     }
@@ -563,6 +603,9 @@
       form.addEventListener("submit", (event) => {
         event.preventDefault();
         request($("input-text").value, $("input-pair").value, S.data ? S.layer : null);
+      });
+      form.addEventListener("keydown", (event) => {
+        if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
       });
       if (params.has("text")) {
         $("input-text").value = params.get("text");

@@ -211,6 +211,18 @@ fn browser_shows_every_view_of_the_submitted_text() {
             .unwrap()
     };
     assert_eq!(set_filter("AB"), 0);
+    // The empty view says why instead of showing nothing.
+    let caption = browser.exec(
+        "return document.querySelector('#view-head > p.muted').textContent;",
+        json!([]),
+    );
+    assert!(
+        caption
+            .as_str()
+            .unwrap()
+            .contains("A comes before B, so a causal model's A tokens cannot see B"),
+        "{caption}"
+    );
     assert!(set_filter("BA") > 0);
 
     // Clicking a query token opens its neuron view.
@@ -257,7 +269,18 @@ fn browser_shows_every_view_of_the_submitted_text() {
             > 0
     );
     browser.screenshot(dir.path(), "serve-model-enlarged.png");
-    browser.click("#overlay-close");
+    // Escape closes the enlarged head.
+    browser.exec(
+        "document.dispatchEvent(new KeyboardEvent('keydown', { key: 'Escape' })); return null;",
+        json!([]),
+    );
+    assert_eq!(
+        browser.exec(
+            "return document.getElementById('overlay').hidden;",
+            json!([])
+        ),
+        json!(true)
+    );
 
     browser.click("#tabs button[data-view=heatmap]");
     browser.expect_ready();
@@ -269,6 +292,34 @@ fn browser_shows_every_view_of_the_submitted_text() {
             > 100
     );
     browser.screenshot(dir.path(), "serve-heatmap.png");
+    // The readout names the layer and heads it read, and a new layer clears it (it kept the
+    // old layer's number while the pointer stood still).
+    let readout = |script: &str| {
+        browser.exec(
+            &format!("{script} return document.getElementById('heatmap-readout').textContent;"),
+            json!([]),
+        )
+    };
+    let pointed = readout(
+        "const c = document.getElementById('heatmap-canvas'), b = c.getBoundingClientRect();
+         c.dispatchEvent(new MouseEvent('mousemove', { clientX: b.right - 70, clientY: b.bottom - 8 }));",
+    );
+    let layer = browser.exec("return document.getElementById('layer').value;", json!([]));
+    assert!(
+        pointed.as_str().unwrap().starts_with(&format!(
+            "layer {}, mean of heads: query",
+            layer.as_str().unwrap()
+        )),
+        "{pointed}"
+    );
+    let after = readout(
+        "const l = document.getElementById('layer'); l.value = '0';
+         l.dispatchEvent(new Event('change'));",
+    );
+    assert_eq!(
+        after,
+        json!("Point at a cell to read its weight (layer 0, mean of heads).")
+    );
 
     browser.click("#tabs button[data-view=neuron]");
     browser.expect_ready();
@@ -378,4 +429,34 @@ fn hostile_text_runs_no_script_in_the_app() {
     // The counter above is live: a script calling alert() is counted.
     browser.exec("setTimeout(() => alert(2), 0); return null;", json!([]));
     assert!(browser.wait_for("window.__alerts === 1", Duration::from_secs(5)));
+}
+
+/// A 512-token page file hides its smallest weights to stay under 5 MB (its notice says how
+/// much); the web app has no file to keep small and sends every weight: a floor of 0 hid up to
+/// 84% of a diffuse row's attention there.
+#[test]
+fn the_app_sends_every_weight_of_a_long_text() {
+    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let server = Server::start(&model);
+    let text = "The cat that ate the mouse that lived in the barn ran away. ".repeat(36);
+    let (status, body) = post(&server.api(), &json!({ "text": text }).to_string());
+    assert_eq!(status, 200, "{}", &body[..body.len().min(300)]);
+    let data: Value = serde_json::from_str(&body).unwrap();
+    let n = data["tokens"].as_array().unwrap().len();
+    assert!(n > 450, "{n} tokens");
+    assert_eq!(data["weight_floor"], 0);
+    assert_eq!(data["floor_hidden_max"], 0.0);
+    assert!(
+        body.len() > 4_500_000,
+        "{} bytes: within a page file's budget",
+        body.len()
+    );
+    // Every row keeps its attention, up to n roundings of at most 0.0005 each.
+    for row in unpack_weights(&data).chunks(n) {
+        let sum: f32 = row.iter().sum();
+        assert!(
+            (sum - 1.0).abs() <= 0.0005 * n as f32 + 1e-6,
+            "row sums to {sum}"
+        );
+    }
 }

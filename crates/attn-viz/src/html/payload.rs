@@ -81,6 +81,9 @@ struct Payload<'a> {
     weight_scale: u16,
     /// Weights below this many thousandths are stored as 0 (0: every weight is exact).
     weight_floor: u16,
+    /// The share of a row's attention those zeros hide, on average over the rows and at most.
+    floor_hidden_mean: f32,
+    floor_hidden_max: f32,
     /// Packed `[n_layers, n_heads, T, T]`.
     weights: String,
     neuron: Option<Neuron>,
@@ -140,6 +143,8 @@ pub fn payload_json(
         n_heads: maps.n_heads,
         weight_scale: WEIGHT_SCALE,
         weight_floor: 0,
+        floor_hidden_mean: 0.0,
+        floor_hidden_max: 0.0,
         weights: String::new(),
         neuron,
     };
@@ -150,6 +155,8 @@ pub fn payload_json(
         .map(|budget| budget.saturating_sub(rest));
     (payload.weight_floor, payload.weights) =
         pack_weights(&quantised, n_tokens * n_tokens, weights_budget)?;
+    (payload.floor_hidden_mean, payload.floor_hidden_max) =
+        hidden_by_floor(&maps.weights, &quantised, n_tokens, payload.weight_floor);
     to_json(&payload)
 }
 
@@ -158,6 +165,29 @@ fn to_json(payload: &Payload) -> Result<String, VizError> {
         what: "payload JSON",
         source: source.into(),
     })
+}
+
+/// The share of each row's attention (rows of `n` weights) that a floor stores as 0: the mean
+/// over the rows and the largest.
+fn hidden_by_floor(weights: &[f32], quantised: &[u16], n: usize, floor: u16) -> (f32, f32) {
+    if floor == 0 || n == 0 {
+        return (0.0, 0.0);
+    }
+    let (mut total, mut max, mut rows) = (0.0f64, 0.0f64, 0usize);
+    for (row, q) in weights.chunks_exact(n).zip(quantised.chunks_exact(n)) {
+        let sum: f64 = row.iter().map(|&w| f64::from(w)).sum();
+        let hidden: f64 = row
+            .iter()
+            .zip(q)
+            .filter(|&(_, &q)| q < floor)
+            .map(|(&w, _)| f64::from(w))
+            .sum();
+        let share = if sum > 0.0 { hidden / sum } else { 0.0 };
+        total += share;
+        max = max.max(share);
+        rows += 1;
+    }
+    ((total / rows.max(1) as f64) as f32, max as f32)
 }
 
 /// `round(w * 1000)` for weights validated finite and not negative; rows sum to 1, and the
@@ -470,6 +500,57 @@ mod tests {
         for (g, e) in got.iter().zip(&exact) {
             assert_eq!(*g, if *e < floor { 0 } else { *e });
         }
+    }
+
+    /// A page whose floor hides weights says how much of each row's attention they held: the
+    /// 3.98 MB page of 506 tokens hid up to 84% of a diffuse row, and its notice did not say.
+    #[test]
+    fn the_payload_says_how_much_attention_its_floor_hides() {
+        // 40 tokens; row i puts 0.001 * (k % 7) on each other key k, the rest on key i.
+        let t = 40;
+        let mut weights = vec![0.0f32; t * t];
+        for i in 0..t {
+            for k in (0..t).filter(|&k| k != i) {
+                weights[i * t + k] = 0.001 * (k % 7) as f32;
+            }
+            let rest: f32 = weights[i * t..(i + 1) * t].iter().sum();
+            weights[i * t + i] = 1.0 - rest;
+        }
+        let maps = AttentionMaps {
+            tokens: (0..t).map(|_| token("x", 0)).collect(),
+            n_layers: 1,
+            weights,
+            ..maps()
+        };
+        let page = |budget| {
+            let options = PageOptions {
+                size_budget_bytes: budget,
+                ..PageOptions::default()
+            };
+            let json = payload_json(&maps, None, &options).unwrap();
+            serde_json::from_str::<serde_json::Value>(&json).unwrap()
+        };
+        let exact = page(None);
+        assert_eq!(exact["weight_floor"], 0);
+        assert_eq!(exact["floor_hidden_mean"], 0.0);
+        // Nothing fits 100 bytes: floor 0.1 hides every weight but the diagonal. Row i hides
+        // 0.001 · (Σ_k (k % 7) − i % 7), Σ_k (k % 7) = 5 · 21 + (0 + 1 + 2 + 3 + 4) = 115.
+        let floored = page(Some(100));
+        assert_eq!(floored["weight_floor"], 100);
+        let hidden: Vec<f64> = (0..t).map(|i| 0.001 * (115 - i % 7) as f64).collect();
+        let mean = hidden.iter().sum::<f64>() / t as f64;
+        let max = hidden.iter().copied().fold(0.0, f64::max);
+        let got = |field: &str| floored[field].as_f64().unwrap();
+        assert!(
+            (got("floor_hidden_mean") - mean).abs() < 1e-5,
+            "{}",
+            got("floor_hidden_mean")
+        );
+        assert!(
+            (got("floor_hidden_max") - max).abs() < 1e-5,
+            "{}",
+            got("floor_hidden_max")
+        );
     }
 
     /// The sample (every k-th head) can compress worse than the whole: here the sampled heads
