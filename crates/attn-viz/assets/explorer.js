@@ -538,6 +538,8 @@
     }
     for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
     $("head-toggles").hidden = S.view !== "head";
+    // The model view shows every layer at once.
+    $("layer-control").hidden = S.view === "model";
     try {
       if (S.view === "head") renderHead();
       else if (S.view === "model") await renderModel(renderId);
