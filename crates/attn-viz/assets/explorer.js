@@ -435,15 +435,20 @@
       el("span", "", " (token " + i + "), layer " + S.layer + ", head " + head + ": "),
       el("span", "formula", "score = (q · k) × " + n.scale.toPrecision(4) + ",  weight = softmax(score)" +
         (n.causal ? " over keys up to the query" : "")));
-    const qLine = el("p", "", "");
-    qLine.append(el("span", "", "q = "), strip(q, maxAbs, cell));
-    body.append(intro, qLine);
+    const legend = el("p", "muted", "Each strip is one vector, a cell per dimension: orange positive, blue negative, " +
+      "darker for larger magnitude. q ∘ k multiplies them dimension by dimension; q · k is its sum.");
+    body.append(intro, legend);
     const table = el("table", "neuron");
     const header = el("tr");
-    for (const name of ["key", "k", "q ∘ k", "q · k", "× scale", "softmax", "model", ""]) header.appendChild(el("th", "", name));
+    for (const name of ["key", "k", "q ∘ k", "q · k", "× scale", "softmax", "model", "weight"]) header.appendChild(el("th", "", name));
     table.appendChild(header);
+    const qRow = el("tr", "query");
+    const qCell = el("td");
+    qCell.appendChild(strip(q, maxAbs, cell));
+    qRow.append(el("td", "token", "q of " + tokenLabel(t)), qCell);
+    table.appendChild(qRow);
     for (const r of rows) {
-      const tr = el("tr");
+      const tr = el("tr", r.j === i ? "key self" : "key");
       const w = total > 0 ? r.e / total : 0;
       tr.appendChild(el("td", "token", tokenLabel(S.data.tokens[r.j])));
       for (const [values, scale] of [[r.k, maxAbs], [r.prod, maxProd]]) {
@@ -605,6 +610,11 @@
       form.addEventListener("submit", (event) => {
         event.preventDefault();
         request($("input-text").value, $("input-pair").value, S.data ? S.layer : null);
+        // The address names what is shown, to bookmark or share.
+        const query = new URLSearchParams({ text: $("input-text").value });
+        if ($("input-pair").value) query.set("pair", $("input-pair").value);
+        query.set("view", S.view);
+        history.replaceState(null, "", "?" + query.toString());
       });
       form.addEventListener("keydown", (event) => {
         if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
@@ -614,6 +624,10 @@
         $("input-pair").value = params.get("pair") || "";
         await request(params.get("text"), params.get("pair"), null);
       } else {
+        $("input-text").placeholder = "The cat sat on the mat because it was tired.";
+        $("summary").textContent = "Type a text (and, to see attention across two texts, a pair), then Show attention: " +
+          "the head view draws each query's attention to every key, the model view every layer and head, " +
+          "the heatmap one matrix, and the neuron view how q and k make one weight.";
         setState("idle");
       }
       return;

@@ -136,7 +136,7 @@ fn real_model_page_matches_golden_and_neuron_view_agrees() {
             "document.getElementById('neuron-query').value = '12';
              const h = document.getElementById('neuron-head'); h.value = String(arguments[0]);
              h.dispatchEvent(new Event('change'));
-             return [...document.querySelectorAll('#neuron-body tr')].slice(1)
+             return [...document.querySelectorAll('#neuron-body tr.key')]
                  .map(r => [Number(r.cells[5].textContent), Number(r.cells[6].textContent)]);",
             json!([head]),
         );

@@ -147,6 +147,11 @@ fn browser_shows_every_view_of_the_submitted_text() {
     browser.type_into("#input-pair", pair);
     browser.click("#input-submit");
     browser.expect_ready();
+    // The address names what is shown, so that it can be bookmarked or shared.
+    assert_eq!(
+        browser.exec("return location.search;", json!([])),
+        json!("?text=The+cat+sat&pair=on+the+mat&view=head")
+    );
 
     let column = |side: &str| {
         browser.exec(
@@ -324,7 +329,7 @@ fn browser_shows_every_view_of_the_submitted_text() {
     browser.click("#tabs button[data-view=neuron]");
     browser.expect_ready();
     let keys = browser.exec(
-        "return [...document.querySelectorAll('#neuron-body td.token')].map(t => t.textContent);",
+        "return [...document.querySelectorAll('#neuron-body tr.key td.token')].map(t => t.textContent);",
         json!([]),
     );
     assert_eq!(keys, json!(expected));
@@ -336,7 +341,7 @@ fn browser_shows_every_view_of_the_submitted_text() {
     );
     browser.expect_ready();
     let first_row = browser.exec(
-        "return [...document.querySelectorAll('#neuron-body tr')[1].cells].slice(3, 7).map(c => c.textContent);",
+        "return [...document.querySelectorAll('#neuron-body tr.key')[0].cells].slice(3, 7).map(c => c.textContent);",
         json!([]),
     );
     assert_eq!(first_row[2], "1.000", "{first_row}");
@@ -350,7 +355,7 @@ fn browser_shows_every_view_of_the_submitted_text() {
     );
     browser.expect_ready();
     let pairs = browser.exec(
-        "return [...document.querySelectorAll('#neuron-body tr')].slice(1)
+        "return [...document.querySelectorAll('#neuron-body tr.key')]
             .map(r => [Number(r.cells[5].textContent), Number(r.cells[6].textContent)]);",
         json!([]),
     );
