@@ -65,12 +65,19 @@ pub fn cache_dir() -> Result<PathBuf, ModelError> {
         })
 }
 
+/// `$ATTNSCOPE_MODEL`, when set and not empty.
+pub fn model_from_env() -> Option<PathBuf> {
+    std::env::var_os("ATTNSCOPE_MODEL")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 /// The model directory to use when none is given: `$ATTNSCOPE_MODEL` if set; else the cached
 /// default model if complete; else the default model, fetched now (progress on stderr if
 /// `progress`).
 pub fn default_model_dir(progress: bool) -> Result<PathBuf, ModelError> {
-    if let Some(dir) = std::env::var_os("ATTNSCOPE_MODEL").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(dir));
+    if let Some(dir) = model_from_env() {
+        return Ok(dir);
     }
     let cache = cache_dir()?;
     let target = cache.join(DEFAULT_MODEL_NAME);

@@ -10,8 +10,9 @@
 //!
 //! with the cache at `$HF_HUB_CACHE` (or the older `$HUGGINGFACE_HUB_CACHE`), else
 //! `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`, as
-//! `huggingface_hub` places it. Nothing is downloaded. A directory of the given name comes first, so a local
-//! `./gpt2` is never shadowed.
+//! `huggingface_hub` places it
+//! (<https://huggingface.co/docs/huggingface_hub/guides/manage-cache>). Nothing is downloaded. A
+//! directory of the given name comes first, so a local `./gpt2` is never shadowed.
 
 use std::path::{Path, PathBuf};
 
@@ -51,7 +52,7 @@ pub fn resolve_in(spec: &Path, hub: Option<&Path>) -> Result<PathBuf, ModelError
     let Some(hub) = hub else {
         return missing(
             "no such directory, and no Hugging Face cache to look in (none of HF_HUB_CACHE, \
-             HF_HOME, XDG_CACHE_HOME, HOME is set)"
+             HUGGINGFACE_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, HOME is set)"
                 .into(),
         );
     };
@@ -92,12 +93,12 @@ pub fn resolve_in(spec: &Path, hub: Option<&Path>) -> Result<PathBuf, ModelError
         Err(_) if commit != revision => missing(format!(
             "{} names commit {commit}, which the cache has no snapshot of (it has: {})",
             reference.display(),
-            names(&folder.join("snapshots")).join(", ")
+            listed(names(&folder.join("snapshots")))
         )),
         Err(_) => missing(format!(
             "the Hugging Face cache {} holds no revision {revision:?} of {repo} (it has: {})",
             hub.display(),
-            revisions(&folder).join(", ")
+            revisions(&folder)
         )),
     }
 }
@@ -173,9 +174,7 @@ fn model_id(spec: &Path) -> Option<(&str, &str)> {
             && !part.starts_with('.')
             && !part.contains("..")
             && !part.contains("--")
-            && part
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && part.chars().all(id_char)
     };
     let revision_ok = !revision.is_empty() && revision.split('/').all(revision_part);
     (parts.len() <= 2 && parts.iter().all(name_ok) && revision_ok).then_some((repo, revision))
@@ -183,22 +182,28 @@ fn model_id(spec: &Path) -> Option<(&str, &str)> {
 
 /// One `/`-separated part of a revision or commit: a plain name, never `.` or `..`.
 fn revision_part(part: &str) -> bool {
-    !part.is_empty()
-        && part != "."
-        && part != ".."
-        && part
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    !part.is_empty() && part != "." && part != ".." && part.chars().all(id_char)
+}
+
+/// A character of a model id's names and of revisions: a letter, a digit, `-`, `_` or `.`.
+fn id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
 }
 
 /// The revisions a model's folder holds: its branches and tags (`refs/`), then its snapshots.
-fn revisions(folder: &Path) -> Vec<String> {
+fn revisions(folder: &Path) -> String {
     let mut all = names(&folder.join("refs"));
     all.extend(names(&folder.join("snapshots")));
-    if all.is_empty() {
-        all.push("none".into());
+    listed(all)
+}
+
+/// `names` joined by commas, or "none".
+fn listed(names: Vec<String>) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
     }
-    all
 }
 
 /// The sorted names in `dir` (none when it cannot be read).
@@ -237,6 +242,8 @@ mod tests {
             "org/name@../../etc",
             "org/name@",
             "a--b",
+            "a..b",
+            "org/x..y",
             "",
             "model dir",
         ] {
@@ -267,6 +274,13 @@ mod tests {
                 ("HF_HOME", "/hf")
             ])),
             Some("/old".into())
+        );
+        assert_eq!(
+            hub_cache(env(&[
+                ("HUGGINGFACE_HUB_CACHE", "/old"),
+                ("HF_HUB_CACHE", "/hub")
+            ])),
+            Some("/hub".into())
         );
         assert_eq!(
             hub_cache(env(&[("HF_HOME", "~/hf"), ("HOME", "/home/u")])),

@@ -188,7 +188,7 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize) -> Result<(), ModelErro
 /// Files that Hugging Face directories hold in place of `model.safetensors` or
 /// `tokenizer.json`, and the transformers call that rewrites them as those (`MODEL` and `DIR`
 /// filled in by [`check_convertible`]).
-const CONVERTIBLE: [(&str, &str, &str); 5] = [
+const CONVERTIBLE: [(&str, &str, &str); 6] = [
     (
         "model.safetensors",
         "pytorch_model.bin",
@@ -197,6 +197,11 @@ const CONVERTIBLE: [(&str, &str, &str); 5] = [
     (
         "model.safetensors",
         "model.safetensors.index.json",
+        "MODEL.from_pretrained(DIR).save_pretrained(DIR, max_shard_size=\"100GB\")",
+    ),
+    (
+        "model.safetensors",
+        "pytorch_model.bin.index.json",
         "MODEL.from_pretrained(DIR).save_pretrained(DIR, max_shard_size=\"100GB\")",
     ),
     (

@@ -101,15 +101,16 @@
   function headColour(h) { return h < PALETTE.length ? PALETTE[h] : "hsl(" + ((h * 47) % 360) + ",60%,45%)"; }
 
   function tokenLabel(t) {
-    const label = t.text.replace(/^\u0120/, " ").replace(/\u010a/g, "\\n");
+    const label = t.text.replace(/\u0120/g, " ").replace(/\u010a/g, "\\n");
     return label.trim() === "" ? "␣" : label;
   }
 
   // Why a filtered view is empty: on a causal model the first text comes before its pair.
   function emptyReason() {
     const causal = S.data.neuron && S.data.neuron.causal;
-    return S.filter === "AB" && causal
-      ? "Nothing to show: A comes before B, so a causal model's A tokens cannot see B."
+    if (S.filter === "AB" && causal) return "Nothing to show: A comes before B, so a causal model's A tokens cannot see B.";
+    return S.data.weight_floor
+      ? "Nothing to show: no weight here reaches the page's floor of " + (S.data.weight_floor / S.scale).toFixed(3) + "."
       : "Nothing to show: no attention passes this filter.";
   }
 
@@ -298,7 +299,6 @@
     const heads = choice === "mean" ? [...Array(S.H).keys()] : [Number(choice)];
     const which = "layer " + S.layer + ", " + (choice === "mean" ? "mean of heads" : "head " + choice);
     const idle = "Point at a cell to read its weight (" + which + ").";
-    $("heatmap-readout").textContent = idle;
     const values = new Float32Array(rows.length * cols.length);
     let max = 0;
     rows.forEach((i, r) => cols.forEach((j, c) => {
@@ -364,19 +364,20 @@
     ctx.fillText(max.toFixed(3), barX + 15, top);
     ctx.textBaseline = "bottom";
     ctx.fillText("0", barX + 15, top + barH);
-    if (max === 0) $("heatmap-readout").textContent = emptyReason();
+    const resting = max === 0 ? emptyReason() : idle;
+    $("heatmap-readout").textContent = resting;
     canvas.onmousemove = (event) => {
       const box = canvas.getBoundingClientRect();
       const c = Math.floor((event.clientX - box.left - left) / cell), r = Math.floor((event.clientY - box.top - top) / cell);
       if (r < 0 || c < 0 || r >= rows.length || c >= cols.length) {
-        $("heatmap-readout").textContent = idle;
+        $("heatmap-readout").textContent = resting;
         return;
       }
       const q = S.data.tokens[rows[r]], k = S.data.tokens[cols[c]];
       $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
         JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " + values[r * cols.length + c].toFixed(3);
     };
-    canvas.onmouseleave = () => { $("heatmap-readout").textContent = max === 0 ? emptyReason() : idle; };
+    canvas.onmouseleave = () => { $("heatmap-readout").textContent = resting; };
   }
 
   // ---- neuron view: q, each k, q·k, scaled, softmax for one query ----
@@ -575,7 +576,10 @@
   }
 
   // ---- app mode: ask the server ----
+  let latestRequest = 0;
+
   async function request(text, pair, neuronLayer) {
+    const id = ++latestRequest;
     clearError();
     setState("loading");
     $("input-submit").disabled = true;
@@ -586,6 +590,8 @@
         body: JSON.stringify({ text, pair: pair || null, neuron_layer: neuronLayer }),
       });
       const body = await response.text();
+      // A newer request was sent meanwhile: its answer, not this one, is what is asked for.
+      if (id !== latestRequest) return;
       let json = null;
       try { json = JSON.parse(body); } catch (_) { json = null; }
       if (!response.ok) {
@@ -594,9 +600,9 @@
       }
       await load(json);
     } catch (error) {
-      showError("Could not get attention from the server: " + error.message + " (is `attnscope serve` still running?)");
+      if (id === latestRequest) showError("Could not get attention from the server: " + error.message + " (is `attnscope serve` still running?)");
     } finally {
-      $("input-submit").disabled = false;
+      if (id === latestRequest) $("input-submit").disabled = false;
     }
   }
 
@@ -617,7 +623,7 @@
         history.replaceState(null, "", "?" + query.toString());
       });
       form.addEventListener("keydown", (event) => {
-        if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
+        if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("input-submit").disabled) form.requestSubmit();
       });
       if (params.has("text")) {
         $("input-text").value = params.get("text");

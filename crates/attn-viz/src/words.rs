@@ -1,25 +1,27 @@
 //! Subword tokens merged back into the words of the input.
 //!
-//! A word is a run of tokens of one segment whose byte spans touch (`end == next start`) and join
-//! two letters or digits: `e ##iff ##el` (spans 4..5, 5..8, 8..10 of "The Eiffel") is "Eiffel",
-//! while `paris ,` stays two words ("Paris" and ","). GPT-2's `Ġcat` carries its leading space in
-//! its span under some tokenizers: a space is not a letter, so it starts a new word either way;
-//! a token that is only a space (`Ġ` before `un ##believ ##ably`) joins the word after it.
-//! GPT-2's byte-level pieces of one character (the four bytes of 🐱, the two of é) all carry
-//! that character's span, so a token whose span starts before the previous one ends is part of
-//! the same word. A CJK ideograph is a word of its own, as BERT's `BasicTokenizer` splits them
-//! (`_is_chinese_char` in
+//! A word is a run of tokens of one segment whose byte spans touch (nothing but invisible
+//! characters between them, see below) and join two letters or digits: `e ##iff ##el` (spans
+//! 4..5, 5..8, 8..10 of "The Eiffel") is "Eiffel", while `paris ,` stays two words ("Paris" and
+//! ","). GPT-2's `Ġcat` carries its leading space in its span under some tokenizers: a space is
+//! not a letter, so it starts a new word either way; a token that is only a space (`Ġ` before
+//! `un ##believ ##ably`) joins the word after it. GPT-2's byte-level pieces of one character
+//! (the four bytes of 🐱, the two of é) all carry that character's span, so a token whose span
+//! starts before the previous one ends is part of the same word. A CJK ideograph is a word of
+//! its own, as BERT's `BasicTokenizer` splits them (`_is_chinese_char` in
 //! <https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/models/bert/tokenization_bert.py>):
 //! "我爱北京" is four words, not one run of letters. Combining marks (the U+0301 of "cafe\u{301}",
 //! written decomposed) belong to the letter before them: a piece that starts with one continues
 //! the word, and a word's label takes the marks right after its last token, which BERT's
 //! accent stripping leaves out of every span. Nor does a word end inside one user-perceived
-//! character (an extended grapheme cluster: GPT-2's pieces of 👍🏽 or of 👨‍👩‍👧 with its zero-width
-//! joiners). Invisible format characters that a tokenizer deletes (BERT deletes them all) leave
-//! the tokens around them touching: "zero\u{200b}width" is one word to BERT, as Hugging Face's
-//! `word_ids` counts it. A token of only invisible characters (GPT-2 keeps them) belongs to the
-//! word before it, and a zero-width space among them also ends that word, as Thai and Khmer
-//! use it. Special tokens are words of their own.
+//! character (an extended grapheme cluster of UAX #29, <https://www.unicode.org/reports/tr29/>:
+//! GPT-2's pieces of 👍🏽, or of 👨‍👩‍👧 with its zero-width joiners).
+//!
+//! Invisible format characters (Unicode category Cf) that a tokenizer deletes (BERT deletes them
+//! all) leave the tokens around them touching: "zero\u{200b}width" is one word to BERT, as
+//! Hugging Face's `word_ids` counts it. A token of only invisible characters (GPT-2 keeps them)
+//! belongs to the word before it, and a zero-width space among them also ends that word, as Thai
+//! and Khmer use it. Special tokens are words of their own.
 //!
 //! Merging a `[T, T]` matrix into words: the weight TO a word is the sum over its tokens (the
 //! share of attention it received), the weight FROM a word is the mean over its tokens (so each
@@ -83,12 +85,14 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
         // The character a word would continue from: the previous token's last, past the
         // invisible ones a byte-level model keeps as tokens of their own, but for a zero-width
         // space, which separates words (Thai and Khmer write it between words).
-        let before = open.and_then(|(_, end)| {
-            text[..end]
-                .trim_end_matches(|c| invisible(c) && c != ZERO_WIDTH_SPACE)
-                .chars()
-                .next_back()
-        });
+        let before = open
+            .filter(|&(segment, _)| segment == token.segment)
+            .and_then(|(_, end)| {
+                text[..end]
+                    .trim_end_matches(|c| invisible(c) && c != ZERO_WIDTH_SPACE)
+                    .chars()
+                    .next_back()
+            });
         let joins = overlaps
             || touches
                 && (blank_so_far
@@ -226,7 +230,10 @@ fn raw_unit(index: usize, token: &crate::Token) -> Unit {
 /// covers only spaces, the code points when it covers only invisible characters.
 fn label_of(piece: &str, token: &crate::Token) -> String {
     let label = without_hidden(piece);
-    let label = label.trim();
+    // Joiners stay inside a label, not at its ends, where they join nothing and would keep a
+    // space in it.
+    let label =
+        label.trim_matches(|c: char| c.is_whitespace() || matches!(c, '\u{200c}' | '\u{200d}'));
     if !label.is_empty() {
         label.to_string()
     } else if piece.chars().all(char::is_whitespace) {

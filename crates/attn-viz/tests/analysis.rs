@@ -70,6 +70,21 @@ fn pair_tokens_take_their_text_from_the_pair() {
     let tokens = vec![tok("q", Some((0, 1)), 0), tok("x", Some((2, 3)), 1)];
     let maps = hand_maps("q", Some("a x"), tokens, 1, 1, vec![0.0; 4]);
     assert_eq!(labels(&words::words(&maps).unwrap()), ["q", "x"]);
+    // GPT-2 puts no token between the texts: the pair's first token came right after the first
+    // text's last, whose end (11) lies past the pair's text ("on mat" is 6 bytes), and every
+    // word view of a GPT-2 pair panicked.
+    let tokens = vec![
+        tok("The", Some((0, 3)), 0),
+        tok("Ġcat", Some((3, 7)), 0),
+        tok("Ġsat", Some((7, 11)), 0),
+        tok("on", Some((0, 2)), 1),
+        tok("Ġmat", Some((2, 6)), 1),
+    ];
+    let maps = hand_maps("The cat sat", Some("on mat"), tokens, 1, 1, vec![0.2; 25]);
+    assert_eq!(
+        labels(&words::words(&maps).unwrap()),
+        ["The", "cat", "sat", "on", "mat"]
+    );
 }
 
 #[test]
@@ -666,6 +681,23 @@ fn invisible_characters_and_emoji_sequences_do_not_split_words() {
         let maps = hand_maps(text, None, tokens, 1, 1, vec![1.0 / n as f32; n * n]);
         assert_eq!(labels(&words::words(&maps).unwrap()), want, "{text:?}");
     }
+    // Which tokens: the zero-width space token joins the word before it, not the one after
+    // (its label alone cannot tell); a joiner before a space neither hides the space nor makes
+    // a word of its own.
+    let tokens = [(0, 5), (5, 8), (8, 13)]
+        .map(|s| tok("x", Some(s), 0))
+        .to_vec();
+    let maps = hand_maps("hello\u{200b}world", None, tokens, 1, 1, vec![1.0 / 3.0; 9]);
+    let units = words::words(&maps).unwrap();
+    assert_eq!(
+        units.iter().map(|u| u.tokens.clone()).collect::<Vec<_>>(),
+        [vec![0, 1], vec![2]]
+    );
+    let tokens = [(0, 1), (1, 5), (5, 7), (7, 9)]
+        .map(|s| tok("x", Some(s), 0))
+        .to_vec();
+    let maps = hand_maps("a \u{200d} b c", None, tokens, 1, 1, vec![0.25; 16]);
+    assert_eq!(labels(&words::words(&maps).unwrap()), ["a", "b", "c"]);
     // Two flags, each a pair of regional indicators, one token per letter: 🇫🇷 and 🇩🇪.
     let flags = (0..4)
         .map(|i| tok("x", Some((4 * i, 4 * i + 4)), 0))

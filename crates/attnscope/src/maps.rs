@@ -24,13 +24,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// Loads the model (fetching the default one on first use).
     pub fn load(&self) -> anyhow::Result<Model> {
-        let dir = match &self.model {
-            Some(dir) => dir.clone(),
-            None => attn_models::fetch::default_model_dir(std::io::stderr().is_terminal())
-                .context("finding the default model")?,
-        };
-        let dir = attn_models::hub::resolve(&dir)?;
-        Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
+        crate::cmd::attention::load_model(self.model.as_deref(), None)
     }
 }
 
@@ -189,11 +183,16 @@ pub fn check_output(path: &Path) -> anyhow::Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    if parent.exists() && !parent.is_dir() {
+    // The nearest folder above that exists must be one (`file.txt/sub/out.png`).
+    if let Some(file) = parent
+        .ancestors()
+        .find(|p| p.exists())
+        .filter(|p| !p.is_dir())
+    {
         anyhow::bail!(
             "cannot write {}: {} is not a folder",
             path.display(),
-            parent.display()
+            file.display()
         );
     }
     if !parent.is_dir() {

@@ -466,6 +466,16 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
         ],
         &["the folder", "no/such/dir", "does not exist"],
     );
+    // Under a file, however deep: the file is named.
+    fails_with(
+        &[
+            "sdpa",
+            good.to_str().unwrap(),
+            "-o",
+            good.join("sub/out.safetensors").to_str().unwrap(),
+        ],
+        &["good.safetensors is not a folder"],
+    );
     // A missing -o is a usage error: exit code 2.
     assert_eq!(
         attnscope(&["sdpa", good.to_str().unwrap()]).status.code(),

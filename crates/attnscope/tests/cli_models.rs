@@ -760,8 +760,28 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
         assert_eq!(out.status.code(), Some(1), "{id}: {stderr}");
         assert!(stderr.contains(says), "{id}: {stderr}");
     }
-    // A directory of that name comes first.
+    // A file of that name does not shadow the id; a directory does.
     std::fs::create_dir_all(cwd.path().join("acme")).unwrap();
+    std::fs::write(cwd.path().join("acme").join("tiny-gpt2"), "not a model").unwrap();
+    let out = with_hub(
+        hub.path(),
+        cwd.path(),
+        &[
+            "attention",
+            "The cat sat",
+            "--json",
+            "--model",
+            "acme/tiny-gpt2",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["model"], "acme/tiny-gpt2");
+    std::fs::remove_file(cwd.path().join("acme").join("tiny-gpt2")).unwrap();
     std::os::unix::fs::symlink(tiny_gpt2(), cwd.path().join("acme").join("tiny-gpt2")).unwrap();
     let out = with_hub(
         hub.path(),

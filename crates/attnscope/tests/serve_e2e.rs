@@ -437,8 +437,8 @@ fn hostile_text_runs_no_script_in_the_app() {
 }
 
 /// A 512-token page file hides its smallest weights to stay under 5 MB (its notice says how
-/// much); the web app has no file to keep small and sends every weight: a floor of 0 hid up to
-/// 84% of a diffuse row's attention there.
+/// much: its floor hid up to 84% of a diffuse row's attention); the web app has no file to keep
+/// small and sends every weight to 3 decimals, with no floor.
 #[test]
 fn the_app_sends_every_weight_of_a_long_text() {
     let model = attn_models::fetch::default_model_dir(false).expect("the default model");

@@ -506,12 +506,16 @@ mod tests {
     /// 3.98 MB page of 506 tokens hid up to 84% of a diffuse row, and its notice did not say.
     #[test]
     fn the_payload_says_how_much_attention_its_floor_hides() {
-        // 40 tokens; row i puts 0.001 * (k % 7) on each other key k, the rest on key i.
+        // 40 tokens; row i puts 0.001 * (k % 7) on each other key k, the rest on key i; row 0
+        // also puts exactly the floor to come, 0.1, on key 39, which the floor keeps.
         let t = 40;
         let mut weights = vec![0.0f32; t * t];
         for i in 0..t {
             for k in (0..t).filter(|&k| k != i) {
                 weights[i * t + k] = 0.001 * (k % 7) as f32;
+            }
+            if i == 0 {
+                weights[t - 1] = 0.1;
             }
             let rest: f32 = weights[i * t..(i + 1) * t].iter().sum();
             weights[i * t + i] = 1.0 - rest;
@@ -537,7 +541,8 @@ mod tests {
         // 0.001 · (Σ_k (k % 7) − i % 7), Σ_k (k % 7) = 5 · 21 + (0 + 1 + 2 + 3 + 4) = 115.
         let floored = page(Some(100));
         assert_eq!(floored["weight_floor"], 100);
-        let hidden: Vec<f64> = (0..t).map(|i| 0.001 * (115 - i % 7) as f64).collect();
+        let mut hidden: Vec<f64> = (0..t).map(|i| 0.001 * (115 - i % 7) as f64).collect();
+        hidden[0] -= 0.001 * (39 % 7) as f64;
         let mean = hidden.iter().sum::<f64>() / t as f64;
         let max = hidden.iter().copied().fold(0.0, f64::max);
         let got = |field: &str| floored[field].as_f64().unwrap();

@@ -71,7 +71,8 @@ pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
     })
 }
 
-/// The model in `dir`, else the default one (fetched on first use, with progress on stderr).
+/// The model in `dir` (a directory or a Hugging Face cache id, [`attn_models::hub`]), else the
+/// default one (`$ATTNSCOPE_MODEL`, else fetched on first use, with progress on stderr).
 pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<Model> {
     if let Some(n) = threads {
         attn_models::set_threads(n).map_err(|e| match e {
@@ -81,10 +82,10 @@ pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::
     }
     let dir = match dir {
         Some(dir) => dir.to_path_buf(),
-        None => attn_models::fetch::default_model_dir(true)?,
+        None => attn_models::fetch::default_model_dir(true).context("finding the default model")?,
     };
     let dir = attn_models::hub::resolve(&dir)?;
-    Model::load(&dir).with_context(|| format!("cannot load the model in {}", dir.display()))
+    Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

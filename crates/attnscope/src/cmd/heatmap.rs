@@ -160,11 +160,13 @@ impl View<'_> {
 
 /// The text for a title: one line, cut at 60 characters.
 fn short(text: &str) -> String {
-    // One line, without the invisible characters labels leave out.
+    // One line, without the invisible characters labels leave out, and without the title's
+    // own separator (" — " starts a new title piece).
     let text = attn_viz::words::without_hidden(text)
         .split_whitespace()
         .collect::<Vec<_>>()
-        .join(" ");
+        .join(" ")
+        .replace(" — ", " – ");
     if text.chars().count() > 60 {
         format!("\"{}…\"", text.chars().take(59).collect::<String>())
     } else {

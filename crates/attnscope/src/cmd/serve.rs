@@ -381,8 +381,9 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
     let result = tokio::task::spawn_blocking(move || {
         let pair = request.pair.as_deref().filter(|p| !p.is_empty());
         let (maps, qk) = analyse(&worker.model, &request.text, pair, false)?;
-        // Nothing to keep small on the machine's own loopback: every weight, exact to 3
-        // decimals (a file's budget hid up to 84% of a diffuse row at 512 tokens).
+        // Nothing to keep small on the machine's own loopback: every weight to 3 decimals (those
+        // under 0.0005 round to 0), where a page file's floor hid up to 84% of a diffuse row at
+        // 506 tokens.
         let options = PageOptions {
             neuron_layer: request.neuron_layer,
             size_budget_bytes: None,

@@ -30,13 +30,10 @@ pub fn attnscope() -> Command {
     Command::new(env!("CARGO_BIN_EXE_attnscope"))
 }
 
-/// How the page shows a token (explorer.js `tokenLabel`): GPT-2's leading `Ġ` is a space, and
-/// a token of nothing but spaces is `␣`.
+/// How the page shows a token (explorer.js `tokenLabel`): GPT-2's `Ġ` is a space, and a token
+/// of nothing but spaces is `␣`.
 pub fn label(token: &str) -> String {
-    let token = token
-        .strip_prefix('\u{120}')
-        .map_or(token.to_string(), |t| format!(" {t}"));
-    let token = token.replace('\u{10a}', "\\n");
+    let token = token.replace('\u{120}', " ").replace('\u{10a}', "\\n");
     if token.trim().is_empty() {
         "␣".to_string()
     } else {

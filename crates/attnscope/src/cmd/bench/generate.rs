@@ -102,9 +102,7 @@ fn run_once(model: &Model, prompt: &[u32], new_tokens: usize) -> Result<Run, Mod
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let from_env = std::env::var_os("ATTNSCOPE_MODEL")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
+    let from_env = attn_models::fetch::model_from_env();
     let Some(dir) = args.model.as_ref().or(from_env.as_ref()) else {
         bail!(
             "bench generate needs --model DIR (or ATTNSCOPE_MODEL), a GPT-2-family checkpoint: \
