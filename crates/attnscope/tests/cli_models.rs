@@ -691,11 +691,8 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
         "--model",
         tiny_gpt2().to_str().unwrap(),
     ]);
-    for id in [
-        "acme/tiny-gpt2",
-        "acme/tiny-gpt2@main",
-        "acme/tiny-gpt2@0123abc",
-    ] {
+    // `attention --json` of `--model id` run in `cwd`.
+    let attention = |id: &str| -> Value {
         let out = with_hub(
             hub.path(),
             cwd.path(),
@@ -706,7 +703,14 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
             "{id}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    for id in [
+        "acme/tiny-gpt2",
+        "acme/tiny-gpt2@main",
+        "acme/tiny-gpt2@0123abc",
+    ] {
+        let doc = attention(id);
         // Named by its id, not its commit; the same attention as from the directory.
         assert_eq!(doc["model"], "acme/tiny-gpt2", "{id}");
         assert_eq!(doc["weights"], by_dir["weights"], "{id}");
@@ -763,42 +767,8 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
     // A file of that name does not shadow the id; a directory does.
     std::fs::create_dir_all(cwd.path().join("acme")).unwrap();
     std::fs::write(cwd.path().join("acme").join("tiny-gpt2"), "not a model").unwrap();
-    let out = with_hub(
-        hub.path(),
-        cwd.path(),
-        &[
-            "attention",
-            "The cat sat",
-            "--json",
-            "--model",
-            "acme/tiny-gpt2",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(doc["model"], "acme/tiny-gpt2");
+    assert_eq!(attention("acme/tiny-gpt2")["model"], "acme/tiny-gpt2");
     std::fs::remove_file(cwd.path().join("acme").join("tiny-gpt2")).unwrap();
     std::os::unix::fs::symlink(tiny_gpt2(), cwd.path().join("acme").join("tiny-gpt2")).unwrap();
-    let out = with_hub(
-        hub.path(),
-        cwd.path(),
-        &[
-            "attention",
-            "The cat sat",
-            "--json",
-            "--model",
-            "acme/tiny-gpt2",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(doc["model"], "tiny-gpt2");
+    assert_eq!(attention("acme/tiny-gpt2")["model"], "tiny-gpt2");
 }
