@@ -309,9 +309,10 @@
       if (v > max) max = v;
     }));
     const n = Math.max(rows.length, cols.length);
-    // Up to 128 tokens every cell gets at least 8 px so that its labels can be read (the box
-    // scrolls); longer inputs fit 720 px without labels, and the readout names each cell.
-    const cell = Math.max(n <= 128 ? 8 : 1, Math.min(24, Math.floor(720 / n)));
+    // Up to 128 tokens every cell gets at least 8 px so that its labels can be read; longer
+    // inputs get 3 px cells without labels (the box scrolls; at 1 px a cell could not be
+    // pointed at), and the readout names each cell.
+    const cell = Math.max(n <= 128 ? 8 : 3, Math.min(24, Math.floor(720 / n)));
     const labels = cell >= 8;
     const font = Math.min(12, cell - 1) + "px ui-monospace, Menlo, Consolas, monospace";
     const canvas = $("heatmap-canvas");
@@ -366,18 +367,30 @@
     ctx.fillText("0", barX + 15, top + barH);
     const resting = max === 0 ? emptyReason() : idle;
     $("heatmap-readout").textContent = resting;
+    // The row and column under the pointer, outlined on a canvas of their own.
+    const cross = sizedCanvas($("heatmap-cross"), width, height);
+    const outline = (r, c) => {
+      cross.clearRect(0, 0, width, height);
+      if (r === null) return;
+      cross.strokeStyle = "rgba(230, 120, 20, 0.9)";
+      cross.lineWidth = 1;
+      cross.strokeRect(left + 0.5, top + r * cell + 0.5, cols.length * cell - 1, cell - 1);
+      cross.strokeRect(left + c * cell + 0.5, top + 0.5, cell - 1, rows.length * cell - 1);
+    };
     canvas.onmousemove = (event) => {
       const box = canvas.getBoundingClientRect();
       const c = Math.floor((event.clientX - box.left - left) / cell), r = Math.floor((event.clientY - box.top - top) / cell);
       if (r < 0 || c < 0 || r >= rows.length || c >= cols.length) {
+        outline(null);
         $("heatmap-readout").textContent = resting;
         return;
       }
+      outline(r, c);
       const q = S.data.tokens[rows[r]], k = S.data.tokens[cols[c]];
       $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
         JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " + values[r * cols.length + c].toFixed(3);
     };
-    canvas.onmouseleave = () => { $("heatmap-readout").textContent = resting; };
+    canvas.onmouseleave = () => { outline(null); $("heatmap-readout").textContent = resting; };
   }
 
   // ---- neuron view: q, each k, q·k, scaled, softmax for one query ----

@@ -442,4 +442,13 @@ fn a_512_token_page_is_small_and_renders() {
         "{message}"
     );
     browser.screenshot(dir.path(), "html-512-neuron.png");
+    // The heatmap keeps cells of 3 px that a pointer can hit (1 px before), in a box that
+    // scrolls.
+    browser.click("#tabs button[data-view=heatmap]");
+    browser.expect_ready();
+    let width = browser.exec(
+        "return document.getElementById('heatmap-canvas').getBoundingClientRect().width;",
+        json!([]),
+    );
+    assert!(width.as_f64().unwrap() >= 3.0 * n as f64, "{width}");
 }

@@ -309,6 +309,20 @@ fn browser_shows_every_view_of_the_submitted_text() {
         "const c = document.getElementById('heatmap-canvas'), b = c.getBoundingClientRect();
          c.dispatchEvent(new MouseEvent('mousemove', { clientX: b.right - 70, clientY: b.bottom - 8 }));",
     );
+    // The row and column under the pointer are outlined, and no longer once it leaves.
+    let outlined = || {
+        browser
+            .exec(painted, json!(["#heatmap-cross"]))
+            .as_u64()
+            .unwrap()
+    };
+    assert!(outlined() > 0);
+    browser.exec(
+        "document.getElementById('heatmap-canvas').dispatchEvent(new MouseEvent('mouseleave'));
+         return null;",
+        json!([]),
+    );
+    assert_eq!(outlined(), 0);
     let layer = browser.exec("return document.getElementById('layer').value;", json!([]));
     assert!(
         pointed.as_str().unwrap().starts_with(&format!(
