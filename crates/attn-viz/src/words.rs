@@ -161,7 +161,8 @@ fn hidden_in_labels(c: char) -> bool {
     )
 }
 
-/// `text` without the characters [`hidden_in_labels`] leaves out.
+/// `text` without the invisible characters that change nothing a label shows (zero-width space,
+/// word joiner, byte-order mark, soft hyphen, direction marks), which labels leave out.
 pub fn without_hidden(text: &str) -> String {
     text.chars().filter(|&c| !hidden_in_labels(c)).collect()
 }
@@ -250,7 +251,7 @@ fn label_of(piece: &str, token: &crate::Token) -> String {
 }
 
 /// The labels of the special units, each once, joined by "/" as the model writes them
-/// ("[CLS]/[SEP]", "<|endoftext|>"); empty when there are none.
+/// (`"[CLS]/[SEP]"`, `"<|endoftext|>"`); empty when there are none.
 pub fn special_labels(units: &[Unit]) -> String {
     let mut names: Vec<&str> = Vec::new();
     for unit in units.iter().filter(|u| u.special) {
