@@ -416,7 +416,9 @@
     if (!qk) {
       if (mode === "app") {
         body.appendChild(el("p", "muted", "Loading queries and keys of layer " + S.layer + "…"));
-        await request(S.data.text, S.data.pair, S.layer);
+        // A submitted text still loading draws this view again when it comes, and asks for the
+        // layer then; asking now, for the old text, would supersede it.
+        if (!$("input-submit").disabled) await request(S.data.text, S.data.pair, S.layer);
         return;
       }
       body.appendChild(el("p", "muted", "Queries and keys of layer " + S.layer + " are not in this file (it holds layers " +

@@ -479,3 +479,50 @@ fn the_app_sends_every_weight_of_a_long_text() {
         );
     }
 }
+
+/// The neuron view asks the server for a layer the page lacks. Asked while a submitted text was
+/// still loading, it asked for the old text's layer, and the page dropped the submitted text's
+/// answer as superseded: the old text stayed on screen under the new one's address.
+#[test]
+fn a_neuron_layer_asked_during_a_submit_does_not_supersede_it() {
+    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let server = Server::start(&model);
+    let browser = Browser::start();
+    // 200 words: the answer holds the queries and keys of the last layers only.
+    browser.goto(&format!(
+        "{}?text={}&view=head",
+        server.url,
+        "cat+".repeat(200)
+    ));
+    browser.expect_ready();
+    browser.exec(
+        "const l = document.getElementById('layer'); l.value = '0';
+         l.dispatchEvent(new Event('change')); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    // The next answer comes a second late, and the neuron view is opened meanwhile.
+    browser.exec(
+        "const fetch = window.fetch; let first = true;
+         window.fetch = (...args) => {
+           const slow = first; first = false;
+           return slow ? new Promise((ok) => setTimeout(() => ok(fetch(...args)), 1000)) : fetch(...args);
+         };
+         return null;",
+        json!([]),
+    );
+    browser.type_into("#input-text", "Dogs bark loudly at night");
+    browser.click("#input-submit");
+    browser.click("#tabs button[data-view=neuron]");
+    assert!(browser.wait_for(
+        "document.getElementById('summary').textContent.includes('Dogs bark loudly at night')",
+        Duration::from_secs(20)
+    ));
+    browser.expect_ready();
+    // The neuron view then asked for layer 0 of the new text.
+    let intro = browser.exec(
+        "return document.querySelector('#neuron-body strong').textContent;",
+        json!([]),
+    );
+    assert_eq!(intro, json!("\"[CLS]\""));
+}
