@@ -28,6 +28,23 @@ impl ModelArgs {
     }
 }
 
+/// `err` as the command line says it: a layer or head out of range names its flag, as
+/// `attention` does (attn-viz's own message serves the web app too, which has no flags).
+pub fn name_the_flag(err: attn_viz::VizError) -> anyhow::Error {
+    use attn_viz::VizError;
+    match err {
+        VizError::LayerOutOfRange { layer, n_layers } => anyhow::anyhow!(
+            "--layer {layer} is out of range: this model's layers are 0..={}",
+            n_layers - 1
+        ),
+        VizError::HeadOutOfRange { head, n_heads } => anyhow::anyhow!(
+            "--head {head} is out of range: this model's heads are 0..={}",
+            n_heads - 1
+        ),
+        other => other.into(),
+    }
+}
+
 /// The attention of one text (and its pair), from a model or a file.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SourceArgs {

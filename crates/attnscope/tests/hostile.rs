@@ -504,7 +504,7 @@ fn cases(root: &Path) -> Vec<Case> {
             "explain",
             "--layer 2 of 2",
             &["the cat", "--model", tiny, "--layer", "2"],
-            &["layer", "2"],
+            &["--layer 2 is out of range: this model's layers are 0..=1"],
         ),
         usage(
             "explain",
@@ -565,6 +565,22 @@ fn cases(root: &Path) -> Vec<Case> {
             "unknown image extension",
             &["the cat", "--model", tiny, "-o", &out("x.bmp")],
             &["bmp"],
+        ),
+        case(
+            "heatmap",
+            "--head 4 of 4",
+            &[
+                "the cat",
+                "--model",
+                tiny,
+                "--layer",
+                "0",
+                "--head",
+                "4",
+                "-o",
+                &out("x.png"),
+            ],
+            &["--head 4 is out of range: this model's heads are 0..=3"],
         ),
         case(
             "heatmap",

@@ -115,7 +115,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         }
-    })?;
+    })
+    .map_err(crate::maps::name_the_flag)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

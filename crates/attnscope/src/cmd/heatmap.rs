@@ -120,7 +120,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ if args.rollout => Selection::Rollout,
             _ => Selection::All,
         };
-        let matrix = view.merge(&select(&maps, selection)?);
+        let selected = select(&maps, selection).map_err(crate::maps::name_the_flag)?;
+        let matrix = view.merge(&selected);
         let title = format!(
             "{} — {} — {} — {level}{hidden}",
             short(&maps.text),
