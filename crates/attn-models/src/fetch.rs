@@ -45,18 +45,13 @@ pub const REQUIRED_FILES: &[&str] = &[
 /// The cache directory: `$ATTNSCOPE_CACHE`, else `$XDG_CACHE_HOME/attnscope`, else
 /// `~/.cache/attnscope`.
 pub fn cache_dir() -> Result<PathBuf, ModelError> {
-    let var = |name: &str| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(dir) = var("ATTNSCOPE_CACHE") {
+    if let Some(dir) = env_path("ATTNSCOPE_CACHE") {
         return Ok(dir);
     }
-    if let Some(dir) = var("XDG_CACHE_HOME") {
+    if let Some(dir) = env_path("XDG_CACHE_HOME") {
         return Ok(dir.join("attnscope"));
     }
-    var("HOME")
+    env_path("HOME")
         .map(|home| home.join(".cache").join("attnscope"))
         .ok_or_else(|| ModelError::Fetch {
             reason: "no cache directory: none of ATTNSCOPE_CACHE, XDG_CACHE_HOME, HOME is set"
@@ -65,11 +60,16 @@ pub fn cache_dir() -> Result<PathBuf, ModelError> {
         })
 }
 
-/// `$ATTNSCOPE_MODEL`, when set and not empty.
-pub fn model_from_env() -> Option<PathBuf> {
-    std::env::var_os("ATTNSCOPE_MODEL")
+/// The environment variable `name` as a path, when set and not empty.
+pub fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+}
+
+/// `$ATTNSCOPE_MODEL`, when set and not empty.
+pub fn model_from_env() -> Option<PathBuf> {
+    env_path("ATTNSCOPE_MODEL")
 }
 
 /// The model directory to use when none is given: `$ATTNSCOPE_MODEL` if set; else the cached

@@ -27,12 +27,7 @@ use crate::error::ModelError;
 /// [`ModelError::HubCache`] when `spec` is a model id that the cache does not hold (or holds
 /// unreadably), naming where it looked and the revisions it has.
 pub fn resolve(spec: &Path) -> Result<PathBuf, ModelError> {
-    let var = |name: &str| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    resolve_in(spec, hub_cache(var).as_deref())
+    resolve_in(spec, hub_cache(crate::fetch::env_path).as_deref())
 }
 
 /// [`resolve`] against the cache at `hub` (none: no cache location is set).

@@ -334,7 +334,7 @@ fn find_focus(
     };
     // Invisible characters never count: "and\u{200d}joiner" is found as the terminal shows it,
     // "zero\u{200b}width" as it was typed.
-    let visible = |s: &str| -> String { s.chars().filter(|c| !c.is_other_format()).collect() };
+    let visible = |s: &str| -> String { s.chars().filter(|&c| !words::invisible(c)).collect() };
     let word = &visible(word);
     let find = |key: fn(&str) -> String| -> Vec<usize> {
         candidates

@@ -135,7 +135,7 @@ fn word_char(c: char) -> bool {
 /// An invisible format character (Unicode category Cf: zero-width space and joiners, soft
 /// hyphen, direction marks, word joiner, byte-order mark). A token of nothing else belongs to
 /// the word before it; only the zero-width space also ends that word.
-fn invisible(c: char) -> bool {
+pub(crate) fn invisible(c: char) -> bool {
     c.is_other_format()
 }
 

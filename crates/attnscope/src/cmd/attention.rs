@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use attn_models::{Encoding, Model, RunOptions};
+use attn_viz::VizError;
 use attn_viz::bars::{display_width, pad_start, truncate_to_width};
+
+use crate::maps::name_the_flag;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -75,10 +78,7 @@ pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
 /// default one (`$ATTNSCOPE_MODEL`, else fetched on first use, with progress on stderr).
 pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<Model> {
     if let Some(n) = threads {
-        attn_models::set_threads(n).map_err(|e| match e {
-            attn_models::ModelError::Threads { reason } => anyhow::anyhow!("--threads: {reason}"),
-            other => other.into(),
-        })?;
+        set_threads(n)?;
     }
     let dir = match dir {
         Some(dir) => dir.to_path_buf(),
@@ -86,6 +86,15 @@ pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::
     };
     let dir = attn_models::hub::resolve(&dir)?;
     Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
+}
+
+/// Sizes the thread pool every model and kernel call runs on; an invalid count names the
+/// `--threads` flag.
+pub(crate) fn set_threads(threads: usize) -> anyhow::Result<()> {
+    attn_models::set_threads(threads).map_err(|e| match e {
+        attn_models::ModelError::Threads { reason } => anyhow::anyhow!("--threads: {reason}"),
+        other => other.into(),
+    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -98,17 +107,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::maps::check_output(path)?;
     }
     let model = load_model(args.model.as_deref(), args.threads)?;
-    if let Some(l) = args.layer.filter(|&l| l >= model.n_layers()) {
-        bail!(
-            "--layer {l} is out of range: this model's layers are 0..={}",
-            model.n_layers() - 1
-        );
+    if let Some(layer) = args.layer.filter(|&l| l >= model.n_layers()) {
+        let n_layers = model.n_layers();
+        return Err(name_the_flag(VizError::LayerOutOfRange { layer, n_layers }));
     }
-    if let Some(h) = args.head.filter(|&h| h >= model.n_heads()) {
-        bail!(
-            "--head {h} is out of range: this model's heads are 0..={}",
-            model.n_heads() - 1
-        );
+    if let Some(head) = args.head.filter(|&h| h >= model.n_heads()) {
+        let n_heads = model.n_heads();
+        return Err(name_the_flag(VizError::HeadOutOfRange { head, n_heads }));
     }
     let pair = args.pair.as_deref();
     if let Some(path) = &args.save_maps {

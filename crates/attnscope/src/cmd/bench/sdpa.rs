@@ -7,9 +7,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use attn_core::fused::{AttnInputBf16, Isa, bf16, set_global_threads};
+use attn_core::fused::{AttnInputBf16, Isa, bf16};
 use attn_core::shape::f32_bytes;
-use attn_core::{AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
+use attn_core::{AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
 
 /// How long the untimed calls before the timed ones run (at least one call). After the inputs
 /// are made on one thread, the first calls can run on one: on a virtual machine an idle vCPU
@@ -94,10 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.backward && args.dtype != Dtype::F32 {
         bail!("--backward needs --dtype f32");
     }
-    set_global_threads(args.threads).map_err(|e| match e {
-        AttnError::InvalidOption { reason, .. } => anyhow::anyhow!("--threads: {reason}"),
-        other => other.into(),
-    })?;
+    crate::cmd::attention::set_threads(args.threads)?;
     let seq_kv = args.seq_kv.unwrap_or(args.seq);
     let shape = AttnShape {
         n_kv_heads: kv_heads,
