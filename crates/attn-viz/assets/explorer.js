@@ -4,7 +4,7 @@
 "use strict";
 
 (function () {
-  const FORMAT = 2;
+  const FORMAT = 3;
   const ROW = 18; // head-view row height in px, matches .tok in the CSS
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3b4cc0", "#b40426"];
@@ -12,8 +12,9 @@
   const mode = document.body.dataset.mode;
   const $ = (id) => document.getElementById(id);
 
-  // S: everything the views draw from. W is [L, H, T, T] weights * scale, row = query.
-  const S = { data: null, W: null, T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
+  // S: everything the views draw from. W is [L, H, T, T] weights * scale, row = query; R is
+  // the attention rollout [T, T] * scale.
+  const S = { data: null, W: null, R: null, T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
     filter: "all", view: "head", neuron: new Map(), neuronLayers: [], renderId: 0 };
 
   function setState(state) { document.body.dataset.state = state; }
@@ -79,6 +80,7 @@
     if (!data || data.format !== FORMAT) throw new Error("this page cannot read data format " + (data && data.format));
     const T = data.tokens.length, L = data.n_layers, H = data.n_heads;
     const W = decodeWeights(await inflate(data.weights), L * H * T * T);
+    const R = decodeWeights(await inflate(data.rollout), T * T);
     const neuron = new Map();
     if (data.neuron) {
       const q = decodeHalves(await inflate(data.neuron.q));
@@ -89,7 +91,7 @@
       });
     }
     const keepLayer = S.data && S.L === L ? S.layer : (data.neuron ? data.neuron.layers[0] : L - 1);
-    Object.assign(S, { data, W, T, L, H, scale: data.weight_scale, neuron,
+    Object.assign(S, { data, W, R, T, L, H, scale: data.weight_scale, neuron,
       neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
     if (S.heads.length !== H) S.heads = new Array(H).fill(true);
     if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
@@ -296,18 +298,18 @@
       if (S.filter === "all" || S.data.tokens[i].segment === (S.filter[0] === "A" ? 0 : 1)) rows.push(i);
       if (S.filter === "all" || S.data.tokens[i].segment === (S.filter[1] === "A" ? 0 : 1)) cols.push(i);
     }
-    const heads = choice === "mean" ? [...Array(S.H).keys()] : [Number(choice)];
-    const which = "layer " + S.layer + ", " + (choice === "mean" ? "mean of heads" : "head " + choice);
+    // The matrix shown: one head or the mean of a layer's heads, the mean of every layer's
+    // heads, or the rollout (each [T, T] entry as a weight).
+    const { which, at } = heatmapMatrix(choice);
     const idle = "Point at a cell to read its weight (" + which + ").";
     const values = new Float32Array(rows.length * cols.length);
     let max = 0;
     rows.forEach((i, r) => cols.forEach((j, c) => {
-      let sum = 0;
-      for (const h of heads) sum += weight(S.layer, h, i, j);
-      const v = sum / heads.length;
+      const v = at(i, j);
       values[r * cols.length + c] = v;
       if (v > max) max = v;
     }));
+    S.heatmap = { which, rows, cols, values, canvas: $("heatmap-canvas") };
     const n = Math.max(rows.length, cols.length);
     // Up to 128 tokens every cell gets at least 8 px so that its labels can be read; longer
     // inputs get 3 px cells without labels (the box scrolls; at 1 px a cell could not be
@@ -391,6 +393,56 @@
         JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " + values[r * cols.length + c].toFixed(3);
     };
     canvas.onmouseleave = () => { outline(null); $("heatmap-readout").textContent = resting; };
+  }
+
+  function heatmapMatrix(choice) {
+    if (choice === "rollout") {
+      return { which: "rollout through all " + S.L + " layers: heads averaged, 0.5·A + 0.5·I per layer",
+        at: (i, j) => S.R[i * S.T + j] / S.scale };
+    }
+    const layers = choice === "all" ? [...Array(S.L).keys()] : [S.layer];
+    const heads = choice === "mean" || choice === "all" ? [...Array(S.H).keys()] : [Number(choice)];
+    const which = choice === "all" ? "all " + S.L + " layers × " + S.H + " heads averaged"
+      : "layer " + S.layer + ", " + (choice === "mean" ? "mean of heads" : "head " + choice);
+    const at = (i, j) => {
+      let sum = 0;
+      for (const l of layers) for (const h of heads) sum += weight(l, h, i, j);
+      return sum / (layers.length * heads.length);
+    };
+    return { which, at };
+  }
+
+  // The heatmap as shown, saved as a file: PNG (the canvas) or CSV (a header of keys, then a
+  // row per query; each token is written "index:token", which also keeps a spreadsheet from
+  // reading a token such as "=" or "+" as a formula).
+  function saveFile(blob, name) {
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(blob);
+    link.download = name;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+  }
+
+  function heatmapFileName(ext) {
+    const choice = $("heatmap-head").value;
+    const what = choice === "rollout" || choice === "all" ? choice
+      : "layer" + S.layer + "-" + (choice === "mean" ? "mean" : "head" + choice);
+    return "attnscope-" + what + "." + ext;
+  }
+
+  function heatmapCsv() {
+    const { rows, cols, values } = S.heatmap;
+    const field = (i) => {
+      const text = i + ":" + S.data.tokens[i].text;
+      return /[",\r\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text;
+    };
+    const lines = [["query\\key", ...cols.map(field)].join(",")];
+    rows.forEach((i, r) => {
+      const cells = [field(i)];
+      for (let c = 0; c < cols.length; c++) cells.push(values[r * cols.length + c].toFixed(3));
+      lines.push(cells.join(","));
+    });
+    return lines.join("\r\n") + "\r\n";
   }
 
   // ---- neuron view: q, each k, q·k, scaled, softmax for one query ----
@@ -521,8 +573,10 @@
     $("filter-control").hidden = !hasPair;
     $("filter").value = S.filter;
     const keepHead = $("heatmap-head").value || "mean";
-    fillSelect($("heatmap-head"), [["mean", "mean of heads"], ...[...Array(S.H).keys()].map((h) => [h, String(h)])],
-      Number(keepHead) < S.H || keepHead === "mean" ? keepHead : "mean");
+    const named = ["mean", "all", "rollout"];
+    fillSelect($("heatmap-head"), [["mean", "mean of heads"], ...[...Array(S.H).keys()].map((h) => [h, String(h)]),
+      ["all", "all layers, heads averaged"], ["rollout", "rollout (all layers)"]],
+      Number(keepHead) < S.H || named.includes(keepHead) ? keepHead : "mean");
     fillSelect($("neuron-head"), [...Array(S.H).keys()].map((h) => [h, String(h)]), Math.min(Number($("neuron-head").value || 0), S.H - 1));
     fillSelect($("neuron-query"), S.data.tokens.map((t, i) => [i, i + ": " + tokenLabel(t)]), Math.min(Number($("neuron-query").value || 0), S.T - 1));
     const toggles = $("head-toggles");
@@ -559,8 +613,9 @@
     }
     for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
     $("head-toggles").hidden = S.view !== "head";
-    // The model view shows every layer at once.
-    $("layer-control").hidden = S.view === "model";
+    // The model view shows every layer at once, and so do the heatmap's all-layer matrices.
+    $("layer-control").hidden = S.view === "model" ||
+      (S.view === "heatmap" && ["all", "rollout"].includes($("heatmap-head").value));
     try {
       if (S.view === "head") renderHead();
       else if (S.view === "model") await renderModel(renderId);
@@ -583,6 +638,26 @@
     $("layer").addEventListener("change", () => { S.layer = Number($("layer").value); render(); });
     $("filter").addEventListener("change", () => { S.filter = $("filter").value; render(); });
     for (const id of ["heatmap-head", "heatmap-scale", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
+    $("heatmap-png").addEventListener("click", () => {
+      // The canvas under a title that says what it shows.
+      const { canvas, which } = S.heatmap, title = S.data.model + " · " + which;
+      const page = document.createElement("canvas"), font = "13px system-ui, sans-serif";
+      const probe = page.getContext("2d");
+      probe.font = font;
+      const width = Math.max(canvas.width / (window.devicePixelRatio || 1), probe.measureText(title).width + 16);
+      const ctx = sizedCanvas(page, width, canvas.height / (window.devicePixelRatio || 1) + 28);
+      ctx.fillStyle = "#fff";
+      ctx.fillRect(0, 0, width, page.height);
+      ctx.fillStyle = "#1d2330";
+      ctx.font = font;
+      ctx.textBaseline = "middle";
+      ctx.fillText(title, 8, 14);
+      ctx.drawImage(canvas, 0, 28, canvas.width / (window.devicePixelRatio || 1), canvas.height / (window.devicePixelRatio || 1));
+      page.toBlob((blob) => saveFile(blob, heatmapFileName("png")), "image/png");
+    });
+    $("heatmap-csv").addEventListener("click", () => {
+      saveFile(new Blob([heatmapCsv()], { type: "text/csv" }), heatmapFileName("csv"));
+    });
     $("overlay-close").addEventListener("click", () => { $("overlay").hidden = true; $("overlay-body").replaceChildren(); });
     $("overlay").addEventListener("click", (event) => { if (event.target === $("overlay")) $("overlay-close").click(); });
     document.addEventListener("keydown", (event) => {

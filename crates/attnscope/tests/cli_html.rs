@@ -7,6 +7,8 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use explorer_support::{
     Browser, attnscope, embedded_data, golden, label, tiny_gpt2, unpack_weights,
 };
@@ -389,6 +391,181 @@ fn saved_maps_make_a_page_without_the_neuron_view() {
         "{}",
         stderr(&output)
     );
+}
+
+/// The heatmap also shows every layer's heads averaged and the attention rollout, and saves
+/// what it shows as PNG and CSV (tokens that a spreadsheet would read as a formula, or that
+/// hold a comma or a quote, stay one cell of text).
+#[test]
+fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let texts = ["=x", "a,b", "\"q\""];
+    let token =
+        |text: &str| json!({"text": text, "id": 0, "span": null, "segment": 0, "special": false});
+    // 2 layers × 2 heads × 3 tokens, every row a different mix that sums to 1.
+    let (n_layers, n_heads, t) = (2, 2, 3);
+    let mut weights = Vec::new();
+    for block in 0..n_layers * n_heads {
+        for i in 0..t {
+            let a = 0.1 * (1 + (block + i) % 5) as f64;
+            let b = 0.05 * (1 + (2 * block + i) % 7) as f64;
+            let mut row = [a, b, 1.0 - a - b];
+            row.rotate_left((block + i) % t);
+            weights.extend(row);
+        }
+    }
+    let maps = json!({
+        "model": "hand-made", "text": "=x a,b \"q\"", "pair": null,
+        "tokens": texts.map(token), "n_layers": n_layers, "n_heads": n_heads, "weights": weights
+    });
+    let saved = dir.path().join("maps.json");
+    std::fs::write(&saved, maps.to_string()).unwrap();
+    let out = dir.path().join("page.html");
+    let output = attnscope()
+        .args(["html", "--maps"])
+        .arg(&saved)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    // Independently: the mean of every layer's heads, and the rollout (per layer the heads
+    // averaged, 0.5·A + 0.5·I, layers multiplied from the input up).
+    let w = |l: usize, h: usize, i: usize, j: usize| weights[((l * n_heads + h) * t + i) * t + j];
+    let mean = |l: usize, i: usize, j: usize| {
+        (0..n_heads).map(|h| w(l, h, i, j)).sum::<f64>() / n_heads as f64
+    };
+    let all: Vec<f64> = (0..t * t)
+        .map(|k| (0..n_layers).map(|l| mean(l, k / t, k % t)).sum::<f64>() / n_layers as f64)
+        .collect();
+    let mut rollout: Vec<f64> = (0..t * t).map(|k| f64::from(k / t == k % t)).collect();
+    for l in 0..n_layers {
+        let residual = |i: usize, j: usize| 0.5 * mean(l, i, j) + 0.5 * f64::from(i == j);
+        rollout = (0..t * t)
+            .map(|k| {
+                (0..t)
+                    .map(|m| residual(k / t, m) * rollout[m * t + k % t])
+                    .sum()
+            })
+            .collect();
+    }
+
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    // Saving goes through a blob link; keep the blobs and names instead of downloading.
+    browser.exec(
+        "window.saved = []; window.names = [];
+         const make = URL.createObjectURL;
+         URL.createObjectURL = (blob) => { window.saved.push(blob); return make(blob); };
+         HTMLAnchorElement.prototype.click = function () { window.names.push(this.download); };
+         document.querySelector('#tabs button[data-view=heatmap]').click(); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    let csv_of = |choice: &str, expected: &[f64], name: &str| {
+        browser.exec(
+            "const s = document.getElementById('heatmap-head'); s.value = arguments[0];
+             s.dispatchEvent(new Event('change')); return null;",
+            json!([choice]),
+        );
+        browser.expect_ready();
+        let hidden = browser.exec(
+            "return document.getElementById('layer-control').hidden;",
+            json!([]),
+        );
+        assert_eq!(
+            hidden,
+            json!(true),
+            "{choice}: the layer control has no say"
+        );
+        let readout = browser.exec(
+            "return document.getElementById('heatmap-readout').textContent;",
+            json!([]),
+        );
+        assert!(
+            readout.as_str().unwrap().contains(if choice == "all" {
+                "all 2 layers"
+            } else {
+                "rollout"
+            }),
+            "{readout}"
+        );
+        browser.exec(
+            "window.text = undefined; document.getElementById('heatmap-csv').click();
+             window.saved[window.saved.length - 1].text().then((t) => { window.text = t; }); return null;",
+            json!([]),
+        );
+        assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
+        let csv = browser.exec("return window.text;", json!([]));
+        let lines: Vec<&str> = csv.as_str().unwrap().split_terminator("\r\n").collect();
+        assert_eq!(
+            lines[0], "query\\key,0:=x,\"1:a,b\",\"2:\"\"q\"\"\"",
+            "{csv}"
+        );
+        assert_eq!(lines.len(), 1 + t, "{csv}");
+        for (i, line) in lines[1..].iter().enumerate() {
+            let cells: Vec<&str> = line.rsplitn(t + 1, ',').collect();
+            for (j, cell) in cells[..t].iter().rev().enumerate() {
+                let got: f64 = cell.parse().unwrap();
+                // The page holds 3 decimals and prints 3.
+                assert!(
+                    (got - expected[i * t + j]).abs() <= 1.001e-3,
+                    "{choice} [{i}][{j}]: {got} vs {}",
+                    expected[i * t + j]
+                );
+            }
+        }
+        let names = browser.exec("return window.names;", json!([]));
+        assert_eq!(names.as_array().unwrap().last().unwrap(), name);
+    };
+    csv_of("all", &all, "attnscope-all.csv");
+    csv_of("rollout", &rollout, "attnscope-rollout.csv");
+    browser.exec(
+        "window.saved = []; document.getElementById('heatmap-png').click(); return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for("window.saved.length === 1", Duration::from_secs(10)));
+    let png = browser.exec(
+        "return [window.saved[0].type, window.names[window.names.length - 1]];",
+        json!([]),
+    );
+    assert_eq!(png, json!(["image/png", "attnscope-rollout.png"]));
+    browser.exec(
+        "window.text = undefined; const reader = new FileReader();
+         reader.onload = () => { window.text = reader.result; }; reader.readAsDataURL(window.saved[0]);
+         return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
+    let url = browser.exec("return window.text;", json!([]));
+    let bytes = BASE64
+        .decode(
+            url.as_str()
+                .unwrap()
+                .trim_start_matches("data:image/png;base64,"),
+        )
+        .unwrap();
+    // The file is the canvas under a 28-px title band (IHDR: width and height, big-endian).
+    let size = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    let canvas = browser.exec(
+        "const c = document.getElementById('heatmap-canvas'); return [c.width, c.height, window.devicePixelRatio];",
+        json!([]),
+    );
+    let dpr = canvas[2].as_f64().unwrap();
+    assert!(
+        size(16) >= canvas[0].as_u64().unwrap() as u32,
+        "{canvas} vs {}",
+        size(16)
+    );
+    assert_eq!(
+        size(20),
+        canvas[1].as_u64().unwrap() as u32 + (28.0 * dpr).round() as u32
+    );
+    if let Ok(keep) = std::env::var("ATTNSCOPE_SCREENSHOTS") {
+        std::fs::write(Path::new(&keep).join("html-rollout-saved.png"), &bytes).unwrap();
+    }
+    browser.screenshot(dir.path(), "html-rollout.png");
 }
 
 /// 512 tokens (the default model's limit) stay under 5 MB, and the page still draws.

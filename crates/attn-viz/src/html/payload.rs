@@ -13,6 +13,9 @@
 //! 0: the payload's `weight_floor` (in thousandths) says below which (0.003 on that input);
 //! every weight at or above it is still exact to 3 decimals. Such weights are invisible in
 //! every view (a line's opacity is its weight).
+//!
+//! The attention rollout ([`crate::select::rollout`], `[T, T]`) is packed the same way, always
+//! exact to 3 decimals, for the heatmap.
 
 use std::io::Write;
 
@@ -22,13 +25,14 @@ use flate2::Compression;
 use flate2::write::ZlibEncoder;
 use serde::Serialize;
 
+use crate::select::rollout;
 use crate::{AttentionMaps, VizError};
 
 /// Weights are sent as `round(weight * WEIGHT_SCALE)`: 3 decimals.
 pub const WEIGHT_SCALE: u16 = 1000;
 
 /// Version of the payload layout; the page refuses any other.
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 3;
 
 /// Queries and keys after projection, for the neuron view.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,6 +90,8 @@ struct Payload<'a> {
     floor_hidden_max: f32,
     /// Packed `[n_layers, n_heads, T, T]`.
     weights: String,
+    /// Attention rollout ([`crate::select::rollout`]), packed `[T, T]`, exact to 3 decimals.
+    rollout: String,
     neuron: Option<Neuron>,
 }
 
@@ -146,6 +152,7 @@ pub fn payload_json(
         floor_hidden_mean: 0.0,
         floor_hidden_max: 0.0,
         weights: String::new(),
+        rollout: pack_weights(&quantise(&rollout(maps)?), n_tokens * n_tokens, None)?.1,
         neuron,
     };
     let quantised = quantise(&maps.weights);
@@ -471,6 +478,18 @@ mod tests {
         assert_eq!(json["weight_floor"], 0);
         assert_eq!(json["tokens"][1]["text"], "b");
         assert!(json["neuron"].is_null());
+    }
+
+    /// The rollout the heatmap offers, worked by hand: `A' = 0.5·A + 0.5·I` per layer, then
+    /// `A'₁·A'₀` = [[0.5617, 0.4383], [0.25, 0.75]] · [[1, 0], [0.125, 0.875]].
+    #[test]
+    fn the_rollout_is_packed_to_three_decimals() {
+        let json: serde_json::Value =
+            serde_json::from_str(&payload_json(&maps(), None, &PageOptions::default()).unwrap())
+                .unwrap();
+        let values = decode_weights(&unpack(json["rollout"].as_str().unwrap()));
+        // 0.6164875, 0.3835125, 0.34375, 0.65625.
+        assert_eq!(values, [616, 384, 344, 656]);
     }
 
     #[test]
