@@ -494,6 +494,25 @@ fn cases(root: &Path) -> Vec<Case> {
             &["--file", &latin1, "--model", tiny],
             &["UTF-8"],
         ),
+        // Endless input: read up to the limit, not until memory runs out.
+        case(
+            "embed",
+            "--file /dev/zero",
+            &["--file", "/dev/zero", "--model", tiny],
+            &["/dev/zero", "64 MiB"],
+        ),
+        case(
+            "walkthrough",
+            "--input /dev/zero",
+            &["--input", "/dev/zero"],
+            &["/dev/zero", "64 MiB"],
+        ),
+        case(
+            "sdpa",
+            "case /dev/zero",
+            &["/dev/zero", "-o", &out_st],
+            &["/dev/zero", "not a regular file"],
+        ),
         case(
             "explain",
             "--focus not in the text",

@@ -1,7 +1,7 @@
 //! `attnscope attention`: every layer's and head's attention of a real model for one text (or a
 //! text pair), as JSON or as readable head-averaged tables.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -49,21 +49,38 @@ pub struct Args {
     pub threads: Option<usize>,
 }
 
-/// Reads a text file that must be UTF-8, without a leading byte-order mark; "-" is standard
-/// input.
+/// The most bytes a text file (or standard input) may hold: far more than any model reads
+/// (512 tokens) or a lookup table needs, and a bound on what `/dev/zero` or an endless pipe
+/// can make the command hold.
+const MAX_TEXT_BYTES: u64 = 64 << 20;
+
+/// Reads a text file that must be UTF-8, without a leading byte-order mark, of at most
+/// [`MAX_TEXT_BYTES`]; "-" is standard input.
 pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
-    let bytes = if path == Path::new("-") {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
-            .context("cannot read standard input")?;
-        buf
+    let stdin = path == Path::new("-");
+    let name = if stdin {
+        "standard input".to_string()
     } else {
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+        path.display().to_string()
     };
+    let source: Box<dyn Read> = if stdin {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(path).with_context(|| format!("cannot read {name}"))?)
+    };
+    let mut bytes = Vec::new();
+    source
+        .take(MAX_TEXT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {name}"))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= MAX_TEXT_BYTES,
+        "{name} holds more than {} MiB, the most attnscope reads as text",
+        MAX_TEXT_BYTES >> 20
+    );
     let text = String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
-            "{} is not valid UTF-8 (invalid byte at offset {})",
-            path.display(),
+            "{name} is not valid UTF-8 (invalid byte at offset {})",
             e.utf8_error().valid_up_to()
         )
     })?;

@@ -90,10 +90,22 @@ const KNOWN_TENSORS: &[&str] = &[
 /// The gradients' tolerance: the `shared/golden/grad` files' 1e-4, absolute.
 const GRAD_TOLERANCE: f64 = 1e-4;
 
+/// The case file, mapped: only the tensors it names are read, so a huge or sparse file costs
+/// what its header declares, and a device (`/dev/zero`) or a pipe, which could be read forever,
+/// is refused.
+fn map_case(path: &Path) -> anyhow::Result<memmap2::Mmap> {
+    let context = || format!("reading {}", path.display());
+    let file = std::fs::File::open(path).with_context(context)?;
+    let meta = file.metadata().with_context(context)?;
+    ensure!(meta.is_file(), "{} is not a regular file", path.display());
+    // SAFETY: the map is read-only and private to this process; like every reader of
+    // safetensors files we assume nobody truncates the file while it is mapped.
+    unsafe { memmap2::Mmap::map(&file) }.with_context(context)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::maps::check_output(&args.output)?;
-    let bytes =
-        std::fs::read(&args.case).with_context(|| format!("reading {}", args.case.display()))?;
+    let bytes = map_case(&args.case)?;
     let case =
         Case::parse(&bytes, args.backward).with_context(|| format!("{}", args.case.display()))?;
     let mut options = case.options.clone();

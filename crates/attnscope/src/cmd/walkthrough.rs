@@ -262,8 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ex = match &args.input {
         None => Example::notes(),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let text = super::attention::read_text_file(path)?;
             Example::from_json(&text).with_context(|| format!("{}", path.display()))?
         }
     };
