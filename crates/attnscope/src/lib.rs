@@ -4,3 +4,32 @@
 
 pub mod cmd;
 pub mod maps;
+
+/// `println!` for command output that returns the write's error instead of panicking on it:
+/// output piped into `head` closes early, and `main` takes that broken pipe for success.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` as [`outln!`] is `println!`.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `eprintln!` for status lines and warnings, which ignores a closed standard error
+/// (`eprintln!` panics on it).
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

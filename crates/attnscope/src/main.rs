@@ -1,7 +1,7 @@
 //! `attnscope`: compute and see transformer attention. This binary only turns flags into calls
 //! to the `attn-core`, `attn-models` and `attn-viz` crates.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 use attnscope::cmd;
@@ -100,12 +100,18 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Written, not `eprintln!`ed: with standard error closed too, the exit status is
+            // all that is left to say it (`eprintln!` would panic).
+            let mut stderr = std::io::stderr();
+            let _ = writeln!(stderr, "error: {err:#}");
             if is_too_long(&err) {
-                match truncates {
-                    true => eprintln!("hint: shorten it, or pass --truncate to cut it to fit"),
-                    false => eprintln!("hint: shorten it"),
-                }
+                let _ = match truncates {
+                    true => writeln!(
+                        stderr,
+                        "hint: shorten it, or pass --truncate to cut it to fit"
+                    ),
+                    false => writeln!(stderr, "hint: shorten it"),
+                };
             }
             ExitCode::from(1)
         }
@@ -148,9 +154,13 @@ fn is_too_long(err: &anyhow::Error) -> bool {
     })
 }
 
-/// Output piped into `head` closes early; that is not an error (ripgrep does the same).
+/// Output piped into `head` closes early; that is not an error (ripgrep does the same). JSON
+/// output fails with serde_json's error, which carries the I/O error's kind.
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain()
-        .filter_map(|e| e.downcast_ref::<std::io::Error>())
-        .any(|e| e.kind() == ErrorKind::BrokenPipe)
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| e.downcast_ref::<serde_json::Error>()?.io_error_kind())
+            == Some(ErrorKind::BrokenPipe)
+    })
 }

@@ -1039,3 +1039,58 @@ fn sdpa_compares_empty_results_and_refuses_a_negative_tolerance() {
         &["tolerance is -1"],
     );
 }
+
+/// Output piped into a reader that stops early (`| head`) ends the command quietly with exit
+/// status 0, and a closed standard error leaves the exit status to speak: `print!`,
+/// `println!` and `eprintln!` panicked there (exit 101), as did serde's JSON writer's error.
+#[test]
+fn closed_pipes_end_commands_without_a_panic() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+
+    let entries = tempfile::NamedTempFile::new().unwrap();
+    let lines: String = (0..3000).map(|i| format!("k{i}=value {i}\n")).collect();
+    std::fs::write(entries.path(), lines).unwrap();
+    let tiny = cli_support::tiny_gpt2();
+    let entries = entries.path().to_str().unwrap();
+    let tiny = tiny.to_str().unwrap();
+    // Each writes far more than a pipe holds (64 KiB).
+    let commands: [&[&str]; 2] = [
+        &["mask", "causal", "512"],
+        &[
+            "lookup",
+            "--query",
+            "a",
+            "--entries",
+            entries,
+            "--model",
+            tiny,
+            "--json",
+        ],
+    ];
+    for args in commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+            .args(args)
+            .env_remove("ATTNSCOPE_MODEL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut head = [0u8; 10];
+        child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+    // Standard error closed (`2>&-`) on a failing command: exit 1, no panic.
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "exec 2>&-; {} mask causal 0",
+            env!("CARGO_BIN_EXE_attnscope")
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+}

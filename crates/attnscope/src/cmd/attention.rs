@@ -137,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let maps = crate::maps::run_model(&model, &text, pair, args.truncate)?;
         let json = serde_json::to_vec(&maps).context("encoding the maps")?;
         std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!(
+        crate::note!(
             "wrote {} ({} tokens, {} layers × {} heads)",
             path.display(),
             maps.tokens.len(),

@@ -137,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             },
         )?;
     }
-    eprintln!("wrote {}", args.output.display());
+    crate::note!("wrote {}", args.output.display());
     Ok(())
 }
 

@@ -58,7 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let page = standalone_page(&maps, qk.as_ref(), &options)?;
     std::fs::write(&args.output, &page)
         .with_context(|| format!("cannot write {}", args.output.display()))?;
-    eprintln!(
+    crate::note!(
         "wrote {} ({} tokens, {} layers × {} heads, {:.2} MB)",
         args.output.display(),
         maps.tokens.len(),

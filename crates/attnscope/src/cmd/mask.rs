@@ -76,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Kind::Padding { text } => padding(&text)?,
     };
-    print!("{text}");
+    crate::out!("{text}")?;
     Ok(())
 }
 

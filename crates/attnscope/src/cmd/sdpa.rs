@@ -147,7 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.weights,
         grads.as_ref(),
     )?;
-    println!(
+    crate::outln!(
         "wrote out {:?}, lse {:?}{}{} to {}",
         case.shape.out_dims(),
         &case.shape.out_dims()[..3],
@@ -167,10 +167,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             String::new()
         },
         args.output.display()
-    );
+    )?;
     report_differences(&case, &result, weights)?;
     if let (Some(bw), Some(grads)) = (&case.backward, &grads) {
-        report_grad_differences(bw, grads);
+        report_grad_differences(bw, grads)?;
     }
     Ok(())
 }
@@ -596,14 +596,14 @@ fn report_differences(
             continue;
         };
         if expected.data.is_empty() {
-            println!(
+            crate::outln!(
                 "{name:<7} is empty ({:?}): nothing to compare",
                 expected.dims
-            );
+            )?;
             continue;
         }
         let d = compare(got, &expected.data);
-        println!(
+        crate::outln!(
             "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); relative {:.3e}, \
              tolerance {tol:e}: {}",
             d.abs,
@@ -616,14 +616,14 @@ fn report_differences(
             } else {
                 "OVER"
             }
-        );
+        )?;
     }
     Ok(())
 }
 
 /// Prints, for each `expected_d*` tensor, the largest absolute difference and where it is, and
 /// whether it is within the gradients' absolute tolerance.
-fn report_grad_differences(bw: &Backward, grads: &Grads) {
+fn report_grad_differences(bw: &Backward, grads: &Grads) -> std::io::Result<()> {
     let rows = [
         ("dq", bw.expected_dq.as_ref(), &grads.dq),
         ("dk", bw.expected_dk.as_ref(), &grads.dk),
@@ -634,14 +634,14 @@ fn report_grad_differences(bw: &Backward, grads: &Grads) {
             continue;
         };
         if expected.data.is_empty() {
-            println!(
+            crate::outln!(
                 "{name:<7} is empty ({:?}): nothing to compare",
                 expected.dims
-            );
+            )?;
             continue;
         }
         let d = compare(got, &expected.data);
-        println!(
+        crate::outln!(
             "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); tolerance \
              {GRAD_TOLERANCE:e} absolute: {}",
             d.abs,
@@ -653,8 +653,9 @@ fn report_grad_differences(bw: &Backward, grads: &Grads) {
             } else {
                 "OVER"
             }
-        );
+        )?;
     }
+    Ok(())
 }
 
 struct Difference {

@@ -134,12 +134,12 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
         body_timeout,
     });
     // The first stdout line is the address; tests and scripts read it.
-    println!(
+    crate::outln!(
         "attnscope serve: http://{bound}/ (model {})",
         app.model.name()
-    );
+    )?;
     if !bound.ip().is_loopback() {
-        eprintln!("warning: listening on {bound}, reachable from other machines");
+        crate::note!("warning: listening on {bound}, reachable from other machines");
     }
     let router = router(app, bound);
     let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -190,7 +190,7 @@ async fn accept(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream {
             Ok((stream, _)) => return stream,
             Err(err) => {
                 if !failed {
-                    eprintln!("warning: cannot accept a connection ({err}); retrying");
+                    crate::note!("warning: cannot accept a connection ({err}); retrying");
                     failed = true;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

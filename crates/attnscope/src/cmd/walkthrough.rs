@@ -282,7 +282,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => text.with_context(|| format!("{}", path.display()))?,
         None => text?,
     };
-    print!("{text}");
+    crate::out!("{text}")?;
     Ok(())
 }
 

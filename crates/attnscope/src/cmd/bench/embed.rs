@@ -104,9 +104,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "gemm": format!("{:?}", args.gemm).to_lowercase(),
             "sentences_per_s": per_s,
         });
-        println!("{doc}");
+        crate::outln!("{doc}")?;
     } else {
-        println!(
+        crate::outln!(
             "{}: {per_s:.1} sentences/s ({} sentences, batches of {}, {} threads, {:?} GEMMs, median of {} runs)",
             model.name(),
             args.sentences,
@@ -114,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.threads,
             args.gemm,
             args.reps
-        );
+        )?;
     }
     Ok(())
 }

@@ -157,9 +157,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "decode_tokens_per_s": decode_tokens_per_s,
             "ids": runs[0].ids,
         });
-        println!("{doc}");
+        crate::outln!("{doc}")?;
     } else {
-        println!(
+        crate::outln!(
             "{}: {tokens_per_s:.1} tokens/s ({} new tokens after a {}-token prompt, greedy, {} \
              threads, median of {} runs)",
             model.name(),
@@ -167,14 +167,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prompt.len(),
             args.threads,
             args.reps
-        );
-        print!("prefill {prefill_ms:.2} ms");
+        )?;
+        crate::out!("prefill {prefill_ms:.2} ms")?;
         if let (Some(t), Some(first), Some(last)) = (per_token_ms, first_ms, last_ms) {
-            print!(
+            crate::out!(
                 ", then {t:.2} ms per token (first quarter {first:.2} ms, last quarter {last:.2} ms)"
-            );
+            )?;
         }
-        println!();
+        crate::outln!()?;
     }
     Ok(())
 }

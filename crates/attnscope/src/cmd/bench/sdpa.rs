@@ -201,9 +201,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "outputs_mib": out_mib,
             "peak_rss_mib": peak_mib,
         });
-        println!("{report}");
+        crate::outln!("{report}")?;
     } else {
-        println!(
+        crate::outln!(
             "sdpa{} {:?} B{} H{}{} L{} S{} d{}{} weights={:?} threads={}: {:.3} ms (median of {}), \
              {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
             if args.backward {
@@ -231,7 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             in_mib,
             out_mib,
             peak_mib.map_or("unknown".into(), |m| format!("{m:.1} MiB")),
-        );
+        )?;
     }
     Ok(())
 }
