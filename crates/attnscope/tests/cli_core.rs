@@ -719,7 +719,7 @@ fn walkthrough_rejects_bad_input() {
     );
     fails_with(
         &["walkthrough", "--input", "/nonexistent/x.json"],
-        &["reading /nonexistent/x.json"],
+        &["cannot read /nonexistent/x.json"],
     );
 }
 
