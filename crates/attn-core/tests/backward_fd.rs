@@ -717,6 +717,43 @@ fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
     assert_within_of_largest("amx", &got, &want, 3.5e-5);
 }
 
+/// At a large scale (10) on scores near 0 (queries of 1e-20), `dq = scale·dS·K` takes the
+/// products' rounding times 10: with `dK` and `dQ` in bf16x3 (`3·2⁻¹⁶` of each term) the AMX
+/// lane's `dq` was 7.5e-4 from float64 on a review's case (this one, 5e-4 from the reference),
+/// PyTorch's float32 backward 1e-5. In bf16x6, as the other three products, it is 1.2e-5.
+#[test]
+fn a_large_scale_keeps_the_amx_lanes_gradients_exact() {
+    if !Isa::Amx.is_available() {
+        return;
+    }
+    let (l, s, d) = (64, 128, 64);
+    let shape = AttnShape::new(1, 2, l, s, d);
+    let mut rng = Rng(29);
+    let q: Vec<f32> = rng.vec(2 * l * d).iter().map(|x| x * 1e-20).collect();
+    let (k, v, dout) = (rng.vec(2 * s * d), rng.vec(2 * s * d), rng.vec(2 * l * d));
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let options = AttnOptions {
+        scale: Some(10.0),
+        causal: Some(Causal::TopLeft),
+        ..AttnOptions::default()
+    };
+    let fwd = sdpa(&input, &options).unwrap();
+    let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
+    let got = sdpa_backward_with(Isa::Amx, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+    // The golden files' metric and gradient tolerance: |got − want| / max(1, |want|) ≤ 1e-4.
+    for (name, got, want) in [
+        ("dq", &got.dq, &want.dq),
+        ("dk", &got.dk, &want.dk),
+        ("dv", &got.dv, &want.dv),
+    ] {
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs() / w.abs().max(1.0)));
+        assert!(err <= 1e-4, "{name}: {err}");
+    }
+}
+
 /// Asserts that each gradient of `got` is within `tol` times the largest value of `want`'s.
 fn assert_within_of_largest(what: &str, got: &Grads, want: &Grads, tol: f32) {
     for (name, got, want) in [

@@ -33,12 +33,9 @@
 //! elementwise pass have an AVX-512 build (`avx512.rs`) and a portable one (`kernels.rs`).
 //! With [`Isa::Amx`] (what [`Isa::best`] picks where the CPU has it), whole 64 × 64 blocks with
 //! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles (`amx.rs`:
-//! `S`, `dP` and `dV` in bf16x6 as the forward pass, within a few f32 roundings; `dK` and `dQ`
-//! in bf16x3, ≤ 3·2⁻¹⁶ relative error per product, on queries and keys centred on their means:
-//! `Plan::add_centres`), when the call's scores are bounded as the
-//! forward pass's tiles need (`Norms::scores_bounded`). At L = S = 2048, 8 heads, d 64 (2
-//! threads) forward + backward takes 81–83 ms against 64–65 with all five in bf16x3, and 97–99
-//! with all five in bf16x6.
+//! all five in bf16x6 as the forward pass, within a few f32 roundings, `dK` and `dQ` on
+//! queries and keys centred on their means: `Plan::add_centres`), when the call's scores are
+//! bounded as the forward pass's tiles need (`Norms::scores_bounded`).
 //!
 //! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
 //! its own softmax, no saved state. Calls of extreme magnitudes (a scale past `2^±60`, a row
@@ -68,7 +65,7 @@ use crate::mask::{diagonal_offset, key_range};
 use crate::shape::{FiniteBits, check_finite, check_len};
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
 #[cfg(target_arch = "x86_64")]
-use amx::{PARTS_X3, PARTS_X6};
+use amx::PARTS;
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
 /// Keys per block: the rows of the transposed tiles.
@@ -487,26 +484,23 @@ struct Scratch {
     bf: AmxOperands,
 }
 
-/// The operands of the AMX products, each value split in bf16 parts (`PARTS_X6` or
-/// `PARTS_X3`; `bf16x.rs`: the A layout row-major, the B layout in tiles), for whole blocks
-/// only.
+/// The operands of the AMX products, each value split in [`PARTS`] bf16 parts (`bf16x.rs`: the
+/// A layout row-major, the B layout in tiles), for whole blocks only.
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
 struct AmxOperands {
     /// The A layout of `K` and `V`, `[seq_kv, 3·head_dim]` and `[seq_kv, 3·value_dim]`.
     k: Aligned<u16>,
     v: Aligned<u16>,
-    /// The A layout of each key block's `Kᵀ`, `[head_dim, 2·BLOCK_KV]` at `j0·2·head_dim`
-    /// (`PARTS_X3` parts).
+    /// The A layout of each key block's `Kᵀ`, `[head_dim, 3·BLOCK_KV]` at `j0·3·head_dim`.
     kt: Aligned<u16>,
-    /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout` (3 parts) and
-    /// `scale·Q` (2 parts), at `i0·parts·width`.
+    /// The B layout of each query block's `(scale·Q)ᵀ`, `doutᵀ`, `dout` and `scale·Q`, at
+    /// `i0·3·width`.
     qt: Aligned<u16>,
     dot: Aligned<u16>,
     dout: Aligned<u16>,
     q: Aligned<u16>,
-    /// This block's A layout of `(P∘Z)ᵀ` (3 parts) and of `dSᵀ`, and B layout of `dSᵀ` (2
-    /// parts).
+    /// This block's A layout of `(P∘Z)ᵀ` and of `dSᵀ`, and B layout of `dSᵀ`.
     p: Aligned<u16>,
     ds_a: Aligned<u16>,
     ds_b: Aligned<u16>,
@@ -713,9 +707,9 @@ impl Plan<'_> {
     /// Adds back to one query head's `dq` (`[seq_q, head_dim]`) and to the key head's `dK`
     /// sums what centring took out of the tiles' products: `dQ_i = scale·Σ_j dS_ij k_j` was
     /// computed on `k_j − c_k`, `dK_j = Σ_i dS_ij (scale·q_i)` on `scale·q_i − c_q`. Centred,
-    /// the products' bf16x3 rounding (`3·2⁻¹⁶` of each term) falls on what the keys or queries
-    /// do not share: on keys and queries sharing one direction, whose sums mostly cancel, it
-    /// had put `dq` and `dk` up to 1.9e-4 off.
+    /// the products' rounding falls on what the keys or queries do not share: on keys and
+    /// queries sharing one direction, whose sums mostly cancel, bf16x3 products (`3·2⁻¹⁶` of
+    /// each term) had put `dq` and `dk` up to 1.9e-4 off.
     #[cfg(target_arch = "x86_64")]
     fn add_centres(&self, bf: &AmxOperands, dq: &mut [f32], kh: &mut KeyHead) {
         let (d, s_n) = (self.sh.head_dim, self.sh.seq_kv);
@@ -736,9 +730,9 @@ impl Plan<'_> {
         let (d, dv, s_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_kv);
         let k_head = &self.k[bkv * s_n * d..][..s_n * d];
         let v_head = &self.v[bkv * s_n * dv..][..s_n * dv];
-        bf.k.get(PARTS_X6 * s_n * d);
-        bf.v.get(PARTS_X6 * s_n * dv);
-        bf.kt.get(PARTS_X3 * s_n * d);
+        bf.k.get(PARTS * s_n * d);
+        bf.v.get(PARTS * s_n * dv);
+        bf.kt.get(PARTS * s_n * d);
         mean_row(k_head, d, &mut bf.c_k);
         let kt_f32 = bf.kt_f32.get(d * BLOCK_KV);
         for &jb in blocks {
@@ -753,13 +747,13 @@ impl Plan<'_> {
             }
             // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
             unsafe {
-                let k_at = &mut bf.k.all_mut()[PARTS_X6 * j0 * d..];
-                bf16x::pack_a::<PARTS_X6>(k_blk, (BLOCK_KV, d, d), k_at);
+                let k_at = &mut bf.k.all_mut()[PARTS * j0 * d..];
+                bf16x::pack_a::<PARTS>(k_blk, (BLOCK_KV, d, d), k_at);
                 let v_blk = &v_head[j0 * dv..][..BLOCK_KV * dv];
-                let v_at = &mut bf.v.all_mut()[PARTS_X6 * j0 * dv..];
-                bf16x::pack_a::<PARTS_X6>(v_blk, (BLOCK_KV, dv, dv), v_at);
+                let v_at = &mut bf.v.all_mut()[PARTS * j0 * dv..];
+                bf16x::pack_a::<PARTS>(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                bf16x::pack_a::<PARTS_X3>(kt_f32, kt, &mut bf.kt.all_mut()[PARTS_X3 * j0 * d..]);
+                bf16x::pack_a::<PARTS>(kt_f32, kt, &mut bf.kt.all_mut()[PARTS * j0 * d..]);
             }
         }
     }
@@ -770,10 +764,10 @@ impl Plan<'_> {
         let (d, dv, l_n) = (self.sh.head_dim, self.sh.value_dim, self.sh.seq_q);
         let (q, dout) = (qh.q.view(l_n * d), qh.dout.view(l_n * dv));
         let (qt, dot) = (qh.qt.view(l_n * d), qh.dot.view(l_n * dv));
-        bf.qt.get(PARTS_X6 * l_n * d);
-        bf.dot.get(PARTS_X6 * l_n * dv);
-        bf.q.get(PARTS_X3 * l_n * d);
-        bf.dout.get(PARTS_X6 * l_n * dv);
+        bf.qt.get(PARTS * l_n * d);
+        bf.dot.get(PARTS * l_n * dv);
+        bf.q.get(PARTS * l_n * d);
+        bf.dout.get(PARTS * l_n * dv);
         mean_row(q, d, &mut bf.c_q);
         bf.q_centred.clear();
         for row in q.chunks_exact(d) {
@@ -794,19 +788,19 @@ impl Plan<'_> {
             for (src, (k, n), width, dst) in
                 [(qt, (d, w), d, &mut bf.qt), (dot, (dv, w), dv, &mut bf.dot)]
             {
-                let at = PARTS_X6 * i0 * width;
+                let at = PARTS * i0 * width;
                 let (src, dst) = (&src[i0 * width..], &mut dst.all_mut()[at..]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
-                unsafe { bf16x::pack_b::<PARTS_X6>(src, (k, n, n), dst) };
+                unsafe { bf16x::pack_b::<PARTS>(src, (k, n, n), dst) };
             }
             let q = &bf.q_centred[i0 * d..];
-            let (src, dst) = (q, &mut bf.q.all_mut()[PARTS_X3 * i0 * d..]);
+            let (src, dst) = (q, &mut bf.q.all_mut()[PARTS * i0 * d..]);
             // SAFETY: as above.
-            unsafe { bf16x::pack_b::<PARTS_X3>(src, (w, d, d), dst) };
-            let at = PARTS_X6 * i0 * dv;
+            unsafe { bf16x::pack_b::<PARTS>(src, (w, d, d), dst) };
+            let at = PARTS * i0 * dv;
             let (src, dst) = (&dout[i0 * dv..], &mut bf.dout.all_mut()[at..]);
             // SAFETY: as above.
-            unsafe { bf16x::pack_b::<PARTS_X6>(src, (w, dv, dv), dst) };
+            unsafe { bf16x::pack_b::<PARTS>(src, (w, dv, dv), dst) };
         }
     }
 
@@ -918,15 +912,15 @@ impl Plan<'_> {
                 let bf = &scratch.bf;
                 let (p, ds) = ((t.p.get(n), rows), (t.ds.get(n), rows));
                 let (kk, qt) = (
-                    &bf.k.all()[PARTS_X6 * j0 * d..],
-                    &bf.qt.all()[PARTS_X6 * i0 * d..],
+                    &bf.k.all()[PARTS * j0 * d..],
+                    &bf.qt.all()[PARTS * i0 * d..],
                 );
-                amx::gemm::<PARTS_X6>(tiles, p, kk, qt, (keys, rows, d), false);
+                amx::gemm::<PARTS>(tiles, p, kk, qt, (keys, rows, d), false);
                 let (vv, dot) = (
-                    &bf.v.all()[PARTS_X6 * j0 * dv..],
-                    &bf.dot.all()[PARTS_X6 * i0 * dv..],
+                    &bf.v.all()[PARTS * j0 * dv..],
+                    &bf.dot.all()[PARTS * i0 * dv..],
                 );
-                amx::gemm::<PARTS_X6>(tiles, ds, vv, dot, (keys, rows, dv), false);
+                amx::gemm::<PARTS>(tiles, ds, vv, dot, (keys, rows, dv), false);
             }
             _ => {
                 let qt = Mat::packed(&qh.qt.view(l_n * d)[i0 * d..], d, rows);
@@ -948,9 +942,9 @@ impl Plan<'_> {
                 let bf = &mut scratch.bf;
                 let tiles = (t.p.view(n), t.ds.view(n));
                 let packed = (
-                    bf.p.get(PARTS_X6 * n),
-                    bf.ds_a.get(PARTS_X3 * n),
-                    bf.ds_b.get(PARTS_X3 * n),
+                    bf.p.get(PARTS * n),
+                    bf.ds_a.get(PARTS * n),
+                    bf.ds_b.get(PARTS * n),
                 );
                 let sums = (&mut bf.ds_rows[i0..][..rows], &mut bf.ds_keys[j0..][..keys]);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
@@ -987,19 +981,19 @@ impl Plan<'_> {
                     let tile = (keys, rows, rows);
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                     unsafe {
-                        bf16x::pack_a::<PARTS_X6>(p, tile, bf.p.get(PARTS_X6 * n));
-                        bf16x::pack_a::<PARTS_X3>(ds, tile, bf.ds_a.get(PARTS_X3 * n));
-                        bf16x::pack_b::<PARTS_X3>(ds, tile, bf.ds_b.get(PARTS_X3 * n));
+                        bf16x::pack_a::<PARTS>(p, tile, bf.p.get(PARTS * n));
+                        bf16x::pack_a::<PARTS>(ds, tile, bf.ds_a.get(PARTS * n));
+                        bf16x::pack_b::<PARTS>(ds, tile, bf.ds_b.get(PARTS * n));
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q − c_q);  dQᵀ += (K − c_k)ᵀ · dSᵀ
                 // (`add_centres` adds the centres' share once the query head is done)
-                let (p, dout) = (bf.p.all(), &bf.dout.all()[PARTS_X6 * i0 * dv..]);
-                amx::gemm::<PARTS_X6>(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
-                let q = &bf.q.all()[PARTS_X3 * i0 * d..];
-                amx::gemm::<PARTS_X3>(tiles, (dk_acc, d), bf.ds_a.all(), q, (keys, d, rows), true);
-                let kt = &bf.kt.all()[PARTS_X3 * j0 * d..];
-                amx::gemm::<PARTS_X3>(tiles, (dqt, rows), kt, bf.ds_b.all(), (d, rows, keys), true);
+                let (p, dout) = (bf.p.all(), &bf.dout.all()[PARTS * i0 * dv..]);
+                amx::gemm::<PARTS>(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
+                let q = &bf.q.all()[PARTS * i0 * d..];
+                amx::gemm::<PARTS>(tiles, (dk_acc, d), bf.ds_a.all(), q, (keys, d, rows), true);
+                let kt = &bf.kt.all()[PARTS * j0 * d..];
+                amx::gemm::<PARTS>(tiles, (dqt, rows), kt, bf.ds_b.all(), (d, rows, keys), true);
             }
             _ => {
                 let ds = Mat::packed(ds, keys, rows);
