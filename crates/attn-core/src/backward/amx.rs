@@ -1,7 +1,9 @@
 //! The AMX lane of the backward pass: its five block products in f32 through [`crate::bf16x`],
-//! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ`, `dV += Pᵀ·dO`, `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ`, all in
-//! "bf16x6" ([`PARTS`]: three parts per value, as the forward pass's f32 products), the last two
-//! on keys and queries centred on their means (`Plan::add_centres` adds the means' share back);
+//! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` and `dV += Pᵀ·dO` in "bf16x6" ([`PARTS`]: three parts per
+//! value, as the forward pass's f32 products), `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ` in "bf16x3"
+//! ([`PARTS_X3`]: `hi` and `lo`, three tile products each, within `3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|`
+//! per product) or, where the scale would magnify that (`Norms::narrow_grads`), bf16x6, on
+//! keys and queries centred on their means (`Plan::add_centres` adds the means' share back);
 //! and the fast lane that writes `P` and `dS` straight into those layouts, summing `dS` for
 //! that.
 //!
@@ -14,23 +16,21 @@ use crate::amx::Tiles;
 use crate::bf16x::{self, TILE, TK, a_at, b_at, split, store_a, store_b};
 use crate::fused::avx512::exp;
 
-/// Parts per value in every product (bf16x6, as the forward pass's f32 products), within a few
-/// f32 roundings. In "bf16x3" (`hi` and `lo`, `3·2⁻¹⁶` of `Σ|a·b|` per product) each product
-/// put the gradients past PyTorch's float32 error:
-/// - `S`: `P = e^(S − lse)` takes a score's error whole as a relative error of `P`, up to 1.5e-3
-///   at scores of 32: `dq` came out 9e-4 off on keys sharing one direction, and 1.2e-4 on a
-///   plain 128 × 64 call scaled to scores near 32, where PyTorch's own backward is within 1e-5.
-///   `dP` feeds `dS` the same way.
-/// - `dV`'s sum over many query rows mostly cancels in sign: `dv` was 1e-4 off on 300 queries
-///   against 129 keys (7.7e-6 in bf16x6, as the FMA kernels).
-/// - `dQ = scale·dS·K` takes the rounding times the scale: at scale 10, `dq` was 7.5e-4 from
-///   float64 on a review's case (PyTorch float32: 1e-5;
-///   `a_large_scale_keeps_the_amx_lanes_gradients_exact`). At L = S = 2048, 8 heads, d 64 (2
-///   threads), forward + backward took 97–110 ms with `dK` and `dQ` in bf16x3, 115–134 in
-///   bf16x6.
+/// Parts per value in `dK`'s and `dQ`'s products when the scale allows it: `hi` and `lo`
+/// (bf16x3).
+pub(super) const PARTS_X3: usize = 2;
+
+/// Parts per value in the products of `S`, `dP` and `dV`, and of `dK` and `dQ` at large scales
+/// (bf16x6, as the forward pass's f32 products), within a few f32 roundings. `P = e^(S − lse)`
+/// takes a score's error whole as a relative error of `P`, and bf16x3's `3·2⁻¹⁶` of `Σ|q·k|` is
+/// up to 1.5e-3 at scores of 32: `dq` came out 9e-4 off on keys sharing one direction, and
+/// 1.2e-4 on a plain 128 × 64 call scaled to scores near 32, where PyTorch's own backward is
+/// within 1e-5. `dP` feeds `dS` the same way, and `dV`'s sum over many query rows mostly
+/// cancels in sign: with all five in bf16x3, `dv` was 1e-4 off on 300 queries against 129 keys
+/// (7.7e-6 now, as the FMA kernels).
 pub(super) const PARTS: usize = 3;
 
-/// `C (+)= A·B` in `P` bf16 parts (bf16x6 for `P = 3`, [`crate::bf16x`]) for `A` `[m, k]` in the A layout (`m`
+/// `C (+)= A·B` in bf16x3 (`P = 2`) or bf16x6 (`P = 3`) for `A` `[m, k]` in the A layout (`m`
 /// a multiple of 32) and `B` `[k, n]` in the B layout (`n` a multiple of 32), `k` a multiple
 /// of 32: `C` is row-major f32 `[m, n]`, rows `ldc` apart.
 ///
@@ -63,7 +63,7 @@ pub(super) fn gemm<const P: usize>(
 /// # Panics
 /// Unless `keys` and `rows` are multiples of 32, and the slices hold what the shapes say.
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
-pub(super) unsafe fn probs_and_grads_packed(
+pub(super) unsafe fn probs_and_grads_packed<const G: usize>(
     (s, dp): (&[f32], &[f32]),
     (keys, rows): (usize, usize),
     (lse, delta): (&[f32], &[f32]),
@@ -74,14 +74,14 @@ pub(super) unsafe fn probs_and_grads_packed(
     assert!(keys.is_multiple_of(TK) && rows.is_multiple_of(TK));
     assert!(s.len() >= n && dp.len() >= n && lse.len() >= rows && delta.len() >= rows);
     assert!(row_sums.len() >= rows && key_sums.len() >= keys);
-    assert!(p_a.len() >= PARTS * n && ds_a.len() >= PARTS * n && ds_b.len() >= PARTS * n);
+    assert!(p_a.len() >= PARTS * n && ds_a.len() >= G * n && ds_b.len() >= G * n);
     for pair in 0..keys / 2 {
         let (r0, r1) = (2 * pair, 2 * pair + 1);
         let (mut key0, mut key1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for ng in 0..rows / 16 {
             let c = 16 * ng;
             // SAFETY: `c + 16 ≤ rows` and `r1 < keys`: every load lies inside the tiles and
-            // `lse`/`delta`, every store inside the `PARTS·n` (`p_a`) or `PARTS·n`
+            // `lse`/`delta`, every store inside the `PARTS·n` (`p_a`) or `G·n`
             // (`ds_a`, `ds_b`) values asserted above, and `row_sums[c..c + 16]`.
             unsafe {
                 let lse_v = _mm512_loadu_ps(lse.as_ptr().add(c));
@@ -100,10 +100,10 @@ pub(super) unsafe fn probs_and_grads_packed(
                 _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_loadu_ps(sums), pair_sum));
                 store_a(p_a, a_at::<PARTS>(r0, c, rows), split::<PARTS>(p0));
                 store_a(p_a, a_at::<PARTS>(r1, c, rows), split::<PARTS>(p1));
-                let (d0, d1) = (split::<PARTS>(ds0), split::<PARTS>(ds1));
-                store_a(ds_a, a_at::<PARTS>(r0, c, rows), d0);
-                store_a(ds_a, a_at::<PARTS>(r1, c, rows), d1);
-                store_b(ds_b, b_at::<PARTS>(pair, ng, keys), d0, d1);
+                let (d0, d1) = (split::<G>(ds0), split::<G>(ds1));
+                store_a(ds_a, a_at::<G>(r0, c, rows), d0);
+                store_a(ds_a, a_at::<G>(r1, c, rows), d1);
+                store_b(ds_b, b_at::<G>(pair, ng, keys), d0, d1);
             }
         }
         key_sums[r0] += _mm512_reduce_add_ps(key0);
@@ -144,8 +144,8 @@ mod tests {
         }
         let mut want = [
             vec![0u16; PARTS * n],
-            vec![0u16; PARTS * n],
-            vec![0u16; PARTS * n],
+            vec![0u16; PARTS_X3 * n],
+            vec![0u16; PARTS_X3 * n],
         ];
         let mut got = want.clone();
         // Sums already holding something: the lane adds to them.
@@ -155,9 +155,9 @@ mod tests {
         // SAFETY: what `Isa::Amx` needs is available (checked above).
         unsafe {
             pack_a::<PARTS>(&p, (keys, rows, rows), wp);
-            pack_a::<PARTS>(&ds, (keys, rows, rows), wa);
-            pack_b::<PARTS>(&ds, (keys, rows, rows), wb);
-            probs_and_grads_packed(
+            pack_a::<PARTS_X3>(&ds, (keys, rows, rows), wa);
+            pack_b::<PARTS_X3>(&ds, (keys, rows, rows), wb);
+            probs_and_grads_packed::<PARTS_X3>(
                 (&s, &dp),
                 (keys, rows),
                 (&lse, &delta),
@@ -170,8 +170,14 @@ mod tests {
         let [gp, ga, gb] = &got;
         let pairs = [
             (unpack_a::<PARTS>(wp, shape), unpack_a::<PARTS>(gp, shape)),
-            (unpack_a::<PARTS>(wa, shape), unpack_a::<PARTS>(ga, shape)),
-            (unpack_b::<PARTS>(wb, shape), unpack_b::<PARTS>(gb, shape)),
+            (
+                unpack_a::<PARTS_X3>(wa, shape),
+                unpack_a::<PARTS_X3>(ga, shape),
+            ),
+            (
+                unpack_b::<PARTS_X3>(wb, shape),
+                unpack_b::<PARTS_X3>(gb, shape),
+            ),
         ];
         for (which, (w, g)) in pairs.iter().enumerate() {
             for (i, (&a, &b)) in w.iter().zip(g).enumerate() {

@@ -33,9 +33,11 @@
 //! elementwise pass have an AVX-512 build (`avx512.rs`) and a portable one (`kernels.rs`).
 //! With [`Isa::Amx`] (what [`Isa::best`] picks where the CPU has it), whole 64 × 64 blocks with
 //! `head_dim` and `value_dim` multiples of 32 run their five products on AMX tiles (`amx.rs`:
-//! all five in bf16x6 as the forward pass, within a few f32 roundings, `dK` and `dQ` on
-//! queries and keys centred on their means: `Plan::add_centres`), when the call's scores are
-//! bounded as the forward pass's tiles need (`Norms::scores_bounded`).
+//! `S`, `dP` and `dV` in bf16x6 as the forward pass, within a few f32 roundings; `dK` and `dQ`
+//! on queries and keys centred on their means, `Plan::add_centres`, in bf16x3 or, where
+//! `|scale|·‖q‖` or `|scale|·‖k‖` would magnify its rounding, bf16x6: `Norms::narrow_grads`),
+//! when the call's scores are bounded as the forward pass's tiles need
+//! (`Norms::scores_bounded`).
 //!
 //! [`sdpa_backward_reference`] is the plain twin (`reference.rs`): one query row at a time,
 //! its own softmax, no saved state. Calls of extreme magnitudes (a scale past `2^±60`, a row
@@ -65,7 +67,7 @@ use crate::mask::{diagonal_offset, key_range};
 use crate::shape::{FiniteBits, check_finite, check_len};
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
 #[cfg(target_arch = "x86_64")]
-use amx::PARTS;
+use amx::{PARTS, PARTS_X3};
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
 /// Keys per block: the rows of the transposed tiles.
@@ -256,7 +258,21 @@ impl Norms {
         // NaN and ∞ fail it.
         scale.abs() * self.q * self.k <= F32_SCORE_BOUND
     }
+
+    /// Whether `dK` and `dQ` may take bf16x3 on the tiles ([`PARTS_X3`]): `dQ = scale·dS·K`
+    /// and `dK = dSᵀ·(scale·Q)` carry its `3·2⁻¹⁶` of each term times `|scale|·‖k‖` or
+    /// `|scale|·‖q‖`, about 1 for rows of unit-variance values at the default scale `1/√d`.
+    /// Up to [`NARROW_GRAD_BOUND`] `dq` stays within 5.6e-5 of float64 on queries near 0 (where
+    /// every term of the sum cancels); at 16 it was 1.3e-4 and at 80 (scale 10) 4.5e-4, where
+    /// PyTorch's own fused backward gives 9.1e-5 and bf16x6 1.6e-4. bf16x6 costs the whole
+    /// forward + backward 5–16% (L = S = 512 and 2048, H8, d64, 2 threads).
+    fn narrow_grads(&self, scale: f32) -> bool {
+        scale.abs() * self.q.max(self.k) <= NARROW_GRAD_BOUND
+    }
 }
+
+/// The largest `|scale|·max(‖q‖, ‖k‖)` at which `dK` and `dQ` take bf16x3 ([`Norms::narrow_grads`]).
+const NARROW_GRAD_BOUND: f32 = 8.0;
 
 /// Gradients of `sum(out · dout)` with respect to `q`, `k` and `v`: the fast path.
 ///
@@ -355,6 +371,11 @@ pub fn sdpa_backward_with(
             && sh.head_dim > 0
             && sh.value_dim > 0
             && norms.scores_bounded(scale),
+        grad_parts: if norms.narrow_grads(scale) {
+            PARTS_X3
+        } else {
+            PARTS
+        },
         scale,
         q: input.q,
         k: input.k,
@@ -440,6 +461,8 @@ struct Plan<'a> {
     kernels: Kernels,
     /// Whether whole blocks take the AMX products (`amx.rs`).
     amx: bool,
+    /// The bf16 parts of the AMX products of `dK` and `dQ` (`PARTS_X3` or `PARTS`).
+    grad_parts: usize,
     scale: f32,
     q: &'a [f32],
     k: &'a [f32],
@@ -753,7 +776,11 @@ impl Plan<'_> {
                 let v_at = &mut bf.v.all_mut()[PARTS * j0 * dv..];
                 bf16x::pack_a::<PARTS>(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                bf16x::pack_a::<PARTS>(kt_f32, kt, &mut bf.kt.all_mut()[PARTS * j0 * d..]);
+                let (g, kt_at) = (self.grad_parts, bf.kt.all_mut());
+                match g {
+                    PARTS_X3 => bf16x::pack_a::<PARTS_X3>(kt_f32, kt, &mut kt_at[g * j0 * d..]),
+                    _ => bf16x::pack_a::<PARTS>(kt_f32, kt, &mut kt_at[g * j0 * d..]),
+                }
             }
         }
     }
@@ -793,10 +820,15 @@ impl Plan<'_> {
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe { bf16x::pack_b::<PARTS>(src, (k, n, n), dst) };
             }
-            let q = &bf.q_centred[i0 * d..];
-            let (src, dst) = (q, &mut bf.q.all_mut()[PARTS * i0 * d..]);
+            let g = self.grad_parts;
+            let (src, dst) = (&bf.q_centred[i0 * d..], &mut bf.q.all_mut()[g * i0 * d..]);
             // SAFETY: as above.
-            unsafe { bf16x::pack_b::<PARTS>(src, (w, d, d), dst) };
+            unsafe {
+                match g {
+                    PARTS_X3 => bf16x::pack_b::<PARTS_X3>(src, (w, d, d), dst),
+                    _ => bf16x::pack_b::<PARTS>(src, (w, d, d), dst),
+                }
+            };
             let at = PARTS * i0 * dv;
             let (src, dst) = (&dout[i0 * dv..], &mut bf.dout.all_mut()[at..]);
             // SAFETY: as above.
@@ -947,9 +979,25 @@ impl Plan<'_> {
                     bf.ds_b.get(PARTS * n),
                 );
                 let sums = (&mut bf.ds_rows[i0..][..rows], &mut bf.ds_keys[j0..][..keys]);
+                let shape = (keys, rows);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe {
-                    amx::probs_and_grads_packed(tiles, (keys, rows), (lse, delta), packed, sums)
+                    match self.grad_parts {
+                        PARTS_X3 => amx::probs_and_grads_packed::<PARTS_X3>(
+                            tiles,
+                            shape,
+                            (lse, delta),
+                            packed,
+                            sums,
+                        ),
+                        _ => amx::probs_and_grads_packed::<PARTS>(
+                            tiles,
+                            shape,
+                            (lse, delta),
+                            packed,
+                            sums,
+                        ),
+                    }
                 };
             }
         } else {
@@ -982,18 +1030,37 @@ impl Plan<'_> {
                     // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                     unsafe {
                         bf16x::pack_a::<PARTS>(p, tile, bf.p.get(PARTS * n));
-                        bf16x::pack_a::<PARTS>(ds, tile, bf.ds_a.get(PARTS * n));
-                        bf16x::pack_b::<PARTS>(ds, tile, bf.ds_b.get(PARTS * n));
+                        let (ds_a, ds_b) = (bf.ds_a.get(PARTS * n), bf.ds_b.get(PARTS * n));
+                        match self.grad_parts {
+                            PARTS_X3 => {
+                                bf16x::pack_a::<PARTS_X3>(ds, tile, ds_a);
+                                bf16x::pack_b::<PARTS_X3>(ds, tile, ds_b);
+                            }
+                            _ => {
+                                bf16x::pack_a::<PARTS>(ds, tile, ds_a);
+                                bf16x::pack_b::<PARTS>(ds, tile, ds_b);
+                            }
+                        }
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q − c_q);  dQᵀ += (K − c_k)ᵀ · dSᵀ
                 // (`add_centres` adds the centres' share once the query head is done)
                 let (p, dout) = (bf.p.all(), &bf.dout.all()[PARTS * i0 * dv..]);
                 amx::gemm::<PARTS>(tiles, (dv_acc, dv), p, dout, (keys, dv, rows), true);
-                let q = &bf.q.all()[PARTS * i0 * d..];
-                amx::gemm::<PARTS>(tiles, (dk_acc, d), bf.ds_a.all(), q, (keys, d, rows), true);
-                let kt = &bf.kt.all()[PARTS * j0 * d..];
-                amx::gemm::<PARTS>(tiles, (dqt, rows), kt, bf.ds_b.all(), (d, rows, keys), true);
+                let g = self.grad_parts;
+                let (q, kt) = (&bf.q.all()[g * i0 * d..], &bf.kt.all()[g * j0 * d..]);
+                let (dk, dq) = ((dk_acc, d), (dqt, rows));
+                let (ds_a, ds_b) = (bf.ds_a.all(), bf.ds_b.all());
+                match g {
+                    PARTS_X3 => {
+                        amx::gemm::<PARTS_X3>(tiles, dk, ds_a, q, (keys, d, rows), true);
+                        amx::gemm::<PARTS_X3>(tiles, dq, kt, ds_b, (d, rows, keys), true);
+                    }
+                    _ => {
+                        amx::gemm::<PARTS>(tiles, dk, ds_a, q, (keys, d, rows), true);
+                        amx::gemm::<PARTS>(tiles, dq, kt, ds_b, (d, rows, keys), true);
+                    }
+                }
             }
             _ => {
                 let ds = Mat::packed(ds, keys, rows);
