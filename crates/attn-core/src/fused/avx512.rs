@@ -137,11 +137,15 @@ pub(super) unsafe fn gemm_f32(
     }
 }
 
+/// `log₂e` as the nearest f32 and what that misses.
+const LOG2_E_HI: f32 = std::f32::consts::LOG2_E;
+const LOG2_E_LO: f32 = (std::f64::consts::LOG2_E - std::f32::consts::LOG2_E as f64) as f32;
+
 /// `e^x` for 16 lanes and the `x ≤ 5.5` the softmax feeds it (the weights of rows whose saved
 /// max is the AMX path's running one, up to 5.5 below the row's largest score, are up to
-/// `e^5.5`): relative error ≤ 5e-7 + |x|·1e-7
-/// (the second term is the f32 rounding of `x·log₂e`); results below 2^-125 (and `−∞`) give 0,
-/// NaN gives NaN.
+/// `e^5.5`): relative error ≤ 2.5e-7 (measured every 2^-10 from −86 to 5.5; with `x·log₂e`
+/// rounded as one product it was up to 5e-7 + |x|·1e-7, 9e-6 at −86); results below 2^-125
+/// (and `−∞`) give 0, NaN gives NaN.
 ///
 /// `e^x = 2^t` with `t = x·log₂e = n + f`, `n` an integer, `|f| ≤ ½`: `2^f` from Cephes'
 /// `exp2f` polynomial (<https://netlib.org/cephes/>, `exp2f.c`: peak relative error 1.7e-7 on
@@ -161,7 +165,14 @@ pub(crate) unsafe fn exp(x: __m512) -> __m512 {
     let normal = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, _mm512_set1_ps(-125.0));
     let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-    let f = _mm512_sub_ps(t, n);
+    // f = x·log₂e − n with log₂e in two pieces (Cody and Waite): the rounding of `t` would
+    // move f by up to |x|·6e-8.
+    let f = _mm512_fmadd_ps(
+        x,
+        _mm512_set1_ps(LOG2_E_HI),
+        _mm512_sub_ps(_mm512_setzero_ps(), n),
+    );
+    let f = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2_E_LO), f);
     const P: [f32; 6] = [
         1.535_336_2e-4,
         1.339_887_4e-3,
@@ -269,7 +280,7 @@ mod tests {
             for (&x, &g) in chunk.iter().zip(&got) {
                 let want = f64::from(x).exp();
                 let err = (f64::from(g) / want - 1.0).abs();
-                let bound = 5e-7 + f64::from(x.abs()) * 1e-7;
+                let bound = 2.5e-7;
                 assert!(err <= bound, "e^{x}: {g} against {want}, error {err:e}");
             }
         }
