@@ -2,17 +2,27 @@
 //! <https://arxiv.org/abs/1906.04341>): how spread out a head's attention is, how much of it goes
 //! to `[CLS]` and `[SEP]`, to the previous, next or same token, and how far it reaches.
 //!
-//! Every figure is a mean over query tokens, on raw tokens (special tokens included).
+//! Every figure is a mean over query tokens, on raw tokens (special tokens included). Each is
+//! read against what it would be if every query spread its attention evenly over the keys it
+//! sees ([`uniform_shares`]): on a causal model a query sees only the keys up to itself, so even
+//! attention gives the first queries large previous-token and self shares.
 //! `[CLS]` is a special token at position 0 (BERT's `[CLS]`, RoBERTa's `<s>`); `[SEP]` is every
 //! other special token. A model without special tokens (GPT-2) gets 0 for both.
 
 use crate::{AttentionMaps, Token, VizError};
 
-/// Statistics of one head. Shares are in `0..=1`.
+/// Statistics of one head.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct HeadStats {
     pub layer: usize,
     pub head: usize,
+    #[serde(flatten)]
+    pub shares: Shares,
+}
+
+/// The figures of one head's (or of even) attention. Shares are in `0..=1`.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct Shares {
     /// Entropy of a query's weights in nats, `-Σ w·ln w`, mean over queries.
     pub entropy: f32,
     /// Weight on `[CLS]`.
@@ -35,67 +45,99 @@ pub struct HeadStats {
 /// `maps.weights: [n_layers, n_heads, T, T]` → `n_layers · n_heads` entries.
 pub fn head_stats(maps: &AttentionMaps) -> Result<Vec<HeadStats>, VizError> {
     maps.validate()?;
-    let t = maps.seq_len();
-    let cls: Vec<bool> = maps
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(i, tok)| tok.special && i == 0)
-        .collect();
-    let sep: Vec<bool> = maps
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(i, tok)| tok.special && i != 0)
-        .collect();
+    let special = Special::of(&maps.tokens);
     let mut all = Vec::with_capacity(maps.n_layers * maps.n_heads);
     for layer in 0..maps.n_layers {
         for head in 0..maps.n_heads {
-            let a = maps.head(layer, head)?;
-            let mut s = Sums::default();
-            for (i, row) in a.chunks_exact(t).enumerate() {
-                for (j, &w) in row.iter().enumerate() {
-                    if w > 0.0 {
-                        s.entropy -= f64::from(w) * f64::from(w).ln();
-                    }
-                    s.distance += f64::from(w) * i.abs_diff(j) as f64;
-                    if cls[j] {
-                        s.cls += f64::from(w);
-                    }
-                    if sep[j] {
-                        s.sep += f64::from(w);
-                    }
-                }
-                s.same += f64::from(row[i]);
-                if i > 0 {
-                    s.previous += f64::from(row[i - 1]);
-                }
-                if i + 1 < t {
-                    s.next += f64::from(row[i + 1]);
-                }
-            }
-            let per_query = |x: f64| (x / t as f64) as f32;
-            let per_neighbour = |x: f64| {
-                if t > 1 {
-                    (x / (t - 1) as f64) as f32
-                } else {
-                    0.0
-                }
-            };
+            let shares = shares_of(maps.head(layer, head)?, maps.seq_len(), &special);
             all.push(HeadStats {
                 layer,
                 head,
-                entropy: per_query(s.entropy),
-                cls: per_query(s.cls),
-                sep: per_query(s.sep),
-                previous: per_neighbour(s.previous),
-                next: per_neighbour(s.next),
-                same: per_query(s.same),
-                distance: per_query(s.distance),
+                shares,
             });
         }
     }
     Ok(all)
+}
+
+/// What the figures would be if each query spread its attention evenly over the keys it sees:
+/// every key, or, when every head of every layer gives the keys after a query exactly 0 (a
+/// causal model), the keys up to the query.
+pub fn uniform_shares(maps: &AttentionMaps) -> Result<Shares, VizError> {
+    maps.validate()?;
+    let t = maps.seq_len();
+    let causal = maps
+        .weights
+        .chunks_exact(t * t)
+        .all(|a| (0..t).all(|i| a[i * t + i + 1..(i + 1) * t].iter().all(|&w| w == 0.0)));
+    let even: Vec<f32> = (0..t)
+        .flat_map(|i| {
+            let seen = if causal { i + 1 } else { t };
+            (0..t).map(move |j| if j < seen { 1.0 / seen as f32 } else { 0.0 })
+        })
+        .collect();
+    Ok(shares_of(&even, t, &Special::of(&maps.tokens)))
+}
+
+/// Which keys count as `[CLS]` (a special token at position 0) and as `[SEP]` (every other
+/// special token).
+struct Special {
+    cls: Vec<bool>,
+    sep: Vec<bool>,
+}
+
+impl Special {
+    fn of(tokens: &[Token]) -> Special {
+        let (cls, sep) = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, tok)| (tok.special && i == 0, tok.special && i != 0))
+            .unzip();
+        Special { cls, sep }
+    }
+}
+
+/// The figures of one `[T, T]` attention matrix `a`.
+fn shares_of(a: &[f32], t: usize, special: &Special) -> Shares {
+    let mut s = Sums::default();
+    for (i, row) in a.chunks_exact(t).enumerate() {
+        for (j, &w) in row.iter().enumerate() {
+            if w > 0.0 {
+                s.entropy -= f64::from(w) * f64::from(w).ln();
+            }
+            s.distance += f64::from(w) * i.abs_diff(j) as f64;
+            if special.cls[j] {
+                s.cls += f64::from(w);
+            }
+            if special.sep[j] {
+                s.sep += f64::from(w);
+            }
+        }
+        s.same += f64::from(row[i]);
+        if i > 0 {
+            s.previous += f64::from(row[i - 1]);
+        }
+        if i + 1 < t {
+            s.next += f64::from(row[i + 1]);
+        }
+    }
+    let per_query = |x: f64| (x / t as f64) as f32;
+    let per_neighbour = |x: f64| {
+        if t > 1 {
+            (x / (t - 1) as f64) as f32
+        } else {
+            0.0
+        }
+    };
+    Shares {
+        entropy: per_query(s.entropy),
+        cls: per_query(s.cls),
+        sep: per_query(s.sep),
+        previous: per_neighbour(s.previous),
+        next: per_neighbour(s.next),
+        same: per_query(s.same),
+        distance: per_query(s.distance),
+    }
 }
 
 #[derive(Default)]
@@ -123,53 +165,77 @@ pub struct Notable {
 /// The head that does each thing most: previous/next/same token, `[CLS]`, `[SEP]`, the most
 /// focused (lowest entropy), the broadest (highest entropy) and the longest reach.
 ///
-/// A role is only named when its head gives it a real share (≥ 0.3 for the token-position and
-/// special-token roles); an input without special tokens names no `[CLS]`/`[SEP]` head.
-pub fn notable_heads(stats: &[HeadStats]) -> Vec<Notable> {
-    type Key = fn(&HeadStats) -> f32;
-    let roles: [(&str, Key, bool, Option<f32>); 8] = [
+/// A role is only named when its head does it more than even attention would (`uniform`,
+/// [`uniform_shares`]): a share of at least 0.3 and [`SHARE_MARGIN`] above the even one, an
+/// entropy [`ENTROPY_MARGIN`] below even for the most focused; the broadest and the longest
+/// reach only when the heads differ in them (by [`ENTROPY_MARGIN`] nats, by a tenth of the even
+/// distance). An input without special tokens names no `[CLS]`/`[SEP]` head; heads that all
+/// attend evenly (a causal model on three tokens) name none.
+pub fn notable_heads(stats: &[HeadStats], uniform: &Shares) -> Vec<Notable> {
+    type Key = fn(&Shares) -> f32;
+    let share = |key: Key| Test::Above((key(uniform) + SHARE_MARGIN).max(0.3));
+    let roles: [(&str, Key, bool, Test); 8] = [
         (
             "attends to the previous token",
             |s| s.previous,
             true,
-            Some(0.3),
+            share(|s| s.previous),
         ),
-        ("attends to the next token", |s| s.next, true, Some(0.3)),
-        ("attends to the token itself", |s| s.same, true, Some(0.3)),
-        ("attends to [CLS]", |s| s.cls, true, Some(0.3)),
-        ("attends to [SEP]", |s| s.sep, true, Some(0.3)),
+        (
+            "attends to the next token",
+            |s| s.next,
+            true,
+            share(|s| s.next),
+        ),
+        (
+            "attends to the token itself",
+            |s| s.same,
+            true,
+            share(|s| s.same),
+        ),
+        ("attends to [CLS]", |s| s.cls, true, share(|s| s.cls)),
+        ("attends to [SEP]", |s| s.sep, true, share(|s| s.sep)),
         (
             "is the most focused (lowest entropy, nats)",
             |s| s.entropy,
             false,
-            None,
+            Test::Below(uniform.entropy - ENTROPY_MARGIN),
         ),
         (
             "is the broadest (highest entropy, nats)",
             |s| s.entropy,
             true,
-            None,
+            Test::Spread(ENTROPY_MARGIN),
         ),
         (
             "reaches furthest (mean distance, tokens)",
             |s| s.distance,
             true,
-            None,
+            Test::Spread((0.1 * uniform.distance).max(f32::MIN_POSITIVE)),
         ),
     ];
     let mut notable = Vec::new();
-    for (role, key, highest, floor) in roles {
+    for (role, key, highest, test) in roles {
+        let key = |s: &HeadStats| key(&s.shares);
         let best = stats.iter().max_by(|a, b| {
             let order = key(a).total_cmp(&key(b));
             if highest { order } else { order.reverse() }
         });
-        // A comparison every head ties (one head, or one token: entropy and distance 0
-        // everywhere) names none; the shares have their floors.
-        let tied = floor.is_none() && stats.iter().all(|s| key(s) == key(&stats[0]));
-        if let Some(best) = best
-            && !tied
-            && floor.is_none_or(|f| key(best) >= f)
-        {
+        let Some(best) = best else { continue };
+        let named = match test {
+            Test::Above(floor) => key(best) >= floor,
+            Test::Below(ceiling) => key(best) <= ceiling,
+            // One head, or heads that all do the same, name none.
+            Test::Spread(by) => {
+                let (lo, hi) = stats
+                    .iter()
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), s| {
+                        (lo.min(key(s)), hi.max(key(s)))
+                    });
+                stats.len() > 1 && hi - lo >= by
+            }
+        };
+        if named {
             notable.push(Notable {
                 layer: best.layer,
                 head: best.head,
@@ -179,6 +245,21 @@ pub fn notable_heads(stats: &[HeadStats]) -> Vec<Notable> {
         }
     }
     notable
+}
+
+/// How far above even attention's share a head's must be to be named for it.
+pub const SHARE_MARGIN: f32 = 0.15;
+
+/// How far below even attention's entropy (nats) the most focused head must be, and how far
+/// apart the heads' entropies must be for a broadest one.
+pub const ENTROPY_MARGIN: f32 = 0.1;
+
+/// When a role's head is named: its figure at least, at most, or the heads' figures apart by
+/// at least this much.
+enum Test {
+    Above(f32),
+    Below(f32),
+    Spread(f32),
 }
 
 /// What the `[CLS]` and `[SEP]` shares stand for when the text's special tokens have other names

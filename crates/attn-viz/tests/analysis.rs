@@ -10,7 +10,7 @@ use attn_viz::bars::{
 use attn_viz::flow::attention_flow;
 use attn_viz::lookup::soft_lookup;
 use attn_viz::select::{Selection, residual_layers, rollout, select};
-use attn_viz::stats::{head_stats, notable_heads};
+use attn_viz::stats::{head_stats, notable_heads, uniform_shares};
 use attn_viz::words::{self, keep_and_renormalise, merge_matrix};
 use common::{assert_close, hand_maps, tok};
 
@@ -338,7 +338,7 @@ fn head_statistics_of_a_hand_made_head() {
     ];
     let w = vec![1.0, 0.0, 0.0, 0.5, 0.0, 0.5, 0.0, 0.0, 1.0];
     let maps = hand_maps("a", None, tokens, 1, 1, w);
-    let s = &head_stats(&maps).unwrap()[0];
+    let s = &head_stats(&maps).unwrap()[0].shares;
     let got = [
         s.entropy, s.cls, s.sep, s.same, s.previous, s.next, s.distance,
     ];
@@ -348,14 +348,19 @@ fn head_statistics_of_a_hand_made_head() {
         &[ln2 / 3.0, 0.5, 0.5, 2.0 / 3.0, 0.25, 0.25, 1.0 / 3.0],
         1e-6,
     );
-    let notable = notable_heads(&head_stats(&maps).unwrap());
+    let uniform = uniform_shares(&maps).unwrap();
+    let notable = notable_heads(&head_stats(&maps).unwrap(), &uniform);
     let roles: Vec<&str> = notable.iter().map(|n| n.role.as_str()).collect();
-    // One head: no comparison of entropy or distance (it named the head both the most focused
-    // and the broadest).
+    // One head: no comparison with other heads (it was named both the broadest and the most
+    // focused); against even attention (ln 3 nats) its ln 2 / 3 is the most focused.
     assert!(
         !roles
             .iter()
-            .any(|r| r.contains("entropy") || r.contains("distance")),
+            .any(|r| r.contains("broadest") || r.contains("distance")),
+        "{roles:?}"
+    );
+    assert!(
+        roles.contains(&"is the most focused (lowest entropy, nats)"),
         "{roles:?}"
     );
     // previous/next (.25) are under the 0.3 floor; [CLS], [SEP] and self (≥ .5) are named.
@@ -365,6 +370,85 @@ fn head_statistics_of_a_hand_made_head() {
             .iter()
             .any(|r| r.contains("previous") || r.contains("next")),
         "{roles:?}"
+    );
+}
+
+/// On a causal model a query sees only itself and the tokens before it: even attention over
+/// three tokens gives self shares (1 + 1/2 + 1/3)/3 and previous-token shares (1/2 + 1/3)/2.
+/// Heads that attend evenly are not notable (a tiny GPT-2's were all named); a head that
+/// puts 0.9 on the previous token is.
+#[test]
+fn heads_are_notable_against_even_attention_over_the_keys_they_see() {
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("c", Some((4, 5)), 0),
+    ];
+    let even = [
+        1.0,
+        0.0,
+        0.0,
+        0.5,
+        0.5,
+        0.0,
+        1.0 / 3.0,
+        1.0 / 3.0,
+        1.0 / 3.0,
+    ];
+    let previous = [1.0, 0.0, 0.0, 0.9, 0.1, 0.0, 0.05, 0.9, 0.05];
+    let two_even = hand_maps("a b c", None, tokens.clone(), 1, 2, [even, even].concat());
+    let uniform = uniform_shares(&two_even).unwrap();
+    // ln 1, ln 2, ln 3; distance (0 + 1/2 + 1) / 3.
+    let entropy = (2f32.ln() + 3f32.ln()) / 3.0;
+    assert_close(
+        &[
+            uniform.entropy,
+            uniform.same,
+            uniform.previous,
+            uniform.next,
+            uniform.distance,
+        ],
+        &[
+            entropy,
+            (1.0 + 0.5 + 1.0 / 3.0) / 3.0,
+            (0.5 + 1.0 / 3.0) / 2.0,
+            0.0,
+            0.5,
+        ],
+        1e-6,
+    );
+    assert_eq!(notable_heads(&head_stats(&two_even).unwrap(), &uniform), []);
+
+    let with_previous = hand_maps(
+        "a b c",
+        None,
+        tokens.clone(),
+        1,
+        2,
+        [even, previous].concat(),
+    );
+    let uniform = uniform_shares(&with_previous).unwrap();
+    let notable = notable_heads(&head_stats(&with_previous).unwrap(), &uniform);
+    let roles: Vec<(usize, &str)> = notable.iter().map(|n| (n.head, n.role.as_str())).collect();
+    assert!(
+        roles.contains(&(1, "attends to the previous token")),
+        "{roles:?}"
+    );
+    assert!(
+        roles.contains(&(1, "is the most focused (lowest entropy, nats)")),
+        "{roles:?}"
+    );
+
+    // One weight past the diagonal: not causal, even over all three keys.
+    let mut open = even;
+    open[1] = 0.25;
+    open[0] = 0.75;
+    let maps = hand_maps("a b c", None, tokens, 1, 1, open.to_vec());
+    let uniform = uniform_shares(&maps).unwrap();
+    assert_close(
+        &[uniform.entropy, uniform.same],
+        &[3f32.ln(), 1.0 / 3.0],
+        1e-6,
     );
 }
 

@@ -4,7 +4,9 @@
 use std::io::Write;
 
 use anyhow::Context;
-use attn_viz::stats::{HeadStats, Notable, head_stats, notable_heads, special_columns_note};
+use attn_viz::stats::{
+    HeadStats, Notable, Shares, head_stats, notable_heads, special_columns_note, uniform_shares,
+};
 
 use crate::maps::SourceArgs;
 
@@ -32,6 +34,8 @@ struct Report<'a> {
     pair: Option<&'a str>,
     tokens: usize,
     heads: &'a [HeadStats],
+    /// The figures of even attention over the keys each query sees.
+    uniform: Shares,
     notable: &'a [Notable],
 }
 
@@ -40,7 +44,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .source
         .maps(args.text.as_deref(), args.pair.as_deref())?;
     let stats = head_stats(&maps)?;
-    let notable = notable_heads(&stats);
+    let uniform = uniform_shares(&maps)?;
+    let notable = notable_heads(&stats, &uniform);
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = Report {
@@ -49,6 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             pair: maps.pair.as_deref(),
             tokens: maps.seq_len(),
             heads: &stats,
+            uniform,
             notable: &notable,
         };
         serde_json::to_writer_pretty(&mut out, &report).context("writing JSON")?;
@@ -66,14 +72,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out,
         "layer head  entropy  [CLS]  [SEP]   prev   next   self  distance"
     )?;
+    let row = |label: &str, s: &Shares| {
+        format!(
+            "{label:>10}  {:>7.3}  {:>5.2}  {:>5.2}  {:>5.2}  {:>5.2}  {:>5.2}  {:>8.2}",
+            s.entropy, s.cls, s.sep, s.previous, s.next, s.same, s.distance
+        )
+    };
     for s in &stats {
+        let label = format!("{:>5} {:>4}", s.layer, s.head);
+        writeln!(out, "{}", row(&label, &s.shares))?;
+    }
+    writeln!(out, "{}", row("even", &uniform))?;
+    writeln!(out, "\nNotable heads:")?;
+    if notable.is_empty() {
         writeln!(
             out,
-            "{:>5} {:>4}  {:>7.3}  {:>5.2}  {:>5.2}  {:>5.2}  {:>5.2}  {:>5.2}  {:>8.2}",
-            s.layer, s.head, s.entropy, s.cls, s.sep, s.previous, s.next, s.same, s.distance
+            "  none: every head's figures are close to even attention's"
         )?;
     }
-    writeln!(out, "\nNotable heads:")?;
     for n in &notable {
         writeln!(
             out,
@@ -81,11 +97,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             n.layer, n.head, n.role, n.value
         )?;
     }
+    let n = maps.seq_len();
     writeln!(
         out,
-        "entropy in nats (ln {} = {:.2} is uniform over all tokens); distance in tokens",
-        maps.seq_len(),
-        (maps.seq_len() as f32).ln()
+        "even: every query's attention spread evenly over the keys it sees{}; entropy in nats \
+         (ln {n} = {:.2} is even over all tokens); distance in tokens",
+        if (uniform.entropy - (n as f32).ln()).abs() > 1e-4 {
+            " (here: itself and the tokens before it)"
+        } else {
+            ""
+        },
+        (n as f32).ln()
     )?;
     if let Some(note) = special_columns_note(&maps.tokens) {
         writeln!(out, "{note}")?;
