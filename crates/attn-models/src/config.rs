@@ -591,7 +591,11 @@ impl ModelConfig {
             (names.max_positions, self.max_positions, self.hidden_size),
         ] {
             if a.checked_mul(b).is_none_or(|n| n > limit) {
-                return Err(unsupported(field, format!("{a} × {b} values is too large")));
+                let hidden = names.hidden_size;
+                return Err(unsupported(
+                    field,
+                    format!("{a} × {hidden} {b} values is too large"),
+                ));
             }
         }
         Ok(())

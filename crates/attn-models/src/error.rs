@@ -37,6 +37,13 @@ pub enum ModelError {
     /// A file the model directory must hold is not there.
     #[error("{} is missing ({what})", path.display())]
     MissingFile { path: PathBuf, what: &'static str },
+    /// The model path names a file, not the directory that holds the model's files.
+    #[error(
+        "{} is a file, not a model directory: give the folder that holds config.json, \
+         model.safetensors and tokenizer.json",
+        path.display()
+    )]
+    NotADirectory { path: PathBuf },
     /// A JSON file (config, tokenizer, pooling) is malformed or lacks a field.
     #[error("{}: {reason}", path.display())]
     BadJson { path: PathBuf, reason: String },
@@ -112,8 +119,9 @@ pub enum ModelError {
     /// `tokenizer.json` could not be loaded or failed on the text.
     #[error("tokenizer: {reason}")]
     Tokenizer { reason: String },
-    /// The text (or the text pair) is empty or only whitespace.
-    #[error("the {which} is empty")]
+    /// The text (or the text pair) is empty or only whitespace (every model here needs a word:
+    /// BERT's tokenizer drops whitespace).
+    #[error("the {which} is empty or only whitespace")]
     EmptyText { which: &'static str },
     /// The text needs more tokens than the model reads: its positions, or for embeddings the
     /// `max_seq_length` of its sentence-transformers config.

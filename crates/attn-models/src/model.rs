@@ -268,6 +268,11 @@ impl Model {
     /// Loads a model directory: `config.json`, `model.safetensors`, `tokenizer.json`, and for
     /// sentence-transformers `modules.json` with its pooling config.
     pub fn load(dir: &Path) -> Result<Model, ModelError> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(ModelError::NotADirectory {
+                path: dir.to_path_buf(),
+            });
+        }
         if !dir.is_dir() {
             return Err(ModelError::MissingFile {
                 path: dir.to_path_buf(),

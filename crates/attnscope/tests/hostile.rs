@@ -136,6 +136,11 @@ fn cases(root: &Path) -> Vec<Case> {
     let huge_vocab = model_dir(root, "huge-vocab", |d| {
         config_with(d, "vocab_size", "1000000000000000")
     });
+    // n_inner is null: 4 · n_embd, which the error must trace back to n_embd.
+    let huge_embd = model_dir(root, "huge-embd", |d| {
+        config_with(d, "n_embd", "1000000000")
+    });
+    let config_file = format!("{}/config.json", model_dir(root, "as-file", |_| ()));
     let negative_eps = model_dir(root, "negative-eps", |d| {
         config_with(d, "layer_norm_epsilon", "-1e-5")
     });
@@ -266,6 +271,12 @@ fn cases(root: &Path) -> Vec<Case> {
         ("config wider than the weights", &wider, &["shape"]),
         ("n_positions 0", &zero_positions, &["n_positions"]),
         ("vocab_size 1e15", &huge_vocab, &["vocab_size"]),
+        ("n_embd 1e9", &huge_embd, &["n_embd 1000000000"]),
+        (
+            "--model names config.json, not its folder",
+            &config_file,
+            &["config.json", "is a file, not a model directory"],
+        ),
         ("layer_norm_epsilon < 0", &negative_eps, &["layer_norm_eps"]),
         ("weights truncated", &truncated, &["model.safetensors"]),
         (
@@ -481,6 +492,13 @@ fn cases(root: &Path) -> Vec<Case> {
             "--layer -1",
             &["hi", "--model", tiny, "--layer", "-1"],
             &["-1"],
+        ),
+        // The JSON holds every layer and head: a --layer or --head beside it was ignored.
+        usage(
+            "attention",
+            "--json --layer 0",
+            &["hi", "--model", tiny, "--json", "--layer", "0"],
+            &["--layer", "cannot be used"],
         ),
         case(
             "embed",

@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long)]
     pub truncate: bool,
     /// Print {"model", "tokens", "attentions": [layers][heads][T][T]} (row = query token).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["layer", "head"])]
     pub json: bool,
     /// Save the maps to this file instead of printing them, for `explain`, `heatmap`, `heads`
     /// and `html --maps FILE.json` (an `AttentionMaps`: the text, its tokens with their spans,

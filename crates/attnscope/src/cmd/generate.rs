@@ -76,11 +76,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let generation = generate(&model, &args.prompt, &options).map_err(|err| match err {
         ModelError::CacheFull { n_positions, .. } if args.max_new_tokens > n_positions => {
-            let too_many = format!(
+            anyhow::anyhow!(
                 "--max-new-tokens {} is more than the model's {n_positions} positions",
                 args.max_new_tokens
-            );
-            anyhow::Error::new(err).context(too_many)
+            )
         }
         // The cache needs the prompt's positions and those of every new token but the last.
         ModelError::CacheFull { needed, .. } => {
