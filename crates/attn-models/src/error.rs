@@ -180,9 +180,13 @@ pub enum ModelError {
         token: usize,
         value: f32,
     },
-    /// An attention call failed.
-    #[error("attention: {0}")]
-    Attention(#[from] AttnError),
+    /// An attention call failed: in `layer` of the model, or outside one. (`error` is not a
+    /// `source`: the message already holds it, and a chain would print it twice.)
+    #[error("{}", attention_message(*layer, error))]
+    Attention {
+        layer: Option<usize>,
+        error: AttnError,
+    },
     /// Fetching the default model failed; `manual` says what to run by hand.
     #[error("fetching the default model failed: {reason}\nto install it by hand, run:\n{manual}")]
     Fetch { reason: String, manual: String },
@@ -239,5 +243,25 @@ fn limit(max: usize, embedding: bool) -> String {
              sentence_bert_config.json)"
         ),
         false => format!("the model's {max} positions"),
+    }
+}
+
+impl From<AttnError> for ModelError {
+    fn from(error: AttnError) -> Self {
+        ModelError::Attention { layer: None, error }
+    }
+}
+
+/// What a failed attention call says. In a model's layer the call's inputs are the model's own,
+/// so a score overflow is the checkpoint's doing, not a scale, ALiBi slope or mask to turn down.
+fn attention_message(layer: Option<usize>, error: &AttnError) -> String {
+    match (layer, error) {
+        (Some(layer), AttnError::ScoreOverflow { head, row, .. }) => format!(
+            "layer {layer}, head {head}: the attention scores of token {row} overflow f32 \
+             (scale · q·k passes ±3.4e38) although the hidden states are finite: the \
+             checkpoint's query or key weights are far too large"
+        ),
+        (Some(layer), error) => format!("attention in layer {layer}: {error}"),
+        (None, error) => format!("attention: {error}"),
     }
 }

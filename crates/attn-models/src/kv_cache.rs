@@ -19,7 +19,7 @@
 //! The numbers are those of the full masked pass ([`Model::forward`]) up to floating-point
 //! summation order.
 
-use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
+use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 use rayon::prelude::*;
 
 use crate::model::parallelism;
@@ -196,7 +196,7 @@ impl<'m> KvCache<'m> {
                 &q,
                 (&self.keys[l], &self.values[l]),
                 (new, total, self.capacity),
-                (n_heads, d),
+                (l, n_heads, d),
                 want_weights,
             )?;
             for (head, (out, _)) in attended.iter().enumerate() {
@@ -279,11 +279,13 @@ type HeadResult = (Vec<f32>, Option<Vec<f32>>);
 /// - `q`: `[n_heads, new, head_dim]`
 /// - `kv`: keys, values `[n_heads, capacity, head_dim]`, rows `..seq_kv` of each head filled
 /// - returns per head `[new, head_dim]` and, when `weights`, `[new, seq_kv]`
+///
+/// An attention error names `layer` and the head.
 fn attend_per_head(
     q: &[f32],
     (keys, values): (&[f32], &[f32]),
     (new, seq_kv, capacity): (usize, usize, usize),
-    (n_heads, d): (usize, usize),
+    (layer, n_heads, d): (usize, usize, usize),
     weights: bool,
 ) -> Result<Vec<HeadResult>, ModelError> {
     let options = AttnOptions {
@@ -306,7 +308,19 @@ fn attend_per_head(
             // value reaches.
             let input =
                 AttnInput::allowing_non_finite(&q[head * new * d..][..new * d], k, v, shape)?;
-            let out = attn_core::sdpa(&input, &options)?;
+            let out = attn_core::sdpa(&input, &options).map_err(|error| {
+                // Each call holds one head: its errors say head 0.
+                let error = match error {
+                    AttnError::ScoreOverflow { batch, row, .. } => {
+                        AttnError::ScoreOverflow { batch, head, row }
+                    }
+                    other => other,
+                };
+                ModelError::Attention {
+                    layer: Some(layer),
+                    error,
+                }
+            })?;
             Ok((out.out, out.weights.map(|w| w.data().to_vec())))
         })
         .collect()

@@ -544,7 +544,11 @@ impl Model {
             // Unchecked: scanning q, k and v for NaN every layer costs more than the one scan
             // of the final hidden state below, which any non-finite value reaches.
             let input = AttnInput::allowing_non_finite(&ws.q, &ws.k, &ws.v, shape)?;
-            let out = attn_core::sdpa(&input, &attn_options)?;
+            let out =
+                attn_core::sdpa(&input, &attn_options).map_err(|error| ModelError::Attention {
+                    layer: Some(l),
+                    error,
+                })?;
             if let (Some(all), Some(w)) = (&mut attentions, &out.weights) {
                 copy_per_layer(w.data(), all, batch, l, n_layers);
             }

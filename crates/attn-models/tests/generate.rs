@@ -331,6 +331,57 @@ fn nan_weights_are_an_error_and_leave_the_cache_as_it_was() {
     assert!(is_nan_error(&err), "{err:?}");
 }
 
+/// Query and key weights so large that `q·k` passes f32's range: the error names the layer,
+/// the head and the checkpoint, once, in the forward pass and in the cached decoder alike. It
+/// said "attention: …" twice over, and told the user to scale ALiBi slopes or a float mask
+/// down, which a GPT-2 has none of.
+#[test]
+fn overflowing_attention_scores_name_the_layer_and_the_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    // `[in, 3·hidden]`: input 0's weight in the first query column and the first key column.
+    let huge = |tensors: &mut Vec<common::RawTensor>| {
+        let (_, _, shape, data) = tensors
+            .iter_mut()
+            .find(|(name, ..)| name.ends_with("h.1.attn.c_attn.weight"))
+            .unwrap();
+        let hidden = shape[1] / 3;
+        for column in [0, hidden] {
+            data[4 * column..][..4].copy_from_slice(&1e30f32.to_le_bytes());
+        }
+    };
+    common::edited_checkpoint(
+        &golden_dir().join("tiny-gpt2"),
+        dir.path(),
+        |_| {},
+        Some(&huge),
+    );
+    let model = Model::load(dir.path()).unwrap();
+    let options = GenerateOptions {
+        max_new_tokens: 2,
+        sampling: Sampling::Greedy,
+        attention: false,
+    };
+    let forward = model
+        .forward(
+            &model.encode("The cat sat", None).unwrap(),
+            &RunOptions::default(),
+        )
+        .unwrap_err();
+    let decoding = generate(&model, "The cat sat", &options).unwrap_err();
+    for err in [forward, decoding] {
+        let message = err.to_string();
+        assert!(
+            matches!(err, ModelError::Attention { layer: Some(1), .. }),
+            "{err:?}"
+        );
+        assert!(
+            message.starts_with("layer 1, head ") && message.contains("query or key weights"),
+            "{message}"
+        );
+        assert!(std::error::Error::source(&err).is_none(), "{err:?}");
+    }
+}
+
 #[test]
 fn greedy_takes_the_largest_logit_and_the_lowest_id_on_a_tie() {
     assert_eq!(greedy(&[1.0, 3.0, 3.0, 2.0]), 1);
