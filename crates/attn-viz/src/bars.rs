@@ -12,6 +12,7 @@
 //! Labels line up by the columns a terminal gives them ([`display_width`]): a CJK ideograph
 //! takes two, a combining mark none.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use unicode_width::UnicodeWidthStr;
@@ -21,6 +22,24 @@ use unicode_width::UnicodeWidthStr;
 /// and 4.
 pub fn display_width(text: &str) -> usize {
     text.width()
+}
+
+/// `text` with its control characters (escape, newlines, tabs, delete and the C1 range) written
+/// as escapes (`\u{1b}`, `\n`), so that a label cannot move the cursor, recolour or clear the
+/// terminal it is printed to.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// `text` followed by spaces up to `width` columns.
@@ -154,5 +173,17 @@ pub fn dim(text: &str, colour: bool) -> String {
         format!("{DIM}{text}{RESET}")
     } else {
         text.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_are_printed_as_escapes() {
+        assert_eq!(super::printable("Paris, 北京"), "Paris, 北京");
+        assert_eq!(
+            super::printable("k\u{1b}[31m=\tv\n\u{9b}"),
+            "k\\u{1b}[31m=\\tv\\n\\u{9b}"
+        );
     }
 }

@@ -267,6 +267,33 @@ fn heatmaps_heads_and_lookup_on_the_real_model() {
         weights[0] > weights[1] && weights[0] > weights[2],
         "{weights:?}"
     );
+    // The readable form names the entry that dominates, or says none does (a high
+    // temperature evens the weights: it named one at 0.34 against 0.33); a key's escape
+    // sequence is shown, not sent to the terminal.
+    let mut args = vec!["lookup", "--query", QUESTION];
+    args.extend_from_slice(&entries);
+    assert!(ok(&args).contains("Mostly \"Paris\" information!"));
+    let even = ok(&[
+        "lookup",
+        "--query",
+        "x",
+        "--entry",
+        "a=1",
+        "--entry",
+        "b=2",
+        "--entry",
+        "c\u{1b}[2J=3",
+        "--temperature",
+        "10",
+    ]);
+    assert!(
+        even.contains("No entry dominates:") && !even.contains("Mostly"),
+        "{even}"
+    );
+    assert!(
+        even.contains("c\\u{1b}[2J") && !even.contains('\u{1b}'),
+        "{even}"
+    );
     let file = dir.path().join("entries.txt");
     std::fs::write(
         &file,

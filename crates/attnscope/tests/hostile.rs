@@ -252,6 +252,11 @@ fn cases(root: &Path) -> Vec<Case> {
         "walk.json",
         r#"{"x": [[1, 2], [3]], "w_q": [], "w_k": [], "w_v": []}"#,
     );
+    let walk_escape = write(
+        root,
+        "walk-escape.json",
+        r#"{"words": ["a\u001b[2J"], "x": [[1, 2]], "w_q": [[1],[1]], "w_k": [[1],[1]], "w_v": [[1],[1]]}"#,
+    );
     let walk_nan = write(
         root,
         "walk-nan.json",
@@ -701,6 +706,14 @@ fn cases(root: &Path) -> Vec<Case> {
         ),
         case(
             "lookup",
+            "one key twice",
+            &[
+                "--query", "a", "--entry", "cat=cat", "--entry", "cat=dog", "--model", tiny,
+            ],
+            &["--entry #2", "\"cat\"", "twice", "--entry #1"],
+        ),
+        case(
+            "lookup",
             "no entries",
             &["--query", "a", "--model", tiny],
             &["entr"],
@@ -765,6 +778,12 @@ fn cases(root: &Path) -> Vec<Case> {
             "output directory missing",
             &[&case_zero_dim, "-o", &out("no/such/dir/o.safetensors")],
             &["no/such/dir"],
+        ),
+        case(
+            "walkthrough",
+            "a word with an escape sequence",
+            &["--input", &walk_escape],
+            &["walk-escape.json", "words[0]", "control character"],
         ),
         case(
             "walkthrough",

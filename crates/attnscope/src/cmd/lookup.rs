@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use attn_models::ModelError;
-use attn_viz::bars::{self, BarStyle, display_width, pad_end};
+use attn_viz::bars::{self, BarStyle, display_width, pad_end, printable};
 use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, MIN_TEMPERATURE, soft_lookup};
 
 use super::attention::read_text_file;
@@ -90,6 +90,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "no entries to look up: give --entry KEY=VALUE (repeatable) or --entries FILE"
         );
     }
+    // Two entries with one key would be two rows of the same label, and the same score.
+    let mut first = std::collections::HashMap::new();
+    for (entry, source) in entries.iter().zip(&sources) {
+        if let Some(earlier) = first.insert(entry.key.as_str(), source) {
+            anyhow::bail!(
+                "{source}: the key {:?} is given twice (first at {earlier})",
+                entry.key
+            );
+        }
+    }
     if args.query.trim().is_empty() {
         anyhow::bail!("the --query is empty");
     }
@@ -162,25 +172,30 @@ fn render(
     lookup: &Lookup,
     colour: bool,
 ) -> String {
-    let width = entries
+    // Keys as the terminal may show them: control characters escaped.
+    let keys: Vec<String> = entries
         .iter()
-        .map(|e| display_width(&e.key))
+        .map(|e| printable(&e.key).into_owned())
+        .collect();
+    let width = keys
+        .iter()
+        .map(|k| display_width(k))
         .max()
         .unwrap_or(0)
         .max(8);
     let mut s = format!("Query: {query:?}  ({model}, temperature {temperature})\n\n");
     s.push_str("Step 1: match the query to each key (cosine similarity of sentence embeddings)\n");
-    for (e, (c, sc)) in entries.iter().zip(lookup.cosine.iter().zip(&lookup.scaled)) {
+    for (key, (c, sc)) in keys.iter().zip(lookup.cosine.iter().zip(&lookup.scaled)) {
         s.push_str(&format!(
             "  {} {c:>7.4}   / {temperature} = {sc:>7.2}\n",
-            pad_end(&e.key, width)
+            pad_end(key, width)
         ));
     }
     s.push_str("\nStep 2: softmax to get attention weights\n");
-    let rows: Vec<(String, f32)> = entries
+    let rows: Vec<(String, f32)> = keys
         .iter()
         .zip(&lookup.weights)
-        .map(|(e, &w)| (e.key.clone(), w))
+        .map(|(key, &w)| (key.clone(), w))
         .collect();
     let heavy = bars::heavy(&lookup.weights);
     s.push_str(&bars::render_bars(
@@ -197,14 +212,34 @@ fn render(
     for &i in &order {
         s.push_str(&format!(
             "  {:.2} × {:?}  ({})\n",
-            lookup.weights[i], entries[i].value, entries[i].key
+            lookup.weights[i], entries[i].value, keys[i]
         ));
     }
-    if let Some(&top) = order.first() {
-        s.push_str(&format!("\nMostly {:?} information!\n", entries[top].key));
-    }
+    s.push_str(&verdict(entries, &lookup.weights, &order));
     s
 }
+
+/// The last line: the entry whose information the result mostly holds, when its weight is at
+/// least [`DOMINANT`] times the next one's; else that none dominates (a tie, or a temperature
+/// that evens the weights out).
+fn verdict(entries: &[Entry], weights: &[f32], order: &[usize]) -> String {
+    match order {
+        [top] => format!("\nAll {:?} information!\n", entries[*top].key),
+        [top, next, ..] if weights[*top] >= DOMINANT * weights[*next] => {
+            format!("\nMostly {:?} information!\n", entries[*top].key)
+        }
+        [top, next, ..] => format!(
+            "\nNo entry dominates: {:?} weighs {:.2}, {:?} {:.2} (a lower --temperature \
+             sharpens the weights)\n",
+            entries[*top].key, weights[*top], entries[*next].key, weights[*next]
+        ),
+        [] => String::new(),
+    }
+}
+
+/// How many times the next entry's weight the top one's must be for the result to be "mostly"
+/// its information.
+const DOMINANT: f32 = 1.5;
 
 /// `key=value`, split at the first `=`, both sides trimmed and non-empty.
 fn parse_entry(raw: &str) -> anyhow::Result<Entry> {

@@ -173,6 +173,14 @@ impl Example {
                     words.len(),
                     x.rows
                 );
+                // Printed as labels: an escape sequence would reach the terminal.
+                if let Some((i, word)) = words
+                    .iter()
+                    .enumerate()
+                    .find(|(_, w)| w.chars().any(char::is_control))
+                {
+                    anyhow::bail!("words[{i}] {word:?} holds a control character");
+                }
                 words
             }
         };
