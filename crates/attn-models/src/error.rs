@@ -37,6 +37,13 @@ pub enum ModelError {
     /// A file the model directory must hold is not there.
     #[error("{} is missing ({what})", path.display())]
     MissingFile { path: PathBuf, what: &'static str },
+    /// The checkpoint holds a layer past those `config.json` sets: running only the first ones
+    /// would be a different model, with no word of it.
+    #[error(
+        "model.safetensors holds {tensor}, a layer past the {n_layers} that config.json sets: \
+         set the config's layer count to the checkpoint's"
+    )]
+    ExtraLayers { tensor: String, n_layers: usize },
     /// The model path names a file, not the directory that holds the model's files.
     #[error(
         "{} is a file, not a model directory: give the folder that holds config.json, \

@@ -210,6 +210,11 @@ fn load_encoder(
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
+    let next = format!(
+        "{p}{}.{}.{}.weight",
+        names.layers, c.n_layers, names.norm_ff
+    );
+    no_layer_past(ckpt, next, c.n_layers)?;
     Ok(Weights {
         word_embeddings,
         position: ckpt.f32(
@@ -230,6 +235,15 @@ fn load_encoder(
     })
 }
 
+/// [`ModelError::ExtraLayers`] when the checkpoint holds `tensor`, of the layer after the
+/// config's last.
+fn no_layer_past(ckpt: &Checkpoint, tensor: String, n_layers: usize) -> Result<(), ModelError> {
+    match ckpt.contains(&tensor) {
+        true => Err(ModelError::ExtraLayers { tensor, n_layers }),
+        false => Ok(()),
+    }
+}
+
 fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
     let p = prefix_of(ckpt, &["", "transformer."], "wte.weight")?;
     let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
@@ -247,6 +261,7 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
+    no_layer_past(ckpt, format!("{p}h.{}.ln_2.weight", c.n_layers), c.n_layers)?;
     Ok(Weights {
         word_embeddings,
         position: ckpt.f32(&format!("{p}wpe.weight"), &[c.max_positions, h])?,

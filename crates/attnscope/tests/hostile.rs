@@ -141,6 +141,7 @@ fn cases(root: &Path) -> Vec<Case> {
         config_with(d, "n_embd", "1000000000")
     });
     let config_file = format!("{}/config.json", model_dir(root, "as-file", |_| ()));
+    let fewer_layers = model_dir(root, "fewer-layers", |d| config_with(d, "n_layer", "1"));
     let negative_eps = model_dir(root, "negative-eps", |d| {
         config_with(d, "layer_norm_epsilon", "-1e-5")
     });
@@ -277,6 +278,11 @@ fn cases(root: &Path) -> Vec<Case> {
         ("n_positions 0", &zero_positions, &["n_positions"]),
         ("vocab_size 1e15", &huge_vocab, &["vocab_size"]),
         ("n_embd 1e9", &huge_embd, &["n_embd 1000000000"]),
+        (
+            "config.json sets 1 layer of the checkpoint's 2",
+            &fewer_layers,
+            &["h.1.ln_2.weight", "past the 1"],
+        ),
         (
             "--model names config.json, not its folder",
             &config_file,
