@@ -72,7 +72,8 @@ impl AttentionMaps {
         }
     }
 
-    /// Checks what every view relies on: at least one token, at least one layer and head, a weight
+    /// Checks what every view relies on: at least one token, each of a segment with a text and
+    /// a span inside it (when it has one), at least one layer and head, a weight
     /// tensor of `[n_layers, n_heads, T, T]` values, each finite and not negative, each row
     /// summing to 1 within [`ROW_SUM_TOLERANCE`] (maps of 2.0 everywhere gave `heads` an entropy
     /// of −27.7 and shares of 2.00).
@@ -99,6 +100,25 @@ impl AttentionMaps {
                 seq_len: t,
                 got: self.weights.len(),
             });
+        }
+        // Every view reads a token's text through these: `heads` and `html` took maps that
+        // `explain` and `heatmap` refused.
+        for (index, token) in self.tokens.iter().enumerate() {
+            let text = self
+                .segment_text(token.segment)
+                .ok_or(VizError::BadSegment {
+                    index,
+                    segment: token.segment,
+                })?;
+            if let Some(span) = token.span
+                && text.get(span.0..span.1).is_none()
+            {
+                return Err(VizError::BadSpan {
+                    index,
+                    span,
+                    text_len: text.len(),
+                });
+            }
         }
         if let Some(pos) = self.weights.iter().position(|w| !w.is_finite() || *w < 0.0) {
             let per_head = t * t;

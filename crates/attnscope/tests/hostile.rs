@@ -203,6 +203,19 @@ fn cases(root: &Path) -> Vec<Case> {
         "maps-overflow.json",
         maps_json(usize::MAX, 2, "[1.0, 0.0, 0.0, 1.0]"),
     );
+    let maps_span = write(
+        root,
+        "maps-span.json",
+        maps_json(1, 1, "[1.0, 0.0, 0.0, 1.0]").replace("[2,3]", "[5,100]"),
+    );
+    let maps_segment = write(
+        root,
+        "maps-segment.json",
+        maps_json(1, 1, "[1.0, 0.0, 0.0, 1.0]").replace(
+            "\"segment\":0,\"special\":false}]",
+            "\"segment\":7,\"special\":false}]",
+        ),
+    );
     let entries_bad = write(root, "entries.txt", "no equals sign here\n");
 
     // Attention cases.
@@ -601,6 +614,26 @@ fn cases(root: &Path) -> Vec<Case> {
             "maps negative weight",
             &["--maps", &maps_negative],
             &["-0.5"],
+        ),
+        // Every view refuses them, naming the file (`explain` and `heatmap` did, without it;
+        // `heads` and `html` took them).
+        case(
+            "heads",
+            "maps token span past its text",
+            &["--maps", &maps_span],
+            &["maps-span.json", "token 1 has span 5..100"],
+        ),
+        case(
+            "html",
+            "maps token of segment 7",
+            &["--maps", &maps_segment, "-o", &out_html],
+            &["maps-segment.json", "segment 7"],
+        ),
+        case(
+            "explain",
+            "maps token span past its text",
+            &["--maps", &maps_span],
+            &["maps-span.json", "token 1 has span 5..100"],
         ),
         case(
             "heads",
