@@ -560,13 +560,17 @@
     const summary = S.data.model + " · " + S.T + " tokens · " + S.L + " layers × " + S.H + " heads · " +
       clip(S.data.text) + (S.data.pair !== null ? " + " + clip(S.data.pair) : "");
     $("summary").textContent = summary;
-    const floor = S.data.weight_floor;
-    $("notice").hidden = !floor;
+    // Weights stored as 0 (under a page file's floor, or under 0.0005, which 3 decimals round
+    // to 0) hide this much of a row's attention: said when it is at least half a percent.
+    const floor = S.data.weight_floor, rounded = S.data.zero_hidden_max >= 0.005;
+    $("notice").hidden = !floor && !rounded;
     const hidden = (x) => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
+    const share = " (" + hidden(S.data.zero_hidden_mean) + " of a row's attention on average, " +
+      hidden(S.data.zero_hidden_max) + " at most)";
     $("notice").textContent = floor ? "To keep this page small, weights below " + (floor / S.scale).toFixed(3) +
-      " are stored as 0 (" + hidden(S.data.floor_hidden_mean) + " of a row's attention on average, " +
-      hidden(S.data.floor_hidden_max) + " at most); every larger weight is exact to 3 decimals. " +
-      "`attnscope serve` shows every weight." : "";
+      " are stored as 0" + share + "; every larger weight is exact to 3 decimals. " +
+      "`attnscope serve` shows every weight to 3 decimals."
+      : rounded ? "Weights are shown to 3 decimals: those under 0.0005 show as 0" + share + "." : "";
     document.title = "attnscope: " + S.data.text.slice(0, 60);
     fillSelect($("layer"), [...Array(S.L).keys()].map((l) => [l, String(l)]), S.layer);
     const hasPair = S.data.tokens.some((t) => t.segment === 1);

@@ -568,6 +568,48 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
     browser.screenshot(dir.path(), "html-rollout.png");
 }
 
+/// Weights under 0.0005 show as 0 at 3 decimals, without any floor: the page says how much
+/// of a row's attention that hides (3,000 tokens of even attention drew an empty page and
+/// said nothing). Each row here puts 0.99 on its own token and 0.00025 on each of 40 others.
+#[test]
+fn a_page_says_how_much_attention_rounds_to_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = 41;
+    let token = |i: usize| json!({"text": format!("t{i}"), "id": 0, "span": null, "segment": 0, "special": false});
+    let weights: Vec<f64> = (0..t * t)
+        .map(|k| if k / t == k % t { 0.99 } else { 0.00025 })
+        .collect();
+    let maps = json!({
+        "model": "hand-made", "text": "t", "pair": null,
+        "tokens": (0..t).map(token).collect::<Vec<_>>(),
+        "n_layers": 1, "n_heads": 1, "weights": weights
+    });
+    let saved = dir.path().join("maps.json");
+    std::fs::write(&saved, maps.to_string()).unwrap();
+    let out = dir.path().join("page.html");
+    let output = attnscope()
+        .args(["html", "--maps"])
+        .arg(&saved)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    let notice = browser.exec(
+        "const n = document.getElementById('notice'); return [n.hidden, n.textContent];",
+        json!([]),
+    );
+    assert_eq!(notice[0], false, "{notice}");
+    assert_eq!(
+        notice[1],
+        "Weights are shown to 3 decimals: those under 0.0005 show as 0 (1.0% of a row's \
+         attention on average, 1.0% at most)."
+    );
+}
+
 /// 512 tokens (the default model's limit) stay under 5 MB, and the page still draws.
 #[test]
 fn a_512_token_page_is_small_and_renders() {

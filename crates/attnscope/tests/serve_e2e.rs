@@ -464,7 +464,9 @@ fn the_app_sends_every_weight_of_a_long_text() {
     let n = data["tokens"].as_array().unwrap().len();
     assert!(n > 450, "{n} tokens");
     assert_eq!(data["weight_floor"], 0);
-    assert_eq!(data["floor_hidden_max"], 0.0);
+    // Only rounding to 3 decimals stores weights as 0, and the page says how much they hold.
+    let rounded = data["zero_hidden_max"].as_f64().unwrap();
+    assert!(rounded > 0.0 && rounded < 0.2, "{rounded}");
     assert!(
         body.len() > 4_500_000,
         "{} bytes: within a page file's budget",
