@@ -764,6 +764,28 @@ fn mask_matrices_match_the_notes() {
     );
     let stdout = ok(&["mask", "padding", "[CLS] hi [SEP] [PAD]"]);
     assert!(stdout.contains("mask = [[1, 1, 1, 0]]"), "{stdout}");
+    assert!(!stdout.contains("see no key"), "{stdout}");
+
+    // Rows without a key say what attention gives them: bottom-right, 5 queries over 3 keys
+    // leaves rows 0 and 1 blind; all padding, every row.
+    let stdout = ok(&[
+        "mask",
+        "causal",
+        "5",
+        "--seq-kv",
+        "3",
+        "--align",
+        "bottom-right",
+    ]);
+    assert!(
+        stdout.ends_with(
+            "Rows 0 to 1 (2 rows) see no key: attnscope gives them output 0 and \
+             weights 0 (PyTorch's softmax of a row of −∞ gives NaN).\n"
+        ),
+        "{stdout}"
+    );
+    let stdout = ok(&["mask", "padding", "<PAD>"]);
+    assert!(stdout.contains("Row 0 sees no key"), "{stdout}");
 
     fails_with(&["mask", "causal", "0"], &["seq_q is 0"]);
     fails_with(&["mask", "padding", "   "], &["no tokens"]);

@@ -17,9 +17,9 @@ pub struct Args {
 enum Kind {
     /// Causal mask: each token sees itself and the tokens before it.
     Causal {
-        /// Number of query tokens.
+        /// Number of query tokens (1 to 512).
         seq_q: usize,
-        /// Number of key tokens (default: as many as queries).
+        /// Number of key tokens, 1 to 512 (default: as many as queries).
         #[arg(long)]
         seq_kv: Option<usize>,
         /// Where the diagonal sits when the lengths differ: top-left (PyTorch is_causal) or
@@ -29,7 +29,7 @@ enum Kind {
     },
     /// Padding mask of a sentence: tokens written <PAD> or [PAD] are padding no one attends to.
     Padding {
-        /// The tokens, separated by spaces.
+        /// The tokens, separated by spaces (at most 512).
         text: String,
     },
 }
@@ -70,8 +70,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             format!(
                 "Causal mask, {seq_q} queries × {seq_kv} keys ({how}; 1 = may attend, \
-                 rows = queries, columns = keys):\n{}",
-                render(&queries, &keys, &rows)
+                 rows = queries, columns = keys):\n{}{}",
+                render(&queries, &keys, &rows),
+                blind_rows_note(&rows)
             )
         }
         Kind::Padding { text } => padding(&text)?,
@@ -112,12 +113,37 @@ fn padding(text: &str) -> anyhow::Result<String> {
     Ok(format!(
         "Padding mask for \"{}\" ({} real, {} padding; 1 = a real token anyone may attend to):\n\
          mask = {flat}\n\n\
-         As a matrix (rows = queries, columns = keys; every query sees only the real tokens):\n{}",
+         As a matrix (rows = queries, columns = keys; every query sees only the real tokens):\n{}{}",
         tokens.join(" "),
         padding.row(0).iter().filter(|&&r| r).count(),
         padding.row(0).iter().filter(|&&r| !r).count(),
-        render(&labels, &labels, &rows)
+        render(&labels, &labels, &rows),
+        blind_rows_note(&rows)
     ))
+}
+
+/// What a row of the mask without a 1 means, when there is one: its softmax has nothing to
+/// weigh.
+fn blind_rows_note(rows: &[Vec<u8>]) -> String {
+    let blind: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].iter().all(|&m| m == 0))
+        .collect();
+    match blind.as_slice() {
+        [] => String::new(),
+        [row] => format!(
+            "Row {row} sees no key: attnscope gives it output 0 and weights 0 (PyTorch's softmax \
+             of a row of −∞ gives NaN).\n"
+        ),
+        [first, .., last] if last - first + 1 == blind.len() => format!(
+            "Rows {first} to {last} ({} rows) see no key: attnscope gives them output 0 and \
+             weights 0 (PyTorch's softmax of a row of −∞ gives NaN).\n",
+            blind.len()
+        ),
+        _ => format!(
+            "Rows {blind:?} see no key: attnscope gives them output 0 and weights 0 (PyTorch's \
+             softmax of a row of −∞ gives NaN).\n"
+        ),
+    }
 }
 
 /// A 0/1 matrix with row and column labels, one row a line.

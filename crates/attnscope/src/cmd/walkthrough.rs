@@ -22,7 +22,7 @@ use super::mask::render;
    \"w_q\": [[...], ...],   query weights    [d_model, d_k]
    \"w_k\": [[...], ...],   key weights      [d_model, d_k]
    \"w_v\": [[...], ...]}   value weights    [d_model, d_v]
-Q = X·W_q, K = X·W_k, V = X·W_v, as in the notes.")]
+Q = X·W_q, K = X·W_k, V = X·W_v, as in the notes. Each matrix has 1 to 64 rows and columns.")]
 pub struct Args {
     /// Your own words, embeddings and weight matrices (JSON; see below).
     #[arg(long, value_name = "FILE.json")]

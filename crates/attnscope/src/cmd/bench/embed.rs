@@ -101,19 +101,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "threads": args.threads,
             "batch": args.batch,
             "sentences": args.sentences,
-            "gemm": format!("{:?}", args.gemm).to_lowercase(),
+            "gemm": super::spelled(args.gemm),
             "sentences_per_s": per_s,
         });
         crate::outln!("{doc}")?;
     } else {
         crate::outln!(
-            "{}: {per_s:.1} sentences/s ({} sentences, batches of {}, {} threads, {:?} GEMMs, median of {} runs)",
+            "{}: {per_s:.1} sentences/s ({} sentences, batches of {}, {} threads, --gemm {}, median of {})",
             model.name(),
             args.sentences,
             args.batch,
             args.threads,
-            args.gemm,
-            args.reps
+            super::spelled(args.gemm),
+            super::runs(args.reps)
         )?;
     }
     Ok(())

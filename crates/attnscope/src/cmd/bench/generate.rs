@@ -161,12 +161,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         crate::outln!(
             "{}: {tokens_per_s:.1} tokens/s ({} new tokens after a {}-token prompt, greedy, {} \
-             threads, median of {} runs)",
+             threads, median of {})",
             model.name(),
             args.new_tokens,
             prompt.len(),
             args.threads,
-            args.reps
+            super::runs(args.reps)
         )?;
         crate::out!("prefill {prefill_ms:.2} ms")?;
         if let (Some(t), Some(first), Some(last)) = (per_token_ms, first_ms, last_ms) {

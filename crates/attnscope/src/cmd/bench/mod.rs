@@ -25,6 +25,18 @@ fn check_reps(reps: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A flag's value as the command line spells it (`bf16x3`, not `Bf16x3`).
+fn spelled(value: impl clap::ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string())
+}
+
+/// "1 run", "3 runs".
+fn runs(n: usize) -> String {
+    format!("{n} run{}", if n == 1 { "" } else { "s" })
+}
+
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Sdpa(args) => sdpa::run(args),

@@ -76,6 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let kv_heads = args.kv_heads.unwrap_or(args.heads);
     for (flag, value) in [
         ("--seq", args.seq),
+        ("--seq-kv", args.seq_kv.unwrap_or(args.seq)),
         ("--heads", args.heads),
         ("--kv-heads", kv_heads),
         ("--head-dim", args.head_dim),
@@ -182,7 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         let report = serde_json::json!({
             "impl": "attnscope-fused",
-            "dtype": format!("{:?}", args.dtype).to_lowercase(),
+            "dtype": super::spelled(args.dtype),
             "batch": args.batch,
             "seq": args.seq,
             "seq_kv": seq_kv,
@@ -192,7 +193,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "causal": args.causal,
             "backward": args.backward,
             "threads": args.threads,
-            "weights": format!("{:?}", args.weights).to_lowercase(),
+            "weights": super::spelled(args.weights),
             "isa": format!("{:?}", forward_isa(args.dtype, args.seq)),
             "reps": args.reps,
             "ms": median * 1e3,
@@ -204,14 +205,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::outln!("{report}")?;
     } else {
         crate::outln!(
-            "sdpa{} {:?} B{} H{}{} L{} S{} d{}{} weights={:?} threads={}: {:.3} ms (median of {}), \
+            "sdpa{} {} B{} H{}{} L{} S{} d{}{} weights={} threads={}: {:.3} ms (median of {}), \
              {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
             if args.backward {
                 " forward+backward"
             } else {
                 ""
             },
-            args.dtype,
+            super::spelled(args.dtype),
             args.batch,
             args.heads,
             if shape.n_kv_heads == args.heads {
@@ -223,10 +224,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seq_kv,
             args.head_dim,
             if args.causal { " causal" } else { "" },
-            args.weights,
+            super::spelled(args.weights),
             args.threads,
             median * 1e3,
-            args.reps,
+            super::runs(args.reps),
             gflops,
             in_mib,
             out_mib,
