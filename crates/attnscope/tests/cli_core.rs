@@ -1013,7 +1013,7 @@ fn bench_sdpa_backward_reports_forward_plus_backward() {
         "--threads",
         "1",
     ]);
-    assert!(text.starts_with("sdpa forward+backward F32"), "{text}");
+    assert!(text.starts_with("sdpa forward+backward f32"), "{text}");
     fails_with(
         &[
             "bench",
