@@ -198,8 +198,14 @@ pub fn explain(
             heavy: false,
         })
         .collect();
+    // With --top: what the rows left out hold, said below.
+    let mut left_out = None;
     if let Some(k) = options.top {
         rows.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        if rows.len() > k {
+            let rest: f32 = rows[k..].iter().map(|r| r.weight).sum();
+            left_out = Some((rows.len(), rest));
+        }
         rows.truncate(k);
     }
     // Punctuation keeps its bar but is not named as what the model "focuses on".
@@ -221,9 +227,9 @@ pub fn explain(
     let total: f32 = unit_row.iter().sum();
     let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0) / total.max(f32::MIN_POSITIVE);
     // With --top the weights are renormalised before the lightest words are dropped.
-    let over = match options.top {
-        Some(k) => format!("over every word (the {k} heaviest shown)"),
-        None => "over the words shown".to_string(),
+    let over = match (options.top, left_out) {
+        (Some(k), Some(_)) => format!("over every word (the {k} heaviest shown)"),
+        _ => "over the words shown".to_string(),
     };
     match options.method {
         Method::Flow => notes.push(format!(
@@ -254,6 +260,17 @@ pub fn explain(
             })
         }
         Method::Attention { .. } => {}
+    }
+    if let (Some(k), Some((n, rest))) = (options.top, left_out) {
+        let unit = match options.level {
+            Level::Words => "words",
+            Level::Tokens => "tokens",
+        };
+        notes.push(format!(
+            "showing the {k} heaviest of {n} {unit}: the other {} hold {:.0}% of the weight",
+            n - k,
+            100.0 * rest
+        ));
     }
     if options.level == Level::Words {
         notes.push(

@@ -121,6 +121,30 @@ fn top_k_keeps_the_heaviest_first() {
     o.top = Some(1);
     let e = run(&maps(), &o);
     assert_eq!(words_and_weights(&e).0, ["bc"]);
+    // a (.25 of the renormalised weight) is left out, and a note says so; [CLS]/[SEP] shown,
+    // a .1 of 1 is left out: 10%.
+    let left_out = |e: &Explanation| e.notes.iter().find(|n| n.contains("heaviest of")).cloned();
+    assert_eq!(
+        left_out(&e).as_deref(),
+        Some("showing the 1 heaviest of 2 words: the other 1 hold 25% of the weight")
+    );
+    o.special = true;
+    let e = run(&maps(), &o);
+    assert_eq!(words_and_weights(&e).0, ["[CLS]"]);
+    assert_eq!(
+        left_out(&e).as_deref(),
+        Some("showing the 1 heaviest of 4 words: the other 3 hold 50% of the weight")
+    );
+    // Room for every word: no note, and the renormalising note does not speak of a top.
+    o.special = false;
+    o.top = Some(5);
+    let e = run(&maps(), &o);
+    assert_eq!(left_out(&e), None, "{:?}", e.notes);
+    assert!(
+        e.notes.iter().all(|n| !n.contains("heaviest")),
+        "{:?}",
+        e.notes
+    );
 }
 
 #[test]

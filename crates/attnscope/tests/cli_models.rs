@@ -772,3 +772,35 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
     std::os::unix::fs::symlink(tiny_gpt2(), cwd.path().join("acme").join("tiny-gpt2")).unwrap();
     assert_eq!(attention("acme/tiny-gpt2")["model"], "tiny-gpt2");
 }
+
+/// The readable table: a row per query, led by its index and token, a column per key under
+/// its index; each row of weights sums to 1. (The query's index stood unlabelled at the end.)
+#[test]
+fn the_readable_table_leads_each_row_with_its_query() {
+    let tiny = cli_support::tiny_gpt2();
+    let out = ok(&[
+        "attention",
+        "The cat sat",
+        "--model",
+        tiny.to_str().unwrap(),
+        "--layer",
+        "1",
+        "--head",
+        "2",
+    ]);
+    let lines: Vec<&str> = out.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("layer 1, head 2"))
+        .unwrap();
+    let keys: Vec<&str> = lines[header + 1].split_whitespace().collect();
+    assert_eq!(keys, ["0", "1", "2"], "{out}");
+    for (i, line) in lines[header + 2..].iter().enumerate() {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[0], i.to_string(), "{out}");
+        assert_eq!(cells.len(), 2 + 3, "{out}");
+        let sum: f32 = cells[2..].iter().map(|c| c.parse::<f32>().unwrap()).sum();
+        assert!((sum - 1.0).abs() <= 0.015, "{line}");
+    }
+    assert_eq!(lines.len(), header + 2 + 3, "{out}");
+}

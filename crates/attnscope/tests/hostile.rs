@@ -856,6 +856,21 @@ fn cases(root: &Path) -> Vec<Case> {
         ),
         case("mask", "causal 0 queries", &["causal", "0"], &["seq_q"]),
         usage("mask", "causal -3", &["causal", "-3"], &["-3"]),
+        // Greedy decoding has nothing to seed: --seed alone was silently ignored.
+        usage(
+            "generate",
+            "--seed without --temperature or --top-k",
+            &[
+                "The",
+                "--model",
+                tiny,
+                "--max-new-tokens",
+                "2",
+                "--seed",
+                "5",
+            ],
+            &["--temperature", "--top-k"],
+        ),
         usage(
             "serve",
             "--host not an address",

@@ -239,13 +239,15 @@ fn write_readable(
                 "\nlayer {l}, average over {n_heads} heads (row = query token, column = key token)"
             )?,
         }
-        write!(w, "{:>width$} ", "")?;
+        // Each row starts with its query's index and token; the header holds the keys' indices.
+        let index_width = (t - 1).to_string().len();
+        write!(w, "{:>1$} ", "", index_width + 1 + width)?;
         for j in 0..t {
             write!(w, " {:>5}", j)?;
         }
         writeln!(w)?;
         for i in 0..t {
-            write!(w, "{} ", label(&enc.tokens[i]))?;
+            write!(w, "{i:>index_width$} {} ", label(&enc.tokens[i]))?;
             for j in 0..t {
                 let at = |h: usize| att[((l * n_heads + h) * t + i) * t + j];
                 let value = match head {
@@ -254,7 +256,7 @@ fn write_readable(
                 };
                 write!(w, " {value:5.2}")?;
             }
-            writeln!(w, "  {i}")?;
+            writeln!(w)?;
         }
     }
     Ok(())

@@ -15,6 +15,7 @@ use super::attention::load_model;
 const EXPLAIN_TOP: usize = 3;
 
 #[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("sampling").args(["temperature", "top_k"]).multiple(true))]
 pub struct Args {
     /// The prompt to continue.
     pub prompt: String,
@@ -33,8 +34,9 @@ pub struct Args {
     /// is not given).
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
-    /// Seed of the sampler: the same seed gives the same text.
-    #[arg(long, value_name = "S", default_value_t = 0)]
+    /// Seed of the sampler: the same seed gives the same text (with --temperature or --top-k;
+    /// without them decoding is greedy and has nothing to seed).
+    #[arg(long, value_name = "S", default_value_t = 0, requires = "sampling")]
     pub seed: u64,
     /// For each generated token, print the words it attended to most (last layer, heads
     /// averaged, top 3).
