@@ -128,7 +128,7 @@ pub enum ModelError {
     Tokenizer { reason: String },
     /// The text (or the text pair) is empty or only whitespace (every model here needs a word:
     /// BERT's tokenizer drops whitespace).
-    #[error("the {which} is empty or only whitespace")]
+    #[error("the {which} is empty{}", if which.ends_with("text") { " or only whitespace" } else { "" })]
     EmptyText { which: &'static str },
     /// The text needs more tokens than the model reads: its positions, or for embeddings the
     /// `max_seq_length` of its sentence-transformers config.

@@ -309,11 +309,14 @@ fn attend_per_head(
             let input =
                 AttnInput::allowing_non_finite(&q[head * new * d..][..new * d], k, v, shape)?;
             let out = attn_core::sdpa(&input, &options).map_err(|error| {
-                // Each call holds one head: its errors say head 0.
+                // Each call holds one head, and the fed tokens' queries after the cached ones:
+                // its errors say head 0 and count rows from the first fed token.
                 let error = match error {
-                    AttnError::ScoreOverflow { batch, row, .. } => {
-                        AttnError::ScoreOverflow { batch, head, row }
-                    }
+                    AttnError::ScoreOverflow { batch, row, .. } => AttnError::ScoreOverflow {
+                        batch,
+                        head,
+                        row: row + seq_kv - new,
+                    },
                     other => other,
                 };
                 ModelError::Attention {

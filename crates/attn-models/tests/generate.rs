@@ -338,14 +338,15 @@ fn nan_weights_are_an_error_and_leave_the_cache_as_it_was() {
 #[test]
 fn overflowing_attention_scores_name_the_layer_and_the_weights() {
     let dir = tempfile::tempdir().unwrap();
-    // `[in, 3·hidden]`: input 0's weight in the first query column and the first key column.
+    // `[in, 3·hidden]`: input 0's weight in head 1's first query and key columns (the cached
+    // decoder's one-head calls said head 0 whatever the head).
     let huge = |tensors: &mut Vec<common::RawTensor>| {
         let (_, _, shape, data) = tensors
             .iter_mut()
             .find(|(name, ..)| name.ends_with("h.1.attn.c_attn.weight"))
             .unwrap();
-        let hidden = shape[1] / 3;
-        for column in [0, hidden] {
+        let (hidden, head_dim) = (shape[1] / 3, shape[1] / 3 / 4);
+        for column in [head_dim, hidden + head_dim] {
             data[4 * column..][..4].copy_from_slice(&1e30f32.to_le_bytes());
         }
     };
@@ -375,7 +376,8 @@ fn overflowing_attention_scores_name_the_layer_and_the_weights() {
             "{err:?}"
         );
         assert!(
-            message.starts_with("layer 1, head ") && message.contains("query or key weights"),
+            message.starts_with("layer 1, head 1: the attention scores of token ")
+                && message.contains("query or key weights"),
             "{message}"
         );
         assert!(std::error::Error::source(&err).is_none(), "{err:?}");

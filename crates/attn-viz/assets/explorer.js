@@ -111,8 +111,11 @@
   function emptyReason() {
     const causal = S.data.neuron && S.data.neuron.causal;
     if (S.filter === "AB" && causal) return "Nothing to show: A comes before B, so a causal model's A tokens cannot see B.";
-    return S.data.weight_floor
-      ? "Nothing to show: no weight here reaches the page's floor of " + (S.data.weight_floor / S.scale).toFixed(3) + "."
+    if (S.data.weight_floor) {
+      return "Nothing to show: no weight here reaches the page's floor of " + (S.data.weight_floor / S.scale).toFixed(3) + ".";
+    }
+    return S.data.zero_hidden_max > 0
+      ? "Nothing to show: every weight here is under 0.0005, which shows as 0 at 3 decimals."
       : "Nothing to show: no attention passes this filter.";
   }
 

@@ -267,8 +267,9 @@ pub fn explain(
             Level::Tokens => "tokens",
         };
         notes.push(format!(
-            "showing the {k} heaviest of {n} {unit}: the other {} hold {:.0}% of the weight",
+            "showing the {k} heaviest of {n} {unit}: the other {} {} {:.0}% of the weight",
             n - k,
+            if n - k == 1 { "holds" } else { "hold" },
             100.0 * rest
         ));
     }

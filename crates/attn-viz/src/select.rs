@@ -7,6 +7,8 @@
 //! input up: `R = A'_{L-1} · … · A'_1 · A'_0`. Row `i` of `R` is how much output token `i` draws
 //! from each input token.
 
+use rayon::prelude::*;
+
 use crate::{AttentionMaps, VizError};
 
 /// The attention a view shows, reduced to one `[T, T]` matrix.
@@ -132,24 +134,33 @@ pub fn rollout(maps: &AttentionMaps) -> Result<Vec<f32>, VizError> {
     Ok(rolled)
 }
 
-/// `a · b` for two `[n, n]` row-major matrices, accumulated in f64.
+/// `a · b` for two `[n, n]` row-major matrices, accumulated in f64, rows in parallel. Zeros of
+/// `a` are skipped, and each row of `b` is read up to its last nonzero: a causal model's
+/// matrices are lower-triangular, which leaves about a third of the work (a rollout of
+/// 1024 GPT-2 tokens multiplies eleven of them).
 fn matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
+    let reach: Vec<usize> = b
+        .chunks_exact(n.max(1))
+        .map(|row| row.iter().rposition(|&x| x != 0.0).map_or(0, |j| j + 1))
+        .collect();
     let mut out = vec![0.0f32; n * n];
-    let mut acc = vec![0.0f64; n];
-    for i in 0..n {
-        acc.iter_mut().for_each(|x| *x = 0.0);
-        for k in 0..n {
-            let aik = f64::from(a[i * n + k]);
-            if aik == 0.0 {
-                continue;
+    out.par_chunks_mut(n.max(1))
+        .zip(a.par_chunks(n.max(1)))
+        .for_each(|(out_row, a_row)| {
+            let mut acc = vec![0.0f64; n];
+            for (k, &aik) in a_row.iter().enumerate() {
+                if aik == 0.0 {
+                    continue;
+                }
+                let aik = f64::from(aik);
+                let b_row = &b[k * n..][..reach[k]];
+                for (x, &bkj) in acc.iter_mut().zip(b_row) {
+                    *x += aik * f64::from(bkj);
+                }
             }
-            for (x, &bkj) in acc.iter_mut().zip(&b[k * n..(k + 1) * n]) {
-                *x += aik * f64::from(bkj);
+            for (o, x) in out_row.iter_mut().zip(&acc) {
+                *o = *x as f32;
             }
-        }
-        for (o, x) in out[i * n..(i + 1) * n].iter_mut().zip(&acc) {
-            *o = *x as f32;
-        }
-    }
+        });
     out
 }

@@ -126,7 +126,7 @@ fn top_k_keeps_the_heaviest_first() {
     let left_out = |e: &Explanation| e.notes.iter().find(|n| n.contains("heaviest of")).cloned();
     assert_eq!(
         left_out(&e).as_deref(),
-        Some("showing the 1 heaviest of 2 words: the other 1 hold 25% of the weight")
+        Some("showing the 1 heaviest of 2 words: the other 1 holds 25% of the weight")
     );
     o.special = true;
     let e = run(&maps(), &o);

@@ -163,6 +163,8 @@ pub(crate) unsafe fn exp(x: __m512) -> __m512 {
     // returns its second operand when one is NaN.
     let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
     let normal = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, _mm512_set1_ps(-125.0));
+    // x itself is clamped too, as `f` below reads it: 2^-125 = e^(−125·ln 2).
+    let x = _mm512_max_ps(_mm512_set1_ps(-125.0 * std::f32::consts::LN_2), x);
     let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
     // f = x·log₂e − n with log₂e in two pieces (Cody and Waite): the rounding of `t` would

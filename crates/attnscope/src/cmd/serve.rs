@@ -134,10 +134,13 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
         body_timeout,
     });
     // The first stdout line is the address; tests and scripts read it.
+    // A closed standard output is an error here, not the quiet end of a pipe: nobody would
+    // learn the address of a server that then ran on.
     crate::outln!(
         "attnscope serve: http://{bound}/ (model {})",
         app.model.name()
-    )?;
+    )
+    .map_err(|e| anyhow::anyhow!("cannot write the address to standard output: {e}"))?;
     if !bound.ip().is_loopback() {
         crate::note!("warning: listening on {bound}, reachable from other machines");
     }
