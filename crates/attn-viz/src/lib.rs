@@ -72,6 +72,27 @@ impl AttentionMaps {
         }
     }
 
+    /// Token `index`'s segment text and, when it has a span, its piece of that text; an error
+    /// when the segment has no text or the span is not a character range of it.
+    pub fn token_text(&self, index: usize) -> Result<(&str, Option<&str>), VizError> {
+        let token = &self.tokens[index];
+        let text = self
+            .segment_text(token.segment)
+            .ok_or(VizError::BadSegment {
+                index,
+                segment: token.segment,
+            })?;
+        let piece = match token.span {
+            None => None,
+            Some(span) => Some(text.get(span.0..span.1).ok_or(VizError::BadSpan {
+                index,
+                span,
+                text_len: text.len(),
+            })?),
+        };
+        Ok((text, piece))
+    }
+
     /// Checks what every view relies on: at least one token, each of a segment with a text and
     /// a span inside it (when it has one), at least one layer and head, a weight
     /// tensor of `[n_layers, n_heads, T, T]` values, each finite and not negative, each row
@@ -103,22 +124,8 @@ impl AttentionMaps {
         }
         // Every view reads a token's text through these: `heads` and `html` took maps that
         // `explain` and `heatmap` refused.
-        for (index, token) in self.tokens.iter().enumerate() {
-            let text = self
-                .segment_text(token.segment)
-                .ok_or(VizError::BadSegment {
-                    index,
-                    segment: token.segment,
-                })?;
-            if let Some(span) = token.span
-                && text.get(span.0..span.1).is_none()
-            {
-                return Err(VizError::BadSpan {
-                    index,
-                    span,
-                    text_len: text.len(),
-                });
-            }
+        for index in 0..t {
+            self.token_text(index)?;
         }
         if let Some(pos) = self.weights.iter().position(|w| !w.is_finite() || *w < 0.0) {
             let per_head = t * t;

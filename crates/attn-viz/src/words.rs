@@ -56,17 +56,8 @@ pub fn words(maps: &AttentionMaps) -> Result<Vec<Unit>, VizError> {
                 continue;
             }
         };
-        let text = maps
-            .segment_text(token.segment)
-            .ok_or(VizError::BadSegment {
-                index,
-                segment: token.segment,
-            })?;
-        let piece = text.get(span.0..span.1).ok_or(VizError::BadSpan {
-            index,
-            span,
-            text_len: text.len(),
-        })?;
+        let (text, piece) = maps.token_text(index)?;
+        let piece = piece.unwrap_or_default();
         // A unit that is only a space so far (GPT-2's lone "Ġ") is the next word's leading space.
         let blank_so_far = units
             .last()

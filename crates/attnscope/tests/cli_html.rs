@@ -31,6 +31,23 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// Writes `maps` (an `AttentionMaps` JSON) to `dir/maps.json` and makes `dir/NAME` from it
+/// with `html --maps`; returns the page's path.
+fn page_from_maps(dir: &Path, maps: &serde_json::Value, name: &str) -> std::path::PathBuf {
+    let saved = dir.join("maps.json");
+    std::fs::write(&saved, maps.to_string()).unwrap();
+    let out = dir.join(name);
+    let output = attnscope()
+        .args(["html", "--maps"])
+        .arg(&saved)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    out
+}
+
 fn f32s(tensors: &SafeTensors, name: &str) -> Vec<f32> {
     tensors
         .tensor(name)
@@ -334,17 +351,8 @@ fn saved_maps_make_a_page_without_the_neuron_view() {
         "tokens": [token("a"), token("b")],
         "n_layers": 1, "n_heads": 1, "weights": [0.25, 0.75, 0.5, 0.5]
     });
+    let out = page_from_maps(dir.path(), &maps, "saved.html");
     let saved = dir.path().join("maps.json");
-    std::fs::write(&saved, maps.to_string()).unwrap();
-    let out = dir.path().join("saved.html");
-    let output = attnscope()
-        .args(["html", "--maps"])
-        .arg(&saved)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
     let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
     assert_eq!(unpack_weights(&data), [0.25, 0.75, 0.5, 0.5]);
     assert!(data["neuron"].is_null());
@@ -418,17 +426,7 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
         "model": "hand-made", "text": "=x a,b \"q\"", "pair": null,
         "tokens": texts.map(token), "n_layers": n_layers, "n_heads": n_heads, "weights": weights
     });
-    let saved = dir.path().join("maps.json");
-    std::fs::write(&saved, maps.to_string()).unwrap();
-    let out = dir.path().join("page.html");
-    let output = attnscope()
-        .args(["html", "--maps"])
-        .arg(&saved)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
+    let out = page_from_maps(dir.path(), &maps, "page.html");
     // Independently: the mean of every layer's heads, and the rollout (per layer the heads
     // averaged, 0.5·A + 0.5·I, layers multiplied from the input up).
     let w = |l: usize, h: usize, i: usize, j: usize| weights[((l * n_heads + h) * t + i) * t + j];
@@ -584,17 +582,7 @@ fn a_page_says_how_much_attention_rounds_to_zero() {
         "tokens": (0..t).map(token).collect::<Vec<_>>(),
         "n_layers": 1, "n_heads": 1, "weights": weights
     });
-    let saved = dir.path().join("maps.json");
-    std::fs::write(&saved, maps.to_string()).unwrap();
-    let out = dir.path().join("page.html");
-    let output = attnscope()
-        .args(["html", "--maps"])
-        .arg(&saved)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr(&output));
+    let out = page_from_maps(dir.path(), &maps, "page.html");
     let browser = Browser::start();
     browser.goto(&format!("file://{}", out.display()));
     browser.expect_ready();
