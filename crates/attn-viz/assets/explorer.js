@@ -416,8 +416,9 @@
   }
 
   // The heatmap as shown, saved as a file: PNG (the canvas) or CSV (a header of keys, then a
-  // row per query; each token is written "index:token", which also keeps a spreadsheet from
-  // reading a token such as "=" or "+" as a formula).
+  // row per query; each token is written "index:label" with the page's label, which also keeps
+  // a spreadsheet from reading a token such as "=" or "+" as a formula). Names and titles say
+  // the matrix and the A/B filter.
   function saveFile(blob, name) {
     const link = document.createElement("a");
     link.href = URL.createObjectURL(blob);
@@ -430,13 +431,19 @@
     const choice = $("heatmap-head").value;
     const what = choice === "rollout" || choice === "all" ? choice
       : "layer" + S.layer + "-" + (choice === "mean" ? "mean" : "head" + choice);
-    return "attnscope-" + what + "." + ext;
+    return "attnscope-" + what + (S.filter === "all" ? "" : "-" + S.filter) + "." + ext;
+  }
+
+  // What a saved heatmap shows, for its title: the matrix and the A/B filter.
+  function heatmapTitle() {
+    const filter = S.filter === "all" ? "" : " · " + S.filter[0] + " → " + S.filter[1];
+    return S.data.model + " · " + S.heatmap.which + filter;
   }
 
   function heatmapCsv() {
     const { rows, cols, values } = S.heatmap;
     const field = (i) => {
-      const text = i + ":" + S.data.tokens[i].text;
+      const text = i + ":" + tokenLabel(S.data.tokens[i]);
       return /[",\r\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text;
     };
     const lines = [["query\\key", ...cols.map(field)].join(",")];
@@ -647,7 +654,7 @@
     for (const id of ["heatmap-head", "heatmap-scale", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
     $("heatmap-png").addEventListener("click", () => {
       // The canvas under a title that says what it shows.
-      const { canvas, which } = S.heatmap, title = S.data.model + " · " + which;
+      const { canvas } = S.heatmap, title = heatmapTitle();
       const page = document.createElement("canvas"), font = "13px system-ui, sans-serif";
       const probe = page.getContext("2d");
       probe.font = font;

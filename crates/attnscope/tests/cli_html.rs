@@ -407,9 +407,9 @@ fn saved_maps_make_a_page_without_the_neuron_view() {
 #[test]
 fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
     let dir = tempfile::tempdir().unwrap();
+    // The third token is the pair's (segment B), for the A/B filter.
     let texts = ["=x", "a,b", "\"q\""];
-    let token =
-        |text: &str| json!({"text": text, "id": 0, "span": null, "segment": 0, "special": false});
+    let token = |(i, text): (usize, &str)| json!({"text": text, "id": 0, "span": null, "segment": usize::from(i == 2), "special": false});
     // 2 layers × 2 heads × 3 tokens, every row a different mix that sums to 1.
     let (n_layers, n_heads, t) = (2, 2, 3);
     let mut weights = Vec::new();
@@ -423,8 +423,9 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
         }
     }
     let maps = json!({
-        "model": "hand-made", "text": "=x a,b \"q\"", "pair": null,
-        "tokens": texts.map(token), "n_layers": n_layers, "n_heads": n_heads, "weights": weights
+        "model": "hand-made", "text": "=x a,b", "pair": "\"q\"",
+        "tokens": texts.iter().copied().enumerate().map(token).collect::<Vec<_>>(),
+        "n_layers": n_layers, "n_heads": n_heads, "weights": weights
     });
     let out = page_from_maps(dir.path(), &maps, "page.html");
     // Independently: the mean of every layer's heads, and the rollout (per layer the heads
@@ -519,6 +520,27 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
     };
     csv_of("all", &all, "attnscope-all.csv");
     csv_of("rollout", &rollout, "attnscope-rollout.csv");
+    // Filtered A → B: queries of the text, keys of the pair; the file's name says so.
+    browser.exec(
+        "const f = document.getElementById('filter'); f.value = 'AB';
+         f.dispatchEvent(new Event('change'));
+         window.text = undefined; document.getElementById('heatmap-csv').click();
+         window.saved[window.saved.length - 1].text().then((t) => { window.text = t; }); return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
+    let csv = browser.exec("return window.text;", json!([]));
+    let want = format!(
+        "query\\key,\"2:\"\"q\"\"\"\r\n0:=x,{:.3}\r\n\"1:a,b\",{:.3}\r\n",
+        rollout[2],
+        rollout[t + 2]
+    );
+    assert_eq!(csv.as_str().unwrap(), want);
+    let names = browser.exec("return window.names;", json!([]));
+    assert_eq!(
+        names.as_array().unwrap().last().unwrap(),
+        "attnscope-rollout-AB.csv"
+    );
     browser.exec(
         "window.saved = []; document.getElementById('heatmap-png').click(); return null;",
         json!([]),
@@ -528,7 +550,7 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
         "return [window.saved[0].type, window.names[window.names.length - 1]];",
         json!([]),
     );
-    assert_eq!(png, json!(["image/png", "attnscope-rollout.png"]));
+    assert_eq!(png, json!(["image/png", "attnscope-rollout-AB.png"]));
     browser.exec(
         "window.text = undefined; const reader = new FileReader();
          reader.onload = () => { window.text = reader.result; }; reader.readAsDataURL(window.saved[0]);
