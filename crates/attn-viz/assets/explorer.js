@@ -13,8 +13,8 @@
   const $ = (id) => document.getElementById(id);
 
   // S: everything the views draw from. W is [L, H, T, T] weights * scale, row = query; R is
-  // the attention rollout [T, T] * scale.
-  const S = { data: null, W: null, R: null, T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
+  // the attention rollout and A every layer's and head's mean, [T, T] * scale each.
+  const S = { data: null, W: null, R: null, A: null, T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
     filter: "all", view: "head", neuron: new Map(), neuronLayers: [], renderId: 0 };
 
   function setState(state) { document.body.dataset.state = state; }
@@ -81,6 +81,7 @@
     const T = data.tokens.length, L = data.n_layers, H = data.n_heads;
     const W = decodeWeights(await inflate(data.weights), L * H * T * T);
     const R = decodeWeights(await inflate(data.rollout), T * T);
+    const A = decodeWeights(await inflate(data.all_layers), T * T);
     const neuron = new Map();
     if (data.neuron) {
       const q = decodeHalves(await inflate(data.neuron.q));
@@ -91,7 +92,7 @@
       });
     }
     const keepLayer = S.data && S.L === L ? S.layer : (data.neuron ? data.neuron.layers[0] : L - 1);
-    Object.assign(S, { data, W, R, T, L, H, scale: data.weight_scale, neuron,
+    Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron,
       neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
     if (S.heads.length !== H) S.heads = new Array(H).fill(true);
     if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
@@ -403,14 +404,15 @@
       return { which: "rollout through all " + S.L + " layers: heads averaged, 0.5·A + 0.5·I per layer",
         at: (i, j) => S.R[i * S.T + j] / S.scale };
     }
-    const layers = choice === "all" ? [...Array(S.L).keys()] : [S.layer];
-    const heads = choice === "mean" || choice === "all" ? [...Array(S.H).keys()] : [Number(choice)];
-    const which = choice === "all" ? "all " + S.L + " layers × " + S.H + " heads averaged"
-      : "layer " + S.layer + ", " + (choice === "mean" ? "mean of heads" : "head " + choice);
+    if (choice === "all") {
+      return { which: "all " + S.L + " layers × " + S.H + " heads averaged", at: (i, j) => S.A[i * S.T + j] / S.scale };
+    }
+    const heads = choice === "mean" ? [...Array(S.H).keys()] : [Number(choice)];
+    const which = "layer " + S.layer + ", " + (choice === "mean" ? "mean of heads" : "head " + choice);
     const at = (i, j) => {
       let sum = 0;
-      for (const l of layers) for (const h of heads) sum += weight(l, h, i, j);
-      return sum / (layers.length * heads.length);
+      for (const h of heads) sum += weight(S.layer, h, i, j);
+      return sum / heads.length;
     };
     return { which, at };
   }

@@ -14,8 +14,8 @@
 //! every weight at or above it is still exact to 3 decimals. Such weights are invisible in
 //! every view (a line's opacity is its weight).
 //!
-//! The attention rollout ([`crate::select::rollout`], `[T, T]`) is packed the same way, always
-//! exact to 3 decimals, for the heatmap.
+//! The attention rollout ([`crate::select::rollout`], `[T, T]`) and every layer's and head's
+//! weights averaged are packed the same way, always exact to 3 decimals, for the heatmap.
 
 use std::io::Write;
 
@@ -25,7 +25,7 @@ use flate2::Compression;
 use flate2::write::ZlibEncoder;
 use serde::Serialize;
 
-use crate::select::rollout;
+use crate::select::{Selection, rollout, select};
 use crate::{AttentionMaps, VizError};
 
 /// Weights are sent as `round(weight * WEIGHT_SCALE)`: 3 decimals.
@@ -93,6 +93,9 @@ struct Payload<'a> {
     weights: String,
     /// Attention rollout ([`crate::select::rollout`]), packed `[T, T]`, exact to 3 decimals.
     rollout: String,
+    /// Every layer's and head's weights averaged, packed `[T, T]`, exact to 3 decimals (the
+    /// mean of the 3-decimal weights was up to 0.001 off).
+    all_layers: String,
     neuron: Option<Neuron>,
 }
 
@@ -154,6 +157,12 @@ pub fn payload_json(
         zero_hidden_max: 0.0,
         weights: String::new(),
         rollout: pack_weights(&quantise(&rollout(maps)?), n_tokens * n_tokens, None)?.1,
+        all_layers: pack_weights(
+            &quantise(&select(maps, Selection::All)?),
+            n_tokens * n_tokens,
+            None,
+        )?
+        .1,
         neuron,
     };
     let quantised = quantise(&maps.weights);
@@ -492,6 +501,10 @@ mod tests {
         let values = decode_weights(&unpack(json["rollout"].as_str().unwrap()));
         // 0.6164875, 0.3835125, 0.34375, 0.65625.
         assert_eq!(values, [616, 384, 344, 656]);
+        // Both layers' one head averaged: (1 + 0.1234) / 2, (0 + 0.8766) / 2, (0.25 + 0.5) / 2,
+        // (0.75 + 0.5) / 2.
+        let all = decode_weights(&unpack(json["all_layers"].as_str().unwrap()));
+        assert_eq!(all, [562, 438, 375, 625]);
     }
 
     #[test]
