@@ -70,6 +70,25 @@ use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
 use amx::{PARTS, PARTS_X3};
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
 
+/// Runs `$body` with the const `$p` set to `$parts`, the bf16 parts of `dK`'s and `dQ`'s
+/// products (`Plan::grad_parts`: [`PARTS_X3`] or [`PARTS`]), which the tile functions take as
+/// a const parameter.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_grad_parts {
+    ($parts:expr, $p:ident => $body:expr) => {
+        match $parts {
+            PARTS_X3 => {
+                const $p: usize = PARTS_X3;
+                $body
+            }
+            _ => {
+                const $p: usize = PARTS;
+                $body
+            }
+        }
+    };
+}
+
 /// Keys per block: the rows of the transposed tiles.
 const BLOCK_KV: usize = 64;
 /// Queries per block: the columns of the transposed tiles.
@@ -777,11 +796,8 @@ impl Plan<'_> {
                 let v_at = &mut bf.v.all_mut()[PARTS * j0 * dv..];
                 bf16x::pack_a::<PARTS>(v_blk, (BLOCK_KV, dv, dv), v_at);
                 let kt = (d, BLOCK_KV, BLOCK_KV);
-                let (g, kt_at) = (self.grad_parts, bf.kt.all_mut());
-                match g {
-                    PARTS_X3 => bf16x::pack_a::<PARTS_X3>(kt_f32, kt, &mut kt_at[g * j0 * d..]),
-                    _ => bf16x::pack_a::<PARTS>(kt_f32, kt, &mut kt_at[g * j0 * d..]),
-                }
+                let kt_at = &mut bf.kt.all_mut()[self.grad_parts * j0 * d..];
+                with_grad_parts!(self.grad_parts, G => bf16x::pack_a::<G>(kt_f32, kt, kt_at));
             }
         }
     }
@@ -824,12 +840,7 @@ impl Plan<'_> {
             let g = self.grad_parts;
             let (src, dst) = (&bf.q_centred[i0 * d..], &mut bf.q.all_mut()[g * i0 * d..]);
             // SAFETY: as above.
-            unsafe {
-                match g {
-                    PARTS_X3 => bf16x::pack_b::<PARTS_X3>(src, (w, d, d), dst),
-                    _ => bf16x::pack_b::<PARTS>(src, (w, d, d), dst),
-                }
-            };
+            unsafe { with_grad_parts!(g, G => bf16x::pack_b::<G>(src, (w, d, d), dst)) };
             let at = PARTS * i0 * dv;
             let (src, dst) = (&dout[i0 * dv..], &mut bf.dout.all_mut()[at..]);
             // SAFETY: as above.
@@ -983,22 +994,9 @@ impl Plan<'_> {
                 let shape = (keys, rows);
                 // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
                 unsafe {
-                    match self.grad_parts {
-                        PARTS_X3 => amx::probs_and_grads_packed::<PARTS_X3>(
-                            tiles,
-                            shape,
-                            (lse, delta),
-                            packed,
-                            sums,
-                        ),
-                        _ => amx::probs_and_grads_packed::<PARTS>(
-                            tiles,
-                            shape,
-                            (lse, delta),
-                            packed,
-                            sums,
-                        ),
-                    }
+                    with_grad_parts!(self.grad_parts, G => {
+                        amx::probs_and_grads_packed::<G>(tiles, shape, (lse, delta), packed, sums)
+                    })
                 };
             }
         } else {
@@ -1032,16 +1030,10 @@ impl Plan<'_> {
                     unsafe {
                         bf16x::pack_a::<PARTS>(p, tile, bf.p.get(PARTS * n));
                         let (ds_a, ds_b) = (bf.ds_a.get(PARTS * n), bf.ds_b.get(PARTS * n));
-                        match self.grad_parts {
-                            PARTS_X3 => {
-                                bf16x::pack_a::<PARTS_X3>(ds, tile, ds_a);
-                                bf16x::pack_b::<PARTS_X3>(ds, tile, ds_b);
-                            }
-                            _ => {
-                                bf16x::pack_a::<PARTS>(ds, tile, ds_a);
-                                bf16x::pack_b::<PARTS>(ds, tile, ds_b);
-                            }
-                        }
+                        with_grad_parts!(self.grad_parts, G => {
+                            bf16x::pack_a::<G>(ds, tile, ds_a);
+                            bf16x::pack_b::<G>(ds, tile, ds_b);
+                        });
                     }
                 }
                 // dV += (P∘Z)ᵀ · dO;  dK += dSᵀ · (scale·Q − c_q);  dQᵀ += (K − c_k)ᵀ · dSᵀ
@@ -1052,16 +1044,10 @@ impl Plan<'_> {
                 let (q, kt) = (&bf.q.all()[g * i0 * d..], &bf.kt.all()[g * j0 * d..]);
                 let (dk, dq) = ((dk_acc, d), (dqt, rows));
                 let (ds_a, ds_b) = (bf.ds_a.all(), bf.ds_b.all());
-                match g {
-                    PARTS_X3 => {
-                        amx::gemm::<PARTS_X3>(tiles, dk, ds_a, q, (keys, d, rows), true);
-                        amx::gemm::<PARTS_X3>(tiles, dq, kt, ds_b, (d, rows, keys), true);
-                    }
-                    _ => {
-                        amx::gemm::<PARTS>(tiles, dk, ds_a, q, (keys, d, rows), true);
-                        amx::gemm::<PARTS>(tiles, dq, kt, ds_b, (d, rows, keys), true);
-                    }
-                }
+                with_grad_parts!(g, G => {
+                    amx::gemm::<G>(tiles, dk, ds_a, q, (keys, d, rows), true);
+                    amx::gemm::<G>(tiles, dq, kt, ds_b, (d, rows, keys), true);
+                });
             }
             _ => {
                 let ds = Mat::packed(ds, keys, rows);
