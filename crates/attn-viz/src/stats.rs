@@ -60,16 +60,21 @@ pub fn head_stats(maps: &AttentionMaps) -> Result<Vec<HeadStats>, VizError> {
     Ok(all)
 }
 
+/// Whether every head of every layer gives the keys after each query exactly 0 (a causal
+/// model): then a query sees only the keys up to itself.
+pub fn sees_only_earlier_keys(maps: &AttentionMaps) -> bool {
+    let t = maps.seq_len();
+    maps.weights
+        .chunks_exact(t * t)
+        .all(|a| (0..t).all(|i| a[i * t + i + 1..(i + 1) * t].iter().all(|&w| w == 0.0)))
+}
+
 /// What the figures would be if each query spread its attention evenly over the keys it sees:
-/// every key, or, when every head of every layer gives the keys after a query exactly 0 (a
-/// causal model), the keys up to the query.
+/// every key, or the keys up to the query ([`sees_only_earlier_keys`]).
 pub fn uniform_shares(maps: &AttentionMaps) -> Result<Shares, VizError> {
     maps.validate()?;
     let t = maps.seq_len();
-    let causal = maps
-        .weights
-        .chunks_exact(t * t)
-        .all(|a| (0..t).all(|i| a[i * t + i + 1..(i + 1) * t].iter().all(|&w| w == 0.0)));
+    let causal = sees_only_earlier_keys(maps);
     let even: Vec<f32> = (0..t)
         .flat_map(|i| {
             let seen = if causal { i + 1 } else { t };

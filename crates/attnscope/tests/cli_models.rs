@@ -804,3 +804,17 @@ fn the_readable_table_leads_each_row_with_its_query() {
     }
     assert_eq!(lines.len(), header + 2 + 3, "{out}");
 }
+
+/// `heads` reads every figure beside even attention over the keys each query sees, and says
+/// when those are only the earlier ones (a causal model), where no head stands out for
+/// attending evenly.
+#[test]
+fn heads_on_a_causal_model_compare_with_even_attention_over_earlier_keys() {
+    let tiny = tiny_gpt2();
+    let out = ok(&["heads", "The cat sat", "--model", tiny.to_str().unwrap()]);
+    assert!(
+        out.contains("over the keys it sees (here: itself and the tokens before it)"),
+        "{out}"
+    );
+    assert!(out.contains("\n      even "), "{out}");
+}

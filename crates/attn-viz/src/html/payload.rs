@@ -156,13 +156,8 @@ pub fn payload_json(
         zero_hidden_mean: 0.0,
         zero_hidden_max: 0.0,
         weights: String::new(),
-        rollout: pack_weights(&quantise(&rollout(maps)?), n_tokens * n_tokens, None)?.1,
-        all_layers: pack_weights(
-            &quantise(&select(maps, Selection::All)?),
-            n_tokens * n_tokens,
-            None,
-        )?
-        .1,
+        rollout: pack_floored(&quantise(&rollout(maps)?), 0)?,
+        all_layers: pack_floored(&quantise(&select(maps, Selection::All)?), 0)?,
         neuron,
     };
     let quantised = quantise(&maps.weights);

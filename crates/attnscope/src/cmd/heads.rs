@@ -5,7 +5,8 @@ use std::io::Write;
 
 use anyhow::Context;
 use attn_viz::stats::{
-    HeadStats, Notable, Shares, head_stats, notable_heads, special_columns_note, uniform_shares,
+    HeadStats, Notable, Shares, head_stats, notable_heads, sees_only_earlier_keys,
+    special_columns_note, uniform_shares,
 };
 
 use crate::maps::SourceArgs;
@@ -102,7 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out,
         "even: every query's attention spread evenly over the keys it sees{}; entropy in nats \
          (ln {n} = {:.2} is even over all tokens); distance in tokens",
-        if (uniform.entropy - (n as f32).ln()).abs() > 1e-4 {
+        if sees_only_earlier_keys(&maps) && n > 1 {
             " (here: itself and the tokens before it)"
         } else {
             ""
