@@ -660,15 +660,17 @@
       const page = document.createElement("canvas"), font = "13px system-ui, sans-serif";
       const probe = page.getContext("2d");
       probe.font = font;
-      const width = Math.max(canvas.width / (window.devicePixelRatio || 1), probe.measureText(title).width + 16);
-      const ctx = sizedCanvas(page, width, canvas.height / (window.devicePixelRatio || 1) + 28);
+      // The heatmap's size in CSS pixels (`sizedCanvas` scales its bitmap by the pixel ratio).
+      const dpr = window.devicePixelRatio || 1, w = canvas.width / dpr, h = canvas.height / dpr;
+      const width = Math.max(w, probe.measureText(title).width + 16), height = h + 28;
+      const ctx = sizedCanvas(page, width, height);
       ctx.fillStyle = "#fff";
-      ctx.fillRect(0, 0, width, page.height);
+      ctx.fillRect(0, 0, width, height);
       ctx.fillStyle = "#1d2330";
       ctx.font = font;
       ctx.textBaseline = "middle";
       ctx.fillText(title, 8, 14);
-      ctx.drawImage(canvas, 0, 28, canvas.width / (window.devicePixelRatio || 1), canvas.height / (window.devicePixelRatio || 1));
+      ctx.drawImage(canvas, 0, 28, w, h);
       page.toBlob((blob) => saveFile(blob, heatmapFileName("png")), "image/png");
     });
     $("heatmap-csv").addEventListener("click", () => {
