@@ -128,8 +128,11 @@ pub enum ModelError {
     Tokenizer { reason: String },
     /// The text (or the text pair) is empty or only whitespace (every model here needs a word:
     /// BERT's tokenizer drops whitespace).
-    #[error("the {which} is empty{}", if which.ends_with("text") { " or only whitespace" } else { "" })]
+    #[error("the {which} is empty or only whitespace")]
     EmptyText { which: &'static str },
+    /// A key/value cache was fed no tokens.
+    #[error("no tokens to feed the key/value cache")]
+    NoTokens,
     /// The text needs more tokens than the model reads: its positions, or for embeddings the
     /// `max_seq_length` of its sentence-transformers config.
     #[error("the text is {tokens} tokens long, more than {}", limit(*.max, *.embedding))]
@@ -174,9 +177,15 @@ pub enum ModelError {
     /// The forward pass produced NaN or infinity: the weights hold one, or the activations
     /// overflowed f32.
     #[error(
-        "the model produced a non-finite value ({value}) in the final hidden state at flat index {index}: the checkpoint's weights hold NaN or infinity, or its activations overflow f32"
+        "the model produced a non-finite value ({value}) in the final hidden state at token {token}: the checkpoint's weights hold NaN or infinity, or its activations overflow f32"
     )]
-    NonFinite { index: usize, value: f32 },
+    NonFinite {
+        /// Which of the texts run together (0-based), for the caller to name.
+        text: usize,
+        /// The token's position in its text.
+        token: usize,
+        value: f32,
+    },
     /// A logit came out NaN or infinite from a finite hidden state: the output head (the
     /// untied `lm_head.weight`, or the tied embeddings) holds one, or the products overflow.
     #[error(
@@ -223,23 +232,33 @@ impl ModelError {
         }
     }
 
-    /// The error of one of several texts embedded together: a [`ModelError::TooLong`] holds
-    /// `index` (0-based) as its `text`; other errors are unchanged.
-    pub fn in_text(self, index: usize) -> ModelError {
+    /// Which of several texts run together (0-based) the error is about, if it is about one:
+    /// too many tokens, a score overflow, a non-finite hidden state.
+    pub fn text(&self) -> Option<usize> {
         match self {
-            ModelError::TooLong {
-                tokens,
-                max,
-                embedding,
+            ModelError::TooLong { text, .. } => *text,
+            ModelError::Attention {
+                error: AttnError::ScoreOverflow { batch, .. },
                 ..
-            } => ModelError::TooLong {
-                tokens,
-                max,
-                embedding,
-                text: Some(index),
-            },
-            other => other,
+            } => Some(*batch),
+            ModelError::NonFinite { text, .. } => Some(*text),
+            _ => None,
         }
+    }
+
+    /// The error about text `index` (0-based) of several run together: the errors
+    /// [`ModelError::text`] names take `index` as their text; other errors are unchanged.
+    pub fn in_text(mut self, index: usize) -> ModelError {
+        match &mut self {
+            ModelError::TooLong { text, .. } => *text = Some(index),
+            ModelError::Attention {
+                error: AttnError::ScoreOverflow { batch, .. },
+                ..
+            } => *batch = index,
+            ModelError::NonFinite { text, .. } => *text = index,
+            _ => {}
+        }
+        self
     }
 }
 

@@ -125,9 +125,7 @@ impl<'m> KvCache<'m> {
         let c = model.config();
         let (h, n_heads, d) = (c.hidden_size, c.n_heads, c.head_dim());
         if ids.is_empty() {
-            return Err(ModelError::EmptyText {
-                which: "token list",
-            });
+            return Err(ModelError::NoTokens);
         }
         let (past, new) = (self.len, ids.len());
         let total = past + new;
@@ -220,7 +218,8 @@ impl<'m> KvCache<'m> {
         }
         if let Some(index) = hidden.iter().position(|v| !v.is_finite()) {
             return Err(ModelError::NonFinite {
-                index,
+                text: 0,
+                token: past + index / h,
                 value: hidden[index],
             });
         }

@@ -597,8 +597,10 @@ impl Model {
             save_hidden(&mut hidden_states, n_layers, &ws.hidden);
         }
         if let Some(index) = ws.hidden.iter().position(|v| !v.is_finite()) {
+            let token = index / c.hidden_size;
             return Err(ModelError::NonFinite {
-                index,
+                text: token / seq_len,
+                token: token % seq_len,
                 value: ws.hidden[index],
             });
         }
@@ -652,18 +654,24 @@ impl Model {
             .collect::<Result<Vec<_>, _>>()?;
         let threads = rayon::current_num_threads().max(1);
         let mut out = Vec::with_capacity(texts.len());
-        for chunk in encs.chunks(EMBED_BATCH) {
+        for (c, chunk) in encs.chunks(EMBED_BATCH).enumerate() {
             // Each thread runs its share of the batch on its own: the GEMMs then need no
             // synchronisation, and each share pads only to its own longest text.
             let share = chunk.len().div_ceil(threads);
             let parts: Vec<Result<Vec<Vec<f32>>, ModelError>> = chunk
                 .par_chunks(share)
-                .map(|part| {
+                .enumerate()
+                .map(|(i, part)| {
                     let mut ws = Workspace::take(part.len() * max_len(part), &self.config);
                     let run = self.run_layers(part, &RunOptions::default(), Par::Seq, &mut ws);
                     let pooled = run.map(|run| self.pool_states(&ws.hidden, &run.lengths));
                     ws.keep();
-                    pooled
+                    // An error names its text in `part`; the caller's texts count from the
+                    // chunk's and the part's start.
+                    pooled.map_err(|e| match e.text() {
+                        Some(t) => e.in_text(c * EMBED_BATCH + i * share + t),
+                        None => e,
+                    })
                 })
                 .collect();
             for part in parts {

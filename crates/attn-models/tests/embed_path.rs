@@ -47,3 +47,39 @@ fn nan_weights_are_an_error_naming_the_final_hidden_state() {
         assert!(err.to_string().contains("non-finite"), "{err}");
     }
 }
+
+#[test]
+fn a_nan_in_one_text_of_a_batch_names_that_text_and_token() {
+    let clean = Model::load(&common::golden_dir().join("tiny-gpt2")).unwrap();
+    let cat = clean.encode("The dog cat", None).unwrap();
+    let (at, &id) = (cat.ids.len() - 1, cat.ids.last().unwrap());
+    // The embedding row of the last token of "The dog cat" (" cat": only that text holds it)
+    // is NaN; GPT-2 is causal, so that token is its text's first non-finite one.
+    let dir = tempfile::tempdir().unwrap();
+    let h = clean.hidden_size();
+    let model = common::tiny_gpt2_with_a_nan_at(dir.path(), "wte.weight", id as usize * h);
+    let texts = [
+        "The dog",
+        "A dog",
+        "The dog ran",
+        "dog dog",
+        "The dog cat",
+        "A dog ran",
+    ];
+    assert!(
+        texts
+            .iter()
+            .all(|t| *t == texts[4] || !model.encode(t, None).unwrap().ids.contains(&id)),
+        "only the fifth text holds the poisoned token"
+    );
+    let err = model.embed(&texts).unwrap_err();
+    match &err {
+        ModelError::NonFinite { text, token, value } => {
+            assert_eq!((*text, *token), (4, at), "{err}");
+            assert!(value.is_nan(), "{err}");
+        }
+        other => panic!("expected a non-finite error, got {other:?}"),
+    }
+    assert_eq!(err.text(), Some(4));
+    assert!(err.to_string().contains(&format!("at token {at}")), "{err}");
+}

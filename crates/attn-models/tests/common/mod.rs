@@ -200,12 +200,18 @@ fn copy_dir(src: &std::path::Path, dest: &std::path::Path) {
 /// A copy of tiny-gpt2 in `dir` whose first weight of `tensor` is NaN, loaded.
 #[allow(dead_code)] // for the error tests (generate.rs, embed_path.rs), not the golden ones
 pub fn tiny_gpt2_with_a_nan(dir: &std::path::Path, tensor: &str) -> Model {
+    tiny_gpt2_with_a_nan_at(dir, tensor, 0)
+}
+
+/// A copy of tiny-gpt2 in `dir` whose weight `at` (a flat index) of `tensor` is NaN, loaded.
+#[allow(dead_code)] // for the error tests (generate.rs, embed_path.rs), not the golden ones
+pub fn tiny_gpt2_with_a_nan_at(dir: &std::path::Path, tensor: &str, at: usize) -> Model {
     let poison = |tensors: &mut Vec<RawTensor>| {
         let (_, _, _, data) = tensors
             .iter_mut()
             .find(|(name, ..)| name.ends_with(tensor))
             .unwrap();
-        data[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        data[4 * at..][..4].copy_from_slice(&f32::NAN.to_le_bytes());
     };
     edited_checkpoint(&golden_dir().join("tiny-gpt2"), dir, |_| {}, Some(&poison));
     Model::load(dir).unwrap()

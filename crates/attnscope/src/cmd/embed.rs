@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::bail;
-use attn_models::ModelError;
 
 use super::attention::{load_model, read_text_file};
 
@@ -55,12 +54,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = load_model(args.model.as_deref(), args.threads)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let embeddings = model.embed_with(&refs, args.truncate).map_err(|e| {
-        let what = match (&e, &args.file) {
-            (ModelError::TooLong { text: Some(i), .. }, None) => format!("text {i}"),
-            (ModelError::TooLong { text: Some(i), .. }, Some(file)) => {
-                format!("{}, line {}", file.display(), lines[*i])
-            }
-            _ => "the texts".to_string(),
+        let what = match (e.text(), &args.file) {
+            (Some(i), None) => format!("text {i}"),
+            (Some(i), Some(file)) => format!("{}, line {}", file.display(), lines[i]),
+            (None, _) => "the texts".to_string(),
         };
         anyhow::Error::new(e).context(format!("embedding {what}"))
     })?;

@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use attn_models::ModelError;
 use attn_viz::bars::{self, BarStyle, display_width, pad_end, printable};
 use attn_viz::lookup::{DEFAULT_TEMPERATURE, Lookup, MIN_TEMPERATURE, soft_lookup};
 
@@ -114,16 +113,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut texts: Vec<&str> = vec![args.query.as_str()];
     texts.extend(entries.iter().map(|e| e.key.as_str()));
     let embeddings = model.embed_with(&texts, args.truncate).map_err(|e| {
-        let what = match &e {
-            ModelError::TooLong { text: Some(0), .. } => "the --query".to_string(),
-            ModelError::TooLong { text: Some(i), .. } => {
-                format!(
-                    "the key of {} ({})",
-                    sources[i - 1],
-                    opening(&entries[i - 1].key)
-                )
-            }
-            _ => "the query and keys".to_string(),
+        let what = match e.text() {
+            Some(0) => "the --query".to_string(),
+            Some(i) => format!(
+                "the key of {} ({})",
+                sources[i - 1],
+                opening(&entries[i - 1].key)
+            ),
+            None => "the query and keys".to_string(),
         };
         anyhow::Error::new(e).context(format!("embedding {what}"))
     })?;
