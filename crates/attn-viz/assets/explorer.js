@@ -4,7 +4,7 @@
 "use strict";
 
 (function () {
-  const FORMAT = 3;
+  const FORMAT = 4;
   const ROW = 18; // head-view row height in px, matches .tok in the CSS
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3b4cc0", "#b40426"];
@@ -104,8 +104,7 @@
   function headColour(h) { return h < PALETTE.length ? PALETTE[h] : "hsl(" + ((h * 47) % 360) + ",60%,45%)"; }
 
   function tokenLabel(t) {
-    const label = t.text.replace(/\u0120/g, " ").replace(/\u010a/g, "\\n");
-    return label.trim() === "" ? "␣" : label;
+    return t.label.trim() === "" ? "␣" : t.label;
   }
 
   // Why a filtered view is empty: on a causal model the first text comes before its pair.

@@ -218,6 +218,64 @@ fn raw_unit(index: usize, token: &crate::Token) -> Unit {
     }
 }
 
+/// Token `index` as a person reads it, for views that show every token: a byte-level BPE
+/// token (GPT-2's, RoBERTa's) decoded from the letters its tokenizer writes bytes as (`Ġcat`
+/// is " cat", `Ã©` is "é"), where a token's decoded bytes are its own span's text (or a piece
+/// of one character there); bytes that do not complete a character read `<0xF0>`; control
+/// characters read `\n`, `\t` or `<0x1B>`. Other tokens (`##iff`, `▁cat`, `[CLS]`) read as
+/// the tokenizer writes them.
+pub fn token_label(maps: &AttentionMaps, index: usize) -> Result<String, VizError> {
+    let token = &maps.tokens[index];
+    let (_, piece) = maps.token_text(index)?;
+    let decoded = piece.filter(|_| !token.special).and_then(|piece| {
+        let bytes: Vec<u8> = token.text.chars().map(byte_of).collect::<Option<_>>()?;
+        // The span may leave out the leading space the token carries.
+        let own = piece.as_bytes();
+        let matches = bytes.ends_with(own)
+            && bytes[..bytes.len() - own.len()].iter().all(|b| *b == b' ')
+            || std::str::from_utf8(&bytes).is_err()
+                && !bytes.is_empty()
+                && own.windows(bytes.len()).any(|w| w == bytes);
+        matches.then_some(bytes)
+    });
+    let Some(bytes) = decoded else {
+        return Ok(token.text.clone());
+    };
+    let mut label = String::new();
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\n' => label.push_str("\\n"),
+                '\t' => label.push_str("\\t"),
+                '\r' => label.push_str("\\r"),
+                c if c.is_control() => label.extend(c.to_string().bytes().map(hex_byte)),
+                c => label.push(c),
+            }
+        }
+        label.extend(chunk.invalid().iter().copied().map(hex_byte));
+    }
+    Ok(label)
+}
+
+fn hex_byte(b: u8) -> String {
+    format!("<0x{b:02X}>")
+}
+
+/// The byte GPT-2's byte-level BPE writes as `c` (`bytes_to_unicode` in
+/// <https://github.com/openai/gpt-2/blob/master/src/encoder.py>): the printable bytes
+/// `!`..`~`, `¡`..`¬` and `®`..`ÿ` as themselves, the other 68, in order, as U+0100 onwards
+/// (the space as `Ġ`, the newline as `Ċ`).
+fn byte_of(c: char) -> Option<u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff);
+    match u32::from(c) {
+        n @ 0..=0xff if printable(n as u8) => Some(n as u8),
+        n @ 0x100..=0x143 => (0..=255u8)
+            .filter(|&b| !printable(b))
+            .nth(n as usize - 0x100),
+        _ => None,
+    }
+}
+
 /// The input's own spelling without [`hidden_in_labels`] characters; the token when its span
 /// covers only spaces, the code points when it covers only invisible characters.
 fn label_of(piece: &str, token: &crate::Token) -> String {

@@ -79,13 +79,16 @@ fn page_carries_the_models_attention_to_three_decimals() {
         (data["n_layers"].as_u64(), data["n_heads"].as_u64()),
         (Some(2), Some(4))
     );
-    let got_tokens: Vec<&str> = data["tokens"]
+    // The page reads GPT-2's tokens as the text they cover ("Ġcat" as " cat"): one label per
+    // token of transformers', together the text.
+    let labels: Vec<&str> = data["tokens"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| t["text"].as_str().unwrap())
+        .map(|t| t["label"].as_str().unwrap())
         .collect();
-    assert_eq!(got_tokens, tokens);
+    assert_eq!(labels.len(), tokens.len());
+    assert_eq!(labels.concat(), text);
 
     let weights = unpack_weights(&data);
     assert_eq!(data["weight_floor"], 0, "a short text is stored exactly");
@@ -196,6 +199,58 @@ fn page_is_self_contained() {
 }
 
 #[test]
+fn gpt2_tokens_read_as_the_bytes_they_stand_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bytes.html");
+    let text = "Café naïve — 😀 “quotes”\tend\nnext\u{1b}[0m";
+    let output = html(&[text], &out);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
+    let labels: Vec<&str> = data["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["label"].as_str().unwrap())
+        .collect();
+    // Read back: `<0xHH>` is a byte, `\n`, `\t` and `\r` are those characters, the rest
+    // as it is. Together the labels are the text's bytes, in order.
+    let mut bytes = Vec::new();
+    for label in &labels {
+        let mut rest = *label;
+        while let Some(c) = rest.chars().next() {
+            if let Some(hex) = rest
+                .strip_prefix("<0x")
+                .filter(|r| r.get(2..3) == Some(">"))
+            {
+                bytes.push(u8::from_str_radix(&hex[..2], 16).unwrap());
+                rest = &hex[3..];
+            } else if let Some(after) = rest.strip_prefix('\\') {
+                let escaped = after.chars().next().unwrap();
+                bytes.push(match escaped {
+                    'n' => b'\n',
+                    't' => b'\t',
+                    'r' => b'\r',
+                    other => panic!("unknown escape \\{other} in {label:?}"),
+                });
+                rest = &after[1..];
+            } else {
+                bytes.extend(c.to_string().bytes());
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    assert_eq!(String::from_utf8_lossy(&bytes), text, "{labels:?}");
+    // No byte-level letters: "é" is not "Ã©", the space not "Ġ", the escape not shown raw.
+    for label in &labels {
+        assert!(
+            !label.contains(['Ã', 'Ġ', 'Ċ', 'ĉ', 'ð', '\u{1b}']),
+            "{label:?} in {labels:?}"
+        );
+    }
+    assert!(labels.iter().any(|l| l.starts_with("<0x")), "{labels:?}");
+}
+
+#[test]
 fn hostile_text_is_data_not_markup() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("xss.html");
@@ -233,7 +288,7 @@ fn hostile_text_is_data_not_markup() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| label(t["text"].as_str().unwrap()))
+        .map(label)
         .collect();
     assert_eq!(shown.as_str(), Some(expected.as_str()));
     assert!(expected.contains("<") && expected.contains("script"));

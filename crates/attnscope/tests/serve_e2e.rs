@@ -13,7 +13,7 @@ fn labels(data: &Value) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| label(t["text"].as_str().unwrap()))
+        .map(label)
         .collect()
 }
 

@@ -191,7 +191,7 @@ mod tests {
         assert!(!json.contains('<') && !json.contains('>'), "{json}");
         let value: serde_json::Value = serde_json::from_str(json).unwrap();
         assert_eq!(value["text"], text);
-        assert_eq!(value["tokens"][1]["text"], "<img src=x onerror=alert(1)>");
+        assert_eq!(value["tokens"][1]["label"], "<img src=x onerror=alert(1)>");
         assert_eq!(value["model"], "hand-made <b>model</b>");
         // The page has exactly the template's script elements: the data and the code.
         assert_eq!(page.matches("<script").count(), 2);

@@ -26,13 +26,14 @@ use flate2::write::ZlibEncoder;
 use serde::Serialize;
 
 use crate::select::{Selection, rollout, select};
+use crate::words::token_label;
 use crate::{AttentionMaps, VizError};
 
 /// Weights are sent as `round(weight * WEIGHT_SCALE)`: 3 decimals.
 pub const WEIGHT_SCALE: u16 = 1000;
 
 /// Version of the payload layout; the page refuses any other.
-pub const FORMAT: u32 = 3;
+pub const FORMAT: u32 = 4;
 
 /// Queries and keys after projection, for the neuron view.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,7 +80,7 @@ struct Payload<'a> {
     model: &'a str,
     text: &'a str,
     pair: Option<&'a str>,
-    tokens: Vec<PayloadToken<'a>>,
+    tokens: Vec<PayloadToken>,
     n_layers: usize,
     n_heads: usize,
     weight_scale: u16,
@@ -100,8 +101,9 @@ struct Payload<'a> {
 }
 
 #[derive(Serialize)]
-struct PayloadToken<'a> {
-    text: &'a str,
+struct PayloadToken {
+    /// The token as a person reads it ([`token_label`]).
+    label: String,
     segment: usize,
     special: bool,
 }
@@ -140,15 +142,15 @@ pub fn payload_json(
         model: &maps.model,
         text: &maps.text,
         pair: maps.pair.as_deref(),
-        tokens: maps
-            .tokens
-            .iter()
-            .map(|t| PayloadToken {
-                text: &t.text,
-                segment: t.segment,
-                special: t.special,
+        tokens: (maps.tokens.iter().enumerate())
+            .map(|(i, t)| {
+                Ok(PayloadToken {
+                    label: token_label(maps, i)?,
+                    segment: t.segment,
+                    special: t.special,
+                })
             })
-            .collect(),
+            .collect::<Result<_, VizError>>()?,
         n_layers: maps.n_layers,
         n_heads: maps.n_heads,
         weight_scale: WEIGHT_SCALE,
@@ -482,7 +484,7 @@ mod tests {
         assert_eq!(json["format"], FORMAT);
         assert_eq!(json["weight_scale"], 1000);
         assert_eq!(json["weight_floor"], 0);
-        assert_eq!(json["tokens"][1]["text"], "b");
+        assert_eq!(json["tokens"][1]["label"], "b");
         assert!(json["neuron"].is_null());
     }
 

@@ -30,14 +30,14 @@ pub fn attnscope() -> Command {
     Command::new(env!("CARGO_BIN_EXE_attnscope"))
 }
 
-/// How the page shows a token (explorer.js `tokenLabel`): GPT-2's `Ġ` is a space, and a token
-/// of nothing but spaces is `␣`.
-pub fn label(token: &str) -> String {
-    let token = token.replace('\u{120}', " ").replace('\u{10a}', "\\n");
-    if token.trim().is_empty() {
+/// How the page shows a payload token (explorer.js `tokenLabel`): its label, and a label of
+/// nothing but spaces as `␣`.
+pub fn label(token: &Value) -> String {
+    let label = token["label"].as_str().unwrap();
+    if label.trim().is_empty() {
         "␣".to_string()
     } else {
-        token
+        label.to_string()
     }
 }
 
