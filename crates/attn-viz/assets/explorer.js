@@ -103,6 +103,19 @@
   // ---- helpers shared by the views ----
   function headColour(h) { return h < PALETTE.length ? PALETTE[h] : "hsl(" + ((h * 47) % 360) + ",60%,45%)"; }
 
+  // White or near-black text on a head's colour, whichever contrasts more (WCAG relative
+  // luminance; the colours past the palette are dark enough for white).
+  function textOn(colour) {
+    if (!colour.startsWith("#")) return "#fff";
+    const channel = (k) => {
+      const c = parseInt(colour.slice(1 + 2 * k, 3 + 2 * k), 16) / 255;
+      return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+    };
+    const lum = 0.2126 * channel(0) + 0.7152 * channel(1) + 0.0722 * channel(2);
+    const dark = 0.0137; // #1d2330
+    return 1.05 / (lum + 0.05) >= (lum + 0.05) / (dark + 0.05) ? "#fff" : "#1d2330";
+  }
+
   function tokenLabel(t) {
     return t.label.trim() === "" ? "␣" : t.label;
   }
@@ -187,15 +200,28 @@
     return ctx;
   }
 
-  // ---- head view: tokens in two columns, hover one to isolate it ----
+  // ---- head view: tokens in two columns; point at one to isolate its lines, click (or Enter)
+  // to pin it; arrow keys move the pinned token, Escape lets it go ----
   function buildHeadView(container, layerOf, headsOf) {
     container.replaceChildren();
     const view = el("div", "headview");
     const left = el("div", "tokens left"), right = el("div", "tokens right");
     const canvas = document.createElement("canvas");
+    canvas.setAttribute("aria-hidden", "true");
+    for (const [column, side, name] of [[left, "left", "Query tokens"], [right, "right", "Key tokens"]]) {
+      column.tabIndex = 0;
+      column.setAttribute("role", "listbox");
+      column.setAttribute("aria-label", name + ": arrow keys pick one, Escape lets it go");
+      column.dataset.side = side;
+    }
+    const prefix = container.id + "-tok-";
     S.data.tokens.forEach((t, i) => {
       for (const [column, side] of [[left, "left"], [right, "right"]]) {
         const tok = el("div", "tok" + (t.special ? " special" : "") + (t.segment === 1 ? " segB" : ""), tokenLabel(t));
+        tok.id = prefix + side + "-" + i;
+        tok.setAttribute("role", "option");
+        tok.setAttribute("aria-selected", "false");
+        if (t.segment === 1) tok.setAttribute("aria-description", "pair (B)");
         tok.dataset.index = i;
         tok.dataset.side = side;
         column.appendChild(tok);
@@ -205,48 +231,120 @@
       left, canvas, right);
     container.appendChild(view);
     const caption = el("p", "muted", "");
-    container.appendChild(caption);
-    let hover = null;
+    const neuronLink = el("button", "neuron-link", "");
+    neuronLink.type = "button";
+    neuronLink.hidden = true;
+    container.append(caption, neuronLink);
+    let hover = null, pinned = null;
+    // The lines' width: up to 240 px, less on a narrow screen so that the keys stay in view.
+    const linesWidth = () => {
+      const room = container.clientWidth - left.offsetWidth - right.offsetWidth - 8;
+      return Math.max(60, Math.min(240, room));
+    };
     const draw = () => {
-      const ctx = sizedCanvas(canvas, 240, S.T * ROW);
+      const width = linesWidth();
+      view.style.gridTemplateColumns = "max-content " + width + "px max-content";
+      const ctx = sizedCanvas(canvas, width, S.T * ROW);
       const heads = headsOf();
+      const shown = pinned || hover;
       let minQ = 1;
-      if (!hover) {
+      const pair = S.data.tokens.some((t) => t.segment === 1) ? " Italic tokens are the pair's (B)." : "";
+      if (!shown) {
         const lines = lineFloor(layerOf(), heads, 0.005, 40000);
         minQ = lines.floor;
-        const pair = S.data.tokens.some((t) => t.segment === 1) ? " Italic tokens are the pair's (B)." : "";
         caption.textContent = heads.length === 0
           ? "No head is shown: turn one on above."
           : lines.all === 0
             ? emptyReason()
             : (lines.shown < lines.all
               ? "Showing the " + lines.shown.toLocaleString("en") + " strongest of " + lines.all.toLocaleString("en") +
-                " lines (weight ≥ " + (minQ / S.scale).toFixed(3) + "); point at a token to see all of its lines."
-              : "Each line goes from a query to a key it attends to, darker for more weight; point at a token to see only its lines.") + pair;
+                " lines (weight ≥ " + (minQ / S.scale).toFixed(3) + "); point at a token to see all of its lines, click it to keep them."
+              : "Each line goes from a query to a key it attends to, darker for more weight; point at a token to see only its lines, click it to keep them.") + pair;
+      } else if (pinned) {
+        const t = S.data.tokens[pinned.index];
+        caption.textContent = (pinned.side === "left" ? "Query " : "Key ") + JSON.stringify(tokenLabel(t)) + " (" + pinned.index +
+          ") is pinned: " + (pinned.side === "left" ? "the keys it attends to" : "the queries that attend to it") +
+          ". Click it again or press Escape to let it go; arrow keys move it." + pair;
       }
-      drawLines(ctx, layerOf(), heads, { x0: 4, x1: 236, y0: 0, step: ROW }, hover, minQ);
-      for (const tok of view.querySelectorAll(".tok.hover")) tok.classList.remove("hover");
-      if (hover) (hover.side === "left" ? left : right).children[hover.index].classList.add("hover");
+      const queryPinned = pinned && pinned.side === "left" && container.id === "view-head";
+      neuronLink.hidden = !queryPinned;
+      if (queryPinned) {
+        neuronLink.textContent = "Neuron view of " + JSON.stringify(tokenLabel(S.data.tokens[pinned.index])) + " (" +
+          pinned.index + "): its scores step by step (Enter)";
+      }
+      drawLines(ctx, layerOf(), heads, { x0: 4, x1: width - 4, y0: 0, step: ROW }, shown, minQ);
+      for (const tok of view.querySelectorAll(".tok.hover, .tok.pinned")) {
+        tok.classList.remove("hover", "pinned");
+        tok.setAttribute("aria-selected", "false");
+      }
+      for (const column of [left, right]) column.removeAttribute("aria-activedescendant");
+      if (shown) {
+        const column = shown.side === "left" ? left : right;
+        const tok = column.children[shown.index];
+        tok.classList.add(pinned ? "pinned" : "hover");
+        if (pinned) {
+          tok.setAttribute("aria-selected", "true");
+          column.setAttribute("aria-activedescendant", tok.id);
+        }
+      }
+    };
+    const pin = (next) => {
+      pinned = next;
+      draw();
+      if (next) {
+        const tok = (next.side === "left" ? left : right).children[next.index];
+        tok.scrollIntoView({ block: "nearest" });
+      }
     };
     view.addEventListener("mouseover", (event) => {
       const tok = event.target.closest(".tok");
-      if (!tok) return;
+      if (!tok || pinned) return;
       hover = { side: tok.dataset.side, index: Number(tok.dataset.index) };
       draw();
     });
-    view.addEventListener("mouseleave", () => { hover = null; draw(); });
+    // Leaving the tokens (not only the view, which spans the page's width) ends the preview.
+    view.addEventListener("mouseout", (event) => {
+      if (!hover || (event.relatedTarget && event.relatedTarget.closest && event.relatedTarget.closest(".tok"))) return;
+      hover = null;
+      draw();
+    });
+    view.addEventListener("mouseleave", () => { if (hover) { hover = null; draw(); } });
+    view.addEventListener("click", (event) => {
+      const tok = event.target.closest(".tok");
+      if (!tok) return;
+      const next = { side: tok.dataset.side, index: Number(tok.dataset.index) };
+      hover = null;
+      pin(pinned && pinned.side === next.side && pinned.index === next.index ? null : next);
+    });
+    view.addEventListener("keydown", (event) => {
+      const column = event.target.closest(".tokens");
+      if (!column) return;
+      const side = column.dataset.side;
+      const at = pinned && pinned.side === side ? pinned.index : null;
+      const moves = { ArrowDown: at === null ? 0 : at + 1, ArrowUp: at === null ? S.T - 1 : at - 1,
+        Home: 0, End: S.T - 1, PageDown: (at === null ? 0 : at) + 10, PageUp: (at === null ? 0 : at) - 10 };
+      if (event.key in moves) {
+        pin({ side, index: Math.max(0, Math.min(S.T - 1, moves[event.key])) });
+      } else if (event.key === "Escape" && pinned) {
+        pin(null);
+      } else if (event.key === "Enter" && at !== null && !neuronLink.hidden) {
+        neuronLink.click();
+      } else {
+        return;
+      }
+      event.preventDefault();
+      event.stopPropagation();
+    });
     draw();
-    return draw;
+    return { draw, pinned: () => pinned, neuronLink };
   }
 
   function renderHead() {
     const enabled = () => S.heads.flatMap((on, h) => (on ? [h] : []));
-    buildHeadView($("view-head"), () => S.layer, enabled);
-    // Clicking a query token opens its step-by-step neuron view (first shown head).
-    $("view-head").querySelector(".tokens.left").addEventListener("click", (event) => {
-      const tok = event.target.closest(".tok");
-      if (!tok) return;
-      $("neuron-query").value = tok.dataset.index;
+    const head = buildHeadView($("view-head"), () => S.layer, enabled);
+    // A pinned query token's step-by-step neuron view (first shown head).
+    head.neuronLink.addEventListener("click", () => {
+      $("neuron-query").value = String(head.pinned().index);
       $("neuron-head").value = String(enabled()[0] || 0);
       S.view = "neuron";
       render();
@@ -270,6 +368,9 @@
         canvas.title = "Layer " + layer + ", head " + h + ": click to enlarge";
         canvas.dataset.layer = layer;
         canvas.dataset.head = h;
+        canvas.setAttribute("role", "button");
+        canvas.setAttribute("aria-label", "Layer " + layer + ", head " + h + ": enlarge");
+        canvas.tabIndex = layer === 0 && h === 0 ? 0 : -1;
         const ctx = sizedCanvas(canvas, size, size);
         ctx.lineWidth = S.T > 128 ? 0.35 : 0.7;
         const minQ = lineFloor(layer, [h], 0.01, 3000).floor;
@@ -282,14 +383,48 @@
     }
     grid.addEventListener("click", (event) => {
       const canvas = event.target.closest("canvas");
-      if (canvas) enlarge(Number(canvas.dataset.layer), Number(canvas.dataset.head));
+      if (canvas) enlarge(Number(canvas.dataset.layer), Number(canvas.dataset.head), canvas);
+    });
+    // One thumbnail takes Tab; arrow keys move between them, Enter or Space enlarges one.
+    grid.addEventListener("keydown", (event) => {
+      const canvas = event.target.closest("canvas");
+      if (!canvas) return;
+      const layer = Number(canvas.dataset.layer), h = Number(canvas.dataset.head);
+      const to = { ArrowRight: [layer, h + 1], ArrowLeft: [layer, h - 1], ArrowDown: [layer + 1, h], ArrowUp: [layer - 1, h],
+        Home: [layer, 0], End: [layer, S.H - 1] }[event.key];
+      if (to) {
+        const next = grid.querySelector("canvas[data-layer='" + Math.max(0, Math.min(S.L - 1, to[0])) +
+          "'][data-head='" + Math.max(0, Math.min(S.H - 1, to[1])) + "']");
+        if (next) {
+          canvas.tabIndex = -1;
+          next.tabIndex = 0;
+          next.focus();
+        }
+      } else if (event.key === "Enter" || event.key === " ") {
+        enlarge(layer, h, canvas);
+      } else {
+        return;
+      }
+      event.preventDefault();
     });
   }
 
-  function enlarge(layer, head) {
+  // The enlarged head, a dialog: focus moves into it and back to `opener` when it closes;
+  // arrow keys outside its token lists step to the next head (left/right) or layer (up/down).
+  function enlarge(layer, head, opener) {
+    S.overlay = { layer, head, opener: opener || S.overlay?.opener || null };
     $("overlay-title").textContent = "Layer " + layer + ", head " + head;
     $("overlay").hidden = false;
     buildHeadView($("overlay-body"), () => layer, () => [head]);
+    $("overlay-close").focus();
+  }
+
+  function closeOverlay() {
+    $("overlay").hidden = true;
+    $("overlay-body").replaceChildren();
+    const opener = S.overlay && S.overlay.opener;
+    S.overlay = null;
+    if (opener && opener.isConnected) opener.focus();
   }
 
   // ---- heatmap: the weight matrix with token labels ----
@@ -382,10 +517,8 @@
       cross.strokeRect(left + 0.5, top + r * cell + 0.5, cols.length * cell - 1, cell - 1);
       cross.strokeRect(left + c * cell + 0.5, top + 0.5, cell - 1, rows.length * cell - 1);
     };
-    canvas.onmousemove = (event) => {
-      const box = canvas.getBoundingClientRect();
-      const c = Math.floor((event.clientX - box.left - left) / cell), r = Math.floor((event.clientY - box.top - top) / cell);
-      if (r < 0 || c < 0 || r >= rows.length || c >= cols.length) {
+    const show = (r, c) => {
+      if (r === null || r < 0 || c < 0 || r >= rows.length || c >= cols.length) {
         outline(null);
         $("heatmap-readout").textContent = resting;
         return;
@@ -395,7 +528,39 @@
       $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
         JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " + values[r * cols.length + c].toFixed(3);
     };
-    canvas.onmouseleave = () => { outline(null); $("heatmap-readout").textContent = resting; };
+    canvas.onmousemove = (event) => {
+      const box = canvas.getBoundingClientRect();
+      show(Math.floor((event.clientY - box.top - top) / cell), Math.floor((event.clientX - box.left - left) / cell));
+    };
+    canvas.onmouseleave = () => show(null);
+    // The keyboard's cell: arrow keys move it (with Shift, 10 cells), Home/End go to the row's
+    // ends, Escape leaves it; the readout says its weight.
+    let cursor = null;
+    canvas.tabIndex = 0;
+    canvas.setAttribute("role", "img");
+    canvas.setAttribute("aria-label", "Heatmap of " + which + ", " + rows.length + " queries × " + cols.length +
+      " keys: arrow keys read a cell's weight");
+    canvas.onkeydown = (event) => {
+      const n = event.shiftKey ? 10 : 1, [r, c] = cursor || [0, 0];
+      const to = { ArrowDown: [r + n, c], ArrowUp: [r - n, c], ArrowRight: [r, c + n], ArrowLeft: [r, c - n],
+        Home: [r, 0], End: [r, cols.length - 1] }[event.key];
+      if (to) {
+        cursor = cursor ? [Math.max(0, Math.min(rows.length - 1, to[0])), Math.max(0, Math.min(cols.length - 1, to[1]))] : [0, 0];
+        show(...cursor);
+        // Keep the cell in view in the scrolling box.
+        const box = $("heatmap-box");
+        const x = left + cursor[1] * cell, y = top + cursor[0] * cell;
+        if (x < box.scrollLeft || x + cell > box.scrollLeft + box.clientWidth) box.scrollLeft = x - box.clientWidth / 2;
+        if (y < box.scrollTop || y + cell > box.scrollTop + box.clientHeight) box.scrollTop = y - box.clientHeight / 2;
+      } else if (event.key === "Escape" && cursor) {
+        cursor = null;
+        show(null);
+      } else {
+        return;
+      }
+      event.preventDefault();
+    };
+    canvas.onblur = () => { cursor = null; show(null); };
   }
 
   function heatmapMatrix(choice) {
@@ -584,8 +749,6 @@
       : rounded ? "Weights are shown to 3 decimals: those under 0.0005 show as 0" + share + "." : "";
     document.title = "attnscope: " + S.data.text.slice(0, 60);
     fillSelect($("layer"), [...Array(S.L).keys()].map((l) => [l, String(l)]), S.layer);
-    const hasPair = S.data.tokens.some((t) => t.segment === 1);
-    $("filter-control").hidden = !hasPair;
     $("filter").value = S.filter;
     const keepHead = $("heatmap-head").value || "mean";
     const named = ["mean", "all", "rollout"];
@@ -595,26 +758,37 @@
     fillSelect($("neuron-head"), [...Array(S.H).keys()].map((h) => [h, String(h)]), Math.min(Number($("neuron-head").value || 0), S.H - 1));
     fillSelect($("neuron-query"), S.data.tokens.map((t, i) => [i, i + ": " + tokenLabel(t)]), Math.min(Number($("neuron-query").value || 0), S.T - 1));
     const toggles = $("head-toggles");
+    toggles.setAttribute("role", "group");
+    toggles.setAttribute("aria-label", "Heads shown");
     toggles.replaceChildren(el("span", "muted", "Heads"));
+    // After the buttons are rebuilt, focus goes back to the one that was pressed.
+    const press = (index, change) => {
+      change();
+      buildControls();
+      render();
+      toggles.children[index].focus();
+    };
     for (let h = 0; h < S.H; h++) {
       const button = el("button", S.heads[h] ? "" : "off", String(h));
       button.type = "button";
       button.style.background = headColour(h);
-      button.title = "Show or hide head " + h + " (double-click: only this head)";
+      button.style.color = textOn(headColour(h));
+      button.title = "Show or hide head " + h + " (double-click or Shift+Enter: only this head)";
+      button.setAttribute("aria-label", "Head " + h);
       button.setAttribute("aria-pressed", String(S.heads[h]));
-      button.addEventListener("click", () => {
-        S.heads[h] = !S.heads[h];
-        buildControls();
-        render();
-        toggles.children[h + 1].focus();
-      });
-      button.addEventListener("dblclick", () => { S.heads = S.heads.map((_, k) => k === h); buildControls(); render(); });
+      const only = () => { S.heads = S.heads.map((_, k) => k === h); };
+      button.addEventListener("click", (event) => press(h + 1, event.shiftKey ? only : () => { S.heads[h] = !S.heads[h]; }));
+      button.addEventListener("dblclick", () => press(h + 1, only));
       toggles.appendChild(button);
     }
-    const all = el("button", "all", "all");
-    all.type = "button";
-    all.addEventListener("click", () => { S.heads.fill(true); buildControls(); render(); });
-    toggles.appendChild(all);
+    for (const [name, on] of [["all", true], ["none", false]]) {
+      const button = el("button", "all", name);
+      button.type = "button";
+      button.title = (on ? "Show" : "Hide") + " every head";
+      const index = toggles.children.length;
+      button.addEventListener("click", () => press(index, () => S.heads.fill(on)));
+      toggles.appendChild(button);
+    }
     toggles.hidden = S.view !== "head";
   }
 
@@ -623,10 +797,14 @@
     const started = performance.now();
     setState("rendering");
     for (const button of document.querySelectorAll("#tabs button")) {
-      button.classList.toggle("active", button.dataset.view === S.view);
-      button.setAttribute("aria-selected", String(button.dataset.view === S.view));
+      const active = button.dataset.view === S.view;
+      button.classList.toggle("active", active);
+      button.setAttribute("aria-selected", String(active));
+      button.tabIndex = active ? 0 : -1;
     }
     for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
+    // The neuron view shows one query against every key: the A/B filter does not apply there.
+    $("filter-control").hidden = S.view === "neuron" || !S.data.tokens.some((t) => t.segment === 1);
     $("head-toggles").hidden = S.view !== "head";
     // The model view shows every layer at once, and so do the heatmap's all-layer matrices.
     $("layer-control").hidden = S.view === "model" ||
@@ -675,10 +853,46 @@
     $("heatmap-csv").addEventListener("click", () => {
       saveFile(new Blob([heatmapCsv()], { type: "text/csv" }), heatmapFileName("csv"));
     });
-    $("overlay-close").addEventListener("click", () => { $("overlay").hidden = true; $("overlay-body").replaceChildren(); });
-    $("overlay").addEventListener("click", (event) => { if (event.target === $("overlay")) $("overlay-close").click(); });
+    $("overlay-close").addEventListener("click", closeOverlay);
+    $("overlay").addEventListener("click", (event) => { if (event.target === $("overlay")) closeOverlay(); });
     document.addEventListener("keydown", (event) => {
-      if (event.key === "Escape" && !$("overlay").hidden) $("overlay-close").click();
+      if ($("overlay").hidden) return;
+      if (event.key === "Escape") {
+        closeOverlay();
+        return;
+      }
+      // Tab stays inside the dialog.
+      if (event.key === "Tab") {
+        const stops = [$("overlay-close"), ...$("overlay-body").querySelectorAll(".tokens")];
+        const at = stops.indexOf(document.activeElement);
+        const next = event.shiftKey ? (at <= 0 ? stops.length - 1 : at - 1) : (at + 1) % stops.length;
+        stops[next].focus();
+        event.preventDefault();
+        return;
+      }
+      const { layer, head } = S.overlay;
+      const to = { ArrowRight: [layer, head + 1], ArrowLeft: [layer, head - 1], ArrowDown: [layer + 1, head], ArrowUp: [layer - 1, head] }[event.key];
+      if (to && !event.target.closest(".tokens") && to[0] >= 0 && to[0] < S.L && to[1] >= 0 && to[1] < S.H) {
+        enlarge(to[0], to[1]);
+        event.preventDefault();
+      }
+    });
+    // A narrower or wider window redraws the head view's lines to fit.
+    let resizing = null;
+    window.addEventListener("resize", () => {
+      clearTimeout(resizing);
+      resizing = setTimeout(() => { if (S.data && S.view === "head") render(); }, 150);
+    });
+    // Tabs: arrow keys move between them (the WAI-ARIA tabs pattern).
+    $("tabs").addEventListener("keydown", (event) => {
+      const tabs = [...document.querySelectorAll("#tabs button")];
+      const at = tabs.indexOf(document.activeElement);
+      const step = { ArrowRight: 1, ArrowLeft: -1 }[event.key];
+      if (at < 0 || !step) return;
+      const next = tabs[(at + step + tabs.length) % tabs.length];
+      next.focus();
+      next.click();
+      event.preventDefault();
     });
   }
 

@@ -5,7 +5,10 @@ mod explorer_support;
 
 use std::time::Duration;
 
-use explorer_support::{Browser, Server, get, label, post, tiny_gpt2, unpack_weights};
+use explorer_support::{
+    Browser, KEY_DOWN, KEY_ENTER, KEY_ESCAPE, KEY_RIGHT, Server, get, label, post, tiny_gpt2,
+    unpack_weights,
+};
 use serde_json::{Value, json};
 
 fn labels(data: &Value) -> Vec<String> {
@@ -229,17 +232,59 @@ fn browser_shows_every_view_of_the_submitted_text() {
         "{caption}"
     );
     assert!(set_filter("BA") > 0);
+    let all_lines = set_filter("all");
 
-    // Clicking a query token opens its neuron view.
+    // Clicking a token pins its lines: they stay when the pointer leaves, and clicking it
+    // again lets them go.
+    let lines = || {
+        browser
+            .exec(painted, json!(["#view-head canvas"]))
+            .as_u64()
+            .unwrap()
+    };
+    let pinned = || {
+        browser.exec(
+            "const t = document.querySelector('#view-head .tok.pinned');
+             return t && [t.dataset.side, Number(t.dataset.index), t.getAttribute('aria-selected')];",
+            json!([]),
+        )
+    };
     browser.click("#view-head .tokens.left .tok:nth-child(3)");
+    assert_eq!(pinned(), json!(["left", 2, "true"]));
+    let one_query = lines();
+    assert!(
+        one_query > 0 && one_query * 3 < all_lines,
+        "{one_query} vs {all_lines}"
+    );
+    browser.exec(
+        "document.querySelector('#view-head .headview').dispatchEvent(new MouseEvent('mouseleave'));
+         return null;",
+        json!([]),
+    );
+    assert_eq!(lines(), one_query);
+    browser.click("#view-head .tokens.left .tok:nth-child(3)");
+    assert_eq!(pinned(), json!(null));
+    assert_eq!(lines(), all_lines);
+
+    // By keyboard: the query column takes focus, arrow keys pin and move a token, Escape lets
+    // it go, Enter on a pinned query opens its neuron view.
+    let column = "#view-head .tokens.left";
+    browser.press(column, &KEY_DOWN.repeat(2));
+    assert_eq!(pinned(), json!(["left", 1, "true"]));
+    browser.press(column, KEY_ESCAPE);
+    assert_eq!(pinned(), json!(null));
+    assert_eq!(lines(), all_lines);
+    browser.press(column, &format!("{}{KEY_ENTER}", KEY_DOWN.repeat(3)));
     browser.expect_ready();
     assert_eq!(
         browser.exec(
             "return [document.getElementById('view-neuron').hidden,
-                     document.querySelector('#neuron-body strong').textContent];",
+                     document.querySelector('#neuron-body strong').textContent,
+                     document.getElementById('filter-control').hidden];",
             json!([])
         ),
-        json!([false, serde_json::to_string(&expected[2]).unwrap()])
+        json!([false, serde_json::to_string(&expected[2]).unwrap(), true]),
+        "the neuron view of the third token, without the A/B filter (it does not apply there)"
     );
 
     browser.click("#tabs button[data-view=model]");
@@ -274,18 +319,36 @@ fn browser_shows_every_view_of_the_submitted_text() {
             > 0
     );
     browser.screenshot(dir.path(), "serve-model-enlarged.png");
-    // Escape closes the enlarged head.
-    browser.exec(
-        "document.dispatchEvent(new KeyboardEvent('keydown', { key: 'Escape' })); return null;",
-        json!([]),
+    // Escape closes the enlarged head, and focus goes back to its thumbnail.
+    let overlay = || {
+        browser.exec(
+            "const a = document.activeElement;
+             return [document.getElementById('overlay').hidden,
+                     document.getElementById('overlay-title').textContent,
+                     a.dataset.layer || a.id, a.dataset.head || null];",
+            json!([]),
+        )
+    };
+    browser.press("#overlay-close", KEY_ESCAPE);
+    assert_eq!(overlay(), json!([true, "Layer 1, head 2", "1", "2"]));
+    // By keyboard: arrow keys move between thumbnails, Enter enlarges one (focus on Close),
+    // arrow keys step to the next head, Escape closes it.
+    browser.press(
+        "#view-model canvas[data-layer='1'][data-head='2']",
+        &format!("{KEY_RIGHT}{KEY_ENTER}"),
     );
     assert_eq!(
-        browser.exec(
-            "return document.getElementById('overlay').hidden;",
-            json!([])
-        ),
-        json!(true)
+        overlay(),
+        json!([false, "Layer 1, head 3", "overlay-close", null])
     );
+    browser.press("#overlay-close", KEY_RIGHT);
+    assert_eq!(
+        overlay(),
+        json!([false, "Layer 1, head 3", "overlay-close", null]),
+        "head 3 is the last"
+    );
+    browser.press("#overlay-close", KEY_ESCAPE);
+    assert_eq!(overlay(), json!([true, "Layer 1, head 3", "1", "3"]));
 
     browser.click("#tabs button[data-view=heatmap]");
     browser.expect_ready();

@@ -187,6 +187,12 @@ pub struct Browser {
     _profile: tempfile::TempDir,
 }
 
+/// WebDriver's code points for keys (<https://www.w3.org/TR/webdriver2/#keyboard-actions>).
+pub const KEY_ENTER: &str = "\u{e007}";
+pub const KEY_ESCAPE: &str = "\u{e00c}";
+pub const KEY_RIGHT: &str = "\u{e014}";
+pub const KEY_DOWN: &str = "\u{e015}";
+
 impl Browser {
     pub fn start() -> Browser {
         let port = free_port();
@@ -374,6 +380,18 @@ impl Browser {
             None,
         );
         assert!(value.is_null(), "click on {css} failed: {value}");
+    }
+
+    /// Sends `keys` to the element, as a user typing on it would: it takes focus first. Keys
+    /// past the keyboard's letters are WebDriver's code points ([`KEY_DOWN`] and the others).
+    pub fn press(&self, css: &str, keys: &str) {
+        let id = self.element(css);
+        let value = self.call(
+            "POST",
+            &self.session_path(&format!("/element/{id}/value")),
+            Some(json!({ "text": keys })),
+        );
+        assert!(value.is_null(), "keys on {css} failed: {value}");
     }
 
     /// The text of an open `alert()`, if one is open.
