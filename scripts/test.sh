@@ -6,6 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ ! -d ../shared/golden ]; then
+    echo "error: ../shared/golden (the reference vectors) is missing next to this checkout" >&2
+    exit 1
+fi
+
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     echo "installing chromium and chromium-driver (needed by the web app's browser tests)" >&2
     sudo_cmd=""
@@ -18,11 +23,6 @@ fi
 if [ -z "${CHROME_BIN:-}" ]; then
     CHROME_BIN=$(command -v chromium)
     export CHROME_BIN
-fi
-
-if [ ! -d ../shared/golden ]; then
-    echo "error: ../shared/golden (the reference vectors) is missing next to this checkout" >&2
-    exit 1
 fi
 
 cargo test --workspace --no-fail-fast "$@"

@@ -773,7 +773,7 @@
       button.type = "button";
       button.style.background = headColour(h);
       button.style.color = textOn(headColour(h));
-      button.title = "Show or hide head " + h + " (double-click or Shift+Enter: only this head)";
+      button.title = "Show or hide head " + h + " (double-click or Shift+click: only this head)";
       button.setAttribute("aria-label", "Head " + h);
       button.setAttribute("aria-pressed", String(S.heads[h]));
       const only = () => { S.heads = S.heads.map((_, k) => k === h); };

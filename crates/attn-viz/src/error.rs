@@ -70,7 +70,10 @@ pub enum VizError {
     FocusNumber { focus: String },
     #[error("{word:?}#0: occurrences count from 1 ({word}#1 is the first)")]
     FocusZero { word: String },
-    #[error("{word:?} occurs {count} times in the input; #{occurrence} asks for more")]
+    #[error(
+        "{word:?} occurs {} in the input; #{occurrence} asks for more",
+        if *count == 1 { "once".to_string() } else { format!("{count} times") }
+    )]
     FocusOccurrence {
         word: String,
         count: usize,

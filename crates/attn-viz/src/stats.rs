@@ -33,7 +33,8 @@ pub struct Shares {
     pub previous: f32,
     /// Weight on the next token (queries 0..T-1).
     pub next: f32,
-    /// Weight on the query token itself.
+    /// Weight on the query token itself (`self` in JSON, as `heads` heads its column).
+    #[serde(rename = "self")]
     pub same: f32,
     /// `Σ_j w_ij·|i − j|`, in tokens.
     pub distance: f32,
@@ -163,7 +164,10 @@ pub struct Notable {
     pub head: usize,
     /// What it does, e.g. "attends to the previous token".
     pub role: String,
-    /// The statistic behind the role.
+    /// The statistic behind the role ("share", "entropy", "mean distance") and its unit ("",
+    /// "nats", "tokens").
+    pub measure: String,
+    pub unit: String,
     pub value: f32,
 }
 
@@ -179,48 +183,59 @@ pub struct Notable {
 pub fn notable_heads(stats: &[HeadStats], uniform: &Shares) -> Vec<Notable> {
     type Key = fn(&Shares) -> f32;
     let share = |key: Key| Test::Above((key(uniform) + SHARE_MARGIN).max(0.3));
-    let roles: [(&str, Key, bool, Test); 8] = [
+    const SHARE: (&str, &str) = ("share", "");
+    const ENTROPY: (&str, &str) = ("entropy", "nats");
+    // What a head does, its figure's measure and unit, the figure, whether the highest or the
+    // lowest stands out, and when it is named.
+    type Role = (&'static str, (&'static str, &'static str), Key, bool, Test);
+    let roles: [Role; 8] = [
         (
             "attends to the previous token",
+            SHARE,
             |s| s.previous,
             true,
             share(|s| s.previous),
         ),
         (
             "attends to the next token",
+            SHARE,
             |s| s.next,
             true,
             share(|s| s.next),
         ),
         (
             "attends to the token itself",
+            SHARE,
             |s| s.same,
             true,
             share(|s| s.same),
         ),
-        ("attends to [CLS]", |s| s.cls, true, share(|s| s.cls)),
-        ("attends to [SEP]", |s| s.sep, true, share(|s| s.sep)),
+        ("attends to [CLS]", SHARE, |s| s.cls, true, share(|s| s.cls)),
+        ("attends to [SEP]", SHARE, |s| s.sep, true, share(|s| s.sep)),
         (
-            "is the most focused (lowest entropy, nats)",
+            "is the most focused",
+            ENTROPY,
             |s| s.entropy,
             false,
             Test::Below(uniform.entropy - ENTROPY_MARGIN),
         ),
         (
-            "is the broadest (highest entropy, nats)",
+            "is the broadest",
+            ENTROPY,
             |s| s.entropy,
             true,
             Test::Spread(ENTROPY_MARGIN),
         ),
         (
-            "reaches furthest (mean distance, tokens)",
+            "reaches furthest",
+            ("mean distance", "tokens"),
             |s| s.distance,
             true,
             Test::Spread((0.1 * uniform.distance).max(f32::MIN_POSITIVE)),
         ),
     ];
     let mut notable = Vec::new();
-    for (role, key, highest, test) in roles {
+    for (role, (measure, unit), key, highest, test) in roles {
         let key = |s: &HeadStats| key(&s.shares);
         let best = stats.iter().max_by(|a, b| {
             let order = key(a).total_cmp(&key(b));
@@ -245,6 +260,8 @@ pub fn notable_heads(stats: &[HeadStats], uniform: &Shares) -> Vec<Notable> {
                 layer: best.layer,
                 head: best.head,
                 role: role.to_string(),
+                measure: measure.to_string(),
+                unit: unit.to_string(),
                 value: key(best),
             });
         }

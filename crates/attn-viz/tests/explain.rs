@@ -182,6 +182,12 @@ fn repeated_words_are_picked_by_number() {
             ..
         }
     ));
+    // One occurrence is "once".
+    let err = explain(&self::maps(), &options(Some("a#2")), |_, _| {}).unwrap_err();
+    assert!(
+        err.to_string().contains("\"a\" occurs once in the input"),
+        "{err}"
+    );
     // #0 said "occurs 2 times; #0 asks for more".
     let err = explain(&maps, &options(Some("a#0")), |_, _| {}).unwrap_err();
     assert!(matches!(err, VizError::FocusZero { .. }), "{err:?}");

@@ -22,9 +22,9 @@ pub struct Args {
     /// A second text: sentence B, or the context of a question (BERT token type 1).
     #[arg(long)]
     pub pair: Option<String>,
-    /// Model directory in Hugging Face layout, or a model id in the Hugging Face cache
-    /// (`gpt2`, `org/name@revision`) [default: $ATTNSCOPE_MODEL, else the cached default
-    /// model, fetched on first use].
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
+    /// model id in the Hugging Face cache (`gpt2`, `org/name@revision`) [default:
+    /// $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// Cut a text longer than the model's positions instead of refusing it.

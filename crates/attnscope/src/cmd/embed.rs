@@ -17,8 +17,9 @@ pub struct Args {
     /// Read the texts from this UTF-8 file, one per non-empty line ("-" reads standard input).
     #[arg(long, value_name = "FILE", conflicts_with = "texts")]
     pub file: Option<PathBuf>,
-    /// Model directory in Hugging Face layout, or a model id in the Hugging Face cache
-    /// [default: $ATTNSCOPE_MODEL, else the cached default model, fetched on first use].
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
+    /// model id in the Hugging Face cache (`gpt2`, `org/name@revision`) [default:
+    /// $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// Cut texts longer than the model embeds (sentence-transformers' max_seq_length, else its

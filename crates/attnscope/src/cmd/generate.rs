@@ -34,8 +34,8 @@ pub struct Args {
     /// is not given).
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
-    /// Seed of the sampler: the same seed gives the same text (with --temperature or --top-k;
-    /// without them decoding is greedy and has nothing to seed).
+    /// Seed of the sampler: the same seed gives the same text. Needs --temperature or --top-k
+    /// (without them decoding is greedy and has nothing to seed).
     #[arg(long, value_name = "S", default_value_t = 0, requires = "sampling")]
     pub seed: u64,
     /// For each generated token, print the words it attended to most (last layer, heads

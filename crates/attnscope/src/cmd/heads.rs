@@ -92,10 +92,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
     }
     for n in &notable {
+        let unit = if n.unit.is_empty() { "" } else { " " };
         writeln!(
             out,
-            "  layer {} head {} {} ({:.2})",
-            n.layer, n.head, n.role, n.value
+            "  layer {} head {} {} ({} {:.2}{unit}{})",
+            n.layer, n.head, n.role, n.measure, n.value, n.unit
         )?;
     }
     let n = maps.seq_len();

@@ -27,8 +27,9 @@ pub struct Args {
     #[arg(short, long, value_name = "FILE.html")]
     pub output: PathBuf,
     /// The layer whose queries and keys the neuron view gets first [default: the last]; nearby
-    /// layers are added while the file stays small.
-    #[arg(long, value_name = "L")]
+    /// layers are added while the file stays small. (Saved maps hold no queries or keys: a page
+    /// from --maps has no neuron view.)
+    #[arg(long, value_name = "L", conflicts_with = "maps")]
     pub neuron_layer: Option<usize>,
     #[command(flatten)]
     pub source: SourceArgs,
@@ -47,7 +48,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a TEXT to look at (or --maps FILE.json)"),
     };
-    // Saved maps have no neuron view, yet a layer they lack is still a mistake worth naming.
     if let Some(layer) = args.neuron_layer {
         maps.check_layer(layer).context("--neuron-layer")?;
     }

@@ -58,7 +58,7 @@ pub struct Args {
     pub host: IpAddr,
     /// Seconds a client may take to send a request's headers, and then its body; an idle or
     /// slower connection is closed (with 408 for a late body).
-    #[arg(long, default_value_t = 10.0, value_parser = parse_timeout)]
+    #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = parse_timeout)]
     pub body_timeout: f64,
     #[command(flatten)]
     pub model: ModelArgs,

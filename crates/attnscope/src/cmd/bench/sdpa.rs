@@ -40,24 +40,29 @@ pub struct Args {
     /// Key/value length.
     #[arg(long)]
     seq_kv: Option<usize>,
+    /// Batch size.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Query heads.
     #[arg(long)]
     heads: usize,
     /// Key/value heads, each shared by `heads / kv_heads` query heads (grouped-query attention;
     /// default: as many as --heads).
     #[arg(long)]
     kv_heads: Option<usize>,
+    /// Dimension of each head's queries, keys and values.
     #[arg(long)]
     head_dim: usize,
     /// Causal mask (bottom-right aligned when --seq-kv differs from --seq).
     #[arg(long)]
     causal: bool,
+    /// Element type of q, k and v (bf16 accumulates in f32).
     #[arg(long, value_enum, default_value_t = Dtype::F32)]
     dtype: Dtype,
     /// Worker threads (rayon's global pool).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Attention weights to return as well, recomputed from the saved log-sum-exp.
     #[arg(long, value_enum, default_value_t = WeightsArg::None)]
     weights: WeightsArg,
     /// Timed repetitions, after 0.25 s of untimed calls (at least one); the median is reported.
