@@ -18,7 +18,6 @@ use plotters::style::{
 };
 
 use crate::VizError;
-use crate::bars::decimals_for;
 
 /// The picture formats, chosen by the file name's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +52,23 @@ pub struct Heatmap<'a> {
     pub labels: &'a [String],
     /// `[n, n]`, row-major, `n = labels.len()`.
     pub matrix: &'a [f32],
+    pub marks: Marks,
 }
+
+/// What a picture marks beside the weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// The model is causal: the cells above the diagonal (a query and a later key) are masked,
+    /// drawn grey rather than in weight 0's colour, so that "could not attend" does not read as
+    /// "chose not to". (Rows and columns are in the input's order, merged or not, so a later
+    /// unit's tokens all follow an earlier one's.)
+    pub causal: bool,
+    /// The first row and column of the pair's text (segment B): a line between the two texts.
+    pub divider: Option<usize>,
+}
+
+/// The grey of masked cells.
+const MASKED: RGBColor = RGBColor(222, 222, 222);
 
 /// One small multiple of a grid.
 #[derive(Debug, Clone)]
@@ -78,9 +93,11 @@ pub fn write_heatmap(path: &Path, heatmap: &Heatmap<'_>) -> Result<(), VizError>
 
 /// Writes a grid of panels, `columns` per row, all `[n, n]`, sharing one colour scale.
 ///
-/// Panels larger than [`GRID_MAX_CELLS`] rows are average-pooled to that many blocks, so a
-/// 512-token grid stays a readable picture of a sane size. A grid of more than [`MAX_PIXELS`]
-/// is refused before anything is drawn.
+/// Panels larger than [`GRID_MAX_CELLS`] rows are max-pooled to that many blocks, each showing
+/// the largest weight it covers (the caption says so): a 512-token grid stays a picture of a
+/// sane size, and a head that puts all its weight on one key per row stays as bright as it is
+/// (averaged, a previous-token head's weights of 1.0 drew as 0.3). A grid of more than
+/// [`MAX_PIXELS`] is refused before anything is drawn.
 ///
 /// # Shapes
 /// Each `panel.matrix: [n, n]`.
@@ -90,6 +107,7 @@ pub fn write_grid(
     n: usize,
     columns: usize,
     panels: &[Panel],
+    marks: Marks,
 ) -> Result<(), VizError> {
     let format = ImageFormat::from_path(path)?;
     if panels.is_empty() || columns == 0 {
@@ -109,8 +127,14 @@ pub fn write_grid(
         .saturating_add(130)
         .max(420);
     fonts()?;
-    let title = wrap_title(title, i32::try_from(width).unwrap_or(i32::MAX) - 40)?;
-    let top = 26 + TITLE_LINE * title.len() as i32;
+    let max_width = i32::try_from(width).unwrap_or(i32::MAX) - 40;
+    let title = wrap_title(title, max_width)?;
+    let pooled = (blocks < n).then(|| {
+        let k = n.div_ceil(blocks);
+        format!("{n} rows in {blocks} blocks: each shows the largest weight of its up to {k} × {k}")
+    });
+    let caption = wrap(&caption(marks, pooled), " · ", CAPTION_FONT, max_width)?;
+    let top = 20 + TITLE_LINE * title.len() as i32 + CAPTION_LINE * caption.len() as i32 + 6;
     let height = (rows as u64)
         .saturating_mul(cell_h)
         .saturating_add(top as u64 + 20);
@@ -122,6 +146,7 @@ pub fn write_grid(
         .fold(0.0f32, f32::max);
     let grid = GridDrawing {
         title,
+        caption,
         top,
         n,
         columns,
@@ -131,6 +156,7 @@ pub fn write_grid(
         cell: (cell_w as i32, cell_h as i32),
         rows,
         vmax,
+        marks,
     };
     let bytes = render(format, size, &grid)?;
     write(path, &bytes)
@@ -176,25 +202,37 @@ fn check_square(matrix: &[f32], n: usize) -> Result<(), VizError> {
     Ok(())
 }
 
-/// Average-pools an `[n, n]` matrix to `[blocks, blocks]` (identity when `blocks == n`).
+/// Max-pools an `[n, n]` matrix to `[blocks, blocks]`: each block the largest weight of the
+/// rows and columns it covers (identity when `blocks == n`).
 fn pool(matrix: &[f32], n: usize, blocks: usize) -> Vec<f32> {
     if blocks == n {
         return matrix.to_vec();
     }
-    let mut sums = vec![0.0f32; blocks * blocks];
-    let mut counts = vec![0u32; blocks * blocks];
+    let mut out = vec![0.0f32; blocks * blocks];
     for i in 0..n {
         let bi = i * blocks / n;
         for j in 0..n {
-            let b = bi * blocks + j * blocks / n;
-            sums[b] += matrix[i * n + j];
-            counts[b] += 1;
+            let b = &mut out[bi * blocks + j * blocks / n];
+            *b = b.max(matrix[i * n + j]);
         }
     }
-    sums.iter()
-        .zip(&counts)
-        .map(|(s, &c)| s / c.max(1) as f32)
-        .collect()
+    out
+}
+
+/// The caption under a picture's title: which axis is which, and what else to know.
+fn caption(marks: Marks, extra: Option<String>) -> String {
+    let mut caption = "rows: query (attending) · columns: key (attended to)".to_string();
+    if marks.causal {
+        caption.push_str(" · grey: masked (a query cannot see later keys)");
+    }
+    if marks.divider.is_some() {
+        caption.push_str(" · white lines: where the pair's text starts");
+    }
+    if let Some(extra) = extra {
+        caption.push_str(" · ");
+        caption.push_str(&extra);
+    }
+    caption
 }
 
 /// Pixel geometry of a single heatmap.
@@ -209,6 +247,8 @@ struct HeatmapLayout {
     vmax: f32,
     /// The title, wrapped at its " — " separators to the picture's width (see [`wrap_title`]).
     title: Vec<String>,
+    /// The caption ([`caption`]), wrapped at its " · " separators.
+    caption: Vec<String>,
 }
 
 impl HeatmapLayout {
@@ -235,8 +275,21 @@ impl HeatmapLayout {
         let label_w = label_w.min(220);
         let side = (cell * n as f64).ceil() as u64;
         let width = side.saturating_add(u64::from(label_w) + 134).max(420);
-        let title = wrap_title(heatmap.title, i32::try_from(width).unwrap_or(i32::MAX) - 32)?;
-        let top = 14 + TITLE_LINE * title.len() as i32 + 18;
+        let max_width = i32::try_from(width).unwrap_or(i32::MAX) - 32;
+        let title = wrap_title(heatmap.title, max_width)?;
+        let thinned = (step > 1).then(|| {
+            format!(
+                "labels: every {} of the {n} rows (128 rows or fewer get one each)",
+                ordinal(step)
+            )
+        });
+        let caption = wrap(
+            &caption(heatmap.marks, thinned),
+            " · ",
+            CAPTION_FONT,
+            max_width,
+        )?;
+        let top = 14 + TITLE_LINE * title.len() as i32 + CAPTION_LINE * caption.len() as i32 + 6;
         // Rotated labels under the matrix; their measured width runs a little short.
         let height = side.saturating_add(top as u64 + u64::from(label_w + label_w / 8 + 30));
         // Within MAX_PIXELS every coordinate fits an i32.
@@ -251,6 +304,7 @@ impl HeatmapLayout {
             step,
             vmax,
             title,
+            caption,
         })
     }
 }
@@ -262,24 +316,34 @@ const TITLE_LINE: i32 = 24;
 const TITLE_MAX_LINES: usize = 4;
 
 /// Splits `title` at its " — " separators into at most [`TITLE_MAX_LINES`] lines of at most
-/// `max_width` pixels; a piece wider than that gets a line of its own, cut to fit and ending in
-/// "…", as does the last line when the title has more.
+/// `max_width` pixels (see [`wrap`]).
 fn wrap_title(title: &str, max_width: i32) -> Result<Vec<String>, VizError> {
-    let desc = FontDesc::new(FontFamily::SansSerif, TITLE_FONT, FontStyle::Normal);
+    wrap(title, " — ", TITLE_FONT, max_width)
+}
+
+/// Caption size in pixels, and from one caption line to the next.
+const CAPTION_FONT: f64 = 11.0;
+const CAPTION_LINE: i32 = 15;
+
+/// Splits `text` at its `separator`s into at most [`TITLE_MAX_LINES`] lines of at most
+/// `max_width` pixels at `size`; a piece wider than that gets a line of its own, cut to fit and
+/// ending in "…", as does the last line when the text has more.
+fn wrap(text: &str, separator: &str, size: f64, max_width: i32) -> Result<Vec<String>, VizError> {
+    let desc = FontDesc::new(FontFamily::SansSerif, size, FontStyle::Normal);
     let width = |text: &str| {
         desc.box_size(text)
             .map(|(w, _)| w as i32)
             .map_err(|e| VizError::Draw {
-                message: format!("measuring the title: {e}"),
+                message: format!("measuring {text:?}: {e}"),
             })
     };
     let mut lines: Vec<String> = Vec::new();
     let mut cut = false;
-    for piece in title.split(" — ") {
+    for piece in text.split(separator) {
         let full = lines.len() == TITLE_MAX_LINES;
         match lines.last_mut() {
-            Some(line) if width(&format!("{line} — {piece}"))? <= max_width => {
-                line.push_str(" — ");
+            Some(line) if width(&format!("{line}{separator}{piece}"))? <= max_width => {
+                line.push_str(separator);
                 line.push_str(piece);
             }
             _ if full => {
@@ -329,8 +393,9 @@ impl Drawing for HeatmapDrawing<'_> {
 }
 
 struct GridDrawing<'a> {
-    /// The title's lines, and where the panels start below them.
+    /// The title's and the caption's lines, and where the panels start below them.
     title: Vec<String>,
+    caption: Vec<String>,
     top: i32,
     n: usize,
     columns: usize,
@@ -342,6 +407,7 @@ struct GridDrawing<'a> {
     cell: (i32, i32),
     rows: usize,
     vmax: f32,
+    marks: Marks,
 }
 
 impl Drawing for GridDrawing<'_> {
@@ -349,13 +415,34 @@ impl Drawing for GridDrawing<'_> {
         let (cell_w, cell_h) = self.cell;
         root.fill(&WHITE)?;
         draw_title(root, &self.title, 20)?;
+        let caption_top = 14 + TITLE_LINE * self.title.len() as i32;
+        draw_lines(
+            root,
+            &self.caption,
+            (20, caption_top),
+            CAPTION_FONT,
+            CAPTION_LINE,
+        )?;
         let pixel = self.side as f64 / self.blocks as f64;
+        // The pair's first row in blocks: where its tokens start inside the pooled panel.
+        let marks = Marks {
+            divider: self.marks.divider.map(|d| d * self.blocks / self.n),
+            ..self.marks
+        };
         for (k, panel) in self.panels.iter().enumerate() {
             let x = 20 + (k % self.columns) as i32 * cell_w;
             let y = self.top + (k / self.columns) as i32 * cell_h;
             root.draw_text(&panel.title, &text_style(12.0), (x, y))?;
             let pooled = pool(&panel.matrix, self.n, self.blocks);
-            draw_cells(root, &pooled, self.blocks, (x, y + 16), pixel, self.vmax)?;
+            draw_cells(
+                root,
+                &pooled,
+                self.blocks,
+                (x, y + 16),
+                pixel,
+                self.vmax,
+                marks,
+            )?;
         }
         let bar_x = 40 + self.columns as i32 * cell_w - 10;
         let bar_h = (self.rows as i32 * cell_h - 26).max(60);
@@ -372,12 +459,19 @@ fn draw_title<DB: DrawingBackend>(
     lines: &[String],
     x: i32,
 ) -> DrawResult<DB> {
+    draw_lines(root, lines, (x, 14), TITLE_FONT, TITLE_LINE)
+}
+
+/// Lines of text at `size` from `(x, y)` down, `spacing` apart.
+fn draw_lines<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    lines: &[String],
+    (x, y): (i32, i32),
+    size: f64,
+    spacing: i32,
+) -> DrawResult<DB> {
     for (k, line) in lines.iter().enumerate() {
-        root.draw_text(
-            line,
-            &text_style(TITLE_FONT),
-            (x, 14 + TITLE_LINE * k as i32),
-        )?;
+        root.draw_text(line, &text_style(size), (x, y + spacing * k as i32))?;
     }
     Ok(())
 }
@@ -391,10 +485,13 @@ fn draw_heatmap<DB: DrawingBackend>(
     let (x0, y0) = layout.origin;
     root.fill(&WHITE)?;
     draw_title(root, &layout.title, 16)?;
-    root.draw_text(
-        "rows: query (attending) · columns: key (attended to)",
-        &text_style(11.0),
-        (16, y0 - 18),
+    let caption_top = 14 + TITLE_LINE * layout.title.len() as i32;
+    draw_lines(
+        root,
+        &layout.caption,
+        (16, caption_top),
+        CAPTION_FONT,
+        CAPTION_LINE,
     )?;
     draw_cells(
         root,
@@ -403,6 +500,7 @@ fn draw_heatmap<DB: DrawingBackend>(
         layout.origin,
         layout.cell,
         layout.vmax,
+        heatmap.marks,
     )?;
     let side = (layout.cell * n as f64).ceil() as i32;
     let row_label = text_style(layout.font).pos(Pos::new(HPos::Right, VPos::Center));
@@ -416,6 +514,18 @@ fn draw_heatmap<DB: DrawingBackend>(
         root.draw_text(&label, &col_label, (x0 + mid, y0 + side + 6))?;
     }
     draw_colour_bar(root, (x0 + side + 24, y0), side.max(60), layout.vmax)
+}
+
+/// "2nd", "3rd", "4th".
+fn ordinal(k: usize) -> String {
+    let suffix = match (k % 10, k % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{k}{suffix}")
 }
 
 /// Long labels end in "…" rather than running off the picture.
@@ -434,6 +544,7 @@ fn draw_cells<DB: DrawingBackend>(
     origin: (i32, i32),
     cell: f64,
     vmax: f32,
+    marks: Marks,
 ) -> DrawResult<DB> {
     let edge = |k: usize| (k as f64 * cell).round() as i32;
     // Colours come from a 256-step scale (as matplotlib's colormaps do). The matrix is first
@@ -446,11 +557,22 @@ fn draw_cells<DB: DrawingBackend>(
         background.filled(),
     ))?;
     for i in 0..n {
+        // A causal model's row ends at its own key: the rest is masked.
+        let end = if marks.causal { (i + 1).min(n) } else { n };
+        if end < n {
+            root.draw(&Rectangle::new(
+                [
+                    (origin.0 + edge(end), origin.1 + edge(i)),
+                    (origin.0 + edge(n), origin.1 + edge(i + 1)),
+                ],
+                MASKED.filled(),
+            ))?;
+        }
         let mut j = 0;
-        while j < n {
+        while j < end {
             let colour = colour_of(i * n + j);
             let start = j;
-            while j < n && colour_of(i * n + j) == colour {
+            while j < end && colour_of(i * n + j) == colour {
                 j += 1;
             }
             if colour == background {
@@ -464,6 +586,23 @@ fn draw_cells<DB: DrawingBackend>(
                 colour.filled(),
             ))?;
         }
+    }
+    if let Some(d) = marks.divider.filter(|&d| d > 0 && d < n) {
+        let at = edge(d);
+        root.draw(&Rectangle::new(
+            [
+                (origin.0, origin.1 + at - 1),
+                (origin.0 + edge(n), origin.1 + at + 1),
+            ],
+            WHITE.filled(),
+        ))?;
+        root.draw(&Rectangle::new(
+            [
+                (origin.0 + at - 1, origin.1),
+                (origin.0 + at + 1, origin.1 + edge(n)),
+            ],
+            WHITE.filled(),
+        ))?;
     }
     Ok(())
 }
@@ -481,11 +620,22 @@ fn draw_colour_bar<DB: DrawingBackend>(
             viridis(v).filled(),
         ))?;
     }
+    root.draw_text(
+        "weight",
+        &text_style(11.0).pos(Pos::new(HPos::Left, VPos::Top)),
+        (x - 2, y + height + 6),
+    )?;
     let tick = text_style(11.0).pos(Pos::new(HPos::Left, VPos::Center));
-    // Enough decimals that the top tick is not 0.00 (uniform weights over 300 tokens: 0.0033).
-    let decimals = decimals_for(vmax);
-    for (frac, value) in [(0.0, vmax), (0.5, vmax / 2.0), (1.0, 0.0)] {
-        let ty = y + (frac * (height - 1) as f64) as i32;
+    let (step, decimals) = tick_step(vmax);
+    let ticks = if step > 0.0 {
+        (vmax / step + 1e-4).floor() as usize
+    } else {
+        0
+    };
+    for k in 0..=ticks {
+        let value = k as f32 * step;
+        let frac = if vmax > 0.0 { value / vmax } else { 0.0 };
+        let ty = y + ((1.0 - frac) * (height - 1) as f32).round() as i32;
         root.draw(&Rectangle::new(
             [(x + 16, ty), (x + 20, ty + 1)],
             RGBColor(0, 0, 0).filled(),
@@ -493,6 +643,40 @@ fn draw_colour_bar<DB: DrawingBackend>(
         root.draw_text(&format!("{value:.decimals$}"), &tick, (x + 23, ty))?;
     }
     Ok(())
+}
+
+/// The colour bar's ticks from 0 up to `vmax`: a round step (1, 2 or 5 times a power of ten)
+/// that makes 3 to 6 of them, and the decimals it needs (uniform weights over 300 tokens,
+/// 0.0033: ticks 0.000, 0.001, 0.002, 0.003).
+fn tick_step(vmax: f32) -> (f32, usize) {
+    if vmax <= 0.0 || !vmax.is_finite() {
+        return (0.0, 0);
+    }
+    let power = 10f32.powf((vmax / 2.0).log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * power)
+        .find(|&step| vmax / step < 5.0 + 1e-4)
+        .unwrap_or(10.0 * power);
+    (step, (-step.log10().floor()).max(1.0) as usize)
+}
+
+/// The characters of `texts` that DejaVu Sans, the font PNG pictures are drawn in, has no glyph
+/// for (CJK, most emoji): a PNG shows them as boxes, while an SVG leaves them to the viewer's
+/// fonts. Whitespace and control characters are not counted; each character once, in order.
+pub fn missing_glyphs<'a>(texts: impl IntoIterator<Item = &'a str>) -> Vec<char> {
+    use ab_glyph::Font;
+    let Ok(font) = ab_glyph::FontRef::try_from_slice(dejavu::sans::regular()) else {
+        return Vec::new();
+    };
+    let mut missing = Vec::new();
+    for c in texts.into_iter().flat_map(str::chars) {
+        if !c.is_whitespace() && !c.is_control() && font.glyph_id(c).0 == 0 && !missing.contains(&c)
+        {
+            missing.push(c);
+        }
+    }
+    missing
 }
 
 fn text_style(size: f64) -> TextStyle<'static> {

@@ -7,7 +7,7 @@ mod golden;
 use attn_viz::VizError;
 use attn_viz::explain::{ExplainOptions, Level, Method, explain};
 use attn_viz::flow::attention_flow;
-use attn_viz::heatmap::{Heatmap, Panel, write_grid, write_heatmap};
+use attn_viz::heatmap::{Heatmap, Marks, Panel, missing_glyphs, write_grid, write_heatmap};
 use attn_viz::select::{Selection, residual_layers, select};
 use attn_viz::stats::head_stats;
 use attn_viz::words;
@@ -156,6 +156,7 @@ fn heatmaps_of_real_attention_are_written_as_png_and_svg() {
         title: "Eiffel",
         labels: &labels,
         matrix: &matrix,
+        marks: Marks::default(),
     };
     let png = dir.path().join("a.PNG");
     write_heatmap(&png, &heatmap).unwrap();
@@ -184,11 +185,11 @@ fn grids_hold_every_head() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("grid.png");
-    write_grid(&png, "grid", t, maps.n_heads, &panels).unwrap();
+    write_grid(&png, "grid", t, maps.n_heads, &panels, Marks::default()).unwrap();
     let (w, h) = png_size(&png);
     assert!(w > 12 * 100 && h > 6 * 100, "{w}×{h}");
     let svg = dir.path().join("grid.svg");
-    write_grid(&svg, "grid", t, maps.n_heads, &panels).unwrap();
+    write_grid(&svg, "grid", t, maps.n_heads, &panels, Marks::default()).unwrap();
     assert!(
         std::fs::read_to_string(&svg)
             .unwrap()
@@ -207,6 +208,7 @@ fn a_128_token_heatmap_keeps_12_pixels_a_row() {
         title: "long",
         labels: &labels,
         matrix: &matrix,
+        marks: Marks::default(),
     };
     write_heatmap(&png, &heatmap).unwrap();
     let (w, h) = png_size(&png);
@@ -221,6 +223,7 @@ fn picture_errors_name_the_problem() {
         title: "t",
         labels: &labels,
         matrix: &matrix,
+        marks: Marks::default(),
     };
     let dir = tempfile::tempdir().unwrap();
     for name in ["a.jpg", "noextension"] {
@@ -240,7 +243,7 @@ fn picture_errors_name_the_problem() {
     };
     let err = write_heatmap(&dir.path().join("a.png"), &bad).unwrap_err();
     assert!(matches!(err, VizError::WeightsShape { got: 3, .. }));
-    let err = write_grid(&dir.path().join("g.png"), "g", 2, 4, &[]).unwrap_err();
+    let err = write_grid(&dir.path().join("g.png"), "g", 2, 4, &[], Marks::default()).unwrap_err();
     assert!(matches!(err, VizError::NothingToShow { .. }));
 }
 
@@ -276,6 +279,7 @@ fn long_titles_are_cut_not_drawn_wider() {
         title: "t",
         labels: &labels,
         matrix: &matrix,
+        marks: Marks::default(),
     };
     write_heatmap(&png, &short).unwrap();
     let (w, h) = png_size(&png);
@@ -287,6 +291,7 @@ fn long_titles_are_cut_not_drawn_wider() {
             title: &title,
             labels: &labels,
             matrix: &matrix,
+            marks: Marks::default(),
         };
         write_heatmap(&png, &long).unwrap();
         let (long_w, long_h) = png_size(&png);
@@ -300,8 +305,9 @@ fn long_titles_are_cut_not_drawn_wider() {
 
 #[test]
 fn pictures_past_the_pixel_limit_are_refused_before_drawing() {
-    // 60 × 60 one-token panels: 60 · 136 + 130 = 8290 px wide, 26 + 24 + 60 · 146 + 20 = 8830
-    // high, 73.2 million pixels (220 MB of RGB) against a limit of 64 million.
+    // 60 × 60 one-token panels: 60 · 136 + 130 = 8290 px wide, 20 + 24 (title) + 15 (caption) +
+    // 6 + 60 · 146 + 20 = 8845 high, 73.3 million pixels (220 MB of RGB) against a limit of 64
+    // million.
     let panels: Vec<Panel> = (0..3600)
         .map(|k| Panel {
             title: format!("L{} H{}", k / 60, k % 60),
@@ -310,13 +316,13 @@ fn pictures_past_the_pixel_limit_are_refused_before_drawing() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("g.png");
-    let err = write_grid(&png, "g", 1, 60, &panels).unwrap_err();
+    let err = write_grid(&png, "g", 1, 60, &panels, Marks::default()).unwrap_err();
     assert!(
         matches!(
             err,
             VizError::TooLarge {
                 width: 8290,
-                height: 8830,
+                height: 8845,
                 ..
             }
         ),
@@ -325,7 +331,7 @@ fn pictures_past_the_pixel_limit_are_refused_before_drawing() {
     assert!(err.to_string().contains("64 million"), "{err}");
     assert!(!png.exists());
     // A column count whose pixels overflow an i32 (and a u64) is refused the same way.
-    let err = write_grid(&png, "g", 1, usize::MAX, &panels[..1]).unwrap_err();
+    let err = write_grid(&png, "g", 1, usize::MAX, &panels[..1], Marks::default()).unwrap_err();
     assert!(matches!(err, VizError::TooLarge { .. }), "{err}");
 }
 
@@ -342,10 +348,115 @@ fn colour_bar_ticks_show_small_weights() {
         title: "uniform",
         labels: &labels,
         matrix: &matrix,
+        marks: Marks::default(),
     };
     write_heatmap(&svg, &heatmap).unwrap();
     let text = std::fs::read_to_string(&svg).unwrap();
-    for tick in ["\n0.0033\n", "\n0.0017\n", "\n0.0000\n"] {
+    for tick in ["\n0.000\n", "\n0.001\n", "\n0.002\n", "\n0.003\n"] {
         assert!(text.contains(tick), "no tick {tick:?}");
     }
+    assert!(!text.contains("\n0.004\n"));
+}
+
+#[test]
+fn colour_bar_ticks_are_round_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("t.svg");
+    let labels = vec!["a".to_string(), "b".to_string()];
+    // (largest weight, the ticks it gets, the first tick it must not get)
+    let cases = [
+        (0.297, &["0.0", "0.1", "0.2"][..], "0.3"),
+        (1.0, &["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"][..], "1.2"),
+        (0.46, &["0.0", "0.1", "0.2", "0.3", "0.4"][..], "0.5"),
+        (0.07, &["0.00", "0.02", "0.04", "0.06"][..], "0.08"),
+    ];
+    for (max, ticks, beyond) in cases {
+        let matrix = [max, 1.0 - max, 1.0 - max, max].map(|w: f32| w.min(max));
+        let heatmap = Heatmap {
+            title: "ticks",
+            labels: &labels,
+            matrix: &matrix,
+            marks: Marks::default(),
+        };
+        write_heatmap(&svg, &heatmap).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        for tick in ticks {
+            assert!(
+                text.contains(&format!("\n{tick}\n")),
+                "{max}: no tick {tick}"
+            );
+        }
+        assert!(
+            !text.contains(&format!("\n{beyond}\n")),
+            "{max}: tick {beyond}"
+        );
+    }
+}
+
+#[test]
+fn masked_cells_are_grey_and_grids_keep_their_peaks() {
+    // A previous-token head over 200 tokens: weight 1 just below the diagonal (row 0 on
+    // itself), 0 elsewhere, causal.
+    let n = 200;
+    let mut matrix = vec![0.0f32; n * n];
+    for i in 0..n {
+        matrix[i * n + i.saturating_sub(1)] = 1.0;
+    }
+    let labels: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("c.svg");
+    let causal = Marks {
+        causal: true,
+        divider: None,
+    };
+    let grey = "fill=\"#DEDEDE\"";
+    for marks in [Marks::default(), causal] {
+        let heatmap = Heatmap {
+            title: "previous token",
+            labels: &labels,
+            matrix: &matrix,
+            marks,
+        };
+        write_heatmap(&svg, &heatmap).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        // One grey run per row but the last (nothing after its own key).
+        assert_eq!(
+            text.matches(grey).count(),
+            if marks.causal { n - 1 } else { 0 }
+        );
+        assert_eq!(text.contains("grey: masked"), marks.causal);
+        // 200 labels at 7.7 px a row: every 2nd is written, and the caption says so.
+        assert!(
+            text.contains("labels: every 2nd of the 200 rows"),
+            "{}",
+            &text[..600]
+        );
+    }
+    // Pooled to 96 blocks, the largest weight (1.0, viridis' yellow) survives in every block
+    // on the diagonal; averaged, a block of 2 × 2 or 3 × 3 cells held 0.5 or 0.33 at most.
+    let panels = [Panel {
+        title: "L0 H0".into(),
+        matrix,
+    }];
+    write_grid(&svg, "grid", n, 1, &panels, causal).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let yellow = text.matches("fill=\"#FDE725\"").count();
+    assert!(yellow >= 90, "{yellow} blocks at full weight");
+    assert!(
+        text.contains("each shows the largest weight"),
+        "{}",
+        &text[..800]
+    );
+}
+
+#[test]
+fn glyphs_the_png_font_lacks_are_named() {
+    assert_eq!(
+        missing_glyphs(["Crème brûlée — naïve café", "Zürich 12€"]),
+        []
+    );
+    assert_eq!(
+        missing_glyphs(["東京の猫", "東 🎉"]),
+        ['東', '京', 'の', '猫', '🎉']
+    );
 }

@@ -99,7 +99,22 @@ pub fn run_model_with(
 ) -> anyhow::Result<(AttentionMaps, Option<QueryKey>)> {
     // The tokenizer's errors already say what is wrong with the text ("the text is empty").
     let enc = if truncate {
-        model.encode_truncated(text, pair)?
+        let enc = model.encode_truncated(text, pair)?;
+        // Say what was cut: every view then shows the kept tokens as if they were all.
+        if let Err(attn_models::ModelError::TooLong { tokens, max, .. }) = model.encode(text, pair)
+        {
+            crate::note!(
+                "--truncate: the input is {tokens} tokens; the attention shown is of the first \
+                 {max} the model reads ({} cut{})",
+                tokens - max,
+                if pair.is_some() {
+                    ", from the end of the longer text first"
+                } else {
+                    " from the end"
+                }
+            );
+        }
+        enc
     } else {
         model.encode(text, pair)?
     };

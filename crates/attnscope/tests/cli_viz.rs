@@ -511,10 +511,11 @@ fn bad_flags_and_files_are_clear_errors() {
         1,
         "does not exist",
     );
+    // A folder is named as one, with or without an image's extension.
     fails_with(
         &["heatmap", "--maps", maps, "-o", &out("")],
         1,
-        "unknown image format",
+        "it is a folder",
     );
     let folder = dir.path().join("folder.png");
     std::fs::create_dir(&folder).unwrap();
@@ -537,7 +538,7 @@ fn bad_flags_and_files_are_clear_errors() {
         "cannot be used",
     );
 
-    // 60 layers × 60 heads of one token: an 8290 × 8830 grid (220 MB of pixels) is refused.
+    // 60 layers × 60 heads of one token: an 8290 × 8845 grid (220 MB of pixels) is refused.
     let tokens = [json!({"text": "a", "id": 0, "span": [0, 1], "segment": 0, "special": false})];
     let many = json!({
         "model": "hand", "text": "a", "pair": null, "tokens": tokens,
@@ -556,7 +557,7 @@ fn bad_flags_and_files_are_clear_errors() {
         1,
         "--grid of 60 layers × 60 heads",
     );
-    assert!(stderr.contains("8290 × 8830 pixels"), "{stderr}");
+    assert!(stderr.contains("8290 × 8845 pixels"), "{stderr}");
     assert!(!dir.path().join("many.png").exists());
 
     fails_with(&["heads", "--maps", &out("missing.json")], 1, "cannot read");
@@ -614,6 +615,69 @@ fn bad_flags_and_files_are_clear_errors() {
         "at least 1.1754944e-38",
     );
     fails_with(&["lookup", "--query", " ", "--entry", "a=b"], 1, "empty");
+}
+
+#[test]
+fn heatmaps_say_what_they_leave_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let tiny = format!("{GOLDEN}/tiny-gpt2");
+    // A causal model: the masked cells are grey and the caption says so.
+    let causal = out("causal.svg");
+    ok(&[
+        "heatmap",
+        "The cat sat on the mat",
+        "--model",
+        &tiny,
+        "-o",
+        &causal,
+    ]);
+    let svg = std::fs::read_to_string(&causal).unwrap();
+    assert!(svg.contains("grey: masked") && svg.contains("#DEDEDE"));
+    // BERT sees every key: no grey. A pair: a line where B starts, both texts in the title,
+    // and the share [CLS]/[SEP] took from what is shown.
+    let pair = out("pair.svg");
+    ok(&["heatmap", QUESTION, "--pair", CONTEXT, "-o", &pair]);
+    let svg = std::fs::read_to_string(&pair).unwrap();
+    assert!(!svg.contains("#DEDEDE") && svg.contains("white lines"));
+    assert!(
+        svg.contains(&format!("&quot;{QUESTION}&quot; + &quot;{CONTEXT}&quot;")),
+        "{}",
+        &svg[..1500]
+    );
+    let hidden = svg
+        .split("[CLS]/[SEP] hidden (")
+        .nth(1)
+        .and_then(|rest| rest.split('%').next())
+        .and_then(|share| share.parse::<f32>().ok())
+        .expect("the title gives the hidden share");
+    assert!((1.0..100.0).contains(&hidden), "{hidden}");
+    // The title quotes the text as written: an em dash stays one.
+    ok(&["heatmap", "Paris — France", "-o", &pair]);
+    assert!(
+        std::fs::read_to_string(&pair)
+            .unwrap()
+            .contains("&quot;Paris —")
+    );
+    // A PNG's font lacks CJK: said on stderr, not left to the boxes.
+    let cjk = attnscope(&["heatmap", "東京 is big", "-o", &out("cjk.png")]);
+    assert!(cjk.status.success());
+    let stderr = String::from_utf8_lossy(&cjk.stderr);
+    assert!(
+        stderr.contains("no glyph for 2 characters (東京)"),
+        "{stderr}"
+    );
+    // --truncate says how much it cut.
+    let long = "word ".repeat(600);
+    let cut = attnscope(&["heatmap", &long, "--truncate", "-o", &out("cut.svg")]);
+    assert!(cut.status.success());
+    let stderr = String::from_utf8_lossy(&cut.stderr);
+    assert!(
+        stderr.contains(
+            "--truncate: the input is 602 tokens; the attention shown is of the first 512"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

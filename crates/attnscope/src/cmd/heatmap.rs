@@ -6,8 +6,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use attn_viz::AttentionMaps;
-use attn_viz::heatmap::{Heatmap, ImageFormat, Panel, write_grid, write_heatmap};
+use attn_viz::heatmap::{
+    Heatmap, ImageFormat, Marks, Panel, missing_glyphs, write_grid, write_heatmap,
+};
 use attn_viz::select::{Selection, select};
+use attn_viz::stats::sees_only_earlier_keys;
 use attn_viz::words::{self, Unit, keep_and_renormalise, merge_matrix};
 
 use crate::maps::{SourceArgs, check_output, progress_bar};
@@ -50,8 +53,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    ImageFormat::from_path(&args.output)?;
     check_output(&args.output)?;
+    let format = ImageFormat::from_path(&args.output)?;
     let maps = args
         .source
         .maps(args.text.as_deref(), args.pair.as_deref())?;
@@ -67,6 +70,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("nothing to draw: the input has only special tokens (--special shows them)");
     }
     let labels: Vec<String> = shown.iter().map(|&u| units[u].label.clone()).collect();
+    if format == ImageFormat::Png {
+        let missing = missing_glyphs(
+            labels
+                .iter()
+                .map(String::as_str)
+                .chain([maps.text.as_str()]),
+        );
+        if !missing.is_empty() {
+            let some: String = missing.iter().take(8).collect();
+            crate::note!(
+                "the PNG's font (DejaVu Sans) has no glyph for {} character{} ({some}{}): they \
+                 show as boxes; an SVG (-o FILE.svg) leaves them to the viewer's fonts",
+                missing.len(),
+                if missing.len() == 1 { "" } else { "s" },
+                if missing.len() > 8 { "…" } else { "" }
+            );
+        }
+    }
+    // A causal model's masked cells are grey, and a line marks where the pair's text starts.
+    let marks = Marks {
+        causal: maps.seq_len() > 1 && sees_only_earlier_keys(&maps),
+        divider: shown
+            .iter()
+            .position(|&u| units[u].segment == 1)
+            .filter(|&d| d > 0),
+    };
     let view = View {
         maps: &maps,
         units: &units,
@@ -78,10 +107,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         true => String::new(),
         false => words::special_labels(&units),
     };
-    let hidden = if specials.is_empty() {
-        String::new()
-    } else {
-        format!(", {specials} hidden, rows renormalised")
+    // What hiding them takes away: their share of the rows shown, on average.
+    let hidden = |matrix: Option<&[f32]>| match (specials.is_empty(), matrix) {
+        (true, _) => String::new(),
+        (false, None) => format!(", {specials} hidden, rows renormalised"),
+        (false, Some(tokens)) => format!(
+            ", {specials} hidden ({:.0}% of the attention shown), rows renormalised",
+            100.0 * view.hidden_share(tokens)
+        ),
+    };
+    let texts = match &maps.pair {
+        Some(pair) => format!("{} + {}", short(&maps.text), short(pair)),
+        None => short(&maps.text),
     };
     if args.grid {
         let bar = progress_bar((maps.n_layers * maps.n_heads) as u64, "heads");
@@ -101,18 +138,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bar.finish_and_clear();
         }
         let title = format!(
-            "{} — every layer (row) × head (column) — {} — {level}{hidden}",
-            short(&maps.text),
-            maps.model
+            "{texts} — every layer (row) × head (column) — {} — {level}{}",
+            maps.model,
+            hidden(None)
         );
-        write_grid(&args.output, &title, shown.len(), maps.n_heads, &panels).with_context(
-            || {
-                format!(
-                    "--grid of {} layers × {} heads (--layer L --head H draws one)",
-                    maps.n_layers, maps.n_heads
-                )
-            },
-        )?;
+        write_grid(
+            &args.output,
+            &title,
+            shown.len(),
+            maps.n_heads,
+            &panels,
+            marks,
+        )
+        .with_context(|| {
+            format!(
+                "--grid of {} layers × {} heads (--layer L --head H draws one)",
+                maps.n_layers, maps.n_heads
+            )
+        })?;
     } else {
         let selection = match (args.layer, args.head) {
             (Some(layer), Some(head)) => Selection::Head { layer, head },
@@ -123,10 +166,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let selected = select(&maps, selection).map_err(crate::maps::name_the_flag)?;
         let matrix = view.merge(&selected);
         let title = format!(
-            "{} — {} — {} — {level}{hidden}",
-            short(&maps.text),
+            "{texts} — {} — {} — {level}{}",
             selection.describe(&maps),
-            maps.model
+            maps.model,
+            hidden(Some(&selected))
         );
         write_heatmap(
             &args.output,
@@ -134,6 +177,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 title: &title,
                 labels: &labels,
                 matrix: &matrix,
+                marks,
             },
         )?;
     }
@@ -157,17 +201,34 @@ impl View<'_> {
         let merged = merge_matrix(tokens, self.maps.seq_len(), self.units);
         keep_and_renormalise(&merged, self.units.len(), self.shown)
     }
+
+    /// The share of the shown rows' attention that goes to units not shown, on average.
+    ///
+    /// # Shapes
+    /// `tokens: [T, T]`.
+    fn hidden_share(&self, tokens: &[f32]) -> f32 {
+        let n = self.units.len();
+        let merged = merge_matrix(tokens, self.maps.seq_len(), self.units);
+        let total: f32 = (self.shown.iter())
+            .map(|&i| {
+                let row = &merged[i * n..(i + 1) * n];
+                let kept: f32 = self.shown.iter().map(|&j| row[j]).sum();
+                (row.iter().sum::<f32>() - kept).max(0.0)
+            })
+            .sum();
+        total / self.shown.len() as f32
+    }
 }
 
 /// The text for a title: one line, cut at 60 characters.
 fn short(text: &str) -> String {
-    // One line, without the invisible characters labels leave out, and without the title's
-    // own separator (" — " starts a new title piece).
+    // One line, without the invisible characters labels leave out. The title's own separator
+    // (" — " starts a new title piece) keeps its dash with a no-break space after it.
     let text = attn_viz::words::without_hidden(text)
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
-        .replace(" — ", " – ");
+        .replace(" — ", " —\u{a0}");
     if text.chars().count() > 60 {
         format!("\"{}…\"", text.chars().take(59).collect::<String>())
     } else {
