@@ -92,12 +92,65 @@
       });
     }
     const keepLayer = S.data && S.L === L ? S.layer : (data.neuron ? data.neuron.layers[0] : L - 1);
-    Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron,
+    Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron, causal: seesOnlyEarlierKeys(W, T),
       neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
     if (S.heads.length !== H) S.heads = new Array(H).fill(true);
     if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
+    const restore = !S.restored;
+    if (restore) restoreState();
     buildControls();
+    if (restore) restoreSelects();
     await render();
+  }
+
+  // A causal model's weights: every head gives each query's later keys exactly 0.
+  function seesOnlyEarlierKeys(W, T) {
+    if (T < 2) return false;
+    for (let base = 0; base < W.length; base += T * T) {
+      for (let i = 0; i < T; i++) for (let j = i + 1; j < T; j++) if (W[base + i * T + j] !== 0) return false;
+    }
+    return true;
+  }
+
+  // ---- what is shown, kept in the address's #fragment to bookmark or share ----
+  function saveState() {
+    const h = new URLSearchParams({ view: S.view, layer: String(S.layer) });
+    if (S.heads.some((on) => !on)) h.set("heads", S.heads.flatMap((on, k) => (on ? [k] : [])).join("."));
+    if (S.filter !== "all") h.set("filter", S.filter);
+    if (S.view === "heatmap") {
+      h.set("matrix", $("heatmap-head").value);
+      if ($("heatmap-scale").value !== "linear") h.set("scale", $("heatmap-scale").value);
+    }
+    if (S.view === "neuron") {
+      h.set("head", $("neuron-head").value);
+      h.set("query", $("neuron-query").value);
+    }
+    history.replaceState(null, "", location.pathname + location.search + "#" + h.toString());
+  }
+
+  // The first data's view, layer, heads and filter from the #fragment (or ?view=), each only
+  // when it fits the data.
+  function restoreState() {
+    S.restored = true;
+    const h = new URLSearchParams(location.hash.slice(1));
+    const view = h.get("view") || new URLSearchParams(location.search).get("view");
+    if (["head", "model", "heatmap", "neuron"].includes(view)) S.view = view;
+    const layer = Number(h.get("layer"));
+    if (h.has("layer") && Number.isInteger(layer) && layer >= 0 && layer < S.L) S.layer = layer;
+    if (h.has("heads")) {
+      const on = h.get("heads").split(".").filter((x) => x !== "").map(Number);
+      if (on.every((k) => Number.isInteger(k) && k >= 0 && k < S.H)) S.heads = S.heads.map((_, k) => on.includes(k));
+    }
+    if (["AA", "AB", "BA", "BB"].includes(h.get("filter")) && S.data.tokens.some((t) => t.segment === 1)) S.filter = h.get("filter");
+  }
+
+  // The selects the #fragment names, once the controls hold the data's options.
+  function restoreSelects() {
+    const h = new URLSearchParams(location.hash.slice(1));
+    for (const [key, id] of [["matrix", "heatmap-head"], ["scale", "heatmap-scale"], ["head", "neuron-head"], ["query", "neuron-query"]]) {
+      const select = $(id);
+      if (h.has(key) && [...select.options].some((o) => o.value === h.get(key))) select.value = h.get(key);
+    }
   }
 
   // ---- helpers shared by the views ----
@@ -439,7 +492,7 @@
     // The matrix shown: one head or the mean of a layer's heads, the mean of every layer's
     // heads, or the rollout (each [T, T] entry as a weight).
     const { which, at } = heatmapMatrix(choice);
-    const idle = "Point at a cell to read its weight (" + which + ").";
+    const idle = "Point at a cell to read its weight (" + which + ")" + (S.causal ? "; grey cells are masked: a causal model's query cannot see later keys." : ".");
     const values = new Float32Array(rows.length * cols.length);
     let max = 0;
     rows.forEach((i, r) => cols.forEach((j, c) => {
@@ -469,9 +522,11 @@
       const t = sqrt ? Math.sqrt(linear) : linear; // white -> deep blue, like seaborn's "Blues"
       return [Math.round(247 - t * 239), Math.round(251 - t * 203), Math.round(255 - t * 148)];
     };
+    // A causal model's masked cells (a query and a later key) are grey, not weight 0's colour.
+    const masked = (r, c) => S.causal && cols[c] > rows[r];
     const image = ctx.createImageData(cols.length, rows.length);
     values.forEach((v, k) => {
-      const [r, g, b] = colour(v);
+      const [r, g, b] = masked(Math.floor(k / cols.length), k % cols.length) ? [222, 222, 222] : colour(v);
       image.data.set([r, g, b, 255], 4 * k);
     });
     const bitmap = document.createElement("canvas");
@@ -526,7 +581,8 @@
       outline(r, c);
       const q = S.data.tokens[rows[r]], k = S.data.tokens[cols[c]];
       $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
-        JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " + values[r * cols.length + c].toFixed(3);
+        JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " +
+        (masked(r, c) ? "masked (a causal model's query cannot see later keys)" : values[r * cols.length + c].toFixed(3));
     };
     canvas.onmousemove = (event) => {
       const box = canvas.getBoundingClientRect();
@@ -820,6 +876,7 @@
     }
     if (renderId === S.renderId && document.body.dataset.state !== "error") {
       document.body.dataset.renderMs = Math.round(performance.now() - started);
+      saveState();
       setState("ready");
     }
   }
@@ -930,7 +987,6 @@
   async function start() {
     wireControls();
     const params = new URLSearchParams(location.search);
-    if (["head", "model", "heatmap", "neuron"].includes(params.get("view"))) S.view = params.get("view");
     if (mode === "app") {
       const form = $("input-form");
       form.hidden = false;
@@ -940,8 +996,7 @@
         // The address names what is shown, to bookmark or share.
         const query = new URLSearchParams({ text: $("input-text").value });
         if ($("input-pair").value) query.set("pair", $("input-pair").value);
-        query.set("view", S.view);
-        history.replaceState(null, "", "?" + query.toString());
+        history.replaceState(null, "", "?" + query.toString() + location.hash);
       });
       form.addEventListener("keydown", (event) => {
         if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("input-submit").disabled) form.requestSubmit();

@@ -726,3 +726,79 @@ fn a_512_token_page_is_small_and_renders() {
     );
     assert!(width.as_f64().unwrap() >= 3.0 * n as f64, "{width}");
 }
+
+#[test]
+fn the_address_keeps_what_is_shown_and_masked_cells_are_grey() {
+    // tiny-gpt2 is causal: its heatmap greys the cells of later keys.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("causal.html");
+    let output = html(&["The cat sat on the mat"], &out);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let browser = Browser::start();
+    // Opened with a #fragment: the heatmap of layer 1, head 2.
+    let url = format!("file://{}", out.display());
+    browser.goto(&format!("{url}#view=heatmap&layer=1&matrix=2"));
+    browser.expect_ready();
+    let shown = || {
+        browser.exec(
+            "return [document.getElementById('view-heatmap').hidden,
+                     document.getElementById('layer').value,
+                     document.getElementById('heatmap-head').value, location.hash];",
+            json!([]),
+        )
+    };
+    assert_eq!(
+        shown(),
+        json!([false, "1", "2", "#view=heatmap&layer=1&matrix=2"])
+    );
+    // The readout of the first row's last key (masked) and of the last row's first (seen); the
+    // bitmap's colour of the first there.
+    let cell = "const c = document.getElementById('heatmap-canvas'), b = c.getBoundingClientRect();
+        const dpr = window.devicePixelRatio || 1;
+        const [x, y] = [b.left + arguments[0], b.top + arguments[1]];
+        c.dispatchEvent(new MouseEvent('mousemove', { clientX: x, clientY: y }));
+        const px = c.getContext('2d').getImageData(Math.round((x - b.left) * dpr), Math.round((y - b.top) * dpr), 1, 1).data;
+        return [document.getElementById('heatmap-readout').textContent, [px[0], px[1], px[2]]];";
+    let geometry = browser.exec(
+        "const c = document.getElementById('heatmap-canvas'), b = c.getBoundingClientRect();
+         return [b.width, b.height];",
+        json!([]),
+    );
+    // Six tokens, 24 px cells, a 60 px colour bar at the right and 4 px below: the matrix's
+    // top-right cell is 72 px left of the right edge, its bottom-left 4 + 12 px above the
+    // bottom.
+    let (w, h) = (geometry[0].as_f64().unwrap(), geometry[1].as_f64().unwrap());
+    let (left, top) = (w - 60.0 - 6.0 * 24.0, h - 4.0 - 6.0 * 24.0);
+    let masked = browser.exec(cell, json!([left + 5.5 * 24.0, top + 12.0]));
+    assert!(
+        masked[0]
+            .as_str()
+            .unwrap()
+            .ends_with("(5): masked (a causal model's query cannot see later keys)"),
+        "{masked}"
+    );
+    assert_eq!(masked[1], json!([222, 222, 222]));
+    let seen = browser.exec(cell, json!([left + 12.0, top + 5.5 * 24.0]));
+    assert!(seen[0].as_str().unwrap().contains("(0): 0."), "{seen}");
+    assert_ne!(seen[1], json!([222, 222, 222]));
+    // Changing the view writes the address; reopening it restores the view.
+    browser.click("#tabs button[data-view=neuron]");
+    browser.expect_ready();
+    let hash = browser.exec("return location.hash;", json!([]));
+    assert!(
+        hash.as_str()
+            .unwrap()
+            .starts_with("#view=neuron&layer=1&head="),
+        "{hash}"
+    );
+    browser.goto("about:blank");
+    browser.goto(&format!("{url}{}", hash.as_str().unwrap()));
+    browser.expect_ready();
+    assert_eq!(
+        browser.exec(
+            "return [document.getElementById('view-neuron').hidden, document.getElementById('layer').value];",
+            json!([])
+        ),
+        json!([false, "1"])
+    );
+}

@@ -152,8 +152,8 @@ fn browser_shows_every_view_of_the_submitted_text() {
     browser.expect_ready();
     // The address names what is shown, so that it can be bookmarked or shared.
     assert_eq!(
-        browser.exec("return location.search;", json!([])),
-        json!("?text=The+cat+sat&pair=on+the+mat&view=head")
+        browser.exec("return [location.search, location.hash];", json!([])),
+        json!(["?text=The+cat+sat&pair=on+the+mat", "#view=head&layer=1"])
     );
 
     let column = |side: &str| {
@@ -400,7 +400,10 @@ fn browser_shows_every_view_of_the_submitted_text() {
     );
     assert_eq!(
         after,
-        json!("Point at a cell to read its weight (layer 0, mean of heads).")
+        json!(
+            "Point at a cell to read its weight (layer 0, mean of heads); grey cells are masked: \
+             a causal model's query cannot see later keys."
+        )
     );
 
     browser.click("#tabs button[data-view=neuron]");
