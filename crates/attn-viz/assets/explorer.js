@@ -739,8 +739,14 @@
       "darker for larger magnitude. q ∘ k multiplies them dimension by dimension; q · k is its sum.");
     body.append(intro, legend);
     const table = el("table", "neuron");
+    table.appendChild(el("caption", "muted", "How query " + JSON.stringify(tokenLabel(t)) + " (" + i + ") scores every key, layer " +
+      S.layer + ", head " + head));
     const header = el("tr");
-    for (const name of ["key", "k", "q ∘ k", "q · k", "× scale", "softmax", "model", "weight"]) header.appendChild(el("th", "", name));
+    for (const name of ["key", "k", "q ∘ k", "q · k", "× scale", "softmax", "model", "weight"]) {
+      const th = el("th", "", name);
+      th.scope = "col";
+      header.appendChild(th);
+    }
     table.appendChild(header);
     const qRow = el("tr", "query");
     const qCell = el("td");
@@ -767,6 +773,8 @@
       const barCell = el("td");
       const bar = el("span", "bar");
       bar.style.width = Math.round(w * 120) + "px";
+      bar.setAttribute("role", "img");
+      bar.setAttribute("aria-label", "weight " + w.toFixed(3));
       barCell.appendChild(bar);
       tr.appendChild(barCell);
       table.appendChild(tr);
