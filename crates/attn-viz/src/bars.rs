@@ -111,6 +111,17 @@ pub fn bar(weight: f32, max: f32, width: usize) -> String {
 /// One line per `(label, weight)`: `"  label [0.30]  ████"`. Labels are padded to the longest
 /// label (at least 8 characters, as in the notes); `highlight` rows are emphasised in colour.
 pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle) -> String {
+    render_bars_masked(rows, highlight, &[], style)
+}
+
+/// [`render_bars`] with the rows of `masked` (keys a causal model's query cannot see) shown
+/// as masked rather than as weight 0.
+pub fn render_bars_masked(
+    rows: &[(String, f32)],
+    highlight: &[usize],
+    masked: &[usize],
+    style: BarStyle,
+) -> String {
     let label_width = rows
         .iter()
         .map(|(label, _)| display_width(label))
@@ -123,6 +134,12 @@ pub fn render_bars(rows: &[(String, f32)], highlight: &[usize], style: BarStyle)
     for (index, (label, weight)) in rows.iter().enumerate() {
         let pad = " ".repeat(label_width - display_width(label));
         let bar = bar(*weight, max, style.width);
+        if masked.contains(&index) {
+            let dashes = "-".repeat(decimals + 2);
+            let line = format!("  {label}{pad} [{dashes}]  masked");
+            let _ = writeln!(out, "{}", dim(&line, style.colour));
+            continue;
+        }
         let line = if style.colour {
             let (label, colour) = if highlight.contains(&index) {
                 (format!("{BOLD}{label}{RESET}"), YELLOW)

@@ -15,6 +15,7 @@ use unicode_normalization_alignments::UnicodeNormalization;
 use crate::bars::{self, BarStyle};
 use crate::flow::attention_flow;
 use crate::select::{Selection, select};
+use crate::stats::sees_only_earlier_keys;
 use crate::words::{self, Unit, renormalised, row_to_units};
 use crate::{AttentionMaps, VizError};
 
@@ -65,6 +66,9 @@ pub struct Row {
     pub raw: f32,
     /// Whether the word is named in [`Explanation::focuses_on`] (and highlighted).
     pub heavy: bool,
+    /// Whether a causal model's query cannot see the word: it comes after every token looked
+    /// from. Its weight is 0 by the mask, not by the model's choice.
+    pub masked: bool,
 }
 
 /// An explanation, ready to print or to serialise.
@@ -84,8 +88,12 @@ pub struct Explanation {
     /// Rows shown: input order, or heaviest first with `top`.
     pub rows: Vec<Row>,
     /// The heaviest words among the rows shown ([`bars::heavy`]: with `top`, only words that
-    /// have a bar), heaviest first; punctuation is not named.
+    /// have a bar), heaviest first; punctuation is not named, and no word is when none stands
+    /// out (`spread`).
     pub focuses_on: Vec<String>,
+    /// Whether the weights are close to even: the heaviest word's is under [`STANDS_OUT`]
+    /// times an even share of the rows shown, so that no word is named.
+    pub spread: bool,
     /// Share (0..=1) of the row's raw weight that went to words not shown (special tokens, the
     /// question's own words).
     pub hidden_share: f32,
@@ -188,6 +196,9 @@ pub fn explain(
     let unit_row = row_to_units(&token_row, &units);
     let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
     let shown = renormalised(&raw);
+    // On a causal model, the words after every token looked from are masked.
+    let last_query = from.iter().map(|&(i, _)| i).max().unwrap_or(0);
+    let causal = sees_only_earlier_keys(maps);
     let mut rows: Vec<Row> = targets
         .iter()
         .zip(raw.iter().zip(&shown))
@@ -196,8 +207,11 @@ pub fn explain(
             weight,
             raw,
             heavy: false,
+            masked: causal && units[u].tokens.iter().all(|&j| j > last_query),
         })
         .collect();
+    // An even share: of the words the query sees.
+    let even = 1.0 / rows.iter().filter(|r| !r.masked).count().max(1) as f32;
     // With --top: what the rows left out hold, said below.
     let mut left_out = None;
     if let Some(k) = options.top {
@@ -219,8 +233,12 @@ pub fn explain(
             }
         })
         .collect();
+    // Only words that stand out from an even spread are named (flat rows named three words
+    // at 0.34 against 0.33).
+    let heaviest = wordlike.iter().copied().fold(0.0f32, f32::max);
+    let spread = heaviest > 0.0 && heaviest < STANDS_OUT * even;
     let mut focuses_on = Vec::new();
-    for i in bars::heavy(&wordlike) {
+    for i in bars::heavy(&wordlike).into_iter().filter(|_| !spread) {
         rows[i].heavy = true;
         focuses_on.push(rows[i].word.clone());
     }
@@ -273,6 +291,17 @@ pub fn explain(
             100.0 * rest
         ));
     }
+    if rows.iter().any(|r| r.masked) {
+        notes.push(format!(
+            "masked: the model is causal, so {} sees only what comes before it; the words \
+             after it get no attention by the mask, not by choice",
+            if focus_is_default {
+                "each word".to_string()
+            } else {
+                format!("{focus:?}")
+            }
+        ));
+    }
     if options.level == Level::Words {
         notes.push(
             "word level: weight to a word = sum over its tokens, from a word = mean over its \
@@ -295,6 +324,7 @@ pub fn explain(
         focus_is_default,
         rows,
         focuses_on,
+        spread,
         hidden_share,
         notes,
     })
@@ -415,6 +445,10 @@ fn find_focus(
     }
 }
 
+/// How many times an even share the heaviest word's weight must be for words to be named (as
+/// `lookup` names an entry at 1.5 times the next).
+pub const STANDS_OUT: f32 = 1.5;
+
 /// The explanation as the notes print it: a header, one bar per word, the words the model
 /// focuses on, and the footer notes.
 pub fn render(explanation: &Explanation, style: BarStyle) -> String {
@@ -426,26 +460,60 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
     let highlight: Vec<usize> = (0..rows.len())
         .filter(|&i| explanation.rows[i].heavy)
         .collect();
+    let masked: Vec<usize> = (0..rows.len())
+        .filter(|&i| explanation.rows[i].masked)
+        .collect();
     let from = if explanation.focus_is_default {
         explanation.focus.clone()
     } else {
         format!("{:?}", explanation.focus)
     };
+    // Rollout and flow are not one layer's weights: the header names them.
+    let what = match explanation.method {
+        Method::Flow => "Attention flow",
+        Method::Attention {
+            selection: Selection::Rollout,
+        } => "Attention rollout",
+        Method::Attention { .. } => "Attention weights",
+    };
     let mut out = format!(
-        "Attention weights from {from} — {} — {}:\n",
+        "{what} from {from} — {} — {}:\n",
         explanation.attention, explanation.model
     );
-    out.push_str(&bars::render_bars(&rows, &highlight, style));
+    out.push_str(&bars::render_bars_masked(&rows, &highlight, &masked, style));
     let heavy: Vec<String> = explanation
         .focuses_on
         .iter()
         .map(|w| format!("{w:?}"))
         .collect();
+    // Most of the row went elsewhere (special tokens, the question's own words): the words
+    // named lead only what is left.
+    let among = if explanation.hidden_share >= 0.5 {
+        format!(
+            " (among the words shown, which got {:.0}% of this attention)",
+            100.0 * (1.0 - explanation.hidden_share)
+        )
+    } else {
+        String::new()
+    };
     if !heavy.is_empty() {
         out.push_str(&format!(
-            "\nModel focuses heavily on: {}\n",
+            "\nModel focuses heavily on: {}{among}\n",
             heavy.join(", ")
         ));
+    } else if explanation.spread {
+        let top = explanation
+            .rows
+            .iter()
+            .filter(|r| r.word.chars().any(char::is_alphanumeric))
+            .max_by(|a, b| a.weight.total_cmp(&b.weight));
+        if let Some(top) = top {
+            out.push_str(&format!(
+                "\nNo word stands out{among}: the heaviest, {:?}, weighs {:.2}, under {STANDS_OUT} × \
+                 an even share\n",
+                top.word, top.weight
+            ));
+        }
     } else if explanation.rows.iter().any(|r| r.weight > 0.0) {
         out.push_str(
             "\nModel focuses on no word: the attention shown went to punctuation and symbols\n",

@@ -278,8 +278,12 @@ fn rendering_follows_the_notes() {
         text.contains("\n  a        [0.25]  ███\n  bc       [0.75]  ████████\n"),
         "{text}"
     );
+    // [CLS]/[SEP] took 60%: the words named lead only the rest.
     assert!(
-        text.contains("Model focuses heavily on: \"bc\"\n"),
+        text.contains(
+            "Model focuses heavily on: \"bc\" (among the words shown, which got 40% of this \
+             attention)\n"
+        ),
         "{text}"
     );
     assert!(text.starts_with("Attention weights from \"a\""), "{text}");
@@ -303,7 +307,37 @@ fn punctuation_is_shown_but_not_named_as_a_focus() {
     let maps = hand_maps("a .", None, tokens, 1, 1, vec![0.3, 0.7, 0.3, 0.7]);
     let e = run(&maps, &options(Some("a")));
     assert_eq!(words_and_weights(&e).0, ["a", "."]);
+    // .3 is under 1.5 × an even share (.5): "a" does not stand out either.
+    assert!(e.focuses_on.is_empty() && e.spread, "{:?}", e.focuses_on);
+    // "a b .", rows [.6 .05 .35]: "a" stands out (.6 against .33), "." (.35) is not named.
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok(".", Some((4, 5)), 0),
+    ];
+    let maps = hand_maps("a b .", None, tokens, 1, 1, [0.6, 0.05, 0.35].repeat(3));
+    let e = run(&maps, &options(Some("a")));
     assert_eq!(e.focuses_on, ["a"]);
+}
+
+#[test]
+fn no_word_is_named_when_none_stands_out() {
+    // [.4 .35 .25] against an even .33: .4 is under 1.5 × .33, so no word is named and the
+    // summary says so; at [.55 .3 .15], "a" is.
+    let e = run(&three_words_with([0.4, 0.35, 0.25]), &options(Some("b")));
+    assert!(e.focuses_on.is_empty() && e.spread);
+    assert!(e.rows.iter().all(|r| !r.heavy));
+    let text = render(&e, BarStyle::default());
+    assert!(
+        text.contains(
+            "No word stands out: the heaviest, \"a\", weighs 0.40, under 1.5 × an even share"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("focuses heavily"), "{text}");
+    let e = run(&three_words_with([0.55, 0.3, 0.15]), &options(Some("b")));
+    assert_eq!(e.focuses_on, ["a", "b"]);
+    assert!(!e.spread);
 }
 
 #[test]
@@ -364,22 +398,27 @@ fn across_to_words_that_got_nothing_says_so() {
     );
 }
 
-/// "a b c" without special tokens, every row [.4 .35 .25].
-fn three_words() -> attn_viz::AttentionMaps {
+/// "a b c" without special tokens, every row `row`.
+fn three_words_with(row: [f32; 3]) -> attn_viz::AttentionMaps {
     let tokens = vec![
         tok("a", Some((0, 1)), 0),
         tok("b", Some((2, 3)), 0),
         tok("c", Some((4, 5)), 0),
     ];
-    hand_maps("a b c", None, tokens, 1, 1, [0.4, 0.35, 0.25].repeat(3))
+    hand_maps("a b c", None, tokens, 1, 1, row.repeat(3))
+}
+
+/// "a b c", every row [.6 .3 .1].
+fn three_words() -> attn_viz::AttentionMaps {
+    three_words_with([0.6, 0.3, 0.1])
 }
 
 #[test]
 fn top_k_names_only_the_words_it_shows() {
-    // All three are at least half of .4, so all three are heavy; --top 1 shows only "a", and
-    // only "a" is named.
+    // "a" and "b" are at least half of .6, so both are heavy; --top 1 shows only "a", and only
+    // "a" is named.
     let e = run(&three_words(), &options(Some("b")));
-    assert_eq!(e.focuses_on, ["a", "b", "c"]);
+    assert_eq!(e.focuses_on, ["a", "b"]);
     let mut o = options(Some("b"));
     o.top = Some(1);
     let e = run(&three_words(), &o);
@@ -534,4 +573,35 @@ fn focus_ignores_invisible_characters() {
         let e = run(&maps, &options(Some(asked)));
         assert_eq!(e.focus, label, "{asked:?}");
     }
+}
+
+#[test]
+fn a_causal_models_later_words_are_masked_not_ignored() {
+    // "a b c" with causal rows: from "b", "c" is masked (after it), "a" and "b" are seen.
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("c", Some((4, 5)), 0),
+    ];
+    let weights = vec![1.0, 0.0, 0.0, 0.2, 0.8, 0.0, 0.3, 0.3, 0.4];
+    let maps = hand_maps("a b c", None, tokens.clone(), 1, 1, weights);
+    let e = run(&maps, &options(Some("b")));
+    let masked: Vec<bool> = e.rows.iter().map(|r| r.masked).collect();
+    assert_eq!(masked, [false, false, true]);
+    // .8 against an even share of the two words "b" sees (.5): named.
+    assert_eq!(e.focuses_on, ["b"]);
+    assert!(
+        e.notes
+            .iter()
+            .any(|n| n.starts_with("masked: the model is causal, so \"b\""))
+    );
+    let text = render(&e, BarStyle::default());
+    assert!(text.contains("\n  c        [----]  masked\n"), "{text}");
+    // From "c" nothing is masked; a model that sees every key masks nothing.
+    let e = run(&maps, &options(Some("c")));
+    assert!(e.rows.iter().all(|r| !r.masked));
+    let both_ways = hand_maps("a b c", None, tokens, 1, 1, [0.2, 0.5, 0.3].repeat(3));
+    let e = run(&both_ways, &options(Some("a")));
+    assert!(e.rows.iter().all(|r| !r.masked));
+    assert!(!e.notes.iter().any(|n| n.starts_with("masked")));
 }
