@@ -369,6 +369,12 @@ impl Model {
         self.tokenizer.decode(ids)
     }
 
+    /// The tokenizer's own string for token `id` (`"Ġcat"`, `"##ing"`), if the vocabulary has
+    /// it.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.tokenizer.token(id)
+    }
+
     /// Like [`Model::encode`], but a text that is too long is cut to fit (longest segment first).
     pub fn encode_truncated(&self, text: &str, pair: Option<&str>) -> Result<Encoding, ModelError> {
         self.tokenizer.encode(text, pair, true)

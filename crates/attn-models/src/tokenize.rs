@@ -75,6 +75,11 @@ impl TextTokenizer {
         })
     }
 
+    /// The tokenizer's own string for token `id` (`"Ġcat"`), if the vocabulary has it.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// The text of `ids`, special tokens included.
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         self.inner

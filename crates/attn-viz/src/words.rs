@@ -228,7 +228,7 @@ pub fn token_label(maps: &AttentionMaps, index: usize) -> Result<String, VizErro
     let token = &maps.tokens[index];
     let (_, piece) = maps.token_text(index)?;
     let decoded = piece.filter(|_| !token.special).and_then(|piece| {
-        let bytes: Vec<u8> = token.text.chars().map(byte_of).collect::<Option<_>>()?;
+        let bytes = byte_level_bytes(&token.text)?;
         // The span may leave out the leading space the token carries.
         let own = piece.as_bytes();
         let matches = bytes.ends_with(own)
@@ -238,9 +238,21 @@ pub fn token_label(maps: &AttentionMaps, index: usize) -> Result<String, VizErro
                 && own.windows(bytes.len()).any(|w| w == bytes);
         matches.then_some(bytes)
     });
-    let Some(bytes) = decoded else {
-        return Ok(token.text.clone());
-    };
+    Ok(match decoded {
+        Some(bytes) => byte_label(&bytes),
+        None => token.text.clone(),
+    })
+}
+
+/// The bytes a byte-level BPE token (GPT-2's, RoBERTa's) stands for: `Ġcat` is " cat", `Ã©`
+/// the two bytes of "é"; `None` when a character is not one of the byte letters.
+pub fn byte_level_bytes(token: &str) -> Option<Vec<u8>> {
+    token.chars().map(byte_of).collect()
+}
+
+/// `bytes` as a person reads them: UTF-8 as text, a byte that does not complete a character
+/// as `<0xF0>`, control characters as `\n`, `\t`, `\r` or `<0x1B>`.
+pub fn byte_label(bytes: &[u8]) -> String {
     let mut label = String::new();
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
@@ -254,7 +266,7 @@ pub fn token_label(maps: &AttentionMaps, index: usize) -> Result<String, VizErro
         }
         label.extend(chunk.invalid().iter().copied().map(hex_byte));
     }
-    Ok(label)
+    label
 }
 
 fn hex_byte(b: u8) -> String {

@@ -104,7 +104,9 @@ fn explain_lists_the_top_three_attended_words_per_token() {
         serde_json::from_str(&generate("The cat", 4, &["--explain", "--json"])).unwrap();
     let explain = doc["explain"].as_array().unwrap();
     assert_eq!(explain.len(), 4);
-    let pieces = doc["pieces"].as_array().unwrap();
+    // The words attended to are named as the labels name the new tokens.
+    let pieces = doc["labels"].as_array().unwrap();
+    assert_eq!(pieces.len(), doc["pieces"].as_array().unwrap().len());
     for (i, top) in explain.iter().enumerate() {
         let top = top.as_array().unwrap();
         // Token i's query sees the 2 prompt tokens and the i tokens generated before it.
@@ -221,4 +223,27 @@ fn bad_options_and_models_are_clear_errors() {
         ],
         "generating text needs a GPT-2-family decoder; all-MiniLM-L6-v2 is a bert model",
     );
+}
+
+#[test]
+fn a_byte_of_a_character_is_labelled_as_a_byte() {
+    // tiny-gpt2 greedily continues "The cat sat" with byte-level tokens that are no whole
+    // character: decoded alone they are U+FFFD, labelled they are their bytes.
+    let doc: Value = serde_json::from_str(&generate("The cat sat", 4, &["--json"])).unwrap();
+    let pieces = doc["pieces"].as_array().unwrap();
+    let labels = doc["labels"].as_array().unwrap();
+    let mut bytes = 0;
+    for (piece, label) in pieces.iter().zip(labels) {
+        let (piece, label) = (piece.as_str().unwrap(), label.as_str().unwrap());
+        if piece.contains('\u{fffd}') {
+            bytes += 1;
+            assert!(
+                label.starts_with("<0x") && !label.contains('\u{fffd}'),
+                "{label:?}"
+            );
+        } else {
+            assert_eq!(label, piece);
+        }
+    }
+    assert!(bytes > 0, "{doc}");
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use attn_models::ModelError;
 use attn_models::generate::{GenerateOptions, Generation, Sampling, Temperature, generate};
+use attn_viz::words::{byte_label, byte_level_bytes};
 
 use super::attention::load_model;
 
@@ -42,7 +43,9 @@ pub struct Args {
     /// averaged, top 3).
     #[arg(long)]
     pub explain: bool,
-    /// Print {"model", "prompt", "ids", "pieces", "text"} (with --explain, "explain" too).
+    /// Print {"model", "prompt", "ids", "pieces", "labels", "text"} (with --explain, "explain"
+    /// too): "pieces" each new token decoded alone, "labels" the same with a byte that does not
+    /// complete a character as "<0xF0>", as --explain names them.
     #[arg(long)]
     pub json: bool,
     /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
@@ -93,10 +96,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         err => err.into(),
     })?;
+    // A piece that is part of a character (a byte-level token of an emoji) reads as its bytes,
+    // `<0xF0>`, where decoding it alone gives U+FFFD.
+    let pieces: Vec<String> = (generation.ids.iter().zip(&generation.pieces))
+        .map(|(&id, piece)| {
+            let bytes = piece
+                .contains('\u{fffd}')
+                .then(|| model.token(id).and_then(|t| byte_level_bytes(&t)))
+                .flatten();
+            bytes.map_or_else(|| piece.clone(), |b| byte_label(&b))
+        })
+        .collect();
     let explained = generation
         .attention
         .as_ref()
-        .map(|rows| explain(&args.prompt, &generation, rows));
+        .map(|rows| explain(&args.prompt, &generation, &pieces, rows));
 
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
@@ -106,6 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "prompt": args.prompt,
             "ids": generation.ids,
             "pieces": generation.pieces,
+            "labels": pieces,
             "text": generation.text,
         });
         if let Some(explained) = &explained {
@@ -126,9 +141,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(explained) = &explained {
             writeln!(
                 w,
-                "\nwhat each generated token attended to (last layer, heads averaged, top {EXPLAIN_TOP}):"
+                "\nthe attention that chose each new token (its query is the token before it: the \
+                 prompt's last, then each new one; last layer, heads averaged, top {EXPLAIN_TOP}):"
             )?;
-            for (i, (piece, top)) in generation.pieces.iter().zip(explained).enumerate() {
+            for (i, (piece, top)) in pieces.iter().zip(explained).enumerate() {
                 let words: Vec<String> = top
                     .iter()
                     .map(|(word, weight)| format!("{word:?} {weight:.2}"))
@@ -143,7 +159,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Each generated token's [`EXPLAIN_TOP`] most attended words (prompt words as written, then
 /// the generated pieces), strongest first; ties keep the earlier word first.
-fn explain(prompt: &str, generation: &Generation, rows: &[Vec<f32>]) -> Vec<Vec<(String, f32)>> {
+fn explain(
+    prompt: &str,
+    generation: &Generation,
+    pieces: &[String],
+    rows: &[Vec<f32>],
+) -> Vec<Vec<(String, f32)>> {
     let enc = &generation.prompt;
     let words: Vec<String> = enc
         .spans
@@ -153,7 +174,7 @@ fn explain(prompt: &str, generation: &Generation, rows: &[Vec<f32>]) -> Vec<Vec<
             Some((a, b)) => prompt.get(*a..*b).unwrap_or(token).to_string(),
             None => token.clone(),
         })
-        .chain(generation.pieces.iter().cloned())
+        .chain(pieces.iter().cloned())
         .collect();
     rows.iter()
         .map(|row| {
