@@ -61,23 +61,26 @@ pub enum VizError {
         span: (usize, usize),
         text_len: usize,
     },
-    #[error("no word {word:?} in the input; the words are: {}", quoted(available))]
+    #[error("no word {word:?} in {place}; the words are: {}", quoted(available))]
     UnknownFocus {
         word: String,
         available: Vec<String>,
+        /// Where --focus looks: "the input", or "the question (--focus looks from its words)".
+        place: String,
     },
     #[error("{focus:?}: the number after '#' is too large (it picks the n-th occurrence)")]
     FocusNumber { focus: String },
     #[error("{word:?}#0: occurrences count from 1 ({word}#1 is the first)")]
     FocusZero { word: String },
     #[error(
-        "{word:?} occurs {} in the input; #{occurrence} asks for more",
+        "{word:?} occurs {} in {place}; #{occurrence} asks for more",
         if *count == 1 { "once".to_string() } else { format!("{count} times") }
     )]
     FocusOccurrence {
         word: String,
         count: usize,
         occurrence: usize,
+        place: String,
     },
     #[error(
         "a view across a sentence pair (--across) needs two texts (TEXT and --pair TEXT), and this input is one text"

@@ -140,7 +140,11 @@ pub fn explain(
     let mut notes = Vec::new();
     let (focus_units, focus, focus_is_default) = match &options.focus {
         Some(asked) => {
-            let (unit, note) = find_focus(asked, &units, &sources)?;
+            let place = match one_way {
+                true => "the question (--focus picks one of its words, which look at the context)",
+                false => "the input",
+            };
+            let (unit, note) = find_focus(asked, &units, &sources, place)?;
             notes.extend(note);
             (vec![unit], units[unit].label.clone(), false)
         }
@@ -363,11 +367,12 @@ fn nfc(text: &str) -> String {
 /// Resolves `"word"` or `"word#n"` (the n-th occurrence, from 1) among `candidates`, ignoring
 /// case and how accents are encoded, and with raw tokens also the tokenizer's marks (`Ġ`, `▁`,
 /// `##`), then accents themselves. Returns the unit and, when the word is ambiguous, a note
-/// saying which one was used.
+/// saying which one was used. `place` says where the candidates are, for errors.
 fn find_focus(
     asked: &str,
     units: &[Unit],
     candidates: &[usize],
+    place: &str,
 ) -> Result<(usize, Option<String>), VizError> {
     let (word, occurrence) = match asked.rsplit_once('#') {
         Some((word, n))
@@ -422,6 +427,7 @@ fn find_focus(
         return Err(VizError::UnknownFocus {
             word: asked.to_string(),
             available,
+            place: place.to_string(),
         });
     }
     match occurrence {
@@ -433,6 +439,7 @@ fn find_focus(
             word: word.to_string(),
             count: matches.len(),
             occurrence: n,
+            place: place.to_string(),
         }),
         None if matches.len() > 1 => Ok((
             matches[0],

@@ -151,7 +151,9 @@ fn top_k_keeps_the_heaviest_first() {
 fn an_unknown_focus_lists_the_words() {
     let err = explain(&maps(), &options(Some("zzz")), |_, _| {}).unwrap_err();
     match &err {
-        VizError::UnknownFocus { word, available } => {
+        VizError::UnknownFocus {
+            word, available, ..
+        } => {
             assert_eq!(word, "zzz");
             assert_eq!(available, &["a", "bc"]);
         }
@@ -223,6 +225,12 @@ fn questions_attend_to_the_context() {
     o.focus = Some("x".into());
     let err = explain(&pair_maps(), &o, |_, _| {}).unwrap_err();
     assert!(matches!(err, VizError::UnknownFocus { ref available, .. } if available == &["q"]));
+    // ... and the message says the focus is looked for in the question.
+    assert!(
+        err.to_string()
+            .starts_with("no word \"x\" in the question (--focus picks one of its words"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -547,6 +547,11 @@ fn percent_line(word: &str, words: &[&str], i: usize, w: &[f64; 3], masked: &[bo
 fn walkthrough_prints_the_notes_example_with_numbers_derived_here() {
     let stdout = ok(&["walkthrough"]);
     assert!(stdout.contains("ILLUSTRATIVE"), "{stdout}");
+    // W_q = W_k makes the scores symmetric, which a trained model's need not be: said.
+    assert!(
+        stdout.contains("a trained model's W_q and W_k differ"),
+        "{stdout}"
+    );
     // Q = K = X·H, V = X·W_v; scores Q·Kᵀ; weights softmax(scores / 2), computed here in f64.
     let q = matmul(&X, &H);
     let kt: [[f64; 3]; 4] = std::array::from_fn(|c| std::array::from_fn(|r| q[r][c]));
@@ -563,7 +568,7 @@ fn walkthrough_prints_the_notes_example_with_numbers_derived_here() {
     // The row for "cat" as a weighted sum of V rows, then its value.
     let v = matmul(&X, &W_V);
     let symbolic = format!(
-        "output[1] = {:.2}·V[0] + {:.2}·V[1] + {:.2}·V[2]",
+        "output[1] = {:.3}·V[0] + {:.3}·V[1] + {:.3}·V[2]",
         w[1][0], w[1][1], w[1][2]
     );
     assert!(stdout.contains(&symbolic), "missing {symbolic:?}");
@@ -642,7 +647,7 @@ fn walkthrough_takes_a_users_matrices() {
         "{stdout}"
     );
     assert!(stdout.contains("c: 33% to a, 33% to b, 33% to itself"));
-    assert!(stdout.contains("output[1] = 0.50·V[0] + 0.50·V[1] + 0.00·V[2]"));
+    assert!(stdout.contains("output[1] = 0.500·V[0] + 0.500·V[1] + 0.000·V[2]"));
     assert!(stdout.contains("= [2.000, 3.000]"), "{stdout}");
     // All words padding: no row sees anything, outputs are 0.
     let stdout = ok(&["walkthrough", "--input", p, "--mask", "padding:3"]);
@@ -730,6 +735,7 @@ fn mask_matrices_match_the_notes() {
     let rows: Vec<Vec<u8>> = stdout
         .lines()
         .skip(2)
+        .take(4)
         .map(|l| {
             l.split_whitespace()
                 .skip(1)
@@ -741,6 +747,12 @@ fn mask_matrices_match_the_notes() {
         .map(|i| (0..4).map(|j| u8::from(j <= i)).collect())
         .collect();
     assert_eq!(rows, want, "{stdout}");
+    // The notes' "when predicting word 2, it sees words 0 and 1" is row 1.
+    assert!(
+        stdout.ends_with("predicting token 2 is row 1, which sees tokens 0 and 1.\n"),
+        "{stdout}"
+    );
+    assert!(ok(&["mask", "causal", "1"]).starts_with("Causal mask, 1 query × 1 key ("));
 
     // Bottom-right, 2 queries over 4 keys: offset 2, so row 0 sees keys 0..=2, row 1 all 4.
     let stdout = ok(&[
@@ -762,6 +774,9 @@ fn mask_matrices_match_the_notes() {
         stdout.contains("<PAD>      1     1     0     0\n"),
         "{stdout}"
     );
+    // In any case.
+    let stdout = ok(&["mask", "padding", "The cat <pad> [Pad]"]);
+    assert!(stdout.contains("mask = [[1, 1, 0, 0]]"), "{stdout}");
     let stdout = ok(&["mask", "padding", "[CLS] hi [SEP] [PAD]"]);
     assert!(stdout.contains("mask = [[1, 1, 1, 0]]"), "{stdout}");
     assert!(!stdout.contains("see no key"), "{stdout}");
@@ -779,8 +794,9 @@ fn mask_matrices_match_the_notes() {
     ]);
     assert!(
         stdout.ends_with(
-            "Rows 0 to 1 (2 rows) see no key: attnscope gives them output 0 and \
-             weights 0 (PyTorch's softmax of a row of −∞ gives NaN).\n"
+            "Rows 0 to 1 (2 rows) see no key: attnscope gives them output 0 and weights 0, as \
+             FlashAttention does (PyTorch's softmax of a row of −∞ gives NaN, and a mask of \
+             −1e9, as in the notes' masked_fill, gives even weights).\n"
         ),
         "{stdout}"
     );

@@ -474,6 +474,12 @@ fn bad_flags_and_files_are_clear_errors() {
         "heads are 0..=0",
     );
     fails_with(&["explain", "--maps", maps, "--top", "0"], 2, "--top");
+    // Python's -1 for the last layer: indices count from 0, none from the end.
+    fails_with(
+        &["explain", "--maps", maps, "--layer", "-1"],
+        2,
+        "indices count from 0 (0 is the first) and none counts from the end",
+    );
     fails_with(&["explain", "--maps", maps, "--head", "0"], 2, "--layer");
     fails_with(
         &["explain", "--maps", maps, "--rollout", "--flow"],
@@ -619,7 +625,7 @@ fn bad_flags_and_files_are_clear_errors() {
             "1e-39",
         ],
         1,
-        "at least 1.1754944e-38",
+        "at least 1.18e-38 (smaller ones overflow cosine / temperature); got 1e-39",
     );
     fails_with(&["lookup", "--query", " ", "--entry", "a=b"], 1, "empty");
 }

@@ -39,10 +39,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE.json", conflicts_with_all = ["json", "layer", "head"])]
     pub save_maps: Option<PathBuf>,
     /// Readable form: show this layer only (0-based) [default: every layer].
-    #[arg(long, value_name = "L")]
+    #[arg(long, value_name = "L", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub layer: Option<usize>,
     /// Readable form: show this head instead of the average over heads (0-based).
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub head: Option<usize>,
     /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
     #[arg(long, value_name = "N")]

@@ -44,10 +44,10 @@ pub struct Args {
     #[arg(long, value_name = "WORD")]
     pub focus: Option<String>,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.
-    #[arg(long, value_name = "L")]
+    #[arg(long, value_name = "L", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub layer: Option<usize>,
     /// One head (0-based) of --layer.
-    #[arg(long, value_name = "H", requires = "layer")]
+    #[arg(long, value_name = "H", requires = "layer", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub head: Option<usize>,
     /// Attention rollout through every layer (Abnar & Zuidema 2020): per layer the heads
     /// averaged, 0.5·A + 0.5·I for the residual, rows renormalised; layers multiplied from the

@@ -30,10 +30,10 @@ pub struct Args {
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.
-    #[arg(long, value_name = "L")]
+    #[arg(long, value_name = "L", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub layer: Option<usize>,
     /// One head (0-based) of --layer.
-    #[arg(long, value_name = "H", requires = "layer")]
+    #[arg(long, value_name = "H", requires = "layer", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub head: Option<usize>,
     /// Attention rollout through every layer (as `explain --rollout`: heads averaged,
     /// 0.5·A + 0.5·I, rows renormalised, layers multiplied from the input up).

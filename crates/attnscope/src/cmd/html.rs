@@ -29,7 +29,13 @@ pub struct Args {
     /// The layer whose queries and keys the neuron view gets first [default: the last]; nearby
     /// layers are added while the file stays small. (Saved maps hold no queries or keys: a page
     /// from --maps has no neuron view.)
-    #[arg(long, value_name = "L", conflicts_with = "maps")]
+    #[arg(
+        long,
+        value_name = "L",
+        conflicts_with = "maps",
+        value_parser = crate::cmd::index,
+        allow_negative_numbers = true
+    )]
     pub neuron_layer: Option<usize>,
     #[command(flatten)]
     pub source: SourceArgs,

@@ -103,9 +103,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("the --query is empty");
     }
     if !(args.temperature.is_finite() && args.temperature >= MIN_TEMPERATURE) {
+        let why = if args.temperature > 0.0 && args.temperature.is_finite() {
+            " (smaller ones overflow cosine / temperature)"
+        } else {
+            ": a small one, such as 0.01, puts nearly all the weight on the best match; a large \
+             one spreads it evenly"
+        };
         anyhow::bail!(
-            "--temperature must be a number above 0, at least {MIN_TEMPERATURE:?} (below it \
-             cosine / temperature overflows), got {:?}",
+            "--temperature must be above 0, at least {MIN_TEMPERATURE:.2e}{why}; got {:?}",
             args.temperature
         );
     }
@@ -181,10 +186,20 @@ fn render(
         .unwrap_or(0)
         .max(8);
     let mut s = format!("Query: {query:?}  ({model}, temperature {temperature})\n\n");
-    s.push_str("Step 1: match the query to each key (cosine similarity of sentence embeddings)\n");
+    s.push_str(
+        "Step 1: match the query to each key (cosine similarity of sentence embeddings), divided \
+         by the temperature as attention divides q·k by √d_k (lower is sharper)\n",
+    );
+    // Enough decimals for 3 or 4 significant digits (at temperature 10 the scores are 0.04).
+    let largest = lookup.scaled.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let decimals = if largest >= 1.0 || largest == 0.0 {
+        2
+    } else {
+        (3.0 - largest.log10().floor()).clamp(2.0, 6.0) as usize
+    };
     for (key, (c, sc)) in keys.iter().zip(lookup.cosine.iter().zip(&lookup.scaled)) {
         s.push_str(&format!(
-            "  {} {c:>7.4}   / {temperature} = {sc:>7.2}\n",
+            "  {} {c:>7.4}   / {temperature} = {sc:>7.decimals$}\n",
             pad_end(key, width)
         ));
     }

@@ -27,7 +27,8 @@ enum Kind {
         #[arg(long, value_enum, default_value_t = Align::TopLeft)]
         align: Align,
     },
-    /// Padding mask of a sentence: tokens written <PAD> or [PAD] are padding no one attends to.
+    /// Padding mask of a sentence: tokens written <PAD> or [PAD] (any case) are padding no one
+    /// attends to.
     Padding {
         /// The tokens, separated by spaces (at most 512).
         text: String,
@@ -68,9 +69,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Align::TopLeft => "query i sees keys j ≤ i",
                 Align::BottomRight => "query i sees keys j ≤ i + seq_kv − seq_q",
             };
+            let count = |n: usize, one: &str, many: &str| {
+                format!("{n} {}", if n == 1 { one } else { many })
+            };
+            // The notes' "when predicting word 2, it sees words 0 and 1", on these rows.
+            let predicting = if seq_q == seq_kv && seq_q > 2 {
+                "In a decoder, row i predicts token i + 1: predicting token 2 is row 1, which sees \
+                 tokens 0 and 1.\n"
+            } else {
+                ""
+            };
             format!(
-                "Causal mask, {seq_q} queries × {seq_kv} keys ({how}; 1 = may attend, \
-                 rows = queries, columns = keys):\n{}{}",
+                "Causal mask, {} × {} ({how}; 1 = may attend, rows = queries, columns = keys):\n\
+                 {}{}{predicting}",
+                count(seq_q, "query", "queries"),
+                count(seq_kv, "key", "keys"),
                 render(&queries, &keys, &rows),
                 blind_rows_note(&rows)
             )
@@ -81,9 +94,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether a token is written as padding.
+/// Whether a token is written as padding: `<PAD>` or `[PAD]`, in any case.
 pub fn is_pad(token: &str) -> bool {
-    token == "<PAD>" || token == "[PAD]"
+    token.eq_ignore_ascii_case("<PAD>") || token.eq_ignore_ascii_case("[PAD]")
 }
 
 fn padding(text: &str) -> anyhow::Result<String> {
@@ -128,22 +141,20 @@ fn blind_rows_note(rows: &[Vec<u8>]) -> String {
     let blind: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].iter().all(|&m| m == 0))
         .collect();
-    match blind.as_slice() {
-        [] => String::new(),
-        [row] => format!(
-            "Row {row} sees no key: attnscope gives it output 0 and weights 0 (PyTorch's softmax \
-             of a row of −∞ gives NaN).\n"
+    let (rows, them) = match blind.as_slice() {
+        [] => return String::new(),
+        [row] => (format!("Row {row} sees"), "it"),
+        [first, .., last] if last - first + 1 == blind.len() => (
+            format!("Rows {first} to {last} ({} rows) see", blind.len()),
+            "them",
         ),
-        [first, .., last] if last - first + 1 == blind.len() => format!(
-            "Rows {first} to {last} ({} rows) see no key: attnscope gives them output 0 and \
-             weights 0 (PyTorch's softmax of a row of −∞ gives NaN).\n",
-            blind.len()
-        ),
-        _ => format!(
-            "Rows {blind:?} see no key: attnscope gives them output 0 and weights 0 (PyTorch's \
-             softmax of a row of −∞ gives NaN).\n"
-        ),
-    }
+        _ => (format!("Rows {blind:?} see"), "them"),
+    };
+    format!(
+        "{rows} no key: attnscope gives {them} output 0 and weights 0, as FlashAttention does \
+         (PyTorch's softmax of a row of −∞ gives NaN, and a mask of −1e9, as in the notes' \
+         masked_fill, gives even weights).\n"
+    )
 }
 
 /// A 0/1 matrix with row and column labels, one row a line.

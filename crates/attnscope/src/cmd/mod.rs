@@ -13,3 +13,15 @@ pub mod mask;
 pub mod sdpa;
 pub mod serve;
 pub mod walkthrough;
+
+/// A layer's or head's index for clap: a whole number from 0, and for `-1` (Python's last) a
+/// message that says indices count from 0 and none counts from the end.
+pub fn index(value: &str) -> Result<usize, String> {
+    value.parse().map_err(|_| {
+        if value.starts_with('-') && value[1..].parse::<u64>().is_ok() {
+            "indices count from 0 (0 is the first) and none counts from the end".to_string()
+        } else {
+            "expected a whole number from 0".to_string()
+        }
+    })
+}

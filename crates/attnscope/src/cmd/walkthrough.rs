@@ -360,7 +360,9 @@ fn walkthrough(ex: &Example, mask: Option<&MaskKind>, focus: usize) -> anyhow::R
     if ex.builtin {
         s += "\n2. Weight matrices. ILLUSTRATIVE values, fixed so the example is reproducible; a \
               trained model learns its own.\n   W_q = W_k = the 4×4 Hadamard matrix H (H·Hᵀ = 4·I, \
-              so Q·Kᵀ = 4·X·Xᵀ: words with alike embeddings score high).\n";
+              so Q·Kᵀ = 4·X·Xᵀ: words with alike embeddings score high). With W_q = W_k the scores \
+              are symmetric (\"The\" scores \"sat\" as \"sat\" scores \"The\"); a trained model's \
+              W_q and W_k differ, so it need not be.\n";
     } else {
         s += "\n2. Weight matrices (from the input file)\n";
     }
@@ -420,6 +422,12 @@ fn walkthrough(ex: &Example, mask: Option<&MaskKind>, focus: usize) -> anyhow::R
             describe_row(words, i, &weights[i * n..][..n], visible)
         );
     }
+    if blind_row {
+        s += "   (A row that sees no word: attnscope gives it weights 0 and output 0, as \
+              FlashAttention does; PyTorch's softmax of a row of −∞ gives NaN, and a mask of −1e9, \
+              as in the notes' masked_fill, gives it even weights. A padding token's own row is \
+              thrown away by the model either way.)\n";
+    }
     s += &format!(
         "\n7. Output = weights · V ({n}×{d_v}): each word's new vector is a weighted average of \
          the value rows\n"
@@ -477,12 +485,12 @@ fn weighted_sum(words: &[String], i: usize, row: &[f32], v: &Matrix, out: &[f32]
     let symbolic: Vec<String> = row
         .iter()
         .enumerate()
-        .map(|(j, w)| format!("{w:.2}·V[{j}]"))
+        .map(|(j, w)| format!("{w:.3}·V[{j}]"))
         .collect();
     let numeric: Vec<String> = row
         .iter()
         .enumerate()
-        .map(|(j, w)| format!("{w:.2}·{}", vec(v.row(j))))
+        .map(|(j, w)| format!("{w:.3}·{}", vec(v.row(j))))
         .collect();
     let sources: Vec<String> = words
         .iter()
