@@ -7,7 +7,11 @@
 //! sees ([`uniform_shares`]): on a causal model a query sees only the keys up to itself, so even
 //! attention gives the first queries large previous-token and self shares.
 //! `[CLS]` is a special token at position 0 (BERT's `[CLS]`, RoBERTa's `<s>`); `[SEP]` is every
-//! other special token. A model without special tokens (GPT-2) gets 0 for both.
+//! other special token. On an input without special tokens (GPT-2's) the `[CLS]` figure is the
+//! first token's, where such models park attention they do not need (an "attention sink",
+//! Xiao et al. 2023, <https://arxiv.org/abs/2309.17453>), and `[SEP]`'s is 0. The distance
+//! leaves special tokens out: a head that parks its attention on `[CLS]` reaches no further for
+//! it.
 
 use crate::{AttentionMaps, Token, VizError};
 
@@ -25,7 +29,7 @@ pub struct HeadStats {
 pub struct Shares {
     /// Entropy of a query's weights in nats, `-Σ w·ln w`, mean over queries.
     pub entropy: f32,
-    /// Weight on `[CLS]`.
+    /// Weight on `[CLS]`, or on the first token when there are no special tokens.
     pub cls: f32,
     /// Weight on `[SEP]` (every special token but a leading one).
     pub sep: f32,
@@ -36,7 +40,8 @@ pub struct Shares {
     /// Weight on the query token itself (`self` in JSON, as `heads` heads its column).
     #[serde(rename = "self")]
     pub same: f32,
-    /// `Σ_j w_ij·|i − j|`, in tokens.
+    /// `Σ_j w_ij·|i − j| / Σ_j w_ij` over the keys that are not special tokens, in tokens (0
+    /// for a query that gives them nothing).
     pub distance: f32,
 }
 
@@ -90,34 +95,49 @@ pub fn uniform_shares(maps: &AttentionMaps) -> Result<Shares, VizError> {
 struct Special {
     cls: Vec<bool>,
     sep: Vec<bool>,
+    /// The special tokens, which the distance leaves out.
+    any: Vec<bool>,
 }
 
 impl Special {
     fn of(tokens: &[Token]) -> Special {
-        let (cls, sep) = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, tok)| (tok.special && i == 0, tok.special && i != 0))
+        let any: Vec<bool> = tokens.iter().map(|t| t.special).collect();
+        let none = !any.contains(&true);
+        let (cls, sep) = (any.iter().enumerate())
+            .map(|(i, &special)| ((special || none) && i == 0, special && i != 0))
             .unzip();
-        Special { cls, sep }
+        Special { cls, sep, any }
     }
+}
+
+/// Whether the input has special tokens (`[CLS]`, `[SEP]`); without them the `[CLS]` figure is
+/// the first token's.
+pub fn has_special_tokens(maps: &AttentionMaps) -> bool {
+    maps.tokens.iter().any(|t| t.special)
 }
 
 /// The figures of one `[T, T]` attention matrix `a`.
 fn shares_of(a: &[f32], t: usize, special: &Special) -> Shares {
     let mut s = Sums::default();
     for (i, row) in a.chunks_exact(t).enumerate() {
+        let (mut reach, mut words) = (0.0f64, 0.0f64);
         for (j, &w) in row.iter().enumerate() {
             if w > 0.0 {
                 s.entropy -= f64::from(w) * f64::from(w).ln();
             }
-            s.distance += f64::from(w) * i.abs_diff(j) as f64;
+            if !special.any[j] {
+                reach += f64::from(w) * i.abs_diff(j) as f64;
+                words += f64::from(w);
+            }
             if special.cls[j] {
                 s.cls += f64::from(w);
             }
             if special.sep[j] {
                 s.sep += f64::from(w);
             }
+        }
+        if words > 0.0 {
+            s.distance += reach / words;
         }
         s.same += f64::from(row[i]);
         if i > 0 {
@@ -299,7 +319,11 @@ pub fn special_columns_note(tokens: &[Token]) -> Option<String> {
         }
     }
     match (leading, others.as_slice()) {
-        (None, []) => Some("note: this text has no special tokens: [CLS] and [SEP] are 0".into()),
+        (None, []) => Some(
+            "note: this text has no special tokens: \"first\" is the first token's share (where \
+             models like GPT-2 park attention they do not need), [SEP] is 0"
+                .into(),
+        ),
         (Some("[CLS]"), [] | ["[SEP]"]) => None,
         _ => Some(format!(
             "note: [CLS] is the leading special token ({}), [SEP] every other one ({})",
@@ -346,7 +370,8 @@ mod tests {
         let gpt2 = tokens(&[("The", false), ("Ġcat", false)]);
         assert_eq!(
             special_columns_note(&gpt2).unwrap(),
-            "note: this text has no special tokens: [CLS] and [SEP] are 0"
+            "note: this text has no special tokens: \"first\" is the first token's share \
+             (where models like GPT-2 park attention they do not need), [SEP] is 0"
         );
         let typed = tokens(&[("The", false), ("<|endoftext|>", true)]);
         assert_eq!(

@@ -10,7 +10,7 @@ use attn_viz::bars::{
 use attn_viz::flow::attention_flow;
 use attn_viz::lookup::soft_lookup;
 use attn_viz::select::{Selection, residual_layers, rollout, select};
-use attn_viz::stats::{head_stats, notable_heads, uniform_shares};
+use attn_viz::stats::{has_special_tokens, head_stats, notable_heads, uniform_shares};
 use attn_viz::words::{self, keep_and_renormalise, merge_matrix};
 use common::{assert_close, hand_maps, tok};
 
@@ -330,7 +330,8 @@ fn head_statistics_of_a_hand_made_head() {
     // Tokens [CLS] a [SEP]; rows [1,0,0], [.5,0,.5], [0,0,1].
     // entropy: (0 + ln 2 + 0) / 3; [CLS]: (1 + .5 + 0) / 3 = .5; [SEP]: (0 + .5 + 1) / 3 = .5
     // same: (1 + 0 + 1) / 3; previous (queries 1, 2): (.5 + 0) / 2; next (queries 0, 1): (0 + .5) / 2
-    // distance: (0 + (.5·1 + .5·1) + 0) / 3 = 1/3
+    // distance leaves [CLS]/[SEP] out: no query gives "a" anything, so 0 (with them it was
+    // (0 + (.5·1 + .5·1) + 0) / 3 = 1/3, a head that parks on [CLS] and [SEP] "reaching")
     let tokens = vec![
         tok("[CLS]", None, 0),
         tok("a", Some((0, 1)), 0),
@@ -345,7 +346,28 @@ fn head_statistics_of_a_hand_made_head() {
     let ln2 = std::f32::consts::LN_2;
     assert_close(
         &got,
-        &[ln2 / 3.0, 0.5, 0.5, 2.0 / 3.0, 0.25, 0.25, 1.0 / 3.0],
+        &[ln2 / 3.0, 0.5, 0.5, 2.0 / 3.0, 0.25, 0.25, 0.0],
+        1e-6,
+    );
+    // Without special tokens (GPT-2) the [CLS] figure is the first token's: rows [1,0,0],
+    // [1,0,0], [.5,0,.5] give it (1 + 1 + .5) / 3; distance (0 + 1 + .5·2) / 3 over all keys.
+    let gpt2 = hand_maps(
+        "a b c",
+        None,
+        vec![
+            tok("a", Some((0, 1)), 0),
+            tok("b", Some((2, 3)), 0),
+            tok("c", Some((4, 5)), 0),
+        ],
+        1,
+        1,
+        vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.0, 0.5],
+    );
+    assert!(!has_special_tokens(&gpt2) && has_special_tokens(&maps));
+    let g = &head_stats(&gpt2).unwrap()[0].shares;
+    assert_close(
+        &[g.cls, g.sep, g.distance],
+        &[2.5 / 3.0, 0.0, 2.0 / 3.0],
         1e-6,
     );
     let uniform = uniform_shares(&maps).unwrap();

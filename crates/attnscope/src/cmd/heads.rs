@@ -5,8 +5,8 @@ use std::io::Write;
 
 use anyhow::Context;
 use attn_viz::stats::{
-    HeadStats, Notable, Shares, head_stats, notable_heads, sees_only_earlier_keys,
-    special_columns_note, uniform_shares,
+    HeadStats, Notable, Shares, has_special_tokens, head_stats, notable_heads,
+    sees_only_earlier_keys, special_columns_note, uniform_shares,
 };
 
 use crate::maps::SourceArgs;
@@ -69,9 +69,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         maps.model,
         maps.seq_len()
     )?;
+    // Without [CLS]/[SEP] (GPT-2) the first column is the first token's share, the sink of
+    // attention such models do not need.
+    let specials = has_special_tokens(&maps);
+    let first = if specials { "[CLS]" } else { "first" };
     writeln!(
         out,
-        "layer head  entropy  [CLS]  [SEP]   prev   next   self  distance"
+        "layer head  entropy  {first:>5}  [SEP]   prev   next   self  distance"
     )?;
     let row = |label: &str, s: &Shares| {
         format!(
@@ -93,17 +97,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     for n in &notable {
         let unit = if n.unit.is_empty() { "" } else { " " };
+        let role = match specials {
+            true => n.role.clone(),
+            false => n.role.replace("[CLS]", "the first token"),
+        };
         writeln!(
             out,
-            "  layer {} head {} {} ({} {:.2}{unit}{})",
-            n.layer, n.head, n.role, n.measure, n.value, n.unit
+            "  layer {} head {} {role} ({} {:.2}{unit}{})",
+            n.layer, n.head, n.measure, n.value, n.unit
         )?;
     }
     let n = maps.seq_len();
     writeln!(
         out,
         "even: every query's attention spread evenly over the keys it sees{}; entropy in nats \
-         (ln {n} = {:.2} is even over all tokens); distance in tokens",
+         (ln {n} = {:.2} is even over all tokens); distance in tokens, to keys other than \
+         [CLS]/[SEP]",
         if sees_only_earlier_keys(&maps) && n > 1 {
             " (here: itself and the tokens before it)"
         } else {
