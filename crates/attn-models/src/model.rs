@@ -369,6 +369,13 @@ impl Model {
         self.tokenizer.decode(ids)
     }
 
+    /// Whether the model is a sentence-transformers one (it has `modules.json`), trained to make
+    /// sentence embeddings; others are mean-pooled as sentence-transformers pools a plain
+    /// checkpoint.
+    pub fn is_sentence_model(&self) -> bool {
+        self.pooling.sentence_transformers
+    }
+
     /// The tokenizer's own string for token `id` (`"Ġcat"`, `"##ing"`), if the vocabulary has
     /// it.
     pub fn token(&self, id: u32) -> Option<String> {

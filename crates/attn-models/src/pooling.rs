@@ -21,6 +21,9 @@ pub struct Pooling {
     pub max_seq_length: Option<usize>,
     /// Lower-case each text before tokenizing it (`do_lower_case`).
     pub lower_case: bool,
+    /// Whether the directory is a sentence-transformers model (it has `modules.json`): one
+    /// trained to make sentence embeddings, not only a checkpoint pooled by default.
+    pub sentence_transformers: bool,
 }
 
 #[derive(Deserialize)]
@@ -65,10 +68,12 @@ impl Pooling {
             normalize: false,
             max_seq_length: None,
             lower_case: false,
+            sentence_transformers: false,
         };
         if !modules_path.exists() {
             return Ok(pooling);
         }
+        pooling.sentence_transformers = true;
         let bad = |path: &Path, e: serde_json::Error| ModelError::BadJson {
             path: path.to_path_buf(),
             reason: e.to_string(),

@@ -104,7 +104,7 @@ pub fn run_model_with(
         if let Err(attn_models::ModelError::TooLong { tokens, max, .. }) = model.encode(text, pair)
         {
             crate::note!(
-                "--truncate: the input is {tokens} tokens; the attention shown is of the first \
+                "note: --truncate: the input is {tokens} tokens; the attention shown is of the first \
                  {max} the model reads ({} cut{})",
                 tokens - max,
                 if pair.is_some() {

@@ -242,6 +242,39 @@ fn embed_json_matches_sentence_transformers() {
             * want.iter().map(|b| b * b).sum::<f64>().sqrt();
         assert!(dot / norms >= 0.99999, "{file}: cosine {}", dot / norms);
     }
+    // The texts and their cosine similarities come with them, computed here from the vectors.
+    assert_eq!(
+        doc["texts"],
+        serde_json::json!(["The cat sat", "The cat sat on the mat"])
+    );
+    let vectors: Vec<Vec<f64>> = (embeddings.iter())
+        .map(|e| {
+            let mut v = Vec::new();
+            flatten(e, &mut v);
+            v
+        })
+        .collect();
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    for (i, row) in doc["cosine"].as_array().unwrap().iter().enumerate() {
+        for (j, c) in row.as_array().unwrap().iter().enumerate() {
+            let dot: f64 = vectors[i].iter().zip(&vectors[j]).map(|(a, b)| a * b).sum();
+            let want = dot / (norm(&vectors[i]) * norm(&vectors[j]));
+            assert!((c.as_f64().unwrap() - want).abs() < 1e-5, "[{i}][{j}]");
+        }
+    }
+}
+
+#[test]
+fn a_plain_checkpoint_is_embedded_with_a_note() {
+    let out = attnscope(&["embed", "a", "b", "--model", tiny_gpt2().to_str().unwrap()]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: tiny-gpt2 is not a sentence-transformers model"),
+        "{stderr}"
+    );
+    let out = attnscope(&["embed", "a", "b", "--model", minilm().to_str().unwrap()]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("not a sentence-transformers"));
 }
 
 #[test]

@@ -62,10 +62,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         anyhow::Error::new(e).context(format!("embedding {what}"))
     })?;
+    if !model.is_sentence_model() {
+        crate::note!(
+            "note: {} is not a sentence-transformers model (no modules.json): these are the mean of its \
+             last hidden states over each text's tokens, as sentence-transformers pools a plain \
+             checkpoint, not embeddings it was trained to make",
+            model.name()
+        );
+    }
+    let norm = |a: &[f32]| a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let cosine: Vec<Vec<f32>> = (embeddings.iter())
+        .map(|a| {
+            (embeddings.iter())
+                .map(|b| {
+                    let dot = a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+                    dot / (norm(a) * norm(b)).max(1e-12)
+                })
+                .collect()
+        })
+        .collect();
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     if args.json {
-        let doc = serde_json::json!({ "model": model.name(), "embeddings": embeddings });
+        let doc = serde_json::json!({
+            "model": model.name(),
+            "texts": texts,
+            "embeddings": embeddings,
+            "cosine": cosine,
+        });
         serde_json::to_writer(&mut w, &doc)?;
         writeln!(w)?;
     } else {
@@ -80,16 +104,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             writeln!(w, "{i}: {text:?}\n   [{}, …]", head.join(", "))?;
         }
         if embeddings.len() > 1 {
-            writeln!(w, "\ncosine similarity")?;
-            let norm = |a: &[f32]| a.iter().map(|x| x * x).sum::<f32>().sqrt();
-            for (i, a) in embeddings.iter().enumerate() {
-                let row: Vec<String> = embeddings
-                    .iter()
-                    .map(|b| {
-                        let dot = a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-                        format!("{:6.3}", dot / (norm(a) * norm(b)).max(1e-12))
-                    })
-                    .collect();
+            writeln!(w, "\ncosine similarity (rows and columns: the texts above)")?;
+            let header: Vec<String> = (0..cosine.len()).map(|j| format!("{j:>6}")).collect();
+            writeln!(w, "    {}", header.join(" "))?;
+            for (i, row) in cosine.iter().enumerate() {
+                let row: Vec<String> = row.iter().map(|c| format!("{c:6.3}")).collect();
                 writeln!(w, "{i:>3} {}", row.join(" "))?;
             }
         }

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !missing.is_empty() {
             let some: String = missing.iter().take(8).collect();
             crate::note!(
-                "the PNG's font (DejaVu Sans) has no glyph for {} character{} ({some}{}): they \
+                "note: the PNG's font (DejaVu Sans) has no glyph for {} character{} ({some}{}): they \
                  show as boxes; an SVG (-o FILE.svg) leaves them to the viewer's fonts",
                 missing.len(),
                 if missing.len() == 1 { "" } else { "s" },
