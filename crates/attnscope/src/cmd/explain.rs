@@ -37,10 +37,13 @@ pub struct Args {
     #[arg(long, value_name = "TEXT", requires = "question")]
     pub context: Option<String>,
     /// With --pair: show only the words of the other text than the focus word's (e.g. which
-    /// English words a French word attends to).
+    /// English words a French word attends to). The pair is one input to one model here: an
+    /// encoder's self-attention across two texts, not a translation model's cross-attention.
     #[arg(long, conflicts_with = "question")]
     pub across: bool,
-    /// The word to look from ("the#2" for the second "the"); default: every word averaged.
+    /// The word to look from ("the#2" for the second "the"); default: every word averaged. A
+    /// word is as the model's tokenizer splits the text at spaces and punctuation: BERT reads
+    /// "don't" as the words "don", "'" and "t" (an unknown word's error lists them).
     #[arg(long, value_name = "WORD")]
     pub focus: Option<String>,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.
