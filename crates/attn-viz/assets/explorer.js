@@ -6,8 +6,10 @@
 (function () {
   const FORMAT = 4;
   const ROW = 18; // head-view row height in px, matches .tok in the CSS
-  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#3b4cc0", "#b40426"];
+  // matplotlib's tab10 and two more; purple and grey a shade darker, so that a head button's
+  // label has 4.5:1 contrast (WCAG AA) in white or in the page's dark text.
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#8a5cb4", "#8c564b",
+    "#e377c2", "#737373", "#bcbd22", "#17becf", "#3b4cc0", "#b40426"];
   const BUCKETS = 25; // line opacities are drawn in this many steps
   const mode = document.body.dataset.mode;
   const $ = (id) => document.getElementById(id);
@@ -92,10 +94,13 @@
       });
     }
     const keepLayer = S.data && S.L === L ? S.layer : (data.neuron ? data.neuron.layers[0] : L - 1);
+    // A pinned token stays pinned only on the same text.
+    const sameText = S.data && S.T === T && S.data.text === data.text && S.data.pair === data.pair;
     Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron, causal: seesOnlyEarlierKeys(W, T),
       neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
     if (S.heads.length !== H) S.heads = new Array(H).fill(true);
     if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
+    if (!sameText) headKeep.pin = null;
     const restore = !S.restored;
     if (restore) restoreState();
     buildControls();
@@ -135,11 +140,12 @@
     const h = new URLSearchParams(location.hash.slice(1));
     const view = h.get("view") || new URLSearchParams(location.search).get("view");
     if (["head", "model", "heatmap", "neuron"].includes(view)) S.view = view;
-    const layer = Number(h.get("layer"));
-    if (h.has("layer") && Number.isInteger(layer) && layer >= 0 && layer < S.L) S.layer = layer;
+    const whole = (x) => /^\d+$/.test(x) ? Number(x) : NaN;
+    const layer = whole(h.get("layer") || "");
+    if (layer < S.L) S.layer = layer;
     if (h.has("heads")) {
-      const on = h.get("heads").split(".").filter((x) => x !== "").map(Number);
-      if (on.every((k) => Number.isInteger(k) && k >= 0 && k < S.H)) S.heads = S.heads.map((_, k) => on.includes(k));
+      const on = h.get("heads").split(".").filter((x) => x !== "").map(whole);
+      if (on.every((k) => k < S.H)) S.heads = S.heads.map((_, k) => on.includes(k));
     }
     if (["AA", "AB", "BA", "BB"].includes(h.get("filter")) && S.data.tokens.some((t) => t.segment === 1)) S.filter = h.get("filter");
   }
@@ -165,7 +171,7 @@
       return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
     };
     const lum = 0.2126 * channel(0) + 0.7152 * channel(1) + 0.0722 * channel(2);
-    const dark = 0.0137; // #1d2330
+    const dark = 0.0168; // #1d2330
     return 1.05 / (lum + 0.05) >= (lum + 0.05) / (dark + 0.05) ? "#fff" : "#1d2330";
   }
 
@@ -242,20 +248,31 @@
     ctx.globalAlpha = 1;
   }
 
+  // A cleared canvas of `width` × `height` CSS pixels at the screen's pixel ratio. A bitmap of
+  // the same size is cleared, not reallocated (a long text's head view is 18,000 pixels tall
+  // on a phone, and every arrow key redraws it).
   function sizedCanvas(canvas, width, height) {
     const dpr = window.devicePixelRatio || 1;
-    canvas.width = Math.max(1, Math.round(width * dpr));
-    canvas.height = Math.max(1, Math.round(height * dpr));
-    canvas.style.width = width + "px";
-    canvas.style.height = height + "px";
+    const w = Math.max(1, Math.round(width * dpr)), h = Math.max(1, Math.round(height * dpr));
     const ctx = canvas.getContext("2d");
+    if (canvas.width === w && canvas.height === h) {
+      ctx.setTransform(1, 0, 0, 1, 0, 0);
+      ctx.clearRect(0, 0, w, h);
+    } else {
+      canvas.width = w;
+      canvas.height = h;
+      canvas.style.width = width + "px";
+      canvas.style.height = height + "px";
+    }
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     return ctx;
   }
 
   // ---- head view: tokens in two columns; point at one to isolate its lines, click (or Enter)
   // to pin it; arrow keys move the pinned token, Escape lets it go ----
-  function buildHeadView(container, layerOf, headsOf) {
+  // `keep` holds the pinned token between redraws ({pin}): a new layer, head or filter keeps
+  // it, so that one token can be compared across them.
+  function buildHeadView(container, layerOf, headsOf, keep) {
     container.replaceChildren();
     const view = el("div", "headview");
     const left = el("div", "tokens left"), right = el("div", "tokens right");
@@ -288,7 +305,13 @@
     neuronLink.type = "button";
     neuronLink.hidden = true;
     container.append(caption, neuronLink);
-    let hover = null, pinned = null;
+    let hover = null, pinned = keep.pin && keep.pin.index < S.T ? keep.pin : null;
+    // Whether the A/B filter lets token `index` on `side` have lines at all.
+    const passes = (side, index) => S.filter === "all" ||
+      S.data.tokens[index].segment === (S.filter[side === "left" ? 0 : 1] === "A" ? 0 : 1);
+    for (const [column, side] of [[left, "left"], [right, "right"]]) {
+      for (const tok of column.children) tok.classList.toggle("filtered", !passes(side, Number(tok.dataset.index)));
+    }
     // The lines' width: up to 240 px, less on a narrow screen so that the keys stay in view.
     const linesWidth = () => {
       const room = container.clientWidth - left.offsetWidth - right.offsetWidth - 8;
@@ -315,9 +338,11 @@
               : "Each line goes from a query to a key it attends to, darker for more weight; point at a token to see only its lines, click it to keep them.") + pair;
       } else if (pinned) {
         const t = S.data.tokens[pinned.index];
+        const shows = !passes(pinned.side, pinned.index)
+          ? "the " + $("filter").selectedOptions[0].textContent + " filter hides its lines"
+          : pinned.side === "left" ? "the keys it attends to" : "the queries that attend to it";
         caption.textContent = (pinned.side === "left" ? "Query " : "Key ") + JSON.stringify(tokenLabel(t)) + " (" + pinned.index +
-          ") is pinned: " + (pinned.side === "left" ? "the keys it attends to" : "the queries that attend to it") +
-          ". Click it again or press Escape to let it go; arrow keys move it." + pair;
+          ") is pinned: " + shows + ". Click it again or press Escape to let it go; arrow keys move it." + pair;
       }
       const queryPinned = pinned && pinned.side === "left" && container.id === "view-head";
       neuronLink.hidden = !queryPinned;
@@ -343,10 +368,15 @@
     };
     const pin = (next) => {
       pinned = next;
+      keep.pin = next;
       draw();
       if (next) {
         const tok = (next.side === "left" ? left : right).children[next.index];
         tok.scrollIntoView({ block: "nearest" });
+        // Not under the sticky controls.
+        const nav = $("controls").getBoundingClientRect();
+        const top = tok.getBoundingClientRect().top;
+        if (getComputedStyle($("controls")).position === "sticky" && top < nav.bottom) window.scrollBy(0, top - nav.bottom - 4);
       }
     };
     view.addEventListener("mouseover", (event) => {
@@ -382,6 +412,8 @@
         pin(null);
       } else if (event.key === "Enter" && at !== null && !neuronLink.hidden) {
         neuronLink.click();
+      } else if ((event.key === "Enter" || event.key === " ") && at === null) {
+        pin({ side, index: 0 });
       } else {
         return;
       }
@@ -392,15 +424,20 @@
     return { draw, pinned: () => pinned, neuronLink };
   }
 
+  // What the head views keep between redraws: the main view's pinned token, the dialog's.
+  const headKeep = { pin: null }, overlayKeep = { pin: null };
+
   function renderHead() {
     const enabled = () => S.heads.flatMap((on, h) => (on ? [h] : []));
-    const head = buildHeadView($("view-head"), () => S.layer, enabled);
-    // A pinned query token's step-by-step neuron view (first shown head).
-    head.neuronLink.addEventListener("click", () => {
+    const head = buildHeadView($("view-head"), () => S.layer, enabled, headKeep);
+    S.redraw = head.draw;
+    // A pinned query token's step-by-step neuron view (first shown head); focus goes with it.
+    head.neuronLink.addEventListener("click", async () => {
       $("neuron-query").value = String(head.pinned().index);
       $("neuron-head").value = String(enabled()[0] || 0);
       S.view = "neuron";
-      render();
+      await render();
+      $("neuron-query").focus();
     });
   }
 
@@ -465,19 +502,28 @@
   // The enlarged head, a dialog: focus moves into it and back to `opener` when it closes;
   // arrow keys outside its token lists step to the next head (left/right) or layer (up/down).
   function enlarge(layer, head, opener) {
-    S.overlay = { layer, head, opener: opener || S.overlay?.opener || null };
+    if (!S.overlay) overlayKeep.pin = null;
+    S.overlay = { layer, head };
     $("overlay-title").textContent = "Layer " + layer + ", head " + head;
     $("overlay").hidden = false;
-    buildHeadView($("overlay-body"), () => layer, () => [head]);
-    $("overlay-close").focus();
+    S.overlayRedraw = buildHeadView($("overlay-body"), () => layer, () => [head], overlayKeep).draw;
+    if (opener || !$("overlay-box").contains(document.activeElement)) $("overlay-close").focus();
   }
 
+  // Closes the dialog; focus goes to the thumbnail of the head it showed last, which then
+  // takes the thumbnails' Tab stop.
   function closeOverlay() {
     $("overlay").hidden = true;
     $("overlay-body").replaceChildren();
-    const opener = S.overlay && S.overlay.opener;
+    const shown = S.overlay;
     S.overlay = null;
-    if (opener && opener.isConnected) opener.focus();
+    S.overlayRedraw = null;
+    const thumb = shown && document.querySelector("#view-model canvas[data-layer='" + shown.layer + "'][data-head='" + shown.head + "']");
+    if (thumb) {
+      for (const c of document.querySelectorAll("#view-model canvas")) c.tabIndex = -1;
+      thumb.tabIndex = 0;
+      thumb.focus();
+    }
   }
 
   // ---- heatmap: the weight matrix with token labels ----
@@ -599,9 +645,11 @@
     canvas.onkeydown = (event) => {
       const n = event.shiftKey ? 10 : 1, [r, c] = cursor || [0, 0];
       const to = { ArrowDown: [r + n, c], ArrowUp: [r - n, c], ArrowRight: [r, c + n], ArrowLeft: [r, c - n],
-        Home: [r, 0], End: [r, cols.length - 1] }[event.key];
+        Home: [r, 0], End: [r, cols.length - 1], PageDown: [r + 10, c], PageUp: [r - 10, c] }[event.key];
       if (to) {
-        cursor = cursor ? [Math.max(0, Math.min(rows.length - 1, to[0])), Math.max(0, Math.min(cols.length - 1, to[1]))] : [0, 0];
+        // The first key shows the first cell (Home, End and the page keys go where they say).
+        const first = !cursor && event.key.startsWith("Arrow");
+        cursor = first ? [0, 0] : [Math.max(0, Math.min(rows.length - 1, to[0])), Math.max(0, Math.min(cols.length - 1, to[1]))];
         show(...cursor);
         // Keep the cell in view in the scrolling box.
         const box = $("heatmap-box");
@@ -942,11 +990,23 @@
         event.preventDefault();
       }
     });
-    // A narrower or wider window redraws the head view's lines to fit.
+    // A narrower or wider window (or a phone's address bar sliding away) redraws the head
+    // views' lines to fit; pins and focus stay.
     let resizing = null;
     window.addEventListener("resize", () => {
       clearTimeout(resizing);
-      resizing = setTimeout(() => { if (S.data && S.view === "head") render(); }, 150);
+      resizing = setTimeout(() => {
+        if (S.data && S.view === "head" && S.redraw) S.redraw();
+        if (S.overlayRedraw) S.overlayRedraw();
+      }, 150);
+    });
+    // A link with another #fragment opened in this tab shows what it names.
+    window.addEventListener("hashchange", () => {
+      if (!S.data) return;
+      restoreState();
+      buildControls();
+      restoreSelects();
+      render();
     });
     // Tabs: arrow keys move between them (the WAI-ARIA tabs pattern).
     $("tabs").addEventListener("keydown", (event) => {

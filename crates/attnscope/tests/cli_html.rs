@@ -781,6 +781,18 @@ fn the_address_keeps_what_is_shown_and_masked_cells_are_grey() {
     let seen = browser.exec(cell, json!([left + 12.0, top + 5.5 * 24.0]));
     assert!(seen[0].as_str().unwrap().contains("(0): 0."), "{seen}");
     assert_ne!(seen[1], json!([222, 222, 222]));
+    // A new #fragment in the same tab shows what it names.
+    browser.exec(
+        "location.hash = '#view=model&layer=1'; return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for(
+        "!document.getElementById('view-model').hidden",
+        Duration::from_secs(10)
+    ));
+    browser.expect_ready();
+    browser.click("#tabs button[data-view=heatmap]");
+    browser.expect_ready();
     // Changing the view writes the address; reopening it restores the view.
     browser.click("#tabs button[data-view=neuron]");
     browser.expect_ready();

@@ -271,6 +271,20 @@ fn browser_shows_every_view_of_the_submitted_text() {
     let column = "#view-head .tokens.left";
     browser.press(column, &KEY_DOWN.repeat(2));
     assert_eq!(pinned(), json!(["left", 1, "true"]));
+    // The pin stays through a new layer and a narrower window (lines redrawn, focus kept).
+    browser.exec(
+        "const l = document.getElementById('layer'); l.value = '0';
+         l.dispatchEvent(new Event('change')); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    assert_eq!(pinned(), json!(["left", 1, "true"]));
+    browser.exec(
+        "window.dispatchEvent(new Event('resize')); return null;",
+        json!([]),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(pinned(), json!(["left", 1, "true"]));
     browser.press(column, KEY_ESCAPE);
     assert_eq!(pinned(), json!(null));
     assert_eq!(lines(), all_lines);
