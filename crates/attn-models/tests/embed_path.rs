@@ -58,28 +58,27 @@ fn a_nan_in_one_text_of_a_batch_names_that_text_and_token() {
     let dir = tempfile::tempdir().unwrap();
     let h = clean.hidden_size();
     let model = common::tiny_gpt2_with_a_nan_at(dir.path(), "wte.weight", id as usize * h);
-    let texts = [
-        "The dog",
-        "A dog",
-        "The dog ran",
-        "dog dog",
-        "The dog cat",
-        "A dog ran",
-    ];
+    // 70 texts, the poisoned one at 66: in the second chunk of 64 (texts 64..70), which three
+    // threads run in shares of 2; 66 is the first of the second share.
+    let mut texts = ["The dog", "A dog", "The dog ran", "dog dog", "A dog ran"].repeat(14);
+    texts[66] = "The dog cat";
     assert!(
-        texts
-            .iter()
-            .all(|t| *t == texts[4] || !model.encode(t, None).unwrap().ids.contains(&id)),
-        "only the fifth text holds the poisoned token"
+        (texts.iter().enumerate())
+            .all(|(i, t)| i == 66 || !model.encode(t, None).unwrap().ids.contains(&id)),
+        "only text 66 holds the poisoned token"
     );
-    let err = model.embed(&texts).unwrap_err();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let err = pool.install(|| model.embed(&texts)).unwrap_err();
     match &err {
         ModelError::NonFinite { text, token, value } => {
-            assert_eq!((*text, *token), (4, at), "{err}");
+            assert_eq!((*text, *token), (66, at), "{err}");
             assert!(value.is_nan(), "{err}");
         }
         other => panic!("expected a non-finite error, got {other:?}"),
     }
-    assert_eq!(err.text(), Some(4));
+    assert_eq!(err.text(), Some(66));
     assert!(err.to_string().contains(&format!("at token {at}")), "{err}");
 }

@@ -181,7 +181,7 @@
 
   // Why a filtered view is empty: on a causal model the first text comes before its pair.
   function emptyReason() {
-    const causal = S.data.neuron && S.data.neuron.causal;
+    const causal = S.causal;
     if (S.filter === "AB" && causal) return "Nothing to show: A comes before B, so a causal model's A tokens cannot see B.";
     if (S.data.weight_floor) {
       return "Nothing to show: no weight here reaches the page's floor of " + (S.data.weight_floor / S.scale).toFixed(3) + ".";
@@ -344,7 +344,7 @@
         caption.textContent = (pinned.side === "left" ? "Query " : "Key ") + JSON.stringify(tokenLabel(t)) + " (" + pinned.index +
           ") is pinned: " + shows + ". Click it again or press Escape to let it go; arrow keys move it." + pair;
       }
-      const queryPinned = pinned && pinned.side === "left" && container.id === "view-head";
+      const queryPinned = pinned && pinned.side === "left" && container.id === "view-head" && S.data.neuron;
       neuronLink.hidden = !queryPinned;
       if (queryPinned) {
         neuronLink.textContent = "Neuron view of " + JSON.stringify(tokenLabel(S.data.tokens[pinned.index])) + " (" +

@@ -64,6 +64,9 @@ pub struct Row {
     pub weight: f32,
     /// The weight before renormalisation.
     pub raw: f32,
+    /// The weight even attention would give the word: every query token spreading its weight
+    /// evenly over the words shown that it sees, averaged as `weight` is.
+    pub even: f32,
     /// Whether the word is named in [`Explanation::focuses_on`] (and highlighted).
     pub heavy: bool,
     /// Whether a causal model's query cannot see the word: it comes after every token looked
@@ -91,8 +94,8 @@ pub struct Explanation {
     /// have a bar), heaviest first; punctuation is not named, and no word is when none stands
     /// out (`spread`).
     pub focuses_on: Vec<String>,
-    /// Whether the weights are close to even: the heaviest word's is under [`STANDS_OUT`]
-    /// times an even share of the rows shown, so that no word is named.
+    /// Whether no word stands out: the heaviest has under [`STANDS_OUT`] times what even
+    /// attention would give it (`Row::even`), so that none is named.
     pub spread: bool,
     /// Share (0..=1) of the row's raw weight that went to words not shown (special tokens, the
     /// question's own words).
@@ -200,49 +203,55 @@ pub fn explain(
     let unit_row = row_to_units(&token_row, &units);
     let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
     let shown = renormalised(&raw);
+    let causal = sees_only_earlier_keys(maps);
+    // What each word would get if every query token spread its attention evenly over the words
+    // shown that it sees (on a causal model, those starting at or before it), averaged as the
+    // row is: averaged over a causal model's queries the first words get most.
+    let mut even = vec![0.0f32; targets.len()];
+    for &(i, w) in &from {
+        let sees = |u: usize| !causal || units[u].tokens[0] <= i;
+        let seen = targets.iter().filter(|&&u| sees(u)).count();
+        for (e, _) in even.iter_mut().zip(&targets).filter(|&(_, &u)| sees(u)) {
+            *e += (w / seen as f64) as f32;
+        }
+    }
+    let even = renormalised(&even);
     // On a causal model, the words after every token looked from are masked.
     let last_query = from.iter().map(|&(i, _)| i).max().unwrap_or(0);
-    let causal = sees_only_earlier_keys(maps);
-    let mut rows: Vec<Row> = targets
-        .iter()
-        .zip(raw.iter().zip(&shown))
-        .map(|(&u, (&raw, &weight))| Row {
+    let mut rows: Vec<Row> = (targets.iter().enumerate())
+        .map(|(k, &u)| Row {
             word: units[u].label.clone(),
-            weight,
-            raw,
+            weight: shown[k],
+            raw: raw[k],
+            even: even[k],
             heavy: false,
             masked: causal && units[u].tokens.iter().all(|&j| j > last_query),
         })
         .collect();
-    // An even share: of the words the query sees.
-    let even = 1.0 / rows.iter().filter(|r| !r.masked).count().max(1) as f32;
-    // With --top: what the rows left out hold, said below.
+    let wordlike = |r: &Row| !r.masked && r.word.chars().any(char::is_alphanumeric);
+    // One word the query sees gets everything: nothing to stand out from.
+    let compared = rows.iter().filter(|r| !r.masked).count() >= 2;
+    // With --top: what the rows left out hold, said below; masked words come last.
     let mut left_out = None;
     if let Some(k) = options.top {
-        rows.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        rows.sort_by(|a, b| a.masked.cmp(&b.masked).then(b.weight.total_cmp(&a.weight)));
         if rows.len() > k {
             let rest: f32 = rows[k..].iter().map(|r| r.weight).sum();
             left_out = Some((rows.len(), rest));
         }
         rows.truncate(k);
     }
-    // Punctuation keeps its bar but is not named as what the model "focuses on".
-    let wordlike: Vec<f32> = rows
-        .iter()
-        .map(|r| {
-            if r.word.chars().any(char::is_alphanumeric) {
-                r.weight
-            } else {
-                0.0
-            }
-        })
+    // Punctuation keeps its bar but is not named as what the model "focuses on"; and words
+    // are named only when the heaviest stands out from even attention (flat rows named three
+    // words at 0.34 against 0.33).
+    let named: Vec<f32> = (rows.iter())
+        .map(|r| if wordlike(r) { r.weight } else { 0.0 })
         .collect();
-    // Only words that stand out from an even spread are named (flat rows named three words
-    // at 0.34 against 0.33).
-    let heaviest = wordlike.iter().copied().fold(0.0f32, f32::max);
-    let spread = heaviest > 0.0 && heaviest < STANDS_OUT * even;
+    let heaviest = (0..rows.len()).max_by(|&a, &b| named[a].total_cmp(&named[b]));
+    let spread = heaviest
+        .is_some_and(|h| compared && named[h] > 0.0 && rows[h].weight < STANDS_OUT * rows[h].even);
     let mut focuses_on = Vec::new();
-    for i in bars::heavy(&wordlike).into_iter().filter(|_| !spread) {
+    for i in bars::heavy(&named).into_iter().filter(|_| !spread) {
         rows[i].heavy = true;
         focuses_on.push(rows[i].word.clone());
     }
@@ -497,7 +506,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
     // named lead only what is left.
     let among = if explanation.hidden_share >= 0.5 {
         format!(
-            " (among the words shown, which got {:.0}% of this attention)",
+            " (among the words, which got {:.0}% of this attention)",
             100.0 * (1.0 - explanation.hidden_share)
         )
     } else {
@@ -509,16 +518,14 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
             heavy.join(", ")
         ));
     } else if explanation.spread {
-        let top = explanation
-            .rows
-            .iter()
-            .filter(|r| r.word.chars().any(char::is_alphanumeric))
+        let top = (explanation.rows.iter())
+            .filter(|r| !r.masked && r.word.chars().any(char::is_alphanumeric))
             .max_by(|a, b| a.weight.total_cmp(&b.weight));
         if let Some(top) = top {
             out.push_str(&format!(
                 "\nNo word stands out{among}: the heaviest, {:?}, weighs {:.2}, under {STANDS_OUT} × \
-                 an even share\n",
-                top.word, top.weight
+                 the {:.2} even attention would give it\n",
+                top.word, top.weight, top.even
             ));
         }
     } else if explanation.rows.iter().any(|r| r.weight > 0.0) {

@@ -10,8 +10,8 @@
 //! other special token. On an input without special tokens (GPT-2's) the `[CLS]` figure is the
 //! first token's, where such models park attention they do not need (an "attention sink",
 //! Xiao et al. 2023, <https://arxiv.org/abs/2309.17453>), and `[SEP]`'s is 0. The distance
-//! leaves special tokens out: a head that parks its attention on `[CLS]` reaches no further for
-//! it.
+//! counts only attention to the other keys: what a head parks on `[CLS]`/`[SEP]` (or on the
+//! first token) reaches nowhere.
 
 use crate::{AttentionMaps, Token, VizError};
 
@@ -40,8 +40,8 @@ pub struct Shares {
     /// Weight on the query token itself (`self` in JSON, as `heads` heads its column).
     #[serde(rename = "self")]
     pub same: f32,
-    /// `Σ_j w_ij·|i − j| / Σ_j w_ij` over the keys that are not special tokens, in tokens (0
-    /// for a query that gives them nothing).
+    /// `Σ_j w_ij·|i − j|` over the keys other than those of `cls` and `sep`, in tokens: a
+    /// head that parks its attention there does not reach far for it.
     pub distance: f32,
 }
 
@@ -95,18 +95,15 @@ pub fn uniform_shares(maps: &AttentionMaps) -> Result<Shares, VizError> {
 struct Special {
     cls: Vec<bool>,
     sep: Vec<bool>,
-    /// The special tokens, which the distance leaves out.
-    any: Vec<bool>,
 }
 
 impl Special {
     fn of(tokens: &[Token]) -> Special {
-        let any: Vec<bool> = tokens.iter().map(|t| t.special).collect();
-        let none = !any.contains(&true);
-        let (cls, sep) = (any.iter().enumerate())
-            .map(|(i, &special)| ((special || none) && i == 0, special && i != 0))
+        let none = !tokens.iter().any(|t| t.special);
+        let (cls, sep) = (tokens.iter().enumerate())
+            .map(|(i, t)| ((t.special || none) && i == 0, t.special && i != 0))
             .unzip();
-        Special { cls, sep, any }
+        Special { cls, sep }
     }
 }
 
@@ -120,24 +117,17 @@ pub fn has_special_tokens(maps: &AttentionMaps) -> bool {
 fn shares_of(a: &[f32], t: usize, special: &Special) -> Shares {
     let mut s = Sums::default();
     for (i, row) in a.chunks_exact(t).enumerate() {
-        let (mut reach, mut words) = (0.0f64, 0.0f64);
         for (j, &w) in row.iter().enumerate() {
             if w > 0.0 {
                 s.entropy -= f64::from(w) * f64::from(w).ln();
             }
-            if !special.any[j] {
-                reach += f64::from(w) * i.abs_diff(j) as f64;
-                words += f64::from(w);
-            }
             if special.cls[j] {
                 s.cls += f64::from(w);
-            }
-            if special.sep[j] {
+            } else if special.sep[j] {
                 s.sep += f64::from(w);
+            } else {
+                s.distance += f64::from(w) * i.abs_diff(j) as f64;
             }
-        }
-        if words > 0.0 {
-            s.distance += reach / words;
         }
         s.same += f64::from(row[i]);
         if i > 0 {
@@ -198,9 +188,10 @@ pub struct Notable {
 /// [`uniform_shares`]): a share of at least 0.3 and [`SHARE_MARGIN`] above the even one, an
 /// entropy [`ENTROPY_MARGIN`] below even for the most focused; the broadest and the longest
 /// reach only when the heads differ in them (by [`ENTROPY_MARGIN`] nats, by a tenth of the even
-/// distance). An input without special tokens names no `[CLS]`/`[SEP]` head; heads that all
-/// attend evenly (a causal model on three tokens) name none.
-pub fn notable_heads(stats: &[HeadStats], uniform: &Shares) -> Vec<Notable> {
+/// distance). An input without special tokens (`specials` false, [`has_special_tokens`]) names
+/// the head that attends to its first token instead of `[CLS]`, and no `[SEP]` head; heads
+/// that all attend evenly (a causal model on three tokens) name none.
+pub fn notable_heads(stats: &[HeadStats], uniform: &Shares, specials: bool) -> Vec<Notable> {
     type Key = fn(&Shares) -> f32;
     let share = |key: Key| Test::Above((key(uniform) + SHARE_MARGIN).max(0.3));
     const SHARE: (&str, &str) = ("share", "");
@@ -230,7 +221,17 @@ pub fn notable_heads(stats: &[HeadStats], uniform: &Shares) -> Vec<Notable> {
             true,
             share(|s| s.same),
         ),
-        ("attends to [CLS]", SHARE, |s| s.cls, true, share(|s| s.cls)),
+        (
+            if specials {
+                "attends to [CLS]"
+            } else {
+                "attends to the first token"
+            },
+            SHARE,
+            |s| s.cls,
+            true,
+            share(|s| s.cls),
+        ),
         ("attends to [SEP]", SHARE, |s| s.sep, true, share(|s| s.sep)),
         (
             "is the most focused",

@@ -350,7 +350,8 @@ fn head_statistics_of_a_hand_made_head() {
         1e-6,
     );
     // Without special tokens (GPT-2) the [CLS] figure is the first token's: rows [1,0,0],
-    // [1,0,0], [.5,0,.5] give it (1 + 1 + .5) / 3; distance (0 + 1 + .5·2) / 3 over all keys.
+    // [.5,.5,0], [.2,.3,.5] give it (1 + .5 + .2) / 3; the distance leaves it out too:
+    // (0 + 0 + .3·1) / 3.
     let gpt2 = hand_maps(
         "a b c",
         None,
@@ -361,17 +362,28 @@ fn head_statistics_of_a_hand_made_head() {
         ],
         1,
         1,
-        vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.0, 0.5],
+        vec![1.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.2, 0.3, 0.5],
     );
     assert!(!has_special_tokens(&gpt2) && has_special_tokens(&maps));
     let g = &head_stats(&gpt2).unwrap()[0].shares;
-    assert_close(
-        &[g.cls, g.sep, g.distance],
-        &[2.5 / 3.0, 0.0, 2.0 / 3.0],
-        1e-6,
-    );
+    assert_close(&[g.cls, g.sep, g.distance], &[1.7 / 3.0, 0.0, 0.1], 1e-6);
+    // A head that parks 98% on [CLS] and gives the farthest word the rest reaches 0.02 · its
+    // distance, not the distance: [CLS] a b c d e [SEP], every row [.98 0 0 0 0 .02 0].
+    let parked_tokens: Vec<_> = ["[CLS]", "a", "b", "c", "d", "e", "[SEP]"]
+        .iter()
+        .enumerate()
+        .map(|(k, t)| match *t {
+            "[CLS]" | "[SEP]" => tok(t, None, 0),
+            _ => tok(t, Some((2 * (k - 1), 2 * (k - 1) + 1)), 0),
+        })
+        .collect();
+    let row = [0.98, 0.0, 0.0, 0.0, 0.0, 0.02, 0.0];
+    let parked = hand_maps("a b c d e", None, parked_tokens, 1, 1, row.repeat(7));
+    let p = &head_stats(&parked).unwrap()[0].shares;
+    // Query i reaches |i − 5| tokens with .02: (5 + 4 + 3 + 2 + 1 + 0 + 1) · .02 / 7.
+    assert_close(&[p.distance], &[16.0 * 0.02 / 7.0], 1e-6);
     let uniform = uniform_shares(&maps).unwrap();
-    let notable = notable_heads(&head_stats(&maps).unwrap(), &uniform);
+    let notable = notable_heads(&head_stats(&maps).unwrap(), &uniform, true);
     let roles: Vec<&str> = notable.iter().map(|n| n.role.as_str()).collect();
     // One head: no comparison with other heads (it was named both the broadest and the most
     // focused); against even attention (ln 3 nats) its ln 2 / 3 is the most focused.
@@ -417,7 +429,8 @@ fn heads_are_notable_against_even_attention_over_the_keys_they_see() {
     let previous = [1.0, 0.0, 0.0, 0.9, 0.1, 0.0, 0.05, 0.9, 0.05];
     let two_even = hand_maps("a b c", None, tokens.clone(), 1, 2, [even, even].concat());
     let uniform = uniform_shares(&two_even).unwrap();
-    // ln 1, ln 2, ln 3; distance (0 + 1/2 + 1) / 3.
+    // ln 1, ln 2, ln 3; the distance leaves out the first token (no special tokens here):
+    // (0 + 0 + 1/3 · 1) / 3.
     let entropy = (2f32.ln() + 3f32.ln()) / 3.0;
     assert_close(
         &[
@@ -432,11 +445,18 @@ fn heads_are_notable_against_even_attention_over_the_keys_they_see() {
             (1.0 + 0.5 + 1.0 / 3.0) / 3.0,
             (0.5 + 1.0 / 3.0) / 2.0,
             0.0,
-            0.5,
+            1.0 / 9.0,
         ],
         1e-6,
     );
-    assert_eq!(notable_heads(&head_stats(&two_even).unwrap(), &uniform), []);
+    assert_eq!(
+        notable_heads(
+            &head_stats(&two_even).unwrap(),
+            &uniform,
+            has_special_tokens(&two_even)
+        ),
+        []
+    );
 
     let with_previous = hand_maps(
         "a b c",
@@ -447,7 +467,11 @@ fn heads_are_notable_against_even_attention_over_the_keys_they_see() {
         [even, previous].concat(),
     );
     let uniform = uniform_shares(&with_previous).unwrap();
-    let notable = notable_heads(&head_stats(&with_previous).unwrap(), &uniform);
+    let notable = notable_heads(
+        &head_stats(&with_previous).unwrap(),
+        &uniform,
+        has_special_tokens(&with_previous),
+    );
     let roles: Vec<(usize, &str)> = notable.iter().map(|n| (n.head, n.role.as_str())).collect();
     assert!(
         roles.contains(&(1, "attends to the previous token")),

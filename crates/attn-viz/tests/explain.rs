@@ -67,6 +67,9 @@ fn a_focus_word_row_is_renormalised_over_the_words_shown() {
     assert_eq!(words, ["a", "bc"]);
     assert_close(&weights, &[0.25, 0.75], 1e-6);
     assert_close(&[e.hidden_share], &[0.6], 1e-6);
+    // Even attention over the two words gives each .5: "bc"'s .75 is 1.5 times that.
+    let even: Vec<f32> = e.rows.iter().map(|r| r.even).collect();
+    assert_close(&even, &[0.5, 0.5], 1e-6);
     assert_eq!(e.focuses_on, ["bc"]);
     assert!(!e.focus_is_default);
     assert!(e.notes.iter().any(|n| n.contains("60%")), "{:?}", e.notes);
@@ -289,7 +292,7 @@ fn rendering_follows_the_notes() {
     // [CLS]/[SEP] took 60%: the words named lead only the rest.
     assert!(
         text.contains(
-            "Model focuses heavily on: \"bc\" (among the words shown, which got 40% of this \
+            "Model focuses heavily on: \"bc\" (among the words, which got 40% of this \
              attention)\n"
         ),
         "{text}"
@@ -331,14 +334,16 @@ fn punctuation_is_shown_but_not_named_as_a_focus() {
 #[test]
 fn no_word_is_named_when_none_stands_out() {
     // [.4 .35 .25] against an even .33: .4 is under 1.5 × .33, so no word is named and the
-    // summary says so; at [.55 .3 .15], "a" is.
+    // summary says so; at [.55 .3 .15], "a" stands out, and "a" and "b" (at least half of it)
+    // are named.
     let e = run(&three_words_with([0.4, 0.35, 0.25]), &options(Some("b")));
     assert!(e.focuses_on.is_empty() && e.spread);
     assert!(e.rows.iter().all(|r| !r.heavy));
     let text = render(&e, BarStyle::default());
     assert!(
         text.contains(
-            "No word stands out: the heaviest, \"a\", weighs 0.40, under 1.5 × an even share"
+            "No word stands out: the heaviest, \"a\", weighs 0.40, under 1.5 × the 0.33 even \
+             attention would give it"
         ),
         "{text}"
     );
@@ -423,8 +428,8 @@ fn three_words() -> attn_viz::AttentionMaps {
 
 #[test]
 fn top_k_names_only_the_words_it_shows() {
-    // "a" and "b" are at least half of .6, so both are heavy; --top 1 shows only "a", and only
-    // "a" is named.
+    // "a" (.6) stands out from an even 1/3, and "a" and "b" are at least half of it, so both
+    // are named; --top 1 shows only "a", and only "a" is named.
     let e = run(&three_words(), &options(Some("b")));
     assert_eq!(e.focuses_on, ["a", "b"]);
     let mut o = options(Some("b"));
@@ -612,4 +617,45 @@ fn a_causal_models_later_words_are_masked_not_ignored() {
     let e = run(&both_ways, &options(Some("a")));
     assert!(e.rows.iter().all(|r| !r.masked));
     assert!(!e.notes.iter().any(|n| n.starts_with("masked")));
+}
+
+#[test]
+fn standing_out_is_measured_against_even_attention_under_the_mask() {
+    // "a b c", causal, every query spreading its weight evenly over what it sees: averaged over
+    // the three queries "a" gets (1 + 1/2 + 1/3) / 3 = .61, yet that is even attention's own
+    // figure, so no word stands out (against 1/3 "a" was named).
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("c", Some((4, 5)), 0),
+    ];
+    let even = vec![
+        1.0,
+        0.0,
+        0.0,
+        0.5,
+        0.5,
+        0.0,
+        1.0 / 3.0,
+        1.0 / 3.0,
+        1.0 / 3.0,
+    ];
+    let maps = hand_maps("a b c", None, tokens.clone(), 1, 1, even);
+    let e = run(&maps, &options(None));
+    assert_close(
+        &[e.rows[0].weight, e.rows[0].even],
+        &[11.0 / 18.0, 11.0 / 18.0],
+        1e-6,
+    );
+    assert!(e.focuses_on.is_empty() && e.spread, "{:?}", e.focuses_on);
+    // From "a", the one word it sees gets everything, and is named.
+    let e = run(&maps, &options(Some("a")));
+    assert_eq!(e.focuses_on, ["a"]);
+    assert!(!e.spread);
+    // --top 2 from "b" lists the words it sees before the masked one.
+    let mut o = options(Some("b"));
+    o.top = Some(2);
+    let e = run(&maps, &o);
+    assert_eq!(words_and_weights(&e).0, ["a", "b"]);
+    assert!(e.rows.iter().all(|r| !r.masked));
 }

@@ -104,13 +104,13 @@ pub fn run_model_with(
         if let Err(attn_models::ModelError::TooLong { tokens, max, .. }) = model.encode(text, pair)
         {
             crate::note!(
-                "note: --truncate: the input is {tokens} tokens; the attention shown is of the first \
-                 {max} the model reads ({} cut{})",
+                "note: --truncate: the input is {tokens} tokens; the attention shown is of the {max} \
+                 the model reads ({} cut from the end{})",
                 tokens - max,
                 if pair.is_some() {
-                    ", from the end of the longer text first"
+                    " of the longer text first"
                 } else {
-                    " from the end"
+                    ""
                 }
             );
         }

@@ -274,6 +274,7 @@ fn a_plain_checkpoint_is_embedded_with_a_note() {
         "{stderr}"
     );
     let out = attnscope(&["embed", "a", "b", "--model", minilm().to_str().unwrap()]);
+    assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stderr).contains("not a sentence-transformers"));
 }
 

@@ -687,7 +687,7 @@ fn heatmaps_say_what_they_leave_out() {
     let stderr = String::from_utf8_lossy(&cut.stderr);
     assert!(
         stderr.contains(
-            "--truncate: the input is 602 tokens; the attention shown is of the first 512"
+            "--truncate: the input is 602 tokens; the attention shown is of the 512 the model reads (90 cut from the end)"
         ),
         "{stderr}"
     );

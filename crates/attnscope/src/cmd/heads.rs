@@ -46,7 +46,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .maps(args.text.as_deref(), args.pair.as_deref())?;
     let stats = head_stats(&maps)?;
     let uniform = uniform_shares(&maps)?;
-    let notable = notable_heads(&stats, &uniform);
+    let specials = has_special_tokens(&maps);
+    let notable = notable_heads(&stats, &uniform, specials);
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = Report {
@@ -71,7 +72,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     // Without [CLS]/[SEP] (GPT-2) the first column is the first token's share, the sink of
     // attention such models do not need.
-    let specials = has_special_tokens(&maps);
     let first = if specials { "[CLS]" } else { "first" };
     writeln!(
         out,
@@ -97,28 +97,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     for n in &notable {
         let unit = if n.unit.is_empty() { "" } else { " " };
-        let role = match specials {
-            true => n.role.clone(),
-            false => n.role.replace("[CLS]", "the first token"),
-        };
         writeln!(
             out,
-            "  layer {} head {} {role} ({} {:.2}{unit}{})",
-            n.layer, n.head, n.measure, n.value, n.unit
+            "  layer {} head {} {} ({} {:.2}{unit}{})",
+            n.layer, n.head, n.role, n.measure, n.value, n.unit
         )?;
     }
     let n = maps.seq_len();
     writeln!(
         out,
         "even: every query's attention spread evenly over the keys it sees{}; entropy in nats \
-         (ln {n} = {:.2} is even over all tokens); distance in tokens, to keys other than \
-         [CLS]/[SEP]",
+         (ln {n} = {:.2} is even over all tokens); distance in tokens, of the attention to keys \
+         other than {}",
         if sees_only_earlier_keys(&maps) && n > 1 {
             " (here: itself and the tokens before it)"
         } else {
             ""
         },
-        (n as f32).ln()
+        (n as f32).ln(),
+        if specials {
+            "[CLS]/[SEP]"
+        } else {
+            "the first token"
+        }
     )?;
     if let Some(note) = special_columns_note(&maps.tokens) {
         writeln!(out, "{note}")?;

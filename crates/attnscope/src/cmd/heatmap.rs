@@ -90,7 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // A causal model's masked cells are grey, and a line marks where the pair's text starts.
     let marks = Marks {
-        causal: maps.seq_len() > 1 && sees_only_earlier_keys(&maps),
+        causal: shown.len() > 1 && sees_only_earlier_keys(&maps),
         divider: shown
             .iter()
             .position(|&u| units[u].segment == 1)

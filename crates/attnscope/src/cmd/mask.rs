@@ -150,12 +150,13 @@ fn blind_rows_note(rows: &[Vec<u8>]) -> String {
         ),
         _ => (format!("Rows {blind:?} see"), "them"),
     };
-    format!(
-        "{rows} no key: attnscope gives {them} output 0 and weights 0, as FlashAttention does \
-         (PyTorch's softmax of a row of −∞ gives NaN, and a mask of −1e9, as in the notes' \
-         masked_fill, gives even weights).\n"
-    )
+    format!("{rows} no key: attnscope gives {them} {BLIND_ROWS}.\n")
 }
+
+/// What a row that sees no key gets, here and elsewhere (after "attnscope gives it").
+pub const BLIND_ROWS: &str = "output 0 and weights 0, as FlashAttention does (PyTorch's softmax \
+     of a row of −∞ gives NaN, and a mask of −1e9, as in the notes' masked_fill, gives even \
+     weights)";
 
 /// A 0/1 matrix with row and column labels, one row a line.
 pub fn render(row_labels: &[String], col_labels: &[String], rows: &[Vec<u8>]) -> String {

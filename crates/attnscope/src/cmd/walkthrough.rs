@@ -423,10 +423,11 @@ fn walkthrough(ex: &Example, mask: Option<&MaskKind>, focus: usize) -> anyhow::R
         );
     }
     if blind_row {
-        s += "   (A row that sees no word: attnscope gives it weights 0 and output 0, as \
-              FlashAttention does; PyTorch's softmax of a row of −∞ gives NaN, and a mask of −1e9, \
-              as in the notes' masked_fill, gives it even weights. A padding token's own row is \
-              thrown away by the model either way.)\n";
+        s += &format!(
+            "   (A row that sees no word: attnscope gives it {}. A padding token's own row is \
+             thrown away by the model either way.)\n",
+            super::mask::BLIND_ROWS
+        );
     }
     s += &format!(
         "\n7. Output = weights · V ({n}×{d_v}): each word's new vector is a weighted average of \
