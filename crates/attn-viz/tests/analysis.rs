@@ -12,7 +12,7 @@ use attn_viz::lookup::soft_lookup;
 use attn_viz::select::{Selection, residual_layers, rollout, select};
 use attn_viz::stats::{has_special_tokens, head_stats, notable_heads, uniform_shares};
 use attn_viz::words::{self, keep_and_renormalise, merge_matrix};
-use common::{assert_close, hand_maps, tok};
+use common::{EVEN_CAUSAL_3, abc_tokens, assert_close, hand_maps, tok};
 
 fn labels(units: &[words::Unit]) -> Vec<&str> {
     units.iter().map(|u| u.label.as_str()).collect()
@@ -410,22 +410,7 @@ fn head_statistics_of_a_hand_made_head() {
 /// puts 0.9 on the previous token is.
 #[test]
 fn heads_are_notable_against_even_attention_over_the_keys_they_see() {
-    let tokens = vec![
-        tok("a", Some((0, 1)), 0),
-        tok("b", Some((2, 3)), 0),
-        tok("c", Some((4, 5)), 0),
-    ];
-    let even = [
-        1.0,
-        0.0,
-        0.0,
-        0.5,
-        0.5,
-        0.0,
-        1.0 / 3.0,
-        1.0 / 3.0,
-        1.0 / 3.0,
-    ];
+    let (tokens, even) = (abc_tokens(), EVEN_CAUSAL_3);
     let previous = [1.0, 0.0, 0.0, 0.9, 0.1, 0.0, 0.05, 0.9, 0.05];
     let two_even = hand_maps("a b c", None, tokens.clone(), 1, 2, [even, even].concat());
     let uniform = uniform_shares(&two_even).unwrap();

@@ -7,7 +7,7 @@ use attn_viz::VizError;
 use attn_viz::bars::BarStyle;
 use attn_viz::explain::{ExplainOptions, Explanation, Level, Method, explain, render};
 use attn_viz::select::Selection;
-use common::{assert_close, hand_maps, tok};
+use common::{EVEN_CAUSAL_3, abc_tokens, assert_close, hand_maps, tok};
 
 /// "a bc": [CLS] a b ##c [SEP], one layer, one head. Rows (query → key):
 ///   [CLS] [.2 .2 .2 .2 .2]
@@ -624,23 +624,7 @@ fn standing_out_is_measured_against_even_attention_under_the_mask() {
     // "a b c", causal, every query spreading its weight evenly over what it sees: averaged over
     // the three queries "a" gets (1 + 1/2 + 1/3) / 3 = .61, yet that is even attention's own
     // figure, so no word stands out (against 1/3 "a" was named).
-    let tokens = vec![
-        tok("a", Some((0, 1)), 0),
-        tok("b", Some((2, 3)), 0),
-        tok("c", Some((4, 5)), 0),
-    ];
-    let even = vec![
-        1.0,
-        0.0,
-        0.0,
-        0.5,
-        0.5,
-        0.0,
-        1.0 / 3.0,
-        1.0 / 3.0,
-        1.0 / 3.0,
-    ];
-    let maps = hand_maps("a b c", None, tokens.clone(), 1, 1, even);
+    let maps = hand_maps("a b c", None, abc_tokens(), 1, 1, EVEN_CAUSAL_3.to_vec());
     let e = run(&maps, &options(None));
     assert_close(
         &[e.rows[0].weight, e.rows[0].even],

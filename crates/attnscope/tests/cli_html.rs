@@ -48,6 +48,13 @@ fn page_from_maps(dir: &Path, maps: &serde_json::Value, name: &str) -> std::path
     out
 }
 
+/// Each payload token's label, as the page shows it before `␣` for blanks.
+fn payload_labels(data: &serde_json::Value) -> Vec<&str> {
+    (data["tokens"].as_array().unwrap().iter())
+        .map(|t| t["label"].as_str().unwrap())
+        .collect()
+}
+
 fn f32s(tensors: &SafeTensors, name: &str) -> Vec<f32> {
     tensors
         .tensor(name)
@@ -81,12 +88,7 @@ fn page_carries_the_models_attention_to_three_decimals() {
     );
     // The page reads GPT-2's tokens as the text they cover ("Ġcat" as " cat"): one label per
     // token of transformers', together the text.
-    let labels: Vec<&str> = data["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["label"].as_str().unwrap())
-        .collect();
+    let labels = payload_labels(&data);
     assert_eq!(labels.len(), tokens.len());
     assert_eq!(labels.concat(), text);
 
@@ -206,12 +208,7 @@ fn gpt2_tokens_read_as_the_bytes_they_stand_for() {
     let output = html(&[text], &out);
     assert!(output.status.success(), "{}", stderr(&output));
     let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
-    let labels: Vec<&str> = data["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["label"].as_str().unwrap())
-        .collect();
+    let labels = payload_labels(&data);
     // Read back: `<0xHH>` is a byte, `\n`, `\t` and `\r` are those characters, the rest
     // as it is. Together the labels are the text's bytes, in order.
     let mut bytes = Vec::new();

@@ -52,3 +52,27 @@ pub fn assert_close(got: &[f32], expected: &[f32], tol: f32) {
         expected[worst]
     );
 }
+
+/// "a b c", one token a word.
+#[allow(dead_code)] // for explain.rs and analysis.rs, not every test file
+pub fn abc_tokens() -> Vec<Token> {
+    vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("c", Some((4, 5)), 0),
+    ]
+}
+
+/// Three causal queries, each spreading its weight evenly over itself and the keys before it.
+#[allow(dead_code)] // for explain.rs and analysis.rs, not every test file
+pub const EVEN_CAUSAL_3: [f32; 9] = [
+    1.0,
+    0.0,
+    0.0,
+    0.5,
+    0.5,
+    0.0,
+    1.0 / 3.0,
+    1.0 / 3.0,
+    1.0 / 3.0,
+];
