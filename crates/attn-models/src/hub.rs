@@ -127,16 +127,20 @@ fn read_reference(path: &Path) -> Result<Option<String>, String> {
 /// The longest branch or tag file read: a commit is 40 hexadecimal digits.
 const MAX_REFERENCE: u64 = 1024;
 
-/// The model id a snapshot directory of the cache belongs to (`…/models--ORG--NAME/snapshots/
-/// COMMIT` → `ORG/NAME`), for titles.
+/// The model id and commit of a snapshot directory of the cache, for titles:
+/// `…/models--ORG--NAME/snapshots/COMMIT` → `ORG/NAME@COMMIT`, the commit cut to 7 characters
+/// as git shortens it, so that a picture says which weights made it.
 pub fn repo_of(dir: &Path) -> Option<String> {
     let dir = dir.canonicalize().ok()?;
+    let commit = dir.file_name()?.to_str()?;
     let snapshots = dir.parent()?;
     if snapshots.file_name()? != "snapshots" {
         return None;
     }
     let folder = snapshots.parent()?.file_name()?.to_str()?;
-    Some(folder.strip_prefix("models--")?.replace("--", "/"))
+    let repo = folder.strip_prefix("models--")?.replace("--", "/");
+    let short: String = commit.chars().take(7).collect();
+    Some(format!("{repo}@{short}"))
 }
 
 /// The cache `huggingface_hub` uses, from the environment variables `var` reads.

@@ -298,7 +298,7 @@ impl Model {
         });
         let (tokenizer, weights) = (tokenizer?, weights?);
         let pooling = Pooling::from_dir(dir)?;
-        // A snapshot of the Hugging Face cache is named by its model id, not its commit.
+        // A snapshot of the Hugging Face cache is named by its model id and short commit.
         let name = crate::hub::repo_of(dir)
             .or_else(|| {
                 let dir = dir.canonicalize().ok()?;
@@ -316,8 +316,8 @@ impl Model {
         })
     }
 
-    /// The model directory's name (`all-MiniLM-L6-v2`), or its model id for a snapshot of the
-    /// Hugging Face cache (`openai-community/gpt2`).
+    /// The model directory's name (`all-MiniLM-L6-v2`), or its model id and short commit for a
+    /// snapshot of the Hugging Face cache (`openai-community/gpt2@607a30d`).
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -745,8 +745,9 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
         "acme/tiny-gpt2@0123abc",
     ] {
         let doc = attention(id);
-        // Named by its id, not its commit; the same attention as from the directory.
-        assert_eq!(doc["model"], "acme/tiny-gpt2", "{id}");
+        // Named by its id and its snapshot's commit, whichever revision named it; the same
+        // attention as from the directory.
+        assert_eq!(doc["model"], "acme/tiny-gpt2@0123abc", "{id}");
         assert_eq!(doc["weights"], by_dir["weights"], "{id}");
     }
     // What the cache lacks is named, with where it looked and what it has.
@@ -801,7 +802,10 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
     // A file of that name does not shadow the id; a directory does.
     std::fs::create_dir_all(cwd.path().join("acme")).unwrap();
     std::fs::write(cwd.path().join("acme").join("tiny-gpt2"), "not a model").unwrap();
-    assert_eq!(attention("acme/tiny-gpt2")["model"], "acme/tiny-gpt2");
+    assert_eq!(
+        attention("acme/tiny-gpt2")["model"],
+        "acme/tiny-gpt2@0123abc"
+    );
     std::fs::remove_file(cwd.path().join("acme").join("tiny-gpt2")).unwrap();
     std::os::unix::fs::symlink(tiny_gpt2(), cwd.path().join("acme").join("tiny-gpt2")).unwrap();
     assert_eq!(attention("acme/tiny-gpt2")["model"], "tiny-gpt2");
