@@ -37,15 +37,21 @@ fn page_from_maps(dir: &Path, maps: &serde_json::Value, name: &str) -> std::path
     let saved = dir.join("maps.json");
     std::fs::write(&saved, maps.to_string()).unwrap();
     let out = dir.join(name);
-    let output = attnscope()
-        .args(["html", "--maps"])
-        .arg(&saved)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let output = html_from_maps(&saved, &out, &[]);
     assert!(output.status.success(), "{}", stderr(&output));
     out
+}
+
+/// `attnscope html --maps saved -o out` with `extra` arguments.
+fn html_from_maps(saved: &Path, out: &Path, extra: &[&str]) -> Output {
+    attnscope()
+        .args(["html", "--maps"])
+        .arg(saved)
+        .arg("-o")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
 }
 
 /// Each payload token's label, as the page shows it before `␣` for blanks.
@@ -415,26 +421,13 @@ fn saved_maps_make_a_page_without_the_neuron_view() {
         &["--pair", "b"],
         &["--neuron-layer", "0"],
     ] {
-        let output = attnscope()
-            .args(["html", "--maps"])
-            .arg(&saved)
-            .arg("-o")
-            .arg(&out)
-            .args(extra)
-            .output()
-            .unwrap();
+        let output = html_from_maps(&saved, &out, extra);
         assert_eq!(output.status.code(), Some(2), "{extra:?}");
         assert!(stderr(&output).contains("cannot be used"), "{extra:?}");
     }
 
     std::fs::write(&saved, "{\"model\": 1}").unwrap();
-    let output = attnscope()
-        .args(["html", "--maps"])
-        .arg(&saved)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let output = html_from_maps(&saved, &out, &[]);
     assert_eq!(output.status.code(), Some(1));
     assert!(
         stderr(&output).contains("not attention maps JSON"),
