@@ -108,12 +108,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         false => words::special_labels(&units),
     };
     // What hiding them takes away: their share of the rows shown, on average.
-    let hidden = |matrix: Option<&[f32]>| match (specials.is_empty(), matrix) {
+    let hidden = |merged: Option<&[f32]>| match (specials.is_empty(), merged) {
         (true, _) => String::new(),
         (false, None) => format!(", {specials} hidden, rows renormalised"),
-        (false, Some(tokens)) => format!(
+        (false, Some(merged)) => format!(
             ", {specials} hidden ({:.0}% of the attention shown), rows renormalised",
-            100.0 * view.hidden_share(tokens)
+            100.0 * view.hidden_share(merged)
         ),
     };
     let texts = match &maps.pair {
@@ -164,12 +164,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ => Selection::All,
         };
         let selected = select(&maps, selection).map_err(crate::maps::name_the_flag)?;
-        let matrix = view.merge(&selected);
+        // Merged once: the picture keeps the shown units, the title weighs the hidden ones.
+        let merged = view.units_of(&selected);
+        let matrix = view.keep(&merged);
         let title = format!(
             "{texts} — {} — {} — {level}{}",
             selection.describe(&maps),
             maps.model,
-            hidden(Some(&selected))
+            hidden(Some(&merged))
         );
         write_heatmap(
             &args.output,
@@ -198,17 +200,31 @@ impl View<'_> {
     /// # Shapes
     /// `tokens: [T, T]` → `[S, S]` with `S = shown.len()`.
     fn merge(&self, tokens: &[f32]) -> Vec<f32> {
-        let merged = merge_matrix(tokens, self.maps.seq_len(), self.units);
-        keep_and_renormalise(&merged, self.units.len(), self.shown)
+        self.keep(&self.units_of(tokens))
+    }
+
+    /// A token matrix merged into units, every unit kept.
+    ///
+    /// # Shapes
+    /// `tokens: [T, T]` → `[U, U]` with `U = units.len()`.
+    fn units_of(&self, tokens: &[f32]) -> Vec<f32> {
+        merge_matrix(tokens, self.maps.seq_len(), self.units)
+    }
+
+    /// A unit matrix's shown units, rows renormalised.
+    ///
+    /// # Shapes
+    /// `merged: [U, U]` → `[S, S]` with `S = shown.len()`.
+    fn keep(&self, merged: &[f32]) -> Vec<f32> {
+        keep_and_renormalise(merged, self.units.len(), self.shown)
     }
 
     /// The share of the shown rows' attention that goes to units not shown, on average.
     ///
     /// # Shapes
-    /// `tokens: [T, T]`.
-    fn hidden_share(&self, tokens: &[f32]) -> f32 {
+    /// `merged: [U, U]` ([`View::units_of`]).
+    fn hidden_share(&self, merged: &[f32]) -> f32 {
         let n = self.units.len();
-        let merged = merge_matrix(tokens, self.maps.seq_len(), self.units);
         let total: f32 = (self.shown.iter())
             .map(|&i| {
                 let row = &merged[i * n..(i + 1) * n];
