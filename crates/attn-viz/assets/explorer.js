@@ -96,7 +96,7 @@
     const keepLayer = S.data && S.L === L ? S.layer : (data.neuron ? data.neuron.layers[0] : L - 1);
     // A pinned token stays pinned only on the same text.
     const sameText = S.data && S.T === T && S.data.text === data.text && S.data.pair === data.pair;
-    Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron, causal: seesOnlyEarlierKeys(W, T),
+    Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron, causal: data.causal,
       neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
     if (S.heads.length !== H) S.heads = new Array(H).fill(true);
     if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
@@ -106,15 +106,6 @@
     buildControls();
     if (restore) restoreSelects();
     await render();
-  }
-
-  // A causal model's weights: every head gives each query's later keys exactly 0.
-  function seesOnlyEarlierKeys(W, T) {
-    if (T < 2) return false;
-    for (let base = 0; base < W.length; base += T * T) {
-      for (let i = 0; i < T; i++) for (let j = i + 1; j < T; j++) if (W[base + i * T + j] !== 0) return false;
-    }
-    return true;
   }
 
   // ---- what is shown, kept in the address's #fragment to bookmark or share ----
@@ -181,8 +172,7 @@
 
   // Why a filtered view is empty: on a causal model the first text comes before its pair.
   function emptyReason() {
-    const causal = S.causal;
-    if (S.filter === "AB" && causal) return "Nothing to show: A comes before B, so a causal model's A tokens cannot see B.";
+    if (S.filter === "AB" && S.causal) return "Nothing to show: A comes before B, so a causal model's A tokens cannot see B.";
     if (S.data.weight_floor) {
       return "Nothing to show: no weight here reaches the page's floor of " + (S.data.weight_floor / S.scale).toFixed(3) + ".";
     }

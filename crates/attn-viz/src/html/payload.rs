@@ -26,6 +26,7 @@ use flate2::write::ZlibEncoder;
 use serde::Serialize;
 
 use crate::select::{Selection, rollout, select};
+use crate::stats::sees_only_earlier_keys;
 use crate::words::token_label;
 use crate::{AttentionMaps, VizError};
 
@@ -83,6 +84,9 @@ struct Payload<'a> {
     tokens: Vec<PayloadToken>,
     n_layers: usize,
     n_heads: usize,
+    /// Every head gives each query's later keys exactly 0 ([`sees_only_earlier_keys`]): the
+    /// heatmap greys those cells and the empty A → B view says why.
+    causal: bool,
     weight_scale: u16,
     /// Weights below this many thousandths are stored as 0 (0: every weight is exact).
     weight_floor: u16,
@@ -154,6 +158,7 @@ pub fn payload_json(
         n_layers: maps.n_layers,
         n_heads: maps.n_heads,
         weight_scale: WEIGHT_SCALE,
+        causal: maps.seq_len() > 1 && sees_only_earlier_keys(maps),
         weight_floor: 0,
         zero_hidden_mean: 0.0,
         zero_hidden_max: 0.0,
@@ -485,6 +490,8 @@ mod tests {
         assert_eq!(json["weight_scale"], 1000);
         assert_eq!(json["weight_floor"], 0);
         assert_eq!(json["tokens"][1]["label"], "b");
+        // The second head gives query 0 a later key .877: not causal.
+        assert_eq!(json["causal"], false);
         assert!(json["neuron"].is_null());
     }
 
