@@ -74,6 +74,14 @@ pub struct Row {
     pub masked: bool,
 }
 
+impl Row {
+    /// Whether the row may be named as what the model focuses on: a word the query sees, with a
+    /// letter or digit (punctuation keeps its bar but is never named).
+    fn nameable(&self) -> bool {
+        !self.masked && self.word.chars().any(char::is_alphanumeric)
+    }
+}
+
 /// An explanation, ready to print or to serialise.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Explanation {
@@ -228,7 +236,6 @@ pub fn explain(
             masked: causal && units[u].tokens.iter().all(|&j| j > last_query),
         })
         .collect();
-    let wordlike = |r: &Row| !r.masked && r.word.chars().any(char::is_alphanumeric);
     // One word the query sees gets everything: nothing to stand out from.
     let compared = rows.iter().filter(|r| !r.masked).count() >= 2;
     // With --top: what the rows left out hold, said below; masked words come last.
@@ -245,7 +252,7 @@ pub fn explain(
     // are named only when the heaviest stands out from even attention (flat rows named three
     // words at 0.34 against 0.33).
     let named: Vec<f32> = (rows.iter())
-        .map(|r| if wordlike(r) { r.weight } else { 0.0 })
+        .map(|r| if r.nameable() { r.weight } else { 0.0 })
         .collect();
     let heaviest = (0..rows.len()).max_by(|&a, &b| named[a].total_cmp(&named[b]));
     let spread = heaviest
@@ -519,7 +526,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
         ));
     } else if explanation.spread {
         let top = (explanation.rows.iter())
-            .filter(|r| !r.masked && r.word.chars().any(char::is_alphanumeric))
+            .filter(|r| r.nameable())
             .max_by(|a, b| a.weight.total_cmp(&b.weight));
         if let Some(top) = top {
             out.push_str(&format!(
