@@ -11,6 +11,13 @@ pub enum AttnError {
         expected: Vec<usize>,
         got: Vec<usize>,
     },
+    /// A tensor has the wrong number of dims.
+    #[error("{tensor}: expected {expected} dims, got shape {got:?}")]
+    RankMismatch {
+        tensor: &'static str,
+        expected: usize,
+        got: Vec<usize>,
+    },
     /// A tensor's element count disagrees with its declared shape.
     #[error("{tensor}: shape {shape:?} needs {expected} elements, got {got}")]
     LengthMismatch {
@@ -87,10 +94,8 @@ pub enum AttnError {
         value: f32,
     },
     /// The requested result would need more memory than is reasonable to allocate.
-    #[error(
-        "{what} would need {bytes} bytes ({shape:?} f32 values), too many to allocate{}",
-        too_large_hint(what)
-    )]
+    /// `bytes` is `u128::MAX` when the shape's element count overflows `usize`.
+    #[error("{}", too_large_text(what, shape, *bytes))]
     TooLarge {
         what: &'static str,
         shape: Vec<usize>,
@@ -98,12 +103,19 @@ pub enum AttnError {
     },
 }
 
-/// What to do about [`AttnError::TooLarge`]: weights can be asked for in less room; a shape too
-/// large for its per-row state cannot.
-fn too_large_hint(what: &str) -> &'static str {
-    if what == "attention weights" {
+/// [`AttnError::TooLarge`]'s message, with what to do about it: weights can be asked for in
+/// less room; a shape too large for its per-row state cannot.
+fn too_large_text(what: &str, shape: &[usize], bytes: u128) -> String {
+    let hint = if what == "attention weights" {
         "; ask for fewer rows or the head average"
     } else {
         ""
+    };
+    if bytes == u128::MAX {
+        format!("{what}: shape {shape:?} has more elements than can be counted{hint}")
+    } else {
+        format!(
+            "{what} would need {bytes} bytes ({shape:?} f32 values), too many to allocate{hint}"
+        )
     }
 }

@@ -1,7 +1,8 @@
 //! Exact scaled dot-product attention with every mask PyTorch, FlashAttention and xFormers offer.
 //!
 //! `attention(Q, K, V) = softmax(scale · Q·Kᵀ [+ softcap, ALiBi, float mask] | visible) · V`, with
-//! the semantics of `shared/golden/README.md`, in the order they apply:
+//! PyTorch's semantics (the repository's tests check them against PyTorch's own outputs), in
+//! the order they apply:
 //! 1. `score = scale · q·k`
 //! 2. softcap `c`: `score = c · tanh(score / c)`
 //! 3. ALiBi: `score -= slope_h · |i + o − j|`
@@ -12,6 +13,40 @@
 //!
 //! [`sdpa`] is the fast path; [`sdpa_reference`] is its plain, readable twin that tests compare
 //! against. [`mha`] builds multi-head attention (projections, masks, weights) on top.
+//!
+//! Tensors are row-major `f32` slices (`bf16` for [`sdpa_bf16`]) with their dims in an
+//! [`AttnShape`]: q is `[batch, n_heads, seq_q, head_dim]`, k and v `[batch, n_kv_heads,
+//! seq_kv, _]`, the output `[batch, n_heads, seq_q, value_dim]`. Indices count from 0.
+//!
+//! ```
+//! use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest, sdpa, sdpa_reference};
+//!
+//! // One sequence, 2 heads, 4 tokens, head_dim 8 (`.with_kv_heads(1)` would share one
+//! // key/value head between them).
+//! let shape = AttnShape::new(1, 2, 4, 4, 8);
+//! let q: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+//! let k: Vec<f32> = (0..64).map(|i| (i as f32 * 0.11).cos()).collect();
+//! let v: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
+//! let input = AttnInput::new(&q, &k, &v, shape)?;
+//!
+//! // Causal attention, and the weights of query 2 only: recomputed from the saved
+//! // log-sum-exp, they cost one row, not the whole matrix.
+//! let options = AttnOptions {
+//!     causal: Some(Causal::TopLeft),
+//!     weights: WeightsRequest::Rows(vec![2]),
+//!     ..AttnOptions::default()
+//! };
+//! let fast = sdpa(&input, &options)?;
+//! let weights = fast.weights.as_ref().expect("asked for");
+//! let row = weights.row(&shape, 0, 1, 2).expect("row 2 was asked for"); // batch 0, head 1
+//! assert_eq!(row[3], 0.0); // query 2 does not see key 3
+//! assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+//!
+//! // The plain reference twin gives the same output.
+//! let slow = sdpa_reference(&input, &options)?;
+//! assert!(fast.out.iter().zip(&slow.out).all(|(a, b)| (a - b).abs() < 1e-5));
+//! # Ok::<(), attn_core::AttnError>(())
+//! ```
 
 mod aligned;
 pub mod amx;
@@ -29,7 +64,8 @@ pub mod varlen;
 
 pub use backward::{Grads, sdpa_backward, sdpa_backward_reference};
 pub use error::AttnError;
-pub use fused::{AttnInputBf16, sdpa_bf16};
+pub use fused::{AttnInputBf16, Isa, sdpa_bf16, set_global_threads};
+pub use half::bf16;
 pub use mask::{BoolMask, Causal, FloatMask, KeyPadding, Window};
 pub use mha::{
     Linear, LinearGrads, MhaConfig, MhaGrads, MhaInput, MhaOutput, MultiheadAttention, StateDict,

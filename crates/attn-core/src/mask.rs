@@ -99,6 +99,7 @@ impl<T: Copy> Broadcast<T> {
         self.dims
     }
 
+    /// The mask's values, row-major over [`Self::dims`].
     pub fn data(&self) -> &[T] {
         &self.data
     }
@@ -117,16 +118,27 @@ impl<T: Copy> Broadcast<T> {
 
     /// Where row `(b, h, i)` starts in [`Self::data`], and the stride between keys (0 when the
     /// mask repeats one value across keys). Valid once the mask was checked against the shape.
+    ///
+    /// # Panics
+    /// When `b`, `h` or `i` is past a dim of the mask's that is not 1 (a dim of 1 repeats).
     pub fn row(&self, b: usize, h: usize, i: usize) -> (usize, usize) {
         let [db, dh, dl, ds] = self.dims;
-        let pick = |idx: usize, d: usize| if d == 1 { 0 } else { idx };
+        let pick = |idx: usize, d: usize| {
+            assert!(d == 1 || idx < d, "index {idx} past a mask dim of {d}");
+            if d == 1 { 0 } else { idx }
+        };
         let off = ((pick(b, db) * dh + pick(h, dh)) * dl + pick(i, dl)) * ds;
         (off, usize::from(ds != 1))
     }
 
     /// The value for query `i` and key `j` of batch `b`, head `h`.
+    ///
+    /// # Panics
+    /// When an index is past a dim of the mask's that is not 1 (a dim of 1 repeats).
     pub fn at(&self, b: usize, h: usize, i: usize, j: usize) -> T {
         let (off, stride) = self.row(b, h, i);
+        let keys = self.dims[3];
+        assert!(keys == 1 || j < keys, "key {j} past a mask dim of {keys}");
         self.data[off + j * stride]
     }
 }
@@ -143,11 +155,11 @@ impl BoolMask {
     /// # Shapes
     /// `dims` (rank 1 to 4) broadcastable to `[batch, n_heads, seq_q, seq_kv]`.
     pub fn from_vec(data: Vec<bool>, dims: &[usize]) -> Result<Self, AttnError> {
-        Broadcast::new("mask", data, dims)
+        Broadcast::new("bool_mask", data, dims)
     }
 
     pub(crate) fn validate(&self, shape: &AttnShape) -> Result<(), AttnError> {
-        self.check("mask", shape)
+        self.check("bool_mask", shape)
     }
 }
 
@@ -155,7 +167,7 @@ impl FloatMask {
     /// # Shapes
     /// `dims` (rank 1 to 4) broadcastable to `[batch, n_heads, seq_q, seq_kv]`.
     pub fn from_vec(data: Vec<f32>, dims: &[usize]) -> Result<Self, AttnError> {
-        Broadcast::new("mask", data, dims)
+        Broadcast::new("float_mask", data, dims)
     }
 
     /// NaN and +∞ are refused: +∞ would make the softmax ∞ − ∞ = NaN. −∞ hides the key.
@@ -164,12 +176,12 @@ impl FloatMask {
             (self.data.iter().enumerate()).find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
         {
             return Err(AttnError::NonFinite {
-                tensor: "mask",
+                tensor: "float_mask",
                 index,
                 value,
             });
         }
-        self.check("mask", shape)
+        self.check("float_mask", shape)
     }
 }
 
@@ -185,6 +197,7 @@ pub struct KeyPadding {
 }
 
 impl KeyPadding {
+    /// From one flag per key of each sequence, `[batch, seq_kv]` row-major.
     pub fn from_vec(real: Vec<bool>, batch: usize, seq_kv: usize) -> Result<Self, AttnError> {
         crate::shape::check_len("key_padding", &[batch, seq_kv], real.len())?;
         Ok(KeyPadding {
@@ -210,11 +223,17 @@ impl KeyPadding {
     }
 
     /// Whether key `j` of batch `b` is real.
+    ///
+    /// # Panics
+    /// When `b` or `j` is out of range (`b >= batch` or `j >= seq_kv`).
     pub fn is_real(&self, b: usize, j: usize) -> bool {
-        self.real[b * self.seq_kv + j]
+        self.row(b)[j]
     }
 
     /// The flags of batch `b`, one per key.
+    ///
+    /// # Panics
+    /// When `b >= batch`.
     pub fn row(&self, b: usize) -> &[bool] {
         &self.real[b * self.seq_kv..(b + 1) * self.seq_kv]
     }

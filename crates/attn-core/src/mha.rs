@@ -39,7 +39,7 @@ pub struct MhaConfig {
 
 impl MhaConfig {
     /// `embed_dim` split over `num_heads`, with `kdim = vdim = embed_dim`. Fails when
-    /// `embed_dim % num_heads != 0` (or either is 0).
+    /// `embed_dim % num_heads != 0`, or either is 0.
     pub fn new(embed_dim: usize, num_heads: usize) -> Result<Self, AttnError> {
         Self::with_kv_dims(embed_dim, num_heads, embed_dim, embed_dim)
     }
@@ -51,7 +51,15 @@ impl MhaConfig {
         kdim: usize,
         vdim: usize,
     ) -> Result<Self, AttnError> {
-        if num_heads == 0 || embed_dim == 0 || !embed_dim.is_multiple_of(num_heads) {
+        for (option, dim) in [("embed_dim", embed_dim), ("num_heads", num_heads)] {
+            if dim == 0 {
+                return Err(AttnError::InvalidOption {
+                    option,
+                    reason: "must be at least 1".to_string(),
+                });
+            }
+        }
+        if !embed_dim.is_multiple_of(num_heads) {
             return Err(AttnError::EmbedNotDivisible {
                 embed_dim,
                 num_heads,

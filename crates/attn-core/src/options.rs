@@ -1,4 +1,4 @@
-//! Options of an attention call, each with the semantics of `shared/golden/README.md`.
+//! Options of an attention call, each with the semantics the [crate docs](crate) give.
 
 use crate::{AttnError, AttnShape, BoolMask, Causal, FloatMask, KeyPadding, Window};
 

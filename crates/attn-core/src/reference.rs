@@ -1,5 +1,5 @@
-//! The reference twin: plain, readable attention, one query row at a time, every rule of
-//! `shared/golden/README.md` written out in order. The fast path is tested against it.
+//! The reference twin: plain, readable attention, one query row at a time, every rule of the
+//! [crate docs](crate) written out in order. The fast path is tested against it.
 
 use crate::mask::{diagonal_offset, key_range};
 use crate::shape::check_overflow;

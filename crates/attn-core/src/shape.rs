@@ -10,12 +10,20 @@ use crate::{AttnError, AttnOptions};
 /// `batch, n_heads, n_kv_heads, seq_q, seq_kv, head_dim, value_dim`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnShape {
+    /// Independent sequences (masks and key padding may differ per sequence).
     pub batch: usize,
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads: `n_heads` for plain multi-head attention, fewer for grouped-query
+    /// attention (`n_heads` a multiple of it), 1 for multi-query attention.
     pub n_kv_heads: usize,
+    /// Queries per sequence (rows of the score matrix).
     pub seq_q: usize,
+    /// Keys and values per sequence (columns of the score matrix).
     pub seq_kv: usize,
+    /// Length of a query and a key vector; the default scale is `1/√head_dim`.
     pub head_dim: usize,
+    /// Length of a value vector, and of an output row.
     pub value_dim: usize,
 }
 
@@ -33,12 +41,29 @@ impl AttnShape {
         }
     }
 
+    /// The same shape with `n_kv_heads` key/value heads (grouped-query attention; 1 for
+    /// multi-query attention).
+    pub fn with_kv_heads(self, n_kv_heads: usize) -> Self {
+        AttnShape { n_kv_heads, ..self }
+    }
+
+    /// The same shape with values (and output rows) of length `value_dim`.
+    pub fn with_value_dim(self, value_dim: usize) -> Self {
+        AttnShape { value_dim, ..self }
+    }
+
     /// How many query heads share one key/value head.
+    ///
+    /// # Panics
+    /// When `n_kv_heads` is 0 (which [`AttnShape::validate`] refuses).
     pub fn group_size(&self) -> usize {
         self.n_heads / self.n_kv_heads
     }
 
     /// The key/value head that query head `h` reads (PyTorch's `repeat_interleave` order).
+    ///
+    /// # Panics
+    /// When `n_kv_heads` is 0 (which [`AttnShape::validate`] refuses).
     pub fn kv_head(&self, h: usize) -> usize {
         h / self.group_size()
     }
@@ -50,15 +75,19 @@ impl AttnShape {
         (row / (h * l), row / l % h, row % l)
     }
 
+    /// `[batch, n_heads, seq_q, head_dim]`
     pub fn q_dims(&self) -> [usize; 4] {
         [self.batch, self.n_heads, self.seq_q, self.head_dim]
     }
+    /// `[batch, n_kv_heads, seq_kv, head_dim]`
     pub fn k_dims(&self) -> [usize; 4] {
         [self.batch, self.n_kv_heads, self.seq_kv, self.head_dim]
     }
+    /// `[batch, n_kv_heads, seq_kv, value_dim]`
     pub fn v_dims(&self) -> [usize; 4] {
         [self.batch, self.n_kv_heads, self.seq_kv, self.value_dim]
     }
+    /// `[batch, n_heads, seq_q, value_dim]`
     pub fn out_dims(&self) -> [usize; 4] {
         [self.batch, self.n_heads, self.seq_q, self.value_dim]
     }
@@ -185,9 +214,15 @@ pub(crate) fn check_len(tensor: &'static str, dims: &[usize], got: usize) -> Res
 /// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
 #[derive(Debug, Clone, Copy)]
 pub struct AttnInput<'a> {
+    /// Queries, `[batch, n_heads, seq_q, head_dim]`.
     pub q: &'a [f32],
+    /// Keys, `[batch, n_kv_heads, seq_kv, head_dim]`.
     pub k: &'a [f32],
+    /// Values, `[batch, n_kv_heads, seq_kv, value_dim]`.
     pub v: &'a [f32],
+    /// The dims the slices are read with. Every call checks the slices' lengths against it,
+    /// so an input built without [`AttnInput::new`] gets [`AttnError::LengthMismatch`], not a
+    /// panic.
     pub shape: AttnShape,
 }
 
@@ -316,9 +351,9 @@ impl<'a> AttnInput<'a> {
         v: (&'a [f32], &[usize]),
     ) -> Result<Self, AttnError> {
         let rank4 = |tensor: &'static str, dims: &[usize]| -> Result<[usize; 4], AttnError> {
-            <[usize; 4]>::try_from(dims).map_err(|_| AttnError::ShapeMismatch {
+            <[usize; 4]>::try_from(dims).map_err(|_| AttnError::RankMismatch {
                 tensor,
-                expected: vec![0; 4],
+                expected: 4,
                 got: dims.to_vec(),
             })
         };
@@ -369,6 +404,40 @@ impl Weights {
         match self {
             Weights::All(d) | Weights::HeadAverage(d) | Weights::Rows { data: d, .. } => d,
         }
+    }
+
+    /// Query `i`'s weights over the `seq_kv` keys, in batch `b`, head `h` of a call of
+    /// `shape`: from [`Weights::All`], or from [`Weights::Rows`] when `i` is one of its rows.
+    /// `None` when the weights do not hold that row, or an index is out of range; the head
+    /// average's rows are [`Weights::average_row`].
+    pub fn row(&self, shape: &AttnShape, b: usize, h: usize, i: usize) -> Option<&[f32]> {
+        if b >= shape.batch || h >= shape.n_heads || i >= shape.seq_q {
+            return None;
+        }
+        let (rows, data) = match self {
+            Weights::All(data) => (shape.seq_q, data),
+            Weights::Rows { rows, data } => (rows.len(), data),
+            Weights::HeadAverage(_) => return None,
+        };
+        let r = match self {
+            Weights::Rows { rows, .. } => rows.iter().position(|&row| row == i)?,
+            _ => i,
+        };
+        let start = ((b * shape.n_heads + h) * rows + r) * shape.seq_kv;
+        data.get(start..start + shape.seq_kv)
+    }
+
+    /// Query `i`'s weights over the keys, averaged over the heads, in batch `b`: from
+    /// [`Weights::HeadAverage`]; `None` for the other kinds or an index out of range.
+    pub fn average_row(&self, shape: &AttnShape, b: usize, i: usize) -> Option<&[f32]> {
+        let Weights::HeadAverage(data) = self else {
+            return None;
+        };
+        if b >= shape.batch || i >= shape.seq_q {
+            return None;
+        }
+        let start = (b * shape.seq_q + i) * shape.seq_kv;
+        data.get(start..start + shape.seq_kv)
     }
 }
 

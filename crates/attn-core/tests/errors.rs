@@ -132,7 +132,10 @@ fn length_mismatch_when_a_slice_disagrees_with_its_shape() {
     // The same rule guards masks and the MHA inputs.
     assert!(matches!(
         BoolMask::from_vec(vec![true; 5], &[2, 3]),
-        Err(AttnError::LengthMismatch { tensor: "mask", .. })
+        Err(AttnError::LengthMismatch {
+            tensor: "bool_mask",
+            ..
+        })
     ));
     let mha = tiny_mha();
     let err = mha
@@ -163,7 +166,7 @@ fn not_broadcastable_mask() {
     assert_eq!(
         err,
         AttnError::NotBroadcastable {
-            tensor: "mask",
+            tensor: "bool_mask",
             got: vec![1, 1, 2, 4],
             target: vec![1, 2, 3, 4],
         }
@@ -244,10 +247,16 @@ fn embed_not_divisible_at_construction() {
             num_heads: 3
         }
     );
-    assert!(matches!(
-        MhaConfig::new(8, 0),
-        Err(AttnError::EmbedNotDivisible { num_heads: 0, .. })
-    ));
+    // No heads, or no width, is said as such (it read "embed_dim (0) is not a multiple of
+    // num_heads (0)").
+    assert_eq!(
+        MhaConfig::new(8, 0).unwrap_err().to_string(),
+        "num_heads: must be at least 1"
+    );
+    assert_eq!(
+        MhaConfig::new(0, 0).unwrap_err().to_string(),
+        "embed_dim: must be at least 1"
+    );
     assert_eq!(
         MhaConfig::new(10, 3).unwrap_err().to_string(),
         "embed_dim (10) is not a multiple of num_heads (3)"
@@ -434,7 +443,10 @@ fn invalid_options() {
     let err = BoolMask::from_vec(vec![true; 4], &[1, 1, 1, 1, 4]).unwrap_err();
     assert!(matches!(
         err,
-        AttnError::InvalidOption { option: "mask", .. }
+        AttnError::InvalidOption {
+            option: "bool_mask",
+            ..
+        }
     ));
     assert!(err.to_string().contains("[1, 1, 1, 1, 4]"));
     assert!(matches!(
@@ -469,7 +481,7 @@ fn non_finite_mask_and_slopes() {
     assert!(matches!(
         err,
         AttnError::NonFinite {
-            tensor: "mask",
+            tensor: "float_mask",
             index: 1,
             ..
         }
@@ -483,7 +495,7 @@ fn non_finite_mask_and_slopes() {
     assert!(matches!(
         err,
         AttnError::NonFinite {
-            tensor: "mask",
+            tensor: "float_mask",
             index: 2,
             ..
         }
@@ -588,7 +600,7 @@ fn a_config_built_by_hand_is_checked_by_the_module() {
                 kdim: 4,
                 vdim: 4,
             },
-            "num_heads (0)",
+            "num_heads: must be at least 1",
         ),
         (
             MhaConfig {
@@ -724,4 +736,45 @@ fn a_call_without_rows_returns_at_once_whatever_its_head_count() {
     });
     let got = rx.recv_timeout(std::time::Duration::from_secs(60));
     assert_eq!(got, Ok((0, 0)), "no answer within 60 s");
+}
+
+/// A tensor of the wrong rank is said as such (it read "expected shape [0, 0, 0, 0]").
+#[test]
+fn from_dims_names_a_tensor_of_the_wrong_rank() {
+    let err = AttnInput::from_dims(
+        (&[0.0; 6], &[2, 3]),
+        (&[0.0; 6], &[1, 1, 3, 2]),
+        (&[0.0; 6], &[1, 1, 3, 2]),
+    )
+    .unwrap_err();
+    assert_eq!(err.to_string(), "q: expected 4 dims, got shape [2, 3]");
+}
+
+/// A count past `usize` is said as such, not as 2^128 - 1 bytes of f32 values (the key
+/// padding is bools).
+#[test]
+fn a_shape_too_large_to_count_is_said_as_such() {
+    let err = KeyPadding::from_vec(vec![], usize::MAX, 2).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "key_padding: shape [18446744073709551615, 2] has more elements than can be counted"
+    );
+}
+
+/// Key 7 of a batch of sequences of 5 keys is out of range: it panicked only past the last
+/// sequence, and read the next sequence's key 2 before it.
+#[test]
+#[should_panic(expected = "index out of bounds")]
+fn key_padding_past_a_sequence_panics() {
+    let padding = KeyPadding::from_lengths(&[5, 2], 5).unwrap();
+    padding.is_real(0, 7);
+}
+
+/// A mask's index past a dim of its own panics; a dim of 1 repeats.
+#[test]
+fn mask_indices_repeat_dims_of_1_and_stop_at_the_others() {
+    let mask = BoolMask::from_vec(vec![true, false, true, true], &[2, 2]).unwrap();
+    assert!(!mask.at(5, 3, 0, 1) && mask.at(0, 0, 1, 1));
+    assert!(std::panic::catch_unwind(|| mask.at(0, 0, 0, 2)).is_err());
+    assert!(std::panic::catch_unwind(|| mask.at(0, 0, 2, 0)).is_err());
 }

@@ -43,7 +43,7 @@
 //! its own softmax, no saved state. Calls of extreme magnitudes (a scale past `2^±60`, a row
 //! of `q`, `k`, `v` or `dout` of norm past `2^30`), where the fast path's order of operations
 //! would overflow before the reference's, run its loop instead (`Norms::moderate`), and so do
-//! the rows of a log-sum-exp too large to recompute `P` from ([`LSE_BOUND`]).
+//! the rows of a log-sum-exp too large to recompute `P` from (past 128, `LSE_BOUND`).
 
 #[cfg(target_arch = "x86_64")]
 mod amx;

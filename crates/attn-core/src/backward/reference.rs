@@ -1,5 +1,5 @@
 //! The plain twin of the backward pass: one query row at a time, with its own softmax and no
-//! saved state, every rule of `shared/golden/README.md` in order. Slow and simple, to check
+//! saved state, every rule of the [crate docs](crate) in order. Slow and simple, to check
 //! the fast path against.
 
 use super::{Grads, validate};
@@ -8,7 +8,7 @@ use crate::reference::{dot, score};
 use crate::{AttnError, AttnInput, AttnOptions};
 
 /// Gradients of `sum(out · dout)` computed the plain way: one query row at a time, with its
-/// own softmax (no saved `out` or `lse`), every rule of `shared/golden/README.md` in order.
+/// own softmax (no saved `out` or `lse`), every rule of the [crate docs](crate) in order.
 ///
 /// # Shapes
 /// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
