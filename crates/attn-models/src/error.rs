@@ -162,12 +162,17 @@ pub enum ModelError {
         capacity: usize,
         n_positions: usize,
     },
-    /// The tokenizer produced an id outside the model's embedding table.
+    /// A token id outside the model's embedding table, or (decoding) outside the tokenizer's
+    /// vocabulary.
     #[error("token id {id} is outside the model's vocabulary of {vocab_size}")]
     TokenOutOfVocab { id: u32, vocab_size: usize },
-    /// `embed` was called with no texts.
-    #[error("no texts to embed")]
+    /// `embed` or `forward_batch` was called with no texts.
+    #[error("no texts given: embedding or running a batch needs at least one")]
     EmptyBatch,
+    /// An input built by the caller (an [`crate::Encoding`], a [`crate::ModelOutput`] handed
+    /// back) disagrees with itself or with the model.
+    #[error("{what}: {reason}")]
+    InvalidInput { what: &'static str, reason: String },
     /// A sentence-transformers module this crate cannot reproduce.
     #[error("{}: {reason}", path.display())]
     UnsupportedPooling { path: PathBuf, reason: String },

@@ -86,6 +86,9 @@ pub fn generate(
         .saturating_add(options.max_new_tokens.saturating_sub(1));
     let mut cache = KvCache::with_capacity(model, needed)?;
     let vocab = model.config().vocab_size;
+    // Only ids the tokenizer can write are chosen (an embedding table padded past the
+    // vocabulary has rows no text comes from).
+    let choosable = vocab.min(model.tokenizer_vocab_size()).max(1);
     let mut rng = match options.sampling {
         Sampling::Sample { seed, .. } => SplitMix64(seed),
         Sampling::Greedy => SplitMix64(0),
@@ -96,7 +99,7 @@ pub fn generate(
     while ids.len() < options.max_new_tokens {
         let step = cache.feed(&feed, options.attention)?;
         let last = step.logits.len() / vocab - 1;
-        let logits = &step.logits[last * vocab..][..vocab];
+        let logits = &step.logits[last * vocab..][..choosable];
         let next = choose(logits, &options.sampling, &mut rng);
         if let (Some(all), Some(w)) = (&mut attention, &step.last_layer_attention) {
             let row = w.len() / feed.len();

@@ -1,6 +1,34 @@
 //! `attn-models`: run Hugging Face BERT and GPT-2 checkpoints on the CPU and capture what they
 //! attend to — every layer's and head's attention, queries and keys, hidden states, GPT-2 logits
 //! and sentence-transformers embeddings — reproducing transformers' outputs.
+//!
+//! A model is a directory with `config.json`, `model.safetensors` and `tokenizer.json`
+//! ([`Model::load`]); [`hub::resolve`] finds one that transformers left in the Hugging Face
+//! cache by its id, and [`fetch::default_model_dir`] gives all-MiniLM-L6-v2, fetched into the
+//! cache on first use. Layers, heads and tokens count from 0.
+//!
+//! ```
+//! use attn_models::{Model, RunOptions};
+//!
+//! let model = Model::load(&attn_models::fetch::default_model_dir(false)?)?;
+//! let enc = model.encode("The cat sat on the mat", None)?; // [CLS] the cat sat on the mat [SEP]
+//! let options = RunOptions { attentions: true, ..RunOptions::default() };
+//! let out = model.forward(&enc, &options)?;
+//!
+//! // Where "sat" looks in layer 3, head 7.
+//! let sat = enc.tokens.iter().position(|t| t == "sat").expect("a token of the text");
+//! let row = out.attention(0, 3, 7, sat).expect("attentions were asked for");
+//! for (token, weight) in enc.tokens.iter().zip(row) {
+//!     println!("{token:>6} {weight:.3}");
+//! }
+//! assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+//!
+//! // Sentence embeddings as sentence-transformers makes them (unit length).
+//! let emb = model.embed(&["The cat sat on the mat", "A dog lay on the rug"])?;
+//! let cosine: f32 = emb[0].iter().zip(&emb[1]).map(|(a, b)| a * b).sum();
+//! assert!(cosine > 0.0 && cosine < 1.0);
+//! # Ok::<(), attn_models::ModelError>(())
+//! ```
 
 pub mod bf16x3;
 pub mod checkpoint;

@@ -47,13 +47,21 @@ pub struct QueryKey {
 /// (`batch == 1`) drop the leading dimension: attentions are `[layers, heads, T, T]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelOutput {
+    /// Texts run together.
     pub batch: usize,
+    /// Tokens per text after padding (the longest text's).
     pub seq_len: usize,
+    /// The model's layers.
+    pub n_layers: usize,
+    /// Attention heads per layer.
+    pub n_heads: usize,
     /// Real (unpadded) tokens of each text.
     pub lengths: Vec<usize>,
     /// `[batch, layers, heads, seq_len, seq_len]` (row = query token, column = key token);
-    /// padded keys get weight 0.
+    /// padded keys get weight 0. Present when [`RunOptions::attentions`] asked for them;
+    /// [`ModelOutput::attention`] reads one row.
     pub attentions: Option<Vec<f32>>,
+    /// Present when [`RunOptions::qk`] asked for them.
     pub qk: Option<QueryKey>,
     /// `[batch, layers + 1, seq_len, hidden]`: the embeddings, then each layer's output
     /// (for GPT-2 the last one after the final LayerNorm, as transformers reports it).
@@ -62,6 +70,20 @@ pub struct ModelOutput {
     pub last_hidden_state: Vec<f32>,
     /// GPT-2 only: `[batch, seq_len, vocab]`.
     pub logits: Option<Vec<f32>>,
+}
+
+impl ModelOutput {
+    /// Token `query`'s attention over the `seq_len` keys in layer `layer`, head `head` of text
+    /// `b` (indices from 0). `None` when attentions were not asked for or an index is out of
+    /// range.
+    pub fn attention(&self, b: usize, layer: usize, head: usize, query: usize) -> Option<&[f32]> {
+        let t = self.seq_len;
+        if b >= self.batch || layer >= self.n_layers || head >= self.n_heads || query >= t {
+            return None;
+        }
+        let start = (((b * self.n_layers + layer) * self.n_heads + head) * t + query) * t;
+        self.attentions.as_ref()?.get(start..start + t)
+    }
 }
 
 /// A Hugging Face checkpoint ready to run.
@@ -364,9 +386,16 @@ impl Model {
         self.tokenizer.encode(text, pair, false)
     }
 
-    /// The text of `ids`, special tokens included.
+    /// The text of `ids`, special tokens included; an id the tokenizer has no token for is
+    /// [`ModelError::TokenOutOfVocab`].
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         self.tokenizer.decode(ids)
+    }
+
+    /// How many ids the tokenizer can write (its vocabulary, added tokens included); a model's
+    /// embedding table may have more rows.
+    pub fn tokenizer_vocab_size(&self) -> usize {
+        self.tokenizer.vocab_size()
     }
 
     /// Whether the model is a sentence-transformers one (it has `modules.json`), trained to make
@@ -432,6 +461,8 @@ impl Model {
         Ok(ModelOutput {
             batch: encs.len(),
             seq_len: out.seq_len,
+            n_layers: c.n_layers,
+            n_heads: c.n_heads,
             lengths: out.lengths,
             attentions: out.attentions,
             qk: out.qk,
@@ -474,13 +505,25 @@ impl Model {
                     vocab_size: c.vocab_size,
                 });
             }
-            if c.family == Family::Bert
-                && let Some(&s) = enc.segments.iter().find(|&&s| s >= c.type_vocab_size)
-            {
-                return Err(ModelError::InvalidConfig {
-                    field: "type_vocab_size",
+            if enc.segments.len() != enc.ids.len() {
+                return Err(ModelError::InvalidInput {
+                    what: "encoding",
                     reason: format!(
-                        "the text uses segment {s}, the model has {}",
+                        "{} segments for {} ids (one segment per token)",
+                        enc.segments.len(),
+                        enc.ids.len()
+                    ),
+                });
+            }
+            if c.family == Family::Bert
+                && let Some((t, &s)) =
+                    (enc.segments.iter().enumerate()).find(|(_, s)| **s >= c.type_vocab_size)
+            {
+                return Err(ModelError::InvalidInput {
+                    what: "encoding",
+                    reason: format!(
+                        "token {t} is in segment {s}, and the model has {} (config.json's \
+                         type_vocab_size)",
                         c.type_vocab_size
                     ),
                 });
@@ -695,11 +738,41 @@ impl Model {
     }
 
     /// Sentence embeddings of the texts of a forward pass (pooled over each text's real tokens).
+    /// An output whose fields disagree (changed by the caller: `lengths` not one per text, a
+    /// length of 0 or past `seq_len`, a last hidden state of another size) is
+    /// [`ModelError::InvalidInput`].
     ///
     /// # Shapes
     /// - returns `[out.batch][hidden]`
-    pub fn pool(&self, out: &ModelOutput) -> Vec<Vec<f32>> {
-        self.pool_states(&out.last_hidden_state, &out.lengths)
+    pub fn pool(&self, out: &ModelOutput) -> Result<Vec<Vec<f32>>, ModelError> {
+        let invalid = |reason: String| ModelError::InvalidInput {
+            what: "model output",
+            reason,
+        };
+        let h = self.config.hidden_size;
+        if out.lengths.len() != out.batch || out.batch == 0 {
+            return Err(invalid(format!(
+                "{} lengths for a batch of {} texts",
+                out.lengths.len(),
+                out.batch
+            )));
+        }
+        if let Some(&len) = (out.lengths.iter()).find(|&&len| len == 0 || len > out.seq_len) {
+            return Err(invalid(format!(
+                "a text of {len} tokens in a batch padded to {}",
+                out.seq_len
+            )));
+        }
+        let rows = out.batch.checked_mul(out.seq_len);
+        if rows.and_then(|rows| rows.checked_mul(h)) != Some(out.last_hidden_state.len()) {
+            return Err(invalid(format!(
+                "the last hidden state holds {} values, not batch {} × seq_len {} × hidden {h}",
+                out.last_hidden_state.len(),
+                out.batch,
+                out.seq_len
+            )));
+        }
+        Ok(self.pool_states(&out.last_hidden_state, &out.lengths))
     }
 
     /// [`Model::pool`] of a final hidden state `[lengths.len(), seq_len, hidden]`.

@@ -16,6 +16,7 @@ use crate::config::read_text;
 /// One tokenized text (or text pair).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Encoding {
+    /// Token ids, the model's input.
     pub ids: Vec<u32>,
     /// The tokenizer's own token strings (`"##ing"`, `"Ġcat"`).
     pub tokens: Vec<String>,
@@ -80,8 +81,20 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// The text of `ids`, special tokens included.
+    /// How many ids the tokenizer has tokens for (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The text of `ids`, special tokens included; an id the tokenizer has no token for is
+    /// [`ModelError::TokenOutOfVocab`].
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        if let Some(&id) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(ModelError::TokenOutOfVocab {
+                id,
+                vocab_size: self.vocab_size(),
+            });
+        }
         self.inner
             .decode(ids, false)
             .map_err(|e| ModelError::Tokenizer {
