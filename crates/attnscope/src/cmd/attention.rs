@@ -11,6 +11,8 @@ use attn_viz::bars::{display_width, pad_start, truncate_to_width};
 
 use crate::maps::name_the_flag;
 
+// The fields' docs are --help text, where [CLS] is a token, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args)]
 pub struct Args {
     /// The text to look at (or --file).

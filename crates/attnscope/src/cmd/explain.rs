@@ -9,6 +9,8 @@ use attn_viz::select::Selection;
 
 use crate::maps::{ColorChoice, SourceArgs, progress_bar};
 
+// The fields' docs are --help text, where [CLS] is a token, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope explain \"The cat that ate the mouse that lived in the barn ran away\" --focus ran

@@ -1,5 +1,5 @@
-//! `attnscope heads`: per-head statistics (entropy, [CLS]/[SEP] share, previous/next/self share,
-//! mean distance) and the heads that stand out.
+//! `attnscope heads`: per-head statistics (entropy, `[CLS]`/`[SEP]` share, previous/next/self
+//! share, mean distance) and the heads that stand out.
 
 use std::io::Write;
 

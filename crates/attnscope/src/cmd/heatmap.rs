@@ -15,6 +15,8 @@ use attn_viz::words::{self, Unit, keep_and_renormalise, merge_matrix};
 
 use crate::maps::{SourceArgs, check_output, progress_bar};
 
+// The fields' docs are --help text, where [CLS] is a token, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope heatmap \"The cat sat on the mat\" -o cat.png

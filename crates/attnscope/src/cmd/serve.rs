@@ -9,14 +9,14 @@
 //!   framed by another site;
 //! - a request's headers, and then its body, must each arrive within `--body-timeout`
 //!   seconds: an idle or half-sent connection is closed (408 for a late body), and no
-//!   connection stays open past [`CONNECTION_LIFETIME`] (a client that never reads its
+//!   connection stays open past 300 s (`CONNECTION_LIFETIME`; a client that never reads its
 //!   answers), so sockets held open to use up the process's file descriptors keep a real
 //!   client waiting at most that long (the accept is retried);
 //! - request bodies over 1 MiB get 413; at most two forward passes run at once (the rest
 //!   wait);
 //! - any failure, including a panic inside the model, becomes a JSON `{"error": ...}` answer
 //!   rather than a dead server, and so do unknown paths (404) and methods (405);
-//! - Ctrl-C stops accepting, gives the requests in flight [`SHUTDOWN_GRACE`] to finish, then
+//! - Ctrl-C stops accepting, gives the requests in flight 5 s (`SHUTDOWN_GRACE`) to finish, then
 //!   exits (a second Ctrl-C exits at once).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
