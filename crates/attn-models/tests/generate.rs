@@ -455,3 +455,52 @@ fn the_cache_runs_the_models_gemm_kernel() {
     );
     assert_close("bf16x3 against f32", &tiles, &as_f64(&f32), 1e-3);
 }
+
+/// A checkpoint whose embedding table has rows past its tokenizer's vocabulary (tiny-gpt2 with
+/// the tokenizer's ids from 150 on taken out; greedy decoding of the prompt picks id 160 with the
+/// full one) generates only ids the tokenizer can write, each decoded. It chose 160, which no
+/// text comes from (decoded as "" before decoding refused it).
+#[test]
+fn generation_chooses_only_ids_the_tokenizer_can_write() {
+    let options = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: Sampling::Greedy,
+        attention: false,
+    };
+    let prompt = "The cat sat on the mat";
+    let full = generate(&tiny_gpt2(), prompt, &options).unwrap();
+    assert!(full.ids.contains(&160), "{:?}", full.ids);
+
+    let dir = tempfile::tempdir().unwrap();
+    common::edited_checkpoint(&golden_dir().join("tiny-gpt2"), dir.path(), |_| {}, None);
+    let path = dir.path().join("tokenizer.json");
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let model = &mut tokenizer["model"];
+    let vocab = model["vocab"].as_object_mut().unwrap();
+    vocab.retain(|_, id| id.as_u64().unwrap() < 150);
+    let known: std::collections::HashSet<String> = vocab.keys().cloned().collect();
+    // A merge is kept when its two pieces and what they make are all in the vocabulary.
+    let merges = model["merges"].as_array_mut().unwrap();
+    merges.retain(|merge| {
+        let pieces: Vec<String> = match merge {
+            serde_json::Value::String(s) => s.split(' ').map(str::to_string).collect(),
+            other => (other.as_array().unwrap().iter())
+                .map(|p| p.as_str().unwrap().to_string())
+                .collect(),
+        };
+        pieces.iter().all(|p| known.contains(p)) && known.contains(&pieces.concat())
+    });
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let trimmed = Model::load(dir.path()).unwrap();
+    assert_eq!(trimmed.tokenizer_vocab_size(), 150);
+    assert_eq!(trimmed.config().vocab_size, 400);
+
+    let out = generate(&trimmed, prompt, &options).unwrap();
+    assert!(out.ids.iter().all(|&id| id < 150), "{:?}", out.ids);
+    assert_eq!(out.pieces.len(), 6);
+    assert_eq!(
+        trimmed.decode(&[160]).unwrap_err().to_string(),
+        "token id 160 is outside the model's vocabulary of 150"
+    );
+}
