@@ -408,27 +408,29 @@ impl Weights {
 
     /// Query `i`'s weights over the `seq_kv` keys, in batch `b`, head `h` of a call of
     /// `shape`: from [`Weights::All`], or from [`Weights::Rows`] when `i` is one of its rows.
-    /// `None` when the weights do not hold that row, or an index is out of range; the head
-    /// average's rows are [`Weights::average_row`].
+    /// `None` when the weights do not hold that row, an index is out of range, or the weights
+    /// are not of a call of `shape` (their length disagrees); the head average's rows are
+    /// [`Weights::average_row`].
     pub fn row(&self, shape: &AttnShape, b: usize, h: usize, i: usize) -> Option<&[f32]> {
         if b >= shape.batch || h >= shape.n_heads || i >= shape.seq_q {
             return None;
         }
-        let (rows, data) = match self {
-            Weights::All(data) => (shape.seq_q, data),
-            Weights::Rows { rows, data } => (rows.len(), data),
+        let (rows, r, data) = match self {
+            Weights::All(data) => (shape.seq_q, i, data),
+            Weights::Rows { rows, data } => {
+                (rows.len(), rows.iter().position(|&row| row == i)?, data)
+            }
             Weights::HeadAverage(_) => return None,
         };
-        let r = match self {
-            Weights::Rows { rows, .. } => rows.iter().position(|&row| row == i)?,
-            _ => i,
-        };
+        let dims = [shape.batch, shape.n_heads, rows, shape.seq_kv];
+        (checked_numel(&dims)? == data.len()).then_some(())?;
         let start = ((b * shape.n_heads + h) * rows + r) * shape.seq_kv;
         data.get(start..start + shape.seq_kv)
     }
 
     /// Query `i`'s weights over the keys, averaged over the heads, in batch `b`: from
-    /// [`Weights::HeadAverage`]; `None` for the other kinds or an index out of range.
+    /// [`Weights::HeadAverage`]; `None` for the other kinds, an index out of range, or weights
+    /// not of a call of `shape`.
     pub fn average_row(&self, shape: &AttnShape, b: usize, i: usize) -> Option<&[f32]> {
         let Weights::HeadAverage(data) = self else {
             return None;
@@ -436,6 +438,7 @@ impl Weights {
         if b >= shape.batch || i >= shape.seq_q {
             return None;
         }
+        (checked_numel(&[shape.batch, shape.seq_q, shape.seq_kv])? == data.len()).then_some(())?;
         let start = (b * shape.seq_q + i) * shape.seq_kv;
         data.get(start..start + shape.seq_kv)
     }

@@ -300,8 +300,11 @@ fn check_options(input: &PackedInput<'_>, options: &AttnOptions) -> Result<(), A
             ),
         })
     };
-    if options.float_mask.is_some() || options.bool_mask.is_some() {
-        return refuse("mask", "a mask tensor");
+    if options.bool_mask.is_some() {
+        return refuse("bool_mask", "a mask tensor");
+    }
+    if options.float_mask.is_some() {
+        return refuse("float_mask", "a mask tensor");
     }
     if options.key_padding.is_some() {
         return refuse("key_padding", "key padding");

@@ -770,11 +770,22 @@ fn key_padding_past_a_sequence_panics() {
     padding.is_real(0, 7);
 }
 
-/// A mask's index past a dim of its own panics; a dim of 1 repeats.
+/// A mask's index past a dim of its own panics, saying so; a dim of 1 repeats. On a mask of
+/// two sequences, key 2 of query 0 read query 1's key 0, and query 2 read the next sequence.
 #[test]
 fn mask_indices_repeat_dims_of_1_and_stop_at_the_others() {
-    let mask = BoolMask::from_vec(vec![true, false, true, true], &[2, 2]).unwrap();
-    assert!(!mask.at(5, 3, 0, 1) && mask.at(0, 0, 1, 1));
-    assert!(std::panic::catch_unwind(|| mask.at(0, 0, 0, 2)).is_err());
-    assert!(std::panic::catch_unwind(|| mask.at(0, 0, 2, 0)).is_err());
+    let mask = BoolMask::from_vec(
+        vec![true, false, true, true, false, false, false, true],
+        &[2, 1, 2, 2],
+    )
+    .unwrap();
+    assert!(!mask.at(0, 7, 0, 1) && mask.at(0, 3, 1, 1) && mask.at(1, 0, 1, 1));
+    let message = |index: [usize; 4]| {
+        let [b, h, i, j] = index;
+        let panic = std::panic::catch_unwind(|| mask.at(b, h, i, j)).unwrap_err();
+        panic.downcast::<String>().map(|s| *s).unwrap_or_default()
+    };
+    assert_eq!(message([0, 0, 0, 2]), "key 2 past a mask dim of 2");
+    assert_eq!(message([0, 0, 2, 0]), "index 2 past a mask dim of 2");
+    assert_eq!(message([2, 0, 0, 0]), "index 2 past a mask dim of 2");
 }

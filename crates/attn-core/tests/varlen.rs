@@ -3,7 +3,7 @@
 //! padded batch's mask, and bad offsets are refused with clear errors.
 
 use attn_core::{
-    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, KeyPadding,
+    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, KeyPadding,
     PackedDims, PackedInput, WeightsRequest, Window, sdpa, sdpa_backward, sdpa_varlen,
     sdpa_varlen_backward,
 };
@@ -267,7 +267,14 @@ fn padded_batch_options_are_refused() {
                 bool_mask: Some(BoolMask::from_vec(vec![true; 3], &[3]).unwrap()),
                 ..AttnOptions::default()
             },
-            "mask",
+            "bool_mask",
+        ),
+        (
+            AttnOptions {
+                float_mask: Some(FloatMask::from_vec(vec![0.0; 3], &[3]).unwrap()),
+                ..AttnOptions::default()
+            },
+            "float_mask",
         ),
         (
             AttnOptions {

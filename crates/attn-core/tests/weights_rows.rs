@@ -71,4 +71,8 @@ fn indices_out_of_range_and_other_kinds_give_none() {
     assert_eq!(all.average_row(&sh, 0, 0), None);
     assert_eq!(average.average_row(&sh, 2, 0), None);
     assert_eq!(average.average_row(&sh, 0, 4), None);
+    // Weights of another call's shape: their length disagrees.
+    let other = AttnShape { seq_kv: 4, ..sh };
+    assert_eq!(all.row(&other, 0, 0, 0), None);
+    assert_eq!(average.average_row(&other, 0, 0), None);
 }

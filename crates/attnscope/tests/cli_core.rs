@@ -329,7 +329,9 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
             &[1, 1, 1],
             "{}",
         ),
-        &["bool_mask: shape [1, 1, 1, 3] does not broadcast to [1, 1, 1, 2]"],
+        &[
+            "the case's tensor mask: bool_mask: shape [1, 1, 1, 3] does not broadcast to [1, 1, 1, 2]",
+        ],
     );
     bad_case(
         d,

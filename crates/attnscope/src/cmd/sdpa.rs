@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail, ensure};
 use attn_core::{
-    AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask, Grads,
-    KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_backward, sdpa_backward_reference,
-    sdpa_reference,
+    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
+    Grads, KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_backward,
+    sdpa_backward_reference, sdpa_reference,
 };
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -303,7 +303,7 @@ impl Case {
             );
             options.key_padding = Some(KeyPadding::from_vec(data, dims[0], dims[1])?);
         }
-        options.validate(&shape)?;
+        options.validate(&shape).map_err(named_as_in_the_case)?;
         for t in [(&q, "q"), (&k, "k"), (&v, "v")] {
             check_finite(t.1, t.0)?;
         }
@@ -700,4 +700,20 @@ fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
         }
     }
     idx
+}
+
+/// An option's error in the case file's words: the library names the masks `bool_mask` and
+/// `float_mask`, the file holds either as its tensor `mask`.
+fn named_as_in_the_case(err: AttnError) -> anyhow::Error {
+    let mask = match &err {
+        AttnError::NotBroadcastable { tensor, .. }
+        | AttnError::NonFinite { tensor, .. }
+        | AttnError::LengthMismatch { tensor, .. } => tensor.ends_with("_mask"),
+        _ => false,
+    };
+    if mask {
+        anyhow::Error::new(err).context("the case's tensor mask")
+    } else {
+        err.into()
+    }
 }
