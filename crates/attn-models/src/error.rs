@@ -162,10 +162,12 @@ pub enum ModelError {
         capacity: usize,
         n_positions: usize,
     },
-    /// A token id outside the model's embedding table, or (decoding) outside the tokenizer's
-    /// vocabulary.
+    /// A token id outside the model's embedding table.
     #[error("token id {id} is outside the model's vocabulary of {vocab_size}")]
     TokenOutOfVocab { id: u32, vocab_size: usize },
+    /// An id to decode that the tokenizer has no token for.
+    #[error("the tokenizer has no token for id {id}")]
+    UnknownTokenId { id: u32 },
     /// `embed` or `forward_batch` was called with no texts.
     #[error("no texts given: embedding or running a batch needs at least one")]
     EmptyBatch,

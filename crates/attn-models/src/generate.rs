@@ -86,9 +86,16 @@ pub fn generate(
         .saturating_add(options.max_new_tokens.saturating_sub(1));
     let mut cache = KvCache::with_capacity(model, needed)?;
     let vocab = model.config().vocab_size;
-    // Only ids the tokenizer can write are chosen (an embedding table padded past the
-    // vocabulary has rows no text comes from).
-    let choosable = vocab.min(model.tokenizer_vocab_size()).max(1);
+    // Only ids the tokenizer can write are chosen: an embedding table padded past the
+    // vocabulary, or a vocabulary with gaps, has rows no text comes from.
+    let unwritable: Vec<usize> = (0..vocab)
+        .filter(|&id| u32::try_from(id).map_or(true, |id| model.token(id).is_none()))
+        .collect();
+    if unwritable.len() == vocab {
+        return Err(ModelError::Tokenizer {
+            reason: format!("it has no token for any of the model's {vocab} ids"),
+        });
+    }
     let mut rng = match options.sampling {
         Sampling::Sample { seed, .. } => SplitMix64(seed),
         Sampling::Greedy => SplitMix64(0),
@@ -99,8 +106,16 @@ pub fn generate(
     while ids.len() < options.max_new_tokens {
         let step = cache.feed(&feed, options.attention)?;
         let last = step.logits.len() / vocab - 1;
-        let logits = &step.logits[last * vocab..][..choosable];
-        let next = choose(logits, &options.sampling, &mut rng);
+        let logits = &step.logits[last * vocab..][..vocab];
+        let next = if unwritable.is_empty() {
+            choose(logits, &options.sampling, &mut rng)
+        } else {
+            let mut writable = logits.to_vec();
+            unwritable
+                .iter()
+                .for_each(|&id| writable[id] = f32::NEG_INFINITY);
+            choose(&writable, &options.sampling, &mut rng)
+        };
         if let (Some(all), Some(w)) = (&mut attention, &step.last_layer_attention) {
             let row = w.len() / feed.len();
             all.push(w[last * row..][..row].to_vec());
@@ -163,7 +178,10 @@ fn choose(logits: &[f32], sampling: &Sampling, rng: &mut SplitMix64) -> u32 {
         }
         target -= p;
     }
-    order[order.len() - 1] as u32
+    // Rounding left some of the total: the last token that can be drawn at all (a masked
+    // token's weight is 0; the top token's is 1).
+    let last = order.iter().zip(&probs).rev().find(|(_, p)| **p > 0.0);
+    last.map_or(order[0], |(&i, _)| i) as u32
 }
 
 /// SplitMix64 (Steele, Lea & Flood 2014): a tiny generator whose sequence for a seed is fixed

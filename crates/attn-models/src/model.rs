@@ -74,11 +74,15 @@ pub struct ModelOutput {
 
 impl ModelOutput {
     /// Token `query`'s attention over the `seq_len` keys in layer `layer`, head `head` of text
-    /// `b` (indices from 0). `None` when attentions were not asked for or an index is out of
-    /// range.
+    /// `b` (indices from 0; the padding keys past the text's length weigh 0). `None` when
+    /// attentions were not asked for, an index is out of range, or `query` is padding (past
+    /// `lengths[b]`).
     pub fn attention(&self, b: usize, layer: usize, head: usize, query: usize) -> Option<&[f32]> {
         let t = self.seq_len;
-        if b >= self.batch || layer >= self.n_layers || head >= self.n_heads || query >= t {
+        if b >= self.batch || layer >= self.n_layers || head >= self.n_heads {
+            return None;
+        }
+        if query >= *self.lengths.get(b)? || query >= t {
             return None;
         }
         let start = (((b * self.n_layers + layer) * self.n_heads + head) * t + query) * t;
@@ -387,15 +391,9 @@ impl Model {
     }
 
     /// The text of `ids`, special tokens included; an id the tokenizer has no token for is
-    /// [`ModelError::TokenOutOfVocab`].
+    /// [`ModelError::UnknownTokenId`].
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         self.tokenizer.decode(ids)
-    }
-
-    /// How many ids the tokenizer can write (its vocabulary, added tokens included); a model's
-    /// embedding table may have more rows.
-    pub fn tokenizer_vocab_size(&self) -> usize {
-        self.tokenizer.vocab_size()
     }
 
     /// Whether the model is a sentence-transformers one (it has `modules.json`), trained to make

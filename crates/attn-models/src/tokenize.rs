@@ -81,19 +81,11 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// How many ids the tokenizer has tokens for (added tokens included).
-    pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
-    }
-
     /// The text of `ids`, special tokens included; an id the tokenizer has no token for is
-    /// [`ModelError::TokenOutOfVocab`].
+    /// [`ModelError::UnknownTokenId`].
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         if let Some(&id) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
-            return Err(ModelError::TokenOutOfVocab {
-                id,
-                vocab_size: self.vocab_size(),
-            });
+            return Err(ModelError::UnknownTokenId { id });
         }
         self.inner
             .decode(ids, false)

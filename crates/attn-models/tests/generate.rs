@@ -456,31 +456,17 @@ fn the_cache_runs_the_models_gemm_kernel() {
     assert_close("bf16x3 against f32", &tiles, &as_f64(&f32), 1e-3);
 }
 
-/// A checkpoint whose embedding table has rows past its tokenizer's vocabulary (tiny-gpt2 with
-/// the tokenizer's ids from 150 on taken out; greedy decoding of the prompt picks id 160 with the
-/// full one) generates only ids the tokenizer can write, each decoded. It chose 160, which no
-/// text comes from (decoded as "" before decoding refused it).
-#[test]
-fn generation_chooses_only_ids_the_tokenizer_can_write() {
-    let options = GenerateOptions {
-        max_new_tokens: 6,
-        sampling: Sampling::Greedy,
-        attention: false,
-    };
-    let prompt = "The cat sat on the mat";
-    let full = generate(&tiny_gpt2(), prompt, &options).unwrap();
-    assert!(full.ids.contains(&160), "{:?}", full.ids);
-
-    let dir = tempfile::tempdir().unwrap();
-    common::edited_checkpoint(&golden_dir().join("tiny-gpt2"), dir.path(), |_| {}, None);
-    let path = dir.path().join("tokenizer.json");
+/// tiny-gpt2 in `dir` with only the tokenizer's ids that `keep` keeps (and the merges whose
+/// pieces are all kept), loaded: a model whose embedding table has rows no text comes from.
+fn tiny_gpt2_writing_only(dir: &std::path::Path, keep: impl Fn(u64) -> bool) -> Model {
+    common::edited_checkpoint(&golden_dir().join("tiny-gpt2"), dir, |_| {}, None);
+    let path = dir.join("tokenizer.json");
     let mut tokenizer: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let model = &mut tokenizer["model"];
     let vocab = model["vocab"].as_object_mut().unwrap();
-    vocab.retain(|_, id| id.as_u64().unwrap() < 150);
+    vocab.retain(|_, id| keep(id.as_u64().unwrap()));
     let known: std::collections::HashSet<String> = vocab.keys().cloned().collect();
-    // A merge is kept when its two pieces and what they make are all in the vocabulary.
     let merges = model["merges"].as_array_mut().unwrap();
     merges.retain(|merge| {
         let pieces: Vec<String> = match merge {
@@ -492,15 +478,47 @@ fn generation_chooses_only_ids_the_tokenizer_can_write() {
         pieces.iter().all(|p| known.contains(p)) && known.contains(&pieces.concat())
     });
     std::fs::write(&path, tokenizer.to_string()).unwrap();
-    let trimmed = Model::load(dir.path()).unwrap();
-    assert_eq!(trimmed.tokenizer_vocab_size(), 150);
-    assert_eq!(trimmed.config().vocab_size, 400);
+    Model::load(dir).unwrap()
+}
 
-    let out = generate(&trimmed, prompt, &options).unwrap();
-    assert!(out.ids.iter().all(|&id| id < 150), "{:?}", out.ids);
-    assert_eq!(out.pieces.len(), 6);
-    assert_eq!(
-        trimmed.decode(&[160]).unwrap_err().to_string(),
-        "token id 160 is outside the model's vocabulary of 150"
-    );
+/// A model whose tokenizer lacks some of its ids generates only ids the tokenizer can write,
+/// greedy or sampled, each decoded. Greedy decoding of the prompt picks id 160 with the full
+/// tokenizer; here the tokenizer lacks it, either past the end of a vocabulary cut at 150 or in
+/// a gap (150 to 170) below ids it has. Without the mask generation chose ids the tokenizer
+/// has no token for (decoded as "" before `decode` refused them).
+#[test]
+fn generation_chooses_only_ids_the_tokenizer_can_write() {
+    let greedy = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: Sampling::Greedy,
+        attention: false,
+    };
+    let sampled = GenerateOptions {
+        sampling: Sampling::Sample {
+            temperature: Temperature::new(5.0).unwrap(),
+            top_k: None,
+            seed: 3,
+        },
+        max_new_tokens: 40,
+        ..greedy
+    };
+    let prompt = "The cat sat on the mat";
+    let full = generate(&tiny_gpt2(), prompt, &greedy).unwrap();
+    assert!(full.ids.contains(&160), "{:?}", full.ids);
+    let cuts: [&dyn Fn(u64) -> bool; 2] = [&|id| id < 150, &|id| !(150..=170).contains(&id)];
+    for keep in cuts {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_gpt2_writing_only(dir.path(), keep);
+        assert_eq!(model.config().vocab_size, 400);
+        assert_eq!(model.token(160), None);
+        assert_eq!(
+            model.decode(&[160]).unwrap_err().to_string(),
+            "the tokenizer has no token for id 160"
+        );
+        for options in [&greedy, &sampled] {
+            let out = generate(&model, prompt, options).unwrap();
+            assert!(out.ids.iter().all(|&id| keep(id.into())), "{:?}", out.ids);
+            assert_eq!(out.pieces.len(), options.max_new_tokens);
+        }
+    }
 }
