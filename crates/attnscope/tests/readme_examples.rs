@@ -1,9 +1,11 @@
 //! The README's Rust examples are the crates' front-page doc examples, which `cargo test` runs:
 //! each ```rust block of the README must be, line for line, the example in the docs of
 //! `attn-core` or `attn-models` (without the lines rustdoc hides). What the README says the
-//! second prints is what the model gives.
+//! second prints is what the model gives, and each `$ attnscope …` block shows what that
+//! command prints.
 
 use std::path::Path;
+use std::process::Command;
 
 use attn_models::fetch::default_model_dir;
 use attn_models::{Model, RunOptions};
@@ -15,16 +17,21 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The lines of each fenced block of `lang` in a markdown text.
+/// The lines of each fenced block of `lang` (`""` for a block with no language) in a markdown
+/// text.
 fn fenced(text: &str, lang: &str) -> Vec<Vec<String>> {
     let mut blocks = Vec::new();
-    let mut current: Option<Vec<String>> = None;
-    for line in text.lines() {
-        match (&mut current, line.trim_end()) {
-            (None, fence) if fence == format!("```{lang}") => current = Some(Vec::new()),
-            (Some(_), "```") => blocks.extend(current.take()),
-            (Some(block), line) => block.push(line.to_string()),
-            (None, _) => {}
+    // The open block's language and lines.
+    let mut open: Option<(String, Vec<String>)> = None;
+    for line in text.lines().map(str::trim_end) {
+        match (open.take(), line.strip_prefix("```")) {
+            (None, Some(info)) => open = Some((info.to_string(), Vec::new())),
+            (Some((info, lines)), Some("")) => blocks.extend((info == lang).then_some(lines)),
+            (Some((info, mut lines)), _) => {
+                lines.push(line.to_string());
+                open = Some((info, lines));
+            }
+            (None, None) => {}
         }
     }
     blocks
@@ -94,4 +101,60 @@ fn what_the_readme_says_the_model_example_prints_is_what_it_prints() {
         (got - cosine).abs() <= 5e-5,
         "cosine {got}, the README says {cosine}"
     );
+}
+
+/// A command line as the README writes it: words split at spaces, double quotes keeping
+/// spaces in a word.
+fn words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted, mut started) = (Vec::new(), String::new(), false, false);
+    for c in line.chars() {
+        match c {
+            '"' => (quoted, started) = (!quoted, true),
+            ' ' if !quoted => {
+                if started {
+                    words.push(std::mem::take(&mut word));
+                }
+                started = false;
+            }
+            c => (word, started) = (word + &c.to_string(), true),
+        }
+    }
+    assert!(!quoted, "unbalanced quotes in {line:?}");
+    words.extend(started.then_some(word));
+    words
+}
+
+/// Every README block that starts with `$ attnscope …` (a line ending in `\\` goes on) shows,
+/// line for line, what that command prints (colour off, the default model).
+#[test]
+fn the_readme_command_examples_print_what_the_readme_shows() {
+    let readme = read("README.md");
+    let mut checked = 0;
+    for block in fenced(&readme, "") {
+        let Some(first) = block.first().and_then(|l| l.strip_prefix("$ attnscope ")) else {
+            continue;
+        };
+        let mut line = first.to_string();
+        let mut rest = block[1..].iter();
+        while let Some(head) = line.strip_suffix('\\') {
+            line = head.to_string() + rest.next().expect("a continued line").trim_start();
+        }
+        let args = words(&line);
+        let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+            .args(&args)
+            .env("NO_COLOR", "1")
+            .env_remove("ATTNSCOPE_MODEL")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed = String::from_utf8(out.stdout).unwrap();
+        let shown: Vec<&str> = rest.map(String::as_str).collect();
+        assert_eq!(printed.lines().collect::<Vec<_>>(), shown, "{args:?}");
+        checked += 1;
+    }
+    assert_eq!(checked, 4, "the README's four command examples");
 }
