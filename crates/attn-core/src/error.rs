@@ -3,6 +3,8 @@
 /// What went wrong in an attention call or in building a module.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
+// Each variant's message says what its fields hold.
+#[allow(missing_docs)]
 pub enum AttnError {
     /// A tensor's length or shape disagrees with what the call needs.
     #[error("{tensor}: expected shape {expected:?}, got {got:?}")]

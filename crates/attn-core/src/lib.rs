@@ -48,6 +48,8 @@
 //! # Ok::<(), attn_core::AttnError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod aligned;
 pub mod amx;
 pub mod backward;

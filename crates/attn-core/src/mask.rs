@@ -20,7 +20,9 @@ use crate::{AttnError, AttnShape};
 ///   `seq_q − seq_kv` queries see nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Causal {
+    /// `o = 0` (PyTorch's `is_causal=True`).
     TopLeft,
+    /// `o = seq_kv − seq_q` (FlashAttention's rule; decoding against a key/value cache).
     BottomRight,
 }
 
@@ -29,7 +31,9 @@ pub enum Causal {
 /// causal mask, or it is top-left). `None` leaves that side unbounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Window {
+    /// Keys before the diagonal a query sees; `None` for all of them.
     pub left: Option<usize>,
+    /// Keys after the diagonal a query sees; `None` for all of them.
     pub right: Option<usize>,
 }
 

@@ -30,6 +30,7 @@ use crate::{
 pub struct MhaConfig {
     /// Width of the query and of the output, `E`.
     pub embed_dim: usize,
+    /// Heads, `H`: each gets `E / H` of the width.
     pub num_heads: usize,
     /// Width of the key input (PyTorch's `kdim`, `E` by default).
     pub kdim: usize,
@@ -139,10 +140,12 @@ impl Linear {
         })
     }
 
+    /// Input width (the weight's columns).
     pub fn in_dim(&self) -> usize {
         self.in_dim
     }
 
+    /// Output width (the weight's rows).
     pub fn out_dim(&self) -> usize {
         self.out_dim
     }
@@ -256,11 +259,17 @@ pub struct MultiheadAttention {
 /// - `value`: `[batch, seq_kv, vdim]`
 #[derive(Debug, Clone, Copy)]
 pub struct MhaInput<'a> {
+    /// `[batch, seq_q, embed_dim]`
     pub query: &'a [f32],
+    /// `[batch, seq_kv, kdim]`
     pub key: &'a [f32],
+    /// `[batch, seq_kv, vdim]`
     pub value: &'a [f32],
+    /// Independent sequences.
     pub batch: usize,
+    /// Queries per sequence.
     pub seq_q: usize,
+    /// Keys and values per sequence.
     pub seq_kv: usize,
 }
 
@@ -434,6 +443,7 @@ impl MultiheadAttention {
         )
     }
 
+    /// The module's sizes.
     pub fn config(&self) -> &MhaConfig {
         &self.config
     }

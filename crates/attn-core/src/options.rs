@@ -28,7 +28,9 @@ pub enum WeightsRequest {
 /// does.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
+    /// Probability of dropping a weight, in `[0, 1]`.
     pub p: f32,
+    /// Picks the dropped weights: the same seed drops the same ones.
     pub seed: u64,
 }
 
@@ -83,13 +85,17 @@ pub struct AttnOptions {
     pub alibi: Option<Vec<f32>>,
     /// Added to the scores.
     pub float_mask: Option<FloatMask>,
+    /// Hide the keys after each query's (aligned) position.
     pub causal: Option<Causal>,
+    /// Hide the keys outside a window around the (aligned) diagonal.
     pub window: Option<Window>,
     /// `true` = may attend.
     pub bool_mask: Option<BoolMask>,
     /// `true` = a real key.
     pub key_padding: Option<KeyPadding>,
+    /// Dropout on the weights (training).
     pub dropout: Option<Dropout>,
+    /// Which weights to return besides the output (none by default).
     pub weights: WeightsRequest,
 }
 

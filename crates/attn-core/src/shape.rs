@@ -393,7 +393,12 @@ pub enum Weights {
     /// Every row: `[batch, n_heads, seq_q, seq_kv]`.
     All(Vec<f32>),
     /// The chosen query rows, in the order asked: `[batch, n_heads, rows.len(), seq_kv]`.
-    Rows { rows: Vec<usize>, data: Vec<f32> },
+    Rows {
+        /// The query rows, in the order asked.
+        rows: Vec<usize>,
+        /// Their weights.
+        data: Vec<f32>,
+    },
     /// Averaged over heads: `[batch, seq_q, seq_kv]`.
     HeadAverage(Vec<f32>),
 }

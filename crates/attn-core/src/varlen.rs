@@ -24,9 +24,13 @@ use crate::{
 /// The widths of a packed batch: one vocabulary with [`AttnShape`], without batch and lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackedDims {
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads (`n_heads` a multiple of it).
     pub n_kv_heads: usize,
+    /// Length of a query and a key vector.
     pub head_dim: usize,
+    /// Length of a value vector.
     pub value_dim: usize,
 }
 
@@ -40,11 +44,17 @@ pub struct PackedDims {
 ///   to `total_kv`.
 #[derive(Debug, Clone, Copy)]
 pub struct PackedInput<'a> {
+    /// `[total_q, n_heads, head_dim]`
     pub q: &'a [f32],
+    /// `[total_kv, n_kv_heads, head_dim]`
     pub k: &'a [f32],
+    /// `[total_kv, n_kv_heads, value_dim]`
     pub v: &'a [f32],
+    /// Where each sequence's queries start, then `total_q`: `[batch + 1]`.
     pub cu_seqlens_q: &'a [usize],
+    /// Where each sequence's keys start, then `total_kv`: `[batch + 1]`.
     pub cu_seqlens_kv: &'a [usize],
+    /// The widths.
     pub dims: PackedDims,
 }
 

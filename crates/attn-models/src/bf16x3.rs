@@ -138,10 +138,12 @@ impl PackedWeight {
         }
     }
 
+    /// Input width (rows of the packed matrix).
     pub fn n_in(&self) -> usize {
         self.n_in
     }
 
+    /// Output width (columns of the packed matrix).
     pub fn n_out(&self) -> usize {
         self.n_out
     }

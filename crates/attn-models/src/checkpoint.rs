@@ -27,10 +27,13 @@ pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 /// One tensor's entry in the header, already validated against the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
+    /// The safetensors dtype, as the header writes it (`"F32"`, `"BF16"`).
     pub dtype: String,
+    /// The tensor's dims.
     pub shape: Vec<usize>,
     /// Byte range inside the data section.
     pub begin: usize,
+    /// End of the byte range (exclusive).
     pub end: usize,
 }
 
@@ -189,12 +192,16 @@ fn f64_to_f32(tensor: &str, bytes: &[u8]) -> Result<Vec<f32>, ModelError> {
 /// f32 values either owned or borrowed from a mapped checkpoint (kept alive by the `Arc`).
 #[derive(Clone)]
 pub enum F32Data {
+    /// Values held in memory (converted from another dtype, or copied off alignment).
     Owned(Vec<f32>),
     /// `len` values at byte `start` of the map; 4-byte aligned and little-endian, checked when
     /// made by [`Checkpoint::f32_data`].
     Mapped {
+        /// The mapped checkpoint.
         map: Arc<Mmap>,
+        /// Byte offset of the first value in the map.
         start: usize,
+        /// Number of f32 values.
         len: usize,
     },
 }

@@ -151,18 +151,26 @@ impl TokenIds {
 pub struct ModelConfig {
     /// `config.json`'s `model_type` (`"xlm-roberta"`).
     pub model_type: String,
+    /// The architecture family the forward pass follows.
     pub family: Family,
+    /// Rows of the word embedding table.
     pub vocab_size: usize,
+    /// Width of the hidden states.
     pub hidden_size: usize,
+    /// Transformer blocks.
     pub n_layers: usize,
+    /// Attention heads per block.
     pub n_heads: usize,
+    /// Width of the feed-forward layer.
     pub intermediate_size: usize,
     /// Rows of the position embedding table (RoBERTa's first `pad_token_id + 1` are never
     /// read by a text: [`ModelConfig::max_tokens`]).
     pub max_positions: usize,
     /// Number of token types (segments); 0 for DistilBERT and GPT-2, which have none.
     pub type_vocab_size: usize,
+    /// The LayerNorms' epsilon.
     pub layer_norm_eps: f32,
+    /// The feed-forward layer's activation.
     pub activation: Activation,
     /// The id a padded position holds.
     pub pad_token_id: u32,

@@ -8,6 +8,8 @@ use attn_core::AttnError;
 /// model.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+// Each variant's message says what its fields hold.
+#[allow(missing_docs)]
 pub enum ModelError {
     /// A file of the model directory could not be read.
     /// (The I/O error is part of the message, not a source: `{err:#}` would print it twice.)

@@ -18,8 +18,11 @@ pub enum Sampling {
     /// A draw from `softmax(logits / temperature)`, restricted to the `top_k` most likely
     /// tokens when set; `seed` makes the draws reproducible.
     Sample {
+        /// Divides the logits: below 1 sharper, above 1 flatter.
         temperature: Temperature,
+        /// Draw only among this many most likely tokens; `None` draws among all.
         top_k: Option<NonZeroUsize>,
+        /// The draws' seed: the same seed gives the same text.
         seed: u64,
     },
 }
@@ -48,6 +51,7 @@ impl Temperature {
 pub struct GenerateOptions {
     /// Exactly this many tokens are generated (the end-of-text token does not stop it).
     pub max_new_tokens: usize,
+    /// How each token is chosen.
     pub sampling: Sampling,
     /// Keep each generated token's attention ([`Generation::attention`]).
     pub attention: bool,
@@ -56,6 +60,7 @@ pub struct GenerateOptions {
 /// A prompt and its continuation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
+    /// The prompt as the tokenizer encoded it.
     pub prompt: Encoding,
     /// The generated token ids, in order.
     pub ids: Vec<u32>,

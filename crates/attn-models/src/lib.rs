@@ -30,6 +30,8 @@
 //! # Ok::<(), attn_models::ModelError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod bf16x3;
 pub mod checkpoint;
 pub mod config;

@@ -351,18 +351,23 @@ impl Model {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+    /// The checkpoint's dimensions and constants, from `config.json`.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
+    /// Encoder (BERT family) or decoder (GPT-2 family).
     pub fn kind(&self) -> ModelKind {
         self.config.kind()
     }
+    /// Transformer blocks.
     pub fn n_layers(&self) -> usize {
         self.config.n_layers
     }
+    /// Attention heads per block.
     pub fn n_heads(&self) -> usize {
         self.config.n_heads
     }
+    /// Width of the hidden states.
     pub fn hidden_size(&self) -> usize {
         self.config.hidden_size
     }

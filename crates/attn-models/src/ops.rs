@@ -43,7 +43,9 @@ impl GemmKernel {
 /// How a linear layer multiplies: the kernel, and the threads it may use.
 #[derive(Debug, Clone, Copy)]
 pub struct Gemm {
+    /// Threads the GEMM may use.
     pub par: Par,
+    /// The kernel that multiplies.
     pub kernel: GemmKernel,
 }
 
@@ -88,7 +90,9 @@ pub enum WeightLayout {
 pub struct Weight {
     /// `[n_out, n_in]` or `[n_in, n_out]`, as `layout` says.
     pub data: F32Data,
+    /// Which of the two layouts `data` is stored in.
     pub layout: WeightLayout,
+    /// Output width of this block of columns.
     pub n_out: usize,
 }
 
@@ -96,9 +100,11 @@ pub struct Weight {
 /// output (BERT's separate query, key and value): each GEMM writes its own block of columns.
 #[derive(Debug, Clone)]
 pub struct Linear {
+    /// The matrices side by side, in output order.
     pub parts: Vec<Weight>,
     /// `[n_out]`
     pub bias: Vec<f32>,
+    /// Input width.
     pub n_in: usize,
     /// Sum of the parts' `n_out`.
     pub n_out: usize,
@@ -325,9 +331,12 @@ pub fn bias_activation_block(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     #[cfg(target_arch = "x86_64")]
+    /// AVX-512F.
     Avx512,
     #[cfg(target_arch = "x86_64")]
+    /// AVX2 and FMA.
     Avx2,
+    /// Plain Rust, on every CPU.
     Scalar,
 }
 
@@ -410,8 +419,11 @@ fn bias_activation_body(
 /// LayerNorm parameters: `γ ⊙ (x − mean) / √(var + eps) + β` over the last dimension.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
+    /// `γ`, `[hidden]`.
     pub gamma: Vec<f32>,
+    /// `β`, `[hidden]`.
     pub beta: Vec<f32>,
+    /// Added to the variance.
     pub eps: f32,
 }
 

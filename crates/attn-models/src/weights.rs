@@ -18,10 +18,15 @@ use crate::{Family, ModelConfig, ModelError};
 pub struct Layer {
     /// Query, key and value projections side by side: output `[rows, 3·hidden]`.
     pub qkv: Linear,
+    /// The attention output projection.
     pub attn_out: Linear,
+    /// The LayerNorm around the attention sublayer.
     pub norm_attn: LayerNorm,
+    /// The feed-forward layer's first projection (to `intermediate_size`).
     pub ff_in: Linear,
+    /// The feed-forward layer's second projection (back to `hidden`).
     pub ff_out: Linear,
+    /// The LayerNorm around the feed-forward sublayer.
     pub norm_ff: LayerNorm,
 }
 
@@ -39,6 +44,7 @@ pub struct Weights {
     pub token_type: Vec<f32>,
     /// The encoders' embedding LayerNorm.
     pub embed_norm: Option<LayerNorm>,
+    /// The transformer blocks, from the input up.
     pub layers: Vec<Layer>,
     /// GPT-2's `ln_f`.
     pub final_norm: Option<LayerNorm>,

@@ -13,9 +13,13 @@ use crate::{AttnError, AttnShape};
 /// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
 #[derive(Debug, Clone, Copy)]
 pub struct AttnInputBf16<'a> {
+    /// Queries, `[batch, n_heads, seq_q, head_dim]`.
     pub q: &'a [bf16],
+    /// Keys, `[batch, n_kv_heads, seq_kv, head_dim]`.
     pub k: &'a [bf16],
+    /// Values, `[batch, n_kv_heads, seq_kv, value_dim]`.
     pub v: &'a [bf16],
+    /// The dims the slices are read with (every call checks the slices' lengths against it).
     pub shape: AttnShape,
 }
 
