@@ -184,6 +184,15 @@ pub fn heavy(weights: &[f32]) -> Vec<usize> {
         .collect()
 }
 
+/// `text` in bold yellow on a terminal (as the heavy words' bars), as is otherwise.
+pub fn emphasised(text: &str, colour: bool) -> String {
+    if colour {
+        format!("{BOLD}{YELLOW}{text}{RESET}")
+    } else {
+        text.to_string()
+    }
+}
+
 /// `text` dimmed on a terminal, as is otherwise.
 pub fn dim(text: &str, colour: bool) -> String {
     if colour {

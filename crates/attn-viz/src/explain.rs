@@ -123,77 +123,14 @@ pub fn explain(
     options: &ExplainOptions,
     progress: impl FnMut(usize, usize),
 ) -> Result<Explanation, VizError> {
-    maps.validate()?;
-    if let Method::Attention { selection } = options.method {
-        selection.check(maps)?;
-    }
-    if (options.question || options.across) && maps.pair.is_none() {
-        return Err(VizError::NoPair);
-    }
-    let units = match options.level {
-        Level::Words => words::words(maps)?,
-        Level::Tokens => words::tokens(maps),
-    };
-    let visible = |u: &Unit| options.special || !u.special;
-    // Question → context: rows from segment 0, columns of segment 1.
-    let one_way = options.question || (options.across && options.focus.is_none());
-    let sources: Vec<usize> = (0..units.len())
-        .filter(|&u| visible(&units[u]) && (!one_way || units[u].segment == 0))
-        .collect();
-    let nothing = |what: &str| VizError::NothingToShow {
-        what: format!(
-            "the input has no {what} to show (special tokens are hidden without --special)"
-        ),
-    };
-    if sources.is_empty() {
-        return Err(nothing(if one_way { "question words" } else { "words" }));
-    }
-    let mut notes = Vec::new();
-    let (focus_units, focus, focus_is_default) = match &options.focus {
-        Some(asked) => {
-            let place = match one_way {
-                true => "the question (--focus picks one of its words, which look at the context)",
-                false => "the input",
-            };
-            let (unit, note) = find_focus(asked, &units, &sources, place)?;
-            notes.extend(note);
-            (vec![unit], units[unit].label.clone(), false)
-        }
-        None => {
-            let what = if one_way {
-                "the question's words (averaged)"
-            } else {
-                "every word (averaged)"
-            };
-            notes.push(format!("no --focus given: showing the attention of {what}"));
-            (sources.clone(), what.to_string(), true)
-        }
-    };
-    let target_segment = if one_way {
-        Some(1)
-    } else if options.across {
-        Some(1 - units[focus_units[0]].segment.min(1))
-    } else {
-        None
-    };
-    let targets: Vec<usize> = (0..units.len())
-        .filter(|&u| visible(&units[u]) && target_segment.is_none_or(|s| units[u].segment == s))
-        .collect();
-    if targets.is_empty() {
-        return Err(nothing(if target_segment.is_some() {
-            "words in the other text"
-        } else {
-            "words"
-        }));
-    }
-    // Token weights of the row: each focus unit counts once, split over its tokens.
-    let mut from: Vec<(usize, f64)> = Vec::new();
-    for &u in &focus_units {
-        let tokens = &units[u].tokens;
-        for &i in tokens {
-            from.push((i, 1.0 / (focus_units.len() * tokens.len()) as f64));
-        }
-    }
+    let Layout {
+        units,
+        from,
+        targets,
+        focus,
+        focus_is_default,
+        mut notes,
+    } = layout(maps, options)?;
     let t = maps.seq_len();
     let token_row: Vec<f32> = match options.method {
         Method::Attention { selection } => {
@@ -212,20 +149,7 @@ pub fn explain(
     let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
     let shown = renormalised(&raw);
     let causal = sees_only_earlier_keys(maps);
-    // What each word would get if every query token spread its attention evenly over the words
-    // shown that it sees (on a causal model, those starting at or before it), averaged as the
-    // row is: averaged over a causal model's queries the first words get most.
-    let mut even = vec![0.0f32; targets.len()];
-    for &(i, w) in &from {
-        let sees = |u: usize| !causal || units[u].tokens[0] <= i;
-        let seen = targets.iter().filter(|&&u| sees(u)).count();
-        for (e, _) in even.iter_mut().zip(&targets).filter(|&(_, &u)| sees(u)) {
-            *e += (w / seen as f64) as f32;
-        }
-    }
-    let even = renormalised(&even);
-    // On a causal model, the words after every token looked from are masked.
-    let last_query = from.iter().map(|&(i, _)| i).max().unwrap_or(0);
+    let even = even_shares(&units, &from, &targets, causal);
     let mut rows: Vec<Row> = (targets.iter().enumerate())
         .map(|(k, &u)| Row {
             word: units[u].label.clone(),
@@ -233,7 +157,7 @@ pub fn explain(
             raw: raw[k],
             even: even[k],
             heavy: false,
-            masked: causal && units[u].tokens.iter().all(|&j| j > last_query),
+            masked: causal && unseen(&units[u], &from),
         })
         .collect();
     // One word the query sees gets everything: nothing to stand out from.
@@ -348,6 +272,304 @@ pub fn explain(
         hidden_share,
         notes,
     })
+}
+
+/// What a row of attention is made of: the units shown, the query tokens looked from (each
+/// with its share of the row), the units the row is shown over, and the notes so far.
+struct Layout {
+    units: Vec<Unit>,
+    /// `(token, weight)`: the focus units' tokens, each focus unit counting once.
+    from: Vec<(usize, f64)>,
+    /// The units shown, in input order.
+    targets: Vec<usize>,
+    focus: String,
+    focus_is_default: bool,
+    notes: Vec<String>,
+}
+
+/// Resolves the options against the input: the units, the focus, and the units shown.
+fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizError> {
+    maps.validate()?;
+    if let Method::Attention { selection } = options.method {
+        selection.check(maps)?;
+    }
+    if (options.question || options.across) && maps.pair.is_none() {
+        return Err(VizError::NoPair);
+    }
+    let units = match options.level {
+        Level::Words => words::words(maps)?,
+        Level::Tokens => words::tokens(maps),
+    };
+    let visible = |u: &Unit| options.special || !u.special;
+    // Question → context: rows from segment 0, columns of segment 1.
+    let one_way = options.question || (options.across && options.focus.is_none());
+    let sources: Vec<usize> = (0..units.len())
+        .filter(|&u| visible(&units[u]) && (!one_way || units[u].segment == 0))
+        .collect();
+    let nothing = |what: &str| VizError::NothingToShow {
+        what: format!(
+            "the input has no {what} to show (special tokens are hidden without --special)"
+        ),
+    };
+    if sources.is_empty() {
+        return Err(nothing(if one_way { "question words" } else { "words" }));
+    }
+    let mut notes = Vec::new();
+    let (focus_units, focus, focus_is_default) = match &options.focus {
+        Some(asked) => {
+            let place = match one_way {
+                true => "the question (--focus picks one of its words, which look at the context)",
+                false => "the input",
+            };
+            let (unit, note) = find_focus(asked, &units, &sources, place)?;
+            notes.extend(note);
+            (vec![unit], units[unit].label.clone(), false)
+        }
+        None => {
+            let what = if one_way {
+                "the question's words (averaged)"
+            } else {
+                "every word (averaged)"
+            };
+            notes.push(format!("no --focus given: showing the attention of {what}"));
+            (sources.clone(), what.to_string(), true)
+        }
+    };
+    let target_segment = if one_way {
+        Some(1)
+    } else if options.across {
+        Some(1 - units[focus_units[0]].segment.min(1))
+    } else {
+        None
+    };
+    let targets: Vec<usize> = (0..units.len())
+        .filter(|&u| visible(&units[u]) && target_segment.is_none_or(|s| units[u].segment == s))
+        .collect();
+    if targets.is_empty() {
+        return Err(nothing(if target_segment.is_some() {
+            "words in the other text"
+        } else {
+            "words"
+        }));
+    }
+    // Token weights of the row: each focus unit counts once, split over its tokens.
+    let mut from: Vec<(usize, f64)> = Vec::new();
+    for &u in &focus_units {
+        let tokens = &units[u].tokens;
+        for &i in tokens {
+            from.push((i, 1.0 / (focus_units.len() * tokens.len()) as f64));
+        }
+    }
+    Ok(Layout {
+        units,
+        from,
+        targets,
+        focus,
+        focus_is_default,
+        notes,
+    })
+}
+
+/// What each unit shown would get if every query token spread its attention evenly over the
+/// units shown that it sees (on a causal model, those starting at or before it), averaged as
+/// the row is: averaged over a causal model's queries the first words get most.
+fn even_shares(units: &[Unit], from: &[(usize, f64)], targets: &[usize], causal: bool) -> Vec<f32> {
+    let mut even = vec![0.0f32; targets.len()];
+    for &(i, w) in from {
+        let sees = |u: usize| !causal || units[u].tokens[0] <= i;
+        let seen = targets.iter().filter(|&&u| sees(u)).count();
+        for (e, _) in even.iter_mut().zip(targets).filter(|&(_, &u)| sees(u)) {
+            *e += (w / seen as f64) as f32;
+        }
+    }
+    renormalised(&even)
+}
+
+/// Whether every token of `unit` comes after every token looked from: on a causal model, the
+/// mask hides it.
+fn unseen(unit: &Unit, from: &[(usize, f64)]) -> bool {
+    let last_query = from.iter().map(|&(i, _)| i).max().unwrap_or(0);
+    unit.tokens.iter().all(|&j| j > last_query)
+}
+
+/// One head's weight in a [`HeadGrid`].
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct HeadWeight {
+    pub layer: usize,
+    pub head: usize,
+    pub weight: f32,
+}
+
+/// The weight from the focus word to one other word in every layer and head: where a relation
+/// between two words lives ("when predicting 'ran', attention looks at 'cat'": which heads?).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HeadGrid {
+    pub model: String,
+    pub text: String,
+    pub pair: Option<String>,
+    /// The word looked from, or a description of the average ("every word (averaged)").
+    pub focus: String,
+    /// The word looked at.
+    pub to: String,
+    /// `[n_layers][n_heads]`: the weight from `focus` to `to`, renormalised over the words
+    /// shown as [`explain`]'s bars are (each cell is what `explain` shows for `to` with that
+    /// layer and head).
+    pub weights: Vec<Vec<f32>>,
+    /// The weight even attention over the words shown would give `to` (the same in every head).
+    pub even: f32,
+    /// Whether a causal model's focus cannot see `to` (every weight is 0 by the mask).
+    pub masked: bool,
+    /// The heads that give `to` at least [`STANDS_OUT`] times `even`, heaviest first (at most
+    /// five).
+    pub stand_out: Vec<HeadWeight>,
+    /// Lines for the footer.
+    pub notes: Vec<String>,
+}
+
+/// How many heads [`HeadGrid::stand_out`] names at most.
+const GRID_NAMED: usize = 5;
+
+/// The weight from the focus word (`options.focus`, or every word averaged) to the word `to`
+/// (`"the#2"` for the second "the"), in every layer and head. `options.method` must be
+/// attention (its selection is what the grid varies); `options.top` is not used.
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, T, T]` → `weights: [n_layers][n_heads]`.
+pub fn head_grid(
+    maps: &AttentionMaps,
+    options: &ExplainOptions,
+    to: &str,
+) -> Result<HeadGrid, VizError> {
+    let Layout {
+        units,
+        from,
+        targets,
+        focus,
+        focus_is_default: _,
+        mut notes,
+    } = layout(maps, options)?;
+    let (target, note) = find_focus(to, &units, &targets, "the words shown")?;
+    notes.extend(note);
+    let k = targets
+        .iter()
+        .position(|&u| u == target)
+        .unwrap_or_default();
+    let t = maps.seq_len();
+    let mut weights = Vec::with_capacity(maps.n_layers);
+    for layer in 0..maps.n_layers {
+        let mut row = Vec::with_capacity(maps.n_heads);
+        for head in 0..maps.n_heads {
+            let matrix = select(maps, Selection::Head { layer, head })?;
+            let unit_row = row_to_units(&weighted_rows(&matrix, &from, t), &units);
+            let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
+            row.push(renormalised(&raw)[k]);
+        }
+        weights.push(row);
+    }
+    let causal = sees_only_earlier_keys(maps);
+    let even = even_shares(&units, &from, &targets, causal)[k];
+    let mut heads: Vec<HeadWeight> = (0..maps.n_layers)
+        .flat_map(|layer| (0..maps.n_heads).map(move |head| (layer, head)))
+        .map(|(layer, head)| HeadWeight {
+            layer,
+            head,
+            weight: weights[layer][head],
+        })
+        .filter(|h| h.weight > 0.0 && h.weight >= STANDS_OUT * even)
+        .collect();
+    heads.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+    heads.truncate(GRID_NAMED);
+    // The special tokens the view hides: none with --special.
+    let specials = match options.special {
+        true => String::new(),
+        false => words::special_labels(&units),
+    };
+    let shows = match specials.is_empty() {
+        true => String::new(),
+        false => format!(" (--special shows {specials})"),
+    };
+    notes.push(format!(
+        "each weight is renormalised over the words shown, as explain's bars are{shows}; \
+         explain --layer L --head H shows one head's bars"
+    ));
+    Ok(HeadGrid {
+        model: maps.model.clone(),
+        text: maps.text.clone(),
+        pair: maps.pair.clone(),
+        focus,
+        to: units[target].label.clone(),
+        weights,
+        even,
+        masked: causal && unseen(&units[target], &from),
+        stand_out: heads,
+        notes,
+    })
+}
+
+/// The grid as a table: one line per layer, one column per head, the heads that stand out
+/// emphasised and named below.
+pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
+    let mut out = format!(
+        "Attention from {:?} to {:?} in each layer and head — {}:\n",
+        grid.focus, grid.to, grid.model
+    );
+    let max = grid.weights.iter().flatten().fold(0.0f32, |m, &w| m.max(w));
+    let decimals = bars::decimals_for(max);
+    let width = (decimals + 2).max(4);
+    let n_heads = grid.weights.first().map_or(0, Vec::len);
+    let label = |layer: usize| format!("  layer {layer:<2}");
+    out.push_str(&format!("{:<w$}", "  head", w = label(0).len()));
+    for head in 0..n_heads {
+        out.push_str(&format!(" {head:>width$}"));
+    }
+    out.push('\n');
+    for (layer, row) in grid.weights.iter().enumerate() {
+        out.push_str(&label(layer));
+        for (head, w) in row.iter().enumerate() {
+            let cell = format!("{w:>width$.decimals$}");
+            let named = grid
+                .stand_out
+                .iter()
+                .any(|h| (h.layer, h.head) == (layer, head));
+            out.push(' ');
+            out.push_str(&if named {
+                bars::emphasised(&cell, style.colour)
+            } else {
+                cell
+            });
+        }
+        out.push('\n');
+    }
+    out.push('\n');
+    if grid.masked {
+        out.push_str(&format!(
+            "{:?} comes after {:?}: the model is causal, so every head gives it 0 by the mask\n",
+            grid.to, grid.focus
+        ));
+    } else if grid.stand_out.is_empty() {
+        out.push_str(&format!(
+            "No head stands out: none gives {:?} {STANDS_OUT} × the {:.2} even attention would \
+             give it\n",
+            grid.to, grid.even
+        ));
+    } else {
+        let named: Vec<String> = (grid.stand_out.iter())
+            .map(|h| format!("layer {} head {} ({:.2})", h.layer, h.head, h.weight))
+            .collect();
+        out.push_str(&format!(
+            "Heads that look from {:?} to {:?} most (at least {STANDS_OUT} × the {:.2} of even \
+             attention): {}\n",
+            grid.focus,
+            grid.to,
+            grid.even,
+            named.join(", ")
+        ));
+    }
+    for note in &grid.notes {
+        out.push_str(&bars::dim(&format!("note: {note}"), style.colour));
+        out.push('\n');
+    }
+    out
 }
 
 /// What took the hidden share: the focus's own text (question and `across` views) and the

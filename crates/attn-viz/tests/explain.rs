@@ -5,7 +5,9 @@ mod common;
 
 use attn_viz::VizError;
 use attn_viz::bars::BarStyle;
-use attn_viz::explain::{ExplainOptions, Explanation, Level, Method, explain, render};
+use attn_viz::explain::{
+    ExplainOptions, Explanation, Level, Method, explain, head_grid, render, render_grid,
+};
 use attn_viz::select::Selection;
 use common::{EVEN_CAUSAL_3, abc_tokens, assert_close, hand_maps, tok};
 
@@ -642,4 +644,81 @@ fn standing_out_is_measured_against_even_attention_under_the_mask() {
     let e = run(&maps, &o);
     assert_eq!(words_and_weights(&e).0, ["a", "b"]);
     assert!(e.rows.iter().all(|r| !r.masked));
+}
+
+/// "a bc" of [`maps`] in 2 layers × 2 heads; only the rows of "a" (token 1) differ from even.
+/// "a" → words a, bc (hidden [CLS]/[SEP], renormalised):
+///   (0, 0) [.4 .05 .3 .15 .1]: a .05, bc .45 → bc .45/.5 = .9
+///   (0, 1) [.2 .2 .2 .2 .2]:   a .2,  bc .4  → bc .4/.6 ≈ .667
+///   (1, 0) [.1 .1 .7 .05 .05]: a .1,  bc .75 → bc .75/.85 ≈ .882
+///   (1, 1) [.2 .6 .1 .05 .05]: a .6,  bc .15 → bc .15/.75 = .2
+/// Even attention over the two words gives bc .5; standing out takes 1.5 × .5 = .75.
+fn grid_maps() -> attn_viz::AttentionMaps {
+    let rows_of_a: [[f32; 5]; 4] = [
+        [0.4, 0.05, 0.3, 0.15, 0.1],
+        [0.2; 5],
+        [0.1, 0.1, 0.7, 0.05, 0.05],
+        [0.2, 0.6, 0.1, 0.05, 0.05],
+    ];
+    let mut w = Vec::new();
+    for row_of_a in rows_of_a {
+        for query in 0..5 {
+            w.extend(if query == 1 { row_of_a } else { [0.2; 5] });
+        }
+    }
+    let tokens = maps().tokens;
+    hand_maps("a bc", None, tokens, 2, 2, w)
+}
+
+#[test]
+fn the_head_grid_holds_what_explain_shows_for_each_head() {
+    let maps = grid_maps();
+    let grid = head_grid(&maps, &options(Some("a")), "bc").unwrap();
+    assert_eq!((grid.focus.as_str(), grid.to.as_str()), ("a", "bc"));
+    let expected = [[0.9, 0.4 / 0.6], [0.75 / 0.85, 0.2]];
+    for (layer, expected) in expected.iter().enumerate() {
+        assert_close(&grid.weights[layer], expected, 1e-6);
+        for head in 0..2 {
+            let one = ExplainOptions {
+                method: Method::Attention {
+                    selection: Selection::Head { layer, head },
+                },
+                ..options(Some("a"))
+            };
+            let bars = run(&maps, &one);
+            assert_eq!(bars.rows[1].word, "bc");
+            assert_eq!(grid.weights[layer][head], bars.rows[1].weight);
+        }
+    }
+    assert_close(&[grid.even], &[0.5], 1e-6);
+    assert!(!grid.masked);
+    let named: Vec<(usize, usize)> = grid.stand_out.iter().map(|h| (h.layer, h.head)).collect();
+    assert_eq!(named, [(0, 0), (1, 0)], "heaviest first, at least .75");
+    let text = render_grid(&grid, BarStyle::default());
+    assert!(text.contains("  layer 1  0.88 0.20\n"), "{text}");
+    assert!(
+        text.contains("layer 0 head 0 (0.90), layer 1 head 0 (0.88)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_head_grid_names_no_head_without_one_and_says_when_the_mask_hides_the_word() {
+    let maps = hand_maps("a b c", None, abc_tokens(), 1, 1, EVEN_CAUSAL_3.to_vec());
+    // "c" sees a, b, c evenly: a gets the even 1/3.
+    let grid = head_grid(&maps, &options(Some("c")), "a").unwrap();
+    assert!(grid.stand_out.is_empty() && !grid.masked);
+    assert!(render_grid(&grid, BarStyle::default()).contains("No head stands out"));
+    // "a" cannot see "c".
+    let grid = head_grid(&maps, &options(Some("a")), "c").unwrap();
+    assert!(grid.masked && grid.stand_out.is_empty());
+    assert_eq!(grid.weights, [[0.0]]);
+    assert!(render_grid(&grid, BarStyle::default()).contains("every head gives it 0 by the mask"));
+}
+
+#[test]
+fn the_head_grid_names_an_unknown_word_and_lists_the_words() {
+    let err = head_grid(&grid_maps(), &options(Some("a")), "dog").unwrap_err();
+    assert!(matches!(err, VizError::UnknownFocus { .. }), "{err:?}");
+    assert!(err.to_string().contains("\"a\", \"bc\""), "{err}");
 }

@@ -100,6 +100,71 @@ fn the_main_job_prints_one_bar_per_word() {
     assert!(coloured.contains("\x1b["));
 }
 
+/// `--to`: each cell of the layer × head table is what `explain --layer L --head H` gives the
+/// word (checked on every head in JSON), the heads named are the heaviest, and the README's
+/// layer 3, head 7 is among them.
+#[test]
+fn the_head_table_holds_each_heads_bar_for_the_word() {
+    let grid: Value = serde_json::from_str(&ok(&[
+        "explain", MAIN_JOB, "--focus", "ran", "--to", "cat", "--json",
+    ]))
+    .unwrap();
+    let weights = grid["weights"].as_array().unwrap();
+    assert_eq!(weights.len(), 6);
+    for (layer, row) in weights.iter().enumerate() {
+        assert_eq!(row.as_array().unwrap().len(), 12);
+        for head in [0, 7, 11] {
+            let (l, h) = (layer.to_string(), head.to_string());
+            let bars: Value = serde_json::from_str(&ok(&[
+                "explain", MAIN_JOB, "--focus", "ran", "--layer", &l, "--head", &h, "--json",
+            ]))
+            .unwrap();
+            let cat = bars["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["word"] == "cat");
+            assert_eq!(
+                row[head],
+                cat.unwrap()["weight"],
+                "layer {layer}, head {head}"
+            );
+        }
+    }
+    let named = grid["stand_out"].as_array().unwrap();
+    let by_weight: Vec<f64> = named
+        .iter()
+        .map(|h| h["weight"].as_f64().unwrap())
+        .collect();
+    assert!(by_weight.windows(2).all(|w| w[0] >= w[1]), "{by_weight:?}");
+    assert!(
+        named.iter().any(|h| h["layer"] == 3 && h["head"] == 7),
+        "{named:?}"
+    );
+    let table = ok(&["explain", MAIN_JOB, "--focus", "ran", "--to", "cat"]);
+    assert!(table.starts_with("Attention from \"ran\" to \"cat\" in each layer and head"));
+    assert!(table.contains("layer 3 head 7 (0.26)"), "{table}");
+    let coloured = ok(&[
+        "explain", MAIN_JOB, "--focus", "ran", "--to", "cat", "--color", "always",
+    ]);
+    assert!(
+        coloured.contains("\x1b[1m\x1b[33m0.26\x1b[0m"),
+        "{coloured}"
+    );
+    for other in ["--layer", "--rollout", "--flow", "--top"] {
+        let mut args = vec!["explain", MAIN_JOB, "--focus", "ran", "--to", "cat", other];
+        if other == "--layer" || other == "--top" {
+            args.push("1");
+        }
+        assert_eq!(attnscope(&args).status.code(), Some(2), "{other}");
+    }
+    fails_with(
+        &["explain", MAIN_JOB, "--focus", "ran", "--to", "dog"],
+        1,
+        "no word \"dog\"",
+    );
+}
+
 #[test]
 fn the_eiffel_question_matches_the_golden_attention() {
     // Raw tokens, specials hidden: the mean over the question's 8 tokens (1..=8) of the

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use attn_viz::bars::BarStyle;
-use attn_viz::explain::{ExplainOptions, Level, Method, explain, render};
+use attn_viz::explain::{ExplainOptions, Level, Method, explain, head_grid, render, render_grid};
 use attn_viz::select::Selection;
 
 use crate::maps::{ColorChoice, SourceArgs, progress_bar};
@@ -16,7 +16,8 @@ use crate::maps::{ColorChoice, SourceArgs, progress_bar};
   attnscope explain \"The cat that ate the mouse that lived in the barn ran away\" --focus ran
   attnscope explain --question \"Where is the Eiffel Tower?\" --context \"The Eiffel Tower is located in Paris, France.\"
   attnscope explain \"I love machine learning\" --pair \"J'adore l'apprentissage automatique\" --focus apprentissage --across
-  attnscope explain \"The cat sat on the mat\" --focus sat --layer 2 --head 5")]
+  attnscope explain \"The cat sat on the mat\" --focus sat --layer 2 --head 5
+  attnscope explain \"The cat that ate the mouse that lived in the barn ran away\" --focus ran --to cat")]
 pub struct Args {
     /// The text to look at.
     #[arg(
@@ -48,6 +49,11 @@ pub struct Args {
     /// "don't" as the words "don", "'" and "t" (an unknown word's error lists them).
     #[arg(long, value_name = "WORD")]
     pub focus: Option<String>,
+    /// A word to look at: print the weight from --focus (or every word averaged) to it in
+    /// every layer and head, as a table, and name the heads that stand out: where a relation
+    /// between two words lives.
+    #[arg(long, value_name = "WORD", conflicts_with_all = ["layer", "head", "rollout", "flow", "top"])]
+    pub to: Option<String>,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.
     #[arg(long, value_name = "L", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub layer: Option<usize>,
@@ -110,6 +116,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         across: args.across,
         top: args.top.map(|k| k as usize),
     };
+    if let Some(to) = &args.to {
+        let grid = head_grid(&maps, &options, to).map_err(crate::maps::name_the_flag)?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &grid).context("writing JSON")?;
+            writeln!(out)?;
+        } else {
+            let style = BarStyle {
+                colour: args.color.enabled(),
+                ..BarStyle::default()
+            };
+            out.write_all(render_grid(&grid, style).as_bytes())?;
+        }
+        out.flush()?;
+        return Ok(());
+    }
     let bar = if args.flow {
         progress_bar(0, "attention flow")
     } else {
