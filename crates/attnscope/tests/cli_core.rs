@@ -225,6 +225,43 @@ fn sdpa_accepts_the_hand_made_case() {
     assert!((w[0] - w0).abs() < 1e-6 && (w[1] - (1.0 - w0)).abs() < 1e-6);
 }
 
+/// A case whose `expected_out` the result misses fails with exit code 1, after writing OUT and
+/// printing the difference; one it matches succeeds. A miss printed "OVER" and exited 0.
+#[test]
+fn sdpa_fails_a_case_whose_expected_out_it_misses() {
+    // The hand-made case's weights (see above) on v rows [1, 1.25] and [1.5, 1.75].
+    let s0 = 0.25f64 * 0.25 / 2f64.sqrt();
+    let s1 = 0.25f64 * 0.75 / 2f64.sqrt();
+    let w0 = s0.exp() / (s0.exp() + s1.exp());
+    let out = [w0 + 1.5 * (1.0 - w0), 1.25 * w0 + 1.75 * (1.0 - w0)];
+    let dir = tempfile::tempdir().unwrap();
+    let run = |shift: f64| {
+        let data: Vec<u8> = (out.iter())
+            .flat_map(|x| ((x + shift) as f32).to_le_bytes())
+            .collect();
+        let header =
+            ",\"expected_out\":{\"dtype\":\"F32\",\"shape\":[1,1,1,2],\"data_offsets\":[40,48]}";
+        let path = dir.path().join(format!("shift{shift}.safetensors"));
+        std::fs::write(&path, case_bytes(("F32", "[1,1,1,2]"), header, &data, "{}")).unwrap();
+        let written = dir.path().join(format!("out{shift}.safetensors"));
+        let args = [
+            "sdpa",
+            path.to_str().unwrap(),
+            "-o",
+            written.to_str().unwrap(),
+        ];
+        (attnscope(&args), written)
+    };
+    let (output, _) = run(0.0);
+    assert!(output.status.success());
+    assert!(String::from_utf8_lossy(&output.stdout).contains("max abs diff out"));
+    let (output, written) = run(0.01);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stdout).contains(": OVER"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("out past the tolerance"));
+    assert!(written.exists(), "the results are written all the same");
+}
+
 #[test]
 fn sdpa_rejects_each_bad_file_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -329,9 +366,7 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
             &[1, 1, 1],
             "{}",
         ),
-        &[
-            "the case's tensor mask: bool_mask: shape [1, 1, 1, 3] does not broadcast to [1, 1, 1, 2]",
-        ],
+        &["mask: shape [1, 1, 1, 3] does not broadcast to [1, 1, 1, 2]"],
     );
     bad_case(
         d,
@@ -397,7 +432,17 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
         d,
         "scale_not_json",
         &meta(r#"{"scale":"abc"}"#),
-        &["metadata scale is \"abc\", which is not JSON"],
+        &["metadata scale is abc (as stored, without quotes), which is not JSON"],
+    );
+    // A string written unquoted: the message shows it quoted.
+    bad_case(
+        d,
+        "causal_unquoted",
+        &meta(r#"{"causal":"top_left"}"#),
+        &[
+            "metadata causal is top_left (as stored, without quotes), which is not JSON",
+            "a string with its quotes (\"top_left\")",
+        ],
     );
     bad_case(
         d,

@@ -30,13 +30,22 @@ Tensors (F32 unless said otherwise):
   expected_out, expected_lse, expected_weights (optional): compared with the results
   dout [batch, n_heads, seq_q, value_dim] (needed by --backward)
   expected_dq, expected_dk, expected_dv (optional, with --backward): compared with the gradients
-Metadata (optional, each value JSON): scale, causal (\"top_left\" | \"bottom_right\"),
-  window ([left, right], null or -1 = unbounded), alibi ([one slope per query head]), softcap,
-  gqa (true when n_kv_heads < n_heads), dropout_p, seed, tolerance, note, case.
-OUT holds out [batch, n_heads, seq_q, value_dim], lse [batch, n_heads, seq_q] (-inf for a query
-that sees no key), with --weights, weights [batch, n_heads, seq_q, seq_kv], and with --backward
-dq, dk, dv (the shapes of q, k, v: gradients of sum(out * dout), summed over the query heads
-sharing a key/value head).")]
+Metadata (optional, each value JSON text, so a string is quoted: json.dumps(\"top_left\")):
+  scale (default 1/sqrt(head_dim)), causal (\"top_left\" | \"bottom_right\"), window ([left,
+  right], null or -1 = unbounded), alibi ([one slope per query head]: score -= slope·|i + o - j|),
+  softcap, gqa (true when n_kv_heads < n_heads), dropout_p, seed (default 0), tolerance, note,
+  case. The window and ALiBi's diagonal follow causal's alignment: o = seq_kv - seq_q with
+  bottom_right, else 0 (FlashAttention aligns bottom-right with or without its causal mask).
+  Dropout keeps each weight by a hash of (seed, batch, head, query, key), not PyTorch's random
+  numbers: the same seed drops the same weights here, not the ones PyTorch would.
+OUT holds out [batch, n_heads, seq_q, value_dim], lse [batch, n_heads, seq_q] (the natural log
+of the sum of exp over the scores a query sees, after scale, softcap, ALiBi and the float mask;
+-inf for a query that sees no key), with --weights, weights [batch, n_heads, seq_q, seq_kv]
+(before dropout), and with --backward dq, dk, dv (the shapes of q, k, v: gradients of sum(out *
+dout), summed over the query heads sharing a key/value head).
+Each expected_* tensor is compared, and a result past its tolerance (|got - expected| / max(1,
+|expected|) over the metadata's tolerance, default 1e-5; lse 1e-4; gradients 1e-4 absolute) makes
+the command fail with exit code 1 after writing OUT.")]
 pub struct Args {
     /// The attention call to run (a .safetensors file).
     case: PathBuf,
@@ -168,9 +177,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         args.output.display()
     )?;
-    report_differences(&case, &result, weights)?;
+    let mut over = report_differences(&case, &result, weights)?;
     if let (Some(bw), Some(grads)) = (&case.backward, &grads) {
-        report_grad_differences(bw, grads)?;
+        over.extend(report_grad_differences(bw, grads)?);
+    }
+    // A case that carries its expected results is a test: missing it fails (the results are
+    // written all the same, to look at).
+    if !over.is_empty() {
+        bail!(
+            "{}: {} past the tolerance (see above)",
+            args.case.display(),
+            over.join(", ")
+        );
     }
     Ok(())
 }
@@ -528,8 +546,14 @@ fn parse_metadata(raw: HashMap<String, String>) -> anyhow::Result<Metadata> {
     }
     raw.into_iter()
         .map(|(k, v)| {
-            let parsed = serde_json::from_str(&v)
-                .with_context(|| format!("metadata {k} is {v:?}, which is not JSON"))?;
+            let parsed = serde_json::from_str(&v).with_context(|| {
+                format!(
+                    "metadata {k} is {} (as stored, without quotes), which is not JSON: each \
+                         value is JSON text, a number as 0.3, a string with its quotes ({})",
+                    v.escape_debug(),
+                    serde_json::Value::String(v.clone())
+                )
+            })?;
             Ok((k, parsed))
         })
         .collect::<anyhow::Result<_>>()
@@ -566,11 +590,13 @@ fn write_results(
 
 /// Prints, for each `expected_*` tensor, the largest absolute difference and where it is, and
 /// whether the README's measure (|got − expected| / max(1, |expected|)) is within tolerance.
+/// Returns the names of the results past it.
 fn report_differences(
     case: &Case,
     result: &AttnOutput,
     weights: Option<&[f32]>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<&'static str>> {
+    let mut over = Vec::new();
     let rows = [
         (
             "out",
@@ -603,27 +629,29 @@ fn report_differences(
             continue;
         }
         let d = compare(got, &expected.data);
+        let ok = d.relative <= f64::from(tol);
         crate::outln!(
             "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); relative {:.3e}, \
-             tolerance {tol:e}: {}",
+             tolerance {tol:e} on |got − expected| / max(1, |expected|): {}",
             d.abs,
             unravel(d.abs_at, &expected.dims),
             got[d.abs_at],
             expected.data[d.abs_at],
             d.relative,
-            if d.relative <= f64::from(tol) {
-                "ok"
-            } else {
-                "OVER"
-            }
+            if ok { "ok" } else { "OVER" }
         )?;
+        if !ok {
+            over.push(name);
+        }
     }
-    Ok(())
+    Ok(over)
 }
 
 /// Prints, for each `expected_d*` tensor, the largest absolute difference and where it is, and
-/// whether it is within the gradients' absolute tolerance.
-fn report_grad_differences(bw: &Backward, grads: &Grads) -> std::io::Result<()> {
+/// whether it is within the gradients' absolute tolerance. Returns the names of the gradients
+/// past it.
+fn report_grad_differences(bw: &Backward, grads: &Grads) -> std::io::Result<Vec<&'static str>> {
+    let mut over = Vec::new();
     let rows = [
         ("dq", bw.expected_dq.as_ref(), &grads.dq),
         ("dk", bw.expected_dk.as_ref(), &grads.dk),
@@ -641,6 +669,7 @@ fn report_grad_differences(bw: &Backward, grads: &Grads) -> std::io::Result<()> 
             continue;
         }
         let d = compare(got, &expected.data);
+        let ok = d.abs <= GRAD_TOLERANCE;
         crate::outln!(
             "max abs diff {name:<7} {:.3e} at {:?} (got {}, expected {}); tolerance \
              {GRAD_TOLERANCE:e} absolute: {}",
@@ -648,14 +677,13 @@ fn report_grad_differences(bw: &Backward, grads: &Grads) -> std::io::Result<()> 
             unravel(d.abs_at, &expected.dims),
             got[d.abs_at],
             expected.data[d.abs_at],
-            if d.abs <= GRAD_TOLERANCE {
-                "ok"
-            } else {
-                "OVER"
-            }
+            if ok { "ok" } else { "OVER" }
         )?;
+        if !ok {
+            over.push(name);
+        }
     }
-    Ok(())
+    Ok(over)
 }
 
 struct Difference {
@@ -712,7 +740,10 @@ fn named_as_in_the_case(err: AttnError) -> anyhow::Error {
         _ => false,
     };
     if mask {
-        anyhow::Error::new(err).context("the case's tensor mask")
+        // "bool_mask: shape [..] does not broadcast …" as "mask: shape [..] …".
+        let message = err.to_string();
+        let (_, rest) = message.split_once(':').unwrap_or(("", &message));
+        anyhow::anyhow!("mask:{rest}")
     } else {
         err.into()
     }
