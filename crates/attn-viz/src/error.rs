@@ -61,9 +61,14 @@ pub enum VizError {
         span: (usize, usize),
         text_len: usize,
     },
-    #[error("no word {word:?} in {place}; the words are: {}", quoted(available))]
+    #[error(
+        "no {unit} {word:?} in {place}; the {unit}s are: {}",
+        quoted(available)
+    )]
     UnknownFocus {
         word: String,
+        /// "word", or "token" for raw tokens.
+        unit: &'static str,
         available: Vec<String>,
         /// Where --focus looks: "the input", or "the question (--focus looks from its words)".
         place: String,

@@ -65,8 +65,11 @@ pub struct Row {
     /// The weight before renormalisation.
     pub raw: f32,
     /// The weight even attention would give the word: every query token spreading its weight
-    /// evenly over the words shown that it sees, averaged as `weight` is.
+    /// evenly over the tokens of the words shown that it sees, summed into words and averaged
+    /// as `weight` is (a word of three tokens gets three shares).
     pub even: f32,
+    /// How many tokens the word has (1 for raw tokens).
+    pub tokens: usize,
     /// Whether the word is named in [`Explanation::focuses_on`] (and highlighted).
     pub heavy: bool,
     /// Whether a causal model's query cannot see the word: it comes after every token looked
@@ -98,11 +101,11 @@ pub struct Explanation {
     pub focus_is_default: bool,
     /// Rows shown: input order, or heaviest first with `top`.
     pub rows: Vec<Row>,
-    /// The heaviest words among the rows shown ([`bars::heavy`]: with `top`, only words that
-    /// have a bar), heaviest first; punctuation is not named, and no word is when none stands
-    /// out (`spread`).
+    /// The words that stand out (each gets at least [`STANDS_OUT`] times `Row::even`), at most
+    /// three, heaviest first, and at least half of the heaviest of them ([`bars::heavy`]; with
+    /// `top`, only words that have a bar); punctuation is never named.
     pub focuses_on: Vec<String>,
-    /// Whether no word stands out: the heaviest has under [`STANDS_OUT`] times what even
+    /// Whether no word stands out: none that may be named gets [`STANDS_OUT`] times what even
     /// attention would give it (`Row::even`), so that none is named.
     pub spread: bool,
     /// Share (0..=1) of the row's raw weight that went to words not shown (special tokens, the
@@ -156,6 +159,7 @@ pub fn explain(
             weight: shown[k],
             raw: raw[k],
             even: even[k],
+            tokens: units[u].tokens.len(),
             heavy: false,
             masked: causal && unseen(&units[u], &from),
         })
@@ -172,17 +176,22 @@ pub fn explain(
         }
         rows.truncate(k);
     }
-    // Punctuation keeps its bar but is not named as what the model "focuses on"; and words
-    // are named only when the heaviest stands out from even attention (flat rows named three
-    // words at 0.34 against 0.33).
+    // Punctuation keeps its bar but is not named as what the model "focuses on"; and a word is
+    // named only when it stands out from even attention on its own (flat rows named three
+    // words at 0.34 against 0.33, and a word of three tokens at 0.17 where even attention
+    // gives it 0.25).
+    let stands_out = |r: &Row| !compared || r.weight >= STANDS_OUT * r.even;
     let named: Vec<f32> = (rows.iter())
-        .map(|r| if r.nameable() { r.weight } else { 0.0 })
+        .map(|r| match r.nameable() && stands_out(r) {
+            true => r.weight,
+            false => 0.0,
+        })
         .collect();
-    let heaviest = (0..rows.len()).max_by(|&a, &b| named[a].total_cmp(&named[b]));
-    let spread = heaviest
-        .is_some_and(|h| compared && named[h] > 0.0 && rows[h].weight < STANDS_OUT * rows[h].even);
+    let spread = compared
+        && named.iter().all(|&w| w <= 0.0)
+        && rows.iter().any(|r| r.nameable() && r.weight > 0.0);
     let mut focuses_on = Vec::new();
-    for i in bars::heavy(&named).into_iter().filter(|_| !spread) {
+    for i in bars::heavy(&named) {
         rows[i].heavy = true;
         focuses_on.push(rows[i].word.clone());
     }
@@ -321,7 +330,7 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
                 true => "the question (--focus picks one of its words, which look at the context)",
                 false => "the input",
             };
-            let (unit, note) = find_focus(asked, &units, &sources, place)?;
+            let (unit, note) = find_focus(asked, &units, &sources, place, options.level)?;
             notes.extend(note);
             (vec![unit], units[unit].label.clone(), false)
         }
@@ -371,17 +380,27 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
 }
 
 /// What each unit shown would get if every query token spread its attention evenly over the
-/// units shown that it sees (on a causal model, those starting at or before it), averaged as
-/// the row is: averaged over a causal model's queries the first words get most.
+/// tokens of the units shown that it sees (on a causal model, those at or before it), summed
+/// into units and averaged as the row is: a word of three tokens gets three shares, as it would
+/// from a head that looks nowhere in particular, and averaged over a causal model's queries
+/// the first words get most.
 fn even_shares(units: &[Unit], from: &[(usize, f64)], targets: &[usize], causal: bool) -> Vec<f32> {
-    let mut even = vec![0.0f32; targets.len()];
+    let mut even = vec![0.0f64; targets.len()];
     for &(i, w) in from {
-        let sees = |u: usize| !causal || units[u].tokens[0] <= i;
-        let seen = targets.iter().filter(|&&u| sees(u)).count();
-        for (e, _) in even.iter_mut().zip(targets).filter(|&(_, &u)| sees(u)) {
-            *e += (w / seen as f64) as f32;
+        let seen_of = |u: usize| {
+            (units[u].tokens.iter())
+                .filter(|&&j| !causal || j <= i)
+                .count()
+        };
+        let seen: usize = targets.iter().map(|&u| seen_of(u)).sum();
+        if seen == 0 {
+            continue;
+        }
+        for (e, &u) in even.iter_mut().zip(targets) {
+            *e += w * seen_of(u) as f64 / seen as f64;
         }
     }
+    let even: Vec<f32> = even.into_iter().map(|e| e as f32).collect();
     renormalised(&even)
 }
 
@@ -409,18 +428,29 @@ pub struct HeadGrid {
     pub pair: Option<String>,
     /// The word looked from, or a description of the average ("every word (averaged)").
     pub focus: String,
+    /// Whether `focus` was picked because none was asked for.
+    pub focus_is_default: bool,
     /// The word looked at.
     pub to: String,
     /// `[n_layers][n_heads]`: the weight from `focus` to `to`, renormalised over the words
     /// shown as [`explain`]'s bars are (each cell is what `explain` shows for `to` with that
     /// layer and head).
     pub weights: Vec<Vec<f32>>,
-    /// The weight even attention over the words shown would give `to` (the same in every head).
+    /// `[n_layers][n_heads]`: the share of each head's attention that the words shown got
+    /// before renormalising (the rest went to what `hidden` names).
+    pub shares: Vec<Vec<f32>>,
+    /// What the words not shown are ("[CLS]/[SEP]", "the words of its own text"); empty when
+    /// every word is shown.
+    pub hidden: String,
+    /// The weight even attention over the tokens shown would give `to` (the same in every
+    /// head).
     pub even: f32,
     /// Whether a causal model's focus cannot see `to` (every weight is 0 by the mask).
     pub masked: bool,
-    /// The heads that give `to` at least [`STANDS_OUT`] times `even`, heaviest first (at most
-    /// five).
+    /// How many heads stand out: they give `to` at least [`STANDS_OUT`] times `even`, and the
+    /// words shown got at least [`GRID_WORDS_SHARE`] of their attention.
+    pub standing_out: usize,
+    /// The heaviest of them, heaviest first (at most five).
     pub stand_out: Vec<HeadWeight>,
     /// Lines for the footer.
     pub notes: Vec<String>,
@@ -428,6 +458,11 @@ pub struct HeadGrid {
 
 /// How many heads [`HeadGrid::stand_out`] names at most.
 const GRID_NAMED: usize = 5;
+
+/// The share of a head's attention the words shown must get for the head to be named in a
+/// [`HeadGrid`]: a head that sends 90% to `[CLS]` and the rest mostly to one word is parked,
+/// not looking at that word.
+pub const GRID_WORDS_SHARE: f32 = 0.25;
 
 /// The weight from the focus word (`options.focus`, or every word averaged) to the word `to`
 /// (`"the#2"` for the second "the"), in every layer and head. `options.method` must be
@@ -445,31 +480,36 @@ pub fn head_grid(
         from,
         targets,
         focus,
-        focus_is_default: _,
+        focus_is_default,
         mut notes,
     } = layout(maps, options)?;
-    let (target, note) = find_focus(to, &units, &targets, "the words shown")?;
+    let shown = match options.level {
+        Level::Words => "the words shown",
+        Level::Tokens => "the tokens shown",
+    };
+    let (target, note) = find_focus(to, &units, &targets, shown, options.level)?;
     notes.extend(note);
-    let k = targets
-        .iter()
-        .position(|&u| u == target)
-        .unwrap_or_default();
+    let k = (targets.iter().position(|&u| u == target)).unwrap_or_default();
     let t = maps.seq_len();
-    let mut weights = Vec::with_capacity(maps.n_layers);
+    let (mut weights, mut shares) = (Vec::new(), Vec::new());
     for layer in 0..maps.n_layers {
-        let mut row = Vec::with_capacity(maps.n_heads);
+        let (mut weight_row, mut share_row) = (Vec::new(), Vec::new());
         for head in 0..maps.n_heads {
             let matrix = select(maps, Selection::Head { layer, head })?;
             let unit_row = row_to_units(&weighted_rows(&matrix, &from, t), &units);
             let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
-            row.push(renormalised(&raw)[k]);
+            let total: f32 = unit_row.iter().sum();
+            weight_row.push(renormalised(&raw)[k]);
+            share_row.push((raw.iter().sum::<f32>() / total.max(f32::MIN_POSITIVE)).min(1.0));
         }
-        weights.push(row);
+        weights.push(weight_row);
+        shares.push(share_row);
     }
     let causal = sees_only_earlier_keys(maps);
     let even = even_shares(&units, &from, &targets, causal)[k];
     let mut heads: Vec<HeadWeight> = (0..maps.n_layers)
         .flat_map(|layer| (0..maps.n_heads).map(move |head| (layer, head)))
+        .filter(|&(layer, head)| shares[layer][head] >= GRID_WORDS_SHARE)
         .map(|(layer, head)| HeadWeight {
             layer,
             head,
@@ -478,40 +518,63 @@ pub fn head_grid(
         .filter(|h| h.weight > 0.0 && h.weight >= STANDS_OUT * even)
         .collect();
     heads.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+    let standing_out = heads.len();
     heads.truncate(GRID_NAMED);
     // The special tokens the view hides: none with --special.
     let specials = match options.special {
         true => String::new(),
         false => words::special_labels(&units),
     };
-    let shows = match specials.is_empty() {
-        true => String::new(),
-        false => format!(" (--special shows {specials})"),
+    let any_hidden = shares.iter().flatten().any(|&s| s < 0.9995);
+    let hidden = match any_hidden {
+        true => hidden_what(options, &specials),
+        false => String::new(),
     };
-    notes.push(format!(
-        "each weight is renormalised over the words shown, as explain's bars are{shows}; \
-         explain --layer L --head H shows one head's bars"
-    ));
+    if any_hidden {
+        let shows = match specials.is_empty() {
+            true => String::new(),
+            false => format!(" (--special shows {specials})"),
+        };
+        notes.push(format!(
+            "each weight is renormalised over the words shown, as explain's bars are, after \
+             {hidden} took the rest{shows}; * marks a head whose words got under {:.0}% of its \
+             attention (it is not named)",
+            100.0 * GRID_WORDS_SHARE
+        ));
+    }
+    notes.push(
+        "a weight says where a head looks, not what the model concluded; explain --layer L \
+         --head H shows one head's bars"
+            .to_string(),
+    );
     Ok(HeadGrid {
         model: maps.model.clone(),
         text: maps.text.clone(),
         pair: maps.pair.clone(),
         focus,
+        focus_is_default,
         to: units[target].label.clone(),
         weights,
+        shares,
+        hidden,
         even,
         masked: causal && unseen(&units[target], &from),
+        standing_out,
         stand_out: heads,
         notes,
     })
 }
 
 /// The grid as a table: one line per layer, one column per head, the heads that stand out
-/// emphasised and named below.
+/// emphasised and named below, the heads whose words got little of their attention starred.
 pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
+    let from = match grid.focus_is_default {
+        true => grid.focus.clone(),
+        false => format!("{:?}", grid.focus),
+    };
     let mut out = format!(
-        "Attention from {:?} to {:?} in each layer and head — {}:\n",
-        grid.focus, grid.to, grid.model
+        "Attention from {from} to {:?} in each layer and head — {}:\n",
+        grid.to, grid.model
     );
     let max = grid.weights.iter().flatten().fold(0.0f32, |m, &w| m.max(w));
     let decimals = bars::decimals_for(max);
@@ -520,31 +583,34 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
     let label = |layer: usize| format!("  layer {layer:<2}");
     out.push_str(&format!("{:<w$}", "  head", w = label(0).len()));
     for head in 0..n_heads {
-        out.push_str(&format!(" {head:>width$}"));
+        out.push_str(&format!(" {head:>width$} "));
     }
+    out.truncate(out.trim_end_matches(' ').len());
     out.push('\n');
     for (layer, row) in grid.weights.iter().enumerate() {
         out.push_str(&label(layer));
         for (head, w) in row.iter().enumerate() {
             let cell = format!("{w:>width$.decimals$}");
-            let named = grid
-                .stand_out
-                .iter()
-                .any(|h| (h.layer, h.head) == (layer, head));
+            let named = (grid.stand_out.iter()).any(|h| (h.layer, h.head) == (layer, head));
+            let star = match grid.shares[layer][head] < GRID_WORDS_SHARE {
+                true => '*',
+                false => ' ',
+            };
             out.push(' ');
-            out.push_str(&if named {
-                bars::emphasised(&cell, style.colour)
-            } else {
-                cell
+            out.push_str(&match named {
+                true => bars::emphasised(&cell, style.colour),
+                false => cell,
             });
+            out.push(star);
         }
+        out.truncate(out.trim_end_matches(' ').len());
         out.push('\n');
     }
     out.push('\n');
     if grid.masked {
         out.push_str(&format!(
-            "{:?} comes after {:?}: the model is causal, so every head gives it 0 by the mask\n",
-            grid.to, grid.focus
+            "{:?} comes after {from}: the model is causal, so every head gives it 0 by the mask\n",
+            grid.to
         ));
     } else if grid.stand_out.is_empty() {
         out.push_str(&format!(
@@ -556,10 +622,13 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
         let named: Vec<String> = (grid.stand_out.iter())
             .map(|h| format!("layer {} head {} ({:.2})", h.layer, h.head, h.weight))
             .collect();
+        let which = match grid.standing_out {
+            n if n > named.len() => format!("The {} heaviest of {n} heads give", named.len()),
+            1 => "One head gives".to_string(),
+            n => format!("{n} heads give"),
+        };
         out.push_str(&format!(
-            "Heads that look from {:?} to {:?} most (at least {STANDS_OUT} × the {:.2} of even \
-             attention): {}\n",
-            grid.focus,
+            "{which} {:?} at least {STANDS_OUT} × the {:.2} of even attention: {}\n",
             grid.to,
             grid.even,
             named.join(", ")
@@ -605,12 +674,14 @@ fn nfc(text: &str) -> String {
 /// Resolves `"word"` or `"word#n"` (the n-th occurrence, from 1) among `candidates`, ignoring
 /// case and how accents are encoded, and with raw tokens also the tokenizer's marks (`Ġ`, `▁`,
 /// `##`), then accents themselves. Returns the unit and, when the word is ambiguous, a note
-/// saying which one was used. `place` says where the candidates are, for errors.
+/// saying which one was used. `place` says where the candidates are, and `level` what they
+/// are (words or tokens), for errors.
 fn find_focus(
     asked: &str,
     units: &[Unit],
     candidates: &[usize],
     place: &str,
+    level: Level,
 ) -> Result<(usize, Option<String>), VizError> {
     let (word, occurrence) = match asked.rsplit_once('#') {
         Some((word, n))
@@ -664,6 +735,10 @@ fn find_focus(
         }
         return Err(VizError::UnknownFocus {
             word: asked.to_string(),
+            unit: match level {
+                Level::Words => "word",
+                Level::Tokens => "token",
+            },
             available,
             place: place.to_string(),
         });
@@ -751,9 +826,14 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
             .filter(|r| r.nameable())
             .max_by(|a, b| a.weight.total_cmp(&b.weight));
         if let Some(top) = top {
+            // A word of several tokens gets a share for each from even attention.
+            let tokens = match top.tokens {
+                1 => String::new(),
+                n => format!(" ({n} tokens)"),
+            };
             out.push_str(&format!(
-                "\nNo word stands out{among}: the heaviest, {:?}, weighs {:.2}, under {STANDS_OUT} × \
-                 the {:.2} even attention would give it\n",
+                "\nNo word stands out{among}: the heaviest, {:?}{tokens}, weighs {:.2}, under \
+                 {STANDS_OUT} × the {:.2} even attention would give it\n",
                 top.word, top.weight, top.even
             ));
         }

@@ -69,10 +69,12 @@ fn a_focus_word_row_is_renormalised_over_the_words_shown() {
     assert_eq!(words, ["a", "bc"]);
     assert_close(&weights, &[0.25, 0.75], 1e-6);
     assert_close(&[e.hidden_share], &[0.6], 1e-6);
-    // Even attention over the two words gives each .5: "bc"'s .75 is 1.5 times that.
+    // Even attention over the three tokens of the two words gives a 1/3 and bc 2/3: bc's .75
+    // is under 1.5 times that, and no word stands out.
     let even: Vec<f32> = e.rows.iter().map(|r| r.even).collect();
-    assert_close(&even, &[0.5, 0.5], 1e-6);
-    assert_eq!(e.focuses_on, ["bc"]);
+    assert_close(&even, &[1.0 / 3.0, 2.0 / 3.0], 1e-6);
+    assert!(e.focuses_on.is_empty() && e.spread);
+    assert_eq!(e.rows[1].tokens, 2);
     assert!(!e.focus_is_default);
     assert!(e.notes.iter().any(|n| n.contains("60%")), "{:?}", e.notes);
 }
@@ -291,11 +293,13 @@ fn rendering_follows_the_notes() {
         text.contains("\n  a        [0.25]  ███\n  bc       [0.75]  ████████\n"),
         "{text}"
     );
-    // [CLS]/[SEP] took 60%: the words named lead only the rest.
+    // [CLS]/[SEP] took 60%: the summary speaks of the rest; "bc" has two tokens, which even
+    // attention gives two shares.
     assert!(
         text.contains(
-            "Model focuses heavily on: \"bc\" (among the words, which got 40% of this \
-             attention)\n"
+            "No word stands out (among the words, which got 40% of this attention): the \
+             heaviest, \"bc\" (2 tokens), weighs 0.75, under 1.5 × the 0.67 even attention would \
+             give it\n"
         ),
         "{text}"
     );
@@ -336,8 +340,7 @@ fn punctuation_is_shown_but_not_named_as_a_focus() {
 #[test]
 fn no_word_is_named_when_none_stands_out() {
     // [.4 .35 .25] against an even .33: .4 is under 1.5 × .33, so no word is named and the
-    // summary says so; at [.55 .3 .15], "a" stands out, and "a" and "b" (at least half of it)
-    // are named.
+    // summary says so; at [.55 .3 .15], "a" stands out (.5 is 1.5 × .33), "b" does not.
     let e = run(&three_words_with([0.4, 0.35, 0.25]), &options(Some("b")));
     assert!(e.focuses_on.is_empty() && e.spread);
     assert!(e.rows.iter().all(|r| !r.heavy));
@@ -351,7 +354,7 @@ fn no_word_is_named_when_none_stands_out() {
     );
     assert!(!text.contains("focuses heavily"), "{text}");
     let e = run(&three_words_with([0.55, 0.3, 0.15]), &options(Some("b")));
-    assert_eq!(e.focuses_on, ["a", "b"]);
+    assert_eq!(e.focuses_on, ["a"]);
     assert!(!e.spread);
 }
 
@@ -430,13 +433,26 @@ fn three_words() -> attn_viz::AttentionMaps {
 
 #[test]
 fn top_k_names_only_the_words_it_shows() {
-    // "a" (.6) stands out from an even 1/3, and "a" and "b" are at least half of it, so both
-    // are named; --top 1 shows only "a", and only "a" is named.
-    let e = run(&three_words(), &options(Some("b")));
+    // "a b c d", every row [.5 .4 .1 0]: "a" and "b" stand out from an even 1/4 (at least
+    // .375), so both are named, heaviest first; --top 1 shows only "a", and only "a" is named.
+    let tokens = ["a", "b", "c", "d"]
+        .iter()
+        .enumerate()
+        .map(|(i, w)| tok(w, Some((2 * i, 2 * i + 1)), 0))
+        .collect();
+    let two = hand_maps(
+        "a b c d",
+        None,
+        tokens,
+        1,
+        1,
+        [0.5, 0.4, 0.1, 0.0].repeat(4),
+    );
+    let e = run(&two, &options(Some("b")));
     assert_eq!(e.focuses_on, ["a", "b"]);
     let mut o = options(Some("b"));
     o.top = Some(1);
-    let e = run(&three_words(), &o);
+    let e = run(&two, &o);
     assert_eq!(words_and_weights(&e).0, ["a"]);
     assert_eq!(e.focuses_on, ["a"]);
     let text = render(&e, BarStyle::default());
@@ -445,8 +461,9 @@ fn top_k_names_only_the_words_it_shows() {
 
 #[test]
 fn highlighting_follows_rows_not_labels() {
-    // "a b a", every row [.6 .35 .05]: from "b", the first "a" (.6) and "b" (.35) are heavy
-    // (at least .3); the second "a" (.05) is not, though it is spelled as the first.
+    // "a b a", every row [.6 .35 .05]: from "b", the first "a" (.6) stands out from an even
+    // 1/3 (at least .5) and is heavy; the second "a" (.05) is not, though it is spelled as the
+    // first.
     let tokens = vec![
         tok("a", Some((0, 1)), 0),
         tok("b", Some((2, 3)), 0),
@@ -455,7 +472,7 @@ fn highlighting_follows_rows_not_labels() {
     let maps = hand_maps("a b a", None, tokens, 1, 1, [0.6, 0.35, 0.05].repeat(3));
     let e = run(&maps, &options(Some("b")));
     let heavy: Vec<bool> = e.rows.iter().map(|r| r.heavy).collect();
-    assert_eq!(heavy, [true, true, false]);
+    assert_eq!(heavy, [true, false, false]);
     let text = render(
         &e,
         BarStyle {
@@ -647,16 +664,17 @@ fn standing_out_is_measured_against_even_attention_under_the_mask() {
 }
 
 /// "a bc" of [`maps`] in 2 layers × 2 heads; only the rows of "a" (token 1) differ from even.
-/// "a" → words a, bc (hidden [CLS]/[SEP], renormalised):
-///   (0, 0) [.4 .05 .3 .15 .1]: a .05, bc .45 → bc .45/.5 = .9
-///   (0, 1) [.2 .2 .2 .2 .2]:   a .2,  bc .4  → bc .4/.6 ≈ .667
-///   (1, 0) [.1 .1 .7 .05 .05]: a .1,  bc .75 → bc .75/.85 ≈ .882
-///   (1, 1) [.2 .6 .1 .05 .05]: a .6,  bc .15 → bc .15/.75 = .2
-/// Even attention over the two words gives bc .5; standing out takes 1.5 × .5 = .75.
+/// "a" → words a, bc ([CLS]/[SEP] hidden, the rest renormalised):
+///   (0, 0) [.4 .05 .3 .15 .1]:   a .05, bc .45 (words' share .5)  → a .1,   bc .9
+///   (0, 1) [.85 .05 .04 .01 .05]: a .05, bc .05 (share .1)        → a .5,   bc .5
+///   (1, 0) [.1 .1 .7 .05 .05]:   a .1,  bc .75 (share .85)       → a .118, bc .882
+///   (1, 1) [.2 .6 .1 .05 .05]:   a .6,  bc .15 (share .75)       → a .8,   bc .2
+/// Even attention over the three tokens gives a 1/3 and bc 2/3: standing out takes .5 for "a"
+/// and 1.0 for "bc".
 fn grid_maps() -> attn_viz::AttentionMaps {
     let rows_of_a: [[f32; 5]; 4] = [
         [0.4, 0.05, 0.3, 0.15, 0.1],
-        [0.2; 5],
+        [0.85, 0.05, 0.04, 0.01, 0.05],
         [0.1, 0.1, 0.7, 0.05, 0.05],
         [0.2, 0.6, 0.1, 0.05, 0.05],
     ];
@@ -673,11 +691,13 @@ fn grid_maps() -> attn_viz::AttentionMaps {
 #[test]
 fn the_head_grid_holds_what_explain_shows_for_each_head() {
     let maps = grid_maps();
-    let grid = head_grid(&maps, &options(Some("a")), "bc").unwrap();
-    assert_eq!((grid.focus.as_str(), grid.to.as_str()), ("a", "bc"));
-    let expected = [[0.9, 0.4 / 0.6], [0.75 / 0.85, 0.2]];
+    let grid = head_grid(&maps, &options(Some("a")), "a").unwrap();
+    assert_eq!((grid.focus.as_str(), grid.to.as_str()), ("a", "a"));
+    let expected = [[0.1, 0.5], [0.1 / 0.85, 0.8]];
+    let shares = [[0.5, 0.1], [0.85, 0.75]];
     for (layer, expected) in expected.iter().enumerate() {
         assert_close(&grid.weights[layer], expected, 1e-6);
+        assert_close(&grid.shares[layer], &shares[layer], 1e-6);
         for head in 0..2 {
             let one = ExplainOptions {
                 method: Method::Attention {
@@ -686,20 +706,33 @@ fn the_head_grid_holds_what_explain_shows_for_each_head() {
                 ..options(Some("a"))
             };
             let bars = run(&maps, &one);
-            assert_eq!(bars.rows[1].word, "bc");
-            assert_eq!(grid.weights[layer][head], bars.rows[1].weight);
+            assert_eq!(bars.rows[0].word, "a");
+            assert_eq!(grid.weights[layer][head], bars.rows[0].weight);
         }
     }
-    assert_close(&[grid.even], &[0.5], 1e-6);
+    assert_close(&[grid.even], &[1.0 / 3.0], 1e-6);
     assert!(!grid.masked);
+    // (0, 1) gives "a" .5 but its words got a tenth of its attention: starred, not named.
     let named: Vec<(usize, usize)> = grid.stand_out.iter().map(|h| (h.layer, h.head)).collect();
-    assert_eq!(named, [(0, 0), (1, 0)], "heaviest first, at least .75");
+    assert_eq!(named, [(1, 1)]);
+    assert_eq!(grid.standing_out, 1);
     let text = render_grid(&grid, BarStyle::default());
-    assert!(text.contains("  layer 1  0.88 0.20\n"), "{text}");
+    assert!(text.contains("  layer 0  0.10  0.50*\n"), "{text}");
+    assert!(text.contains("  layer 1  0.12  0.80\n"), "{text}");
     assert!(
-        text.contains("layer 0 head 0 (0.90), layer 1 head 0 (0.88)"),
+        text.contains(
+            "One head gives \"a\" at least 1.5 × the 0.33 of even attention: layer 1 head 1 (0.80)"
+        ),
         "{text}"
     );
+    assert!(
+        text.contains("* marks a head whose words got under 25%"),
+        "{text}"
+    );
+    // "bc" has two of the three tokens: even attention gives it 2/3, and no head reaches 1.0.
+    let grid = head_grid(&maps, &options(Some("a")), "bc").unwrap();
+    assert_close(&[grid.even], &[2.0 / 3.0], 1e-6);
+    assert!(grid.stand_out.is_empty());
 }
 
 #[test]

@@ -230,12 +230,17 @@ fn the_eiffel_question_matches_the_golden_attention() {
             "The", "Eiffel", "Tower", "is", "located", "in", "Paris", ",", "France", "."
         ]
     );
-    assert!(
-        words["focuses_on"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("Eiffel"))
+    // "Eiffel" has the longest bar, but it is three tokens (e ##iff ##el), which even
+    // attention gives three shares: only "Tower" gets 1.5 times its even share.
+    let rows = words["rows"].as_array().unwrap();
+    let (eiffel, tower) = (&rows[1], &rows[2]);
+    assert_eq!(
+        (eiffel["tokens"].as_u64(), tower["tokens"].as_u64()),
+        (Some(3), Some(1))
     );
+    let even = |r: &Value| r["even"].as_f64().unwrap();
+    assert!((even(eiffel) - 3.0 * even(tower)).abs() < 1e-6);
+    assert_eq!(words["focuses_on"], json!(["Tower"]));
 }
 
 #[test]

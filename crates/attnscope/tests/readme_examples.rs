@@ -156,5 +156,5 @@ fn the_readme_command_examples_print_what_the_readme_shows() {
         assert_eq!(printed.lines().collect::<Vec<_>>(), shown, "{args:?}");
         checked += 1;
     }
-    assert_eq!(checked, 5, "the README's five command examples");
+    assert_eq!(checked, 6, "the README's six command examples");
 }
