@@ -335,10 +335,11 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
             (vec![unit], units[unit].label.clone(), false)
         }
         None => {
-            let what = if one_way {
-                "the question's words (averaged)"
-            } else {
-                "every word (averaged)"
+            let what = match (one_way, options.level) {
+                (true, Level::Words) => "the question's words (averaged)",
+                (true, Level::Tokens) => "the question's tokens (averaged)",
+                (false, Level::Words) => "every word (averaged)",
+                (false, Level::Tokens) => "every token (averaged)",
             };
             notes.push(format!("no --focus given: showing the attention of {what}"));
             (sources.clone(), what.to_string(), true)
@@ -430,7 +431,7 @@ pub struct HeadGrid {
     pub focus: String,
     /// Whether `focus` was picked because none was asked for.
     pub focus_is_default: bool,
-    /// The word looked at.
+    /// The word looked at (`"the#2"` when the words shown hold it more than once).
     pub to: String,
     /// `[n_layers][n_heads]`: the weight from `focus` to `to`, renormalised over the words
     /// shown as [`explain`]'s bars are (each cell is what `explain` shows for `to` with that
@@ -439,18 +440,23 @@ pub struct HeadGrid {
     /// `[n_layers][n_heads]`: the share of each head's attention that the words shown got
     /// before renormalising (the rest went to what `hidden` names).
     pub shares: Vec<Vec<f32>>,
-    /// What the words not shown are ("[CLS]/[SEP]", "the words of its own text"); empty when
-    /// every word is shown.
+    /// What the words not shown are (`"[CLS]/[SEP]"`, `"the words of its own text"`); empty
+    /// when every word is shown.
     pub hidden: String,
     /// The weight even attention over the tokens shown would give `to` (the same in every
     /// head).
     pub even: f32,
     /// Whether a causal model's focus cannot see `to` (every weight is 0 by the mask).
     pub masked: bool,
+    /// Whether `to` is the only word shown that the focus sees (every weight is 1).
+    pub only_word: bool,
     /// How many heads stand out: they give `to` at least [`STANDS_OUT`] times `even`, and the
     /// words shown got at least [`GRID_WORDS_SHARE`] of their attention.
     pub standing_out: usize,
-    /// The heaviest of them, heaviest first (at most five).
+    /// How many heads give `to` that much but left the words shown under
+    /// [`GRID_WORDS_SHARE`] of their attention (not named).
+    pub parked: usize,
+    /// The heaviest heads that stand out, heaviest first (at most five).
     pub stand_out: Vec<HeadWeight>,
     /// Lines for the footer.
     pub notes: Vec<String>,
@@ -488,8 +494,17 @@ pub fn head_grid(
         Level::Tokens => "the tokens shown",
     };
     let (target, note) = find_focus(to, &units, &targets, shown, options.level)?;
-    notes.extend(note);
+    notes.extend(note.map(|n| format!("--to: {n}")));
     let k = (targets.iter().position(|&u| u == target)).unwrap_or_default();
+    // The word's name, with its occurrence when the words shown spell it more than once.
+    let label = &units[target].label;
+    let same: Vec<usize> = (targets.iter().copied())
+        .filter(|&u| units[u].label == *label)
+        .collect();
+    let to_label = match same.iter().position(|&u| u == target) {
+        Some(n) if same.len() > 1 => format!("{label}#{}", n + 1),
+        _ => label.clone(),
+    };
     let t = maps.seq_len();
     let (mut weights, mut shares) = (Vec::new(), Vec::new());
     for layer in 0..maps.n_layers {
@@ -507,18 +522,29 @@ pub fn head_grid(
     }
     let causal = sees_only_earlier_keys(maps);
     let even = even_shares(&units, &from, &targets, causal)[k];
-    let mut heads: Vec<HeadWeight> = (0..maps.n_layers)
+    let masked = causal && unseen(&units[target], &from);
+    let seen = (targets.iter())
+        .filter(|&&u| !(causal && unseen(&units[u], &from)))
+        .count();
+    let only_word = !masked && seen < 2;
+    let reaching: Vec<(usize, usize)> = (0..maps.n_layers)
         .flat_map(|layer| (0..maps.n_heads).map(move |head| (layer, head)))
-        .filter(|&(layer, head)| shares[layer][head] >= GRID_WORDS_SHARE)
-        .map(|(layer, head)| HeadWeight {
+        .filter(|&(layer, head)| {
+            let w = weights[layer][head];
+            !only_word && w > 0.0 && w >= STANDS_OUT * even
+        })
+        .collect();
+    let mut heads: Vec<HeadWeight> = (reaching.iter())
+        .filter(|&&(layer, head)| shares[layer][head] >= GRID_WORDS_SHARE)
+        .map(|&(layer, head)| HeadWeight {
             layer,
             head,
             weight: weights[layer][head],
         })
-        .filter(|h| h.weight > 0.0 && h.weight >= STANDS_OUT * even)
         .collect();
     heads.sort_by(|a, b| b.weight.total_cmp(&a.weight));
     let standing_out = heads.len();
+    let parked = reaching.len() - standing_out;
     heads.truncate(GRID_NAMED);
     // The special tokens the view hides: none with --special.
     let specials = match options.special {
@@ -530,7 +556,8 @@ pub fn head_grid(
         true => hidden_what(options, &specials),
         false => String::new(),
     };
-    if any_hidden {
+    // Under the mask every weight is 0: nothing was renormalised.
+    if any_hidden && !masked {
         let shows = match specials.is_empty() {
             true => String::new(),
             false => format!(" (--special shows {specials})"),
@@ -538,7 +565,7 @@ pub fn head_grid(
         notes.push(format!(
             "each weight is renormalised over the words shown, as explain's bars are, after \
              {hidden} took the rest{shows}; * marks a head whose words got under {:.0}% of its \
-             attention (it is not named)",
+             attention (not named here)",
             100.0 * GRID_WORDS_SHARE
         ));
     }
@@ -553,13 +580,15 @@ pub fn head_grid(
         pair: maps.pair.clone(),
         focus,
         focus_is_default,
-        to: units[target].label.clone(),
+        to: to_label,
         weights,
         shares,
         hidden,
         even,
-        masked: causal && unseen(&units[target], &from),
+        masked,
+        only_word,
         standing_out,
+        parked,
         stand_out: heads,
         notes,
     })
@@ -592,35 +621,50 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
         for (head, w) in row.iter().enumerate() {
             let cell = format!("{w:>width$.decimals$}");
             let named = (grid.stand_out.iter()).any(|h| (h.layer, h.head) == (layer, head));
-            let star = match grid.shares[layer][head] < GRID_WORDS_SHARE {
-                true => '*',
-                false => ' ',
-            };
+            let starred = !grid.masked && grid.shares[layer][head] < GRID_WORDS_SHARE;
             out.push(' ');
             out.push_str(&match named {
                 true => bars::emphasised(&cell, style.colour),
                 false => cell,
             });
-            out.push(star);
+            out.push(if starred { '*' } else { ' ' });
         }
         out.truncate(out.trim_end_matches(' ').len());
         out.push('\n');
     }
     out.push('\n');
+    let even = format!("{:.decimals$}", grid.even);
+    let least = format!("{:.decimals$}", STANDS_OUT * grid.even);
     if grid.masked {
         out.push_str(&format!(
             "{:?} comes after {from}: the model is causal, so every head gives it 0 by the mask\n",
             grid.to
         ));
-    } else if grid.stand_out.is_empty() {
+    } else if grid.only_word {
         out.push_str(&format!(
-            "No head stands out: none gives {:?} {STANDS_OUT} × the {:.2} even attention would \
-             give it\n",
-            grid.to, grid.even
+            "{:?} is the only word shown that {from} sees: every head gives it all the weight \
+             shown\n",
+            grid.to
+        ));
+    } else if grid.stand_out.is_empty() {
+        let parked = match grid.parked {
+            0 => String::new(),
+            1 => "; one starred head does".to_string(),
+            n => format!("; {n} starred heads do"),
+        };
+        out.push_str(&format!(
+            "No head stands out: none gives {:?} {least} (1.5 × the {even} even attention would \
+             give it){parked}\n",
+            grid.to
         ));
     } else {
         let named: Vec<String> = (grid.stand_out.iter())
-            .map(|h| format!("layer {} head {} ({:.2})", h.layer, h.head, h.weight))
+            .map(|h| {
+                format!(
+                    "layer {} head {} ({:.decimals$})",
+                    h.layer, h.head, h.weight
+                )
+            })
             .collect();
         let which = match grid.standing_out {
             n if n > named.len() => format!("The {} heaviest of {n} heads give", named.len()),
@@ -628,9 +672,8 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
             n => format!("{n} heads give"),
         };
         out.push_str(&format!(
-            "{which} {:?} at least {STANDS_OUT} × the {:.2} of even attention: {}\n",
+            "{which} {:?} at least {least} ({STANDS_OUT} × the {even} of even attention): {}\n",
             grid.to,
-            grid.even,
             named.join(", ")
         ));
     }
@@ -765,8 +808,8 @@ fn find_focus(
     }
 }
 
-/// How many times an even share the heaviest word's weight must be for words to be named (as
-/// `lookup` names an entry at 1.5 times the next).
+/// How many times its even share (`Row::even`) a word's weight must be for the word to be named
+/// (as `lookup` names an entry at 1.5 times the next); `--to` names heads by the same rule.
 pub const STANDS_OUT: f32 = 1.5;
 
 /// The explanation as the notes print it: a header, one bar per word, the words the model
@@ -831,9 +874,16 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
                 1 => String::new(),
                 n => format!(" ({n} tokens)"),
             };
+            // As many decimals as the bars show.
+            let max = explanation
+                .rows
+                .iter()
+                .map(|r| r.weight)
+                .fold(0.0f32, f32::max);
+            let d = bars::decimals_for(max);
             out.push_str(&format!(
-                "\nNo word stands out{among}: the heaviest, {:?}{tokens}, weighs {:.2}, under \
-                 {STANDS_OUT} × the {:.2} even attention would give it\n",
+                "\nNo word stands out{among}: the heaviest, {:?}{tokens}, weighs {:.d$}, under \
+                 {STANDS_OUT} × the {:.d$} even attention would give it\n",
                 top.word, top.weight, top.even
             ));
         }

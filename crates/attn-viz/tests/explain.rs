@@ -721,12 +721,12 @@ fn the_head_grid_holds_what_explain_shows_for_each_head() {
     assert!(text.contains("  layer 1  0.12  0.80\n"), "{text}");
     assert!(
         text.contains(
-            "One head gives \"a\" at least 1.5 × the 0.33 of even attention: layer 1 head 1 (0.80)"
+            "One head gives \"a\" at least 0.50 (1.5 × the 0.33 of even attention): layer 1 head 1 (0.80)"
         ),
         "{text}"
     );
     assert!(
-        text.contains("* marks a head whose words got under 25%"),
+        text.contains("* marks a head whose words got under 25% of its attention (not named here)"),
         "{text}"
     );
     // "bc" has two of the three tokens: even attention gives it 2/3, and no head reaches 1.0.
@@ -754,4 +754,109 @@ fn the_head_grid_names_an_unknown_word_and_lists_the_words() {
     let err = head_grid(&grid_maps(), &options(Some("a")), "dog").unwrap_err();
     assert!(matches!(err, VizError::UnknownFocus { .. }), "{err:?}");
     assert!(err.to_string().contains("\"a\", \"bc\""), "{err}");
+}
+
+/// "a bc" of three tokens (a, b, ##c) without special tokens, one causal head, each query
+/// spreading its weight evenly over itself and the tokens before it.
+fn causal_a_bc() -> attn_viz::AttentionMaps {
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("##c", Some((3, 4)), 0),
+    ];
+    hand_maps("a bc", None, tokens, 1, 1, EVEN_CAUSAL_3.to_vec())
+}
+
+/// On a causal model each query token spreads even attention over the tokens it sees: from
+/// "bc", token b sees a and b (a 1/2, bc 1/2), token c sees all three (a 1/3, bc 2/3), so a
+/// gets (1/2 + 1/3)/2 = 5/12 and bc 7/12, which is what the even row itself gives.
+#[test]
+fn even_attention_on_a_causal_model_counts_the_tokens_each_query_sees() {
+    let e = run(&causal_a_bc(), &options(Some("bc")));
+    let even: Vec<f32> = e.rows.iter().map(|r| r.even).collect();
+    assert_close(&even, &[5.0 / 12.0, 7.0 / 12.0], 1e-6);
+    assert_close(&words_and_weights(&e).1, &even, 1e-6);
+    assert!(e.spread && e.focuses_on.is_empty());
+}
+
+#[test]
+fn the_head_grid_says_when_the_word_is_the_only_one_seen_or_masked() {
+    // "a" sees only itself: every head gives it everything, which names no head.
+    let grid = head_grid(&causal_a_bc(), &options(Some("a")), "a").unwrap();
+    assert!(grid.only_word && grid.stand_out.is_empty());
+    assert!(
+        render_grid(&grid, BarStyle::default())
+            .contains("\"a\" is the only word shown that \"a\" sees: every head gives it all")
+    );
+    // A causal question whose context comes after it: every weight is 0 by the mask, without
+    // stars or a note about renormalising (the question's own word took everything).
+    let tokens = vec![
+        tok("q", Some((0, 1)), 0),
+        tok("x", Some((0, 1)), 1),
+        tok("y", Some((2, 3)), 1),
+    ];
+    let maps = hand_maps("q", Some("x y"), tokens, 1, 1, EVEN_CAUSAL_3.to_vec());
+    let mut o = options(Some("q"));
+    o.question = true;
+    let grid = head_grid(&maps, &o, "x").unwrap();
+    assert!(grid.masked && grid.stand_out.is_empty());
+    let text = render_grid(&grid, BarStyle::default());
+    assert!(text.contains("every head gives it 0 by the mask"), "{text}");
+    assert!(
+        !text.contains('*') && !text.contains("renormalised"),
+        "{text}"
+    );
+}
+
+/// One layer of heads over [`maps`]'s tokens, "a"'s row in head h being `rows[h]` (the other
+/// rows even).
+fn heads_over_a_bc(rows: &[[f32; 5]]) -> attn_viz::AttentionMaps {
+    let mut w = Vec::new();
+    for row_of_a in rows {
+        for query in 0..5 {
+            w.extend(if query == 1 { *row_of_a } else { [0.2; 5] });
+        }
+    }
+    hand_maps("a bc", None, maps().tokens, 1, rows.len(), w)
+}
+
+#[test]
+fn the_head_grid_counts_the_heads_it_does_not_name() {
+    // Head 0 gives "a" .05 / .1 = .5 (1.5 × its even 1/3) but its words got a tenth of its
+    // attention: starred, and counted as such; head 1 is even (a .2/.6 = 1/3).
+    let maps = heads_over_a_bc(&[[0.85, 0.05, 0.04, 0.01, 0.05], [0.2; 5]]);
+    let grid = head_grid(&maps, &options(Some("a")), "a").unwrap();
+    assert_eq!((grid.standing_out, grid.parked), (0, 1));
+    let text = render_grid(&grid, BarStyle::default());
+    assert!(
+        text.contains(
+            "No head stands out: none gives \"a\" 0.50 (1.5 × the 0.33 even attention would give \
+             it); one starred head does"
+        ),
+        "{text}"
+    );
+    // Six heads giving "a" .8/.9: five are named, of six.
+    let maps = heads_over_a_bc(&[[0.1, 0.8, 0.05, 0.03, 0.02]; 6]);
+    let grid = head_grid(&maps, &options(Some("a")), "a").unwrap();
+    assert_eq!((grid.standing_out, grid.stand_out.len()), (6, 5));
+    let text = render_grid(&grid, BarStyle::default());
+    assert!(
+        text.contains("The 5 heaviest of 6 heads give \"a\" at least 0.50"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_head_grid_names_a_repeated_word_by_its_occurrence() {
+    // "a b a": --to a#2 is the second "a", and the table says so.
+    let tokens = vec![
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("a", Some((4, 5)), 0),
+    ];
+    let maps = hand_maps("a b a", None, tokens, 1, 1, [0.2, 0.3, 0.5].repeat(3));
+    let grid = head_grid(&maps, &options(Some("b")), "a#2").unwrap();
+    assert_eq!(grid.to, "a#2");
+    assert_close(&[grid.weights[0][0]], &[0.5], 1e-6);
+    assert!(render_grid(&grid, BarStyle::default()).starts_with("Attention from \"b\" to \"a#2\""));
 }

@@ -262,6 +262,36 @@ fn sdpa_fails_a_case_whose_expected_out_it_misses() {
     assert!(written.exists(), "the results are written all the same");
 }
 
+/// The gradients' check fails the command too: a case whose expected_dq is 1 off exits 1,
+/// naming dq.
+#[test]
+fn sdpa_fails_a_case_whose_expected_gradient_it_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    // dout [1, 1, 1, 2] of ones, then an expected_dq [1, 1, 1, 2] of 1 (the true dq is small:
+    // the scores differ by 0.09).
+    let data: Vec<u8> = [1.0f32, 1.0, 1.0, 1.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let header = ",\"dout\":{\"dtype\":\"F32\",\"shape\":[1,1,1,2],\"data_offsets\":[40,48]},\
+                  \"expected_dq\":{\"dtype\":\"F32\",\"shape\":[1,1,1,2],\"data_offsets\":[48,56]}";
+    let path = dir.path().join("grad.safetensors");
+    std::fs::write(&path, case_bytes(("F32", "[1,1,1,2]"), header, &data, "{}")).unwrap();
+    let written = dir.path().join("out.safetensors");
+    let args = [
+        "sdpa",
+        path.to_str().unwrap(),
+        "-o",
+        written.to_str().unwrap(),
+        "--backward",
+    ];
+    let output = attnscope(&args);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("max abs diff dq"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("dq past the tolerance"));
+    assert!(written.exists());
+}
+
 #[test]
 fn sdpa_rejects_each_bad_file_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -367,6 +397,22 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
             "{}",
         ),
         &["mask: shape [1, 1, 1, 3] does not broadcast to [1, 1, 1, 2]"],
+    );
+    // A float mask holding NaN is named by the file's name for it (it read "mask:float_mask").
+    let nan_mask: Vec<u8> = [0.0f32, f32::NAN]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    bad_case(
+        d,
+        "mask_nan",
+        &case_bytes(
+            ("F32", "[1,1,1,2]"),
+            &mask_header("F32", "[2]", 8),
+            &nan_mask,
+            "{}",
+        ),
+        &["mask holds a non-finite value (NaN) at flat index 1"],
     );
     bad_case(
         d,

@@ -50,8 +50,10 @@ pub struct Args {
     #[arg(long, value_name = "WORD")]
     pub focus: Option<String>,
     /// A word to look at: print the weight from --focus (or every word averaged) to it in
-    /// every layer and head, as a table, and name the heads that stand out: where a relation
-    /// between two words lives.
+    /// every layer and head, as a table, and name up to five heads that give it at least 1.5 ×
+    /// even attention: where a relation between two words lives. A head whose words shown got
+    /// under a quarter of its attention (the rest on [CLS]/[SEP], or the question's own words)
+    /// is starred and not named.
     #[arg(long, value_name = "WORD", conflicts_with_all = ["layer", "head", "rollout", "flow", "top"])]
     pub to: Option<String>,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.

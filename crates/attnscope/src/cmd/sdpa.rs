@@ -547,11 +547,21 @@ fn parse_metadata(raw: HashMap<String, String>) -> anyhow::Result<Metadata> {
     raw.into_iter()
         .map(|(k, v)| {
             let parsed = serde_json::from_str(&v).with_context(|| {
+                let stored = match v.is_empty() {
+                    true => "empty".to_string(),
+                    false => format!("{} (as stored, without quotes)", v.escape_debug()),
+                };
+                // Only the string-valued keys take a quoted value.
+                let hint = match k.as_str() {
+                    "causal" | "note" | "case" => format!(
+                        ", a string with its quotes ({})",
+                        serde_json::Value::String(v.clone())
+                    ),
+                    _ => String::new(),
+                };
                 format!(
-                    "metadata {k} is {} (as stored, without quotes), which is not JSON: each \
-                         value is JSON text, a number as 0.3, a string with its quotes ({})",
-                    v.escape_debug(),
-                    serde_json::Value::String(v.clone())
+                    "metadata {k} is {stored}, which is not JSON: each value is JSON text, a \
+                     number as 0.3{hint}"
                 )
             })?;
             Ok((k, parsed))
@@ -733,18 +743,15 @@ fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
 /// An option's error in the case file's words: the library names the masks `bool_mask` and
 /// `float_mask`, the file holds either as its tensor `mask`.
 fn named_as_in_the_case(err: AttnError) -> anyhow::Error {
-    let mask = match &err {
+    let tensor = match &err {
         AttnError::NotBroadcastable { tensor, .. }
         | AttnError::NonFinite { tensor, .. }
-        | AttnError::LengthMismatch { tensor, .. } => tensor.ends_with("_mask"),
-        _ => false,
+        | AttnError::LengthMismatch { tensor, .. } => Some(*tensor),
+        _ => None,
     };
-    if mask {
+    match tensor.filter(|t| t.ends_with("_mask")) {
         // "bool_mask: shape [..] does not broadcast …" as "mask: shape [..] …".
-        let message = err.to_string();
-        let (_, rest) = message.split_once(':').unwrap_or(("", &message));
-        anyhow::anyhow!("mask:{rest}")
-    } else {
-        err.into()
+        Some(tensor) => anyhow::anyhow!("{}", err.to_string().replacen(tensor, "mask", 1)),
+        None => err.into(),
     }
 }
