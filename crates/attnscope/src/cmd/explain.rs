@@ -120,19 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(to) = &args.to {
         let grid = head_grid(&maps, &options, to).map_err(crate::maps::name_the_flag)?;
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            serde_json::to_writer_pretty(&mut out, &grid).context("writing JSON")?;
-            writeln!(out)?;
-        } else {
-            let style = BarStyle {
-                colour: args.color.enabled(),
-                ..BarStyle::default()
-            };
-            out.write_all(render_grid(&grid, style).as_bytes())?;
-        }
-        out.flush()?;
-        return Ok(());
+        return print(&args, &grid, |style| render_grid(&grid, style));
     }
     let bar = if args.flow {
         progress_bar(0, "attention flow")
@@ -149,16 +137,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    print(&args, &explanation, |style| render(&explanation, style))
+}
+
+/// Prints `value` as JSON with `--json`, else as `text` renders it (in colour when asked).
+fn print(
+    args: &Args,
+    value: &impl serde::Serialize,
+    text: impl FnOnce(BarStyle) -> String,
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &explanation).context("writing JSON")?;
+        serde_json::to_writer_pretty(&mut out, value).context("writing JSON")?;
         writeln!(out)?;
     } else {
         let style = BarStyle {
             colour: args.color.enabled(),
             ..BarStyle::default()
         };
-        out.write_all(render(&explanation, style).as_bytes())?;
+        out.write_all(text(style).as_bytes())?;
     }
     out.flush()?;
     Ok(())
