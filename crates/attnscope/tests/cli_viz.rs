@@ -106,10 +106,11 @@ fn the_main_job_prints_one_bar_per_word() {
 /// is among them.
 #[test]
 fn the_head_table_holds_each_heads_bar_for_the_word() {
-    let grid: Value = serde_json::from_str(&ok(&[
+    let grids: Value = serde_json::from_str(&ok(&[
         "explain", MAIN_JOB, "--focus", "ran", "--to", "cat", "--json",
     ]))
     .unwrap();
+    let grid = &grids.as_array().unwrap()[0];
     let weights = grid["weights"].as_array().unwrap();
     assert_eq!(weights.len(), 6);
     for (layer, row) in weights.iter().enumerate() {
@@ -164,6 +165,24 @@ fn the_head_table_holds_each_heads_bar_for_the_word() {
         1,
         "no word \"dog\"",
     );
+    // Two words: a table each, in the order given; in JSON an array of two.
+    let two = ok(&[
+        "explain", MAIN_JOB, "--focus", "ran", "--to", "cat", "--to", "mouse",
+    ]);
+    let mouse = two.find("Attention from \"ran\" to \"mouse\"").unwrap();
+    assert!(
+        two.starts_with("Attention from \"ran\" to \"cat\""),
+        "{two}"
+    );
+    assert!(two[..mouse].ends_with("shows one head's bars\n\n"), "{two}");
+    let grids: Value = serde_json::from_str(&ok(&[
+        "explain", MAIN_JOB, "--focus", "ran", "--to", "cat", "--to", "mouse", "--json",
+    ]))
+    .unwrap();
+    let to: Vec<&str> = (grids.as_array().unwrap().iter())
+        .map(|g| g["to"].as_str().unwrap())
+        .collect();
+    assert_eq!(to, ["cat", "mouse"]);
 }
 
 #[test]

@@ -53,9 +53,10 @@ pub struct Args {
     /// every layer and head, as a table, and name up to five heads that give it at least 1.5 ×
     /// even attention: where a relation between two words lives. A head whose words shown got
     /// under a quarter of its attention (the rest on [CLS]/[SEP], or the question's own words)
-    /// is starred and not named.
+    /// is starred and not named. Give it again to compare words (`--to trophy --to suitcase`):
+    /// one table each (with --json, an array of them).
     #[arg(long, value_name = "WORD", conflicts_with_all = ["layer", "head", "rollout", "flow", "top"])]
-    pub to: Option<String>,
+    pub to: Vec<String>,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.
     #[arg(long, value_name = "L", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub layer: Option<usize>,
@@ -118,9 +119,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         across: args.across,
         top: args.top.map(|k| k as usize),
     };
-    if let Some(to) = &args.to {
-        let grid = head_grid(&maps, &options, to).map_err(crate::maps::name_the_flag)?;
-        return print(&args, &grid, |style| render_grid(&grid, style));
+    if !args.to.is_empty() {
+        let grids = (args.to.iter())
+            .map(|to| head_grid(&maps, &options, to).map_err(crate::maps::name_the_flag))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        return print(&args, &grids, |style| {
+            let tables: Vec<String> = grids.iter().map(|g| render_grid(g, style)).collect();
+            tables.join("\n")
+        });
     }
     let bar = if args.flow {
         progress_bar(0, "attention flow")
