@@ -292,6 +292,75 @@ fn sdpa_fails_a_case_whose_expected_gradient_it_misses() {
     assert!(written.exists());
 }
 
+/// The hand-made case with q, k and v stored as BF16 (their values are exact in bf16): the bf16
+/// kernels run, within the default 1/64 of the float64 result; q, k and v of mixed dtypes and
+/// `--backward` on BF16 are refused, naming why.
+#[test]
+fn sdpa_runs_a_bf16_case_on_the_bf16_kernels() {
+    let s0 = 0.25f64 * 0.25 / 2f64.sqrt();
+    let s1 = 0.25f64 * 0.75 / 2f64.sqrt();
+    let w0 = s0.exp() / (s0.exp() + s1.exp());
+    let out = [w0 + 1.5 * (1.0 - w0), 1.25 * w0 + 1.75 * (1.0 - w0)];
+    // bf16 keeps the high half of an f32's bits.
+    let halves = |xs: &[f32]| -> Vec<u8> {
+        (xs.iter())
+            .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
+            .collect()
+    };
+    let case = |k_dtype: &str| {
+        let k_len = if k_dtype == "BF16" { 8 } else { 16 };
+        let header = format!(
+            "{{\"q\":{{\"dtype\":\"BF16\",\"shape\":[1,1,1,2],\"data_offsets\":[0,4]}},\
+             \"k\":{{\"dtype\":\"{k_dtype}\",\"shape\":[1,1,2,2],\"data_offsets\":[4,{}]}},\
+             \"v\":{{\"dtype\":\"BF16\",\"shape\":[1,1,2,2],\"data_offsets\":[{},{}]}},\
+             \"expected_out\":{{\"dtype\":\"F32\",\"shape\":[1,1,1,2],\"data_offsets\":[{},{}]}}}}",
+            4 + k_len,
+            4 + k_len,
+            12 + k_len,
+            12 + k_len,
+            20 + k_len
+        );
+        let keys = [0.0f32, 0.25, 0.5, 0.75];
+        let mut data = halves(&[0.0, 0.25]);
+        data.extend(match k_dtype {
+            "BF16" => halves(&keys),
+            _ => keys.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        });
+        data.extend(halves(&[1.0, 1.25, 1.5, 1.75]));
+        data.extend(out.iter().flat_map(|&x| (x as f32).to_le_bytes()));
+        st_bytes(&header, &data)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bf16.safetensors");
+    std::fs::write(&path, case("BF16")).unwrap();
+    let written = dir.path().join("out.safetensors");
+    let (p, w) = (path.to_str().unwrap(), written.to_str().unwrap());
+    let stdout = ok(&["sdpa", p, "-o", w]);
+    assert!(
+        stdout.contains("tolerance 1.5625e-2") && stdout.contains(": ok"),
+        "{stdout}"
+    );
+    let (results, _) = read_f32s(&written);
+    let (_, _, got) = results.iter().find(|(n, _, _)| n == "out").unwrap();
+    // P rounded to bf16 moves the output by at most 2^-8 of the largest value.
+    for (g, e) in got.iter().zip(out) {
+        assert!(
+            (f64::from(*g) - e).abs() <= 1.75 / 256.0,
+            "{got:?} against {out:?}"
+        );
+    }
+    fails_with(
+        &["sdpa", p, "-o", w, "--backward"],
+        &["--backward takes F32 cases"],
+    );
+    let mixed = dir.path().join("mixed.safetensors");
+    std::fs::write(&mixed, case("F32")).unwrap();
+    fails_with(
+        &["sdpa", mixed.to_str().unwrap(), "-o", w],
+        &["q is BF16 but k is F32: q, k and v share one dtype"],
+    );
+}
+
 #[test]
 fn sdpa_rejects_each_bad_file_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail, ensure};
 use attn_core::{
-    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
-    Grads, KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_backward,
-    sdpa_backward_reference, sdpa_reference,
+    AttnError, AttnInput, AttnInputBf16, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal,
+    Dropout, FloatMask, Grads, KeyPadding, Weights, WeightsRequest, Window, bf16, sdpa,
+    sdpa_backward, sdpa_backward_reference, sdpa_bf16, sdpa_reference,
 };
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -21,7 +21,8 @@ use serde_json::Value;
 
 #[derive(clap::Args)]
 #[command(after_help = "\
-Tensors (F32 unless said otherwise):
+Tensors (F32, or BF16: q, k and v all BF16 run the bf16 kernels, with f32 results; any other
+BF16 tensor is widened):
   q [batch, n_heads, seq_q, head_dim]     k [batch, n_kv_heads, seq_kv, head_dim]
   v [batch, n_kv_heads, seq_kv, value_dim]
   mask (optional, BOOL: true = may attend, or F32: added to the scores), broadcastable to
@@ -44,7 +45,8 @@ of the sum of exp over the scores a query sees, after scale, softcap, ALiBi and 
 (before dropout), and with --backward dq, dk, dv (the shapes of q, k, v: gradients of sum(out *
 dout), summed over the query heads sharing a key/value head).
 Each expected_* tensor is compared, and a result past its tolerance (|got - expected| / max(1,
-|expected|) over the metadata's tolerance, default 1e-5; lse 1e-4; gradients 1e-4 absolute) makes
+|expected|) over the metadata's tolerance, default 1e-5, 1/64 for BF16 cases; lse 1e-4, or the
+tolerance for BF16 cases; gradients 1e-4 absolute; --backward takes F32 cases only) makes
 the command fail with exit code 1 after writing OUT.")]
 pub struct Args {
     /// The attention call to run (a .safetensors file).
@@ -55,7 +57,8 @@ pub struct Args {
     /// Also write the attention weights.
     #[arg(long)]
     weights: bool,
-    /// Run the plain reference twin instead of the fast path.
+    /// Run the plain reference twin instead of the fast path (for a BF16 case, in f32 on the
+    /// BF16 values).
     #[arg(long)]
     reference: bool,
     /// Also compute the gradients of q, k and v for the case's dout; write dq, dk, dv.
@@ -99,6 +102,11 @@ const KNOWN_TENSORS: &[&str] = &[
 /// The gradients' tolerance: the `shared/golden/grad` files' 1e-4, absolute.
 const GRAD_TOLERANCE: f64 = 1e-4;
 
+/// The default tolerance of a BF16 case's `expected_out` and `expected_weights`: about two
+/// bf16 roundings (2^-6), as P is rounded to bf16 here and the output too in PyTorch's bf16
+/// call.
+const BF16_TOLERANCE: f32 = 1.0 / 64.0;
+
 /// The case file, mapped: only the tensors it names are read, so a huge or sparse file costs
 /// what its header declares, and a device (`/dev/zero`) or a pipe, which could be read forever,
 /// is refused.
@@ -123,10 +131,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let input = AttnInput::new(&case.q.data, &case.k.data, &case.v.data, case.shape)
         .with_context(|| format!("{}", args.case.display()))?;
-    let result = if args.reference {
-        sdpa_reference(&input, &options)
-    } else {
-        sdpa(&input, &options)
+    let result = match (args.reference, case.bf16) {
+        (true, _) => sdpa_reference(&input, &options),
+        (false, false) => sdpa(&input, &options),
+        (false, true) => {
+            // The widened values are bf16 values: narrowing them back is exact.
+            let narrow = |t: &F32Tensor| -> Vec<bf16> {
+                t.data.iter().map(|&x| bf16::from_f32(x)).collect()
+            };
+            let (q, k, v) = (narrow(&case.q), narrow(&case.k), narrow(&case.v));
+            AttnInputBf16::new(&q, &k, &v, case.shape).and_then(|input| sdpa_bf16(&input, &options))
+        }
     }
     .with_context(|| format!("{}", args.case.display()))?;
     let grads = match &case.backward {
@@ -193,15 +208,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A tensor read from the case: its dims and f32 values.
+/// A tensor read from the case: its dims and f32 values (BF16 widened, exactly).
 struct F32Tensor {
     dims: Vec<usize>,
     data: Vec<f32>,
+    /// Whether the file stores it as BF16.
+    bf16: bool,
 }
 
 /// A validated case: the inputs, the options and what to compare with.
 struct Case {
     shape: AttnShape,
+    /// q, k and v are BF16: the bf16 kernels run.
+    bf16: bool,
     q: F32Tensor,
     k: F32Tensor,
     v: F32Tensor,
@@ -242,6 +261,22 @@ impl Case {
         let q = read_f32(&st, "q", Some("[batch, n_heads, seq_q, head_dim]"))?;
         let k = read_f32(&st, "k", Some("[batch, n_kv_heads, seq_kv, head_dim]"))?;
         let v = read_f32(&st, "v", Some("[batch, n_kv_heads, seq_kv, value_dim]"))?;
+        let is_bf16 = q.bf16;
+        for t in [("k", &k), ("v", &v)] {
+            ensure!(
+                t.1.bf16 == is_bf16,
+                "q is {} but {} is {}: q, k and v share one dtype (F32, or BF16 for the bf16 \
+                 kernels)",
+                if is_bf16 { "BF16" } else { "F32" },
+                t.0,
+                if t.1.bf16 { "BF16" } else { "F32" }
+            );
+        }
+        ensure!(
+            !(is_bf16 && backward),
+            "--backward takes F32 cases: the backward pass has no bf16 kernels (save q, k and v \
+             as float32)"
+        );
         let (qd, kd, vd) = (&q.dims, &k.dims, &v.dims);
         ensure!(
             kd[0] == qd[0] && kd[3] == qd[3],
@@ -364,12 +399,15 @@ impl Case {
         } else {
             None
         };
-        let tolerance = meta.f32("tolerance")?.unwrap_or(1e-5);
+        // bf16 rounds P and, on PyTorch's side, the output to 8 bits.
+        let tolerance =
+            (meta.f32("tolerance")?).unwrap_or(if is_bf16 { BF16_TOLERANCE } else { 1e-5 });
         ensure!(
             tolerance.is_finite() && tolerance >= 0.0,
             "metadata tolerance is {tolerance}; it must be a finite number ≥ 0"
         );
         Ok(Case {
+            bf16: is_bf16,
             backward,
             expected_out: expected("expected_out", shape.out_dims().to_vec())?,
             expected_lse: expected("expected_lse", shape.out_dims()[..3].to_vec())?,
@@ -390,9 +428,10 @@ fn read_f32(st: &SafeTensors<'_>, name: &str, rank4: Option<&str>) -> anyhow::Re
         Some(dims) => anyhow::anyhow!("missing tensor {name} {dims}"),
         None => anyhow::anyhow!("missing tensor {name}"),
     })?;
+    let is_bf16 = view.dtype() == Dtype::BF16;
     ensure!(
-        view.dtype() == Dtype::F32,
-        "{name} has dtype {}; expected F32 (save it as float32)",
+        view.dtype() == Dtype::F32 || is_bf16,
+        "{name} has dtype {}; expected F32 or BF16 (save it as float32)",
         view.dtype()
     );
     let dims = view.shape().to_vec();
@@ -402,12 +441,19 @@ fn read_f32(st: &SafeTensors<'_>, name: &str, rank4: Option<&str>) -> anyhow::Re
             "{name} has shape {dims:?}; expected 4 dims {want}"
         );
     }
-    let data = view
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    Ok(F32Tensor { dims, data })
+    let data = match is_bf16 {
+        true => (view.data().chunks_exact(2))
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        false => (view.data().chunks_exact(4))
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    };
+    Ok(F32Tensor {
+        dims,
+        data,
+        bf16: is_bf16,
+    })
 }
 
 fn read_bool(st: &SafeTensors<'_>, name: &str) -> anyhow::Result<(Vec<usize>, Vec<bool>)> {
@@ -618,7 +664,11 @@ fn report_differences(
             "lse",
             case.expected_lse.as_ref(),
             Some(&result.lse[..]),
-            1e-4,
+            if case.bf16 {
+                case.tolerance.max(1e-4)
+            } else {
+                1e-4
+            },
         ),
         (
             "weights",
