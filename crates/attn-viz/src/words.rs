@@ -200,12 +200,22 @@ fn blank(maps: &AttentionMaps, t: usize) -> bool {
     }
 }
 
-/// Every token a unit of its own, labelled as the tokenizer writes it.
+/// Every token a unit of its own, labelled as the tokenizer writes it, except that a
+/// byte-level BPE token's bytes read as text ([`token_label`]: `Ã©` is "é", a byte that
+/// completes no character `<0xC3>`), with its leading spaces kept as the tokenizer's `Ġ`
+/// ("Ġcat"), which a padded label would hide.
 pub fn tokens(maps: &AttentionMaps) -> Vec<Unit> {
     maps.tokens
         .iter()
         .enumerate()
-        .map(|(index, token)| raw_unit(index, token))
+        .map(|(index, token)| {
+            let mut unit = raw_unit(index, token);
+            if let Ok(label) = token_label(maps, index) {
+                let text = label.trim_start_matches(' ');
+                unit.label = "Ġ".repeat(label.len() - text.len()) + text;
+            }
+            unit
+        })
         .collect()
 }
 

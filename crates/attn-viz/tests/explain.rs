@@ -860,3 +860,21 @@ fn the_head_grid_names_a_repeated_word_by_its_occurrence() {
     assert_close(&[grid.weights[0][0]], &[0.5], 1e-6);
     assert!(render_grid(&grid, BarStyle::default()).starts_with("Attention from \"b\" to \"a#2\""));
 }
+
+/// Raw GPT-2 tokens read as the bytes they stand for, the leading space kept as `Ġ`: "é é" as
+/// "Ã©" (the whole "é"), "ĠÃ" (a space and the first byte of the second "é") and "©" (its
+/// second byte). They read "Ã©", "ĠÃ" and "©", letters that are not in the text.
+#[test]
+fn raw_byte_level_tokens_read_as_their_bytes() {
+    let tokens = vec![
+        tok("Ã©", Some((0, 2)), 0),
+        tok("ĠÃ", Some((2, 5)), 0),
+        tok("©", Some((3, 5)), 0),
+    ];
+    let maps = hand_maps("é é", None, tokens, 1, 1, [0.5, 0.25, 0.25].repeat(3));
+    let mut o = options(Some("é"));
+    o.level = Level::Tokens;
+    let e = run(&maps, &o);
+    assert_eq!(words_and_weights(&e).0, ["é", "Ġ<0xC3>", "<0xA9>"]);
+    assert_eq!(e.focus, "é");
+}
