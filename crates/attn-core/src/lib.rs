@@ -21,8 +21,8 @@
 //! ```
 //! use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest, sdpa, sdpa_reference};
 //!
-//! // One sequence, 2 heads, 4 tokens, head_dim 8 (`.with_kv_heads(1)` would share one
-//! // key/value head between them).
+//! // One sequence, 2 heads, 4 tokens, head_dim 8 (with `.with_kv_heads(1)` and k, v of one
+//! // head each, 32 values, the two heads would share one key/value head).
 //! let shape = AttnShape::new(1, 2, 4, 4, 8);
 //! let q: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
 //! let k: Vec<f32> = (0..64).map(|i| (i as f32 * 0.11).cos()).collect();

@@ -749,7 +749,7 @@ fn heatmaps_say_what_they_leave_out() {
         &svg[..1500]
     );
     let hidden = svg
-        .split("[CLS]/[SEP] hidden (")
+        .split("[CLS]/[SEP] hidden (they took ")
         .nth(1)
         .and_then(|rest| rest.split('%').next())
         .and_then(|share| share.parse::<f32>().ok())

@@ -114,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (true, _) => String::new(),
         (false, None) => format!(", {specials} hidden, rows renormalised"),
         (false, Some(merged)) => format!(
-            ", {specials} hidden ({:.0}% of the attention shown), rows renormalised",
+            ", {specials} hidden (they took {:.0}%), rows renormalised",
             100.0 * view.hidden_share(merged)
         ),
     };
