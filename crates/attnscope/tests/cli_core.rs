@@ -201,11 +201,20 @@ fn bad_case(dir: &Path, name: &str, bytes: &[u8], needles: &[&str]) {
     assert!(!out.exists(), "{name}: no output is written for a bad case");
 }
 
+/// The hand-made case's weights and output, in float64: q = [0, 0.25]; k rows [0, 0.25] and
+/// [0.5, 0.75]; scale 1/√2, so the scores are 0.25·0.25/√2 = 0.0442 and 0.25·0.75/√2 = 0.1326
+/// and the weights 0.4779, 0.5221; v rows [1, 1.25] and [1.5, 1.75].
+fn hand_made_result() -> ([f64; 2], [f64; 2]) {
+    let s0 = 0.25f64 * 0.25 / 2f64.sqrt();
+    let s1 = 0.25f64 * 0.75 / 2f64.sqrt();
+    let w0 = s0.exp() / (s0.exp() + s1.exp());
+    let out = [w0 + 1.5 * (1.0 - w0), 1.25 * w0 + 1.75 * (1.0 - w0)];
+    ([w0, 1.0 - w0], out)
+}
+
 #[test]
 fn sdpa_accepts_the_hand_made_case() {
     // The helper's valid case runs, so each bad case below fails for its own reason.
-    // q = [0, 0.25]; k rows [0, 0.25] and [0.5, 0.75]; scale 1/√2.
-    // scores: 0.25·0.25/√2 = 0.0442 and 0.25·0.75/√2 = 0.1326; softmax → 0.4779, 0.5221.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ok.safetensors");
     std::fs::write(&path, valid_case()).unwrap();
@@ -219,21 +228,15 @@ fn sdpa_accepts_the_hand_made_case() {
     ]);
     let (written, _) = read_f32s(&out);
     let (_, _, w) = written.iter().find(|(n, _, _)| n == "weights").unwrap();
-    let s0 = 0.25f64 * 0.25 / 2f64.sqrt();
-    let s1 = 0.25f64 * 0.75 / 2f64.sqrt();
-    let w0 = (s0.exp() / (s0.exp() + s1.exp())) as f32;
-    assert!((w[0] - w0).abs() < 1e-6 && (w[1] - (1.0 - w0)).abs() < 1e-6);
+    let (weights, _) = hand_made_result();
+    assert!((0..2).all(|j| (f64::from(w[j]) - weights[j]).abs() < 1e-6));
 }
 
 /// A case whose `expected_out` the result misses fails with exit code 1, after writing OUT and
 /// printing the difference; one it matches succeeds. A miss printed "OVER" and exited 0.
 #[test]
 fn sdpa_fails_a_case_whose_expected_out_it_misses() {
-    // The hand-made case's weights (see above) on v rows [1, 1.25] and [1.5, 1.75].
-    let s0 = 0.25f64 * 0.25 / 2f64.sqrt();
-    let s1 = 0.25f64 * 0.75 / 2f64.sqrt();
-    let w0 = s0.exp() / (s0.exp() + s1.exp());
-    let out = [w0 + 1.5 * (1.0 - w0), 1.25 * w0 + 1.75 * (1.0 - w0)];
+    let (_, out) = hand_made_result();
     let dir = tempfile::tempdir().unwrap();
     let run = |shift: f64| {
         let data: Vec<u8> = (out.iter())
@@ -297,10 +300,7 @@ fn sdpa_fails_a_case_whose_expected_gradient_it_misses() {
 /// `--backward` on BF16 are refused, naming why.
 #[test]
 fn sdpa_runs_a_bf16_case_on_the_bf16_kernels() {
-    let s0 = 0.25f64 * 0.25 / 2f64.sqrt();
-    let s1 = 0.25f64 * 0.75 / 2f64.sqrt();
-    let w0 = s0.exp() / (s0.exp() + s1.exp());
-    let out = [w0 + 1.5 * (1.0 - w0), 1.25 * w0 + 1.75 * (1.0 - w0)];
+    let (_, out) = hand_made_result();
     // bf16 keeps the high half of an f32's bits.
     let halves = |xs: &[f32]| -> Vec<u8> {
         (xs.iter())
