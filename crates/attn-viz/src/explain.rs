@@ -510,8 +510,9 @@ pub fn head_grid(
     for layer in 0..maps.n_layers {
         let (mut weight_row, mut share_row) = (Vec::new(), Vec::new());
         for head in 0..maps.n_heads {
-            let matrix = select(maps, Selection::Head { layer, head })?;
-            let unit_row = row_to_units(&weighted_rows(&matrix, &from, t), &units);
+            // The maps were checked once by `layout`: `select` would check them again per head.
+            let matrix = maps.head(layer, head)?;
+            let unit_row = row_to_units(&weighted_rows(matrix, &from, t), &units);
             let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
             let total: f32 = unit_row.iter().sum();
             weight_row.push(renormalised(&raw)[k]);
