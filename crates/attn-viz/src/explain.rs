@@ -208,17 +208,7 @@ pub fn explain(
              they are scaled to sum to 1 {over}"
         )),
         Method::Attention { .. } if hidden_share > 0.0005 => {
-            // The special tokens the view hides: none with --special.
-            let specials = match options.special {
-                true => String::new(),
-                false => words::special_labels(&units),
-            };
-            let what = hidden_what(options, &specials);
-            let shows = if specials.is_empty() {
-                String::new()
-            } else {
-                format!(" (--special shows {specials})")
-            };
+            let (what, shows) = hidden_and_hint(options, &units);
             notes.push(if raw.iter().sum::<f32>() > 0.0 {
                 format!(
                     "{what} took {:.0}% of this attention; the weights shown are renormalised to \
@@ -547,22 +537,14 @@ pub fn head_grid(
     let standing_out = heads.len();
     let parked = reaching.len() - standing_out;
     heads.truncate(GRID_NAMED);
-    // The special tokens the view hides: none with --special.
-    let specials = match options.special {
-        true => String::new(),
-        false => words::special_labels(&units),
-    };
     let any_hidden = shares.iter().flatten().any(|&s| s < 0.9995);
+    let (what, shows) = hidden_and_hint(options, &units);
     let hidden = match any_hidden {
-        true => hidden_what(options, &specials),
+        true => what,
         false => String::new(),
     };
     // Under the mask every weight is 0: nothing was renormalised.
     if any_hidden && !masked {
-        let shows = match specials.is_empty() {
-            true => String::new(),
-            false => format!(" (--special shows {specials})"),
-        };
         notes.push(format!(
             "each weight is renormalised over the words shown, as explain's bars are, after \
              {hidden} took the rest{shows}; * marks a head whose words got under {:.0}% of its \
@@ -654,8 +636,8 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
             n => format!("; {n} starred heads do"),
         };
         out.push_str(&format!(
-            "No head stands out: none gives {:?} {least} (1.5 × the {even} even attention would \
-             give it){parked}\n",
+            "No head stands out: none gives {:?} {least} ({STANDS_OUT} × the {even} even attention \
+             would give it){parked}\n",
             grid.to
         ));
     } else {
@@ -683,6 +665,21 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
         out.push('\n');
     }
     out
+}
+
+/// What the words shown leave out, in words ([`hidden_what`]), and the hint that shows the
+/// special tokens among them (`" (--special shows [CLS]/[SEP])"`; empty with `--special`).
+fn hidden_and_hint(options: &ExplainOptions, units: &[Unit]) -> (String, String) {
+    // The special tokens the view hides: none with --special.
+    let specials = match options.special {
+        true => String::new(),
+        false => words::special_labels(units),
+    };
+    let hint = match specials.is_empty() {
+        true => String::new(),
+        false => format!(" (--special shows {specials})"),
+    };
+    (hidden_what(options, &specials), hint)
 }
 
 /// What took the hidden share: the focus's own text (question and `across` views) and the
