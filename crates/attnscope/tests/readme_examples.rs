@@ -4,8 +4,9 @@
 //! second prints is what the model gives, and each `$ attnscope …` block shows what that
 //! command prints.
 
+mod cli_support;
+
 use std::path::Path;
-use std::process::Command;
 
 use attn_models::fetch::default_model_dir;
 use attn_models::{Model, RunOptions};
@@ -125,7 +126,7 @@ fn words(line: &str) -> Vec<String> {
 }
 
 /// Every README block that starts with `$ attnscope …` (a line ending in `\\` goes on) shows,
-/// line for line, what that command prints (colour off, the default model).
+/// line for line, what that command prints (piped, so without colour; the default model).
 #[test]
 fn the_readme_command_examples_print_what_the_readme_shows() {
     let readme = read("README.md");
@@ -140,18 +141,8 @@ fn the_readme_command_examples_print_what_the_readme_shows() {
             line = head.to_string() + rest.next().expect("a continued line").trim_start();
         }
         let args = words(&line);
-        let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
-            .args(&args)
-            .env("NO_COLOR", "1")
-            .env_remove("ATTNSCOPE_MODEL")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let printed = String::from_utf8(out.stdout).unwrap();
+        // Piped, the output has no colour.
+        let printed = cli_support::ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let shown: Vec<&str> = rest.map(String::as_str).collect();
         assert_eq!(printed.lines().collect::<Vec<_>>(), shown, "{args:?}");
         checked += 1;

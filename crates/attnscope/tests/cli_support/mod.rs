@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 /// `shared/golden/tiny-gpt2`, next to the repository.
+#[allow(dead_code)] // not every test file runs each helper
 pub fn tiny_gpt2() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -14,6 +15,7 @@ pub fn tiny_gpt2() -> PathBuf {
 }
 
 /// Runs the binary with `args`, ignoring any `ATTNSCOPE_MODEL` of the caller's environment.
+#[allow(dead_code)] // not every test file runs each helper
 pub fn attnscope(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_attnscope"))
         .args(args)
@@ -35,6 +37,7 @@ pub fn ok(args: &[&str]) -> String {
 
 /// Runs a command that must fail with exit code 1, without a panic, and a message containing
 /// `needle`; returns the message.
+#[allow(dead_code)] // not every test file runs each helper
 pub fn fails_with(args: &[&str], needle: &str) -> String {
     let out = attnscope(args);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
