@@ -91,6 +91,10 @@ pub enum VizError {
         "a view across a sentence pair (--across) needs two texts (TEXT and --pair TEXT), and this input is one text"
     )]
     NoPair,
+    #[error(
+        "the two grids differ in their {what}: a comparison needs grids of one model, text and focus"
+    )]
+    GridsDiffer { what: &'static str },
     #[error("nothing to show: {what}")]
     NothingToShow { what: String },
     #[error("attention flow is limited to {max} tokens; this input has {seq_len}")]

@@ -667,6 +667,205 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
     out
 }
 
+/// Which of two words each head gives more, from the focus's [`HeadGrid`]s for them
+/// ([`compare_grids`]): does "it" look at "trophy" or at "suitcase", and in which heads?
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GridComparison {
+    pub model: String,
+    /// The word looked from, as the grids give it.
+    pub focus: String,
+    /// Whether `focus` was picked because none was asked for.
+    pub focus_is_default: bool,
+    /// The two words, as their grids name them.
+    pub words: [String; 2],
+    /// `[n_layers][n_heads]`: the weight to the first word minus the weight to the second.
+    pub difference: Vec<Vec<f32>>,
+    /// `[n_layers][n_heads]`: whether the words shown got under [`GRID_WORDS_SHARE`] of the
+    /// head's attention (such a head prefers neither word here).
+    pub starred: Vec<Vec<bool>>,
+    /// For each word, how many heads prefer it: they give it at least [`STANDS_OUT`] times
+    /// what they give the other word, and at least [`STANDS_OUT`] times its even share.
+    pub preferring: [usize; 2],
+    /// For each word, the heads that prefer it by the widest gaps, widest first (at most
+    /// five).
+    pub prefer: [Vec<Preference>; 2],
+    /// The even share of each word (as in its grid).
+    pub even: [f32; 2],
+}
+
+/// A head that prefers one word of a [`GridComparison`].
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Preference {
+    pub layer: usize,
+    pub head: usize,
+    /// The head's weights to the comparison's two words, in its `words`' order.
+    pub weights: [f32; 2],
+}
+
+/// Compares the grids of one focus for two words head by head (`explain --to A --to B`).
+/// The grids must come from the same maps and focus.
+pub fn compare_grids(a: &HeadGrid, b: &HeadGrid) -> Result<GridComparison, VizError> {
+    let differs = [
+        ("model", a.model != b.model),
+        ("text", (&a.text, &a.pair) != (&b.text, &b.pair)),
+        ("focus", a.focus != b.focus),
+        ("layers and heads", !same_shape(&a.weights, &b.weights)),
+    ];
+    if let Some(&(what, _)) = differs.iter().find(|(_, d)| *d) {
+        return Err(VizError::GridsDiffer { what });
+    }
+    let grids = [a, b];
+    let starred: Vec<Vec<bool>> = (a.shares.iter())
+        .map(|row| row.iter().map(|&s| s < GRID_WORDS_SHARE).collect())
+        .collect();
+    let mut prefer: [Vec<Preference>; 2] = [Vec::new(), Vec::new()];
+    for (layer, row) in starred.iter().enumerate() {
+        for (head, &starred) in row.iter().enumerate() {
+            let weights = [a.weights[layer][head], b.weights[layer][head]];
+            for (x, y) in [(0, 1), (1, 0)] {
+                let stands_out = weights[x] > 0.0 && weights[x] >= STANDS_OUT * grids[x].even;
+                if !starred && stands_out && weights[x] >= STANDS_OUT * weights[y] {
+                    prefer[x].push(Preference {
+                        layer,
+                        head,
+                        weights,
+                    });
+                }
+            }
+        }
+    }
+    let preferring = [prefer[0].len(), prefer[1].len()];
+    for (x, heads) in prefer.iter_mut().enumerate() {
+        let gap = |p: &Preference| p.weights[x] - p.weights[1 - x];
+        heads.sort_by(|p, q| gap(q).total_cmp(&gap(p)));
+        heads.truncate(GRID_NAMED);
+    }
+    let difference = (a.weights.iter().zip(&b.weights))
+        .map(|(ra, rb)| ra.iter().zip(rb).map(|(wa, wb)| wa - wb).collect())
+        .collect();
+    Ok(GridComparison {
+        model: a.model.clone(),
+        focus: a.focus.clone(),
+        focus_is_default: a.focus_is_default,
+        words: [a.to.clone(), b.to.clone()],
+        difference,
+        starred,
+        preferring,
+        prefer,
+        even: [a.even, b.even],
+    })
+}
+
+/// Whether two `[n_layers][n_heads]` tables have the same shape.
+fn same_shape(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.len() == y.len())
+}
+
+/// The comparison as a table of differences (first word minus second), the heads that prefer
+/// each word emphasised and named below, the heads whose words got little of their attention
+/// starred.
+pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
+    let from = match c.focus_is_default {
+        true => c.focus.clone(),
+        false => format!("{:?}", c.focus),
+    };
+    let [first, second] = &c.words;
+    let mut out = format!(
+        "{first:?} against {second:?} from {from}: the weight to {first:?} minus the weight to \
+         {second:?} in each layer and head — {}:\n",
+        c.model
+    );
+    let max = (c.prefer.iter().flatten())
+        .flat_map(|p| p.weights)
+        .chain(c.difference.iter().flatten().map(|d| d.abs()))
+        .fold(0.0f32, f32::max);
+    let decimals = bars::decimals_for(max);
+    let width = decimals + 3;
+    let n_heads = c.difference.first().map_or(0, Vec::len);
+    let label = |layer: usize| format!("  layer {layer:<2}");
+    out.push_str(&format!("{:<w$}", "  head", w = label(0).len()));
+    for head in 0..n_heads {
+        out.push_str(&format!(" {head:>width$} "));
+    }
+    out.truncate(out.trim_end_matches(' ').len());
+    out.push('\n');
+    for (layer, row) in c.difference.iter().enumerate() {
+        out.push_str(&label(layer));
+        for (head, d) in row.iter().enumerate() {
+            // No "-0.00": a gap that rounds to nothing shows no sign of one.
+            let d = if format!("{:.decimals$}", d.abs()) == format!("{:.decimals$}", 0.0) {
+                0.0
+            } else {
+                *d
+            };
+            let cell = format!("{d:>+width$.decimals$}");
+            let named = (c.prefer.iter().flatten()).any(|p| (p.layer, p.head) == (layer, head));
+            out.push(' ');
+            out.push_str(&match named {
+                true => bars::emphasised(&cell, style.colour),
+                false => cell,
+            });
+            out.push(if c.starred[layer][head] { '*' } else { ' ' });
+        }
+        out.truncate(out.trim_end_matches(' ').len());
+        out.push('\n');
+    }
+    out.push('\n');
+    for (x, word) in c.words.iter().enumerate() {
+        let other = &c.words[1 - x];
+        let least = format!("{:.decimals$}", STANDS_OUT * c.even[x]);
+        let even = format!("{:.decimals$}", c.even[x]);
+        let rule = format!(
+            "at least {STANDS_OUT} × what it gives {other:?}, and at least {least}: {STANDS_OUT} × \
+             the {even} of even attention"
+        );
+        let heads = &c.prefer[x];
+        if heads.is_empty() {
+            out.push_str(&format!("No head prefers {word:?}: none gives it {rule}\n"));
+            continue;
+        }
+        let named: Vec<String> = (heads.iter())
+            .map(|p| {
+                format!(
+                    "layer {} head {} ({:.decimals$} against {:.decimals$})",
+                    p.layer,
+                    p.head,
+                    p.weights[x],
+                    p.weights[1 - x]
+                )
+            })
+            .collect();
+        let (which, each) = match c.preferring[x] {
+            1 => ("One head prefers".to_string(), "it"),
+            n => (format!("{n} heads prefer"), "each"),
+        };
+        let widest = match c.preferring[x] > heads.len() {
+            true => format!("; the {} widest gaps", heads.len()),
+            false => String::new(),
+        };
+        out.push_str(&format!(
+            "{which} {word:?} ({each} gives it {rule}){widest}: {}\n",
+            named.join(", ")
+        ));
+    }
+    let notes = [
+        format!(
+            "* marks a head whose words got under {:.0}% of its attention (counted for neither \
+             word)",
+            100.0 * GRID_WORDS_SHARE
+        ),
+        "a head's preference says where it looks, not which word the model took the focus to \
+         mean"
+            .to_string(),
+    ];
+    let starred = c.starred.iter().flatten().any(|&s| s);
+    for note in notes.iter().skip(usize::from(!starred)) {
+        out.push_str(&bars::dim(&format!("note: {note}"), style.colour));
+        out.push('\n');
+    }
+    out
+}
+
 /// What the words shown leave out, in words ([`hidden_what`]), and the hint that shows the
 /// special tokens among them (`" (--special shows [CLS]/[SEP])"`; empty with `--special`).
 fn hidden_and_hint(options: &ExplainOptions, units: &[Unit]) -> (String, String) {

@@ -6,7 +6,8 @@ mod common;
 use attn_viz::VizError;
 use attn_viz::bars::BarStyle;
 use attn_viz::explain::{
-    ExplainOptions, Explanation, Level, Method, explain, head_grid, render, render_grid,
+    ExplainOptions, Explanation, Level, Method, compare_grids, explain, head_grid, render,
+    render_comparison, render_grid,
 };
 use attn_viz::select::Selection;
 use common::{EVEN_CAUSAL_3, abc_tokens, assert_close, hand_maps, tok};
@@ -844,6 +845,79 @@ fn the_head_grid_counts_the_heads_it_does_not_name() {
         text.contains("The 5 heaviest of 6 heads give \"a\" at least 0.50"),
         "{text}"
     );
+}
+
+#[test]
+fn the_comparison_names_the_heads_that_prefer_each_word() {
+    // From "a" in `grid_maps` (its docs give each head's weights to "a" and "bc").
+    let maps = grid_maps();
+    let a = head_grid(&maps, &options(Some("a")), "a").unwrap();
+    let bc = head_grid(&maps, &options(Some("a")), "bc").unwrap();
+    let c = compare_grids(&a, &bc).unwrap();
+    let expected = [[0.1 - 0.9, 0.5 - 0.5], [(0.1 - 0.75) / 0.85, 0.8 - 0.2]];
+    for (layer, expected) in expected.iter().enumerate() {
+        assert_close(&c.difference[layer], expected, 1e-6);
+    }
+    assert_eq!(c.starred, [[false, true], [false, false]]);
+    // Only (1, 1) prefers "a": .8 ≥ 1.5 × .2 and ≥ .5 (1.5 × its even 1/3); (0, 1) is starred.
+    // No head gives "bc" 1.0 (1.5 × its even 2/3).
+    assert_eq!(c.preferring, [1, 0]);
+    assert_eq!((c.prefer[0][0].layer, c.prefer[0][0].head), (1, 1));
+    assert_close(&c.prefer[0][0].weights, &[0.8, 0.2], 1e-6);
+    assert!(c.prefer[1].is_empty());
+    let text = render_comparison(&c, BarStyle::default());
+    for line in [
+        "  layer 0  -0.80  +0.00*\n",
+        "  layer 1  -0.76  +0.60\n",
+        "One head prefers \"a\" (it gives it at least 1.5 × what it gives \"bc\", and at least \
+         0.50: 1.5 × the 0.33 of even attention): layer 1 head 1 (0.80 against 0.20)\n",
+        "No head prefers \"bc\": none gives it at least 1.5 × what it gives \"a\", and at least \
+         1.00: 1.5 × the 0.67 of even attention\n",
+    ] {
+        assert!(text.contains(line), "{line}\nnot in\n{text}");
+    }
+    // The other way round, the mirror image.
+    let back = compare_grids(&bc, &a).unwrap();
+    for (row, mirrored) in back.difference.iter().zip(&c.difference) {
+        let negated: Vec<f32> = mirrored.iter().map(|d| -d).collect();
+        assert_close(row, &negated, 1e-6);
+    }
+    assert_eq!(back.preferring, [0, 1]);
+    assert_close(&back.prefer[1][0].weights, &[0.2, 0.8], 1e-6);
+    // Grids from another focus are not compared.
+    let other = head_grid(&maps, &options(Some("bc")), "a").unwrap();
+    let err = compare_grids(&a, &other).unwrap_err();
+    assert!(
+        matches!(err, VizError::GridsDiffer { what: "focus" }),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_comparison_names_the_widest_gaps_first() {
+    // Head h gives "a" .5 + .05h and "bc" .1 of the raw row: renormalised over the words shown,
+    // "a" (.5 + .05h)/(.6 + .05h) against .1/(.6 + .05h), a gap that grows with h. All six
+    // prefer "a"; the five widest are heads 5 to 1. Head 6 gives "a" .5/.9 = .56, past 1.5 × its
+    // even 1/3, but not 1.5 × the .44 it gives "bc": it prefers neither.
+    let mut rows: Vec<[f32; 5]> = (0..6)
+        .map(|h| {
+            let h = h as f32;
+            [0.4 - 0.05 * h, 0.5 + 0.05 * h, 0.05, 0.05, 0.0]
+        })
+        .collect();
+    rows.push([0.1, 0.5, 0.2, 0.2, 0.0]);
+    let maps = heads_over_a_bc(&rows);
+    let a = head_grid(&maps, &options(Some("a")), "a").unwrap();
+    let bc = head_grid(&maps, &options(Some("a")), "bc").unwrap();
+    let c = compare_grids(&a, &bc).unwrap();
+    assert_eq!(c.preferring, [6, 0]);
+    let heads: Vec<usize> = c.prefer[0].iter().map(|p| p.head).collect();
+    assert_eq!(heads, [5, 4, 3, 2, 1]);
+    let text = render_comparison(&c, BarStyle::default());
+    let widest = "6 heads prefer \"a\" (each gives it at least 1.5 × what it gives \"bc\", and at \
+                  least 0.50: 1.5 × the 0.33 of even attention); the 5 widest gaps: layer 0 head \
+                  5 (0.88 against 0.12)";
+    assert!(text.contains(widest), "{text}");
 }
 
 #[test]

@@ -185,6 +185,104 @@ fn the_head_table_holds_each_heads_bar_for_the_word() {
     assert_eq!(to, ["cat", "mouse"]);
 }
 
+/// Two `--to` words: a third table, each cell the first word's weight minus the second's (the
+/// tables' JSON weights, rounded as shown), and a count of the heads that prefer each word
+/// recomputed from the JSON: not starred (the words shown got at least 25% of the head), and
+/// at least 1.5 × the other word's weight and 1.5 × the word's even share.
+#[test]
+fn two_words_get_a_table_of_their_difference() {
+    let args = [
+        "explain", MAIN_JOB, "--focus", "ran", "--to", "cat", "--to", "mouse",
+    ];
+    let text = ok(&args);
+    let json: Value = serde_json::from_str(&ok(&[&args[..], &["--json"]].concat())).unwrap();
+    let grids = json.as_array().unwrap();
+    assert_eq!(grids.len(), 2, "the JSON stays the two tables");
+    let table = |g: &Value, key: &str| -> Vec<Vec<f64>> {
+        (g[key].as_array().unwrap().iter())
+            .map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|w| w.as_f64().unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    let (cat, mouse, shares) = (
+        table(&grids[0], "weights"),
+        table(&grids[1], "weights"),
+        table(&grids[0], "shares"),
+    );
+    let start = text
+        .find("\"cat\" against \"mouse\" from \"ran\": the weight to \"cat\" minus")
+        .unwrap_or_else(|| panic!("no comparison in\n{text}"));
+    let rows: Vec<&str> = text[start..]
+        .lines()
+        .filter(|l| l.starts_with("  layer"))
+        .collect();
+    assert_eq!(rows.len(), 6);
+    for (layer, line) in rows.iter().enumerate() {
+        let cells: Vec<f64> = (line.split_whitespace().skip(2))
+            .map(|c| c.trim_end_matches('*').parse().unwrap())
+            .collect();
+        assert_eq!(cells.len(), 12, "{line}");
+        for (head, cell) in cells.iter().enumerate() {
+            let d = cat[layer][head] - mouse[layer][head];
+            assert!(
+                (cell - d).abs() <= 0.005 + 1e-6,
+                "layer {layer} head {head}: {cell} vs {d}"
+            );
+            assert_eq!(
+                line.split_whitespace()
+                    .nth(2 + head)
+                    .unwrap()
+                    .ends_with('*'),
+                shares[layer][head] < 0.25
+            );
+        }
+    }
+    for (x, (word, other)) in [("cat", "mouse"), ("mouse", "cat")].iter().enumerate() {
+        let even = grids[x]["even"].as_f64().unwrap();
+        let (w, v) = if x == 0 {
+            (&cat, &mouse)
+        } else {
+            (&mouse, &cat)
+        };
+        let prefer = (0..6)
+            .flat_map(|l| (0..12).map(move |h| (l, h)))
+            .filter(|&(l, h)| {
+                let (w, v) = (w[l][h] as f32, v[l][h] as f32);
+                shares[l][h] >= 0.25 && w > 0.0 && w >= 1.5 * even as f32 && w >= 1.5 * v
+            })
+            .count();
+        let line = match prefer {
+            0 => format!(
+                "No head prefers {word:?}: none gives it at least 1.5 × what it gives {other:?}"
+            ),
+            1 => format!(
+                "One head prefers {word:?} (it gives it at least 1.5 × what it gives {other:?}"
+            ),
+            n => format!(
+                "{n} heads prefer {word:?} (each gives it at least 1.5 × what it gives {other:?}"
+            ),
+        };
+        assert!(text[start..].contains(&line), "{line}\nnot in\n{text}");
+    }
+    // Three words: three tables, no difference.
+    let three = ok(&[&args[..], &["--to", "barn"]].concat());
+    assert_eq!(three.matches("Attention from \"ran\"").count(), 3);
+    assert!(!three.contains(" against "), "{three}");
+    // A word given twice (here as its first occurrence) is refused.
+    fails_with(
+        &[
+            "explain", MAIN_JOB, "--focus", "ran", "--to", "cat", "--to", "cat#1",
+        ],
+        1,
+        "--to \"cat\" and --to \"cat#1\" are the same word (\"cat\"): give each word once",
+    );
+}
+
 #[test]
 fn the_eiffel_question_matches_the_golden_attention() {
     // Raw tokens, specials hidden: the mean over the question's 8 tokens (1..=8) of the

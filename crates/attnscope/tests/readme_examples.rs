@@ -147,5 +147,5 @@ fn the_readme_command_examples_print_what_the_readme_shows() {
         assert_eq!(printed.lines().collect::<Vec<_>>(), shown, "{args:?}");
         checked += 1;
     }
-    assert_eq!(checked, 6, "the README's six command examples");
+    assert_eq!(checked, 7, "the README's seven command examples");
 }

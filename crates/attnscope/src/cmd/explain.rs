@@ -4,7 +4,10 @@ use std::io::Write;
 
 use anyhow::Context;
 use attn_viz::bars::BarStyle;
-use attn_viz::explain::{ExplainOptions, Level, Method, explain, head_grid, render, render_grid};
+use attn_viz::explain::{
+    ExplainOptions, Level, Method, compare_grids, explain, head_grid, render, render_comparison,
+    render_grid,
+};
 use attn_viz::select::Selection;
 
 use crate::maps::{ColorChoice, SourceArgs, progress_bar};
@@ -54,7 +57,9 @@ pub struct Args {
     /// even attention: where a relation between two words lives. A head whose words shown got
     /// under a quarter of its attention (the rest on [CLS]/[SEP], or the question's own words)
     /// is starred and not named. Give it again to compare words (`--to trophy --to suitcase`):
-    /// one table each (with --json, an array of them).
+    /// one table each (with --json, an array of them), and for two words a table of their
+    /// difference, naming the heads that prefer each: give it 1.5 × what they give the other,
+    /// and 1.5 × its even attention.
     #[arg(long, value_name = "WORD", conflicts_with_all = ["layer", "head", "rollout", "flow", "top"])]
     pub to: Vec<String>,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.
@@ -123,8 +128,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let grids = (args.to.iter())
             .map(|to| head_grid(&maps, &options, to).map_err(crate::maps::name_the_flag))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        for i in 0..grids.len() {
+            for j in i + 1..grids.len() {
+                if grids[i].to == grids[j].to {
+                    anyhow::bail!(
+                        "--to {:?} and --to {:?} are the same word ({:?}): give each word once",
+                        args.to[i],
+                        args.to[j],
+                        grids[i].to
+                    );
+                }
+            }
+        }
+        // Two words: which heads prefer which, after their tables.
+        let comparison = match &grids[..] {
+            [a, b] => Some(compare_grids(a, b)?),
+            _ => None,
+        };
         return print(&args, &grids, |style| {
-            let tables: Vec<String> = grids.iter().map(|g| render_grid(g, style)).collect();
+            let mut tables: Vec<String> = grids.iter().map(|g| render_grid(g, style)).collect();
+            tables.extend(comparison.map(|c| render_comparison(&c, style)));
             tables.join("\n")
         });
     }
