@@ -174,7 +174,7 @@ pub struct Notable {
     pub head: usize,
     /// What it does, e.g. "attends to the previous token".
     pub role: String,
-    /// The statistic behind the role ("share", "entropy", "mean distance") and its unit ("",
+    /// The statistic behind the role ("share", "entropy", "distance") and its unit ("",
     /// "nats", "tokens").
     pub measure: String,
     pub unit: String,
@@ -249,7 +249,7 @@ pub fn notable_heads(stats: &[HeadStats], uniform: &Shares, specials: bool) -> V
         ),
         (
             "reaches furthest",
-            ("mean distance", "tokens"),
+            ("distance", "tokens"),
             |s| s.distance,
             true,
             Test::Spread((0.1 * uniform.distance).max(f32::MIN_POSITIVE)),

@@ -1,5 +1,5 @@
 //! `attnscope heads`: per-head statistics (entropy, `[CLS]`/`[SEP]` share, previous/next/self
-//! share, mean distance) and the heads that stand out.
+//! share, distance) and the heads that stand out.
 
 use std::io::Write;
 
@@ -12,8 +12,20 @@ use attn_viz::stats::{
 use crate::maps::SourceArgs;
 
 #[derive(clap::Args)]
-#[command(after_help = "Example:
-  attnscope heads \"The cat that ate the mouse that lived in the barn ran away\"")]
+#[command(
+    after_help = "Columns, each a mean over the query tokens ([CLS]/[SEP] included), on raw tokens:
+  entropy   -Σ w·ln w of a query's weights, in nats
+  [CLS]     the weight on [CLS] (without special tokens, as on GPT-2: on the first token)
+  [SEP]     the weight on every other special token
+  prev      the weight on the token before (queries 1..T), next on the token after (0..T-1)
+  self      the weight on the query token itself
+  distance  how far the attention travels: Σ w·|i − j| in tokens over the keys other than
+            [CLS]/[SEP] (what a head parks there travels 0)
+The row 'even' gives the same figures for attention spread evenly over the keys each query sees.
+
+Example:
+  attnscope heads \"The cat that ate the mouse that lived in the barn ran away\""
+)]
 pub struct Args {
     /// The text to look at.
     #[arg(required_unless_present = "maps", conflicts_with = "maps")]
@@ -107,8 +119,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     writeln!(
         out,
         "even: every query's attention spread evenly over the keys it sees{}; entropy in nats \
-         (ln {n} = {:.2} is even over all tokens); distance in tokens, of the attention to keys \
-         other than {}",
+         (ln {n} = {:.2} is even over all tokens); distance: how far a query's attention travels, \
+         Σ weight × |i − j| in tokens over the keys other than {} (what a head parks there \
+         travels 0)",
         if sees_only_earlier_keys(&maps) && n > 1 {
             " (here: itself and the tokens before it)"
         } else {
