@@ -300,18 +300,31 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
         Level::Tokens => words::tokens(maps),
     };
     let visible = |u: &Unit| options.special || !u.special;
-    // Question → context: rows from segment 0, columns of segment 1.
+    // Question → context: rows from segment 0's words, columns of segment 1 (and, with
+    // --special, every special token, whichever segment the tokenizer put it in).
     let one_way = options.question || (options.across && options.focus.is_none());
     let sources: Vec<usize> = (0..units.len())
-        .filter(|&u| visible(&units[u]) && (!one_way || units[u].segment == 0))
+        .filter(|&u| match one_way {
+            true => !units[u].special && units[u].segment == 0,
+            false => visible(&units[u]),
+        })
         .collect();
+    // What the rows of a question or `across` view without a focus are.
+    let first_text = match options.question {
+        true => "the question's",
+        false => "the first text's",
+    };
     let nothing = |what: &str| VizError::NothingToShow {
         what: format!(
             "the input has no {what} to show (special tokens are hidden without --special)"
         ),
     };
     if sources.is_empty() {
-        return Err(nothing(if one_way { "question words" } else { "words" }));
+        return Err(nothing(match (one_way, options.question) {
+            (true, true) => "question words",
+            (true, false) => "words in the first text",
+            (false, _) => "words",
+        }));
     }
     let mut notes = Vec::new();
     let (focus_units, focus, focus_is_default) = match &options.focus {
@@ -326,13 +339,13 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
         }
         None => {
             let what = match (one_way, options.level) {
-                (true, Level::Words) => "the question's words (averaged)",
-                (true, Level::Tokens) => "the question's tokens (averaged)",
-                (false, Level::Words) => "every word (averaged)",
-                (false, Level::Tokens) => "every token (averaged)",
+                (true, Level::Words) => format!("{first_text} words (averaged)"),
+                (true, Level::Tokens) => format!("{first_text} tokens (averaged)"),
+                (false, Level::Words) => "every word (averaged)".to_string(),
+                (false, Level::Tokens) => "every token (averaged)".to_string(),
             };
             notes.push(format!("no --focus given: showing the attention of {what}"));
-            (sources.clone(), what.to_string(), true)
+            (sources.clone(), what, true)
         }
     };
     let target_segment = if one_way {
@@ -343,7 +356,10 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
         None
     };
     let targets: Vec<usize> = (0..units.len())
-        .filter(|&u| visible(&units[u]) && target_segment.is_none_or(|s| units[u].segment == s))
+        .filter(|&u| {
+            let unit = &units[u];
+            visible(unit) && (unit.special || target_segment.is_none_or(|s| unit.segment == s))
+        })
         .collect();
     if targets.is_empty() {
         return Err(nothing(if target_segment.is_some() {

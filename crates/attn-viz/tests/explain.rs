@@ -242,6 +242,34 @@ fn questions_attend_to_the_context() {
 }
 
 #[test]
+fn special_tokens_of_either_text_are_shown_with_special() {
+    // With --special, q's row [.1 .2 .1 .3 .1 .2] shows [CLS] .1, [SEP] .1 (the question's),
+    // x .3, y .1 and [SEP] .2 (the context's): .8 of it, renormalised; q's own .2 is the
+    // hidden share. The rows stay the question's words: [CLS] and [SEP] are not averaged in.
+    let mut o = options(None);
+    o.question = true;
+    o.special = true;
+    let e = run(&pair_maps(), &o);
+    let (words, weights) = words_and_weights(&e);
+    assert_eq!(words, ["[CLS]", "[SEP]", "x", "y", "[SEP]"]);
+    assert_close(&weights, &[0.125, 0.125, 0.375, 0.125, 0.25], 1e-6);
+    assert_close(&[e.hidden_share], &[0.2], 1e-6);
+    // Across from the context's "x" (row [1/6; 6]): [CLS], q, [SEP], [SEP]; x and y hidden.
+    o.question = false;
+    o.across = true;
+    o.focus = Some("x".into());
+    let e = run(&pair_maps(), &o);
+    assert_eq!(words_and_weights(&e).0, ["[CLS]", "q", "[SEP]", "[SEP]"]);
+    // Across without a focus reads from the first text, which is no question here.
+    o.focus = None;
+    o.special = false;
+    assert_eq!(
+        run(&pair_maps(), &o).focus,
+        "the first text's words (averaged)"
+    );
+}
+
+#[test]
 fn a_question_needs_a_pair() {
     let mut o = options(None);
     o.question = true;
