@@ -146,6 +146,35 @@ pub enum ModelError {
         /// Which of the texts embedded together (0-based), for the caller to name.
         text: Option<usize>,
     },
+    /// A text with far more words than the model's positions, refused before tokenizing it
+    /// (every word is at least one token; tokenizing tens of megabytes takes tens of seconds
+    /// and gigabytes).
+    #[error(
+        "the text has {words} words, far more than {} (every word is at least one token)",
+        limit(*.max, *.embedding)
+    )]
+    TooManyWords {
+        words: usize,
+        max: usize,
+        /// As [`ModelError::TooLong`]'s.
+        embedding: bool,
+        /// As [`ModelError::TooLong`]'s.
+        text: Option<usize>,
+    },
+    /// The tokenizer gave an encoding whose parts (ids, tokens, offsets, segments, special
+    /// marks) differ in length, as a `tokenizer.json` whose post-processor lists a special
+    /// token with more ids than tokens does.
+    #[error(
+        "tokenizer.json gives {ids} token ids but {tokens} tokens, {offsets} offsets and \
+         {segments} segment ids for this text: its post_processor's special_tokens must list as \
+         many tokens as ids"
+    )]
+    RaggedEncoding {
+        ids: usize,
+        tokens: usize,
+        offsets: usize,
+        segments: usize,
+    },
     /// Text generation (a KV cache) was asked of a model that is not a GPT-2-family decoder.
     #[error("generating text needs a GPT-2-family decoder; {model} is a {model_type} model")]
     NotADecoder {
@@ -245,7 +274,7 @@ impl ModelError {
     /// too many tokens, a score overflow, a non-finite hidden state.
     pub fn text(&self) -> Option<usize> {
         match self {
-            ModelError::TooLong { text, .. } => *text,
+            ModelError::TooLong { text, .. } | ModelError::TooManyWords { text, .. } => *text,
             ModelError::Attention {
                 error: AttnError::ScoreOverflow { batch, .. },
                 ..
@@ -259,7 +288,9 @@ impl ModelError {
     /// [`ModelError::text`] names take `index` as their text; other errors are unchanged.
     pub fn in_text(mut self, index: usize) -> ModelError {
         match &mut self {
-            ModelError::TooLong { text, .. } => *text = Some(index),
+            ModelError::TooLong { text, .. } | ModelError::TooManyWords { text, .. } => {
+                *text = Some(index)
+            }
             ModelError::Attention {
                 error: AttnError::ScoreOverflow { batch, .. },
                 ..

@@ -126,6 +126,31 @@ impl TextTokenizer {
         let tokenizer_err = |e: tokenizers::Error| ModelError::Tokenizer {
             reason: e.to_string(),
         };
+        // Every word is at least one token: far more words than positions cannot fit, and are
+        // refused (or, cut, a single text keeps its first words) before tokenizing them all.
+        let budget = max.saturating_mul(WORDS_PER_POSITION);
+        let words = |s: &str| s.split_whitespace().count();
+        let cut = first_words(text, budget).filter(|_| pair.is_none());
+        let total = words(text) + pair.map_or(0, words);
+        let text = match cut {
+            _ if total <= budget => text,
+            Some(cut) if truncate => {
+                // The first words' tokens are the text's first tokens: when they pass the limit,
+                // cutting them gives what cutting the whole text would (a tokenizer that drops
+                // whole words reads the whole text).
+                let probe = self.inner.encode(cut, true).map_err(tokenizer_err)?;
+                if probe.len() > max { cut } else { text }
+            }
+            _ if truncate => text,
+            _ => {
+                return Err(ModelError::TooManyWords {
+                    words: total,
+                    max,
+                    embedding: matches!(limit, Limit::Embedding(_)),
+                    text: None,
+                });
+            }
+        };
         let encode = |tk: &Tokenizer| match pair {
             Some(p) => tk.encode((text, p), true),
             None => tk.encode(text, true),
@@ -168,6 +193,21 @@ impl TextTokenizer {
         if enc.is_empty() {
             return Err(ModelError::EmptyText { which: "text" });
         }
+        let (ids, tokens, offsets, segments) = (
+            enc.get_ids().len(),
+            enc.get_tokens().len(),
+            enc.get_offsets().len(),
+            enc.get_type_ids().len(),
+        );
+        let special_marks = enc.get_special_tokens_mask().len();
+        if [tokens, offsets, segments, special_marks] != [ids; 4] {
+            return Err(ModelError::RaggedEncoding {
+                ids,
+                tokens,
+                offsets,
+                segments,
+            });
+        }
         let special: Vec<bool> = enc
             .get_special_tokens_mask()
             .iter()
@@ -187,4 +227,19 @@ impl TextTokenizer {
             special,
         })
     }
+}
+
+/// Words per position from which a text is refused, or cut, before tokenizing
+/// ([`TextTokenizer::encode_within`]): a margin over the one token every word is at least,
+/// so texts a little too long still get their exact token count.
+const WORDS_PER_POSITION: usize = 4;
+
+/// `text` up to the end of its first `n` words (split at whitespace), when it has more.
+fn first_words(text: &str, n: usize) -> Option<&str> {
+    let mut words = text.split_whitespace();
+    let last = words.nth(n.checked_sub(1)?)?;
+    words.next()?;
+    // `last` is a slice of `text`: the cut ends where it does.
+    let end = last.as_ptr() as usize - text.as_ptr() as usize + last.len();
+    Some(&text[..end])
 }

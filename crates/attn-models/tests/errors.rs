@@ -553,6 +553,82 @@ fn bad_text() {
     );
 }
 
+/// tiny-gpt2's tokenizer.json with `edit` applied, in a copy of the model.
+fn tiny_with_tokenizer(edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::TempDir, Model) {
+    let dir = tiny_copy();
+    let path = dir.path().join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    (dir, model)
+}
+
+#[test]
+fn far_more_words_than_positions_are_refused_or_cut_before_tokenizing() {
+    // 64 positions: past 4 × 64 words a text is refused without being tokenized...
+    let model = Model::load(&tiny_gpt2()).unwrap();
+    let huge = "The cat".to_string() + &" cat".repeat(300);
+    let err = model.encode(&huge, None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::TooManyWords {
+                words: 302,
+                max: 64,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("the text has 302 words, far more than the model's 64 positions"),
+        "{err}"
+    );
+    // ... and cut to its first words, which give the tokens the whole text would (a text of
+    // 201 words is tokenized whole, then cut).
+    let whole = "The cat".to_string() + &" cat".repeat(200);
+    let cut = model.encode_truncated(&huge, None).unwrap();
+    assert_eq!(cut.len(), 64);
+    assert_eq!(cut.ids, model.encode_truncated(&whole, None).unwrap().ids);
+    // A tokenizer that drops words: the first 256 words hold only "yy" (" xx" is removed), so
+    // the whole text is read, and its first 64 tokens are those of "yy cat cat …".
+    let (_dir, dropping) = tiny_with_tokenizer(|t| {
+        t["normalizer"] = serde_json::json!({
+            "type": "Replace", "pattern": {"String": " xx"}, "content": ""
+        });
+    });
+    let text = "yy".to_string() + &" xx".repeat(300) + &" cat".repeat(100);
+    let kept = dropping.encode_truncated(&text, None).unwrap();
+    let expected = dropping.encode_truncated(&("yy".to_string() + &" cat".repeat(100)), None);
+    assert_eq!((kept.len(), kept.ids), (64, expected.unwrap().ids));
+}
+
+#[test]
+fn a_special_token_with_more_ids_than_tokens_is_named() {
+    // A post-processor whose "<s>" has two ids and one token: the encoding's ids and tokens
+    // differ in length (the tokenizers crate does not check), which indexed past the tokens.
+    let (_dir, model) = tiny_with_tokenizer(|t| {
+        t["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [0, 1], "tokens": ["<s>"]}}
+        });
+    });
+    let err = model.encode("The cat", None).unwrap_err();
+    assert!(matches!(err, ModelError::RaggedEncoding { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("special_tokens must list as many tokens as ids"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_encodings_given_to_forward() {
     let model = Model::load(&tiny_gpt2()).unwrap();

@@ -149,7 +149,10 @@ fn is_too_long(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
         matches!(
             e.downcast_ref::<attn_models::ModelError>(),
-            Some(attn_models::ModelError::TooLong { .. })
+            Some(
+                attn_models::ModelError::TooLong { .. }
+                    | attn_models::ModelError::TooManyWords { .. }
+            )
         )
     })
 }

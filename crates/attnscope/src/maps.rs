@@ -84,6 +84,46 @@ pub fn run_model(
     run_model_with(model, text, pair, truncate, false).map(|(maps, _)| maps)
 }
 
+/// The text (and pair) encoded for `model`; with `truncate`, cut to fit, saying on stderr
+/// what was cut.
+pub fn encode(
+    model: &Model,
+    text: &str,
+    pair: Option<&str>,
+    truncate: bool,
+) -> anyhow::Result<attn_models::Encoding> {
+    // The tokenizer's errors already say what is wrong with the text ("the text is empty").
+    if truncate {
+        let enc = model.encode_truncated(text, pair)?;
+        // Say what was cut: every view then shows the kept tokens as if they were all.
+        match model.encode(text, pair) {
+            Err(attn_models::ModelError::TooLong { tokens, max, .. }) => crate::note!(
+                "note: --truncate: the input is {tokens} tokens; the attention shown is of the {max} \
+                 the model reads ({} cut from the end{})",
+                tokens - max,
+                if pair.is_some() {
+                    " of the longer text first"
+                } else {
+                    ""
+                }
+            ),
+            Err(attn_models::ModelError::TooManyWords { words, max, .. }) => crate::note!(
+                "note: --truncate: the input is {words} words; the attention shown is of the {max} \
+                 tokens the model reads (cut from the end{})",
+                if pair.is_some() {
+                    " of the longer text first"
+                } else {
+                    ""
+                }
+            ),
+            _ => {}
+        }
+        Ok(enc)
+    } else {
+        Ok(model.encode(text, pair)?)
+    }
+}
+
 /// [`run_model`], and with `qk` also the queries and keys behind the weights (the explorer's
 /// neuron view needs them).
 ///
@@ -97,27 +137,7 @@ pub fn run_model_with(
     truncate: bool,
     qk: bool,
 ) -> anyhow::Result<(AttentionMaps, Option<QueryKey>)> {
-    // The tokenizer's errors already say what is wrong with the text ("the text is empty").
-    let enc = if truncate {
-        let enc = model.encode_truncated(text, pair)?;
-        // Say what was cut: every view then shows the kept tokens as if they were all.
-        if let Err(attn_models::ModelError::TooLong { tokens, max, .. }) = model.encode(text, pair)
-        {
-            crate::note!(
-                "note: --truncate: the input is {tokens} tokens; the attention shown is of the {max} \
-                 the model reads ({} cut from the end{})",
-                tokens - max,
-                if pair.is_some() {
-                    " of the longer text first"
-                } else {
-                    ""
-                }
-            );
-        }
-        enc
-    } else {
-        model.encode(text, pair)?
-    };
+    let enc = encode(model, text, pair, truncate)?;
     let spinner = spinner(&format!("running {} on {} tokens", model.name(), enc.len()));
     let out = model
         .forward(

@@ -148,11 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let enc = if args.truncate {
-        model.encode_truncated(&text, pair)?
-    } else {
-        model.encode(&text, pair)?
-    };
+    let enc = crate::maps::encode(&model, &text, pair, args.truncate)?;
     let out = model.forward(
         &enc,
         &RunOptions {

@@ -411,6 +411,9 @@ fn page_message(err: &anyhow::Error) -> String {
         Some(ModelError::TooLong { tokens, max, .. }) => format!(
             "The text is {tokens} tokens long; this model reads at most {max}. Shorten the text (or the pair)."
         ),
+        Some(ModelError::TooManyWords { words, max, .. }) => format!(
+            "The text has {words} words; this model reads at most {max} tokens. Shorten the text (or the pair)."
+        ),
         _ => format!("{err:#}"),
     }
 }
