@@ -145,6 +145,44 @@ fn sdpa_without_weights_writes_out_and_lse_only() {
     assert_eq!(names, ["lse", "out"]);
 }
 
+/// `-o` is written through, as the other commands' outputs are: a symlink stays one, its target
+/// gets the results, and an existing file keeps its permissions (safetensors' writer renamed a
+/// new file over the path: a symlink became a file, `/dev/null` too). The case file itself is
+/// refused, not overwritten.
+#[cfg(unix)]
+#[test]
+fn sdpa_writes_through_its_output_path_and_not_over_its_case() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let case = dir.path().join("case.safetensors");
+    std::fs::copy(golden("sdpa").join("the_cat_sat.safetensors"), &case).unwrap();
+    let (target, link) = (dir.path().join("target.st"), dir.path().join("link.st"));
+    std::fs::write(&target, b"old").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o664)).unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    ok(&["sdpa", case.to_str().unwrap(), "-o", link.to_str().unwrap()]);
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o664);
+    let (written, _) = read_f32s(&target);
+    assert_eq!(written.len(), 2, "out and lse");
+    let before = std::fs::read(&case).unwrap();
+    let case_link = dir.path().join("case-link.st");
+    std::os::unix::fs::symlink(&case, &case_link).unwrap();
+    for out in [&case, &case_link] {
+        fails_with(
+            &["sdpa", case.to_str().unwrap(), "-o", out.to_str().unwrap()],
+            &["it is the case file itself"],
+        );
+    }
+    assert_eq!(std::fs::read(&case).unwrap(), before);
+}
+
 /// A safetensors file from a literal header and data bytes: 8-byte little-endian header length,
 /// the header JSON, the data.
 fn st_bytes(header: &str, data: &[u8]) -> Vec<u8> {

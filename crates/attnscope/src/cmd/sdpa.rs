@@ -122,6 +122,14 @@ fn map_case(path: &Path) -> anyhow::Result<memmap2::Mmap> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::maps::check_output(&args.output)?;
+    // Writing the results over the case would truncate the file this command has mapped.
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    if canonical(&args.output).is_some_and(|out| Some(out) == canonical(&args.case)) {
+        anyhow::bail!(
+            "cannot write {}: it is the case file itself; name another output",
+            args.output.display()
+        );
+    }
     let bytes = map_case(&args.case)?;
     let case =
         Case::parse(&bytes, args.backward).with_context(|| format!("{}", args.case.display()))?;
@@ -640,8 +648,11 @@ fn write_results(
         .iter()
         .map(|(name, dims, data)| Ok((*name, TensorView::new(Dtype::F32, dims.clone(), data)?)))
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    safetensors::serialize_to_file(views, None, path)
-        .with_context(|| format!("writing {}", path.display()))
+    // Written through the path, as the other commands write: into a device or a symlink's
+    // target, with the file's own permissions (safetensors' own writer renames a new file over
+    // it, which replaced /dev/null and symlinks and reported a full disk as success).
+    let bytes = safetensors::serialize(views, None)?;
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Prints, for each `expected_*` tensor, the largest absolute difference and where it is, and
