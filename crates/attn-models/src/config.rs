@@ -233,12 +233,18 @@ struct DistilBertJson {
     pad_token_id: Option<u32>,
 }
 
+/// `GPT2Config`'s fields, under their own names or the aliases of its `attribute_map` (both at
+/// once is a duplicate field: transformers would take the alias).
 #[derive(Deserialize)]
 struct Gpt2Json {
     vocab_size: usize,
+    #[serde(alias = "max_position_embeddings")]
     n_positions: usize,
+    #[serde(alias = "hidden_size")]
     n_embd: usize,
+    #[serde(alias = "num_hidden_layers")]
     n_layer: usize,
+    #[serde(alias = "num_attention_heads")]
     n_head: usize,
     #[serde(default)]
     n_inner: Option<usize>,

@@ -441,4 +441,38 @@ fn gpt2_config_errors_name_gpt2_fields_and_eos_lists_are_read() {
     }
     let config = with("eos_token_id", serde_json::json!([7, 9])).unwrap();
     assert_eq!(config.pad_token_id, 7);
+    // GPT2Config's attribute_map: transformers reads "num_attention_heads" as n_head (a config
+    // with both ran tiny-gpt2's 4 heads where transformers runs 8). Alone, an alias is read;
+    // next to its field, refused.
+    let mut config: serde_json::Value = serde_json::from_str(&gpt2).unwrap();
+    let fields = config.as_object_mut().unwrap();
+    for (field, alias) in [
+        ("n_head", "num_attention_heads"),
+        ("n_layer", "num_hidden_layers"),
+        ("n_embd", "hidden_size"),
+        ("n_positions", "max_position_embeddings"),
+    ] {
+        let value = fields.remove(field).unwrap();
+        fields.insert(alias.to_string(), value);
+    }
+    let read = attn_models::ModelConfig::from_json(&config.to_string()).unwrap();
+    let own = attn_models::ModelConfig::from_json(&gpt2).unwrap();
+    assert_eq!(
+        (
+            read.n_heads,
+            read.n_layers,
+            read.hidden_size,
+            read.max_positions
+        ),
+        (
+            own.n_heads,
+            own.n_layers,
+            own.hidden_size,
+            own.max_positions
+        )
+    );
+    let message = with("num_attention_heads", 8.into())
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("duplicate field `n_head`"), "{message}");
 }
