@@ -49,6 +49,29 @@ fn nan_weights_are_an_error_naming_the_final_hidden_state() {
 }
 
 #[test]
+fn a_hidden_state_whose_variance_overflows_is_an_error_not_beta() {
+    // Word embeddings × 1e30: the first LayerNorm's variance passes f32's range. Its rows were
+    // scaled by 1/√∞ = 0, to β: uniform attention and text generated from nothing, exit 0.
+    let dir = tempfile::tempdir().unwrap();
+    let blow_up = |tensors: &mut Vec<common::RawTensor>| {
+        let (_, _, _, data) = (tensors.iter_mut())
+            .find(|(name, ..)| name.ends_with("wte.weight"))
+            .unwrap();
+        for x in data.chunks_exact_mut(4) {
+            let v = f32::from_le_bytes(x.try_into().unwrap()) * 1e30;
+            x.copy_from_slice(&v.to_le_bytes());
+        }
+    };
+    let tiny = common::golden_dir().join("tiny-gpt2");
+    common::edited_checkpoint(&tiny, dir.path(), |_| {}, Some(&blow_up));
+    let model = Model::load(dir.path()).unwrap();
+    let enc = model.encode("The cat sat", None).unwrap();
+    let err =
+        (model.forward(&enc, &RunOptions::default()).err()).expect("an error, not the rows' β");
+    assert!(matches!(err, ModelError::NonFinite { .. }), "{err:?}");
+}
+
+#[test]
 fn a_nan_in_one_text_of_a_batch_names_that_text_and_token() {
     let clean = Model::load(&common::golden_dir().join("tiny-gpt2")).unwrap();
     let cat = clean.encode("The dog cat", None).unwrap();
