@@ -305,6 +305,12 @@ fn yes() -> bool {
 /// of MiB).
 pub(crate) const MAX_JSON_BYTES: u64 = 256 << 20;
 
+/// Whether anything is at `path`, a broken or looping symbolic link included (`Path::exists`
+/// follows links, so an optional file behind a broken one read as absent).
+pub(crate) fn present(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
+}
+
 /// Checks that `path` (after symlinks) is a regular file before anything opens it: opening a
 /// named pipe blocks for ever, and a device such as `/dev/zero` reads without end. Returns its
 /// length.

@@ -260,7 +260,16 @@ impl ModelError {
     /// An I/O error on `path`, which holds `what`; a missing file gets its own variant.
     pub(crate) fn io(path: impl Into<PathBuf>, what: &'static str, source: std::io::Error) -> Self {
         let path = path.into();
-        if source.kind() == std::io::ErrorKind::NotFound {
+        if source.kind() == std::io::ErrorKind::NotFound && crate::config::present(&path) {
+            // Not missing: a symbolic link whose target is.
+            ModelError::Io {
+                path,
+                error: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "a symbolic link whose target does not exist",
+                ),
+            }
+        } else if source.kind() == std::io::ErrorKind::NotFound {
             ModelError::MissingFile { path, what }
         } else {
             ModelError::Io {

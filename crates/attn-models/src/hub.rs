@@ -35,7 +35,10 @@ pub fn resolve_in(spec: &Path, hub: Option<&Path>) -> Result<PathBuf, ModelError
     let Some((repo, revision)) = model_id(spec) else {
         return Ok(spec.to_path_buf());
     };
-    if spec.is_dir() {
+    // A directory comes first, and so does a broken or looping link: its error (cannot read)
+    // then names it rather than the cache. A file of that name does not hide the cache.
+    let broken_link = crate::config::present(spec) && std::fs::metadata(spec).is_err();
+    if spec.is_dir() || broken_link {
         return Ok(spec.to_path_buf());
     }
     let missing = |reason: String| {

@@ -255,7 +255,7 @@ fn check_convertible(dir: &Path, config: &ModelConfig) -> Result<(), ModelError>
         ModelKind::Gpt2 => "AutoModelForCausalLM",
     };
     for (needed, found, how) in CONVERTIBLE {
-        if !dir.join(needed).exists() && dir.join(found).exists() {
+        if !crate::config::present(&dir.join(needed)) && dir.join(found).exists() {
             let dir_arg = format!("{:?}", dir.display().to_string());
             return Err(ModelError::NeedsConversion {
                 dir: dir.to_path_buf(),
@@ -294,16 +294,15 @@ impl Model {
     /// Loads a model directory: `config.json`, `model.safetensors`, `tokenizer.json`, and for
     /// sentence-transformers `modules.json` with its pooling config.
     pub fn load(dir: &Path) -> Result<Model, ModelError> {
-        if dir.exists() && !dir.is_dir() {
-            return Err(ModelError::NotADirectory {
-                path: dir.to_path_buf(),
-            });
-        }
-        if !dir.is_dir() {
-            return Err(ModelError::MissingFile {
-                path: dir.to_path_buf(),
-                what: "the model directory",
-            });
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(ModelError::NotADirectory {
+                    path: dir.to_path_buf(),
+                });
+            }
+            // Missing, a link to nothing, a link loop: each as itself.
+            Err(e) => return Err(ModelError::io(dir, "the model directory", e)),
         }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         check_convertible(dir, &config)?;

@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::ModelError;
-use crate::config::read_text;
+use crate::config::{present, read_text};
 
 /// How texts become one sentence vector each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl Pooling {
             lower_case: false,
             sentence_transformers: false,
         };
-        if !modules_path.exists() {
+        if !present(&modules_path) {
             return Ok(pooling);
         }
         pooling.sentence_transformers = true;
@@ -89,7 +89,7 @@ impl Pooling {
             match kind {
                 "Transformer" => {
                     let path = dir.join(&m.path).join("sentence_bert_config.json");
-                    if path.exists() {
+                    if present(&path) {
                         let t: TransformerJson =
                             serde_json::from_str(&read_text(&path, "sentence_bert_config.json")?)
                                 .map_err(|e| bad(&path, e))?;

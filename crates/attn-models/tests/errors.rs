@@ -326,6 +326,43 @@ fn missing_files_are_named() {
     }
 }
 
+/// A broken or looping symbolic link is named as one: an optional file behind a broken link
+/// (modules.json) read as absent and a model ran without its pooling, a looping tokenizer.json
+/// was "missing" (next to a vocab.json, to be converted), a looping model directory "missing".
+#[cfg(unix)]
+#[test]
+fn broken_and_looping_links_are_named() {
+    use std::os::unix::fs::symlink;
+    let dir = tiny_copy();
+    symlink("nowhere.json", dir.path().join("modules.json")).unwrap();
+    let err = load_err(dir.path());
+    assert!(
+        err.to_string()
+            .ends_with("modules.json: a symbolic link whose target does not exist"),
+        "{err}"
+    );
+    let dir = tiny_copy();
+    let tokenizer = dir.path().join("tokenizer.json");
+    std::fs::remove_file(&tokenizer).unwrap();
+    symlink("tokenizer.json", &tokenizer).unwrap();
+    std::fs::write(dir.path().join("vocab.json"), "{}").unwrap();
+    let err = load_err(dir.path());
+    assert!(
+        matches!(&err, ModelError::Io { path, .. } if *path == tokenizer),
+        "{err}"
+    );
+    assert!(err.to_string().contains("symbolic links"), "{err}");
+    let links = tempfile::tempdir().unwrap();
+    let (a, b) = (links.path().join("a"), links.path().join("b"));
+    symlink(&b, &a).unwrap();
+    symlink(&a, &b).unwrap();
+    let err = load_err(&a);
+    assert!(
+        matches!(&err, ModelError::Io { path, .. } if *path == a),
+        "{err}"
+    );
+}
+
 #[test]
 fn missing_tensor_is_named() {
     let dir = tiny_copy();
