@@ -66,8 +66,9 @@ fn a_hidden_state_whose_variance_overflows_is_an_error_not_beta() {
     common::edited_checkpoint(&tiny, dir.path(), |_| {}, Some(&blow_up));
     let model = Model::load(dir.path()).unwrap();
     let enc = model.encode("The cat sat", None).unwrap();
-    let err =
-        (model.forward(&enc, &RunOptions::default()).err()).expect("an error, not the rows' β");
+    let Err(err) = model.forward(&enc, &RunOptions::default()) else {
+        panic!("an error, not the rows' β");
+    };
     assert!(matches!(err, ModelError::NonFinite { .. }), "{err:?}");
 }
 
