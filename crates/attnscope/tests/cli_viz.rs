@@ -309,6 +309,11 @@ fn the_eiffel_question_matches_the_golden_attention() {
         "--json",
     ];
     let e: Value = serde_json::from_str(&ok(&args)).unwrap();
+    // An empty question or context is named by its flag (the tokenizer says "the text").
+    for (flag, question, context) in [("--question", " ", CONTEXT), ("--context", QUESTION, "")] {
+        let args = ["explain", "--question", question, "--context", context];
+        fails_with(&args, 1, &format!("{flag} is empty or only whitespace"));
+    }
     let rows = e["rows"].as_array().unwrap();
     let got_tokens: Vec<&str> = rows.iter().map(|r| r["word"].as_str().unwrap()).collect();
     assert_eq!(

@@ -96,6 +96,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // The tokenizer would call them "the text" and "the pair text".
+    for (flag, value) in [("--question", &args.question), ("--context", &args.context)] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            anyhow::bail!("{flag} is empty or only whitespace");
+        }
+    }
     let (text, pair) = match (&args.question, &args.context) {
         (Some(q), Some(c)) => (Some(q.as_str()), Some(c.as_str())),
         _ => (args.text.as_deref(), args.pair.as_deref()),
