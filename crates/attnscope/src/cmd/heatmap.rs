@@ -44,7 +44,9 @@ pub struct Args {
     /// Every layer × head as small multiples in one picture.
     #[arg(long, conflicts_with_all = ["layer", "head", "rollout"])]
     pub grid: bool,
-    /// Raw tokens instead of words.
+    /// Raw tokens instead of words. A word's column is the sum of its tokens' columns, its row
+    /// the mean of their rows (as `explain` shows it); with [CLS]/[SEP] hidden, each row is
+    /// renormalised over the words shown.
     #[arg(long)]
     pub tokens: bool,
     /// Show special tokens ([CLS], [SEP]) instead of hiding them.
