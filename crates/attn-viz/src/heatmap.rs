@@ -326,8 +326,9 @@ const CAPTION_FONT: f64 = 11.0;
 const CAPTION_LINE: i32 = 15;
 
 /// Splits `text` at its `separator`s into at most [`TITLE_MAX_LINES`] lines of at most
-/// `max_width` pixels at `size`; a piece wider than that gets a line of its own, cut to fit and
-/// ending in "…", as does the last line when the text has more.
+/// `max_width` pixels at `size`; a piece wider than that is split at its spaces too, a word
+/// wider than that is cut to fit and ends in "…", as does the last line when the text has
+/// more.
 fn wrap(text: &str, separator: &str, size: f64, max_width: i32) -> Result<Vec<String>, VizError> {
     let desc = FontDesc::new(FontFamily::SansSerif, size, FontStyle::Normal);
     let width = |text: &str| {
@@ -337,20 +338,33 @@ fn wrap(text: &str, separator: &str, size: f64, max_width: i32) -> Result<Vec<St
                 message: format!("measuring {text:?}: {e}"),
             })
     };
+    // Each word with what joins it to the one before: the separator between pieces, a space
+    // inside a piece too wide for a line.
+    let mut words: Vec<(&str, &str)> = Vec::new();
+    for piece in text.split(separator) {
+        match width(piece)? <= max_width {
+            true => words.push((separator, piece)),
+            false => {
+                let mut inside = piece.split(' ');
+                words.extend(inside.next().map(|first| (separator, first)));
+                words.extend(inside.map(|word| (" ", word)));
+            }
+        }
+    }
     let mut lines: Vec<String> = Vec::new();
     let mut cut = false;
-    for piece in text.split(separator) {
+    for (joiner, word) in words {
         let full = lines.len() == TITLE_MAX_LINES;
         match lines.last_mut() {
-            Some(line) if width(&format!("{line}{separator}{piece}"))? <= max_width => {
-                line.push_str(separator);
-                line.push_str(piece);
+            Some(line) if width(&format!("{line}{joiner}{word}"))? <= max_width => {
+                line.push_str(joiner);
+                line.push_str(word);
             }
             _ if full => {
                 cut = true;
                 break;
             }
-            _ => lines.push(piece.to_string()),
+            _ => lines.push(word.to_string()),
         }
     }
     if let Some(last) = lines.last_mut().filter(|_| cut) {
@@ -632,15 +646,26 @@ fn draw_colour_bar<DB: DrawingBackend>(
     } else {
         0
     };
-    for k in 0..=ticks {
-        let value = k as f32 * step;
-        let frac = if vmax > 0.0 { value / vmax } else { 0.0 };
-        let ty = y + ((1.0 - frac) * (height - 1) as f32).round() as i32;
+    let at = |frac: f32| y + ((1.0 - frac) * (height - 1) as f32).round() as i32;
+    let mut marks: Vec<(i32, String)> = (0..=ticks)
+        .map(|k| {
+            let value = k as f32 * step;
+            let frac = if vmax > 0.0 { value / vmax } else { 0.0 };
+            (at(frac), format!("{value:.decimals$}"))
+        })
+        .collect();
+    // The top of the scale, the largest weight drawn, when no tick is near it (one more
+    // decimal than the ticks: 0.297 over ticks 0.0, 0.1, 0.2 reads 0.30).
+    let last = marks.last().map_or(i32::MAX, |&(ty, _)| ty);
+    if vmax > 0.0 && last - at(1.0) >= 14 {
+        marks.push((at(1.0), format!("{vmax:.0$}", decimals + 1)));
+    }
+    for (ty, label) in marks {
         root.draw(&Rectangle::new(
             [(x + 16, ty), (x + 20, ty + 1)],
             RGBColor(0, 0, 0).filled(),
         ))?;
-        root.draw_text(&format!("{value:.decimals$}"), &tick, (x + 23, ty))?;
+        root.draw_text(&label, &tick, (x + 23, ty))?;
     }
     Ok(())
 }

@@ -304,6 +304,59 @@ fn long_titles_are_cut_not_drawn_wider() {
 }
 
 #[test]
+fn a_title_piece_wider_than_the_picture_wraps_at_its_spaces() {
+    // Two 2-word columns make the narrowest picture (420 px): the last piece, wider than that,
+    // was cut with "…" ("rows renorma…"); now it goes on at the next line.
+    let labels = vec!["a".to_string(), "b".to_string()];
+    let matrix = vec![0.3, 0.7, 0.6, 0.4];
+    let title =
+        "\"a b\" — all heads — words, [CLS]/[SEP] hidden (they took 80%), rows renormalised";
+    let heatmap = Heatmap {
+        title,
+        labels: &labels,
+        matrix: &matrix,
+        marks: Marks::default(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("t.svg");
+    write_heatmap(&svg, &heatmap).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(!text.contains('…'), "{text}");
+    assert!(text.contains("renormalised\n"), "{text}");
+}
+
+#[test]
+fn the_colour_bar_names_its_top() {
+    // Largest weight .297: ticks 0.0, 0.1, 0.2 and the top, 0.30 (as it did not say, the scale
+    // read as ending at 0.2). At .2 the last tick is the top: no second label.
+    let labels = vec!["a".to_string(), "b".to_string()];
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("t.svg");
+    for (max, top) in [(0.297f32, Some("0.30")), (0.2, None)] {
+        let matrix = vec![max, 0.1, 0.05, 0.1];
+        let heatmap = Heatmap {
+            title: "t",
+            labels: &labels,
+            matrix: &matrix,
+            marks: Marks::default(),
+        };
+        write_heatmap(&svg, &heatmap).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        for tick in ["\n0.0\n", "\n0.1\n", "\n0.2\n"] {
+            assert!(text.contains(tick), "{tick} in {max}");
+        }
+        let labels = text.matches("\n0.").count();
+        match top {
+            Some(top) => {
+                assert!(text.contains(&format!("\n{top}\n")), "{max}");
+                assert_eq!(labels, 4, "{max}");
+            }
+            None => assert_eq!(labels, 3, "{max}"),
+        }
+    }
+}
+
+#[test]
 fn pictures_past_the_pixel_limit_are_refused_before_drawing() {
     // 60 × 60 one-token panels: 60 · 136 + 130 = 8290 px wide, 20 + 24 (title) + 15 (caption) +
     // 6 + 60 · 146 + 20 = 8845 high, 73.3 million pixels (220 MB of RGB) against a limit of 64

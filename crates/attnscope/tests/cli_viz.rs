@@ -858,6 +858,31 @@ fn heatmaps_say_what_they_leave_out() {
         .and_then(|share| share.parse::<f32>().ok())
         .expect("the title gives the hidden share");
     assert!((1.0..100.0).contains(&hidden), "{hidden}");
+    // Layer 0, head 2 of "The cat sat on the mat": the row of "The" keeps almost nothing
+    // after [CLS]/[SEP] (its share recomputed here from `attention --json`); renormalised, that
+    // little fills the row, and the title says so, to the digits the share needs.
+    let text = "The cat sat on the mat";
+    let json: Value = serde_json::from_str(&ok(&["attention", text, "--json"])).unwrap();
+    let row = &json["attentions"][0][2][1];
+    let t = row.as_array().unwrap().len();
+    let kept: f64 = (1..t - 1).map(|j| row[j].as_f64().unwrap()).sum();
+    let total: f64 = (0..t).map(|j| row[j].as_f64().unwrap()).sum();
+    let percent = 100.0 * kept / total;
+    assert!(percent < 5.0, "{percent}");
+    let digits = (-percent.log10()).ceil() as usize;
+    let faint = out("faint.svg");
+    let args = ["heatmap", text, "--layer", "0", "--head", "2", "-o", &faint];
+    ok(&args);
+    // The picture's texts, one after the other (the title wraps at spaces).
+    let svg = std::fs::read_to_string(&faint).unwrap();
+    let texts: Vec<&str> = (svg.split("</text>"))
+        .filter_map(|piece| piece.rsplit_once('>').map(|(_, text)| text.trim()))
+        .collect();
+    let title = texts.join(" ");
+    let said = format!(
+        "&quot;The&quot; kept {percent:.digits$}% of its row: renormalised, that little fills it"
+    );
+    assert!(title.contains(&said), "{said} not in {title}");
     // The title quotes the text as written: an em dash stays one.
     ok(&["heatmap", "Paris — France", "-o", &pair]);
     assert!(

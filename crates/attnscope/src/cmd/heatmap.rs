@@ -116,8 +116,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (true, _) => String::new(),
         (false, None) => format!(", {specials} hidden, rows renormalised"),
         (false, Some(merged)) => format!(
-            ", {specials} hidden (they took {:.0}%), rows renormalised",
-            100.0 * view.hidden_share(merged)
+            ", {specials} hidden (they took {:.0}%), rows renormalised{}",
+            100.0 * view.hidden_share(merged),
+            view.faint_rows(merged)
         ),
     };
     let texts = match &maps.pair {
@@ -228,15 +229,71 @@ impl View<'_> {
     /// # Shapes
     /// `merged: [U, U]` ([`View::units_of`]).
     fn hidden_share(&self, merged: &[f32]) -> f32 {
+        let total: f32 = (self.kept_shares(merged).iter())
+            .map(|&(_, kept)| 1.0 - kept)
+            .sum();
+        total / self.shown.len() as f32
+    }
+
+    /// Each shown row's unit and the share of its attention the shown units got.
+    ///
+    /// # Shapes
+    /// `merged: [U, U]` ([`View::units_of`]) → `[S]`.
+    fn kept_shares(&self, merged: &[f32]) -> Vec<(usize, f32)> {
         let n = self.units.len();
-        let total: f32 = (self.shown.iter())
+        (self.shown.iter())
             .map(|&i| {
                 let row = &merged[i * n..(i + 1) * n];
                 let kept: f32 = self.shown.iter().map(|&j| row[j]).sum();
-                (row.iter().sum::<f32>() - kept).max(0.0)
+                let total: f32 = row.iter().sum();
+                (i, (kept / total.max(f32::MIN_POSITIVE)).min(1.0))
             })
-            .sum();
-        total / self.shown.len() as f32
+            .collect()
+    }
+
+    /// The rows that kept under [`FAINT_ROW`] of their attention, for the title: renormalised,
+    /// such a row's leftovers look as bright as a head's real weights.
+    fn faint_rows(&self, merged: &[f32]) -> String {
+        let faint: Vec<(usize, f32)> = (self.kept_shares(merged).into_iter())
+            .filter(|&(_, kept)| kept < FAINT_ROW)
+            .collect();
+        let label = |u: usize| format!("{:?}", attn_viz::bars::printable(&self.units[u].label));
+        match &faint[..] {
+            [] => String::new(),
+            &[(u, kept)] => format!(
+                "; {} kept {} of its row: renormalised, that little fills it",
+                label(u),
+                percent(kept)
+            ),
+            [_, _] | [_, _, _] => {
+                let rows: Vec<String> = (faint.iter())
+                    .map(|&(u, kept)| format!("{} ({})", label(u), percent(kept)))
+                    .collect();
+                format!(
+                    "; {} kept little of their rows: renormalised, that little fills them",
+                    rows.join(", ")
+                )
+            }
+            _ => format!(
+                "; {} rows kept under {:.0}% of their attention: renormalised, that little fills \
+                 them",
+                faint.len(),
+                100.0 * FAINT_ROW
+            ),
+        }
+    }
+}
+
+/// The share of its attention under which a row's renormalised weights are called out in the
+/// title.
+const FAINT_ROW: f32 = 0.05;
+
+/// A share as a percentage with the digits a small one needs: 3%, 0.4%, 0.0005%.
+fn percent(share: f32) -> String {
+    let p = 100.0 * share;
+    match p {
+        _ if p >= 1.0 || p == 0.0 => format!("{p:.0}%"),
+        _ => format!("{:.*}%", (-p.log10()).ceil() as usize, p),
     }
 }
 
