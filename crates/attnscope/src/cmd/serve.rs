@@ -48,13 +48,19 @@ pub const BODY_LIMIT: usize = 1 << 20;
 /// Forward passes allowed at once; more would only compete for the same cores and memory.
 const CONCURRENT_RUNS: usize = 2;
 
+/// How long a request waits for a place among the [`CONCURRENT_RUNS`] before it is answered
+/// 503: within a connection's lifetime ([`CONNECTION_LIFETIME`]), so a busy server says so
+/// rather than closing the connection without an answer.
+const QUEUE_WAIT: Duration = Duration::from_secs(60);
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Port to listen on (0: any free port; the address is printed).
     #[arg(long, default_value_t = 7878)]
     pub port: u16,
-    /// Address to bind. Anything but 127.0.0.1 / ::1 exposes the app to your network.
-    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    /// Address to bind (an IP address, or localhost for 127.0.0.1). Anything but 127.0.0.1 /
+    /// ::1 exposes the app to your network.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST), value_parser = parse_host)]
     pub host: IpAddr,
     /// Seconds a client may take to send a request's headers, and then its body; an idle or
     /// slower connection is closed (with 408 for a late body).
@@ -62,6 +68,17 @@ pub struct Args {
     pub body_timeout: f64,
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// `--host`: an IP address, or `localhost` (127.0.0.1; other names would need a resolver's
+/// choice of address).
+fn parse_host(text: &str) -> Result<IpAddr, String> {
+    if text.eq_ignore_ascii_case("localhost") {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    text.parse().map_err(|_| {
+        format!("{text:?} is not an IP address (127.0.0.1, ::1, 0.0.0.0) or localhost")
+    })
 }
 
 /// `--body-timeout`: a finite number of seconds from 0.1 to a day (below it, and it applies
@@ -77,7 +94,9 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
 
 struct App {
     model: Model,
-    runs: Semaphore,
+    /// Held by each forward pass, to its end: a client that goes away does not free its
+    /// pass's place while the pass still runs.
+    runs: Arc<Semaphore>,
     body_timeout: Duration,
 }
 
@@ -130,7 +149,7 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
         .context("cannot read the bound address")?;
     let app = Arc::new(App {
         model,
-        runs: Semaphore::new(CONCURRENT_RUNS),
+        runs: Arc::new(Semaphore::new(CONCURRENT_RUNS)),
         body_timeout,
     });
     // The first stdout line is the address; tests and scripts read it.
@@ -325,6 +344,21 @@ async fn read_request(
             "the request must be JSON (Content-Type: application/json)".into(),
         ));
     }
+    // A declared length past the limit is answered at once, not after the body's timeout.
+    let declared = (headers.get(header::CONTENT_LENGTH))
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > BODY_LIMIT as u64) {
+        let mut answer = error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request is larger than {} KiB", BODY_LIMIT >> 10),
+        );
+        answer.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        return Err(answer);
+    }
     let bytes = match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, BODY_LIMIT))
         .await
     {
@@ -374,14 +408,28 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
         Ok(request) => request,
         Err(answer) => return answer,
     };
-    let Ok(_permit) = app.runs.acquire().await else {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down".into(),
-        );
+    let permit = match tokio::time::timeout(QUEUE_WAIT, Arc::clone(&app.runs).acquire_owned()).await
+    {
+        Ok(Ok(permit)) => permit,
+        Ok(Err(_)) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down".into(),
+            );
+        }
+        Err(_) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the server is busy: this text waited {} s behind others; try again",
+                    QUEUE_WAIT.as_secs()
+                ),
+            );
+        }
     };
     let worker = Arc::clone(&app);
     let result = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let pair = request.pair.as_deref().filter(|p| !p.is_empty());
         let (maps, qk) = analyse(&worker.model, &request.text, pair, false)?;
         // Nothing to keep small on the machine's own loopback: every weight to 3 decimals (those
