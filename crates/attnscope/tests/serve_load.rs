@@ -350,12 +350,6 @@ fn the_body_limit_holds_for_chunked_and_cut_short_bodies() {
     let answer = exchange(&server.address, &request).unwrap();
     assert_eq!(answer.status, 413, "declared length: {}", answer.body);
     assert!(started.elapsed() < Duration::from_secs(10));
-    // A declared length past the limit with a short body: 413 at once, where the server waited
-    // for the body until its timeout (408).
-    let request = b"POST /api/attention HTTP/1.1\r\nHost: localhost\r\n\
-        Content-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{\"text\": \"a\"}";
-    let answer = exchange(&server.address, request).unwrap();
-    assert_eq!(answer.status, 413, "false length: {}", answer.body);
     assert!(server.alive());
 }
 
@@ -436,38 +430,38 @@ fn localhost_is_a_host_to_bind() {
 fn a_body_that_never_arrives_gets_408_and_the_connection_closes() {
     // A fraction of a second, as the message must say (it said "2 s" for 1.5).
     let mut server = Server::start_with(&["--body-timeout", "1.5"]);
-    // Declares 2 KiB, sends 10 bytes, then nothing (a declared length over the limit is
-    // answered 413 at once: `the_body_limit_holds_for_chunked_and_cut_short_bodies`).
-    let declared = 2 << 10;
-    let started = Instant::now();
-    let mut stream = TcpStream::connect(&server.address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let head = format!(
-        "POST /api/attention HTTP/1.1\r\nHost: localhost\r\n\
-         Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n{{\"text\": \"a"
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    // read_to_end returns only once the server closes the connection.
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    let elapsed = started.elapsed();
-    let answer = parse(&raw).unwrap();
-    assert_eq!(answer.status, 408, "declared {declared}: {}", answer.body);
-    assert!(
-        answer.body.contains("did not arrive within 1.5 s"),
-        "{}",
-        answer.body
-    );
-    println!(
-        "load: a {declared}-byte body that never came was answered 408 and closed after {:.0} ms",
-        elapsed.as_secs_f64() * 1e3
-    );
-    assert!(
-        elapsed >= Duration::from_millis(1400) && elapsed < Duration::from_secs(10),
-        "took {elapsed:?}"
-    );
+    // Declares 2 MiB (over the limit) and 2 KiB (under it), sends 10 bytes, then nothing.
+    for declared in [2 << 20, 2 << 10] {
+        let started = Instant::now();
+        let mut stream = TcpStream::connect(&server.address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let head = format!(
+            "POST /api/attention HTTP/1.1\r\nHost: localhost\r\n\
+             Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n{{\"text\": \"a"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        // read_to_end returns only once the server closes the connection.
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).unwrap();
+        let elapsed = started.elapsed();
+        let answer = parse(&raw).unwrap();
+        assert_eq!(answer.status, 408, "declared {declared}: {}", answer.body);
+        assert!(
+            answer.body.contains("did not arrive within 1.5 s"),
+            "{}",
+            answer.body
+        );
+        println!(
+            "load: a {declared}-byte body that never came was answered 408 and closed after {:.0} ms",
+            elapsed.as_secs_f64() * 1e3
+        );
+        assert!(
+            elapsed >= Duration::from_millis(1400) && elapsed < Duration::from_secs(10),
+            "took {elapsed:?}"
+        );
+    }
     assert!(server.alive());
 }
 

@@ -344,21 +344,6 @@ async fn read_request(
             "the request must be JSON (Content-Type: application/json)".into(),
         ));
     }
-    // A declared length past the limit is answered at once, not after the body's timeout.
-    let declared = (headers.get(header::CONTENT_LENGTH))
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse::<u64>().ok());
-    if declared.is_some_and(|length| length > BODY_LIMIT as u64) {
-        let mut answer = error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request is larger than {} KiB", BODY_LIMIT >> 10),
-        );
-        answer.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-        return Err(answer);
-    }
     let bytes = match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, BODY_LIMIT))
         .await
     {
