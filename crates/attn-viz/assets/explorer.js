@@ -743,8 +743,8 @@
         if (!$("input-submit").disabled) await request(S.data.text, S.data.pair, S.layer);
         return;
       }
-      body.appendChild(el("p", "muted", "Queries and keys of layer " + S.layer + " are not in this file (it holds layers " +
-        S.neuronLayers.join(", ") + "). Write the file with --neuron-layer " + S.layer + " to see them."));
+      body.appendChild(el("p", "muted", "Queries and keys of layer " + S.layer + " are not in this file (it holds " +
+        (S.neuronLayers.length === 1 ? "layer " : "layers ") + S.neuronLayers.join(", ") + "). Write the file with --neuron-layer " + S.layer + " to see them."));
       return;
     }
     const n = S.data.neuron, d = n.head_dim, T = S.T;
@@ -990,9 +990,12 @@
         if (S.overlayRedraw) S.overlayRedraw();
       }, 150);
     });
-    // A link with another #fragment opened in this tab shows what it names.
+    // A link with another #fragment opened in this tab shows what it names, and what it does
+    // not name as a new tab would show it (every head, no filter).
     window.addEventListener("hashchange", () => {
       if (!S.data) return;
+      Object.assign(S, { view: "head", filter: "all", heads: new Array(S.H).fill(true),
+        layer: S.neuronLayers.length ? S.neuronLayers[0] : S.L - 1 });
       restoreState();
       buildControls();
       restoreSelects();
@@ -1035,6 +1038,10 @@
         return;
       }
       await load(json);
+      // The address names what is shown, to bookmark or share: only a text that loaded.
+      const query = new URLSearchParams({ text });
+      if (pair) query.set("pair", pair);
+      history.replaceState(null, "", "?" + query.toString() + location.hash);
     } catch (error) {
       if (id === latestRequest) showError("Could not get attention from the server: " + error.message + " (is `attnscope serve` still running?)");
     } finally {
@@ -1051,10 +1058,6 @@
       form.addEventListener("submit", (event) => {
         event.preventDefault();
         request($("input-text").value, $("input-pair").value, S.data ? S.layer : null);
-        // The address names what is shown, to bookmark or share.
-        const query = new URLSearchParams({ text: $("input-text").value });
-        if ($("input-pair").value) query.set("pair", $("input-pair").value);
-        history.replaceState(null, "", "?" + query.toString() + location.hash);
       });
       form.addEventListener("keydown", (event) => {
         if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("input-submit").disabled) form.requestSubmit();

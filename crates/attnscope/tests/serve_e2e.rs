@@ -155,6 +155,33 @@ fn browser_shows_every_view_of_the_submitted_text() {
         browser.exec("return [location.search, location.hash];", json!([])),
         json!(["?text=The+cat+sat&pair=on+the+mat", "#view=head&layer=1"])
     );
+    // A link opened in this tab shows what it names, and the rest as a new tab would: the
+    // filter and the heads turned off here do not carry over.
+    browser.exec(
+        "location.hash = 'filter=AB&heads=1.2'; return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for(
+        "document.getElementById('filter').value === 'AB'",
+        Duration::from_secs(10)
+    ));
+    browser.exec(
+        "location.hash = 'view=model&layer=1'; return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for(
+        "location.hash === '#view=model&layer=1' && document.getElementById('filter').value === 'all'",
+        Duration::from_secs(10)
+    ));
+    browser.exec(
+        "location.hash = 'view=head&layer=1'; return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for(
+        "!document.getElementById('view-head').hidden",
+        Duration::from_secs(10)
+    ));
+    browser.expect_ready();
 
     let column = |side: &str| {
         browser.exec(
@@ -476,6 +503,17 @@ fn browser_shows_every_view_of_the_submitted_text() {
         message.as_str().unwrap().contains("at most 64"),
         "{message}"
     );
+    // The address still names the text shown (it named the refused one, which a reload or a
+    // bookmark then asked for again).
+    let search = browser.exec("return location.search;", json!([]));
+    assert!(
+        !search
+            .as_str()
+            .unwrap()
+            .contains("the+cat+sat+on+the+mat+the"),
+        "{search}"
+    );
+    assert!(search.as_str().unwrap().starts_with("?text="), "{search}");
 }
 
 #[test]
