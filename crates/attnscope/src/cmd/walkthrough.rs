@@ -31,7 +31,8 @@ pub struct Args {
     /// `padding:N` (the last N words are padding that no word attends to).
     #[arg(long, value_name = "causal|padding:N")]
     mask: Option<String>,
-    /// The word whose output is written out as a weighted sum of V rows (default: the second).
+    /// The word whose output is written out as a weighted sum of V rows (default: the second);
+    /// any case, and "the#2" for the second "the".
     #[arg(long)]
     word: Option<String>,
 }
@@ -278,12 +279,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mask = args.mask.as_deref().map(|m| parse_mask(m, n)).transpose()?;
     let focus = match &args.word {
         None => usize::from(n > 1),
-        Some(w) => ex.words.iter().position(|x| x == w).with_context(|| {
-            format!(
-                "--word {w:?} is not one of the words: {}",
-                ex.words.join(", ")
-            )
-        })?,
+        Some(w) => find_word(&ex.words, w)?,
     };
     let text = walkthrough(&ex, mask.as_ref(), focus);
     let text = match &args.input {
@@ -292,6 +288,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     crate::out!("{text}")?;
     Ok(())
+}
+
+/// The row of `--word asked`: the word as written, else ignoring case (as `explain --focus`
+/// does); `word#n` is its n-th occurrence.
+fn find_word(words: &[String], asked: &str) -> anyhow::Result<usize> {
+    if let Some(i) = words.iter().position(|w| w == asked) {
+        return Ok(i);
+    }
+    let (name, occurrence) = match asked.rsplit_once('#') {
+        Some((name, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            let n: usize = n
+                .parse()
+                .with_context(|| format!("--word {asked:?}: the number after '#' is too large"))?;
+            (name, n)
+        }
+        _ => (asked, 1),
+    };
+    let exact: Vec<usize> = (0..words.len()).filter(|&i| words[i] == name).collect();
+    let found = match exact.is_empty() {
+        false => exact,
+        true => (0..words.len())
+            .filter(|&i| words[i].to_lowercase() == name.to_lowercase())
+            .collect(),
+    };
+    match (found.len(), occurrence) {
+        (0, _) => bail!(
+            "--word {asked:?} is not one of the words: {}",
+            words.join(", ")
+        ),
+        (_, 0) => bail!("--word {asked:?}: occurrences count from 1 ({name}#1 is the first)"),
+        (count, n) if n > count => bail!(
+            "--word {asked:?}: {name:?} occurs {} in the words; #{n} asks for more",
+            if count == 1 {
+                "once".to_string()
+            } else {
+                format!("{count} times")
+            }
+        ),
+        _ => Ok(found[occurrence - 1]),
+    }
 }
 
 fn walkthrough(ex: &Example, mask: Option<&MaskKind>, focus: usize) -> anyhow::Result<String> {
