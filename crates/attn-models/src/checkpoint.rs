@@ -92,6 +92,12 @@ impl Checkpoint {
         self.tensors.contains_key(name)
     }
 
+    /// Whether any tensor's name starts with `prefix`.
+    pub fn has_prefix(&self, prefix: &str) -> bool {
+        (self.tensors.range(prefix.to_string()..).next())
+            .is_some_and(|(name, _)| name.starts_with(prefix))
+    }
+
     /// The validated header entry of `name`.
     pub fn info(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.get(name)

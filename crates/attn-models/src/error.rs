@@ -46,6 +46,16 @@ pub enum ModelError {
          set the config's layer count to the checkpoint's"
     )]
     ExtraLayers { tensor: String, n_layers: usize },
+    /// The config sets more layers than the checkpoint holds.
+    #[error(
+        "config.json sets {n_layers} layers, but model.safetensors has no tensor of layer \
+         {layer} (none starts {prefix:?}): set the config's layer count to the checkpoint's"
+    )]
+    MissingLayers {
+        n_layers: usize,
+        layer: usize,
+        prefix: String,
+    },
     /// The model path names a file, not the directory that holds the model's files.
     #[error(
         "{} is a file, not a model directory: give the folder that holds config.json, \

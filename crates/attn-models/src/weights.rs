@@ -206,6 +206,7 @@ fn load_encoder(
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}{}.{l}.", names.layers);
+            no_layer_missing(ckpt, &lp, (l, c.n_layers))?;
             Ok(Layer {
                 qkv: torch_qkv(ckpt, &lp, names.qkv, h)?,
                 attn_out: torch_linear(ckpt, &format!("{lp}{}", names.attn_out), h, h)?,
@@ -241,6 +242,24 @@ fn load_encoder(
     })
 }
 
+/// [`ModelError::MissingLayers`] when no tensor of layer `l` (names starting `prefix`) is in
+/// the checkpoint: its first missing tensor alone would not say that the config asks for more
+/// layers than there are.
+fn no_layer_missing(
+    ckpt: &Checkpoint,
+    prefix: &str,
+    (l, n_layers): (usize, usize),
+) -> Result<(), ModelError> {
+    match ckpt.has_prefix(prefix) {
+        true => Ok(()),
+        false => Err(ModelError::MissingLayers {
+            n_layers,
+            layer: l,
+            prefix: prefix.to_string(),
+        }),
+    }
+}
+
 /// [`ModelError::ExtraLayers`] when the checkpoint holds `tensor`, of the layer after the
 /// config's last.
 fn no_layer_past(ckpt: &Checkpoint, tensor: String, n_layers: usize) -> Result<(), ModelError> {
@@ -257,6 +276,7 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}h.{l}.");
+            no_layer_missing(ckpt, &lp, (l, c.n_layers))?;
             Ok(Layer {
                 qkv: conv1d(ckpt, &format!("{lp}attn.c_attn"), h, 3 * h)?,
                 attn_out: conv1d(ckpt, &format!("{lp}attn.c_proj"), h, h)?,

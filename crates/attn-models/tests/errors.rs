@@ -364,6 +364,36 @@ fn broken_and_looping_links_are_named() {
 }
 
 #[test]
+fn a_config_with_more_layers_than_the_checkpoint_says_so() {
+    // tiny-gpt2 has 2 layers; a config of 3 said only "tensor h.2.attn.c_attn.weight is
+    // missing from the checkpoint".
+    let dir = tiny_copy();
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["n_layer"] = 3.into();
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = load_err(dir.path());
+    assert!(
+        matches!(
+            err,
+            ModelError::MissingLayers {
+                n_layers: 3,
+                layer: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with(
+            "config.json sets 3 layers, but model.safetensors has no tensor of layer 2"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn missing_tensor_is_named() {
     let dir = tiny_copy();
     // Rewrite the checkpoint without ln_f.bias, keeping the rest valid.
