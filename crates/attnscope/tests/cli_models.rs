@@ -557,6 +557,17 @@ fn attnscope_model_selects_the_model() {
     );
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["model"], "tiny-gpt2");
+    // A path with an escape sequence is named with it escaped: the error does not clear the
+    // terminal.
+    let out = Command::new(env!("CARGO_BIN_EXE_attnscope"))
+        .args(["attention", "The cat sat"])
+        .env("ATTNSCOPE_MODEL", "no/such\x1b[2Jmodel")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+    assert!(stderr.contains("no/such\\u{1b}[2Jmodel"), "{stderr}");
 }
 
 #[test]
