@@ -131,7 +131,10 @@ const GPT2_FIELDS: FieldNames = FieldNames {
 
 /// A token id, or a list of them of which the first counts (`eos_token_id: [50256]`).
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "eos_token_id to be a token id (a whole number from 0) or a list of them"
+)]
 enum TokenIds {
     One(u32),
     Many(Vec<u32>),

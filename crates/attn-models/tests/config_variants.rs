@@ -441,6 +441,14 @@ fn gpt2_config_errors_name_gpt2_fields_and_eos_lists_are_read() {
     }
     let config = with("eos_token_id", serde_json::json!([7, 9])).unwrap();
     assert_eq!(config.pad_token_id, 7);
+    // A bad one is named (it was "data did not match any variant of untagged enum TokenIds").
+    for bad in [serde_json::json!(-1), serde_json::json!("0")] {
+        let message = with("eos_token_id", bad).unwrap_err().to_string();
+        assert!(
+            message.contains("eos_token_id to be a token id"),
+            "{message}"
+        );
+    }
     // GPT2Config's attribute_map: transformers reads "num_attention_heads" as n_head (a config
     // with both ran tiny-gpt2's 4 heads where transformers runs 8). Alone, an alias is read;
     // next to its field, refused.
