@@ -682,6 +682,29 @@ impl Model {
         self.embed_with(texts, false)
     }
 
+    /// The error [`Model::embed`] gives `text` for its length ([`ModelError::TooLong`] or
+    /// [`ModelError::TooManyWords`]), if any: what [`Model::embed_with`] with `truncate` cuts,
+    /// for a caller to say so.
+    pub fn embed_too_long(&self, text: &str) -> Option<ModelError> {
+        let lowered = self.pooling.lower_case.then(|| text.to_lowercase());
+        let text = lowered.as_deref().unwrap_or(text);
+        match self
+            .tokenizer
+            .encode_within(text, None, self.embed_limit(), false)
+        {
+            Err(e @ (ModelError::TooLong { .. } | ModelError::TooManyWords { .. })) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The most tokens an embedding reads: sentence-transformers' `max_seq_length`, else the
+    /// positions.
+    fn embed_limit(&self) -> Limit {
+        self.pooling
+            .max_seq_length
+            .map_or(Limit::Positions, Limit::Embedding)
+    }
+
     /// [`Model::embed`], cutting texts that are too long when `truncate` is set (as
     /// sentence-transformers always does).
     ///
@@ -691,10 +714,7 @@ impl Model {
         if texts.is_empty() {
             return Err(ModelError::EmptyBatch);
         }
-        let limit = self
-            .pooling
-            .max_seq_length
-            .map_or(Limit::Positions, Limit::Embedding);
+        let limit = self.embed_limit();
         let encs = texts
             .par_iter()
             .enumerate()

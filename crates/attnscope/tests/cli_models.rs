@@ -430,6 +430,16 @@ fn empty_and_too_long_text_are_errors() {
     assert_eq!(doc["tokens"].as_array().unwrap().len(), 64);
     let doc = ok_json(&["embed", &long, "--model", m, "--truncate", "--json"]);
     assert_eq!(doc["embeddings"][0].as_array().unwrap().len(), 32);
+    // What --truncate cut is said, text by text (it cut in silence).
+    let out = attnscope(&["embed", "fine", &long, "--model", m, "--truncate"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("note: --truncate: text 1: the text is ")
+            && stderr.contains("more than the model's 64 positions"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("text 0"), "{stderr}");
     // generate has no --truncate: its hint does not offer one.
     let stderr = fails_with(
         &["generate", &long, "--model", m, "--max-new-tokens", "1"],
@@ -464,6 +474,12 @@ fn a_long_lookup_key_is_named_and_can_be_cut() {
     );
     let doc = ok_json(&args(&["--truncate"]));
     assert_eq!(doc["entries"].as_array().unwrap().len(), 2);
+    let out = attnscope(&args(&["--truncate"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: --truncate: the key of --entry #2: the text is "),
+        "{stderr}"
+    );
 }
 
 #[test]

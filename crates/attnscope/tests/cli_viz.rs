@@ -821,6 +821,18 @@ fn bad_flags_and_files_are_clear_errors() {
         "at least 1.18e-38 (smaller ones overflow cosine / temperature); got 1e-39",
     );
     fails_with(&["lookup", "--query", " ", "--entry", "a=b"], 1, "empty");
+    for t in ["inf", "NaN"] {
+        let args = [
+            "lookup",
+            "--query",
+            "x",
+            "--entry",
+            "a=b",
+            "--temperature",
+            t,
+        ];
+        fails_with(&args, 1, "--temperature must be a finite number above 0");
+    }
 }
 
 #[test]

@@ -62,6 +62,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         anyhow::Error::new(e).context(format!("embedding {what}"))
     })?;
+    if args.truncate {
+        for (i, text) in refs.iter().enumerate() {
+            if let Some(e) = model.embed_too_long(text) {
+                let what = match &args.file {
+                    None => format!("text {i}"),
+                    Some(file) => format!("{}, line {}", file.display(), lines[i]),
+                };
+                crate::note!(
+                    "note: --truncate: {what}: {e}; its embedding is of the tokens that fit"
+                );
+            }
+        }
+    }
     if !model.is_sentence_model() {
         crate::note!(
             "note: {} is not a sentence-transformers model (no modules.json): these are the mean of its \

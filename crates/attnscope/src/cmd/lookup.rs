@@ -102,7 +102,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.query.trim().is_empty() {
         anyhow::bail!("the --query is empty");
     }
-    if !(args.temperature.is_finite() && args.temperature >= MIN_TEMPERATURE) {
+    if !args.temperature.is_finite() {
+        anyhow::bail!(
+            "--temperature must be a finite number above 0; got {:?}",
+            args.temperature
+        );
+    }
+    if args.temperature < MIN_TEMPERATURE {
         let why = if args.temperature > 0.0 && args.temperature.is_finite() {
             " (smaller ones overflow cosine / temperature)"
         } else {
@@ -129,6 +135,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         anyhow::Error::new(e).context(format!("embedding {what}"))
     })?;
+    if args.truncate {
+        for (i, text) in texts.iter().enumerate() {
+            if let Some(e) = model.embed_too_long(text) {
+                let what = match i {
+                    0 => "the --query".to_string(),
+                    i => format!("the key of {}", sources[i - 1]),
+                };
+                crate::note!(
+                    "note: --truncate: {what}: {e}; its embedding is of the tokens that fit"
+                );
+            }
+        }
+    }
     let lookup = soft_lookup(&embeddings[0], &embeddings[1..], args.temperature)?;
     let mut out = std::io::stdout().lock();
     if args.json {
