@@ -265,6 +265,47 @@ fn embed_json_matches_sentence_transformers() {
 }
 
 #[test]
+fn many_texts_get_each_ones_most_similar_instead_of_a_table() {
+    // 13 texts (a table stops at 12): each line names the other text of the largest cosine,
+    // found here from the JSON's vectors.
+    let texts: Vec<String> = ["cat", "dog", "car", "bus", "sun", "moon", "tea", "coffee"]
+        .iter()
+        .chain(&["red", "blue", "king", "queen", "apple"])
+        .map(|t| t.to_string())
+        .collect();
+    let m = minilm();
+    let mut args: Vec<&str> = vec!["embed", "--model", m.to_str().unwrap()];
+    args.extend(texts.iter().map(String::as_str));
+    let text = ok(&args);
+    assert!(
+        !text.contains("cosine similarity (rows and columns"),
+        "{text}"
+    );
+    let doc = ok_json(&[&args[..], &["--json"]].concat());
+    let vectors: Vec<Vec<f64>> = (doc["embeddings"].as_array().unwrap().iter())
+        .map(|e| {
+            let mut v = Vec::new();
+            flatten(e, &mut v);
+            v
+        })
+        .collect();
+    let cosine = |a: &[f64], b: &[f64]| {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        dot / (norm(a) * norm(b))
+    };
+    for (i, v) in vectors.iter().enumerate() {
+        let (j, c) = (0..vectors.len())
+            .filter(|&j| j != i)
+            .map(|j| (j, cosine(v, &vectors[j])))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
+        let line = format!("{i:>4} → {j:>4}  {c:.3}");
+        assert!(text.contains(&line), "{line} not in\n{text}");
+    }
+}
+
+#[test]
 fn a_plain_checkpoint_is_embedded_with_a_note() {
     let out = attnscope(&["embed", "a", "b", "--model", tiny_gpt2().to_str().unwrap()]);
     assert!(out.status.success());

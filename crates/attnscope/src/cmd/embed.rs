@@ -26,13 +26,18 @@ pub struct Args {
     /// positions) instead of refusing them, as sentence-transformers does.
     #[arg(long)]
     pub truncate: bool,
-    /// Print {"model", "embeddings": [[...], ...]}.
+    /// Print {"model", "texts", "embeddings": [[...], ...], "cosine": [[...], ...]} (the cosine
+    /// similarity of every pair of texts).
     #[arg(long)]
     pub json: bool,
     /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 }
+
+/// Texts up to which the cosine similarities are printed as a table (12 columns fit 88
+/// characters); past it, each text's most similar other text.
+const TABLE_TEXTS: usize = 12;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Each text, and its line number in --file.
@@ -116,7 +121,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let head: Vec<String> = e.iter().take(6).map(|v| format!("{v:+.4}")).collect();
             writeln!(w, "{i}: {text:?}\n   [{}, …]", head.join(", "))?;
         }
-        if embeddings.len() > 1 {
+        if embeddings.len() > TABLE_TEXTS {
+            // A table of thousands of columns helps no one: each text's nearest other text.
+            writeln!(
+                w,
+                "\nmost similar other text, by cosine similarity (the whole table: --json)"
+            )?;
+            for (i, row) in cosine.iter().enumerate() {
+                let (j, c) = (row.iter().enumerate())
+                    .filter(|&(j, _)| j != i)
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .expect("more than one text");
+                writeln!(w, "{i:>4} → {j:>4}  {c:.3}")?;
+            }
+        } else if embeddings.len() > 1 {
             writeln!(w, "\ncosine similarity (rows and columns: the texts above)")?;
             let header: Vec<String> = (0..cosine.len()).map(|j| format!("{j:>6}")).collect();
             writeln!(w, "    {}", header.join(" "))?;
