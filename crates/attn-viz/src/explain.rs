@@ -1072,32 +1072,47 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
     } else {
         String::new()
     };
+    // As many decimals as the bars show.
+    let d = bars::decimals_for(
+        explanation
+            .rows
+            .iter()
+            .map(|r| r.weight)
+            .fold(0.0f32, f32::max),
+    );
+    // A word of several tokens gets a share for each from even attention.
+    let tokens = |row: &Row| match row.tokens {
+        1 => String::new(),
+        n => format!(" ({n} tokens)"),
+    };
+    let top = (explanation.rows.iter())
+        .filter(|r| r.nameable())
+        .max_by(|a, b| a.weight.total_cmp(&b.weight));
     if !heavy.is_empty() {
         out.push_str(&format!(
             "\nModel focuses heavily on: {}{among}\n",
             heavy.join(", ")
         ));
-    } else if explanation.spread {
-        let top = (explanation.rows.iter())
-            .filter(|r| r.nameable())
-            .max_by(|a, b| a.weight.total_cmp(&b.weight));
-        if let Some(top) = top {
-            // A word of several tokens gets a share for each from even attention.
-            let tokens = match top.tokens {
-                1 => String::new(),
-                n => format!(" ({n} tokens)"),
-            };
-            // As many decimals as the bars show.
-            let max = explanation
-                .rows
-                .iter()
-                .map(|r| r.weight)
-                .fold(0.0f32, f32::max);
-            let d = bars::decimals_for(max);
+        // The longest bar not named: say why, or the reader wonders.
+        if let Some(top) = top.filter(|r| !r.heavy) {
             out.push_str(&format!(
-                "\nNo word stands out{among}: the heaviest, {:?}{tokens}, weighs {:.d$}, under \
+                "{:?}{} has the longest bar, {:.d$}, but that is under {STANDS_OUT} × the {:.d$} \
+                 even attention would give it\n",
+                top.word,
+                tokens(top),
+                top.weight,
+                top.even
+            ));
+        }
+    } else if explanation.spread {
+        if let Some(top) = top {
+            out.push_str(&format!(
+                "\nNo word stands out{among}: the heaviest, {:?}{}, weighs {:.d$}, under \
                  {STANDS_OUT} × the {:.d$} even attention would give it\n",
-                top.word, top.weight, top.even
+                top.word,
+                tokens(top),
+                top.weight,
+                top.even
             ));
         }
     } else if explanation.rows.iter().any(|r| r.weight > 0.0) {

@@ -347,6 +347,36 @@ fn rendering_follows_the_notes() {
 }
 
 #[test]
+fn a_longest_bar_that_is_not_named_is_explained() {
+    // "a bc d", one head; the row of "a" is [0 .4 .25 .25 .1 0]: a .4, bc .5 (two tokens),
+    // d .1. Even attention over the four tokens gives a .25 and bc .5: "a" stands out (.4 ≥
+    // .375) and is named, "bc" has the longest bar but not 1.5 × its .5, and the summary says
+    // why.
+    let tokens = vec![
+        tok("[CLS]", None, 0),
+        tok("a", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("##c", Some((3, 4)), 0),
+        tok("d", Some((5, 6)), 0),
+        tok("[SEP]", None, 0),
+    ];
+    let mut w = [1.0 / 6.0; 36].to_vec();
+    w[6..12].copy_from_slice(&[0.0, 0.4, 0.25, 0.25, 0.1, 0.0]);
+    let maps = hand_maps("a bc d", None, tokens, 1, 1, w);
+    let e = run(&maps, &options(Some("a")));
+    assert_eq!(words_and_weights(&e).0, ["a", "bc", "d"]);
+    assert_close(&words_and_weights(&e).1, &[0.4, 0.5, 0.1], 1e-6);
+    assert_eq!(e.focuses_on, ["a"]);
+    let text = render(&e, BarStyle::default());
+    let why = "\"bc\" (2 tokens) has the longest bar, 0.50, but that is under 1.5 × the 0.50 even \
+               attention would give it\n";
+    assert!(text.contains(why), "{text}");
+    // From "bc" (uniform rows) no word stands out, and the usual line says so.
+    let e = run(&maps, &options(Some("bc")));
+    assert!(!render(&e, BarStyle::default()).contains("has the longest bar"));
+}
+
+#[test]
 fn punctuation_is_shown_but_not_named_as_a_focus() {
     // "a .": both rows [.3 .7]; "." has the larger bar, but only "a" is named.
     let tokens = vec![tok("a", Some((0, 1)), 0), tok(".", Some((2, 3)), 0)];
