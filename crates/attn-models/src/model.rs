@@ -413,6 +413,14 @@ impl Model {
         self.tokenizer.token(id)
     }
 
+    /// Whether token `id` is one of the tokenizer's special tokens (`[CLS]`, `[PAD]`,
+    /// `<|endoftext|>`). A text that writes one (`"The cat [PAD]"`) is read as that token, as
+    /// transformers reads it: its [`Encoding`] has a span there, unlike the tokens the
+    /// tokenizer adds.
+    pub fn is_special_token(&self, id: u32) -> bool {
+        self.tokenizer.is_special(id)
+    }
+
     /// Like [`Model::encode`], but a text that is too long is cut to fit (longest segment first).
     pub fn encode_truncated(&self, text: &str, pair: Option<&str>) -> Result<Encoding, ModelError> {
         self.tokenizer.encode(text, pair, true)

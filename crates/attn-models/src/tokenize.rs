@@ -81,6 +81,12 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// Whether `id` is one of the tokenizer's special tokens (`[CLS]`, `[PAD]`,
+    /// `<|endoftext|>`), which a text may also write itself.
+    pub fn is_special(&self, id: u32) -> bool {
+        (self.inner.get_added_tokens_decoder().get(&id)).is_some_and(|t| t.special)
+    }
+
     /// The text of `ids`, special tokens included; an id the tokenizer has no token for is
     /// [`ModelError::UnknownTokenId`].
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {

@@ -85,8 +85,42 @@ pub fn run_model(
 }
 
 /// The text (and pair) encoded for `model`; with `truncate`, cut to fit, saying on stderr
-/// what was cut.
+/// what was cut, and which special tokens the text writes itself.
 pub fn encode(
+    model: &Model,
+    text: &str,
+    pair: Option<&str>,
+    truncate: bool,
+) -> anyhow::Result<attn_models::Encoding> {
+    let enc = encode_quietly(model, text, pair, truncate)?;
+    // A special token the text writes itself is that token, as transformers reads it: say so,
+    // as "[PAD]" in a text is easily taken for padding (which a mask hides).
+    let mut written: Vec<String> = Vec::new();
+    for (&id, span) in enc.ids.iter().zip(&enc.spans) {
+        if span.is_some() && model.is_special_token(id) {
+            let token = model.token(id).unwrap_or_else(|| id.to_string());
+            if !written.contains(&token) {
+                written.push(token);
+            }
+        }
+    }
+    if !written.is_empty() {
+        let (token, them, it) = match written.len() {
+            1 => ("token", "it", "a token"),
+            _ => ("tokens", "them", "tokens"),
+        };
+        crate::note!(
+            "note: the text writes the tokenizer's special {token} {} itself: transformers reads \
+             {them} as {it} the model attends to, not as padding or a separator it adds, and so \
+             does this",
+            written.join(", ")
+        );
+    }
+    Ok(enc)
+}
+
+/// [`encode`] without the note on special tokens the text writes.
+fn encode_quietly(
     model: &Model,
     text: &str,
     pair: Option<&str>,

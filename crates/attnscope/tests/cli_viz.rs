@@ -185,6 +185,23 @@ fn the_head_table_holds_each_heads_bar_for_the_word() {
     assert_eq!(to, ["cat", "mouse"]);
 }
 
+/// A special token the text writes itself is read as that token, as transformers reads it, and
+/// a note says so: the notes' "[PAD]" is easily taken for padding, which a mask would hide.
+#[test]
+fn special_tokens_written_in_the_text_are_pointed_out() {
+    let out = attnscope(&["explain", "The cat [PAD] [PAD]", "--focus", "cat"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("note: the text writes the tokenizer's special token [PAD] itself"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[PAD]"));
+    // The tokens the tokenizer adds ([CLS], [SEP]) are not the text's.
+    let out = attnscope(&["explain", "The cat sat", "--focus", "cat"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("special token"));
+}
+
 /// Two `--to` words: a third table, each cell the first word's weight minus the second's (the
 /// tables' JSON weights, rounded as shown), and a count of the heads that prefer each word
 /// recomputed from the JSON: not starred (the words shown got at least 25% of the head), and
