@@ -197,7 +197,12 @@ impl TextTokenizer {
             });
         };
         if enc.is_empty() {
-            return Err(ModelError::EmptyText { which: "text" });
+            // Not empty as written (checked above): the tokenizer dropped every character.
+            return Err(ModelError::Tokenizer {
+                reason: "the tokenizer keeps no token of this text (tokenizer.json's normalizer \
+                         or pre-tokenizer removes all of it)"
+                    .into(),
+            });
         }
         let (ids, tokens, offsets, segments) = (
             enc.get_ids().len(),

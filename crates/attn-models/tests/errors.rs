@@ -674,6 +674,23 @@ fn far_more_words_than_positions_are_refused_or_cut_before_tokenizing() {
 }
 
 #[test]
+fn a_tokenizer_that_drops_the_whole_text_says_so() {
+    // A normalizer that removes every letter: "the cat sat" is no token at all, which is not
+    // "the text is empty or only whitespace", as it said.
+    let (_dir, model) = tiny_with_tokenizer(|t| {
+        t["normalizer"] = serde_json::json!({
+            "type": "Replace", "pattern": {"Regex": "\\S"}, "content": ""
+        });
+        t["pre_tokenizer"] = serde_json::json!({"type": "WhitespaceSplit"});
+    });
+    let err = model.encode("the cat sat", None).unwrap_err();
+    assert!(
+        err.to_string().contains("keeps no token of this text"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_special_token_with_more_ids_than_tokens_is_named() {
     // A post-processor whose "<s>" has two ids and one token: the encoding's ids and tokens
     // differ in length (the tokenizers crate does not check), which indexed past the tokens.
