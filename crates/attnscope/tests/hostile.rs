@@ -173,6 +173,28 @@ fn cases(root: &Path) -> Vec<Case> {
     let no_tokenizer = model_dir(root, "no-tokenizer", |d| {
         std::fs::remove_file(d.join("tokenizer.json")).unwrap();
     });
+    let more_layers = model_dir(root, "more-layers", |d| config_with(d, "n_layer", "7"));
+    let both_names = model_dir(root, "head-count-twice", |d| {
+        config_with(d, "num_attention_heads", "8")
+    });
+    let ragged_tokenizer = model_dir(root, "special-token-two-ids", |d| {
+        let path = d.join("tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        json["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [0, 1], "tokens": ["<s>"]}}
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+    });
+    #[cfg(unix)]
+    let dangling_modules = model_dir(root, "dangling-modules", |d| {
+        std::os::unix::fs::symlink("nowhere.json", d.join("modules.json")).unwrap();
+    });
     let bad_modules = model_dir(root, "bad-modules", |d| {
         write(
             d,
@@ -185,6 +207,8 @@ fn cases(root: &Path) -> Vec<Case> {
     let latin1 = write(root, "latin1.txt", b"caf\xe9 cr\xe8me");
     let empty_text = write(root, "empty.txt", "");
     let long_text = write(root, "long.txt", "the cat sat on the mat ".repeat(40));
+    // More than 4 words per position: refused before it is tokenized.
+    let longer_text = write(root, "longer.txt", "cat ".repeat(300));
     let maps_not_json = write(root, "maps-not-json.json", "[");
     let maps_short = write(root, "maps-short.json", maps_json(1, 1, "[0.5, 0.5, 1.0]"));
     let maps_negative = write(
@@ -331,6 +355,30 @@ fn cases(root: &Path) -> Vec<Case> {
             &bad_modules,
             &["config.json"],
         ),
+        (
+            "config.json sets 7 layers of the checkpoint's 2",
+            &more_layers,
+            &["sets 7 layers", "no tensor of layer 2"],
+        ),
+        (
+            "n_head and its alias num_attention_heads both set",
+            &both_names,
+            &["duplicate field `n_head`"],
+        ),
+        (
+            "a special token of 2 ids and 1 token",
+            &ragged_tokenizer,
+            &["tokenizer.json gives", "as many tokens as ids"],
+        ),
+        #[cfg(unix)]
+        (
+            "modules.json a link to nothing",
+            &dangling_modules,
+            &[
+                "modules.json",
+                "a symbolic link whose target does not exist",
+            ],
+        ),
     ] {
         cases.push(case(
             "attention",
@@ -468,6 +516,12 @@ fn cases(root: &Path) -> Vec<Case> {
             "text over 64 tokens",
             &["--file", &long_text, "--model", tiny],
             &["64"],
+        ),
+        case(
+            "attention",
+            "text of 300 words for 64 positions",
+            &["--file", &longer_text, "--model", tiny],
+            &["300 words", "64 positions"],
         ),
         case(
             "attention",
@@ -768,6 +822,12 @@ fn cases(root: &Path) -> Vec<Case> {
             "empty case file",
             &[&case_empty, "-o", &out_st],
             &["case-empty"],
+        ),
+        case(
+            "sdpa",
+            "-o names the case file itself",
+            &[&case_empty, "-o", &case_empty],
+            &["it is the case file itself"],
         ),
         case(
             "sdpa",
