@@ -42,6 +42,27 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A word in double quotes for a sentence of the output, as written: `{:?}` of a string escapes
+/// a combining mark (`"e\u{301}cole"` for a decomposed "école"), this escapes only `"`, `\` and
+/// control characters.
+#[derive(Clone, Copy)]
+pub struct Quoted<'a>(pub &'a str);
+
+impl std::fmt::Debug for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        f.write_char('"')?;
+        for c in self.0.chars() {
+            match c {
+                '"' | '\\' => write!(f, "\\{c}")?,
+                c if c.is_control() => write!(f, "{}", c.escape_debug())?,
+                c => f.write_char(c)?,
+            }
+        }
+        f.write_char('"')
+    }
+}
+
 /// `text` followed by spaces up to `width` columns.
 pub fn pad_end(text: &str, width: usize) -> String {
     format!(

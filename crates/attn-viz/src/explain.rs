@@ -12,7 +12,7 @@
 use unicode_categories::UnicodeCategories;
 use unicode_normalization_alignments::UnicodeNormalization;
 
-use crate::bars::{self, BarStyle};
+use crate::bars::{self, BarStyle, Quoted};
 use crate::flow::attention_flow;
 use crate::select::{Selection, select};
 use crate::stats::sees_only_earlier_keys;
@@ -241,7 +241,7 @@ pub fn explain(
             if focus_is_default {
                 "each word".to_string()
             } else {
-                format!("{focus:?}")
+                format!("{:?}", Quoted(&focus))
             }
         ));
     }
@@ -598,11 +598,12 @@ pub fn head_grid(
 pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
     let from = match grid.focus_is_default {
         true => grid.focus.clone(),
-        false => format!("{:?}", grid.focus),
+        false => format!("{:?}", Quoted(&grid.focus)),
     };
     let mut out = format!(
         "Attention from {from} to {:?} in each layer and head — {}:\n",
-        grid.to, grid.model
+        Quoted(&grid.to),
+        grid.model
     );
     let max = grid.weights.iter().flatten().fold(0.0f32, |m, &w| m.max(w));
     let decimals = bars::decimals_for(max);
@@ -637,13 +638,13 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
     if grid.masked {
         out.push_str(&format!(
             "{:?} comes after {from}: the model is causal, so every head gives it 0 by the mask\n",
-            grid.to
+            Quoted(&grid.to)
         ));
     } else if grid.only_word {
         out.push_str(&format!(
             "{:?} is the only word shown that {from} sees: every head gives it all the weight \
              shown\n",
-            grid.to
+            Quoted(&grid.to)
         ));
     } else if grid.stand_out.is_empty() {
         let parked = match grid.parked {
@@ -654,7 +655,7 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
         out.push_str(&format!(
             "No head stands out: none gives {:?} {least} ({STANDS_OUT} × the {even} even attention \
              would give it){parked}\n",
-            grid.to
+            Quoted(&grid.to)
         ));
     } else {
         let named: Vec<String> = (grid.stand_out.iter())
@@ -672,7 +673,7 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
         };
         out.push_str(&format!(
             "{which} {:?} at least {least} ({STANDS_OUT} × the {even} of even attention): {}\n",
-            grid.to,
+            Quoted(&grid.to),
             named.join(", ")
         ));
     }
@@ -783,9 +784,9 @@ fn same_shape(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
 pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
     let from = match c.focus_is_default {
         true => c.focus.clone(),
-        false => format!("{:?}", c.focus),
+        false => format!("{:?}", Quoted(&c.focus)),
     };
-    let [first, second] = &c.words;
+    let (first, second) = (Quoted(&c.words[0]), Quoted(&c.words[1]));
     let mut out = format!(
         "{first:?} against {second:?} from {from}: the weight to {first:?} minus the weight to \
          {second:?} in each layer and head — {}:\n",
@@ -828,7 +829,7 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
     }
     out.push('\n');
     for (x, word) in c.words.iter().enumerate() {
-        let other = &c.words[1 - x];
+        let (word, other) = (Quoted(word), Quoted(&c.words[1 - x]));
         let least = format!("{:.decimals$}", STANDS_OUT * c.even[x]);
         let even = format!("{:.decimals$}", c.even[x]);
         let rule = format!(
@@ -1013,7 +1014,8 @@ fn find_focus(
         None if matches.len() > 1 => Ok((
             matches[0],
             Some(format!(
-                "{word:?} occurs {} times; showing the first ({word}#2 picks the second)",
+                "{:?} occurs {} times; showing the first ({word}#2 picks the second)",
+                Quoted(word),
                 matches.len()
             )),
         )),
@@ -1042,7 +1044,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
     let from = if explanation.focus_is_default {
         explanation.focus.clone()
     } else {
-        format!("{:?}", explanation.focus)
+        format!("{:?}", Quoted(&explanation.focus))
     };
     // Rollout and flow are not one layer's weights: the header names them.
     let what = match explanation.method {
@@ -1060,7 +1062,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
     let heavy: Vec<String> = explanation
         .focuses_on
         .iter()
-        .map(|w| format!("{w:?}"))
+        .map(|w| format!("{:?}", Quoted(w)))
         .collect();
     // Most of the row went elsewhere (special tokens, the question's own words): the words
     // named lead only what is left.
@@ -1098,7 +1100,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
             out.push_str(&format!(
                 "{:?}{} has the longest bar, {:.d$}, but that is under {STANDS_OUT} × the {:.d$} \
                  even attention would give it\n",
-                top.word,
+                Quoted(&top.word),
                 tokens(top),
                 top.weight,
                 top.even
@@ -1109,7 +1111,7 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
             out.push_str(&format!(
                 "\nNo word stands out{among}: the heaviest, {:?}{}, weighs {:.d$}, under \
                  {STANDS_OUT} × the {:.d$} even attention would give it\n",
-                top.word,
+                Quoted(&top.word),
                 tokens(top),
                 top.weight,
                 top.even

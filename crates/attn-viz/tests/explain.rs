@@ -347,6 +347,27 @@ fn rendering_follows_the_notes() {
 }
 
 #[test]
+fn words_are_quoted_as_written() {
+    // A decomposed "école" (e + U+0301): `{:?}` wrote "e\u{301}cole" in the title and summary
+    // beside "école" on its bar. Quotes, backslashes and control characters are still escaped.
+    let decomposed = "e\u{301}cole";
+    let tokens = vec![
+        tok(decomposed, Some((0, decomposed.len())), 0),
+        tok("b", Some((decomposed.len() + 1, decomposed.len() + 2)), 0),
+    ];
+    let text = format!("{decomposed} b");
+    let maps = hand_maps(&text, None, tokens, 1, 1, vec![0.9, 0.1, 0.5, 0.5]);
+    let shown = render(&run(&maps, &options(Some(decomposed))), BarStyle::default());
+    assert!(
+        shown.starts_with(&format!("Attention weights from \"{decomposed}\"")),
+        "{shown}"
+    );
+    assert!(!shown.contains("\\u{301}"), "{shown}");
+    let quoted = format!("{:?}", attn_viz::bars::Quoted("a\"b\\c\u{1b}d"));
+    assert_eq!(quoted, r#""a\"b\\c\u{1b}d""#);
+}
+
+#[test]
 fn a_longest_bar_that_is_not_named_is_explained() {
     // "a bc d", one head; the row of "a" is [0 .4 .25 .25 .1 0]: a .4, bc .5 (two tokens),
     // d .1. Even attention over the four tokens gives a .25 and bc .5: "a" stands out (.4 ≥
