@@ -156,15 +156,21 @@ pub enum ModelError {
         /// Which of the texts embedded together (0-based), for the caller to name.
         text: Option<usize>,
     },
-    /// A text with far more words than the model's positions, refused before tokenizing it
-    /// (every word is at least one token; tokenizing tens of megabytes takes tens of seconds
-    /// and gigabytes).
+    /// A text with far more words than the model's positions whose first words alone pass the
+    /// limit: refused without tokenizing the rest (tens of megabytes take tens of seconds and
+    /// gigabytes).
     #[error(
-        "the text has {words} words, far more than {} (every word is at least one token)",
+        "the {which} has {words} words, and its first {first} alone are {tokens} tokens, more \
+         than {}",
         limit(*.max, *.embedding)
     )]
     TooManyWords {
+        /// "text" or "pair text".
+        which: &'static str,
         words: usize,
+        /// How many of its first words were tokenized, and the tokens they make.
+        first: usize,
+        tokens: usize,
         max: usize,
         /// As [`ModelError::TooLong`]'s.
         embedding: bool,

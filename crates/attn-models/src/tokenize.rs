@@ -112,10 +112,10 @@ impl TextTokenizer {
     }
 
     /// [`TextTokenizer::encode`] within `limit` tokens instead of the model's positions.
-    pub fn encode_within(
+    pub fn encode_within<'a>(
         &self,
-        text: &str,
-        pair: Option<&str>,
+        text: &'a str,
+        pair: Option<&'a str>,
         limit: Limit,
         truncate: bool,
     ) -> Result<Encoding, ModelError> {
@@ -132,31 +132,42 @@ impl TextTokenizer {
         let tokenizer_err = |e: tokenizers::Error| ModelError::Tokenizer {
             reason: e.to_string(),
         };
-        // Every word is at least one token: far more words than positions cannot fit, and are
-        // refused (or, cut, a single text keeps its first words) before tokenizing them all.
+        // A text of far more words than positions is read by its first words first: their
+        // tokens are the text's first tokens, so when they alone pass the limit the whole text
+        // does, and it is refused (or, a single text with `truncate`, cut from them) without
+        // tokenizing the rest (tens of megabytes take tens of seconds and gigabytes). Words a
+        // tokenizer drops (BERT drops zero-width and control characters) can leave the first
+        // words short of the limit: then the whole text is read.
         let budget = max.saturating_mul(WORDS_PER_POSITION);
-        let words = |s: &str| s.split_whitespace().count();
-        let cut = first_words(text, budget).filter(|_| pair.is_none());
-        let total = words(text) + pair.map_or(0, words);
-        let text = match cut {
-            _ if total <= budget => text,
-            Some(cut) if truncate => {
-                // The first words' tokens are the text's first tokens: when they pass the limit,
-                // cutting them gives what cutting the whole text would (a tokenizer that drops
-                // whole words reads the whole text).
-                let probe = self.inner.encode(cut, true).map_err(tokenizer_err)?;
-                if probe.len() > max { cut } else { text }
-            }
-            _ if truncate => text,
-            _ => {
-                return Err(ModelError::TooManyWords {
-                    words: total,
-                    max,
-                    embedding: matches!(limit, Limit::Embedding(_)),
-                    text: None,
-                });
-            }
+        let past_the_limit = |s: &'a str| -> Result<Option<(&'a str, usize)>, ModelError> {
+            let Some(first) = first_words(s, budget) else {
+                return Ok(None);
+            };
+            let tokens = self.inner.encode(first, true).map_err(tokenizer_err)?.len();
+            Ok((tokens > max).then_some((first, tokens)))
         };
+        let mut text = text;
+        for (which, s) in [("text", Some(text)), ("pair text", pair)] {
+            let Some((first, tokens)) = s.map(past_the_limit).transpose()?.flatten() else {
+                continue;
+            };
+            match (truncate, pair) {
+                (true, None) => text = first,
+                // A pair is cut longest first, which takes both texts' lengths.
+                (true, Some(_)) => {}
+                (false, _) => {
+                    return Err(ModelError::TooManyWords {
+                        which,
+                        words: s.map_or(0, |s| s.split_whitespace().count()),
+                        first: budget,
+                        tokens,
+                        max,
+                        embedding: matches!(limit, Limit::Embedding(_)),
+                        text: None,
+                    });
+                }
+            }
+        }
         let encode = |tk: &Tokenizer| match pair {
             Some(p) => tk.encode((text, p), true),
             None => tk.encode(text, true),

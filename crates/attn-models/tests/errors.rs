@@ -634,26 +634,21 @@ fn tiny_with_tokenizer(edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::
 
 #[test]
 fn far_more_words_than_positions_are_refused_or_cut_before_tokenizing() {
-    // 64 positions: past 4 × 64 words a text is refused without being tokenized...
+    // 64 positions: past 4 × 64 words a text is refused when its first 256 words alone pass
+    // the limit, without tokenizing the rest; their count is that of those 256 words tokenized
+    // as a text of their own...
     let model = Model::load(&tiny_gpt2()).unwrap();
     let huge = "The cat".to_string() + &" cat".repeat(300);
+    let first = "The cat".to_string() + &" cat".repeat(254);
+    let Err(ModelError::TooLong { tokens, .. }) = model.encode(&first, None) else {
+        panic!("256 words are more than 64 tokens");
+    };
     let err = model.encode(&huge, None).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ModelError::TooManyWords {
-                words: 302,
-                max: 64,
-                ..
-            }
-        ),
-        "{err}"
+    let said = format!(
+        "the text has 302 words, and its first 256 alone are {tokens} tokens, more than the \
+         model's 64 positions"
     );
-    assert!(
-        err.to_string()
-            .starts_with("the text has 302 words, far more than the model's 64 positions"),
-        "{err}"
-    );
+    assert_eq!(err.to_string(), said);
     // ... and cut to its first words, which give the tokens the whole text would (a text of
     // 201 words is tokenized whole, then cut).
     let whole = "The cat".to_string() + &" cat".repeat(200);
@@ -671,6 +666,12 @@ fn far_more_words_than_positions_are_refused_or_cut_before_tokenizing() {
     let kept = dropping.encode_truncated(&text, None).unwrap();
     let expected = dropping.encode_truncated(&("yy".to_string() + &" cat".repeat(100)), None);
     assert_eq!((kept.len(), kept.ids), (64, expected.unwrap().ids));
+    // ... and without cutting, a text of 311 words that is a few tokens is read, not refused
+    // (it was, as "far more than 64 positions").
+    let short = "yy".to_string() + &" xx".repeat(300) + &" cat".repeat(10);
+    let read = dropping.encode(&short, None).unwrap();
+    let expected = dropping.encode(&("yy".to_string() + &" cat".repeat(10)), None);
+    assert_eq!(read.ids, expected.unwrap().ids);
 }
 
 #[test]
