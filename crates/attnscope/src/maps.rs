@@ -95,13 +95,20 @@ pub fn encode(
     let enc = encode_quietly(model, text, pair, truncate)?;
     // A special token the text writes itself is that token, as transformers reads it: say so,
     // as "[PAD]" in a text is easily taken for padding (which a mask hides).
+    // (A character the vocabulary lacks is also read as one, [UNK], which the text did not
+    // write: only a token spelled out at its place counts.)
     let mut written: Vec<String> = Vec::new();
-    for (&id, span) in enc.ids.iter().zip(&enc.spans) {
-        if span.is_some() && model.is_special_token(id) {
-            let token = model.token(id).unwrap_or_else(|| id.to_string());
-            if !written.contains(&token) {
-                written.push(token);
-            }
+    for ((&id, span), &segment) in enc.ids.iter().zip(&enc.spans).zip(&enc.segments) {
+        let source = if segment == 0 { Some(text) } else { pair };
+        let spelled = span.and_then(|(a, b)| source?.get(a..b));
+        let Some(token) = model
+            .token(id)
+            .filter(|t| model.is_special_token(id) && spelled == Some(t))
+        else {
+            continue;
+        };
+        if !written.contains(&token) {
+            written.push(token);
         }
     }
     if !written.is_empty() {
@@ -110,9 +117,9 @@ pub fn encode(
             _ => ("tokens", "them", "tokens"),
         };
         crate::note!(
-            "note: the text writes the tokenizer's special {token} {} itself: transformers reads \
-             {them} as {it} the model attends to, not as padding or a separator it adds, and so \
-             does this",
+            "note: the text writes the tokenizer's special {token} {} itself: read as {it} the \
+             model attends to (as transformers reads {them}), not as padding or a separator the \
+             tokenizer adds",
             written.join(", ")
         );
     }

@@ -197,9 +197,15 @@ fn special_tokens_written_in_the_text_are_pointed_out() {
         "{stderr}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("[PAD]"));
-    // The tokens the tokenizer adds ([CLS], [SEP]) are not the text's.
-    let out = attnscope(&["explain", "The cat sat", "--focus", "cat"]);
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("special token"));
+    // The tokens the tokenizer adds ([CLS], [SEP]) are not the text's, nor is the [UNK] it
+    // reads a character it lacks as.
+    for text in ["The cat sat", "I love 😀 my cat"] {
+        let out = attnscope(&["explain", text, "--focus", "cat"]);
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("special token"),
+            "{text}"
+        );
+    }
 }
 
 /// Two `--to` words: a third table, each cell the first word's weight minus the second's (the
