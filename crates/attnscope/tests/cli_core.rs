@@ -849,12 +849,13 @@ fn walkthrough_takes_a_users_matrices() {
     assert!(stdout.contains("c: 33% to a, 33% to b, 33% to itself"));
     assert!(stdout.contains("output[1] = 0.500·V[0] + 0.500·V[1] + 0.000·V[2]"));
     assert!(stdout.contains("= [2.000, 3.000]"), "{stdout}");
-    // --word as explain's --focus takes it: any case, and "B#2" the second "b". Causal,
-    // W_q = 0: the second "b" (row 2) spreads over the three, output[2] = (x0 + x1 + x2) / 3.
+    // --word as explain's --focus takes it: any case, and "B#2" the second "b" (counted in any
+    // case: "B" and "b" are both "b"). Causal, W_q = 0: the second (row 2) spreads over the
+    // three, output[2] = (x0 + x1 + x2) / 3.
     let repeated = dir.path().join("repeated.json");
     std::fs::write(
         &repeated,
-        r#"{"words": ["a", "b", "b"], "x": [[1, 2], [3, 4], [5, 6]],
+        r#"{"words": ["a", "B", "b"], "x": [[1, 2], [3, 4], [5, 6]],
             "w_q": [[0, 0], [0, 0]], "w_k": [[1, 0], [0, 1]], "w_v": [[1, 0], [0, 1]]}"#,
     )
     .unwrap();
@@ -870,7 +871,7 @@ fn walkthrough_takes_a_users_matrices() {
     for (word, says) in [
         ("b#3", "\"b\" occurs 2 times in the words; #3 asks for more"),
         ("b#0", "occurrences count from 1"),
-        ("d", "is not one of the words: a, b, b"),
+        ("d", "is not one of the words: a, B, b"),
     ] {
         fails_with(&[&args[..], &[word]].concat(), &[says]);
     }

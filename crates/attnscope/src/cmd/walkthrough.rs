@@ -290,14 +290,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The row of `--word asked`: the word as written, else ignoring case (as `explain --focus`
-/// does); `word#n` is its n-th occurrence.
+/// The row of `--word asked`, found as `explain --focus` finds a word: in any case, and
+/// `word#n` for its n-th occurrence (counted in any case too).
 fn find_word(words: &[String], asked: &str) -> anyhow::Result<usize> {
-    if let Some(i) = words.iter().position(|w| w == asked) {
-        return Ok(i);
-    }
     let (name, occurrence) = match asked.rsplit_once('#') {
-        Some((name, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+        Some((name, n))
+            if !name.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) =>
+        {
             let n: usize = n
                 .parse()
                 .with_context(|| format!("--word {asked:?}: the number after '#' is too large"))?;
@@ -305,13 +304,9 @@ fn find_word(words: &[String], asked: &str) -> anyhow::Result<usize> {
         }
         _ => (asked, 1),
     };
-    let exact: Vec<usize> = (0..words.len()).filter(|&i| words[i] == name).collect();
-    let found = match exact.is_empty() {
-        false => exact,
-        true => (0..words.len())
-            .filter(|&i| words[i].to_lowercase() == name.to_lowercase())
-            .collect(),
-    };
+    let found: Vec<usize> = (0..words.len())
+        .filter(|&i| words[i].to_lowercase() == name.to_lowercase())
+        .collect();
     match (found.len(), occurrence) {
         (0, _) => bail!(
             "--word {asked:?} is not one of the words: {}",
