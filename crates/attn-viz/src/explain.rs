@@ -504,8 +504,9 @@ pub fn head_grid(
     let k = (targets.iter().position(|&u| u == target)).unwrap_or_default();
     // The word's name, with its occurrence when the words shown spell it more than once.
     let label = &units[target].label;
+    // Counted in any case, as `find_focus` counts them: "the#2" names what --to the#2 finds.
     let same: Vec<usize> = (targets.iter().copied())
-        .filter(|&u| units[u].label == *label)
+        .filter(|&u| units[u].label.to_lowercase() == label.to_lowercase())
         .collect();
     let to_label = match same.iter().position(|&u| u == target) {
         Some(n) if same.len() > 1 => format!("{label}#{}", n + 1),
@@ -686,7 +687,7 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
 
 /// Which of two words each head gives more, from the focus's [`HeadGrid`]s for them
 /// ([`compare_grids`]): does "it" look at "trophy" or at "suitcase", and in which heads?
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GridComparison {
     pub model: String,
     /// The word looked from, as the grids give it.
@@ -708,10 +709,13 @@ pub struct GridComparison {
     pub prefer: [Vec<Preference>; 2],
     /// The even share of each word (as in its grid).
     pub even: [f32; 2],
+    /// Whether a causal model's focus cannot see each word (as in its grid): no head can
+    /// prefer it.
+    pub masked: [bool; 2],
 }
 
 /// A head that prefers one word of a [`GridComparison`].
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Preference {
     pub layer: usize,
     pub head: usize,
@@ -770,6 +774,7 @@ pub fn compare_grids(a: &HeadGrid, b: &HeadGrid) -> Result<GridComparison, VizEr
         preferring,
         prefer,
         even: [a.even, b.even],
+        masked: [a.masked, b.masked],
     })
 }
 
@@ -809,13 +814,12 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
     for (layer, row) in c.difference.iter().enumerate() {
         out.push_str(&label(layer));
         for (head, d) in row.iter().enumerate() {
-            // No "-0.00": a gap that rounds to nothing shows no sign of one.
-            let d = if format!("{:.decimals$}", d.abs()) == format!("{:.decimals$}", 0.0) {
-                0.0
-            } else {
-                *d
+            // A gap that rounds to nothing shows no sign ("0.00", not "+0.00" or "-0.00").
+            let zero = format!("{:.decimals$}", 0.0);
+            let cell = match format!("{:.decimals$}", d.abs()) == zero {
+                true => format!("{zero:>width$}"),
+                false => format!("{d:>+width$.decimals$}"),
             };
-            let cell = format!("{d:>+width$.decimals$}");
             let named = (c.prefer.iter().flatten()).any(|p| (p.layer, p.head) == (layer, head));
             out.push(' ');
             out.push_str(&match named {
@@ -837,6 +841,12 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
              the {even} of even attention"
         );
         let heads = &c.prefer[x];
+        if c.masked[x] {
+            out.push_str(&format!(
+                "{word:?} comes after {from}: the model is causal, so no head can prefer it\n"
+            ));
+            continue;
+        }
         if heads.is_empty() {
             out.push_str(&format!("No head prefers {word:?}: none gives it {rule}\n"));
             continue;

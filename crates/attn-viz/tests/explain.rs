@@ -946,7 +946,7 @@ fn the_comparison_names_the_heads_that_prefer_each_word() {
     assert!(c.prefer[1].is_empty());
     let text = render_comparison(&c, BarStyle::default());
     for line in [
-        "  layer 0  -0.80  +0.00*\n",
+        "  layer 0  -0.80   0.00*\n",
         "  layer 1  -0.76  +0.60\n",
         "One head prefers \"a\" (it gives it at least 1.5 × what it gives \"bc\", and at least \
          0.50: 1.5 × the 0.33 of even attention): layer 1 head 1 (0.80 against 0.20)\n",
@@ -970,6 +970,23 @@ fn the_comparison_names_the_heads_that_prefer_each_word() {
         matches!(err, VizError::GridsDiffer { what: "focus" }),
         "{err}"
     );
+}
+
+#[test]
+fn the_comparison_says_when_the_mask_hides_a_word() {
+    // Causal "a bc": from "a", "bc" comes after it; no head can prefer it, and the line says
+    // so instead of a rule about its even share of 0.
+    let maps = causal_a_bc();
+    let a = head_grid(&maps, &options(Some("a")), "a").unwrap();
+    let bc = head_grid(&maps, &options(Some("a")), "bc").unwrap();
+    let c = compare_grids(&a, &bc).unwrap();
+    assert_eq!(c.masked, [false, true]);
+    let text = render_comparison(&c, BarStyle::default());
+    assert!(
+        text.contains("\"bc\" comes after \"a\": the model is causal, so no head can prefer it\n"),
+        "{text}"
+    );
+    assert!(!text.contains("No head prefers \"bc\""), "{text}");
 }
 
 #[test]
@@ -1012,6 +1029,20 @@ fn the_head_grid_names_a_repeated_word_by_its_occurrence() {
     assert_eq!(grid.to, "a#2");
     assert_close(&[grid.weights[0][0]], &[0.5], 1e-6);
     assert!(render_grid(&grid, BarStyle::default()).starts_with("Attention from \"b\" to \"a#2\""));
+    // Counted in any case, as --to counts them: in "A b a" the second is "a#2", the first
+    // "A#1" (it was "a", whose --to a would name "A").
+    let tokens = vec![
+        tok("A", Some((0, 1)), 0),
+        tok("b", Some((2, 3)), 0),
+        tok("a", Some((4, 5)), 0),
+    ];
+    let maps = hand_maps("A b a", None, tokens, 1, 1, [0.2, 0.3, 0.5].repeat(3));
+    for (asked, label) in [("a#2", "a#2"), ("a", "A#1")] {
+        assert_eq!(
+            head_grid(&maps, &options(Some("b")), asked).unwrap().to,
+            label
+        );
+    }
 }
 
 /// Raw GPT-2 tokens read as the bytes they stand for, the leading space kept as `Ġ`: "é é" as

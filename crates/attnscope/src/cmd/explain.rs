@@ -58,8 +58,9 @@ pub struct Args {
     /// under a quarter of its attention (the rest on [CLS]/[SEP], or the question's own words)
     /// is starred and not named. Give it again to compare words (`--to trophy --to suitcase`):
     /// one table each (with --json, an array of them), and for two words a table of their
-    /// difference, naming the heads that prefer each: give it 1.5 × what they give the other,
-    /// and 1.5 × its even attention.
+    /// difference (text only: the JSON holds both tables), naming the heads that prefer each:
+    /// they give it at least 1.5 × what they give the other, and at least 1.5 × its even
+    /// attention.
     #[arg(long, value_name = "WORD", conflicts_with_all = ["layer", "head", "rollout", "flow", "top"])]
     pub to: Vec<String>,
     /// One layer (0-based), its heads averaged; default: every layer and head averaged.
