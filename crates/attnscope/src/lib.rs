@@ -25,11 +25,26 @@ macro_rules! out {
 }
 
 /// `eprintln!` for status lines and warnings, which ignores a closed standard error
-/// (`eprintln!` panics on it).
+/// (`eprintln!` panics on it) and escapes control characters ([`terminal_safe`]): a note may
+/// name a file or a word from the user.
 #[macro_export]
 macro_rules! note {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let _ = writeln!(std::io::stderr(), "{}", $crate::terminal_safe(&format!($($arg)*)));
     }};
+}
+
+/// `message` with its control characters but line breaks escaped: a path or text from the
+/// command line or a file (`ATTNSCOPE_MODEL=$'m\e[2J'`) cannot move the cursor or clear the
+/// terminal.
+pub fn terminal_safe(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for c in message.chars() {
+        match c.is_control() && c != '\n' {
+            true => out.extend(c.escape_debug()),
+            false => out.push(c),
+        }
+    }
+    out
 }

@@ -103,7 +103,11 @@ fn main() -> ExitCode {
             // Written, not `eprintln!`ed: with standard error closed too, the exit status is
             // all that is left to say it (`eprintln!` would panic).
             let mut stderr = std::io::stderr();
-            let _ = writeln!(stderr, "error: {}", terminal_safe(&format!("{err:#}")));
+            let _ = writeln!(
+                stderr,
+                "error: {}",
+                attnscope::terminal_safe(&format!("{err:#}"))
+            );
             if is_too_long(&err) {
                 let _ = match truncates {
                     true => writeln!(
@@ -142,20 +146,6 @@ fn check_rayon_threads(command: &Command) -> anyhow::Result<()> {
             attn_core::fused::MAX_THREADS
         ),
     }
-}
-
-/// `message` with its control characters but line breaks escaped: a path or text from the
-/// command line or a file (`ATTNSCOPE_MODEL=$'m\e[2J'`) cannot move the cursor or clear the
-/// terminal.
-fn terminal_safe(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for c in message.chars() {
-        match c.is_control() && c != '\n' {
-            true => out.extend(c.escape_debug()),
-            false => out.push(c),
-        }
-    }
-    out
 }
 
 /// A text longer than the model reads: the commands that take `--truncate` say so.

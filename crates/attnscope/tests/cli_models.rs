@@ -481,6 +481,24 @@ fn empty_and_too_long_text_are_errors() {
         "{stderr}"
     );
     assert!(!stderr.contains("text 0"), "{stderr}");
+    // A note names the file as the error does: its escape sequence escaped.
+    let dir = TempDir::new();
+    let file = dir.path().join("esc\x1b[7m.txt");
+    std::fs::write(&file, format!("fine\n{long}\n")).unwrap();
+    let out = attnscope(&[
+        "embed",
+        "--file",
+        file.to_str().unwrap(),
+        "--model",
+        m,
+        "--truncate",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains('\x1b') && stderr.contains("esc\\u{1b}[7m.txt, line 2"),
+        "{stderr}"
+    );
     // generate has no --truncate: its hint does not offer one.
     let stderr = fails_with(
         &["generate", &long, "--model", m, "--max-new-tokens", "1"],
