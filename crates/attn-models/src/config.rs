@@ -7,6 +7,7 @@
 //! `.../models/gpt2/configuration_gpt2.py`). Every dimension is checked here, once, so that the
 //! model code can index without further checks.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -359,6 +360,50 @@ fn layer_norm_eps(eps: f64, field: &'static str) -> Result<f32, ModelError> {
     Ok(rounded)
 }
 
+/// `DistilBertConfig`'s and `GPT2Config`'s `attribute_map`: a field and its alias.
+const DISTILBERT_ALIASES: [(&str, &str); 3] = [
+    ("dim", "hidden_size"),
+    ("n_layers", "num_hidden_layers"),
+    ("n_heads", "num_attention_heads"),
+];
+const GPT2_ALIASES: [(&str, &str); 4] = [
+    ("n_positions", "max_position_embeddings"),
+    ("n_embd", "hidden_size"),
+    ("n_layer", "num_hidden_layers"),
+    ("n_head", "num_attention_heads"),
+];
+
+/// The config's text with each alias that repeats its field's value dropped, as transformers
+/// reads both to one value; a field and its alias of different values are refused (which one
+/// counts would be a guess). Text with no such pair is returned as it is, so that the parser's
+/// line and column point into the file; so is text that is not a JSON object, for the parser
+/// to name.
+fn without_aliases<'t>(
+    text: &'t str,
+    aliases: &[(&'static str, &str)],
+) -> Result<Cow<'t, str>, ModelError> {
+    let Ok(serde_json::Value::Object(mut config)) = serde_json::from_str(text) else {
+        return Ok(Cow::Borrowed(text));
+    };
+    let mut repeated = false;
+    for &(field, alias) in aliases {
+        if let (Some(own), Some(other)) = (config.get(field), config.get(alias)) {
+            if own != other {
+                return Err(unsupported(
+                    field,
+                    format!("set twice, as {field} ({own}) and as its alias {alias} ({other})"),
+                ));
+            }
+            config.remove(alias);
+            repeated = true;
+        }
+    }
+    Ok(match repeated {
+        true => Cow::Owned(serde_json::Value::Object(config).to_string()),
+        false => Cow::Borrowed(text),
+    })
+}
+
 fn unsupported(field: &'static str, reason: impl Into<String>) -> ModelError {
     ModelError::InvalidConfig {
         field,
@@ -434,7 +479,8 @@ impl ModelConfig {
                 }
             }
             "distilbert" => {
-                let c: DistilBertJson = serde_json::from_str(text).map_err(bad)?;
+                let text = without_aliases(text, &DISTILBERT_ALIASES)?;
+                let c: DistilBertJson = serde_json::from_str(&text).map_err(bad)?;
                 ModelConfig {
                     model_type,
                     family: Family::DistilBert,
@@ -454,7 +500,8 @@ impl ModelConfig {
                 }
             }
             "gpt2" => {
-                let c: Gpt2Json = serde_json::from_str(text).map_err(bad)?;
+                let text = without_aliases(text, &GPT2_ALIASES)?;
+                let c: Gpt2Json = serde_json::from_str(&text).map_err(bad)?;
                 if !c.scale_attn_weights {
                     return Err(unsupported(
                         "scale_attn_weights",

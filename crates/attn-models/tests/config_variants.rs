@@ -482,5 +482,11 @@ fn gpt2_config_errors_name_gpt2_fields_and_eos_lists_are_read() {
     let message = with("num_attention_heads", 8.into())
         .unwrap_err()
         .to_string();
-    assert!(message.contains("duplicate field `n_head`"), "{message}");
+    assert!(
+        message
+            .contains("n_head: set twice, as n_head (4) and as its alias num_attention_heads (8)"),
+        "{message}"
+    );
+    // Both with one value, as transformers loads it, is read.
+    assert_eq!(with("num_attention_heads", 4.into()).unwrap().n_heads, 4);
 }

@@ -274,7 +274,8 @@ fn family_config_errors_name_their_fields() {
         );
     }
     // DistilBertConfig's attribute_map aliases: a head count under `num_attention_heads` was
-    // ignored (12 heads ran where transformers runs 4); both names at once are refused.
+    // ignored (12 heads ran where transformers runs 4); both names at once are read when they
+    // agree, refused when they do not.
     let aliased = distilbert(
         r#", "hidden_size": 48, "num_attention_heads": 4, "num_hidden_layers": 2, "hidden_dim": 8"#,
     )
@@ -283,8 +284,10 @@ fn family_config_errors_name_their_fields() {
         (aliased.hidden_size, aliased.n_heads, aliased.n_layers),
         (48, 4, 2)
     );
-    let err = distilbert(r#", "n_heads": 4, "num_attention_heads": 4"#).unwrap_err();
-    assert!(err.to_string().contains("duplicate field"), "{err}");
+    let err = distilbert(r#", "n_heads": 4, "num_attention_heads": 6"#).unwrap_err();
+    assert!(err.to_string().contains("n_heads: set twice"), "{err}");
+    let both = distilbert(r#", "dim": 48, "n_heads": 4, "num_attention_heads": 4"#).unwrap();
+    assert_eq!(both.n_heads, 4);
     // The encoders' padding index must be a token, as transformers requires.
     for (config, vocab) in [
         (

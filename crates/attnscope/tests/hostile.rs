@@ -363,7 +363,7 @@ fn cases(root: &Path) -> Vec<Case> {
         (
             "n_head and its alias num_attention_heads both set",
             &both_names,
-            &["duplicate field `n_head`"],
+            &["n_head: set twice, as n_head (4) and as its alias num_attention_heads (8)"],
         ),
         (
             "a special token of 2 ids and 1 token",
