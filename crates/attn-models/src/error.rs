@@ -181,15 +181,16 @@ pub enum ModelError {
     /// marks) differ in length, as a `tokenizer.json` whose post-processor lists a special
     /// token with more ids than tokens does.
     #[error(
-        "tokenizer.json gives {ids} token ids but {tokens} tokens, {offsets} offsets and \
-         {segments} segment ids for this text: its post_processor's special_tokens must list as \
-         many tokens as ids"
+        "tokenizer.json gives {ids} token ids but {tokens} tokens, {offsets} offsets, {segments} \
+         segment ids and {special_marks} special-token marks for this text: its \
+         post_processor's special_tokens must list as many tokens as ids"
     )]
     RaggedEncoding {
         ids: usize,
         tokens: usize,
         offsets: usize,
         segments: usize,
+        special_marks: usize,
     },
     /// Text generation (a KV cache) was asked of a model that is not a GPT-2-family decoder.
     #[error("generating text needs a GPT-2-family decoder; {model} is a {model_type} model")]

@@ -499,7 +499,8 @@ fn layer_norm_body(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>)
         let mean = lane_sum(row, |v| v) * inv_n;
         let var = lane_sum(row, |v| (v - mean) * (v - mean)) * inv_n;
         // A variance past f32's range would scale the row by 0, to β, a made-up finite row
-        // (PyTorch's is NaN there): NaN instead, which the forward pass reports.
+        // (PyTorch's two-pass variance gives NaN for the checkpoints that reach it, word
+        // embeddings of 1e30, not for every row): NaN instead, which the forward pass reports.
         let inv = match var.is_finite() {
             true => 1.0 / (var + ln.eps).sqrt(),
             false => f32::NAN,

@@ -228,6 +228,7 @@ impl TextTokenizer {
                 tokens,
                 offsets,
                 segments,
+                special_marks,
             });
         }
         let special: Vec<bool> = enc

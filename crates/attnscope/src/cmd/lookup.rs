@@ -109,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     if args.temperature < MIN_TEMPERATURE {
-        let why = if args.temperature > 0.0 && args.temperature.is_finite() {
+        let why = if args.temperature > 0.0 {
             " (smaller ones overflow cosine / temperature)"
         } else {
             ": a small one, such as 0.01, puts nearly all the weight on the best match; a large \

@@ -12,8 +12,9 @@
 //!   connection stays open past 300 s (`CONNECTION_LIFETIME`; a client that never reads its
 //!   answers), so sockets held open to use up the process's file descriptors keep a real
 //!   client waiting at most that long (the accept is retried);
-//! - request bodies over 1 MiB get 413; at most two forward passes run at once (the rest
-//!   wait);
+//! - request bodies over 1 MiB get 413; at most two forward passes run at once, each holding
+//!   its place to its end even when its client has gone; the rest wait, and one that waited
+//!   60 s (`QUEUE_WAIT`) gets 503;
 //! - any failure, including a panic inside the model, becomes a JSON `{"error": ...}` answer
 //!   rather than a dead server, and so do unknown paths (404) and methods (405);
 //! - Ctrl-C stops accepting, gives the requests in flight 5 s (`SHUTDOWN_GRACE`) to finish, then
