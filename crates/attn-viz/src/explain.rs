@@ -707,6 +707,8 @@ pub struct GridComparison {
     /// For each word, the heads that prefer it by the widest gaps, widest first (at most
     /// five).
     pub prefer: [Vec<Preference>; 2],
+    /// `[n_layers][n_heads]`: the word each head prefers (0 or 1), if any.
+    pub preference: Vec<Vec<Option<usize>>>,
     /// The even share of each word (as in its grid).
     pub even: [f32; 2],
     /// Whether a causal model's focus cannot see each word (as in its grid): no head can
@@ -756,6 +758,14 @@ pub fn compare_grids(a: &HeadGrid, b: &HeadGrid) -> Result<GridComparison, VizEr
         }
     }
     let preferring = [prefer[0].len(), prefer[1].len()];
+    let mut preference: Vec<Vec<Option<usize>>> = (a.weights.iter())
+        .map(|row| vec![None; row.len()])
+        .collect();
+    for (x, heads) in prefer.iter().enumerate() {
+        for p in heads {
+            preference[p.layer][p.head] = Some(x);
+        }
+    }
     for (x, heads) in prefer.iter_mut().enumerate() {
         let gap = |p: &Preference| p.weights[x] - p.weights[1 - x];
         heads.sort_by(|p, q| gap(q).total_cmp(&gap(p)));
@@ -773,6 +783,7 @@ pub fn compare_grids(a: &HeadGrid, b: &HeadGrid) -> Result<GridComparison, VizEr
         starred,
         preferring,
         prefer,
+        preference,
         even: [a.even, b.even],
         masked: [a.masked, b.masked],
     })
@@ -826,7 +837,11 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
                 true => bars::emphasised(&cell, style.colour),
                 false => cell,
             });
-            out.push(if c.starred[layer][head] { '*' } else { ' ' });
+            out.push(match (c.starred[layer][head], c.preference[layer][head]) {
+                (true, _) => '*',
+                (false, Some(_)) => '•',
+                (false, None) => ' ',
+            });
         }
         out.truncate(out.trim_end_matches(' ').len());
         out.push('\n');
@@ -875,18 +890,28 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
             named.join(", ")
         ));
     }
-    let notes = [
-        format!(
-            "* marks a head whose words got under {:.0}% of its attention (counted for neither \
-             word)",
-            100.0 * GRID_WORDS_SHARE
-        ),
-        "a head's preference says where it looks, not which word the model took the focus to \
-         mean"
-            .to_string(),
-    ];
     let starred = c.starred.iter().flatten().any(|&s| s);
-    for note in notes.iter().skip(usize::from(!starred)) {
+    let preferring = c.preferring.iter().any(|&n| n > 0);
+    let notes = [
+        (preferring).then(|| {
+            "• marks each head that prefers a word (the sign says which; the widest gaps are \
+             named above)"
+                .to_string()
+        }),
+        starred.then(|| {
+            format!(
+                "* marks a head whose words got under {:.0}% of its attention (counted for \
+                 neither word)",
+                100.0 * GRID_WORDS_SHARE
+            )
+        }),
+        Some(
+            "a head's preference says where it looks, not which word the model took the focus \
+             to mean"
+                .to_string(),
+        ),
+    ];
+    for note in notes.iter().flatten() {
         out.push_str(&bars::dim(&format!("note: {note}"), style.colour));
         out.push('\n');
     }

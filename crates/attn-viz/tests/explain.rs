@@ -944,10 +944,11 @@ fn the_comparison_names_the_heads_that_prefer_each_word() {
     assert_eq!((c.prefer[0][0].layer, c.prefer[0][0].head), (1, 1));
     assert_close(&c.prefer[0][0].weights, &[0.8, 0.2], 1e-6);
     assert!(c.prefer[1].is_empty());
+    assert_eq!(c.preference, [[None, None], [None, Some(0)]]);
     let text = render_comparison(&c, BarStyle::default());
     for line in [
         "  layer 0  -0.80   0.00*\n",
-        "  layer 1  -0.76  +0.60\n",
+        "  layer 1  -0.76  +0.60•\n",
         "One head prefers \"a\" (it gives it at least 1.5 × what it gives \"bc\", and at least \
          0.50: 1.5 × the 0.33 of even attention): layer 1 head 1 (0.80 against 0.20)\n",
         "No head prefers \"bc\": none gives it at least 1.5 × what it gives \"a\", and at least \
@@ -1009,6 +1010,12 @@ fn the_comparison_names_the_widest_gaps_first() {
     assert_eq!(c.preferring, [6, 0]);
     let heads: Vec<usize> = c.prefer[0].iter().map(|p| p.head).collect();
     assert_eq!(heads, [5, 4, 3, 2, 1]);
+    // All six are marked in the table, not only the five named; head 6 is not.
+    let marked: Vec<Option<usize>> = c.preference[0].clone();
+    assert_eq!(
+        marked,
+        [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), None]
+    );
     let text = render_comparison(&c, BarStyle::default());
     let widest = "6 heads prefer \"a\" (each gives it at least 1.5 × what it gives \"bc\", and at \
                   least 0.50: 1.5 × the 0.33 of even attention); the 5 widest gaps: layer 0 head \

@@ -246,22 +246,32 @@ fn two_words_get_a_table_of_their_difference() {
         .collect();
     assert_eq!(rows.len(), 6);
     for (layer, line) in rows.iter().enumerate() {
-        let cells: Vec<f64> = (line.split_whitespace().skip(2))
-            .map(|c| c.trim_end_matches('*').parse().unwrap())
-            .collect();
-        assert_eq!(cells.len(), 12, "{line}");
-        for (head, cell) in cells.iter().enumerate() {
+        let texts: Vec<&str> = line.split_whitespace().skip(2).collect();
+        assert_eq!(texts.len(), 12, "{line}");
+        for (head, text) in texts.iter().enumerate() {
+            let cell: f64 = text.trim_end_matches(['*', '•']).parse().unwrap();
             let d = cat[layer][head] - mouse[layer][head];
             assert!(
                 (cell - d).abs() <= 0.005 + 1e-6,
                 "layer {layer} head {head}: {cell} vs {d}"
             );
+            assert_eq!(text.ends_with('*'), shares[layer][head] < 0.25);
+            // • marks a head that prefers either word by the rule recomputed below.
+            let prefers = |w: f64, v: f64, even: f64| {
+                let (w, v, even) = (w as f32, v as f32, even as f32);
+                w > 0.0 && w >= 1.5 * even && w >= 1.5 * v
+            };
+            let evens = [
+                grids[0]["even"].as_f64().unwrap(),
+                grids[1]["even"].as_f64().unwrap(),
+            ];
+            let (c, m) = (cat[layer][head], mouse[layer][head]);
+            let marked =
+                shares[layer][head] >= 0.25 && (prefers(c, m, evens[0]) || prefers(m, c, evens[1]));
             assert_eq!(
-                line.split_whitespace()
-                    .nth(2 + head)
-                    .unwrap()
-                    .ends_with('*'),
-                shares[layer][head] < 0.25
+                text.ends_with('•'),
+                marked,
+                "layer {layer} head {head}: {text}"
             );
         }
     }
