@@ -609,16 +609,12 @@ pub fn render_grid(grid: &HeadGrid, style: BarStyle) -> String {
     let max = grid.weights.iter().flatten().fold(0.0f32, |m, &w| m.max(w));
     let decimals = bars::decimals_for(max);
     let width = (decimals + 2).max(4);
-    let n_heads = grid.weights.first().map_or(0, Vec::len);
-    let label = |layer: usize| format!("  layer {layer:<2}");
-    out.push_str(&format!("{:<w$}", "  head", w = label(0).len()));
-    for head in 0..n_heads {
-        out.push_str(&format!(" {head:>width$} "));
-    }
-    out.truncate(out.trim_end_matches(' ').len());
-    out.push('\n');
+    out.push_str(&table_header(
+        grid.weights.first().map_or(0, Vec::len),
+        width,
+    ));
     for (layer, row) in grid.weights.iter().enumerate() {
-        out.push_str(&label(layer));
+        out.push_str(&layer_label(layer));
         for (head, w) in row.iter().enumerate() {
             let cell = format!("{w:>width$.decimals$}");
             let named = (grid.stand_out.iter()).any(|h| (h.layer, h.head) == (layer, head));
@@ -814,16 +810,12 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
         .fold(0.0f32, f32::max);
     let decimals = bars::decimals_for(max);
     let width = decimals + 3;
-    let n_heads = c.difference.first().map_or(0, Vec::len);
-    let label = |layer: usize| format!("  layer {layer:<2}");
-    out.push_str(&format!("{:<w$}", "  head", w = label(0).len()));
-    for head in 0..n_heads {
-        out.push_str(&format!(" {head:>width$} "));
-    }
-    out.truncate(out.trim_end_matches(' ').len());
-    out.push('\n');
+    out.push_str(&table_header(
+        c.difference.first().map_or(0, Vec::len),
+        width,
+    ));
     for (layer, row) in c.difference.iter().enumerate() {
-        out.push_str(&label(layer));
+        out.push_str(&layer_label(layer));
         for (head, d) in row.iter().enumerate() {
             // A gap that rounds to nothing shows no sign ("0.00", not "+0.00" or "-0.00").
             let zero = format!("{:.decimals$}", 0.0);
@@ -916,6 +908,23 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The header line of a layer × head table whose cells are `width` wide, each with a mark's
+/// column after it: "  head" and the heads' numbers over their cells.
+fn table_header(n_heads: usize, width: usize) -> String {
+    let mut header = format!("{:<w$}", "  head", w = layer_label(0).len());
+    for head in 0..n_heads {
+        header.push_str(&format!(" {head:>width$} "));
+    }
+    header.truncate(header.trim_end_matches(' ').len());
+    header.push('\n');
+    header
+}
+
+/// A layer × head table's row label.
+fn layer_label(layer: usize) -> String {
+    format!("  layer {layer:<2}")
 }
 
 /// What the words shown leave out, in words ([`hidden_what`]), and the hint that shows the
