@@ -76,7 +76,9 @@ use crate::bf16x::{self, TILE, TK};
 const AMX_BLOCK_KV: usize = 256;
 
 /// Query rows computed together against each key block: 32 keeps their scores in the L1
-/// cache (measured at L = 2048, d = 64: 96 rows against 128-key blocks took 20% longer).
+/// cache (measured at L = 2048, d = 64: 96 rows against 128-key blocks took 20% longer; 64
+/// rows, which read each key and value tile from the L2 cache for twice the rows, took 10–18%
+/// longer with 256-key blocks and 15–20% with 128, at L = 2048 and 512, 1 thread).
 const GROUP: usize = BLOCK;
 
 /// Bytes of packed keys and values a query block reads in one pass over its groups (a key
