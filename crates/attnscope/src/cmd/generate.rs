@@ -39,8 +39,8 @@ pub struct Args {
     /// (without them decoding is greedy and has nothing to seed).
     #[arg(long, value_name = "S", default_value_t = 0, requires = "sampling")]
     pub seed: u64,
-    /// For each generated token, print the words it attended to most (last layer, heads
-    /// averaged, top 3).
+    /// For each generated token, print the tokens the attention that chose it weighed most (its
+    /// query is the token before it; last layer, heads averaged, top 3).
     #[arg(long)]
     pub explain: bool,
     /// Print {"model", "prompt", "ids", "pieces", "labels", "text"} (with --explain, "explain"
