@@ -134,25 +134,26 @@ pub fn explain(
         focus_is_default,
         mut notes,
     } = layout(maps, options)?;
-    let t = maps.seq_len();
-    let token_row: Vec<f32> = match options.method {
-        Method::Attention { selection } => {
-            let matrix = select(maps, selection)?;
-            weighted_rows(&matrix, &from, t)
-        }
-        Method::Flow => {
-            // Flows come back one row per source token, in `from`'s order.
-            let sources: Vec<usize> = from.iter().map(|&(i, _)| i).collect();
-            let flows = attention_flow(maps, &sources, progress)?;
-            let by_row: Vec<(usize, f64)> = from.iter().map(|&(_, w)| w).enumerate().collect();
-            weighted_rows(&flows, &by_row, t)
-        }
-    };
+    let token_row = method_row(maps, options.method, &from, progress)?;
     let unit_row = row_to_units(&token_row, &units);
     let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
     let shown = renormalised(&raw);
     let causal = sees_only_earlier_keys(maps);
-    let even = even_shares(&units, &from, &targets, causal);
+    let even = match options.method {
+        // Rollout and flow carry the residual's 0.5·I and, under a causal mask, compound it:
+        // even attention does not come out even through them. Their baseline is the same
+        // computation on even attention, shown as the row is.
+        Method::Attention {
+            selection: Selection::Rollout,
+        }
+        | Method::Flow => {
+            let even_maps = even_attention(maps, causal);
+            let even_row = method_row(&even_maps, options.method, &from, |_, _| {})?;
+            let even_units = row_to_units(&even_row, &units);
+            renormalised(&targets.iter().map(|&u| even_units[u]).collect::<Vec<_>>())
+        }
+        Method::Attention { .. } => even_shares(&units, &from, &targets, causal),
+    };
     let mut rows: Vec<Row> = (targets.iter().enumerate())
         .map(|(k, &u)| Row {
             word: units[u].label.clone(),
@@ -202,6 +203,19 @@ pub fn explain(
         (Some(k), Some(_)) => format!("over every word (the {k} heaviest shown)"),
         _ => "over the words shown".to_string(),
     };
+    let through = match options.method {
+        Method::Flow => Some("flow"),
+        Method::Attention {
+            selection: Selection::Rollout,
+        } => Some("rollout"),
+        Method::Attention { .. } => None,
+    };
+    if let Some(through) = through {
+        notes.push(format!(
+            "even attention here is the {through} of even attention in every layer: the residual \
+             it adds favours each word itself"
+        ));
+    }
     match options.method {
         Method::Flow => notes.push(format!(
             "attention flow (max-flow through the layers, Abnar & Zuidema 2020); flows overlap, so \
@@ -384,6 +398,49 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
         focus_is_default,
         notes,
     })
+}
+
+/// The token row `method` gives from the `(query token, weight)` pairs `from`.
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, T, T]` → `[T]`.
+fn method_row(
+    maps: &AttentionMaps,
+    method: Method,
+    from: &[(usize, f64)],
+    progress: impl FnMut(usize, usize),
+) -> Result<Vec<f32>, VizError> {
+    let t = maps.seq_len();
+    Ok(match method {
+        Method::Attention { selection } => weighted_rows(&select(maps, selection)?, from, t),
+        Method::Flow => {
+            // Flows come back one row per source token, in `from`'s order.
+            let sources: Vec<usize> = from.iter().map(|&(i, _)| i).collect();
+            let flows = attention_flow(maps, &sources, progress)?;
+            let by_row: Vec<(usize, f64)> = from.iter().map(|&(_, w)| w).enumerate().collect();
+            weighted_rows(&flows, &by_row, t)
+        }
+    })
+}
+
+/// `maps` with every layer's attention even: each query spreading its weight over the keys it
+/// sees (all of them, or under a causal mask those up to itself), one head a layer.
+fn even_attention(maps: &AttentionMaps, causal: bool) -> AttentionMaps {
+    let t = maps.seq_len();
+    let mut layer = vec![0.0f32; t * t];
+    for (i, row) in layer.chunks_exact_mut(t).enumerate() {
+        let seen = if causal { i + 1 } else { t };
+        row[..seen].fill(1.0 / seen as f32);
+    }
+    AttentionMaps {
+        model: maps.model.clone(),
+        text: maps.text.clone(),
+        pair: maps.pair.clone(),
+        tokens: maps.tokens.clone(),
+        n_layers: maps.n_layers,
+        n_heads: 1,
+        weights: layer.repeat(maps.n_layers),
+    }
 }
 
 /// What each unit shown would get if every query token spread its attention evenly over the

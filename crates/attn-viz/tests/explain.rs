@@ -347,6 +347,31 @@ fn rendering_follows_the_notes() {
 }
 
 #[test]
+fn rollout_is_measured_against_the_rollout_of_even_attention() {
+    // "a b c", causal, one layer of even attention. Rollout from "c": 0.5·[1/3 1/3 1/3] +
+    // 0.5·[0 0 1] = [1/6 1/6 2/3]; that is also what rollout makes of even attention, so no
+    // word stands out (against even attention's 1/3, "c" at 2/3 was named "heavily" focused).
+    let maps = hand_maps("a b c", None, abc_tokens(), 1, 1, EVEN_CAUSAL_3.to_vec());
+    let mut o = options(Some("c"));
+    o.method = Method::Attention {
+        selection: Selection::Rollout,
+    };
+    let e = run(&maps, &o);
+    let expected = [1.0 / 6.0, 1.0 / 6.0, 2.0 / 3.0];
+    assert_close(&words_and_weights(&e).1, &expected, 1e-6);
+    let even: Vec<f32> = e.rows.iter().map(|r| r.even).collect();
+    assert_close(&even, &expected, 1e-6);
+    assert!(e.focuses_on.is_empty() && e.spread, "{:?}", e.focuses_on);
+    assert!(
+        e.notes
+            .iter()
+            .any(|n| n.starts_with("even attention here is the rollout of even")),
+        "{:?}",
+        e.notes
+    );
+}
+
+#[test]
 fn words_are_quoted_as_written() {
     // A decomposed "école" (e + U+0301): `{:?}` wrote "e\u{301}cole" in the title and summary
     // beside "école" on its bar. Quotes, backslashes and control characters are still escaped.
