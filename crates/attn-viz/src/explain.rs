@@ -108,6 +108,11 @@ pub struct Explanation {
     /// Whether no word stands out: none that may be named gets [`STANDS_OUT`] times what even
     /// attention would give it (`Row::even`), so that none is named.
     pub spread: bool,
+    /// The one word shown that the focus sees, when there is one (a one-word text, or a causal
+    /// model's first word): all of the attention shown is on it, which names nothing.
+    pub sees_only: Option<String>,
+    /// Whether the model is causal (each query sees only the keys up to itself).
+    pub causal: bool,
     /// Share (0..=1) of the row's raw weight that went to words not shown (special tokens, the
     /// question's own words).
     pub hidden_share: f32,
@@ -181,7 +186,11 @@ pub fn explain(
     // named only when it stands out from even attention on its own (flat rows named three
     // words at 0.34 against 0.33, and a word of three tokens at 0.17 where even attention
     // gives it 0.25).
-    let stands_out = |r: &Row| !compared || r.weight >= STANDS_OUT * r.even;
+    let stands_out = |r: &Row| compared && r.weight >= STANDS_OUT * r.even;
+    let sees_only = match compared {
+        true => None,
+        false => (rows.iter()).find(|r| !r.masked).map(|r| r.word.clone()),
+    };
     let named: Vec<f32> = (rows.iter())
         .map(|r| match r.nameable() && stands_out(r) {
             true => r.weight,
@@ -282,6 +291,8 @@ pub fn explain(
         rows,
         focuses_on,
         spread,
+        sees_only,
+        causal,
         hidden_share,
         notes,
     })
@@ -1191,7 +1202,20 @@ pub fn render(explanation: &Explanation, style: BarStyle) -> String {
     let top = (explanation.rows.iter())
         .filter(|r| r.nameable())
         .max_by(|a, b| a.weight.total_cmp(&b.weight));
-    if !heavy.is_empty() {
+    if let Some(only) = &explanation.sees_only {
+        out.push_str(&match explanation.causal {
+            true => format!(
+                "\n{:?} is the only word shown that {from} sees: the model is causal, so all of \
+                 this attention is on it by the mask, not by choice\n",
+                Quoted(only)
+            ),
+            false => format!(
+                "\n{:?} is the only word shown: all of the attention shown is on it, which says \
+                 nothing of a choice\n",
+                Quoted(only)
+            ),
+        });
+    } else if !heavy.is_empty() {
         out.push_str(&format!(
             "\nModel focuses heavily on: {}{among}\n",
             heavy.join(", ")

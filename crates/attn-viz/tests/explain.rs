@@ -756,10 +756,20 @@ fn standing_out_is_measured_against_even_attention_under_the_mask() {
         1e-6,
     );
     assert!(e.focuses_on.is_empty() && e.spread, "{:?}", e.focuses_on);
-    // From "a", the one word it sees gets everything, and is named.
+    // From "a", the one word it sees gets everything by the mask: not named as a focus (it was
+    // "Model focuses heavily on: "a""), and said to be the only word it sees.
     let e = run(&maps, &options(Some("a")));
-    assert_eq!(e.focuses_on, ["a"]);
-    assert!(!e.spread);
+    assert!(e.focuses_on.is_empty() && !e.spread);
+    assert_eq!((e.sees_only.as_deref(), e.causal), (Some("a"), true));
+    let text = render(&e, BarStyle::default());
+    assert!(
+        text.contains(
+            "\n\"a\" is the only word shown that \"a\" sees: the model is causal, so all of \
+             this attention is on it by the mask, not by choice\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("focuses heavily"), "{text}");
     // --top 2 from "b" lists the words it sees before the masked one.
     let mut o = options(Some("b"));
     o.top = Some(2);
