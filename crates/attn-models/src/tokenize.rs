@@ -123,10 +123,12 @@ impl TextTokenizer {
             Limit::Positions => self.max_positions,
             Limit::Embedding(n) => n.min(self.max_positions),
         };
-        if text.trim().is_empty() {
+        // Whitespace is a text for some tokenizers (GPT-2's "\n", "   "): only an empty one is
+        // refused here; one that gives no token is, below.
+        if text.is_empty() {
             return Err(ModelError::EmptyText { which: "text" });
         }
-        if pair.is_some_and(|p| p.trim().is_empty()) {
+        if pair.is_some_and(str::is_empty) {
             return Err(ModelError::EmptyText { which: "pair text" });
         }
         let tokenizer_err = |e: tokenizers::Error| ModelError::Tokenizer {
@@ -207,13 +209,21 @@ impl TextTokenizer {
                 text: None,
             });
         };
-        if enc.is_empty() {
-            // Not empty as written (checked above): the tokenizer dropped every character.
-            return Err(ModelError::Tokenizer {
-                reason: "the tokenizer keeps no token of this text (tokenizer.json's normalizer \
-                         or pre-tokenizer removes all of it)"
-                    .into(),
-            });
+        // Each text must give a token of its own: whitespace that BERT drops is an empty text,
+        // anything else the tokenizer dropped says so.
+        for (sequence, which, s) in [(0, "text", Some(text)), (1, "pair text", pair)] {
+            let Some(s) = s else { continue };
+            if !enc.get_sequence_ids().contains(&Some(sequence)) {
+                return Err(match s.trim().is_empty() {
+                    true => ModelError::EmptyText { which },
+                    false => ModelError::Tokenizer {
+                        reason: format!(
+                            "the tokenizer keeps no token of this {which} (tokenizer.json's \
+                             normalizer or pre-tokenizer removes all of it)"
+                        ),
+                    },
+                });
+            }
         }
         let (ids, tokens, offsets, segments) = (
             enc.get_ids().len(),

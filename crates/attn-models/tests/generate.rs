@@ -410,8 +410,10 @@ fn bad_prompts_and_lengths_are_errors() {
         sampling: Sampling::Greedy,
         attention: false,
     };
-    let err = generate(&model, "   ", &greedy(3)).unwrap_err();
+    let err = generate(&model, "", &greedy(3)).unwrap_err();
     assert!(matches!(err, ModelError::EmptyText { .. }), "{err:?}");
+    // Whitespace is a GPT-2 prompt, as in transformers.
+    assert_eq!(generate(&model, "   ", &greedy(3)).unwrap().ids.len(), 3);
     // The last new token is never fed back: P prompt tokens + N new ones need P + N − 1
     // positions.
     let max = model.max_positions();

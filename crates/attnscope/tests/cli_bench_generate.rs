@@ -160,7 +160,7 @@ fn bad_models_and_options_are_clear_errors() {
         "--threads: must be between 1 and 1024, not 0",
     );
     fails_with(
-        &["bench", "generate", "--model", &model, "--prompt", "  "],
+        &["bench", "generate", "--model", &model, "--prompt", ""],
         "is empty",
     );
     // tiny-gpt2 has 64 positions: P prompt tokens and 66 − P new ones need P + 65 − P = 65.
