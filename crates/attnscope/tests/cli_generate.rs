@@ -141,6 +141,16 @@ fn explain_lists_the_top_three_attended_words_per_token() {
         4,
         "{plain}"
     );
+    // An emoji is four byte-level tokens: the prompt's are labelled as the new ones are, each
+    // by its own bytes, and never as the whole emoji (all four were "🤖", each with one
+    // piece's weight).
+    let doc: Value =
+        serde_json::from_str(&generate("I love 🤖", 3, &["--explain", "--json"])).unwrap();
+    for top in doc["explain"].as_array().unwrap() {
+        for e in top.as_array().unwrap() {
+            assert_ne!(e["word"], "🤖", "{top}");
+        }
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use attn_models::ModelError;
-use attn_models::generate::{GenerateOptions, Generation, Sampling, Temperature, generate};
+use attn_models::generate::{GenerateOptions, Sampling, Temperature, generate};
 use attn_viz::words::{byte_label, byte_level_bytes};
 
 use super::attention::load_model;
@@ -98,19 +98,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     // A piece that is part of a character (a byte-level token of an emoji) reads as its bytes,
     // `<0xF0>`, where decoding it alone gives U+FFFD.
+    let label = |id: u32, piece: &str| {
+        let bytes = piece
+            .contains('\u{fffd}')
+            .then(|| model.token(id).and_then(|t| byte_level_bytes(&t)))
+            .flatten();
+        bytes.map_or_else(|| piece.to_string(), |b| byte_label(&b))
+    };
     let pieces: Vec<String> = (generation.ids.iter().zip(&generation.pieces))
-        .map(|(&id, piece)| {
-            let bytes = piece
-                .contains('\u{fffd}')
-                .then(|| model.token(id).and_then(|t| byte_level_bytes(&t)))
-                .flatten();
-            bytes.map_or_else(|| piece.clone(), |b| byte_label(&b))
+        .map(|(&id, piece)| label(id, piece))
+        .collect();
+    // The prompt's tokens, each decoded alone as the new ones are: the four byte pieces of an
+    // emoji are four labels, not the emoji four times.
+    let prompt_pieces: Vec<String> = (generation.prompt.ids.iter())
+        .map(|&id| {
+            let piece = model.decode(&[id]).unwrap_or_default();
+            label(id, &piece)
         })
         .collect();
     let explained = generation
         .attention
         .as_ref()
-        .map(|rows| explain(&args.prompt, &generation, &pieces, rows));
+        .map(|rows| explain(&prompt_pieces, &pieces, rows));
 
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
@@ -157,25 +166,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each generated token's [`EXPLAIN_TOP`] most attended words (prompt words as written, then
-/// the generated pieces), strongest first; ties keep the earlier word first.
-fn explain(
-    prompt: &str,
-    generation: &Generation,
-    pieces: &[String],
-    rows: &[Vec<f32>],
-) -> Vec<Vec<(String, f32)>> {
-    let enc = &generation.prompt;
-    let words: Vec<String> = enc
-        .spans
-        .iter()
-        .zip(&enc.tokens)
-        .map(|(span, token)| match span {
-            Some((a, b)) => prompt.get(*a..*b).unwrap_or(token).to_string(),
-            None => token.clone(),
-        })
-        .chain(pieces.iter().cloned())
-        .collect();
+/// Each generated token's [`EXPLAIN_TOP`] most attended tokens (the prompt's pieces, then the
+/// generated ones), strongest first; ties keep the earlier token first.
+fn explain(prompt: &[String], pieces: &[String], rows: &[Vec<f32>]) -> Vec<Vec<(String, f32)>> {
+    let words: Vec<String> = prompt.iter().chain(pieces).cloned().collect();
     rows.iter()
         .map(|row| {
             let mut order: Vec<usize> = (0..row.len()).collect();
