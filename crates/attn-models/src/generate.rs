@@ -190,7 +190,9 @@ fn choose(logits: &[f32], sampling: &Sampling, rng: &mut SplitMix64) -> u32 {
 }
 
 /// SplitMix64 (Steele, Lea & Flood 2014): a tiny generator whose sequence for a seed is fixed
-/// by its definition, so a seed gives the same text on every build and platform.
+/// by its definition, so a seed gives the same draws on every build and platform (the text can
+/// still differ where the logits themselves do: another thread count sums them in another
+/// order, which can tip a near tie).
 struct SplitMix64(u64);
 
 impl SplitMix64 {

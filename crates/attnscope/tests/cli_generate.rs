@@ -203,7 +203,10 @@ fn bad_options_and_models_are_clear_errors() {
             "--max-new-tokens",
             &over,
         ],
-        "needs 65 positions: the KV cache holds 64 positions and 65 are needed",
+        &format!(
+            "needs 65 positions, and the model has 64: at most {fits} new tokens fit (the last \
+             one is never fed back)"
+        ),
     );
     fails_with(
         &with(&base[..4], &["--max-new-tokens", "18446744073709551615"]),

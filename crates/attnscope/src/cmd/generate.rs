@@ -28,15 +28,18 @@ pub struct Args {
     /// How many tokens to generate (all of them: the end-of-text token does not stop early).
     #[arg(long, value_name = "N")]
     pub max_new_tokens: usize,
-    /// Sample from softmax(logits / T) instead of taking the most likely token.
+    /// Sample from softmax(logits / T) instead of taking the most likely token [default: greedy].
+    /// Over the whole vocabulary unless --top-k cuts it (transformers' generate also keeps its
+    /// default top_k of 50 when sampling).
     #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Sample only among the K most likely tokens (samples at temperature 1 when --temperature
-    /// is not given).
+    /// is not given) [default: every token].
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
-    /// Seed of the sampler: the same seed gives the same text. Needs --temperature or --top-k
-    /// (without them decoding is greedy and has nothing to seed).
+    /// Seed of the sampler: the same seed, prompt and thread count give the same text (another
+    /// thread count sums the logits in another order, which can tip a near tie). Needs
+    /// --temperature or --top-k (without them decoding is greedy and has nothing to seed).
     #[arg(long, value_name = "S", default_value_t = 0, requires = "sampling")]
     pub seed: u64,
     /// For each generated token, print the tokens the attention that chose it weighed most (its
@@ -87,12 +90,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )
         }
         // The cache needs the prompt's positions and those of every new token but the last.
-        ModelError::CacheFull { needed, .. } => {
+        ModelError::CacheFull {
+            needed, capacity, ..
+        } => {
             let prompt = needed + 1 - args.max_new_tokens;
-            anyhow::Error::new(err).context(format!(
-                "--max-new-tokens {} after a {prompt}-token prompt needs {needed} positions",
+            let fit = match (capacity + 1).saturating_sub(prompt) {
+                1 => "1 new token fits".to_string(),
+                n => format!("{n} new tokens fit"),
+            };
+            anyhow::anyhow!(
+                "--max-new-tokens {} after a {prompt}-token prompt needs {needed} positions, and \
+                 the model has {capacity}: at most {fit} (the last one is never fed back)",
                 args.max_new_tokens
-            ))
+            )
         }
         err => err.into(),
     })?;
