@@ -322,7 +322,7 @@ pub fn special_columns_note(tokens: &[Token]) -> Option<String> {
     match (leading, others.as_slice()) {
         (None, []) => Some(
             "note: this text has no special tokens: \"first\" is the first token's share (where \
-             models like GPT-2 park attention they do not need), [SEP] is 0"
+             models like GPT-2 park attention they do not need); there is no [SEP] column"
                 .into(),
         ),
         (Some("[CLS]"), [] | ["[SEP]"]) => None,
@@ -372,7 +372,7 @@ mod tests {
         assert_eq!(
             special_columns_note(&gpt2).unwrap(),
             "note: this text has no special tokens: \"first\" is the first token's share \
-             (where models like GPT-2 park attention they do not need), [SEP] is 0"
+             (where models like GPT-2 park attention they do not need); there is no [SEP] column"
         );
         let typed = tokens(&[("The", false), ("<|endoftext|>", true)]);
         assert_eq!(

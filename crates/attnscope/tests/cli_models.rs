@@ -946,4 +946,9 @@ fn heads_on_a_causal_model_compare_with_even_attention_over_earlier_keys() {
         "{out}"
     );
     assert!(out.contains("\n      even "), "{out}");
+    // No special tokens: a "first" column and no [SEP] column, which was 0.00 throughout.
+    assert!(
+        out.contains("\nlayer head  entropy  first   prev   next   self  distance\n"),
+        "{out}"
+    );
 }

@@ -84,15 +84,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     // Without [CLS]/[SEP] (GPT-2) the first column is the first token's share, the sink of
     // attention such models do not need.
-    let first = if specials { "[CLS]" } else { "first" };
+    // and there is no [SEP] column (it would be 0 throughout; JSON keeps its field).
+    let (first, sep) = match specials {
+        true => ("[CLS]", "  [SEP]"),
+        false => ("first", ""),
+    };
     writeln!(
         out,
-        "layer head  entropy  {first:>5}  [SEP]   prev   next   self  distance"
+        "layer head  entropy  {first:>5}{sep}   prev   next   self  distance"
     )?;
     let row = |label: &str, s: &Shares| {
+        let sep = match specials {
+            true => format!("  {:>5.2}", s.sep),
+            false => String::new(),
+        };
         format!(
-            "{label:>10}  {:>7.3}  {:>5.2}  {:>5.2}  {:>5.2}  {:>5.2}  {:>5.2}  {:>8.2}",
-            s.entropy, s.cls, s.sep, s.previous, s.next, s.same, s.distance
+            "{label:>10}  {:>7.3}  {:>5.2}{sep}  {:>5.2}  {:>5.2}  {:>5.2}  {:>8.2}",
+            s.entropy, s.cls, s.previous, s.next, s.same, s.distance
         )
     };
     for s in &stats {
