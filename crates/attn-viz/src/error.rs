@@ -95,6 +95,12 @@ pub enum VizError {
         "the two grids differ in their {what}: a comparison needs grids of one model, text and focus"
     )]
     GridsDiffer { what: &'static str },
+    #[error(
+        "{model} is causal: its question comes first and cannot see the context after it, so \
+         every weight to the context is 0 by the mask; run the context and question as one text \
+         (\"CONTEXT QUESTION\") with --focus on a question word, or use an encoder"
+    )]
+    CausalQuestion { model: String },
     #[error("nothing to show: {what}")]
     NothingToShow { what: String },
     #[error("attention flow is limited to {max} tokens; this input has {seq_len}")]

@@ -320,6 +320,12 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
     if (options.question || options.across) && maps.pair.is_none() {
         return Err(VizError::NoPair);
     }
+    // A causal model reads the question first: it cannot see the context after it.
+    if options.question && sees_only_earlier_keys(maps) {
+        return Err(VizError::CausalQuestion {
+            model: maps.model.clone(),
+        });
+    }
     let units = match options.level {
         Level::Words => words::words(maps)?,
         Level::Tokens => words::tokens(maps),

@@ -903,8 +903,8 @@ fn the_head_grid_says_when_the_word_is_the_only_one_seen_or_masked() {
         render_grid(&grid, BarStyle::default())
             .contains("\"a\" is the only word shown that \"a\" sees: every head gives it all")
     );
-    // A causal question whose context comes after it: every weight is 0 by the mask, without
-    // stars or a note about renormalising (the question's own word took everything).
+    // Across a causal pair from its first text: every weight to the second is 0 by the mask,
+    // without stars or a note about renormalising (the word's own text took everything).
     let tokens = vec![
         tok("q", Some((0, 1)), 0),
         tok("x", Some((0, 1)), 1),
@@ -913,6 +913,15 @@ fn the_head_grid_says_when_the_word_is_the_only_one_seen_or_masked() {
     let maps = hand_maps("q", Some("x y"), tokens, 1, 1, EVEN_CAUSAL_3.to_vec());
     let mut o = options(Some("q"));
     o.question = true;
+    // As a question, refused: the causal model's question cannot see its context at all.
+    let err = head_grid(&maps, &o, "x").unwrap_err();
+    assert!(matches!(err, VizError::CausalQuestion { .. }), "{err}");
+    assert!(
+        err.to_string().contains("cannot see the context after it"),
+        "{err}"
+    );
+    o.question = false;
+    o.across = true;
     let grid = head_grid(&maps, &o, "x").unwrap();
     assert!(grid.masked && grid.stand_out.is_empty());
     let text = render_grid(&grid, BarStyle::default());
