@@ -93,6 +93,13 @@ pub fn encode(
     truncate: bool,
 ) -> anyhow::Result<attn_models::Encoding> {
     let enc = encode_quietly(model, text, pair, truncate)?;
+    if pair.is_some() && model.config().causal {
+        crate::note!(
+            "note: {} is causal: the pair is read after the text as one sequence (as its \
+             tokenizer joins them), so the text cannot see the pair",
+            model.name()
+        );
+    }
     // A special token the text writes itself is that token, as transformers reads it: say so,
     // as "[PAD]" in a text is easily taken for padding (which a mask hides).
     // (A character the vocabulary lacks is also read as one, [UNK], which the text did not

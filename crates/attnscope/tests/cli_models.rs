@@ -946,6 +946,23 @@ fn heads_on_a_causal_model_compare_with_even_attention_over_earlier_keys() {
         "{out}"
     );
     assert!(out.contains("\n      even "), "{out}");
+    // A pair on a causal model is one sequence, and a note says the text cannot see its pair.
+    let paired = attnscope(&[
+        "explain",
+        "The cat",
+        "--pair",
+        "sat down",
+        "--focus",
+        "sat",
+        "--model",
+        tiny.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&paired.stderr);
+    assert!(paired.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("so the text cannot see the pair"),
+        "{stderr}"
+    );
     // No special tokens: a "first" column and no [SEP] column, which was 0.00 throughout.
     assert!(
         out.contains("\nlayer head  entropy  first   prev   next   self  distance\n"),
