@@ -42,7 +42,7 @@ pub struct Args {
     /// The context the question's words attend to (with --question).
     #[arg(long, value_name = "TEXT", requires = "question")]
     pub context: Option<String>,
-    /// With --pair: show only the words of the other text than the focus word's (e.g. which
+    /// With --pair: show only the words of the text the focus word is not in (e.g. which
     /// English words a French word attends to). The pair is one input to one model here: an
     /// encoder's self-attention across two texts, not a translation model's cross-attention.
     #[arg(long, conflicts_with = "question")]
@@ -83,7 +83,7 @@ pub struct Args {
     /// Show special tokens ([CLS], [SEP]) instead of hiding them.
     #[arg(long)]
     pub special: bool,
-    /// Only the K heaviest words, heaviest first.
+    /// Only the K heaviest words, heaviest first [default: every word, in the text's order].
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
     pub top: Option<u32>,
     /// Print JSON instead of bars.

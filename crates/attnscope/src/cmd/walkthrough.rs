@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE.json")]
     input: Option<PathBuf>,
     /// Show the masked version: `causal` (each word sees itself and the words before it) or
-    /// `padding:N` (the last N words are padding that no word attends to).
+    /// `padding:N` (the last N words are padding that no word attends to) [default: no mask].
     #[arg(long, value_name = "causal|padding:N")]
     mask: Option<String>,
     /// The word whose output is written out as a weighted sum of V rows (default: the second);

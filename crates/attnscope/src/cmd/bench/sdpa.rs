@@ -37,7 +37,7 @@ pub struct Args {
     /// Query length (and key length unless --seq-kv is given).
     #[arg(long)]
     seq: usize,
-    /// Key/value length.
+    /// Key/value length [default: --seq].
     #[arg(long)]
     seq_kv: Option<usize>,
     /// Batch size.
