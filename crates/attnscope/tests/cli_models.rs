@@ -904,6 +904,8 @@ fn models_are_found_in_the_hugging_face_cache_by_id() {
 
 /// The readable table: a row per query, led by its index and token, a column per key under
 /// its index; each row of weights sums to 1. (The query's index stood unlabelled at the end.)
+/// tiny-gpt2 is causal: the keys after each query are "-" (masked, they read 0.00), and a
+/// legend says so.
 #[test]
 fn the_readable_table_leads_each_row_with_its_query() {
     let tiny = cli_support::tiny_gpt2();
@@ -924,14 +926,25 @@ fn the_readable_table_leads_each_row_with_its_query() {
         .unwrap();
     let keys: Vec<&str> = lines[header + 1].split_whitespace().collect();
     assert_eq!(keys, ["0", "1", "2"], "{out}");
-    for (i, line) in lines[header + 2..].iter().enumerate() {
+    for (i, line) in lines[header + 2..header + 5].iter().enumerate() {
         let cells: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(cells[0], i.to_string(), "{out}");
         assert_eq!(cells.len(), 2 + 3, "{out}");
-        let sum: f32 = cells[2..].iter().map(|c| c.parse::<f32>().unwrap()).sum();
+        assert!(cells[2 + i + 1..].iter().all(|&c| c == "-"), "{line}");
+        let sum: f32 = cells[2..=2 + i]
+            .iter()
+            .map(|c| c.parse::<f32>().unwrap())
+            .sum();
         assert!((sum - 1.0).abs() <= 0.015, "{line}");
     }
-    assert_eq!(lines.len(), header + 2 + 3, "{out}");
+    assert_eq!(
+        &lines[header + 5..],
+        [
+            "",
+            "-: masked (the model is causal: a query sees only the keys up to itself)"
+        ],
+        "{out}"
+    );
 }
 
 /// `heads` reads every figure beside even attention over the keys each query sees, and says

@@ -222,6 +222,8 @@ fn write_readable(
         .unwrap_or(1)
         .clamp(5, 16);
     let label = |s: &str| pad_start(truncate_to_width(s, width), width);
+    // A causal model's keys after the query are masked: shown as such, not as a weight of 0.
+    let causal = model.config().causal;
     let layers: Vec<usize> = match layer {
         Some(l) => vec![l],
         None => (0..model.n_layers()).collect(),
@@ -252,10 +254,19 @@ fn write_readable(
                     Some(h) => at(h),
                     None => (0..n_heads).map(at).sum::<f32>() / n_heads as f32,
                 };
-                write!(w, " {value:5.2}")?;
+                match causal && j > i {
+                    true => write!(w, " {:>5}", "-")?,
+                    false => write!(w, " {value:5.2}")?,
+                }
             }
             writeln!(w)?;
         }
+    }
+    if causal {
+        writeln!(
+            w,
+            "\n-: masked (the model is causal: a query sees only the keys up to itself)"
+        )?;
     }
     Ok(())
 }
