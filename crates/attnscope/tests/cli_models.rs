@@ -976,6 +976,20 @@ fn heads_on_a_causal_model_compare_with_even_attention_over_earlier_keys() {
         stderr.contains("so the text cannot see the pair"),
         "{stderr}"
     );
+    // The next token is masked: "-" with a legend, where it read 0.00 for every head (the
+    // columns: layer, head, entropy, first, prev, next, self, distance; "even" has no head).
+    let rows: Vec<Vec<&str>> = (out.lines())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|c| c.len() == 8 && c[0].parse::<usize>().is_ok() || c.first() == Some(&"even"))
+        .collect();
+    assert_eq!(rows.len(), 8 + 1, "{out}");
+    for row in &rows {
+        assert_eq!(row[row.len() - 3], "-", "{row:?}");
+    }
+    assert!(
+        out.contains("; next: - (masked: a causal model's query cannot see the token after it)"),
+        "{out}"
+    );
     // No special tokens: a "first" column and no [SEP] column, which was 0.00 throughout.
     assert!(
         out.contains("\nlayer head  entropy  first   prev   next   self  distance\n"),

@@ -93,14 +93,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out,
         "layer head  entropy  {first:>5}{sep}   prev   next   self  distance"
     )?;
+    // A causal model's next token is masked: "-", not a share of 0.00 (JSON keeps the 0).
+    let causal = sees_only_earlier_keys(&maps);
     let row = |label: &str, s: &Shares| {
         let sep = match specials {
             true => format!("  {:>5.2}", s.sep),
             false => String::new(),
         };
+        let next = match causal {
+            true => format!("{:>5}", "-"),
+            false => format!("{:>5.2}", s.next),
+        };
         format!(
-            "{label:>10}  {:>7.3}  {:>5.2}{sep}  {:>5.2}  {:>5.2}  {:>5.2}  {:>8.2}",
-            s.entropy, s.cls, s.previous, s.next, s.same, s.distance
+            "{label:>10}  {:>7.3}  {:>5.2}{sep}  {:>5.2}  {next}  {:>5.2}  {:>8.2}",
+            s.entropy, s.cls, s.previous, s.same, s.distance
         )
     };
     for s in &stats {
@@ -129,8 +135,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "even: every query's attention spread evenly over the keys it sees{}; entropy in nats \
          (ln {n} = {:.2} is even over all tokens); distance: how far a query's attention travels, \
          Σ weight × |i − j| in tokens over the keys other than {} (what a head parks there \
-         travels 0)",
-        if sees_only_earlier_keys(&maps) && n > 1 {
+         travels 0){}",
+        if causal && n > 1 {
             " (here: itself and the tokens before it)"
         } else {
             ""
@@ -140,6 +146,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "[CLS]/[SEP]"
         } else {
             "the first token"
+        },
+        if causal {
+            "; next: - (masked: a causal model's query cannot see the token after it)"
+        } else {
+            ""
         }
     )?;
     if let Some(note) = special_columns_note(&maps.tokens) {
