@@ -21,8 +21,9 @@ pub struct Args {
     /// Read the text from this UTF-8 file instead ("-" reads standard input).
     #[arg(long, value_name = "FILE", conflicts_with = "text")]
     pub file: Option<PathBuf>,
-    /// A second text: sentence B, or the context of a question (BERT token type 1).
-    #[arg(long)]
+    /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
+    /// reads it after TEXT, which cannot see it).
+    #[arg(long, value_name = "TEXT")]
     pub pair: Option<String>,
     /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
     /// model id in the Hugging Face cache (`gpt2`, `org/name@revision`) [default:

@@ -28,7 +28,8 @@ pub struct Args {
         conflicts_with_all = ["question", "maps"]
     )]
     pub text: Option<String>,
-    /// A second text, run as a sentence pair with TEXT.
+    /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
+    /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT", conflicts_with_all = ["question", "maps"])]
     pub pair: Option<String>,
     /// Show the attention from this question's words to --context's words.

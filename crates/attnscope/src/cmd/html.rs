@@ -19,8 +19,9 @@ pub struct Args {
     /// The text to look at.
     #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
-    /// A second text (sentence B, or the context of a question); the page can then show
-    /// attention from A to B and from B to A.
+    /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
+    /// reads it after TEXT, which cannot see it); the page can then show attention from A to B
+    /// and from B to A.
     #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
     pub pair: Option<String>,
     /// Where to write the page (a .html or .htm file).
