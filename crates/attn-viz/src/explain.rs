@@ -771,19 +771,27 @@ pub struct GridComparison {
     /// `[n_layers][n_heads]`: whether the words shown got under [`GRID_WORDS_SHARE`] of the
     /// head's attention (such a head prefers neither word here).
     pub starred: Vec<Vec<bool>>,
-    /// For each word, how many heads prefer it: they give it at least [`STANDS_OUT`] times
-    /// what they give the other word, and at least [`STANDS_OUT`] times its even share.
-    pub preferring: [usize; 2],
     /// For each word, the heads that prefer it by the widest gaps, widest first (at most
     /// five).
     pub prefer: [Vec<Preference>; 2],
-    /// `[n_layers][n_heads]`: the word each head prefers (0 or 1), if any.
+    /// `[n_layers][n_heads]`: the word each head prefers (0 or 1), if any: it gives it at least
+    /// [`STANDS_OUT`] times what it gives the other word, and at least [`STANDS_OUT`] times its
+    /// even share.
     pub preference: Vec<Vec<Option<usize>>>,
     /// The even share of each word (as in its grid).
     pub even: [f32; 2],
     /// Whether a causal model's focus cannot see each word (as in its grid): no head can
     /// prefer it.
     pub masked: [bool; 2],
+}
+
+impl GridComparison {
+    /// How many heads prefer word `x` (0 or 1).
+    pub fn preferring(&self, x: usize) -> usize {
+        (self.preference.iter().flatten())
+            .filter(|&&p| p == Some(x))
+            .count()
+    }
 }
 
 /// A head that prefers one word of a [`GridComparison`].
@@ -827,7 +835,6 @@ pub fn compare_grids(a: &HeadGrid, b: &HeadGrid) -> Result<GridComparison, VizEr
             }
         }
     }
-    let preferring = [prefer[0].len(), prefer[1].len()];
     let mut preference: Vec<Vec<Option<usize>>> = (a.weights.iter())
         .map(|row| vec![None; row.len()])
         .collect();
@@ -851,7 +858,6 @@ pub fn compare_grids(a: &HeadGrid, b: &HeadGrid) -> Result<GridComparison, VizEr
         words: [a.to.clone(), b.to.clone()],
         difference,
         starred,
-        preferring,
         prefer,
         preference,
         even: [a.even, b.even],
@@ -888,11 +894,11 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
         c.difference.first().map_or(0, Vec::len),
         width,
     ));
+    // A gap that rounds to nothing shows no sign ("0.00", not "+0.00" or "-0.00").
+    let zero = format!("{:.decimals$}", 0.0);
     for (layer, row) in c.difference.iter().enumerate() {
         out.push_str(&layer_label(layer));
         for (head, d) in row.iter().enumerate() {
-            // A gap that rounds to nothing shows no sign ("0.00", not "+0.00" or "-0.00").
-            let zero = format!("{:.decimals$}", 0.0);
             let cell = match format!("{:.decimals$}", d.abs()) == zero {
                 true => format!("{zero:>width$}"),
                 false => format!("{d:>+width$.decimals$}"),
@@ -943,11 +949,12 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
                 )
             })
             .collect();
-        let (which, each) = match c.preferring[x] {
+        let preferring = c.preferring(x);
+        let (which, each) = match preferring {
             1 => ("One head prefers".to_string(), "it"),
             n => (format!("{n} heads prefer"), "each"),
         };
-        let widest = match c.preferring[x] > heads.len() {
+        let widest = match preferring > heads.len() {
             true => format!("; the {} widest gaps", heads.len()),
             false => String::new(),
         };
@@ -957,9 +964,9 @@ pub fn render_comparison(c: &GridComparison, style: BarStyle) -> String {
         ));
     }
     let starred = c.starred.iter().flatten().any(|&s| s);
-    let preferring = c.preferring.iter().any(|&n| n > 0);
+    let preferring = c.preference.iter().flatten().any(Option::is_some);
     let notes = [
-        (preferring).then(|| {
+        preferring.then(|| {
             "• marks each head that prefers a word (the sign says which; the widest gaps are \
              named above)"
                 .to_string()

@@ -984,7 +984,7 @@ fn the_comparison_names_the_heads_that_prefer_each_word() {
     assert_eq!(c.starred, [[false, true], [false, false]]);
     // Only (1, 1) prefers "a": .8 ≥ 1.5 × .2 and ≥ .5 (1.5 × its even 1/3); (0, 1) is starred.
     // No head gives "bc" 1.0 (1.5 × its even 2/3).
-    assert_eq!(c.preferring, [1, 0]);
+    assert_eq!([c.preferring(0), c.preferring(1)], [1, 0]);
     assert_eq!((c.prefer[0][0].layer, c.prefer[0][0].head), (1, 1));
     assert_close(&c.prefer[0][0].weights, &[0.8, 0.2], 1e-6);
     assert!(c.prefer[1].is_empty());
@@ -1006,7 +1006,7 @@ fn the_comparison_names_the_heads_that_prefer_each_word() {
         let negated: Vec<f32> = mirrored.iter().map(|d| -d).collect();
         assert_close(row, &negated, 1e-6);
     }
-    assert_eq!(back.preferring, [0, 1]);
+    assert_eq!([back.preferring(0), back.preferring(1)], [0, 1]);
     assert_close(&back.prefer[1][0].weights, &[0.2, 0.8], 1e-6);
     // Grids from another focus are not compared.
     let other = head_grid(&maps, &options(Some("bc")), "a").unwrap();
@@ -1051,7 +1051,7 @@ fn the_comparison_names_the_widest_gaps_first() {
     let a = head_grid(&maps, &options(Some("a")), "a").unwrap();
     let bc = head_grid(&maps, &options(Some("a")), "bc").unwrap();
     let c = compare_grids(&a, &bc).unwrap();
-    assert_eq!(c.preferring, [6, 0]);
+    assert_eq!([c.preferring(0), c.preferring(1)], [6, 0]);
     let heads: Vec<usize> = c.prefer[0].iter().map(|p| p.head).collect();
     assert_eq!(heads, [5, 4, 3, 2, 1]);
     // All six are marked in the table, not only the five named; head 6 is not.
