@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::bail;
+use attn_models::Model;
 
 use super::attention::{load_model, read_text_file};
 
@@ -33,6 +34,19 @@ pub struct Args {
     /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+}
+
+/// Says on stderr which of `texts` `--truncate` cut for an embedding, and how long each was,
+/// text `i` named by `name(i)`.
+pub(crate) fn note_truncated(model: &Model, texts: &[&str], name: impl Fn(usize) -> String) {
+    for (i, text) in texts.iter().enumerate() {
+        if let Some(e) = model.embed_too_long(text) {
+            crate::note!(
+                "note: --truncate: {}: {e}; its embedding is of the tokens that fit",
+                name(i)
+            );
+        }
+    }
 }
 
 /// Texts up to which the cosine similarities are printed as a table (12 columns fit 88
@@ -68,17 +82,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::Error::new(e).context(format!("embedding {what}"))
     })?;
     if args.truncate {
-        for (i, text) in refs.iter().enumerate() {
-            if let Some(e) = model.embed_too_long(text) {
-                let what = match &args.file {
-                    None => format!("text {i}"),
-                    Some(file) => format!("{}, line {}", file.display(), lines[i]),
-                };
-                crate::note!(
-                    "note: --truncate: {what}: {e}; its embedding is of the tokens that fit"
-                );
-            }
-        }
+        note_truncated(&model, &refs, |i| match &args.file {
+            None => format!("text {i}"),
+            Some(file) => format!("{}, line {}", file.display(), lines[i]),
+        });
     }
     if !model.is_sentence_model() {
         crate::note!(

@@ -136,17 +136,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::Error::new(e).context(format!("embedding {what}"))
     })?;
     if args.truncate {
-        for (i, text) in texts.iter().enumerate() {
-            if let Some(e) = model.embed_too_long(text) {
-                let what = match i {
-                    0 => "the --query".to_string(),
-                    i => format!("the key of {}", sources[i - 1]),
-                };
-                crate::note!(
-                    "note: --truncate: {what}: {e}; its embedding is of the tokens that fit"
-                );
-            }
-        }
+        super::embed::note_truncated(&model, &texts, |i| match i {
+            0 => "the --query".to_string(),
+            i => format!("the key of {}", sources[i - 1]),
+        });
     }
     let lookup = soft_lookup(&embeddings[0], &embeddings[1..], args.temperature)?;
     let mut out = std::io::stdout().lock();
