@@ -133,7 +133,8 @@ pub fn encode(
     Ok(enc)
 }
 
-/// [`encode`] without the note on special tokens the text writes.
+/// [`encode`] without its notes on how the model reads the text (a causal model's pair,
+/// special tokens the text writes); with the one on what `truncate` cut.
 fn encode_quietly(
     model: &Model,
     text: &str,
@@ -144,25 +145,19 @@ fn encode_quietly(
     if truncate {
         let enc = model.encode_truncated(text, pair)?;
         // Say what was cut: every view then shows the kept tokens as if they were all.
+        let longer = match pair {
+            Some(_) => " of the longer text first",
+            None => "",
+        };
         match model.encode(text, pair) {
             Err(attn_models::ModelError::TooLong { tokens, max, .. }) => crate::note!(
                 "note: --truncate: the input is {tokens} tokens; the attention shown is of the {max} \
-                 the model reads ({} cut from the end{})",
-                tokens - max,
-                if pair.is_some() {
-                    " of the longer text first"
-                } else {
-                    ""
-                }
+                 the model reads ({} cut from the end{longer})",
+                tokens - max
             ),
             Err(attn_models::ModelError::TooManyWords { words, max, .. }) => crate::note!(
                 "note: --truncate: the input is {words} words; the attention shown is of the {max} \
-                 tokens the model reads (cut from the end{})",
-                if pair.is_some() {
-                    " of the longer text first"
-                } else {
-                    ""
-                }
+                 tokens the model reads (cut from the end{longer})"
             ),
             _ => {}
         }

@@ -116,11 +116,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let hidden = |merged: Option<&[f32]>| match (specials.is_empty(), merged) {
         (true, _) => String::new(),
         (false, None) => format!(", {specials} hidden, rows renormalised"),
-        (false, Some(merged)) => format!(
-            ", {specials} hidden (they took {:.0}%), rows renormalised{}",
-            100.0 * view.hidden_share(merged),
-            view.faint_rows(merged)
-        ),
+        (false, Some(merged)) => {
+            let kept = view.kept_shares(merged);
+            format!(
+                ", {specials} hidden (they took {:.0}%), rows renormalised{}",
+                100.0 * hidden_share(&kept),
+                view.faint_rows(&kept)
+            )
+        }
     };
     let texts = match &maps.pair {
         Some(pair) => format!("{} + {}", short(&maps.text), short(pair)),
@@ -225,17 +228,6 @@ impl View<'_> {
         keep_and_renormalise(merged, self.units.len(), self.shown)
     }
 
-    /// The share of the shown rows' attention that goes to units not shown, on average.
-    ///
-    /// # Shapes
-    /// `merged: [U, U]` ([`View::units_of`]).
-    fn hidden_share(&self, merged: &[f32]) -> f32 {
-        let total: f32 = (self.kept_shares(merged).iter())
-            .map(|&(_, kept)| 1.0 - kept)
-            .sum();
-        total / self.shown.len() as f32
-    }
-
     /// Each shown row's unit and the share of its attention the shown units got.
     ///
     /// # Shapes
@@ -252,10 +244,11 @@ impl View<'_> {
             .collect()
     }
 
-    /// The rows that kept under [`FAINT_ROW`] of their attention, for the title: renormalised,
-    /// such a row's leftovers look as bright as a head's real weights.
-    fn faint_rows(&self, merged: &[f32]) -> String {
-        let faint: Vec<(usize, f32)> = (self.kept_shares(merged).into_iter())
+    /// The rows of `kept` ([`View::kept_shares`]) that kept under [`FAINT_ROW`] of their
+    /// attention, for the title: renormalised, such a row's leftovers look as bright as a head's
+    /// real weights.
+    fn faint_rows(&self, kept: &[(usize, f32)]) -> String {
+        let faint: Vec<(usize, f32)> = (kept.iter().copied())
             .filter(|&(_, kept)| kept < FAINT_ROW)
             .collect();
         let label = |u: usize| format!("{:?}", attn_viz::bars::printable(&self.units[u].label));
@@ -283,6 +276,13 @@ impl View<'_> {
             ),
         }
     }
+}
+
+/// The share of the shown rows' attention that goes to units not shown, on average, from
+/// their kept shares ([`View::kept_shares`]).
+fn hidden_share(kept: &[(usize, f32)]) -> f32 {
+    let total: f32 = kept.iter().map(|&(_, kept)| 1.0 - kept).sum();
+    total / kept.len() as f32
 }
 
 /// The share of its attention under which a row's renormalised weights are called out in the
