@@ -216,7 +216,8 @@ struct BertJson {
 }
 
 /// `DistilBertConfig`'s fields, with its defaults, under their own names or the aliases of its
-/// `attribute_map` (both at once is a duplicate field).
+/// `attribute_map` (a field and its alias set together are settled first, by
+/// [`without_aliases`]).
 #[derive(Deserialize)]
 struct DistilBertJson {
     #[serde(default = "distilbert_vocab")]
@@ -238,7 +239,7 @@ struct DistilBertJson {
 }
 
 /// `GPT2Config`'s fields, under their own names or the aliases of its `attribute_map` (both at
-/// once is a duplicate field: transformers would take the alias).
+/// once are settled first, by [`without_aliases`]).
 #[derive(Deserialize)]
 struct Gpt2Json {
     vocab_size: usize,

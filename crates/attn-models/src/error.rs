@@ -277,23 +277,18 @@ impl ModelError {
     /// An I/O error on `path`, which holds `what`; a missing file gets its own variant.
     pub(crate) fn io(path: impl Into<PathBuf>, what: &'static str, source: std::io::Error) -> Self {
         let path = path.into();
-        if source.kind() == std::io::ErrorKind::NotFound && crate::config::present(&path) {
+        let error = match source.kind() {
+            std::io::ErrorKind::NotFound if !crate::config::present(&path) => {
+                return ModelError::MissingFile { path, what };
+            }
             // Not missing: a symbolic link whose target is.
-            ModelError::Io {
-                path,
-                error: std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "a symbolic link whose target does not exist",
-                ),
-            }
-        } else if source.kind() == std::io::ErrorKind::NotFound {
-            ModelError::MissingFile { path, what }
-        } else {
-            ModelError::Io {
-                path,
-                error: source,
-            }
-        }
+            std::io::ErrorKind::NotFound => std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "a symbolic link whose target does not exist",
+            ),
+            _ => source,
+        };
+        ModelError::Io { path, error }
     }
 
     /// Which of several texts run together (0-based) the error is about, if it is about one:

@@ -150,7 +150,8 @@ impl TextTokenizer {
         };
         let mut text = text;
         for (which, s) in [("text", Some(text)), ("pair text", pair)] {
-            let Some((first, tokens)) = s.map(past_the_limit).transpose()?.flatten() else {
+            let Some(s) = s else { continue };
+            let Some((first, tokens)) = past_the_limit(s)? else {
                 continue;
             };
             match (truncate, pair) {
@@ -160,7 +161,7 @@ impl TextTokenizer {
                 (false, _) => {
                     return Err(ModelError::TooManyWords {
                         which,
-                        words: s.map_or(0, |s| s.split_whitespace().count()),
+                        words: s.split_whitespace().count(),
                         first: budget,
                         tokens,
                         max,
