@@ -568,6 +568,138 @@ fn on_f32_and_bf16(
     }
 }
 
+/// Runs `f` on a rayon pool of `threads` threads.
+fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+    pool.unwrap().install(f)
+}
+
+/// Decoding steps: with at most 16 query rows per head (6 for bf16), every pass takes the
+/// scores against the keys as the inputs hold them; with at least as many key/value heads as
+/// threads, each
+/// key/value head takes one pass that reads its keys and values once (its query heads' rows
+/// together), else the vector kernels take the query heads one by one. Both against the
+/// reference for every option and weights request, f32 and bf16 inputs, on every ISA, and
+/// against each other bit for bit: the call with 16 key/value heads streams on 2 threads and
+/// not on 32. Values that are not finite or need scaling hand the head back to the other
+/// passes: a NaN at keys some rows do not see, and values of 1e37 summed over 1000 keys.
+#[test]
+fn decoding_steps_read_each_key_once_and_give_what_the_other_passes_give() {
+    let mut rng = Rng(51);
+    let mut cases = 0;
+    for (ci, &(seq_q, seq_kv, head_dim, (n_heads, n_kv_heads))) in [
+        (1, 1, 8, (8, 8)),
+        (1, 300, 64, (8, 8)),
+        (2, 129, 40, (16, 8)),
+        (3, 65, 80, (32, 8)),
+        (8, 1000, 128, (8, 8)),
+        (5, 7, 64, (16, 8)),
+        (1, 4100, 64, (8, 8)),
+        (16, 300, 64, (8, 8)),
+        (6, 129, 40, (16, 8)),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let shape = AttnShape {
+            batch: 2,
+            n_heads,
+            n_kv_heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            value_dim: if ci % 2 == 0 { head_dim } else { 24 },
+        };
+        let q = rng.vec(shape.q_dims().iter().product(), 1.5);
+        let k = rng.vec(shape.k_dims().iter().product(), 1.5);
+        let unit_v = rng.vec(shape.v_dims().iter().product(), 1.0);
+        for (values, label) in [(0, "plain"), (1, "a NaN value"), (2, "values of 1e37")] {
+            let mut v = unit_v.clone();
+            match values {
+                1 => v[(seq_kv - 1) * shape.value_dim] = f32::NAN,
+                2 => v.iter_mut().for_each(|x| *x *= 1e37),
+                _ => {}
+            }
+            let (qb, kb, vb) = (round(&q), round(&k), round(&v));
+            let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
+            let input = AttnInput::allowing_non_finite(&q, &k, &v, shape).unwrap();
+            let input_bf16 = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
+            let widened = AttnInput::allowing_non_finite(&qw, &kw, &vw, shape).unwrap();
+            let which = match values {
+                // The NaN sits at the last key: causal top-left rows (all but the last) and
+                // padded keys do not see it.
+                1 => vec![1, 7],
+                2 => vec![0, 2],
+                _ => (0..OPTIONS).collect(),
+            };
+            for which in which {
+                let (name, mut opts) = options_for(which, &shape, &mut rng);
+                opts.weights = weights_for((which + ci) % 3, seq_q);
+                for isa in isas() {
+                    let name = format!("{label}, {name}, {shape:?}, {:?} on {isa:?}", opts.weights);
+                    let f32_runs =
+                        |threads| on_threads(threads, || sdpa_with(isa, &input, &opts).unwrap());
+                    let bf16_runs = |threads| {
+                        on_threads(threads, || sdpa_bf16_with(isa, &input_bf16, &opts).unwrap())
+                    };
+                    for (dtype, (streamed, each_head), reference) in [
+                        ("f32", (f32_runs(2), f32_runs(32)), &input),
+                        ("bf16", (bf16_runs(2), bf16_runs(32)), &widened),
+                    ] {
+                        let name = format!("{dtype}: {name}");
+                        let want = sdpa_reference(reference, &opts).unwrap();
+                        let unit = if values == 2 { 1e37 } else { 1.0 };
+                        // From 7 query rows per head the tiles take bf16 on AMX.
+                        let tol = match dtype {
+                            "bf16" if seq_q > 6 => bf16_out_tol(isa, &opts, &in_units(&vw, unit)),
+                            _ => TOL,
+                        };
+                        if values == 1 {
+                            assert_nan_only_where_seen(&name, &streamed, &want, tol);
+                        } else {
+                            let (got, want_out) =
+                                (in_units(&streamed.out, unit), in_units(&want.out, unit));
+                            assert_close("out", &name, &got, &want_out, tol);
+                            assert_close("lse", &name, &streamed.lse, &want.lse, TOL);
+                        }
+                        let bits = |x: &AttnOutput| {
+                            let weights = x.weights.as_ref().map_or(&[][..], |w| w.data());
+                            (x.out.iter().chain(&x.lse).chain(weights))
+                                .map(|x| x.to_bits())
+                                .collect::<Vec<_>>()
+                        };
+                        assert!(
+                            bits(&streamed) == bits(&each_head),
+                            "{name}: the passes differ"
+                        );
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 0);
+}
+
+/// `got`'s output is NaN in exactly the rows where the reference's is, and within `tol` of it
+/// in the others.
+fn assert_nan_only_where_seen(name: &str, got: &AttnOutput, want: &AttnOutput, tol: f32) {
+    assert_eq!(got.out.len(), want.out.len(), "{name}: lengths");
+    for (i, (g, w)) in got.out.iter().zip(&want.out).enumerate() {
+        assert_eq!(
+            g.is_nan(),
+            w.is_nan(),
+            "{name}: out[{i}] is {g}, the reference's {w}"
+        );
+        if !w.is_nan() {
+            assert!(
+                (g - w).abs() <= tol * w.abs().max(1.0),
+                "{name}: out[{i}] is {g}, not {w}"
+            );
+        }
+    }
+}
+
 /// `x` in units of `unit`.
 fn in_units(x: &[f32], unit: f32) -> Vec<f32> {
     x.iter().map(|x| x / unit).collect()

@@ -219,12 +219,13 @@ impl Drop for AmxHead<'_> {
 impl<'a> Plan<'a> {
     /// Whether key/value head `(b, kvh)`, its values' scale `values`, can go on the tiles:
     /// `None` when it takes another path (an ISA other than [`Isa::Amx`], values that are not
-    /// all finite, f32 inputs with fewer than [`AMX_F32_MIN_ROWS`] query rows, f32 keys whose
+    /// all finite, a few query rows ([`Plan::few_rows`]), f32 inputs with fewer than
+    /// [`AMX_F32_MIN_ROWS`] query rows, f32 keys whose
     /// largest norm is not finite: NaN, ∞, or past f32's range), else that norm, which
     /// [`Self::amx_takes`] checks each query head against (0 for bf16 inputs, which need no
     /// bound).
     pub(super) fn amx_key_norm(&self, b: usize, kvh: usize, values: ValueScale) -> Option<f32> {
-        if self.isa != Isa::Amx || !values.finite {
+        if self.isa != Isa::Amx || !values.finite || self.few_rows() {
             return None;
         }
         let (s_n, d) = (self.sh.seq_kv, self.sh.head_dim);

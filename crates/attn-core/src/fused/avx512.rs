@@ -1,5 +1,6 @@
-//! AVX-512 kernels of the fused path: a register-blocked f32 GEMM, and the row operations of
-//! the online softmax with a vectorised `exp`.
+//! AVX-512 kernels of the fused path: a register-blocked f32 GEMM, the two products of a
+//! decoding step (`A·Bᵀ` against keys as the inputs hold them, and a GEMM that checks the
+//! values it reads), and the row operations of the online softmax with a vectorised `exp`.
 //!
 //! bf16 inputs are widened to f32 and take the same GEMM: on this project's CPU (Xeon with
 //! AVX512_BF16) `VDPBF16PS` measured 120 GFLOP/s per core against 222 for `VFMADD231PS`, so
@@ -13,6 +14,10 @@
 //! The AVX-512 intrinsics are stable since Rust 1.89, the workspace's `rust-version`.
 
 use std::arch::x86_64::*;
+
+use half::bf16;
+
+use super::Element;
 
 /// f32 register tile: 6 rows × 4 vectors (64 columns), 24 accumulators, 4 loads and 6
 /// broadcasts per 24 FMAs.
@@ -135,6 +140,239 @@ pub(super) unsafe fn gemm_f32(
             row += rows;
         }
     }
+}
+
+/// `C[m × n] = A[m × k] · B[n × k]ᵀ` in f32, `B` in f32 or bf16 (row-major, strides `lda`,
+/// `ldb`, `ldc`): for a few rows of `A` against rows of `B` read as they are (a decoding
+/// step's scores against its keys, which [`gemm_f32`] would need transposed first). Each value
+/// of `C` sums its products in 16 lanes, and 16 values' lanes are summed at once
+/// ([`sum_lanes`]).
+///
+/// # Safety
+/// AVX-512F must be available. The slices must hold the rows the strides describe (checked
+/// with `debug_assert!`).
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_abt<T: Element>(
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
+    debug_assert!(n == 0 || b.len() >= (n - 1) * ldb + k);
+    debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
+    let (chunks, tail) = (k / 16, k % 16);
+    let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    for col in (0..n).step_by(16) {
+        let cols = (n - col).min(16);
+        // Past the last row of `B`, the lanes repeat it: their sums are not stored.
+        let rows: [*const T; 16] =
+            std::array::from_fn(|t| b.wrapping_add((col + t.min(cols - 1)) * ldb));
+        for r in 0..m {
+            let a = a.wrapping_add(r * lda);
+            let mut acc = [_mm512_setzero_ps(); 16];
+            // SAFETY (both blocks): AVX-512F is available (caller); the loads lie inside row
+            // `r` of `A` and the rows of `B` (the caller's bounds), the tail's to the `k % 16`
+            // values left.
+            for ch in 0..chunks {
+                unsafe {
+                    let x = _mm512_loadu_ps(a.add(16 * ch));
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        *acc = _mm512_fmadd_ps(x, T::load16(row.add(16 * ch), 16), *acc);
+                    }
+                }
+            }
+            if tail != 0 {
+                unsafe {
+                    let x = load16_f32(a.add(16 * chunks), tail);
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        let y = T::load16(row.add(16 * chunks), tail);
+                        *acc = _mm512_fmadd_ps(x, y, *acc);
+                    }
+                }
+            }
+            let mask = ((1u32 << cols) - 1) as __mmask16;
+            // SAFETY: the `cols` values from `col` lie inside row `r` of `C` (caller).
+            unsafe { _mm512_mask_storeu_ps(c.add(r * ldc + col), mask, sum_lanes(acc)) };
+        }
+    }
+}
+
+/// `C[m × n] += A[m × k] · B[k × n]` in f32, `B` in f32 or bf16 (row-major, strides `lda`,
+/// `ldb`, `ldc`), each value of `C` summed as [`gemm_f32`] sums it (so the two agree bit for
+/// bit); returns whether every value of `B` is below `2^bound_exp` in magnitude (NaN never),
+/// checked as `B` is read. For a few rows of `A`: a decoding step's `P·V`, its values read
+/// once.
+///
+/// # Safety
+/// AVX-512F must be available. The slices must hold the rows the strides describe (checked
+/// with `debug_assert!`).
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_checked<T: Element>(
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    bound_exp: i32,
+) -> bool {
+    debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
+    debug_assert!(k == 0 || b.len() >= (k - 1) * ldb + n);
+    debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
+    let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    // The largest magnitude's bits (without the sign), lane by lane: NaN's pass ∞'s.
+    let mut largest = _mm512_setzero_si512();
+    for col in (0..n).step_by(16 * NV_F32) {
+        let mut row = 0;
+        while row < m {
+            let rows = (m - row).min(CHECKED_ROWS);
+            // The values are checked once, with the first rows.
+            let check = row == 0;
+            // SAFETY: AVX-512F is available (caller); the tile lies inside the checked slices.
+            unsafe {
+                let (a, b, c) = (a.add(row * lda), b.add(col), c.add(row * ldc + col));
+                let tile = (k, (a, lda), (b, ldb), (c, ldc), n - col, check);
+                match rows {
+                    4 => checked_tile::<T, 4>(tile, &mut largest),
+                    3 => checked_tile::<T, 3>(tile, &mut largest),
+                    2 => checked_tile::<T, 2>(tile, &mut largest),
+                    _ => checked_tile::<T, 1>(tile, &mut largest),
+                }
+            }
+            row += rows;
+        }
+    }
+    _mm512_reduce_max_epu32(largest) < ((127 + bound_exp) as u32) << 23
+}
+
+/// Rows of `A` per tile of [`gemm_checked`]: 4 rows × 4 vectors of accumulators.
+const CHECKED_ROWS: usize = 4;
+
+/// One `R × 64` tile of [`gemm_checked`] (`cols` columns from the tile's first, at most 64
+/// used), the magnitudes' bits of `B`'s values folded into `largest` when `check`.
+///
+/// # Safety
+/// AVX-512F must be available; `a` holds `R` rows of `k` values, `b` `k` rows of `cols`
+/// values and `c` `R` rows of `cols` values, at their strides.
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(clippy::type_complexity)]
+unsafe fn checked_tile<T: Element, const R: usize>(
+    (k, (a, lda), (b, ldb), (c, ldc), cols, check): (
+        usize,
+        (*const f32, usize),
+        (*const T, usize),
+        (*mut f32, usize),
+        usize,
+        bool,
+    ),
+    largest: &mut __m512i,
+) {
+    let lanes: [usize; NV_F32] = std::array::from_fn(|v| cols.saturating_sub(16 * v).min(16));
+    let magnitude = _mm512_set1_epi32(0x7fff_ffff);
+    // SAFETY (whole body): the caller guarantees the bounds above; the lanes past `cols` are
+    // neither read nor written.
+    unsafe {
+        let mut acc: [[__m512; NV_F32]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|v| load16_f32(c.add(r * ldc + 16 * v), lanes[v]))
+        });
+        for p in 0..k {
+            let bp = b.add(p * ldb);
+            let bv: [__m512; NV_F32] = std::array::from_fn(|v| match lanes[v] {
+                0 => _mm512_setzero_ps(),
+                n => T::load16(bp.add(16 * v), n),
+            });
+            if check {
+                for &x in &bv {
+                    let bits = _mm512_and_si512(_mm512_castps_si512(x), magnitude);
+                    *largest = _mm512_max_epu32(*largest, bits);
+                }
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(r * lda + p));
+                for (x, &bx) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_fmadd_ps(av, bx, *x);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                let mask = ((1u32 << lanes[v]) - 1) as __mmask16;
+                _mm512_mask_storeu_ps(c.add(r * ldc + 16 * v), mask, x);
+            }
+        }
+    }
+}
+
+/// The first `n ≤ 16` values from `p` in 16 lanes, the others 0.
+///
+/// # Safety
+/// AVX-512F must be available; `n` values readable from `p`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn load16_f32(p: *const f32, n: usize) -> __m512 {
+    // SAFETY: the lanes read are the `n` readable ones (caller).
+    unsafe { _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p) }
+}
+
+/// [`load16_f32`] for bf16 values, widened to f32 (exactly).
+///
+/// # Safety
+/// AVX-512F must be available; `n` values readable from `p`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn load16_bf16(p: *const bf16, n: usize) -> __m512 {
+    let bits = if n == 16 {
+        // SAFETY: 16 values readable (caller).
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    } else {
+        // A masked 16-bit load needs AVX512BW: the rest of a row goes through a copy.
+        let mut rest = [bf16::ZERO; 16];
+        // SAFETY: `n` values readable (caller), and `rest` holds 16.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, rest.as_mut_ptr(), n);
+            _mm256_loadu_si256(rest.as_ptr().cast())
+        }
+    };
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+}
+
+/// The sums of the lanes of 16 vectors: lane `t` of the result is the sum of `x[t]`'s lanes,
+/// in a tree (pairs within 128-bit lanes, then across them).
+///
+/// # Safety
+/// AVX-512F must be available.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn sum_lanes(x: [__m512; 16]) -> __m512 {
+    // Within each 128-bit lane: `s[i]` holds the pair sums of `x[2i]` and `x[2i + 1]`
+    // interleaved, then `u[i]` the lane's sums of `x[4i..4i + 4]` in order.
+    let s: [__m512; 8] = std::array::from_fn(|i| {
+        let (a, b) = (x[2 * i], x[2 * i + 1]);
+        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+    });
+    let u: [__m512; 4] = std::array::from_fn(|i| {
+        let (a, b) = (_mm512_castps_pd(s[2 * i]), _mm512_castps_pd(s[2 * i + 1]));
+        _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        )
+    });
+    // Across the 128-bit lanes: lanes 0 and 2 of two vectors plus lanes 1 and 3, twice.
+    let across = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    across(across(u[0], u[1]), across(u[2], u[3]))
 }
 
 /// `log₂e` as the nearest f32 and what that misses.

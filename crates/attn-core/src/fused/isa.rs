@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use super::{avx512_or_portable, portable};
+use super::{Element, avx512_or_portable, portable};
 use crate::AttnError;
 
 /// An instruction set the fused kernels are compiled for.
@@ -104,6 +104,70 @@ impl Isa {
                 avx512_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
             },
             Isa::Portable => portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate),
+        }
+    }
+
+    /// `C[m × n] = A[m × k] · B[n × k]ᵀ` in f32, `B` in f32 or bf16 (row-major, strides `lda`,
+    /// `ldb`, `ldc`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_abt<T: Element>(
+        self,
+        mnk: (usize, usize, usize),
+        a: &[f32],
+        lda: usize,
+        b: &[T],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+    ) {
+        // As in `gemm_f32`: the AVX-512 kernel indexes with raw pointers.
+        let (m, n, k) = mnk;
+        assert!(n <= ldc && k <= ldb && k <= lda, "gemm strides too small");
+        assert!(m == 0 || a.len() >= (m - 1) * lda + k, "gemm: A too short");
+        assert!(n == 0 || b.len() >= (n - 1) * ldb + k, "gemm: B too short");
+        assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
+        match self {
+            // SAFETY: see `gemm_f32`; the slices hold what the strides describe (checked
+            // above).
+            Isa::Avx512 | Isa::Amx => unsafe {
+                avx512_or_portable::gemm_abt(mnk, a, lda, b, ldb, c, ldc)
+            },
+            Isa::Portable => portable::gemm_abt(mnk, a, lda, b, ldb, c, ldc),
+        }
+    }
+
+    /// `C[m × n] += A[m × k] · B[k × n]` in f32, `B` in f32 or bf16 (row-major, strides
+    /// `lda`, `ldb`, `ldc`), each value of `C` as [`Isa::gemm_f32`] gives it; returns whether
+    /// every value of `B` is below `2^bound_exp` in magnitude (NaN never).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_checked<T: Element>(
+        self,
+        mnk: (usize, usize, usize),
+        a: &[f32],
+        lda: usize,
+        b: &[T],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        bound_exp: i32,
+    ) -> bool {
+        // As in `gemm_f32`: the AVX-512 kernel indexes with raw pointers.
+        let (m, n, k) = mnk;
+        assert!(n <= ldc && n <= ldb && k <= lda, "gemm strides too small");
+        assert!(m == 0 || a.len() >= (m - 1) * lda + k, "gemm: A too short");
+        assert!(k == 0 || b.len() >= (k - 1) * ldb + n, "gemm: B too short");
+        assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
+        assert!(
+            (-126..=127).contains(&bound_exp),
+            "gemm: bound past f32's exponents"
+        );
+        match self {
+            // SAFETY: see `gemm_f32`; the slices hold what the strides describe (checked
+            // above).
+            Isa::Avx512 | Isa::Amx => unsafe {
+                avx512_or_portable::gemm_checked(mnk, a, lda, b, ldb, c, ldc, bound_exp)
+            },
+            Isa::Portable => portable::gemm_checked(mnk, a, lda, b, ldb, c, ldc, bound_exp),
         }
     }
 

@@ -34,6 +34,16 @@
 //! f32 inputs in three bf16 parts per value (f32 accuracy); heads that cannot (values holding
 //! NaN or ∞, f32 heads with fewer than 32 query rows or scores past the tiles' bound) run the
 //! AVX-512 kernels.
+//!
+//! A call with a few query rows per head (`FEW_ROWS`: a decoding step) reads each key and
+//! value once, so what the other calls do first costs more than the attention itself there:
+//! transposing or splitting a whole head's keys, and a pass over its values for their scale.
+//! Its scores are taken against the keys as the inputs hold them (`Q·Kᵀ` with `K` row-major,
+//! bf16 widened as it is read), on the vector kernels whatever the ISA; and when the call has
+//! at least one key/value head per thread, each key/value head takes one pass for all its
+//! query heads' rows (`Plan::forward_streamed`), checking its values block by block as it
+//! multiplies them. Measured at L = 1, S = 4096, H8, d64 on 2 threads against PyTorch in the
+//! same run: 0.53× before, 1.1× after (f32); `docs/benchmarks.md` has the rest.
 
 mod amx;
 pub(crate) use amx::{F32_SCORE_BOUND, max_norm};
@@ -73,6 +83,12 @@ use crate::{
 const BLOCK_Q: usize = 96;
 /// Keys per score tile.
 const BLOCK_KV: usize = 128;
+/// Query rows per head up to which the scores are taken against the keys as the inputs hold
+/// them ([`Plan::few_rows`]), for f32 and for bf16 inputs. Measured at S = 4096, H8, d64, 2
+/// threads, against the other passes: f32 2.2× as fast at 1 row, 1.4× at 8, 1.13× at 16, the
+/// same at 24 and 0.86× at 31 (from 32 rows the tiles take f32); bf16 2.3× at 1 row, 1.5× at
+/// 4, 1.06× at 6 and 0.89× at 8 (against the tiles).
+const FEW_ROWS: (usize, usize) = (16, 6);
 /// Query rows from which values not on a cache line are copied onto one for `P·V`.
 const ALIGNED_V_MIN_ROWS: usize = 32;
 /// How far a row's recomputed weights may sum from 1 before the row is recomputed with its own
@@ -109,9 +125,10 @@ pub fn sdpa_with(
 /// CPU. On [`Isa::Amx`] both products run on AMX tiles and the weights are rounded to bf16
 /// before `P·V`, so `out` is within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened
 /// inputs, `lse` within 3e-6 and the weights within 3e-6 relative (the bounds and their
-/// derivation are in `amx.rs`); on the other ISAs, inputs are widened to f32 (exactly)
-/// as they are packed and the result equals [`crate::sdpa`] on the widened inputs up to f32
-/// rounding of the sums (see `avx512.rs` for why not `VDPBF16PS`).
+/// derivation are in `amx.rs`); on the other ISAs, and for calls of at most 6 query rows per
+/// head on every ISA, inputs are widened to f32 (exactly) as they are read and the result
+/// equals [`crate::sdpa`] on the widened inputs up to f32 rounding of the sums (see
+/// `avx512.rs` for why not `VDPBF16PS`).
 ///
 /// # Shapes
 /// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
@@ -150,6 +167,34 @@ pub fn sdpa_bf16_with(
             options,
         )
     })
+}
+
+/// An element type of the inputs, read as f32 (bf16 widened exactly).
+pub(crate) trait Element: Copy + Into<f32> {
+    /// The first `n ≤ 16` values from `p` in 16 lanes, the others 0.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `n` values readable from `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self, n: usize) -> std::arch::x86_64::__m512;
+}
+
+impl Element for f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32, n: usize) -> std::arch::x86_64::__m512 {
+        // SAFETY: as the caller guarantees.
+        unsafe { avx512::load16_f32(p, n) }
+    }
+}
+
+impl Element for bf16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const bf16, n: usize) -> std::arch::x86_64::__m512 {
+        // SAFETY: as the caller guarantees.
+        unsafe { avx512::load16_bf16(p, n) }
+    }
 }
 
 /// The inputs of one call, in their stored element type.
@@ -399,18 +444,40 @@ struct KvHead<'a> {
 
 /// One key/value head, packed once for all the query blocks that read it.
 struct Head<'a> {
-    k: Keys,
-    /// Values as f32 (divided by `2^scale.shift`), `[seq_kv, value_dim]`, starting on a cache
-    /// line.
+    k: HeadKeys<'a>,
+    /// Values as f32 (divided by `2^scale.shift`), `[seq_kv, value_dim]`.
     v: Values<'a>,
     scale: ValueScale,
 }
 
-/// A head's values as the `B` of `P·V`: borrowed from f32 inputs that start on a cache line,
-/// copied (or widened from bf16) into one otherwise.
+/// A head's keys as its scores read them.
+enum HeadKeys<'a> {
+    /// Transposed block by block, the `B` of `Q·Kᵀ`.
+    Packed(Keys),
+    /// As the inputs hold them, `[seq_kv, head_dim]`, for a few query rows
+    /// ([`Plan::few_rows`]).
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+/// A head's values as the `B` of `P·V`: borrowed from f32 inputs (that start on a cache line,
+/// when many rows read them), copied onto one otherwise (divided by their scale, or widened
+/// from bf16).
 enum Values<'a> {
     Borrowed(&'a [f32]),
     Copied(Aligned),
+}
+
+impl Values<'_> {
+    /// Values `j0..j0 + keys`, `[keys, value_dim]`.
+    fn block(&self, (j0, keys): (usize, usize), value_dim: usize) -> &[f32] {
+        let end = (j0 + keys) * value_dim;
+        let v = match self {
+            Values::Borrowed(v) => &v[..end],
+            Values::Copied(v) => v.view(end),
+        };
+        &v[j0 * value_dim..]
+    }
 }
 
 /// A head's keys transposed block by block, the `B` of `Q·Kᵀ`: block `jb` (keys
@@ -421,18 +488,6 @@ impl Keys {
     /// Keys `j0..j0 + keys` of the packed `Kᵀ`, `[head_dim, keys]`.
     fn block(&self, (jb, keys): (usize, usize), head_dim: usize) -> &[f32] {
         &self.0.view((jb * BLOCK_KV + keys) * head_dim)[jb * BLOCK_KV * head_dim..]
-    }
-}
-
-impl Head<'_> {
-    /// Values `j0..j0 + keys`, `[keys, value_dim]`.
-    fn values(&self, (j0, keys): (usize, usize), value_dim: usize) -> &[f32] {
-        let end = (j0 + keys) * value_dim;
-        let v = match &self.v {
-            Values::Borrowed(v) => &v[..end],
-            Values::Copied(v) => v.view(end),
-        };
-        &v[j0 * value_dim..]
     }
 }
 
@@ -447,6 +502,27 @@ fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [f32], widen: im
         for (j, row) in src.chunks_exact(width).enumerate() {
             for (p, &x) in row.iter().enumerate() {
                 dst[p * keys + j] = widen(x);
+            }
+        }
+    }
+}
+
+/// Asks for the first 256 bytes of each 4 KiB page that starts inside `x` to be brought into
+/// the caches ([`Plan::forward_streamed`], for the next key block). The hardware prefetchers
+/// follow a stream only within a page, and a decoding step reads each key and value once, so
+/// without this it waits at each page it enters. Measured at L = 1, S = 4096, H8, d64: 21%
+/// faster on one thread; at L = 2, 8% on two (the first two lines of each page; four, another
+/// 1–3%).
+fn page_starts<T>(x: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let p = x.as_ptr().cast::<i8>();
+        let bytes = std::mem::size_of_val(x);
+        for page in (p.align_offset(4096)..bytes).step_by(4096) {
+            for line in (page..bytes.min(page + 256)).step_by(64) {
+                // SAFETY: `line` lies inside `x`; a prefetch reads nothing the program sees.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(line)) };
             }
         }
     }
@@ -547,10 +623,10 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// Packs key/value head `(b, kvh)`, its values' scale `scale`, for [`Self::scores`] and
-    /// [`Head::values`]; bf16 inputs are widened to f32 here (exactly), once per head.
+    /// Packs key/value head `(b, kvh)`, its values' scale `scale`, for [`Self::forward_block`];
+    /// bf16 inputs are widened to f32 here (exactly), once per head.
     fn pack_head(&self, b: usize, kvh: usize, scale: ValueScale) -> Head<'a> {
-        let (s_n, dv) = (self.sh.seq_kv, self.sh.value_dim);
+        let (s_n, d, dv) = (self.sh.seq_kv, self.sh.head_dim, self.sh.value_dim);
         let head = (b * self.sh.n_kv_heads + kvh) * s_n;
         let mut copied = Aligned::default();
         let down = scale.down();
@@ -577,11 +653,26 @@ impl<'a> Plan<'a> {
                 Values::Copied(copied)
             }
         };
-        Head {
-            k: self.pack_keys(b, kvh),
-            v,
-            scale,
-        }
+        let k = match self.src {
+            _ if !self.few_rows() => HeadKeys::Packed(self.pack_keys(b, kvh)),
+            Src::F32 { k, .. } => HeadKeys::F32(&k[head * d..][..s_n * d]),
+            Src::Bf16 { k, .. } => HeadKeys::Bf16(&k[head * d..][..s_n * d]),
+        };
+        Head { k, v, scale }
+    }
+
+    /// Whether the call's heads have so few query rows ([`FEW_ROWS`]) that their scores are
+    /// taken against the keys as the inputs hold them: each key is read once, so transposing
+    /// the keys first (for the vector kernels) or splitting them (for the tiles) would cost
+    /// more than the scores. Every pass takes such a call's scores the same way, so its
+    /// output does not depend on which pass ran.
+    fn few_rows(&self) -> bool {
+        let (f32_rows, bf16_rows) = FEW_ROWS;
+        self.sh.seq_q
+            <= match self.src {
+                Src::F32 { .. } => f32_rows,
+                Src::Bf16 { .. } => bf16_rows,
+            }
     }
 
     /// Scores `scale·(q·k)` of the packed query rows against key block `jb` (`keys` keys) of
@@ -589,11 +680,32 @@ impl<'a> Plan<'a> {
     /// reference and on the tiles: `(scale·q)·k` would save this pass, but overflows where
     /// `scale·q` does (a scale of 1e30 on queries of 1e10) and loses bits where it underflows.
     fn scores(&self, k: &Keys, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
+        let kt = k.block((jb, keys), self.sh.head_dim);
+        self.scores_into(&s.q, kt, (rows, keys), s.tile.get(rows * keys));
+    }
+
+    /// Scores `scale·(q·k)` of the query rows `q` (`[rows, head_dim]`) against the transposed
+    /// key block `kt` (`[head_dim, keys]`), into `tile` (`[rows, keys]`).
+    fn scores_into(&self, q: &[f32], kt: &[f32], (rows, keys): (usize, usize), tile: &mut [f32]) {
         let d = self.sh.head_dim;
-        let kt = k.block((jb, keys), d);
-        let tile = s.tile.get(rows * keys);
         self.isa
-            .gemm_f32((rows, keys, d), &s.q, d, kt, keys, tile, keys, false);
+            .gemm_f32((rows, keys, d), q, d, kt, keys, tile, keys, false);
+        if self.scale != 1.0 {
+            self.isa.scale(tile, self.scale);
+        }
+    }
+
+    /// [`Self::scores_into`] against a key block as the inputs hold it, `k` (`[keys,
+    /// head_dim]`, [`Self::few_rows`]).
+    fn scores_against_rows<T: Element>(
+        &self,
+        q: &[f32],
+        k: &[T],
+        (rows, keys): (usize, usize),
+        tile: &mut [f32],
+    ) {
+        let d = self.sh.head_dim;
+        self.isa.gemm_abt((rows, keys, d), q, d, k, d, tile, keys);
         if self.scale != 1.0 {
             self.isa.scale(tile, self.scale);
         }
@@ -673,6 +785,9 @@ impl<'a> Plan<'a> {
         // One task per key/value head: the query heads of its group share what it packs (for
         // the tiles, and for the vector kernels when some query head does not take the tiles).
         let group = sh.group_size();
+        // A few query rows per head (a decoding step) read each key and value once: a pass of
+        // their own per key/value head, when there are enough of them for the threads.
+        let streams = self.few_rows() && sh.batch * sh.n_kv_heads >= rayon::current_num_threads();
         let per_group: Vec<Vec<Vec<f32>>> = out.spare_capacity_mut()[..heads * l * dv]
             .par_chunks_mut(group * l * dv)
             .zip(lse.par_chunks_mut(group * l))
@@ -680,6 +795,25 @@ impl<'a> Plan<'a> {
             .enumerate()
             .map(|(bkv, ((out, lse), stats))| {
                 let (b, kvh) = (bkv / sh.n_kv_heads, bkv % sh.n_kv_heads);
+                if streams {
+                    let dst = BlockOut {
+                        out: &mut *out,
+                        lse: &mut *lse,
+                        stats: &mut *stats,
+                    };
+                    if self.forward_streamed((b, kvh), dst, &mut Scratch::default()) {
+                        let Some(rows) = rows else {
+                            return Vec::new();
+                        };
+                        let keys = self.pack_keys(b, kvh);
+                        let heads = stats.chunks_exact(l).enumerate();
+                        return heads
+                            .map(|(g, stats)| {
+                                self.few_rows_weights((b, kvh * group + g), &keys, rows, stats)
+                            })
+                            .collect();
+                    }
+                }
                 let values = self.value_scale(b, kvh);
                 let kv = KvHead {
                     values,
@@ -746,9 +880,9 @@ impl<'a> Plan<'a> {
                 let rows = (b, h, qb * block);
                 with_amx_scratch(|s| self.forward_block_amx(rows, (head, up), dst, s));
             });
-            rows.map(|_| match kv.vector.get() {
-                Some(vector) => &vector.k,
-                None => kv.keys.get_or_init(|| self.pack_keys(b, kvh)),
+            rows.map(|_| match kv.vector.get().map(|vector| &vector.k) {
+                Some(HeadKeys::Packed(k)) => k,
+                _ => kv.keys.get_or_init(|| self.pack_keys(b, kvh)),
             })
         } else {
             let head = kv.vector.get_or_init(|| self.pack_head(b, kvh, kv.values));
@@ -760,12 +894,27 @@ impl<'a> Plan<'a> {
                 };
                 self.forward_block((b, h, qb * BLOCK_Q), head, dst, s);
             });
-            rows.map(|_| &head.k)
+            rows.map(|_| match &head.k {
+                HeadKeys::Packed(k) => k,
+                _ => kv.keys.get_or_init(|| self.pack_keys(b, kvh)),
+            })
         };
         let (Some(rows), Some(keys)) = (rows, keys) else {
             return Vec::new();
         };
-        let mut data = vec![0.0f32; rows.len() * sh.seq_kv];
+        self.few_rows_weights((b, h), keys, rows, stats)
+    }
+
+    /// The weights of `rows` of query head `(b, h)` (`[rows, seq_kv]`), from its keys and its
+    /// rows' final `[max, sum]` (`stats`), right after its forward pass.
+    fn few_rows_weights(
+        &self,
+        (b, h): (usize, usize),
+        keys: &Keys,
+        rows: &[usize],
+        stats: &[[f32; 2]],
+    ) -> Vec<f32> {
+        let mut data = vec![0.0f32; rows.len() * self.sh.seq_kv];
         let s = &mut Scratch::default();
         self.weight_rows((b, h), keys, rows, stats, &mut data, None, s);
         data
@@ -825,7 +974,12 @@ impl<'a> Plan<'a> {
         s: &mut Scratch,
     ) {
         let BlockOut { out, lse, stats } = dst;
-        let (n, dv, s_n) = (lse.len(), self.sh.value_dim, self.sh.seq_kv);
+        let (n, d, dv, s_n) = (
+            lse.len(),
+            self.sh.head_dim,
+            self.sh.value_dim,
+            self.sh.seq_kv,
+        );
         let rows: Vec<usize> = (i0..i0 + n).collect();
         self.pack_q(b, h, &rows, s);
         // Visible ranges only move right as `i` grows: the block sees the union of its rows'.
@@ -842,25 +996,72 @@ impl<'a> Plan<'a> {
         for jb in lo / BLOCK_KV..hi.div_ceil(BLOCK_KV) {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
-            self.scores(&head.k, n, (jb, keys), s);
+            let (at, tile) = (j0 * d..(j0 + keys) * d, s.tile.get(n * keys));
+            match head.k {
+                HeadKeys::Packed(ref k) => self.scores(k, n, (jb, keys), s),
+                HeadKeys::F32(k) => self.scores_against_rows(&s.q, &k[at], (n, keys), tile),
+                HeadKeys::Bf16(k) => self.scores_against_rows(&s.q, &k[at], (n, keys), tile),
+            }
             let tile = s.tile.get(n * keys);
-            for (r, row) in tile.chunks_exact_mut(keys).enumerate() {
-                let state = (&mut m[r], &mut sum[r]);
-                if let Some(alpha) = self.softmax_step((b, h, i0 + r), j0, row, state) {
-                    self.isa.scale(&mut out[r * dv..][..dv], alpha);
-                }
-            }
-            let v = head.values((j0, keys), dv);
-            if head.scale.finite {
-                self.isa
-                    .gemm_f32((n, dv, keys), tile, keys, v, dv, out, dv, true);
-            } else {
-                accumulate_skipping_zeros(self.isa, (keys, dv), tile, v, out);
-            }
+            let v = (head.v.block((j0, keys), dv), head.scale.finite);
+            let rows = (b, |r| (h, i0 + r));
+            self.key_block(rows, (j0, keys), tile, v, (&mut m, &mut sum), out);
         }
         // `2^shift` is exact: multiplying by it here rounds as the unscaled values would.
         let factor = self.opt.dropout.map_or(1.0, |d| d.scale()) * head.scale.up();
-        for (r, out_row) in out.chunks_exact_mut(dv).enumerate() {
+        self.finish_rows((&m, &sum), factor, BlockOut { out, lse, stats });
+    }
+
+    /// One key block of the online softmax for the query rows of `tile` (`[rows, keys]`, their
+    /// raw scores `scale·(q·k)` against keys `j0..`; row `r` is query `at(r)`, `(head, row)`,
+    /// of batch `b`): each row's step ([`Self::softmax_step`]), its running max and sum in
+    /// `state`, its accumulator row of `out` rescaled, then `out += P·V`, `v` the block's values
+    /// (`[keys, value_dim]`) and whether they are all finite.
+    fn key_block(
+        &self,
+        rows: (usize, impl Fn(usize) -> (usize, usize)),
+        (j0, keys): (usize, usize),
+        tile: &mut [f32],
+        (v, finite): (&[f32], bool),
+        state: (&mut [f32], &mut [f32]),
+        out: &mut [f32],
+    ) {
+        let dv = self.sh.value_dim;
+        let n = state.0.len();
+        self.block_steps(rows, (j0, keys), tile, state, out);
+        if finite {
+            self.isa
+                .gemm_f32((n, dv, keys), tile, keys, v, dv, out, dv, true);
+        } else {
+            accumulate_skipping_zeros(self.isa, (keys, dv), tile, v, out);
+        }
+    }
+
+    /// The online softmax's step for each row of `tile` ([`Self::key_block`]), its accumulator
+    /// row of `out` rescaled when its max moved.
+    fn block_steps(
+        &self,
+        (b, at): (usize, impl Fn(usize) -> (usize, usize)),
+        (j0, keys): (usize, usize),
+        tile: &mut [f32],
+        (m, sum): (&mut [f32], &mut [f32]),
+        out: &mut [f32],
+    ) {
+        let dv = self.sh.value_dim;
+        for (r, row) in tile.chunks_exact_mut(keys).enumerate() {
+            let (h, i) = at(r);
+            if let Some(alpha) = self.softmax_step((b, h, i), j0, row, (&mut m[r], &mut sum[r])) {
+                self.isa.scale(&mut out[r * dv..][..dv], alpha);
+            }
+        }
+    }
+
+    /// The end of a block of query rows: each row of `dst.out` divided by its sum (`state`) and
+    /// multiplied by `factor`, its log-sum-exp and final `[max, sum]`; a row that saw nothing
+    /// gets 0 and −∞.
+    fn finish_rows(&self, (m, sum): (&[f32], &[f32]), factor: f32, dst: BlockOut<'_>) {
+        let BlockOut { out, lse, stats } = dst;
+        for (r, out_row) in out.chunks_exact_mut(self.sh.value_dim).enumerate() {
             if sum[r] == 0.0 {
                 out_row.fill(0.0);
                 lse[r] = f32::NEG_INFINITY;
@@ -870,6 +1071,72 @@ impl<'a> Plan<'a> {
             }
             stats[r] = [m[r], sum[r]];
         }
+    }
+
+    /// All the query rows of key/value head `(b, kvh)`'s query heads as one block (`dst`: the
+    /// heads' rows one after another, as the inputs and outputs hold them), for a few rows per
+    /// head ([`Self::few_rows`]): each key and value block is read from the inputs as they
+    /// hold it (bf16 widened in the scratch `s`), so the keys and values are read from memory
+    /// once each, where [`Self::value_scale`] takes a pass over the values first. Here each
+    /// value block is checked just before its use: at the first with a value that is not
+    /// finite or large enough to need [`ValueScale`]'s shift this returns `false`, and the
+    /// other passes take the head (writing all of `dst` again). Otherwise the result is
+    /// theirs, bit for bit: the same scores, steps and products, row by row.
+    fn forward_streamed(
+        &self,
+        (b, kvh): (usize, usize),
+        dst: BlockOut<'_, MaybeUninit<f32>>,
+        s: &mut Scratch,
+    ) -> bool {
+        match self.src {
+            Src::F32 { k, v, .. } => self.stream((b, kvh), (k, v), dst, s),
+            Src::Bf16 { k, v, .. } => self.stream((b, kvh), (k, v), dst, s),
+        }
+    }
+
+    /// [`Self::forward_streamed`] on the inputs' keys and values `k`, `v`.
+    fn stream<T: Element>(
+        &self,
+        (b, kvh): (usize, usize),
+        (k, v): (&[T], &[T]),
+        dst: BlockOut<'_, MaybeUninit<f32>>,
+        s: &mut Scratch,
+    ) -> bool {
+        let sh = self.sh;
+        let (l, d, dv, s_n) = (sh.seq_q, sh.head_dim, sh.value_dim, sh.seq_kv);
+        let (h0, n) = (kvh * sh.group_size(), dst.lse.len());
+        // The group's query heads are consecutive: their rows follow each other in `q`.
+        self.pack_q(b, h0, &(0..n).collect::<Vec<_>>(), s);
+        let (lo, _) = key_range(self.opt.causal, self.opt.window, self.offset, 0, s_n);
+        let (_, hi) = key_range(self.opt.causal, self.opt.window, self.offset, l - 1, s_n);
+        let head = (b * sh.n_kv_heads + kvh) * s_n;
+        let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
+        let limit = ValueScale::limit(s_n);
+        let BlockOut { out, lse, stats } = dst;
+        let out = zeroed(out);
+        let mut m = vec![f32::NEG_INFINITY; n];
+        let mut sum = vec![0.0f32; n];
+        for jb in lo / BLOCK_KV..hi.div_ceil(BLOCK_KV) {
+            let j0 = jb * BLOCK_KV;
+            let keys = (s_n - j0).min(BLOCK_KV);
+            let next = (j0 + keys, (s_n - j0 - keys).min(BLOCK_KV));
+            page_starts(&k[next.0 * d..][..next.1 * d]);
+            page_starts(&v[next.0 * dv..][..next.1 * dv]);
+            let tile = s.tile.get(n * keys);
+            self.scores_against_rows(&s.q, &k[j0 * d..][..keys * d], (n, keys), tile);
+            let rows = (b, |r| (h0 + r / l, r % l));
+            self.block_steps(rows, (j0, keys), tile, (&mut m, &mut sum), out);
+            let v = &v[j0 * dv..][..keys * dv];
+            if !self
+                .isa
+                .gemm_checked((n, dv, keys), tile, keys, v, dv, out, dv, limit)
+            {
+                return false;
+            }
+        }
+        let factor = self.opt.dropout.map_or(1.0, |d| d.scale());
+        self.finish_rows((&m, &sum), factor, BlockOut { out, lse, stats });
+        true
     }
 
     /// The weights asked for, recomputed from each row's final offset and sum (`stats`).
@@ -1085,6 +1352,132 @@ impl<'a> Plan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The instruction sets this CPU runs.
+    fn isas() -> Vec<Isa> {
+        [Isa::Portable, Isa::Avx512, Isa::Amx]
+            .into_iter()
+            .filter(|isa| isa.is_available())
+            .collect()
+    }
+
+    /// `n` values in [−1, 1) from `seed`.
+    fn values(seed: u32, n: usize) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 8) as f32 / (1 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// `A·Bᵀ` against `B`'s rows as they are: within f32 rounding of f64 dot products, on
+    /// every ISA, with strides past the rows and nothing written past `n` columns; bf16 `B`
+    /// gives what its values widened to f32 give, bit for bit.
+    #[test]
+    fn abt_gemm_matches_f64_dot_products() {
+        for isa in isas() {
+            for (m, n, k) in [
+                (1, 1, 1),
+                (1, 16, 64),
+                (3, 17, 40),
+                (8, 33, 80),
+                (2, 128, 128),
+                (5, 7, 8),
+                (1, 40, 17),
+            ] {
+                let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
+                let (a, b) = (values(1, m * lda), values(2, n * ldb));
+                let mut c = vec![f32::NAN; m * ldc];
+                isa.gemm_abt((m, n, k), &a, lda, &b, ldb, &mut c, ldc);
+                for r in 0..m {
+                    for j in n..ldc {
+                        assert!(
+                            c[r * ldc + j].is_nan(),
+                            "{isa:?} ({m}, {n}, {k}): wrote past row {r}"
+                        );
+                    }
+                    for j in 0..n {
+                        let products =
+                            (0..k).map(|p| f64::from(a[r * lda + p]) * f64::from(b[j * ldb + p]));
+                        let (want, size) =
+                            products.fold((0.0, 0.0), |(s, z), x| (s + x, z + x.abs()));
+                        let got = c[r * ldc + j];
+                        let err = (f64::from(got) - want).abs();
+                        assert!(
+                            err <= 1e-6 * size,
+                            "{isa:?} ({m}, {n}, {k}) [{r}][{j}]: {got} against {want}"
+                        );
+                    }
+                }
+                let b16: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
+                let wide: Vec<f32> = b16.iter().map(|x| x.to_f32()).collect();
+                let (mut got, mut want) = (vec![0.0; m * ldc], vec![0.0; m * ldc]);
+                isa.gemm_abt((m, n, k), &a, lda, &b16, ldb, &mut got, ldc);
+                isa.gemm_abt((m, n, k), &a, lda, &wide, ldb, &mut want, ldc);
+                assert_eq!(bits(&got), bits(&want), "{isa:?} ({m}, {n}, {k}): bf16");
+            }
+        }
+    }
+
+    /// The checked GEMM adds to `C` what the GEMM adds, bit for bit (f32 `B`, and bf16 `B`
+    /// against its values widened), on every ISA, and says whether every value of `B` is
+    /// below the bound: one value at it, past it, ∞ or NaN, anywhere in `B` (also with more
+    /// rows of `A` than one tile takes), says no; one just below it, yes.
+    #[test]
+    fn checked_gemm_is_the_gemm_and_checks_every_value() {
+        for isa in isas() {
+            for (m, n, k) in [
+                (1, 64, 128),
+                (3, 24, 7),
+                (6, 80, 33),
+                (9, 128, 1),
+                (4, 8, 200),
+            ] {
+                let (lda, ldb, ldc) = (k + 1, n + 5, n + 3);
+                let (a, b, c) = (values(3, m * lda), values(4, k * ldb), values(5, m * ldc));
+                let checked = |b: &[f32]| {
+                    let mut got = c.clone();
+                    let below = isa.gemm_checked((m, n, k), &a, lda, b, ldb, &mut got, ldc, 1);
+                    (below, got)
+                };
+                let mut want = c.clone();
+                isa.gemm_f32((m, n, k), &a, lda, &b, ldb, &mut want, ldc, true);
+                let (below, got) = checked(&b);
+                assert!(below, "{isa:?} ({m}, {n}, {k}): values under 1 are below 2");
+                assert_eq!(bits(&got), bits(&want), "{isa:?} ({m}, {n}, {k})");
+                let b16: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
+                let wide: Vec<f32> = b16.iter().map(|x| x.to_f32()).collect();
+                let (mut got, mut want) = (c.clone(), c.clone());
+                assert!(isa.gemm_checked((m, n, k), &a, lda, &b16, ldb, &mut got, ldc, 1));
+                isa.gemm_f32((m, n, k), &a, lda, &wide, ldb, &mut want, ldc, true);
+                assert_eq!(bits(&got), bits(&want), "{isa:?} ({m}, {n}, {k}): bf16");
+                let at = [0, (k - 1) * ldb + n - 1, (k / 2) * ldb + n / 2];
+                for (value, ok) in [
+                    (2.0, false),
+                    (-3.0, false),
+                    (f32::INFINITY, false),
+                    (f32::NAN, false),
+                    (1.999, true),
+                ] {
+                    for &at in &at {
+                        let mut b = b.clone();
+                        b[at] = value;
+                        assert_eq!(
+                            checked(&b).0,
+                            ok,
+                            "{isa:?} ({m}, {n}, {k}): {value} at {at}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// The tiled f32 transpose writes what the scalar one writes, on shapes with whole and
     /// partial tiles and key blocks.

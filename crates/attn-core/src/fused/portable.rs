@@ -1,6 +1,8 @@
 //! The portable kernels of the fused path: plain Rust, for any CPU. Same contracts as the
 //! AVX-512 kernels in `avx512.rs`; the compiler vectorises the inner loops for the baseline ISA.
 
+use super::Element;
+
 /// `C[m × n] (+)= A[m × k] · B[k × n]` (row-major, strides `lda`, `ldb`, `ldc`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_f32(
@@ -24,6 +26,54 @@ pub(super) fn gemm_f32(
             }
         }
     }
+}
+
+/// `C[m × n] = A[m × k] · B[n × k]ᵀ`, `B` in f32 or bf16 (row-major, strides `lda`, `ldb`,
+/// `ldc`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_abt<T: Element>(
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    for r in 0..m {
+        let a_row = &a[r * lda..][..k];
+        for (j, cv) in c[r * ldc..][..n].iter_mut().enumerate() {
+            *cv = (a_row.iter().zip(&b[j * ldb..][..k]))
+                .map(|(&x, &y)| x * y.into())
+                .sum();
+        }
+    }
+}
+
+/// `C[m × n] += A[m × k] · B[k × n]`, `B` in f32 or bf16, each value of `C` summed as
+/// [`gemm_f32`] sums it; returns whether every value of `B` is below `2^bound_exp` in
+/// magnitude (NaN never).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_checked<T: Element>(
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    bound_exp: i32,
+) -> bool {
+    for r in 0..m {
+        let c_row = &mut c[r * ldc..][..n];
+        for (p, &x) in a[r * lda..][..k].iter().enumerate() {
+            for (cv, &bv) in c_row.iter_mut().zip(&b[p * ldb..][..n]) {
+                *cv += x * bv.into();
+            }
+        }
+    }
+    let bound = 2f32.powi(bound_exp);
+    (0..k).all(|p| b[p * ldb..][..n].iter().all(|&x| x.into().abs() < bound))
 }
 
 /// `x *= a`.
