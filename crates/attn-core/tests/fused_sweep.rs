@@ -681,6 +681,63 @@ fn decoding_steps_read_each_key_once_and_give_what_the_other_passes_give() {
     assert!(cases > 0);
 }
 
+/// A decoding step's pass checks every value of its head, also those of key blocks no row
+/// visits, as the other passes' scale does: a huge value or a NaN where no row looks gives the
+/// streamed pass (1 thread) the bits of the other passes (4 threads). Found by review: with a
+/// value of 2^111 in an unvisited block the other passes divide the values by a power of two,
+/// which loses a subnormal value, and a NaN makes them skip zero weights, which keeps a −0.0.
+#[test]
+fn decoding_steps_check_the_values_no_row_visits() {
+    let shape = AttnShape::new(1, 1, 1, 200, 8);
+    let window = |right| Window {
+        left: Some(0),
+        right: Some(right),
+    };
+    // Row 0 sees key 0 only, whose first value is the subnormal 2^-149·3.
+    let (q, k) = (vec![0.0; 8], vec![0.0; 200 * 8]);
+    let mut huge = vec![0.0; 200 * 8];
+    huge[0] = f32::from_bits(3);
+    huge[150 * 8] = 2f32.powi(111);
+    // Row 0 sees keys 0 and 1; key 1's weight underflows to 0 (score −70), its value is
+    // −2^-60, and key 0's value is 0: the output's sign is the sum's.
+    let mut q_nan = vec![0.0; 8];
+    q_nan[0] = 1.0;
+    let mut k_nan = k.clone();
+    k_nan[8] = -70.0;
+    let mut nan = vec![1.0; 200 * 8];
+    (nan[0], nan[8], nan[150 * 8]) = (0.0, -2f32.powi(-60), f32::NAN);
+    for (label, (q, k, v), opts) in [
+        (
+            "a huge value",
+            (&q, &k, &huge),
+            AttnOptions {
+                window: Some(window(0)),
+                ..AttnOptions::default()
+            },
+        ),
+        (
+            "a NaN",
+            (&q_nan, &k_nan, &nan),
+            AttnOptions {
+                window: Some(window(1)),
+                scale: Some(1.0),
+                ..AttnOptions::default()
+            },
+        ),
+    ] {
+        let input = AttnInput::allowing_non_finite(q, k, v, shape).unwrap();
+        let want = sdpa_reference(&input, &opts).unwrap();
+        for isa in isas() {
+            let run = |threads| on_threads(threads, || sdpa_with(isa, &input, &opts).unwrap());
+            let (streamed, each_head) = (run(1), run(4));
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let name = format!("{label} where no row looks, on {isa:?}");
+            assert_eq!(bits(&streamed.out), bits(&each_head.out), "{name}");
+            assert_close("out", &name, &streamed.out, &want.out, TOL);
+        }
+    }
+}
+
 /// `got`'s output is NaN in exactly the rows where the reference's is, and within `tol` of it
 /// in the others.
 fn assert_nan_only_where_seen(name: &str, got: &AttnOutput, want: &AttnOutput, tol: f32) {

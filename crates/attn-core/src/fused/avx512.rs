@@ -205,8 +205,8 @@ pub(super) unsafe fn gemm_abt<T: Element>(
 /// `C[m × n] += A[m × k] · B[k × n]` in f32, `B` in f32 or bf16 (row-major, strides `lda`,
 /// `ldb`, `ldc`), each value of `C` summed as [`gemm_f32`] sums it (so the two agree bit for
 /// bit); returns whether every value of `B` is below `2^bound_exp` in magnitude (NaN never),
-/// checked as `B` is read. For a few rows of `A`: a decoding step's `P·V`, its values read
-/// once.
+/// checked as `B` is read with the first rows of `A` (so `m ≥ 1`). For a few rows of `A`: a
+/// decoding step's `P·V`, its values read once.
 ///
 /// # Safety
 /// AVX-512F must be available. The slices must hold the rows the strides describe (checked
@@ -278,10 +278,11 @@ unsafe fn checked_tile<T: Element, const R: usize>(
     let lanes: [usize; NV_F32] = std::array::from_fn(|v| cols.saturating_sub(16 * v).min(16));
     let magnitude = _mm512_set1_epi32(0x7fff_ffff);
     // SAFETY (whole body): the caller guarantees the bounds above; the lanes past `cols` are
-    // neither read nor written.
+    // neither read nor written, and the addresses of vectors with no lanes are formed with
+    // `wrapping_add`.
     unsafe {
         let mut acc: [[__m512; NV_F32]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|v| load16_f32(c.add(r * ldc + 16 * v), lanes[v]))
+            std::array::from_fn(|v| load16_f32(c.wrapping_add(r * ldc + 16 * v), lanes[v]))
         });
         for p in 0..k {
             let bp = b.add(p * ldb);
@@ -305,7 +306,7 @@ unsafe fn checked_tile<T: Element, const R: usize>(
         for (r, row) in acc.iter().enumerate() {
             for (v, &x) in row.iter().enumerate() {
                 let mask = ((1u32 << lanes[v]) - 1) as __mmask16;
-                _mm512_mask_storeu_ps(c.add(r * ldc + 16 * v), mask, x);
+                _mm512_mask_storeu_ps(c.wrapping_add(r * ldc + 16 * v), mask, x);
             }
         }
     }

@@ -138,7 +138,7 @@ impl Isa {
 
     /// `C[m × n] += A[m × k] · B[k × n]` in f32, `B` in f32 or bf16 (row-major, strides
     /// `lda`, `ldb`, `ldc`), each value of `C` as [`Isa::gemm_f32`] gives it; returns whether
-    /// every value of `B` is below `2^bound_exp` in magnitude (NaN never).
+    /// every value of `B` is below `2^bound_exp` in magnitude (NaN never). `m ≥ 1`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm_checked<T: Element>(
         self,
@@ -161,6 +161,8 @@ impl Isa {
             (-126..=127).contains(&bound_exp),
             "gemm: bound past f32's exponents"
         );
+        // The AVX-512 kernel checks `B` as the first rows of `A` meet it.
+        assert!(m > 0, "gemm_checked: no rows of A, so B is not read");
         match self {
             // SAFETY: see `gemm_f32`; the slices hold what the strides describe (checked
             // above).

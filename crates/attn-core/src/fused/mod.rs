@@ -507,12 +507,12 @@ fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [f32], widen: im
     }
 }
 
-/// Asks for the first 256 bytes of each 4 KiB page that starts inside `x` to be brought into
-/// the caches ([`Plan::forward_streamed`], for the next key block). The hardware prefetchers
-/// follow a stream only within a page, and a decoding step reads each key and value once, so
-/// without this it waits at each page it enters. Measured at L = 1, S = 4096, H8, d64: 21%
-/// faster on one thread; at L = 2, 8% on two (the first two lines of each page; four, another
-/// 1–3%).
+/// Asks for the first four 64-byte lines of each 4 KiB page that starts inside `x` to be
+/// brought into the caches ([`Plan::forward_streamed`], for the next key block). The hardware
+/// prefetchers follow a stream only within a page, and a decoding step reads each key and
+/// value once, so without this it waits at each page it enters. Measured at L = 1, S = 4096,
+/// H8, d64: with two lines per page, 21% faster on one thread, and at L = 2 8% on two; four
+/// lines, another 1–3%.
 fn page_starts<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1076,29 +1076,32 @@ impl<'a> Plan<'a> {
     /// All the query rows of key/value head `(b, kvh)`'s query heads as one block (`dst`: the
     /// heads' rows one after another, as the inputs and outputs hold them), for a few rows per
     /// head ([`Self::few_rows`]): each key and value block is read from the inputs as they
-    /// hold it (bf16 widened in the scratch `s`), so the keys and values are read from memory
-    /// once each, where [`Self::value_scale`] takes a pass over the values first. Here each
-    /// value block is checked just before its use: at the first with a value that is not
-    /// finite or large enough to need [`ValueScale`]'s shift this returns `false`, and the
-    /// other passes take the head (writing all of `dst` again). Otherwise the result is
-    /// theirs, bit for bit: the same scores, steps and products, row by row.
+    /// hold it (bf16 widened as it is read), so the keys and values are read from memory once
+    /// each, where [`Self::value_scale`] takes a pass over the values first. Here the values
+    /// are checked as they are multiplied (those of key blocks no row visits, first): at the
+    /// first block with a value that is not finite or large enough to need [`ValueScale`]'s
+    /// shift this returns `false`, and the other passes take the head (writing all of `dst`
+    /// again). Otherwise the result is theirs, bit for bit: the same scores, steps and
+    /// products, row by row.
     fn forward_streamed(
         &self,
         (b, kvh): (usize, usize),
         dst: BlockOut<'_, MaybeUninit<f32>>,
         s: &mut Scratch,
     ) -> bool {
+        let bound = pow2(ValueScale::limit(self.sh.seq_kv));
         match self.src {
-            Src::F32 { k, v, .. } => self.stream((b, kvh), (k, v), dst, s),
-            Src::Bf16 { k, v, .. } => self.stream((b, kvh), (k, v), dst, s),
+            Src::F32 { k, v, .. } => self.stream((b, kvh), (k, v, bound), dst, s),
+            Src::Bf16 { k, v, .. } => self.stream((b, kvh), (k, v, bf16::from_f32(bound)), dst, s),
         }
     }
 
-    /// [`Self::forward_streamed`] on the inputs' keys and values `k`, `v`.
-    fn stream<T: Element>(
+    /// [`Self::forward_streamed`] on the inputs' keys and values `k`, `v`, `bound` the
+    /// magnitude from which values need [`ValueScale`]'s shift.
+    fn stream<T: Element + FiniteBits>(
         &self,
         (b, kvh): (usize, usize),
-        (k, v): (&[T], &[T]),
+        (k, v, bound): (&[T], &[T], T),
         dst: BlockOut<'_, MaybeUninit<f32>>,
         s: &mut Scratch,
     ) -> bool {
@@ -1111,6 +1114,12 @@ impl<'a> Plan<'a> {
         let (_, hi) = key_range(self.opt.causal, self.opt.window, self.offset, l - 1, s_n);
         let head = (b * sh.n_kv_heads + kvh) * s_n;
         let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
+        // The values of the key blocks no row visits count towards the other passes' scale.
+        let (first, end) = (lo / BLOCK_KV * BLOCK_KV, hi.div_ceil(BLOCK_KV) * BLOCK_KV);
+        let (before, after) = (&v[..first * dv], &v[end.clamp(first, s_n) * dv..]);
+        if !T::all_below(before, bound) || !T::all_below(after, bound) {
+            return false;
+        }
         let limit = ValueScale::limit(s_n);
         let BlockOut { out, lse, stats } = dst;
         let out = zeroed(out);
@@ -1235,8 +1244,9 @@ impl<'a> Plan<'a> {
     /// offset `m` and sum rather than `lse = m + ln sum`: near ±3e38 `ln sum` is below an ulp
     /// of `m`, and `e^(score − lse)` would lose the ties' shares.
     ///
-    /// The scores here come from the FMA kernels; a row computed on the tiles summed its scores
-    /// in another order. Where the scores are so large that the two orders' roundings move a
+    /// The scores here come from the FMA kernels on transposed keys; a row computed on the tiles,
+    /// or against the keys as the inputs hold them ([`Self::few_rows`]), summed its scores in
+    /// another order. Where the scores are so large that the two orders' roundings move a
     /// weight (bf16 inputs with scores near 1e9, whose ulp is 64), the saved offset and sum no
     /// longer fit these scores, and the weights would not sum to 1: such rows (their sum off by
     /// more than [`WEIGHTS_SUM_TOL`]) are recomputed with their own max and sum.
