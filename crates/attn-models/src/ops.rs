@@ -182,13 +182,20 @@ impl Linear {
     }
 
     /// The weight packed for AMX tiles (packed on first use), unless the tiles cannot take it.
+    ///
+    /// The packing is rayon work, so it runs outside the `OnceLock`'s initialisation: a thread
+    /// waiting for its share of the packing may steal another text's task, which needs this
+    /// weight too, and would then wait for the initialisation it is itself running (a
+    /// deadlock, seen in `embed_path`'s batches). Two threads may pack the weight at the same
+    /// time; the first to finish keeps it.
     fn packed(&self) -> Option<&PackedWeight> {
-        self.packed
-            .get_or_init(|| {
-                let fits = self.parts.iter().all(|p| bf16x3::fits(&p.data));
-                fits.then(|| self.pack())
-            })
-            .as_ref()
+        if let Some(packed) = self.packed.get() {
+            return packed.as_ref();
+        }
+        let fits = self.parts.iter().all(|p| bf16x3::fits(&p.data));
+        // Refused (and dropped) when another thread set it first.
+        let _ = self.packed.set(fits.then(|| self.pack()));
+        self.packed.get().and_then(Option::as_ref)
     }
 
     /// `W` split and laid out in tiles.
