@@ -698,8 +698,10 @@ fn decoding_steps_check_the_values_no_row_visits() {
     let mut huge = vec![0.0; 200 * 8];
     huge[0] = f32::from_bits(3);
     huge[150 * 8] = 2f32.powi(111);
-    // Row 0 sees keys 0 and 1; key 1's weight underflows to 0 (score −70), its value is
-    // −2^-60, and key 0's value is 0: the output's sign is the sum's.
+    // Row 0 sees keys 0 and 1. Key 0's value is 0; key 1's weight (e^-70) times its value
+    // (−2^-60) underflows to −0.0, which the zero weights of the hidden keys after it turn to
+    // +0.0 in a fused multiply-add GEMM and leave as it is where zero weights are skipped (the
+    // portable kernels' products round to −0.0 first and give +0.0 either way).
     let mut q_nan = vec![0.0; 8];
     q_nan[0] = 1.0;
     let mut k_nan = k.clone();

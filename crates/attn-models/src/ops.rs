@@ -186,8 +186,9 @@ impl Linear {
     /// The packing is rayon work, so it runs outside the `OnceLock`'s initialisation: a thread
     /// waiting for its share of the packing may steal another text's task, which needs this
     /// weight too, and would then wait for the initialisation it is itself running (a
-    /// deadlock, seen in `embed_path`'s batches). Two threads may pack the weight at the same
-    /// time; the first to finish keeps it.
+    /// deadlock, seen in `embed_path`'s batches). Several threads may pack the weight at the
+    /// same time (one per thread, in a batch's first layer): the first to finish keeps it, the
+    /// others' work is lost.
     fn packed(&self) -> Option<&PackedWeight> {
         if let Some(packed) = self.packed.get() {
             return packed.as_ref();
