@@ -24,20 +24,6 @@ use super::Element;
 const MR_F32: usize = 6;
 const NV_F32: usize = 4;
 
-/// Calls `tile_f32::<R, NV_F32>` for the `R = $rows` in `1..=MR_F32`.
-macro_rules! dispatch_rows {
-    ($rows:expr, $full:literal, ($($arg:expr),*)) => {
-        match $rows {
-            6 => tile_f32::<6, NV_F32, $full>($($arg),*),
-            5 => tile_f32::<5, NV_F32, $full>($($arg),*),
-            4 => tile_f32::<4, NV_F32, $full>($($arg),*),
-            3 => tile_f32::<3, NV_F32, $full>($($arg),*),
-            2 => tile_f32::<2, NV_F32, $full>($($arg),*),
-            _ => tile_f32::<1, NV_F32, $full>($($arg),*),
-        }
-    };
-}
-
 /// The lane masks of the `V` vectors covering columns `col..col + 16·V` of an `n`-column row.
 fn tile_masks<const V: usize>(col: usize, n: usize) -> [__mmask16; V] {
     std::array::from_fn(|v| {
@@ -47,7 +33,9 @@ fn tile_masks<const V: usize>(col: usize, n: usize) -> [__mmask16; V] {
     })
 }
 
-/// One `R × 16·V` tile of `C (+)= A · B` for f32.
+/// One `R × 16·V` tile of `C (+)= A · B` in f32, `B` in f32 or bf16 (widened as it is read);
+/// with `CHECK`, the magnitudes' bits of the values of `B` it reads are folded into `largest`
+/// (lane by lane: NaN's pass ∞'s).
 ///
 /// # Safety
 /// AVX-512F must be available; `a` holds `R` rows of `k` values at stride `lda`, `b` holds `k`
@@ -55,16 +43,23 @@ fn tile_masks<const V: usize>(col: usize, n: usize) -> [__mmask16; V] {
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_f32<const R: usize, const V: usize, const FULL: bool>(
+unsafe fn tile_f32<
+    T: Element,
+    const R: usize,
+    const V: usize,
+    const FULL: bool,
+    const CHECK: bool,
+>(
     k: usize,
     a: *const f32,
     lda: usize,
-    b: *const f32,
+    b: *const T,
     ldb: usize,
     c: *mut f32,
     ldc: usize,
     masks: [__mmask16; V],
     accumulate: bool,
+    largest: &mut __m512i,
 ) {
     // SAFETY (whole body): the caller guarantees the bounds above; masked-off lanes are never
     // touched, and their addresses are formed with `wrapping_add`.
@@ -80,12 +75,16 @@ unsafe fn tile_f32<const R: usize, const V: usize, const FULL: bool>(
         for p in 0..k {
             let bp = b.wrapping_add(p * ldb);
             let bv: [__m512; V] = std::array::from_fn(|v| {
-                if FULL {
-                    _mm512_loadu_ps(bp.wrapping_add(v * 16))
-                } else {
-                    _mm512_maskz_loadu_ps(masks[v], bp.wrapping_add(v * 16))
-                }
+                let mask = if FULL { 0xffff } else { masks[v] };
+                T::load16(bp.wrapping_add(v * 16), mask)
             });
+            if CHECK {
+                let magnitude = _mm512_set1_epi32(0x7fff_ffff);
+                for &x in &bv {
+                    let bits = _mm512_and_si512(_mm512_castps_si512(x), magnitude);
+                    *largest = _mm512_max_epu32(*largest, bits);
+                }
+            }
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*a.add(r * lda + p));
                 for (x, &bx) in row.iter_mut().zip(&bv) {
@@ -101,27 +100,70 @@ unsafe fn tile_f32<const R: usize, const V: usize, const FULL: bool>(
     }
 }
 
-/// `C[m × n] (+)= A[m × k] · B[k × n]` in f32 (row-major, strides `lda`, `ldb`, `ldc`).
+/// `C[m × n] (+)= A[m × k] · B[k × n]` in f32, `B` in f32 or bf16 (row-major, strides
+/// `lda`, `ldb`, `ldc`).
 ///
 /// # Safety
 /// AVX-512F must be available. The slices must hold the rows the strides describe (checked
 /// with `debug_assert!`).
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm_f32(
-    (m, n, k): (usize, usize, usize),
+pub(super) unsafe fn gemm_f32<T: Element>(
+    mnk: (usize, usize, usize),
     a: &[f32],
     lda: usize,
-    b: &[f32],
+    b: &[T],
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
 ) {
+    // SAFETY: as the caller guarantees.
+    unsafe { gemm_tiles::<T, false>(mnk, (a, lda), (b, ldb), (c, ldc), accumulate) };
+}
+
+/// [`gemm_f32`] with `accumulate`, returning whether every value of `B` is below
+/// `2^bound_exp` in magnitude (NaN never): checked as `B` is read with the first rows of `A`
+/// (so `m ≥ 1`), each value of `C` summed as [`gemm_f32`] sums it. For a decoding step's `P·V`,
+/// its values read once.
+///
+/// # Safety
+/// As [`gemm_f32`].
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_checked<T: Element>(
+    mnk: (usize, usize, usize),
+    a: &[f32],
+    lda: usize,
+    b: &[T],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    bound_exp: i32,
+) -> bool {
+    // SAFETY: as the caller guarantees.
+    let largest = unsafe { gemm_tiles::<T, true>(mnk, (a, lda), (b, ldb), (c, ldc), true) };
+    _mm512_reduce_max_epu32(largest) < ((127 + bound_exp) as u32) << 23
+}
+
+/// The tiles of [`gemm_f32`]; with `CHECK`, those of the first rows fold the magnitudes' bits
+/// of every value of `B` into the returned vector ([`tile_f32`]).
+///
+/// # Safety
+/// As [`gemm_f32`].
+#[target_feature(enable = "avx512f")]
+unsafe fn gemm_tiles<T: Element, const CHECK: bool>(
+    (m, n, k): (usize, usize, usize),
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[T], usize),
+    (c, ldc): (&mut [f32], usize),
+    accumulate: bool,
+) -> __m512i {
     debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
     debug_assert!(k == 0 || b.len() >= (k - 1) * ldb + n);
     debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
     let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    let mut largest = _mm512_setzero_si512();
     for col in (0..n).step_by(16 * NV_F32) {
         let masks = tile_masks::<NV_F32>(col, n);
         let full = masks == [0xffff; NV_F32];
@@ -131,14 +173,78 @@ pub(super) unsafe fn gemm_f32(
             // SAFETY: AVX-512F is available (caller); the tile lies inside the checked slices.
             unsafe {
                 let (a, b, c) = (a.add(row * lda), b.add(col), c.add(row * ldc + col));
-                if full {
-                    dispatch_rows!(rows, true, (k, a, lda, b, ldb, c, ldc, masks, accumulate));
-                } else {
-                    dispatch_rows!(rows, false, (k, a, lda, b, ldb, c, ldc, masks, accumulate));
+                let tile = (k, (a, lda), (b, ldb), (c, ldc), masks, accumulate);
+                // The values are checked once, with the first rows.
+                match (full, CHECK && row == 0) {
+                    (true, true) => tile_rows::<T, true, true>(rows, tile, &mut largest),
+                    (true, false) => tile_rows::<T, true, false>(rows, tile, &mut largest),
+                    (false, true) => tile_rows::<T, false, true>(rows, tile, &mut largest),
+                    (false, false) => tile_rows::<T, false, false>(rows, tile, &mut largest),
                 }
             }
             row += rows;
         }
+    }
+    largest
+}
+
+/// [`tile_f32`] for `rows` in `1..=MR_F32`.
+///
+/// # Safety
+/// As [`tile_f32`].
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(clippy::type_complexity)]
+unsafe fn tile_rows<T: Element, const FULL: bool, const CHECK: bool>(
+    rows: usize,
+    (k, (a, lda), (b, ldb), (c, ldc), masks, accumulate): (
+        usize,
+        (*const f32, usize),
+        (*const T, usize),
+        (*mut f32, usize),
+        [__mmask16; NV_F32],
+        bool,
+    ),
+    largest: &mut __m512i,
+) {
+    let args = (k, a, lda, b, ldb, c, ldc, masks, accumulate);
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        match rows {
+            6 => call_tile::<T, 6, FULL, CHECK>(args, largest),
+            5 => call_tile::<T, 5, FULL, CHECK>(args, largest),
+            4 => call_tile::<T, 4, FULL, CHECK>(args, largest),
+            3 => call_tile::<T, 3, FULL, CHECK>(args, largest),
+            2 => call_tile::<T, 2, FULL, CHECK>(args, largest),
+            _ => call_tile::<T, 1, FULL, CHECK>(args, largest),
+        }
+    }
+}
+
+/// [`tile_f32`] of `R` rows, its arguments in a tuple.
+///
+/// # Safety
+/// As [`tile_f32`].
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(clippy::type_complexity)]
+unsafe fn call_tile<T: Element, const R: usize, const FULL: bool, const CHECK: bool>(
+    (k, a, lda, b, ldb, c, ldc, masks, accumulate): (
+        usize,
+        *const f32,
+        usize,
+        *const T,
+        usize,
+        *mut f32,
+        usize,
+        [__mmask16; NV_F32],
+        bool,
+    ),
+    largest: &mut __m512i,
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        tile_f32::<T, R, NV_F32, FULL, CHECK>(k, a, lda, b, ldb, c, ldc, masks, accumulate, largest)
     }
 }
 
@@ -165,7 +271,7 @@ pub(super) unsafe fn gemm_abt<T: Element>(
     debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
     debug_assert!(n == 0 || b.len() >= (n - 1) * ldb + k);
     debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
-    let (chunks, tail) = (k / 16, k % 16);
+    let (chunks, tail) = (k / 16, ((1u32 << (k % 16)) - 1) as __mmask16);
     let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
     for col in (0..n).step_by(16) {
         let cols = (n - col).min(16);
@@ -182,13 +288,13 @@ pub(super) unsafe fn gemm_abt<T: Element>(
                 unsafe {
                     let x = _mm512_loadu_ps(a.add(16 * ch));
                     for (acc, row) in acc.iter_mut().zip(&rows) {
-                        *acc = _mm512_fmadd_ps(x, T::load16(row.add(16 * ch), 16), *acc);
+                        *acc = _mm512_fmadd_ps(x, T::load16(row.add(16 * ch), 0xffff), *acc);
                     }
                 }
             }
             if tail != 0 {
                 unsafe {
-                    let x = load16_f32(a.add(16 * chunks), tail);
+                    let x = _mm512_maskz_loadu_ps(tail, a.add(16 * chunks));
                     for (acc, row) in acc.iter_mut().zip(&rows) {
                         let y = T::load16(row.add(16 * chunks), tail);
                         *acc = _mm512_fmadd_ps(x, y, *acc);
@@ -202,144 +308,26 @@ pub(super) unsafe fn gemm_abt<T: Element>(
     }
 }
 
-/// `C[m × n] += A[m × k] · B[k × n]` in f32, `B` in f32 or bf16 (row-major, strides `lda`,
-/// `ldb`, `ldc`), each value of `C` summed as [`gemm_f32`] sums it (so the two agree bit for
-/// bit); returns whether every value of `B` is below `2^bound_exp` in magnitude (NaN never),
-/// checked as `B` is read with the first rows of `A` (so `m ≥ 1`). For a few rows of `A`: a
-/// decoding step's `P·V`, its values read once.
+/// The values from `p` of the lanes of `mask` (the first few: a prefix mask), the others 0;
+/// bf16 values widened to f32 (exactly).
 ///
 /// # Safety
-/// AVX-512F must be available. The slices must hold the rows the strides describe (checked
-/// with `debug_assert!`).
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm_checked<T: Element>(
-    (m, n, k): (usize, usize, usize),
-    a: &[f32],
-    lda: usize,
-    b: &[T],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
-    bound_exp: i32,
-) -> bool {
-    debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
-    debug_assert!(k == 0 || b.len() >= (k - 1) * ldb + n);
-    debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
-    let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-    // The largest magnitude's bits (without the sign), lane by lane: NaN's pass ∞'s.
-    let mut largest = _mm512_setzero_si512();
-    for col in (0..n).step_by(16 * NV_F32) {
-        let mut row = 0;
-        while row < m {
-            let rows = (m - row).min(CHECKED_ROWS);
-            // The values are checked once, with the first rows.
-            let check = row == 0;
-            // SAFETY: AVX-512F is available (caller); the tile lies inside the checked slices.
-            unsafe {
-                let (a, b, c) = (a.add(row * lda), b.add(col), c.add(row * ldc + col));
-                let tile = (k, (a, lda), (b, ldb), (c, ldc), n - col, check);
-                match rows {
-                    4 => checked_tile::<T, 4>(tile, &mut largest),
-                    3 => checked_tile::<T, 3>(tile, &mut largest),
-                    2 => checked_tile::<T, 2>(tile, &mut largest),
-                    _ => checked_tile::<T, 1>(tile, &mut largest),
-                }
-            }
-            row += rows;
-        }
-    }
-    _mm512_reduce_max_epu32(largest) < ((127 + bound_exp) as u32) << 23
-}
-
-/// Rows of `A` per tile of [`gemm_checked`]: 4 rows × 4 vectors of accumulators.
-const CHECKED_ROWS: usize = 4;
-
-/// One `R × 64` tile of [`gemm_checked`] (`cols` columns from the tile's first, at most 64
-/// used), the magnitudes' bits of `B`'s values folded into `largest` when `check`.
-///
-/// # Safety
-/// AVX-512F must be available; `a` holds `R` rows of `k` values, `b` `k` rows of `cols`
-/// values and `c` `R` rows of `cols` values, at their strides.
+/// AVX-512F must be available; the values of `mask`'s lanes readable from `p`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-#[allow(clippy::type_complexity)]
-unsafe fn checked_tile<T: Element, const R: usize>(
-    (k, (a, lda), (b, ldb), (c, ldc), cols, check): (
-        usize,
-        (*const f32, usize),
-        (*const T, usize),
-        (*mut f32, usize),
-        usize,
-        bool,
-    ),
-    largest: &mut __m512i,
-) {
-    let lanes: [usize; NV_F32] = std::array::from_fn(|v| cols.saturating_sub(16 * v).min(16));
-    let magnitude = _mm512_set1_epi32(0x7fff_ffff);
-    // SAFETY (whole body): the caller guarantees the bounds above; the lanes past `cols` are
-    // neither read nor written, and the addresses of vectors with no lanes are formed with
-    // `wrapping_add`.
-    unsafe {
-        let mut acc: [[__m512; NV_F32]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|v| load16_f32(c.wrapping_add(r * ldc + 16 * v), lanes[v]))
-        });
-        for p in 0..k {
-            let bp = b.add(p * ldb);
-            let bv: [__m512; NV_F32] = std::array::from_fn(|v| match lanes[v] {
-                0 => _mm512_setzero_ps(),
-                n => T::load16(bp.add(16 * v), n),
-            });
-            if check {
-                for &x in &bv {
-                    let bits = _mm512_and_si512(_mm512_castps_si512(x), magnitude);
-                    *largest = _mm512_max_epu32(*largest, bits);
-                }
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*a.add(r * lda + p));
-                for (x, &bx) in row.iter_mut().zip(&bv) {
-                    *x = _mm512_fmadd_ps(av, bx, *x);
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (v, &x) in row.iter().enumerate() {
-                let mask = ((1u32 << lanes[v]) - 1) as __mmask16;
-                _mm512_mask_storeu_ps(c.wrapping_add(r * ldc + 16 * v), mask, x);
-            }
-        }
-    }
-}
-
-/// The first `n ≤ 16` values from `p` in 16 lanes, the others 0.
-///
-/// # Safety
-/// AVX-512F must be available; `n` values readable from `p`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) unsafe fn load16_f32(p: *const f32, n: usize) -> __m512 {
-    // SAFETY: the lanes read are the `n` readable ones (caller).
-    unsafe { _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p) }
-}
-
-/// [`load16_f32`] for bf16 values, widened to f32 (exactly).
-///
-/// # Safety
-/// AVX-512F must be available; `n` values readable from `p`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) unsafe fn load16_bf16(p: *const bf16, n: usize) -> __m512 {
-    let bits = if n == 16 {
+pub(super) unsafe fn load16_bf16(p: *const bf16, mask: __mmask16) -> __m512 {
+    let bits = match mask {
         // SAFETY: 16 values readable (caller).
-        unsafe { _mm256_loadu_si256(p.cast()) }
-    } else {
+        0xffff => unsafe { _mm256_loadu_si256(p.cast()) },
+        0 => _mm256_setzero_si256(),
         // A masked 16-bit load needs AVX512BW: the rest of a row goes through a copy.
-        let mut rest = [bf16::ZERO; 16];
-        // SAFETY: `n` values readable (caller), and `rest` holds 16.
-        unsafe {
-            std::ptr::copy_nonoverlapping(p, rest.as_mut_ptr(), n);
-            _mm256_loadu_si256(rest.as_ptr().cast())
+        _ => {
+            let mut rest = [bf16::ZERO; 16];
+            // SAFETY: the values of `mask`'s lanes readable (caller), and `rest` holds 16.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p, rest.as_mut_ptr(), mask.count_ones() as usize);
+                _mm256_loadu_si256(rest.as_ptr().cast())
+            }
         }
     };
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))

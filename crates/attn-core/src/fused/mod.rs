@@ -172,29 +172,29 @@ pub fn sdpa_bf16_with(
 
 /// An element type of the inputs, read as f32 (bf16 widened exactly).
 pub(crate) trait Element: Copy + Into<f32> {
-    /// The first `n ≤ 16` values from `p` in 16 lanes, the others 0.
+    /// The values from `p` of the lanes of `mask` (a prefix mask), as f32, the others 0.
     ///
     /// # Safety
-    /// AVX-512F must be available; `n` values readable from `p`.
+    /// AVX-512F must be available; the values of `mask`'s lanes readable from `p`.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(p: *const Self, n: usize) -> std::arch::x86_64::__m512;
+    unsafe fn load16(p: *const Self, mask: u16) -> std::arch::x86_64::__m512;
 }
 
 impl Element for f32 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load16(p: *const f32, n: usize) -> std::arch::x86_64::__m512 {
-        // SAFETY: as the caller guarantees.
-        unsafe { avx512::load16_f32(p, n) }
+    unsafe fn load16(p: *const f32, mask: u16) -> std::arch::x86_64::__m512 {
+        // SAFETY: as the caller guarantees; masked-off lanes are not read.
+        unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(mask, p) }
     }
 }
 
 impl Element for bf16 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load16(p: *const bf16, n: usize) -> std::arch::x86_64::__m512 {
+    unsafe fn load16(p: *const bf16, mask: u16) -> std::arch::x86_64::__m512 {
         // SAFETY: as the caller guarantees.
-        unsafe { avx512::load16_bf16(p, n) }
+        unsafe { avx512::load16_bf16(p, mask) }
     }
 }
 

@@ -3,13 +3,14 @@
 
 use super::Element;
 
-/// `C[m × n] (+)= A[m × k] · B[k × n]` (row-major, strides `lda`, `ldb`, `ldc`).
+/// `C[m × n] (+)= A[m × k] · B[k × n]`, `B` in f32 or bf16 (row-major, strides `lda`, `ldb`,
+/// `ldc`).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn gemm_f32(
+pub(super) fn gemm_f32<T: Element>(
     (m, n, k): (usize, usize, usize),
     a: &[f32],
     lda: usize,
-    b: &[f32],
+    b: &[T],
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
@@ -22,7 +23,7 @@ pub(super) fn gemm_f32(
         }
         for (p, &x) in a[r * lda..][..k].iter().enumerate() {
             for (cv, &bv) in c_row.iter_mut().zip(&b[p * ldb..][..n]) {
-                *cv += x * bv;
+                *cv += x * bv.into();
             }
         }
     }
@@ -50,9 +51,8 @@ pub(super) fn gemm_abt<T: Element>(
     }
 }
 
-/// `C[m × n] += A[m × k] · B[k × n]`, `B` in f32 or bf16, each value of `C` summed as
-/// [`gemm_f32`] sums it; returns whether every value of `B` is below `2^bound_exp` in
-/// magnitude (NaN never).
+/// `C[m × n] += A[m × k] · B[k × n]`, `B` in f32 or bf16, as [`gemm_f32`] sums it; returns
+/// whether every value of `B` is below `2^bound_exp` in magnitude (NaN never).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_checked<T: Element>(
     (m, n, k): (usize, usize, usize),
@@ -64,14 +64,7 @@ pub(super) fn gemm_checked<T: Element>(
     ldc: usize,
     bound_exp: i32,
 ) -> bool {
-    for r in 0..m {
-        let c_row = &mut c[r * ldc..][..n];
-        for (p, &x) in a[r * lda..][..k].iter().enumerate() {
-            for (cv, &bv) in c_row.iter_mut().zip(&b[p * ldb..][..n]) {
-                *cv += x * bv.into();
-            }
-        }
-    }
+    gemm_f32((m, n, k), a, lda, b, ldb, c, ldc, true);
     let bound = 2f32.powi(bound_exp);
     (0..k).all(|p| b[p * ldb..][..n].iter().all(|&x| x.into().abs() < bound))
 }
