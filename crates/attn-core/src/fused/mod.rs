@@ -681,23 +681,18 @@ impl<'a> Plan<'a> {
     /// reference and on the tiles: `(scale·q)·k` would save this pass, but overflows where
     /// `scale·q` does (a scale of 1e30 on queries of 1e10) and loses bits where it underflows.
     fn scores(&self, k: &Keys, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
-        let kt = k.block((jb, keys), self.sh.head_dim);
-        self.scores_into(&s.q, kt, (rows, keys), s.tile.get(rows * keys));
-    }
-
-    /// Scores `scale·(q·k)` of the query rows `q` (`[rows, head_dim]`) against the transposed
-    /// key block `kt` (`[head_dim, keys]`), into `tile` (`[rows, keys]`).
-    fn scores_into(&self, q: &[f32], kt: &[f32], (rows, keys): (usize, usize), tile: &mut [f32]) {
         let d = self.sh.head_dim;
+        let kt = k.block((jb, keys), d);
+        let tile = s.tile.get(rows * keys);
         self.isa
-            .gemm_f32((rows, keys, d), q, d, kt, keys, tile, keys, false);
+            .gemm_f32((rows, keys, d), &s.q, d, kt, keys, tile, keys, false);
         if self.scale != 1.0 {
             self.isa.scale(tile, self.scale);
         }
     }
 
-    /// [`Self::scores_into`] against a key block as the inputs hold it, `k` (`[keys,
-    /// head_dim]`, [`Self::few_rows`]).
+    /// [`Self::scores`] of the query rows `q` (`[rows, head_dim]`) against a key block as the
+    /// inputs hold it, `k` (`[keys, head_dim]`, [`Self::few_rows`]), into `tile`.
     fn scores_against_rows<T: Element>(
         &self,
         q: &[f32],
@@ -997,49 +992,36 @@ impl<'a> Plan<'a> {
         for jb in lo / BLOCK_KV..hi.div_ceil(BLOCK_KV) {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
-            let (at, tile) = (j0 * d..(j0 + keys) * d, s.tile.get(n * keys));
+            let at = j0 * d..(j0 + keys) * d;
             match head.k {
                 HeadKeys::Packed(ref k) => self.scores(k, n, (jb, keys), s),
-                HeadKeys::F32(k) => self.scores_against_rows(&s.q, &k[at], (n, keys), tile),
-                HeadKeys::Bf16(k) => self.scores_against_rows(&s.q, &k[at], (n, keys), tile),
+                HeadKeys::F32(k) => {
+                    self.scores_against_rows(&s.q, &k[at], (n, keys), s.tile.get(n * keys))
+                }
+                HeadKeys::Bf16(k) => {
+                    self.scores_against_rows(&s.q, &k[at], (n, keys), s.tile.get(n * keys))
+                }
             }
             let tile = s.tile.get(n * keys);
-            let v = (head.v.block((j0, keys), dv), head.scale.finite);
             let rows = (b, |r| (h, i0 + r));
-            self.key_block(rows, (j0, keys), tile, v, (&mut m, &mut sum), out);
+            self.block_steps(rows, (j0, keys), tile, (&mut m, &mut sum), out);
+            let v = head.v.block((j0, keys), dv);
+            if head.scale.finite {
+                self.isa
+                    .gemm_f32((n, dv, keys), tile, keys, v, dv, out, dv, true);
+            } else {
+                accumulate_skipping_zeros(self.isa, (keys, dv), tile, v, out);
+            }
         }
         // `2^shift` is exact: multiplying by it here rounds as the unscaled values would.
         let factor = self.opt.dropout.map_or(1.0, |d| d.scale()) * head.scale.up();
         self.finish_rows((&m, &sum), factor, BlockOut { out, lse, stats });
     }
 
-    /// One key block of the online softmax for the query rows of `tile` (`[rows, keys]`, their
-    /// raw scores `scale·(q·k)` against keys `j0..`; row `r` is query `at(r)`, `(head, row)`,
-    /// of batch `b`): each row's step ([`Self::softmax_step`]), its running max and sum in
-    /// `state`, its accumulator row of `out` rescaled, then `out += P·V`, `v` the block's values
-    /// (`[keys, value_dim]`) and whether they are all finite.
-    fn key_block(
-        &self,
-        rows: (usize, impl Fn(usize) -> (usize, usize)),
-        (j0, keys): (usize, usize),
-        tile: &mut [f32],
-        (v, finite): (&[f32], bool),
-        state: (&mut [f32], &mut [f32]),
-        out: &mut [f32],
-    ) {
-        let dv = self.sh.value_dim;
-        let n = state.0.len();
-        self.block_steps(rows, (j0, keys), tile, state, out);
-        if finite {
-            self.isa
-                .gemm_f32((n, dv, keys), tile, keys, v, dv, out, dv, true);
-        } else {
-            accumulate_skipping_zeros(self.isa, (keys, dv), tile, v, out);
-        }
-    }
-
-    /// The online softmax's step for each row of `tile` ([`Self::key_block`]), its accumulator
-    /// row of `out` rescaled when its max moved.
+    /// The online softmax's step ([`Self::softmax_step`]) for each row of `tile` (`[rows, keys]`,
+    /// their raw scores `scale·(q·k)` against keys `j0..`; row `r` is query `at(r)`, `(head,
+    /// row)`, of batch `b`), its running max and sum in `state` and its accumulator row of
+    /// `out` rescaled when its max moved.
     fn block_steps(
         &self,
         (b, at): (usize, impl Fn(usize) -> (usize, usize)),
@@ -1090,19 +1072,19 @@ impl<'a> Plan<'a> {
         dst: BlockOut<'_, MaybeUninit<f32>>,
         s: &mut Scratch,
     ) -> bool {
-        let bound = pow2(ValueScale::limit(self.sh.seq_kv));
         match self.src {
-            Src::F32 { k, v, .. } => self.stream((b, kvh), (k, v, bound), dst, s),
-            Src::Bf16 { k, v, .. } => self.stream((b, kvh), (k, v, bf16::from_f32(bound)), dst, s),
+            Src::F32 { k, v, .. } => self.stream((b, kvh), (k, v), |x| x, dst, s),
+            Src::Bf16 { k, v, .. } => self.stream((b, kvh), (k, v), bf16::from_f32, dst, s),
         }
     }
 
-    /// [`Self::forward_streamed`] on the inputs' keys and values `k`, `v`, `bound` the
-    /// magnitude from which values need [`ValueScale`]'s shift.
+    /// [`Self::forward_streamed`] on the inputs' keys and values `k`, `v` (their type from f32
+    /// by `from_f32`, as [`ValueScale::of`] takes it).
     fn stream<T: Element + FiniteBits>(
         &self,
         (b, kvh): (usize, usize),
-        (k, v, bound): (&[T], &[T], T),
+        (k, v): (&[T], &[T]),
+        from_f32: fn(f32) -> T,
         dst: BlockOut<'_, MaybeUninit<f32>>,
         s: &mut Scratch,
     ) -> bool {
@@ -1116,12 +1098,13 @@ impl<'a> Plan<'a> {
         let head = (b * sh.n_kv_heads + kvh) * s_n;
         let (k, v) = (&k[head * d..][..s_n * d], &v[head * dv..][..s_n * dv]);
         // The values of the key blocks no row visits count towards the other passes' scale.
+        let limit = ValueScale::limit(s_n);
+        let bound = from_f32(pow2(limit));
         let (first, end) = (lo / BLOCK_KV * BLOCK_KV, hi.div_ceil(BLOCK_KV) * BLOCK_KV);
         let (before, after) = (&v[..first * dv], &v[end.clamp(first, s_n) * dv..]);
         if !T::all_below(before, bound) || !T::all_below(after, bound) {
             return false;
         }
-        let limit = ValueScale::limit(s_n);
         let BlockOut { out, lse, stats } = dst;
         let out = zeroed(out);
         let mut m = vec![f32::NEG_INFINITY; n];
