@@ -694,23 +694,23 @@ impl Model {
     /// [`ModelError::TooManyWords`]), if any: what [`Model::embed_with`] with `truncate` cuts,
     /// for a caller to say so.
     pub fn embed_too_long(&self, text: &str) -> Option<ModelError> {
-        let lowered = self.pooling.lower_case.then(|| text.to_lowercase());
-        let text = lowered.as_deref().unwrap_or(text);
-        match self
-            .tokenizer
-            .encode_within(text, None, self.embed_limit(), false)
-        {
+        match self.embed_encoding(text, false) {
             Err(e @ (ModelError::TooLong { .. } | ModelError::TooManyWords { .. })) => Some(e),
             _ => None,
         }
     }
 
-    /// The most tokens an embedding reads: sentence-transformers' `max_seq_length`, else the
-    /// positions.
-    fn embed_limit(&self) -> Limit {
-        self.pooling
+    /// `text` tokenized as an embedding reads it: lower-cased when the pooling config says so,
+    /// within sentence-transformers' `max_seq_length` (else the positions), cut to it with
+    /// `truncate`.
+    fn embed_encoding(&self, text: &str, truncate: bool) -> Result<Encoding, ModelError> {
+        let lowered = self.pooling.lower_case.then(|| text.to_lowercase());
+        let text = lowered.as_deref().unwrap_or(text);
+        let limit = self
+            .pooling
             .max_seq_length
-            .map_or(Limit::Positions, Limit::Embedding)
+            .map_or(Limit::Positions, Limit::Embedding);
+        self.tokenizer.encode_within(text, None, limit, truncate)
     }
 
     /// [`Model::embed`], cutting texts that are too long when `truncate` is set (as
@@ -722,20 +722,12 @@ impl Model {
         if texts.is_empty() {
             return Err(ModelError::EmptyBatch);
         }
-        let limit = self.embed_limit();
         let encs = texts
             .par_iter()
             .enumerate()
             .map(|(i, &text)| {
-                let lowered;
-                let text = if self.pooling.lower_case {
-                    lowered = text.to_lowercase();
-                    &lowered
-                } else {
-                    text
-                };
-                let enc = self.tokenizer.encode_within(text, None, limit, truncate);
-                enc.map_err(|e| e.in_text(i))
+                self.embed_encoding(text, truncate)
+                    .map_err(|e| e.in_text(i))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let threads = rayon::current_num_threads().max(1);
