@@ -149,26 +149,27 @@ impl TextTokenizer {
             Ok((tokens > max).then_some((first, tokens)))
         };
         let mut text = text;
+        // A pair cut with `truncate` is cut longest first, which takes both texts' lengths.
+        let cut_as_a_pair = truncate && pair.is_some();
         for (which, s) in [("text", Some(text)), ("pair text", pair)] {
-            let Some(s) = s else { continue };
+            let Some(s) = s.filter(|_| !cut_as_a_pair) else {
+                continue;
+            };
             let Some((first, tokens)) = past_the_limit(s)? else {
                 continue;
             };
-            match (truncate, pair) {
-                (true, None) => text = first,
-                // A pair is cut longest first, which takes both texts' lengths.
-                (true, Some(_)) => {}
-                (false, _) => {
-                    return Err(ModelError::TooManyWords {
-                        which,
-                        words: s.split_whitespace().count(),
-                        first: budget,
-                        tokens,
-                        max,
-                        embedding: matches!(limit, Limit::Embedding(_)),
-                        text: None,
-                    });
-                }
+            if truncate {
+                text = first;
+            } else {
+                return Err(ModelError::TooManyWords {
+                    which,
+                    words: s.split_whitespace().count(),
+                    first: budget,
+                    tokens,
+                    max,
+                    embedding: matches!(limit, Limit::Embedding(_)),
+                    text: None,
+                });
             }
         }
         let encode = |tk: &Tokenizer| match pair {
