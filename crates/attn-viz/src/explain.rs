@@ -444,11 +444,7 @@ fn method_row(
 /// sees (all of them, or under a causal mask those up to itself), one head a layer.
 fn even_attention(maps: &AttentionMaps, causal: bool) -> AttentionMaps {
     let t = maps.seq_len();
-    let mut layer = vec![0.0f32; t * t];
-    for (i, row) in layer.chunks_exact_mut(t).enumerate() {
-        let seen = if causal { i + 1 } else { t };
-        row[..seen].fill(1.0 / seen as f32);
-    }
+    let layer = crate::stats::even_matrix(t, causal);
     AttentionMaps {
         model: maps.model.clone(),
         text: maps.text.clone(),

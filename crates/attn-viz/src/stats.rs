@@ -80,14 +80,19 @@ pub fn sees_only_earlier_keys(maps: &AttentionMaps) -> bool {
 pub fn uniform_shares(maps: &AttentionMaps) -> Result<Shares, VizError> {
     maps.validate()?;
     let t = maps.seq_len();
-    let causal = sees_only_earlier_keys(maps);
-    let even: Vec<f32> = (0..t)
-        .flat_map(|i| {
-            let seen = if causal { i + 1 } else { t };
-            (0..t).map(move |j| if j < seen { 1.0 / seen as f32 } else { 0.0 })
-        })
-        .collect();
+    let even = even_matrix(t, sees_only_earlier_keys(maps));
     Ok(shares_of(&even, t, &Special::of(&maps.tokens)))
+}
+
+/// The `[t, t]` attention of queries that each spread their weight evenly over the keys they
+/// see: all of them, or under a causal mask those up to themselves.
+pub(crate) fn even_matrix(t: usize, causal: bool) -> Vec<f32> {
+    let mut even = vec![0.0f32; t * t];
+    for (i, row) in even.chunks_exact_mut(t).enumerate() {
+        let seen = if causal { i + 1 } else { t };
+        row[..seen].fill(1.0 / seen as f32);
+    }
+    even
 }
 
 /// Which keys count as `[CLS]` (a special token at position 0) and as `[SEP]` (every other
