@@ -118,18 +118,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let pieces: Vec<String> = (generation.ids.iter().zip(&generation.pieces))
         .map(|(&id, piece)| label(id, piece))
         .collect();
-    // The prompt's tokens, each decoded alone as the new ones are: the four byte pieces of an
-    // emoji are four labels, not the emoji four times.
-    let prompt_pieces: Vec<String> = (generation.prompt.ids.iter())
-        .map(|&id| {
-            let piece = model.decode(&[id]).unwrap_or_default();
-            label(id, &piece)
-        })
-        .collect();
-    let explained = generation
-        .attention
-        .as_ref()
-        .map(|rows| explain(&prompt_pieces, &pieces, rows));
+    let explained = generation.attention.as_ref().map(|rows| {
+        // The prompt's tokens, each decoded alone as the new ones are: the four byte pieces of
+        // an emoji are four labels, not the emoji four times.
+        let prompt_pieces: Vec<String> = (generation.prompt.ids.iter())
+            .map(|&id| {
+                let piece = model.decode(&[id]).unwrap_or_default();
+                label(id, &piece)
+            })
+            .collect();
+        explain(&prompt_pieces, &pieces, rows)
+    });
 
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
