@@ -404,20 +404,13 @@ fn abandoned_requests_run_at_most_two_passes_at_once() {
         most <= before + 2,
         "threads: {before} before, {most} with the abandoned requests"
     );
-    assert_answers_a_short_text(&server);
+    answered_in(&server.address);
 }
 
 #[test]
 fn localhost_is_a_host_to_bind() {
     // Started on 127.0.0.1 (which `start_in` checks); it was "invalid IP address syntax".
-    assert_answers_a_short_text(&Server::start_with(&["--host", "localhost"]));
-}
-
-/// The server answers "the cat sat" with 200.
-fn assert_answers_a_short_text(server: &Server) {
-    let small = serde_json::json!({ "text": "the cat sat" }).to_string();
-    let answer = exchange(&server.address, &post_request(&small)).unwrap();
-    assert_eq!(answer.status, 200, "{}", answer.body);
+    answered_in(&Server::start_with(&["--host", "localhost"]).address);
 }
 
 #[test]
