@@ -574,9 +574,9 @@ pub fn head_grid(
     let k = (targets.iter().position(|&u| u == target)).unwrap_or_default();
     // The word's name, with its occurrence when the words shown spell it more than once.
     let label = &units[target].label;
-    // Counted in any case, as `find_focus` counts them: "the#2" names what --to the#2 finds.
+    // Counted as `find_focus` counts them: "the#2" names what --to the#2 finds.
     let same: Vec<usize> = (targets.iter().copied())
-        .filter(|&u| units[u].label.to_lowercase() == label.to_lowercase())
+        .filter(|&u| word_key(&units[u].label) == word_key(label))
         .collect();
     let to_label = match same.iter().position(|&u| u == target) {
         Some(n) if same.len() > 1 => format!("{label}#{}", n + 1),
@@ -1049,6 +1049,19 @@ fn nfc(text: &str) -> String {
     text.nfc().map(|(c, _)| c).collect()
 }
 
+/// `text` without the characters a terminal does not show ([`words::invisible`]):
+/// "and\u{200d}joiner" is found as the terminal shows it, "zero\u{200b}width" as it was typed.
+fn visible(text: &str) -> String {
+    text.chars().filter(|&c| !words::invisible(c)).collect()
+}
+
+/// What two words must share to be one word to `--focus`, `--to` and `word#n`: the same
+/// visible characters in any case and however accents are encoded ("The" and "the",
+/// "cafe\u{301}" and "café").
+pub fn word_key(word: &str) -> String {
+    nfc(&visible(word).to_lowercase())
+}
+
 /// Resolves `"word"` or `"word#n"` (the n-th occurrence, from 1) among `candidates`, ignoring
 /// case and how accents are encoded, and with raw tokens also the tokenizer's marks (`Ġ`, `▁`,
 /// `##`), then accents themselves. Returns the unit and, when the word is ambiguous, a note
@@ -1072,9 +1085,7 @@ fn find_focus(
         }
         _ => (asked, None),
     };
-    // Invisible characters never count: "and\u{200d}joiner" is found as the terminal shows it,
-    // "zero\u{200b}width" as it was typed.
-    let visible = |s: &str| -> String { s.chars().filter(|&c| !words::invisible(c)).collect() };
+    // Invisible characters never count.
     let word = &visible(word);
     let find = |key: fn(&str) -> String| -> Vec<usize> {
         candidates
@@ -1086,7 +1097,7 @@ fn find_focus(
     // The label as written (composed or decomposed alike: "café" finds "cafe\u{301}"), else
     // without a tokenizer's marks ("mat" finds GPT-2's "Ġmat"), else without accents, as BERT's
     // uncased tokenizers read words ("cafe" finds "café").
-    let mut matches = find(|s| nfc(&s.to_lowercase()));
+    let mut matches = find(word_key);
     if matches.is_empty() {
         matches = find(|s| {
             nfc(&s

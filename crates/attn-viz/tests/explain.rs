@@ -1094,6 +1094,20 @@ fn the_head_grid_names_a_repeated_word_by_its_occurrence() {
             label
         );
     }
+    // Counted as --to matches them, however an accent is encoded: in "café b cafe\u{301}" the
+    // second is "cafe\u{301}#2" (it was "cafe\u{301}", though --to café#2 finds it).
+    let text = "café b cafe\u{301}";
+    let tokens = vec![
+        tok("café", Some((0, 5)), 0),
+        tok("b", Some((6, 7)), 0),
+        tok("cafe\u{301}", Some((8, 14)), 0),
+    ];
+    assert_eq!(&text[8..14], "cafe\u{301}");
+    let maps = hand_maps(text, None, tokens, 1, 1, [0.2, 0.3, 0.5].repeat(3));
+    for (asked, label) in [("café#2", "cafe\u{301}#2"), ("cafe\u{301}", "café#1")] {
+        let grid = head_grid(&maps, &options(Some("b")), asked).unwrap();
+        assert_eq!(grid.to, label);
+    }
 }
 
 /// Raw GPT-2 tokens read as the bytes they stand for, the leading space kept as `Ġ`: "é é" as

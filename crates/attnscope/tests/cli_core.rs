@@ -875,6 +875,16 @@ fn walkthrough_takes_a_users_matrices() {
     ] {
         fails_with(&[&args[..], &[word]].concat(), &[says]);
     }
+    // However its accent is encoded, "café" is one word: café#2 is the decomposed third.
+    std::fs::write(
+        &repeated,
+        r#"{"words": ["café", "b", "cafe\u0301"], "x": [[1, 2], [3, 4], [5, 6]],
+            "w_q": [[0, 0], [0, 0]], "w_k": [[1, 0], [0, 1]], "w_v": [[1, 0], [0, 1]]}"#,
+    )
+    .unwrap();
+    let stdout = ok(&[&args[..], &["café#2"]].concat());
+    assert!(stdout.contains("output[2] = "), "{stdout}");
+    assert!(stdout.contains("= [3.000, 4.000]"), "{stdout}");
     // All words padding: no row sees anything, outputs are 0.
     let stdout = ok(&["walkthrough", "--input", p, "--mask", "padding:3"]);
     assert!(stdout.contains("a: sees no word"), "{stdout}");

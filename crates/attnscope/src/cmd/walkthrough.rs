@@ -10,6 +10,7 @@ use attn_core::{
     AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, Weights, WeightsRequest, sdpa_reference,
 };
 use attn_viz::bars::{display_width, pad_end, pad_start};
+use attn_viz::explain::word_key;
 use serde_json::Value;
 
 use super::mask::render;
@@ -290,8 +291,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The row of `--word asked`, found as `explain --focus` finds a word: in any case, and
-/// `word#n` for its n-th occurrence (counted in any case too).
+/// The row of `--word asked`, found as `explain --focus` finds a word ([`word_key`]: in any
+/// case, however accents are encoded), and `word#n` for its n-th occurrence (counted alike).
 fn find_word(words: &[String], asked: &str) -> anyhow::Result<usize> {
     let (name, occurrence) = match asked.rsplit_once('#') {
         Some((name, n))
@@ -305,7 +306,7 @@ fn find_word(words: &[String], asked: &str) -> anyhow::Result<usize> {
         _ => (asked, 1),
     };
     let found: Vec<usize> = (0..words.len())
-        .filter(|&i| words[i].to_lowercase() == name.to_lowercase())
+        .filter(|&i| word_key(&words[i]) == word_key(name))
         .collect();
     match (found.len(), occurrence) {
         (0, _) => bail!(
