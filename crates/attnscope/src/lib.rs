@@ -39,12 +39,6 @@ macro_rules! note {
 /// command line or a file (`ATTNSCOPE_MODEL=$'m\e[2J'`) cannot move the cursor or clear the
 /// terminal.
 pub fn terminal_safe(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for c in message.chars() {
-        match c.is_control() && c != '\n' {
-            true => out.extend(c.escape_debug()),
-            false => out.push(c),
-        }
-    }
-    out
+    let lines: Vec<_> = message.split('\n').map(attn_viz::bars::printable).collect();
+    lines.join("\n")
 }

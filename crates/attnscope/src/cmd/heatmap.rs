@@ -251,7 +251,7 @@ impl View<'_> {
         let faint: Vec<(usize, f32)> = (kept.iter().copied())
             .filter(|&(_, kept)| kept < FAINT_ROW)
             .collect();
-        let label = |u: usize| format!("{:?}", attn_viz::bars::printable(&self.units[u].label));
+        let label = |u: usize| format!("{:?}", attn_viz::bars::Quoted(&self.units[u].label));
         match &faint[..] {
             [] => String::new(),
             &[(u, kept)] => format!(
@@ -311,5 +311,43 @@ fn short(text: &str) -> String {
         format!("\"{}…\"", text.chars().take(59).collect::<String>())
     } else {
         format!("\"{text}\"")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The title quotes a faint row's word as written, escaping a control character once: `{:?}`
+    /// of the escaped label escaped it twice (`\\u{1b}`) and wrote a combining accent as
+    /// `\u{301}`.
+    #[test]
+    fn a_faint_row_is_named_as_written() {
+        let maps = AttentionMaps {
+            model: String::new(),
+            text: String::new(),
+            pair: None,
+            tokens: Vec::new(),
+            n_layers: 0,
+            n_heads: 0,
+            weights: Vec::new(),
+        };
+        let unit = |label: &str| Unit {
+            label: label.to_string(),
+            tokens: Vec::new(),
+            segment: 0,
+            special: false,
+        };
+        let units = [unit("cafe\u{301}"), unit("a\u{1b}b")];
+        let view = View {
+            maps: &maps,
+            units: &units,
+            shown: &[],
+        };
+        let title = view.faint_rows(&[(0, 0.01), (1, 0.02)]);
+        assert!(
+            title.starts_with("; \"cafe\u{301}\" (1%), \"a\\u{1b}b\" (2%) kept little"),
+            "{title}"
+        );
     }
 }
