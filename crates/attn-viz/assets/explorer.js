@@ -78,6 +78,13 @@
     return out;
   }
 
+  // What a new tab shows of `data` before its #fragment: the head view of every head,
+  // unfiltered, on the first layer with neuron data (else the last).
+  function defaults(data) {
+    return { view: "head", filter: "all", heads: new Array(data.n_heads).fill(true),
+      layer: data.neuron ? data.neuron.layers[0] : data.n_layers - 1 };
+  }
+
   async function load(data) {
     if (!data || data.format !== FORMAT) throw new Error("this page cannot read data format " + (data && data.format));
     const T = data.tokens.length, L = data.n_layers, H = data.n_heads;
@@ -93,7 +100,7 @@
         neuron.set(layer, { q: q.subarray(n * per, (n + 1) * per), k: k.subarray(n * per, (n + 1) * per) });
       });
     }
-    const keepLayer = S.data && S.L === L ? S.layer : (data.neuron ? data.neuron.layers[0] : L - 1);
+    const keepLayer = S.data && S.L === L ? S.layer : defaults(data).layer;
     // A pinned token stays pinned only on the same text.
     const sameText = S.data && S.T === T && S.data.text === data.text && S.data.pair === data.pair;
     Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron, causal: data.causal,
@@ -994,8 +1001,7 @@
     // not name as a new tab would show it (every head, no filter).
     window.addEventListener("hashchange", () => {
       if (!S.data) return;
-      Object.assign(S, { view: "head", filter: "all", heads: new Array(S.H).fill(true),
-        layer: S.neuronLayers.length ? S.neuronLayers[0] : S.L - 1 });
+      Object.assign(S, defaults(S.data));
       restoreState();
       buildControls();
       restoreSelects();
