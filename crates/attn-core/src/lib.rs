@@ -11,6 +11,10 @@
 //! 6. softmax over the visible keys; a query row that sees no key gets output 0, weights 0 and
 //!    log-sum-exp −∞ — never NaN.
 //!
+//! The diagonal offset `o` (ALiBi, causal, window) is `seq_kv − seq_q` for a bottom-right
+//! causal mask, else 0. Without a causal mask, [`AttnOptions::align`] can put the window and
+//! ALiBi at the bottom right too, as FlashAttention always does.
+//!
 //! [`sdpa`] is the fast path; [`sdpa_reference`] is its plain, readable twin that tests compare
 //! against. [`mha`] builds multi-head attention (projections, masks, weights) on top.
 //!

@@ -11,7 +11,9 @@
 
 use crate::{AttnError, AttnShape};
 
-/// Where the causal diagonal sits when `seq_q != seq_kv`.
+/// Where the causal diagonal sits when `seq_q != seq_kv` (and, as
+/// [`AttnOptions::align`](crate::AttnOptions::align), where the window's and ALiBi's sits
+/// without a causal mask).
 ///
 /// With offset `o`, query `i` sees keys `j ≤ i + o`:
 /// - `TopLeft`: `o = 0`, PyTorch's `is_causal=True`; with `seq_q > seq_kv` the last queries see all keys.
@@ -27,8 +29,9 @@ pub enum Causal {
 }
 
 /// A local attention window around the (aligned) diagonal: query `i` sees keys
-/// `i + o − left ..= i + o + right`, with `o` from the causal alignment (0 when there is no
-/// causal mask, or it is top-left). `None` leaves that side unbounded.
+/// `i + o − left ..= i + o + right`, with `o` from the causal alignment, or without a causal
+/// mask from [`AttnOptions::align`](crate::AttnOptions::align) (0 unless one of them is
+/// bottom-right). `None` leaves that side unbounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Window {
     /// Keys before the diagonal a query sees; `None` for all of them.

@@ -1,5 +1,6 @@
 //! Options of an attention call, each with the semantics the [crate docs](crate) give.
 
+use crate::mask::diagonal_offset;
 use crate::{AttnError, AttnShape, BoolMask, Causal, FloatMask, KeyPadding, Window};
 
 /// Largest weights tensor an attention call will allocate (8 GiB of f32).
@@ -89,6 +90,12 @@ pub struct AttnOptions {
     pub causal: Option<Causal>,
     /// Hide the keys outside a window around the (aligned) diagonal.
     pub window: Option<Window>,
+    /// Where the diagonal of the window and ALiBi rules sits without a causal mask: `None` or
+    /// `TopLeft` at `j = i` (PyTorch), `BottomRight` at `j = i + seq_kv − seq_q`, where
+    /// FlashAttention puts every rule's and xFormers' `LocalAttentionFromBottomRightMask` its
+    /// window. With a causal mask, its alignment places the diagonal; another here is an
+    /// error.
+    pub align: Option<Causal>,
     /// `true` = may attend.
     pub bool_mask: Option<BoolMask>,
     /// `true` = a real key.
@@ -105,6 +112,12 @@ impl AttnOptions {
     pub(crate) fn masks_allow(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
         self.bool_mask.as_ref().is_none_or(|m| m.at(b, h, i, j))
             && self.key_padding.as_ref().is_none_or(|kp| kp.is_real(b, j))
+    }
+
+    /// The diagonal offset `o` of the causal, window and ALiBi rules for `seq_q` queries
+    /// against `seq_kv` keys: the causal mask's alignment, else [`AttnOptions::align`].
+    pub fn offset(&self, seq_q: usize, seq_kv: usize) -> isize {
+        diagonal_offset(self.causal.or(self.align), seq_q, seq_kv)
     }
 
     /// The scale in effect for `shape`.
@@ -136,6 +149,17 @@ impl AttnOptions {
             return Err(AttnError::InvalidOption {
                 option: "softcap",
                 reason: format!("must be finite and > 0, got {c}"),
+            });
+        }
+        if let (Some(causal), Some(align)) = (self.causal, self.align)
+            && causal != align
+        {
+            return Err(AttnError::InvalidOption {
+                option: "align",
+                reason: format!(
+                    "is {align:?} but the causal mask is {causal:?}, which places the diagonal: \
+                     give one alignment"
+                ),
             });
         }
         if let Some(slopes) = &self.alibi {

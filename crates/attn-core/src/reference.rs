@@ -1,7 +1,7 @@
 //! The reference twin: plain, readable attention, one query row at a time, every rule of the
 //! [crate docs](crate) written out in order. The fast path is tested against it.
 
-use crate::mask::{diagonal_offset, key_range};
+use crate::mask::key_range;
 use crate::shape::check_overflow;
 use crate::{AttnError, AttnInput, AttnOptions, AttnOutput, Weights, WeightsRequest};
 
@@ -31,7 +31,7 @@ pub fn sdpa_reference(
         sh.value_dim,
     );
     let scale = options.scale_for(&sh);
-    let offset = diagonal_offset(options.causal, l_n, s_n);
+    let offset = options.offset(l_n, s_n);
 
     let mut out = vec![0.0f32; b_n * h_n * l_n * dv];
     let mut lse = vec![f32::NEG_INFINITY; b_n * h_n * l_n];

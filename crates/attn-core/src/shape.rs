@@ -2,7 +2,7 @@
 
 use half::bf16;
 
-use crate::mask::{diagonal_offset, key_range};
+use crate::mask::key_range;
 use crate::options::MAX_WEIGHTS_BYTES;
 use crate::{AttnError, AttnOptions};
 
@@ -169,7 +169,7 @@ pub(crate) fn check_overflow<T: FiniteBits>(
 /// Whether query row `i` of head `h` in batch `b` has a key that every rule leaves visible and
 /// the float mask does not set to `-inf`: its scores cannot all be `-inf` unless they overflowed.
 fn sees_a_key(shape: &AttnShape, options: &AttnOptions, (b, h, i): (usize, usize, usize)) -> bool {
-    let offset = diagonal_offset(options.causal, shape.seq_q, shape.seq_kv);
+    let offset = options.offset(shape.seq_q, shape.seq_kv);
     let (lo, hi) = key_range(options.causal, options.window, offset, i, shape.seq_kv);
     (lo..hi).any(|j| {
         options.masks_allow(b, h, i, j)

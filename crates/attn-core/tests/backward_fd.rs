@@ -258,6 +258,17 @@ fn causal_alignments_and_window() {
         ..AttnOptions::default()
     };
     check_against_fd("window", small(), opt, 11);
+    // FlashAttention's non-causal window and ALiBi: on the diagonal j = i + 2 (S − L).
+    let opt = AttnOptions {
+        align: Some(Causal::BottomRight),
+        window: Some(Window {
+            left: Some(1),
+            right: Some(1),
+        }),
+        alibi: Some(vec![0.3, 0.7]),
+        ..AttnOptions::default()
+    };
+    check_against_fd("bottom-right window + alibi", small(), opt, 12);
 }
 
 #[test]
@@ -405,6 +416,18 @@ fn fast_matches_the_twin_on_awkward_shapes() {
                                 left: Some(40),
                                 right: None,
                             }),
+                            ..AttnOptions::default()
+                        },
+                    ),
+                    (
+                        "bottom-right window + alibi, no causal mask",
+                        AttnOptions {
+                            align: Some(Causal::BottomRight),
+                            window: Some(Window {
+                                left: Some(40),
+                                right: Some(3),
+                            }),
+                            alibi: Some((0..h).map(|i| 0.05 * i as f32).collect()),
                             ..AttnOptions::default()
                         },
                     ),

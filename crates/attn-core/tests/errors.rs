@@ -3,9 +3,9 @@
 
 use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
 use attn_core::{
-    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Dropout, FloatMask, KeyPadding, Linear,
-    MhaConfig, MhaInput, MultiheadAttention, PackedDims, PackedInput, StateDict, WeightsRequest,
-    sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference, sdpa_varlen,
+    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, KeyPadding,
+    Linear, MhaConfig, MhaInput, MultiheadAttention, PackedDims, PackedInput, StateDict,
+    WeightsRequest, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference, sdpa_varlen,
     sdpa_varlen_backward,
 };
 
@@ -431,6 +431,14 @@ fn invalid_options() {
                 ..AttnOptions::default()
             },
         ),
+        (
+            "align",
+            AttnOptions {
+                causal: Some(Causal::TopLeft),
+                align: Some(Causal::BottomRight),
+                ..AttnOptions::default()
+            },
+        ),
     ];
     for (option, options) in cases {
         let err = fails_with(options);
@@ -439,6 +447,25 @@ fn invalid_options() {
             "{option}: {err:?}"
         );
     }
+    let conflict = AttnOptions {
+        causal: Some(Causal::TopLeft),
+        align: Some(Causal::BottomRight),
+        ..AttnOptions::default()
+    };
+    assert_eq!(
+        fails_with(conflict).to_string(),
+        "align: is BottomRight but the causal mask is TopLeft, which places the \
+         diagonal: give one alignment"
+    );
+    // The same alignment twice is one alignment.
+    let (q, k, v) = data(shape());
+    let input = AttnInput::new(&q, &k, &v, shape()).unwrap();
+    let both = AttnOptions {
+        causal: Some(Causal::BottomRight),
+        align: Some(Causal::BottomRight),
+        ..AttnOptions::default()
+    };
+    assert!(sdpa(&input, &both).is_ok() && sdpa_reference(&input, &both).is_ok());
     // A rank-5 mask is refused when it is built.
     let err = BoolMask::from_vec(vec![true; 4], &[1, 1, 1, 1, 4]).unwrap_err();
     assert!(matches!(

@@ -95,7 +95,7 @@ fn the_best_isa_is_the_one_the_cpu_has() {
     assert!(Isa::Portable.is_available());
 }
 
-/// Options number `which` of the sweep (0..=11), built for `shape`.
+/// Options number `which` of the sweep (0..=12), built for `shape`.
 fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str, AttnOptions) {
     let (b, h, l, s) = (shape.batch, shape.n_heads, shape.seq_q, shape.seq_kv);
     let bool_mask = |rng: &mut Rng| {
@@ -209,6 +209,15 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
                 ..o
             },
         ),
+        11 => (
+            "bottom-right window + alibi, no causal mask",
+            AttnOptions {
+                align: Some(Causal::BottomRight),
+                window: Some(window),
+                alibi: Some(slopes),
+                ..o
+            },
+        ),
         _ => (
             "everything",
             AttnOptions {
@@ -218,6 +227,7 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
                 float_mask: Some(float_mask(rng)),
                 causal: Some(Causal::BottomRight),
                 window: Some(window),
+                align: None,
                 bool_mask: Some(bool_mask(rng)),
                 key_padding: Some(padding(rng)),
                 dropout: Some(Dropout { p: 0.2, seed: 3 }),
@@ -227,7 +237,7 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
     }
 }
 
-const OPTIONS: usize = 12;
+const OPTIONS: usize = 13;
 
 /// The weights request number `which` (0..=2) for `seq_q` queries.
 fn weights_for(which: usize, seq_q: usize) -> WeightsRequest {
@@ -412,7 +422,7 @@ fn bf16_sweep_long_sequences() {
 /// each, the bottom-right windows (option 4) cross a chunk's end inside a group of rows.
 #[test]
 fn long_key_ranges_across_chunks() {
-    let options = |_| vec![0, 1, 2, 4, 6, 11];
+    let options = |_| vec![0, 1, 2, 4, 6, 11, 12];
     sweep((&[(300, 4700), (300, 4300)], &[64]), false, options);
     sweep((&[(40, 6500), (40, 6170)], &[64]), true, options);
 }

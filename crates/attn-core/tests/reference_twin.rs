@@ -72,8 +72,10 @@ fn twin(sh: AttnShape, q: &[f32], k: &[f32], v: &[f32], o: &AttnOptions) -> Twin
     );
     let full = [bn, hn, ln, sn];
     let scale = o.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
-    let offset: i64 = match o.causal {
-        Some(Causal::BottomRight) => sn as i64 - ln as i64,
+    // The causal mask's alignment, else `align` (FlashAttention's non-causal windows and
+    // ALiBi).
+    let offset: i64 = match (o.causal, o.align) {
+        (Some(Causal::BottomRight), _) | (None, Some(Causal::BottomRight)) => sn as i64 - ln as i64,
         _ => 0,
     };
     let bool_mask = o
@@ -309,6 +311,17 @@ fn options_for(recipe: usize, sh: AttnShape, rng: &mut Rng) -> AttnOptions {
                 seed: rng.next_u64(),
             })
         }
+        14 => {
+            o.align = Some(Causal::BottomRight);
+            o.window = Some(Window {
+                left: Some(2),
+                right: Some(1),
+            });
+        }
+        15 => {
+            o.align = Some(Causal::BottomRight);
+            o.alibi = Some(rng.vec(h, 0.5));
+        }
         _ => {
             // Everything at once.
             o.scale = Some(0.5);
@@ -328,7 +341,7 @@ fn options_for(recipe: usize, sh: AttnShape, rng: &mut Rng) -> AttnOptions {
     o
 }
 
-const RECIPES: usize = 15;
+const RECIPES: usize = 17;
 
 #[test]
 fn both_kernels_match_the_twin_on_awkward_shapes() {

@@ -270,6 +270,27 @@ fn sdpa_accepts_the_hand_made_case() {
     assert!((0..2).all(|j| (f64::from(w[j]) - weights[j]).abs() < 1e-6));
 }
 
+/// Metadata `align` puts a window without a causal mask on the bottom-right diagonal, as
+/// FlashAttention does: the one query of the 1 × 2 case then sees the second key, not the first.
+#[test]
+fn sdpa_aligns_a_window_bottom_right_without_a_causal_mask() {
+    let dir = tempfile::tempdir().unwrap();
+    for (align, want) in [
+        ("", [1.0, 0.0]),
+        (r#","align":"\"bottom_right\"""#, [0.0, 1.0]),
+    ] {
+        let meta = format!(r#"{{"window":"[0, 0]"{align}}}"#);
+        let path = dir.path().join("window.safetensors");
+        std::fs::write(&path, case_bytes(("F32", "[1,1,1,2]"), "", &[], &meta)).unwrap();
+        let out = dir.path().join("out.safetensors");
+        let (path, out_path) = (path.to_str().unwrap(), out.to_str().unwrap());
+        ok(&["sdpa", path, "-o", out_path, "--weights"]);
+        let (written, _) = read_f32s(&out);
+        let (_, _, w) = written.iter().find(|(n, _, _)| n == "weights").unwrap();
+        assert_eq!(w[..], want, "{meta}");
+    }
+}
+
 /// A case whose `expected_out` the result misses fails with exit code 1, after writing OUT and
 /// printing the difference; one it matches succeeds. A miss printed "OVER" and exited 0.
 #[test]
@@ -580,6 +601,18 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
         "causal_unknown",
         &meta(r#"{"causal":"\"diagonal\""}"#),
         &["metadata causal is \"diagonal\"", "top_left"],
+    );
+    bad_case(
+        d,
+        "align_unknown",
+        &meta(r#"{"align":"\"middle\""}"#),
+        &["metadata align is \"middle\"", "bottom_right"],
+    );
+    bad_case(
+        d,
+        "align_against_causal",
+        &meta(r#"{"causal":"\"top_left\"","align":"\"bottom_right\""}"#),
+        &["align: is BottomRight but the causal mask is TopLeft"],
     );
     bad_case(
         d,

@@ -63,7 +63,7 @@ use crate::aligned::Aligned;
 #[cfg(target_arch = "x86_64")]
 use crate::bf16x;
 use crate::fused::{F32_SCORE_BOUND, Isa, max_norm};
-use crate::mask::{diagonal_offset, key_range};
+use crate::mask::key_range;
 use crate::shape::{FiniteBits, check_finite, check_len};
 use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
 #[cfg(target_arch = "x86_64")]
@@ -377,7 +377,7 @@ pub fn sdpa_backward_with(
     let plan = Plan {
         sh,
         opt: options,
-        offset: diagonal_offset(options.causal, sh.seq_q, sh.seq_kv),
+        offset: options.offset(sh.seq_q, sh.seq_kv),
         extras: options.alibi.is_some()
             || options.float_mask.is_some()
             || options.bool_mask.is_some()

@@ -3,7 +3,7 @@
 //! the fast path against.
 
 use super::{Grads, validate};
-use crate::mask::{diagonal_offset, key_range};
+use crate::mask::key_range;
 use crate::reference::{dot, score};
 use crate::{AttnError, AttnInput, AttnOptions};
 
@@ -49,7 +49,7 @@ pub(super) fn add_rows(
     let sh = input.shape;
     let (s_n, d, dv) = (sh.seq_kv, sh.head_dim, sh.value_dim);
     let scale = options.scale_for(&sh);
-    let offset = diagonal_offset(options.causal, sh.seq_q, s_n);
+    let offset = options.offset(sh.seq_q, s_n);
     // Per key of one row: score, visibility, d(capped)/d(raw), P, dropout factor Z, dP.
     let (mut s, mut vis, mut dcap) = (vec![0.0f32; s_n], vec![false; s_n], vec![1.0f32; s_n]);
     let (mut p, mut z, mut dp) = (vec![0.0f32; s_n], vec![1.0f32; s_n], vec![0.0f32; s_n]);

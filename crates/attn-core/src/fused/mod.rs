@@ -73,7 +73,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::aligned::Aligned;
-use crate::mask::{diagonal_offset, key_range};
+use crate::mask::key_range;
 use crate::shape::{FiniteBits, check_overflow};
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, Weights, WeightsRequest,
@@ -245,7 +245,7 @@ fn run(
         sh: shape,
         opt: options,
         scale: options.scale_for(&shape),
-        offset: diagonal_offset(options.causal, shape.seq_q, shape.seq_kv),
+        offset: options.offset(shape.seq_q, shape.seq_kv),
         extras: options.softcap.is_some()
             || options.alibi.is_some()
             || options.float_mask.is_some()

@@ -35,8 +35,9 @@ Metadata (optional, each value JSON text, so a string is quoted: json.dumps(\"to
   scale (default 1/sqrt(head_dim)), causal (\"top_left\" | \"bottom_right\"), window ([left,
   right], null or -1 = unbounded), alibi ([one slope per query head]: score -= slope·|i + o - j|),
   softcap, gqa (true when n_kv_heads < n_heads), dropout_p, seed (default 0), tolerance, note,
-  case. The window and ALiBi's diagonal follow causal's alignment: o = seq_kv - seq_q with
-  bottom_right, else 0 (FlashAttention aligns bottom-right with or without its causal mask).
+  case, align (\"top_left\" | \"bottom_right\", without causal). The window and ALiBi's
+  diagonal is o = seq_kv - seq_q with causal or align bottom_right, else 0: FlashAttention
+  aligns them bottom-right with or without its causal mask, PyTorch top-left.
   Dropout keeps each weight by a hash of (seed, batch, head, query, key), not PyTorch's random
   numbers: the same seed drops the same weights here, not the ones PyTorch would.
 OUT holds out [batch, n_heads, seq_q, value_dim], lse [batch, n_heads, seq_q] (the natural log
@@ -72,6 +73,7 @@ const KNOWN_METADATA: &[&str] = &[
     "scale",
     "causal",
     "window",
+    "align",
     "alibi",
     "softcap",
     "gqa",
@@ -319,8 +321,9 @@ impl Case {
             scale: meta.f32("scale")?,
             softcap: meta.f32("softcap")?,
             alibi: meta.f32_list("alibi")?,
-            causal: meta.causal()?,
+            causal: meta.alignment("causal")?,
             window: meta.window()?,
+            align: meta.alignment("align")?,
             ..AttnOptions::default()
         };
         if let Some(p) = meta.f32("dropout_p")? {
@@ -553,13 +556,14 @@ impl Metadata {
             .map(Some)
     }
 
-    fn causal(&self) -> anyhow::Result<Option<Causal>> {
-        match self.get("causal") {
+    /// `causal` (the mask and its alignment) or `align` (the window's and ALiBi's without one).
+    fn alignment(&self, key: &str) -> anyhow::Result<Option<Causal>> {
+        match self.get(key) {
             None => Ok(None),
             Some(v) => match v.as_str() {
                 Some("top_left") => Ok(Some(Causal::TopLeft)),
                 Some("bottom_right") => Ok(Some(Causal::BottomRight)),
-                _ => bail!("metadata causal is {v}; expected \"top_left\" or \"bottom_right\""),
+                _ => bail!("metadata {key} is {v}; expected \"top_left\" or \"bottom_right\""),
             },
         }
     }
