@@ -68,7 +68,10 @@ pub mod reference;
 pub mod shape;
 pub mod varlen;
 
-pub use backward::{Grads, sdpa_backward, sdpa_backward_reference};
+pub use backward::{
+    Grads, sdpa_backward, sdpa_backward_float_mask, sdpa_backward_float_mask_reference,
+    sdpa_backward_reference,
+};
 pub use error::AttnError;
 pub use fused::{AttnInputBf16, Isa, sdpa_bf16, set_global_threads};
 pub use half::bf16;

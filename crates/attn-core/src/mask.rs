@@ -9,6 +9,8 @@
 //! A [`FloatMask`] does not hide keys: it is added to the scaled scores (a `-inf` entry makes a
 //! weight 0 all the same).
 
+use rayon::prelude::*;
+
 use crate::{AttnError, AttnShape};
 
 /// Where the causal diagonal sits when `seq_q != seq_kv` (and, as
@@ -179,8 +181,13 @@ impl FloatMask {
 
     /// NaN and +∞ are refused: +∞ would make the softmax ∞ − ∞ = NaN. −∞ hides the key.
     pub(crate) fn validate(&self, shape: &AttnShape) -> Result<(), AttnError> {
-        if let Some((index, &value)) =
-            (self.data.iter().enumerate()).find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
+        // Every value below +∞ (NaN never is), checked in parallel chunks whose loops
+        // vectorise; the search runs only when one is not (scanning a [1, 8, 2048, 2048] mask
+        // one value at a time took 12% of its mask gradient).
+        let below_infinity = |c: &[f32]| c.iter().fold(true, |ok, &x| ok & (x < f32::INFINITY));
+        if !self.data.par_chunks(1 << 16).all(below_infinity)
+            && let Some((index, &value)) =
+                (self.data.iter().enumerate()).find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
         {
             return Err(AttnError::NonFinite {
                 tensor: "float_mask",

@@ -1186,6 +1186,66 @@ fn sdpa_backward_writes_gradients_for_a_hand_made_case() {
     }
 }
 
+/// With an F32 mask, `--backward` also writes `dmask`: the hand-made case's scores plus the
+/// mask [0.1, −0.2], `dS_j = P_j·(dP_j − Σ P·dP)` of them (derived here in f64). An
+/// `expected_dmask` it matches passes; one it misses fails with exit code 1.
+#[test]
+fn sdpa_backward_writes_the_float_masks_gradient() {
+    let r2 = 2f64.sqrt();
+    let mask = [0.1f32, -0.2];
+    let s = [0.0625 / r2 + 0.1, 0.1875 / r2 - 0.2];
+    let e = [s[0].exp(), s[1].exp()];
+    let p = [e[0] / (e[0] + e[1]), e[1] / (e[0] + e[1])];
+    let dp = [1.0, 1.5];
+    let mean = p[0] * dp[0] + p[1] * dp[1];
+    let ds = [p[0] * (dp[0] - mean), p[1] * (dp[1] - mean)];
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, expected: Option<[f64; 2]>, reference: bool| {
+        let mut header =
+            String::from(",\"mask\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[48,56]}");
+        let mut data: Vec<u8> = mask.iter().flat_map(|x| x.to_le_bytes()).collect();
+        if let Some(expected) = expected {
+            header +=
+                ",\"expected_dmask\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[56,64]}";
+            data.extend(expected.iter().flat_map(|&x| (x as f32).to_le_bytes()));
+        }
+        let path = dir.path().join(format!("{name}.safetensors"));
+        std::fs::write(
+            &path,
+            case_with_dout("[1,1,1,2]", &[1.0, 0.0], &header, &data),
+        )
+        .unwrap();
+        let out = dir.path().join(format!("{name}_out.safetensors"));
+        let (path, out_path) = (path.to_str().unwrap(), out.to_str().unwrap());
+        let mut args = vec!["sdpa", path, "-o", out_path, "--backward"];
+        if reference {
+            args.push("--reference");
+        }
+        (attnscope(&args), out)
+    };
+    for reference in [false, true] {
+        let (output, out) = run("mask", None, reference);
+        assert!(output.status.success());
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("dv [1, 1, 2, 2], dmask [2]"), "{stdout}");
+        let (written, _) = read_f32s(&out);
+        let (_, dims, dmask) = written.iter().find(|(n, _, _)| n == "dmask").unwrap();
+        assert_eq!(dims, &[2]);
+        for (g, w) in dmask.iter().zip(ds) {
+            assert!(
+                (f64::from(*g) - w).abs() < 1e-6,
+                "{reference}: {dmask:?} vs {ds:?}"
+            );
+        }
+    }
+    let (output, _) = run("expected", Some(ds), false);
+    assert!(output.status.success());
+    assert!(String::from_utf8_lossy(&output.stdout).contains("max abs diff dmask "));
+    let (output, _) = run("missed", Some([ds[0] + 0.01, ds[1]]), false);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("dmask past the tolerance"));
+}
+
 #[test]
 fn sdpa_backward_rejects_bad_gradients() {
     let dir = tempfile::tempdir().unwrap();
@@ -1237,6 +1297,16 @@ fn sdpa_backward_rejects_bad_gradients() {
             &[0; 8],
         ),
         &["expected_dq has shape [1, 1, 2, 1]", "[1, 1, 1, 2]"],
+    );
+    run(
+        "expected_dmask_without_a_mask",
+        &case_with_dout(
+            "[1,1,1,2]",
+            &[1.0, 0.0],
+            ",\"expected_dmask\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[48,56]}",
+            &[0; 8],
+        ),
+        &["expected_dmask is given but the case has no F32 mask"],
     );
     // Without --backward a dout of any shape is left alone.
     let path = dir.path().join("ignored.safetensors");

@@ -50,9 +50,11 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod kernels;
+mod mask_grad;
 mod reference;
 
-pub use reference::sdpa_backward_reference;
+pub use mask_grad::{sdpa_backward_float_mask, sdpa_backward_float_mask_with};
+pub use reference::{sdpa_backward_float_mask_reference, sdpa_backward_reference};
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -467,7 +469,7 @@ pub fn sdpa_backward_with(
             }
         }
     }
-    reference::add_rows(input, options, dout, far, &mut grads);
+    reference::add_rows(input, options, dout, far, (&mut grads, None));
     grads.refuse_overflow(input)
 }
 

@@ -31,20 +31,52 @@ pub fn sdpa_backward_reference(
         dv: vec![0.0; input.v.len()],
     };
     let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
-    add_rows(input, options, dout, 0..rows, &mut g);
+    add_rows(input, options, dout, 0..rows, (&mut g, None));
     g.refuse_overflow(input)
 }
 
+/// The gradient with respect to `options.float_mask` computed the plain way, each query row
+/// with its own softmax: the twin of [`super::sdpa_backward_float_mask`].
+///
+/// # Shapes
+/// As [`sdpa_backward_reference`]; returns `float_mask.dims()` values.
+///
+/// # Errors
+/// As [`super::sdpa_backward_float_mask`].
+pub fn sdpa_backward_float_mask_reference(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    dout: &[f32],
+) -> Result<Vec<f32>, AttnError> {
+    validate(input, options, None, dout)?;
+    let Some(mask) = &options.float_mask else {
+        return Err(AttnError::InvalidOption {
+            option: "float_mask",
+            reason: "is not given, so there is no mask gradient to compute".into(),
+        });
+    };
+    let mut g = Grads {
+        dq: vec![0.0; input.q.len()],
+        dk: vec![0.0; input.k.len()],
+        dv: vec![0.0; input.v.len()],
+    };
+    let mut dmask = vec![0.0; mask.data().len()];
+    let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
+    add_rows(input, options, dout, 0..rows, (&mut g, Some(&mut dmask)));
+    super::mask_grad::refuse_overflow(dmask, input)
+}
+
 /// Adds the gradients that query rows `rows` (flat indices into `[batch, n_heads, seq_q]`)
-/// contribute, each with its own softmax, to `g`: the whole of the reference's loop, and the
-/// fast path's for rows whose saved lse cannot be trusted (`super::LSE_BOUND`). `input`,
-/// `options` and `dout` are validated by the caller.
+/// contribute, each with its own softmax, to `g` (and the float mask's to `dmask`, shaped as
+/// the mask): the whole of the reference's loop, and the fast path's for rows whose saved lse
+/// cannot be trusted (`super::LSE_BOUND`). `input`, `options` and `dout` are validated by the
+/// caller.
 pub(super) fn add_rows(
     input: &AttnInput<'_>,
     options: &AttnOptions,
     dout: &[f32],
     rows: impl IntoIterator<Item = usize>,
-    g: &mut Grads,
+    (g, mut dmask): (&mut Grads, Option<&mut Vec<f32>>),
 ) {
     let sh = input.shape;
     let (s_n, d, dv) = (sh.seq_kv, sh.head_dim, sh.value_dim);
@@ -87,8 +119,15 @@ pub(super) fn add_rows(
             // out = Σ_j P_j·Z_j·v_j, so ∂/∂P_j = Z_j·(dout·v_j)
             dp[j] = z[j] * dot(do_row, &input.v[(kv * s_n + j) * dv..][..dv]);
         }
-        // Softmax backward: dS_j = P_j·(dP_j − Σ_k P_k·dP_k)
+        // Softmax backward: dS_j = P_j·(dP_j − Σ_k P_k·dP_k), of the scores the float mask is
+        // added to.
         let delta: f32 = (0..s_n).map(|j| p[j] * dp[j]).sum();
+        if let (Some(dmask), Some(mask)) = (dmask.as_deref_mut(), &options.float_mask) {
+            let (at, stride) = mask.row(b, h, i);
+            for j in (0..s_n).filter(|&j| p[j] != 0.0) {
+                dmask[at + j * stride] += p[j] * (dp[j] - delta);
+            }
+        }
         for j in 0..s_n {
             if p[j] == 0.0 {
                 continue;

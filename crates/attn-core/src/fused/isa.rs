@@ -110,7 +110,7 @@ impl Isa {
     /// `C[m × n] = A[m × k] · B[n × k]ᵀ` in f32, `B` in f32 or bf16 (row-major, strides `lda`,
     /// `ldb`, `ldc`).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm_abt<T: Element>(
+    pub(crate) fn gemm_abt<T: Element>(
         self,
         mnk: (usize, usize, usize),
         a: &[f32],

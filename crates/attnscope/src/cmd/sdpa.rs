@@ -4,7 +4,8 @@
 //! Every tensor and option is checked before the call; the results go to OUT as F32 tensors, and
 //! when the case holds `expected_*` tensors the largest difference to each is printed.
 //! With `--backward` it also reads `dout` (the `shared/golden/grad` format) and writes the
-//! gradients `dq`, `dk`, `dv` of `sum(out · dout)`, compared with `expected_d*` when present.
+//! gradients `dq`, `dk`, `dv` of `sum(out · dout)` (and `dmask` of an F32 mask), compared with
+//! `expected_d*` when present.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,8 @@ use anyhow::{Context, bail, ensure};
 use attn_core::{
     AttnError, AttnInput, AttnInputBf16, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal,
     Dropout, FloatMask, Grads, KeyPadding, Weights, WeightsRequest, Window, bf16, sdpa,
-    sdpa_backward, sdpa_backward_reference, sdpa_bf16, sdpa_reference,
+    sdpa_backward, sdpa_backward_float_mask, sdpa_backward_float_mask_reference,
+    sdpa_backward_reference, sdpa_bf16, sdpa_reference,
 };
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -30,7 +32,8 @@ BF16 tensor is widened):
   key_padding (optional, BOOL [batch, seq_kv]: true = a real key)
   expected_out, expected_lse, expected_weights (optional): compared with the results
   dout [batch, n_heads, seq_q, value_dim] (needed by --backward)
-  expected_dq, expected_dk, expected_dv (optional, with --backward): compared with the gradients
+  expected_dq, expected_dk, expected_dv, expected_dmask (optional, with --backward): compared
+       with the gradients
 Metadata (optional, each value JSON text, so a string is quoted: json.dumps(\"top_left\")):
   scale (default 1/sqrt(head_dim)), causal (\"top_left\" | \"bottom_right\"), window ([left,
   right], null or -1 = unbounded), alibi ([one slope per query head]: score -= slope·|i + o - j|),
@@ -44,7 +47,8 @@ OUT holds out [batch, n_heads, seq_q, value_dim], lse [batch, n_heads, seq_q] (t
 of the sum of exp over the scores a query sees, after scale, softcap, ALiBi and the float mask;
 -inf for a query that sees no key), with --weights, weights [batch, n_heads, seq_q, seq_kv]
 (before dropout), and with --backward dq, dk, dv (the shapes of q, k, v: gradients of sum(out *
-dout), summed over the query heads sharing a key/value head).
+dout), summed over the query heads sharing a key/value head) and, for an F32 mask, dmask (the
+mask's shape, summed over what it broadcasts along, as PyTorch's attn_mask.grad).
 Each expected_* tensor is compared, and a result past its tolerance (|got - expected| / max(1,
 |expected|) over the metadata's tolerance, default 1e-5, 1/64 for BF16 cases; lse 1e-4, or the
 tolerance for BF16 cases; gradients 1e-4 absolute; --backward takes F32 cases only) makes
@@ -62,7 +66,8 @@ pub struct Args {
     /// BF16 values).
     #[arg(long)]
     reference: bool,
-    /// Also compute the gradients of q, k and v for the case's dout; write dq, dk, dv.
+    /// Also compute the gradients of q, k and v (and of an F32 mask) for the case's dout; write
+    /// dq, dk, dv (and dmask).
     #[arg(long)]
     backward: bool,
 }
@@ -99,6 +104,7 @@ const KNOWN_TENSORS: &[&str] = &[
     "expected_dq",
     "expected_dk",
     "expected_dv",
+    "expected_dmask",
 ];
 
 /// The gradients' tolerance: the `shared/golden/grad` files' 1e-4, absolute.
@@ -156,16 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     .with_context(|| format!("{}", args.case.display()))?;
     let grads = match &case.backward {
         None => None,
-        Some(bw) if args.reference => {
-            Some(sdpa_backward_reference(&input, &options, &bw.dout.data))
-        }
-        Some(bw) => Some(sdpa_backward(
-            &input,
-            &options,
-            &result.out,
-            &result.lse,
-            &bw.dout.data,
-        )),
+        Some(bw) => Some(gradients((&input, &options), &result, bw, args.reference)),
     }
     .transpose()
     .with_context(|| format!("{}", args.case.display()))?;
@@ -174,12 +171,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(Weights::All(w)) => Some(w.as_slice()),
         _ => None,
     };
+    let mask_dims = case
+        .backward
+        .as_ref()
+        .and_then(|bw| bw.mask_dims.as_deref());
     write_results(
         &args.output,
         &case.shape,
         &result,
         args.weights,
-        grads.as_ref(),
+        grads.as_ref().map(|g| (g, mask_dims.unwrap_or_default())),
     )?;
     crate::outln!(
         "wrote out {:?}, lse {:?}{}{} to {}",
@@ -190,15 +191,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             String::new()
         },
-        if grads.is_some() {
-            format!(
-                ", dq {:?}, dk {:?}, dv {:?}",
+        match (
+            &grads,
+            case.backward.as_ref().and_then(|bw| bw.mask_dims.as_ref())
+        ) {
+            (None, _) => String::new(),
+            (Some(_), mask) => format!(
+                ", dq {:?}, dk {:?}, dv {:?}{}",
                 case.shape.q_dims(),
                 case.shape.k_dims(),
-                case.shape.v_dims()
-            )
-        } else {
-            String::new()
+                case.shape.v_dims(),
+                mask.map(|dims| format!(", dmask {dims:?}"))
+                    .unwrap_or_default()
+            ),
         },
         args.output.display()
     )?;
@@ -249,6 +254,16 @@ struct Backward {
     expected_dq: Option<F32Tensor>,
     expected_dk: Option<F32Tensor>,
     expected_dv: Option<F32Tensor>,
+    /// The F32 mask's dims, when the case has one: its gradient `dmask` is computed too.
+    mask_dims: Option<Vec<usize>>,
+    expected_dmask: Option<F32Tensor>,
+}
+
+/// What `--backward` computes: the gradients of q, k and v, and of the F32 mask when there is
+/// one.
+struct Gradients {
+    grads: Grads,
+    dmask: Option<Vec<f32>>,
 }
 
 impl Case {
@@ -317,6 +332,8 @@ impl Case {
         };
         shape.validate()?;
 
+        // The F32 mask's dims as stored: its gradient's.
+        let mut float_mask_dims = None;
         let mut options = AttnOptions {
             scale: meta.f32("scale")?,
             softcap: meta.f32("softcap")?,
@@ -353,6 +370,7 @@ impl Case {
                     m.dims,
                     shape.score_dims()
                 );
+                float_mask_dims = Some(m.dims.clone());
                 options.float_mask = Some(FloatMask::from_vec(m.data, &m.dims)?);
             }
             Some(other) => bail!("mask has dtype {other}; expected BOOL or F32"),
@@ -401,11 +419,24 @@ impl Case {
                 shape.out_dims()
             );
             check_finite("dout", &dout)?;
+            let expected_dmask = match &float_mask_dims {
+                Some(dims) => expected("expected_dmask", dims.clone())?,
+                None => {
+                    ensure!(
+                        st.tensor("expected_dmask").is_err(),
+                        "expected_dmask is given but the case has no F32 mask to take the \
+                         gradient of"
+                    );
+                    None
+                }
+            };
             Some(Backward {
                 dout,
                 expected_dq: expected("expected_dq", shape.q_dims().to_vec())?,
                 expected_dk: expected("expected_dk", shape.k_dims().to_vec())?,
                 expected_dv: expected("expected_dv", shape.v_dims().to_vec())?,
+                mask_dims: float_mask_dims,
+                expected_dmask,
             })
         } else {
             None
@@ -628,12 +659,34 @@ fn parse_metadata(raw: HashMap<String, String>) -> anyhow::Result<Metadata> {
         .map(Metadata)
 }
 
+/// The gradients `--backward` asks for: through the plain twin with `--reference`, else the
+/// fast path from the forward pass's `out` and `lse`.
+fn gradients(
+    (input, options): (&AttnInput<'_>, &AttnOptions),
+    result: &AttnOutput,
+    bw: &Backward,
+    reference: bool,
+) -> Result<Gradients, AttnError> {
+    let dout = &bw.dout.data;
+    let (out, lse) = (&result.out[..], &result.lse[..]);
+    let grads = match reference {
+        true => sdpa_backward_reference(input, options, dout)?,
+        false => sdpa_backward(input, options, out, lse, dout)?,
+    };
+    let dmask = match (&bw.mask_dims, reference) {
+        (None, _) => None,
+        (Some(_), true) => Some(sdpa_backward_float_mask_reference(input, options, dout)?),
+        (Some(_), false) => Some(sdpa_backward_float_mask(input, options, out, lse, dout)?),
+    };
+    Ok(Gradients { grads, dmask })
+}
+
 fn write_results(
     path: &Path,
     shape: &AttnShape,
     result: &AttnOutput,
     with_weights: bool,
-    grads: Option<&Grads>,
+    grads: Option<(&Gradients, &[usize])>,
 ) -> anyhow::Result<()> {
     let bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
     let mut tensors: Vec<(&str, Vec<usize>, Vec<u8>)> = vec![
@@ -643,10 +696,13 @@ fn write_results(
     if with_weights && let Some(Weights::All(w)) = &result.weights {
         tensors.push(("weights", shape.score_dims().to_vec(), bytes(w)));
     }
-    if let Some(g) = grads {
+    if let Some((Gradients { grads: g, dmask }, mask_dims)) = grads {
         tensors.push(("dq", shape.q_dims().to_vec(), bytes(&g.dq)));
         tensors.push(("dk", shape.k_dims().to_vec(), bytes(&g.dk)));
         tensors.push(("dv", shape.v_dims().to_vec(), bytes(&g.dv)));
+        if let Some(dmask) = dmask {
+            tensors.push(("dmask", mask_dims.to_vec(), bytes(dmask)));
+        }
     }
     let views = tensors
         .iter()
@@ -725,15 +781,19 @@ fn report_differences(
 /// Prints, for each `expected_d*` tensor, the largest absolute difference and where it is, and
 /// whether it is within the gradients' absolute tolerance. Returns the names of the gradients
 /// past it.
-fn report_grad_differences(bw: &Backward, grads: &Grads) -> std::io::Result<Vec<&'static str>> {
+fn report_grad_differences(
+    bw: &Backward,
+    Gradients { grads, dmask }: &Gradients,
+) -> std::io::Result<Vec<&'static str>> {
     let mut over = Vec::new();
     let rows = [
-        ("dq", bw.expected_dq.as_ref(), &grads.dq),
-        ("dk", bw.expected_dk.as_ref(), &grads.dk),
-        ("dv", bw.expected_dv.as_ref(), &grads.dv),
+        ("dq", bw.expected_dq.as_ref(), Some(&grads.dq)),
+        ("dk", bw.expected_dk.as_ref(), Some(&grads.dk)),
+        ("dv", bw.expected_dv.as_ref(), Some(&grads.dv)),
+        ("dmask", bw.expected_dmask.as_ref(), dmask.as_ref()),
     ];
     for (name, expected, got) in rows {
-        let Some(expected) = expected else {
+        let (Some(expected), Some(got)) = (expected, got) else {
             continue;
         };
         if expected.data.is_empty() {

@@ -1,0 +1,272 @@
+//! The gradient with respect to the float mask (PyTorch's `attn_mask.grad`, xFormers'
+//! `attn_bias` gradient): how learned biases such as T5's relative positions are trained.
+//!
+//! The mask is added to the final scores, after the scale, softcap and ALiBi, so the gradient
+//! of the entry added to query `i`'s score of key `j` is the softmax backward's
+//! `dS_ij = P_ij·(Z_ij·dP_ij − D_i)` with no factor of its own, summed over every (batch,
+//! head, query, key) the entry is broadcast to: `P = e^(S − lse)` from the saved log-sum-exp,
+//! `dP = dout·Vᵀ`, `D = rowsum(dout ∘ out)`, `Z` the dropout factor. A key that another rule
+//! hides (causal, window, boolean mask, key padding), or the mask's own −∞, gets 0.
+//!
+//! The work is split into blocks of [`ROWS`] query rows of one (mask batch, mask head): each
+//! block takes its scores and `dP` against every key on [`Isa::gemm_abt`], so its rows are
+//! whole, and a row whose saved lse cannot be trusted ([`LSE_BOUND`]) sums its own.
+
+use rayon::prelude::*;
+
+use super::kernels::Kernels;
+use super::{LSE_BOUND, validate};
+use crate::fused::Isa;
+use crate::mask::key_range;
+use crate::reference::unmasked_score;
+use crate::shape::FiniteBits;
+use crate::{AttnError, AttnInput, AttnOptions, FloatMask};
+
+/// Query rows per block: few enough for [`Isa::gemm_abt`]'s kernel, which reads the keys as
+/// they are stored.
+const ROWS: usize = 16;
+
+/// The gradient of `sum(out · dout)` with respect to `options.float_mask`, shaped as the mask
+/// ([`crate::FloatMask::dims`]): each entry summed over everything it is broadcast to, as
+/// PyTorch sums `attn_mask.grad`. `out` and `lse` are what [`crate::sdpa`] returned for the
+/// same `input` and `options`.
+///
+/// The mask comes after the scale, softcap and ALiBi, so what query `i`'s score of key `j`
+/// adds is the softmax backward's `dS_ij = P_ij·(Z_ij·dP_ij − D_i)` (`Z` the dropout factor,
+/// `dP = dout·Vᵀ`, `D = rowsum(dout ∘ out)`). Keys another rule hides, or the mask's own −∞,
+/// add 0. It takes about as long as [`super::sdpa_backward`] with the same mask (measured in
+/// the repository's `docs/benchmarks.md`).
+///
+/// # Shapes
+/// As [`super::sdpa_backward`]; returns `float_mask.dims()` values.
+///
+/// # Errors
+/// As [`super::sdpa_backward`], and options without a float mask.
+pub fn sdpa_backward_float_mask(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> Result<Vec<f32>, AttnError> {
+    sdpa_backward_float_mask_with(Isa::best(), input, options, out, lse, dout)
+}
+
+/// [`sdpa_backward_float_mask`] through the kernels of `isa`.
+///
+/// # Shapes
+/// As [`sdpa_backward_float_mask`].
+///
+/// # Errors
+/// As [`sdpa_backward_float_mask`], and an `isa` this CPU lacks.
+pub fn sdpa_backward_float_mask_with(
+    isa: Isa,
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> Result<Vec<f32>, AttnError> {
+    validate(input, options, Some((out, lse)), dout)?;
+    let Some(mask) = &options.float_mask else {
+        return Err(AttnError::InvalidOption {
+            option: "float_mask",
+            reason: "is not given, so there is no mask gradient to compute".into(),
+        });
+    };
+    if !isa.is_available() {
+        return Err(AttnError::InvalidOption {
+            option: "isa",
+            reason: format!("{isa:?} kernels need CPU features this machine lacks"),
+        });
+    }
+    let sh = input.shape;
+    let [mb, mh, ml, ms] = mask.dims();
+    let dv = sh.value_dim;
+    // D = rowsum(dout ∘ out), [batch, n_heads, seq_q]
+    let delta: Vec<f32> = (0..lse.len())
+        .map(|r| {
+            (dout[r * dv..][..dv].iter().zip(&out[r * dv..][..dv]))
+                .map(|(a, b)| a * b)
+                .sum()
+        })
+        .collect();
+    // Each mask head's part is written with zeros by the thread that takes it, before its
+    // sums read it: no page of it is first read (see `zeros_written`).
+    let mut dmask = vec![0.0; mask.data().len()];
+    if sh.seq_q == 0 || sh.seq_kv == 0 || dmask.is_empty() {
+        return Ok(dmask); // no score, so nothing to add
+    }
+    let blocks = sh.seq_q.div_ceil(ROWS);
+    let pass = Pass {
+        isa,
+        // Every ISA beyond the portable one implies AVX-512F.
+        kernels: match isa {
+            Isa::Portable => Kernels::Portable,
+            _ => Kernels::avx512().unwrap_or(Kernels::Portable),
+        },
+        input,
+        options,
+        mask,
+        lse,
+        delta: &delta,
+        dout,
+    };
+    // Each mask head (`bm·mh + hm`) takes its query rows `ROWS` at a time. With a row of the
+    // mask for every query row (`ml == seq_q`) each block writes its own rows of the result;
+    // with one for all (`ml == 1`) the blocks' sums are added in order.
+    let dims = [mb, mh, ml, ms];
+    (dmask.par_chunks_mut(ml * ms).enumerate()).for_each(|(m, dmask)| {
+        dmask.fill(0.0);
+        let head = (m / mh, m % mh);
+        if ml == 1 {
+            let parts: Vec<Vec<f32>> = (0..blocks)
+                .into_par_iter()
+                .map(|u| {
+                    let mut sums = vec![0.0; ms];
+                    pass.block(head, ROWS * u, dims, &mut sums);
+                    sums
+                })
+                .collect();
+            for part in parts {
+                dmask.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+            }
+        } else {
+            (dmask.par_chunks_mut(ROWS * ms).enumerate())
+                .for_each(|(u, sums)| pass.block(head, ROWS * u, dims, sums));
+        }
+    });
+    refuse_overflow(dmask, input)
+}
+
+/// Refuses a mask gradient holding NaN or ±∞ when `input` is finite, as
+/// [`super::Grads`] are refused: only an overflow gives them then.
+pub(super) fn refuse_overflow(
+    dmask: Vec<f32>,
+    input: &AttnInput<'_>,
+) -> Result<Vec<f32>, AttnError> {
+    let finite = |x: &[f32]| x.par_chunks(1 << 14).all(f32::all_finite);
+    if !finite(&dmask) && [input.q, input.k, input.v].iter().all(|x| finite(x)) {
+        let index = dmask
+            .iter()
+            .position(|x| !x.is_finite())
+            .unwrap_or_default();
+        return Err(AttnError::GradientOverflow {
+            tensor: "float_mask",
+            index,
+        });
+    }
+    Ok(dmask)
+}
+
+/// What every block reads.
+struct Pass<'a> {
+    isa: Isa,
+    kernels: Kernels,
+    input: &'a AttnInput<'a>,
+    options: &'a AttnOptions,
+    mask: &'a FloatMask,
+    lse: &'a [f32],
+    delta: &'a [f32],
+    dout: &'a [f32],
+}
+
+impl Pass<'_> {
+    /// Adds the gradients of the query rows `i0..` (up to [`ROWS`]) for mask head `(bm, hm)`
+    /// of a mask of `dims` to `sums`: `[rows, ms]`, or `[ms]` when the mask has one row for
+    /// every query.
+    fn block(
+        &self,
+        (bm, hm): (usize, usize),
+        i0: usize,
+        [mb, mh, ml, ms]: [usize; 4],
+        sums: &mut [f32],
+    ) {
+        let sh = self.input.shape;
+        let (s_n, d, dv) = (sh.seq_kv, sh.head_dim, sh.value_dim);
+        let n = ROWS.min(sh.seq_q - i0);
+        let (mut s, mut dp) = (vec![0.0; n * s_n], vec![0.0; n * s_n]);
+        // A row's lse and D, once per key (as `Kernels::probs_and_grads` takes them).
+        let mut saved = (vec![0.0; s_n], vec![0.0; s_n]);
+        // The (batch, head) pairs the mask head is broadcast to.
+        let batches = if mb == 1 { 0..sh.batch } else { bm..bm + 1 };
+        for b in batches {
+            let heads = if mh == 1 { 0..sh.n_heads } else { hm..hm + 1 };
+            for h in heads {
+                let kv = b * sh.n_kv_heads + sh.kv_head(h);
+                let row0 = (b * sh.n_heads + h) * sh.seq_q + i0;
+                let (q, k) = (&self.input.q[row0 * d..], &self.input.k[kv * s_n * d..]);
+                self.isa.gemm_abt((n, s_n, d), q, d, k, d, &mut s, s_n);
+                let (dout, v) = (&self.dout[row0 * dv..], &self.input.v[kv * s_n * dv..]);
+                self.isa
+                    .gemm_abt((n, s_n, dv), dout, dv, v, dv, &mut dp, s_n);
+                for r in 0..n {
+                    let (i, row) = (i0 + r, row0 + r);
+                    let sums = if ml == 1 {
+                        &mut sums[..]
+                    } else {
+                        &mut sums[r * ms..][..ms]
+                    };
+                    let (s, dp) = (&mut s[r * s_n..][..s_n], &mut dp[r * s_n..][..s_n]);
+                    saved.0.fill(self.lse[row]);
+                    saved.1.fill(self.delta[row]);
+                    self.add_row((b, h, i), (s, dp), (&saved.0, &saved.1), sums);
+                }
+            }
+        }
+    }
+
+    /// Adds row `(b, h, i)`'s `dS` to `sums` (one per key, or one for all when the mask
+    /// repeats across keys), from its raw scores `q·k` and `dP` (both overwritten) and its
+    /// saved lse and `D` (repeated once per key).
+    fn add_row(
+        &self,
+        (b, h, i): (usize, usize, usize),
+        (s, dp): (&mut [f32], &mut [f32]),
+        (lse_row, delta_row): (&[f32], &[f32]),
+        sums: &mut [f32],
+    ) {
+        let (lse, delta) = (lse_row[0], delta_row[0]);
+        let (sh, opt) = (self.input.shape, self.options);
+        if lse == f32::NEG_INFINITY {
+            return; // the row saw no key
+        }
+        let (scale, offset) = (opt.scale_for(&sh), opt.offset(sh.seq_q, sh.seq_kv));
+        let (lo, hi) = key_range(opt.causal, opt.window, offset, i, sh.seq_kv);
+        // The mask's row, read as `score` reads it (`Broadcast::at`), a key at a time.
+        let (at, stride) = self.mask.row(b, h, i);
+        let mask = &self.mask.data()[at..];
+        for j in lo..hi {
+            s[j] = match opt.masks_allow(b, h, i, j) {
+                true => unmasked_score(opt, (scale, offset), s[j], (h, i, j)).0 + mask[j * stride],
+                false => f32::NEG_INFINITY,
+            };
+            if let Some(d) = opt.dropout {
+                dp[j] = d.apply(dp[j], b, h, i, j);
+            }
+        }
+        let (p, ds) = (&mut s[lo..hi], &mut dp[lo..hi]);
+        // `P = e^(s − lse)`, `dS = P ∘ (dP − D)` in place. The saved lse holds the row's sum
+        // only to `|lse|·2⁻²⁴` ([`LSE_BOUND`]): past it the row takes its own max and sum.
+        if lse.abs() <= LSE_BOUND {
+            self.kernels.probs_and_grads(p, ds, lse_row, delta_row);
+        } else {
+            let max = p
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
+            let sum: f32 = p.iter().map(|&x| (x - max).exp()).sum();
+            for (p, ds) in p.iter_mut().zip(ds.iter_mut()) {
+                *p = (*p - max).exp() / sum;
+                *ds = *p * (*ds - delta);
+            }
+        }
+        // Keys of weight 0 add nothing (as in the twin: not even a NaN of their values).
+        for (j, (&p, &ds)) in (lo..hi).zip(p.iter().zip(ds.iter())) {
+            if p != 0.0 {
+                // One sum for all keys when the mask repeats across them (or there is one key).
+                sums[if sums.len() == 1 { 0 } else { j }] += ds;
+            }
+        }
+    }
+}
