@@ -823,6 +823,71 @@ fn values_near_the_limit_of_f32_give_what_the_reference_gives() {
     }
 }
 
+/// A key that a mask hides weighs exactly 0 on every path, the fused step's included: its
+/// values near f32's largest (3e38) would show through the step's smallest weight
+/// (2^-125 · 3e38 ≈ 7) where the visible values are near 1. A bool mask, a float mask's −∞ and
+/// key padding; 40 query rows (f32 on the tiles) and 5 (the vector kernels).
+#[test]
+fn hidden_keys_weigh_nothing_beside_huge_values() {
+    let (s, hidden) = (300, 7);
+    for l in [40, 5] {
+        let shape = AttnShape::new(1, 2, l, s, 32);
+        let mut rng = Rng(13);
+        let q = rng.vec(shape.q_dims().iter().product(), 1.0);
+        let k = rng.vec(shape.k_dims().iter().product(), 1.0);
+        let seen = rng.vec(shape.v_dims().iter().product(), 1.0);
+        let mut v = seen.clone();
+        for h in 0..2 {
+            v[(h * s + hidden) * 32..][..32].fill(3e38);
+        }
+        let visible: Vec<bool> = (0..s).map(|j| j != hidden).collect();
+        let bias = visible
+            .iter()
+            .map(|&v| if v { 0.5 } else { f32::NEG_INFINITY });
+        let masks = [
+            (
+                "bool mask",
+                AttnOptions {
+                    bool_mask: Some(BoolMask::from_vec(visible.clone(), &[s]).unwrap()),
+                    ..AttnOptions::default()
+                },
+            ),
+            (
+                "float mask",
+                AttnOptions {
+                    float_mask: Some(FloatMask::from_vec(bias.collect(), &[s]).unwrap()),
+                    ..AttnOptions::default()
+                },
+            ),
+            (
+                "key padding",
+                AttnOptions {
+                    key_padding: Some(KeyPadding::from_vec(visible.clone(), 1, s).unwrap()),
+                    ..AttnOptions::default()
+                },
+            ),
+        ];
+        for (mask, opts) in masks {
+            on_f32_and_bf16(
+                (&q, &k, &v),
+                shape,
+                &opts,
+                true,
+                |run_name, run, got, want, _| {
+                    let name = format!("{mask}, {l} rows, {run_name}");
+                    assert!(
+                        want.out.iter().all(|x| x.abs() < 2.0),
+                        "{name}: the reference"
+                    );
+                    let tol = run.out_tol(&opts, &seen);
+                    assert_close("out", &name, &got.out, &want.out, tol);
+                    assert_close("lse", &name, &got.lse, &want.lse, TOL);
+                },
+            );
+        }
+    }
+}
+
 #[test]
 fn rows_that_see_only_small_values_keep_them_beside_huge_ones() {
     // A head whose last key's values are 3e38 is scaled down for them; the rows that do not see

@@ -24,12 +24,13 @@
 //!    thread); for f32 ones, whose column blocks take six times the tile products, nothing
 //!    measurable (50.8 against 50.5 ms): there the products and the vector work do not
 //!    overlap;
-//! 2. every rule of the reference and the online-softmax step in f32: rows with no rule beyond
-//!    a positive scale, causal and window take a fused step over their visible keys, the
-//!    others (and rows with a NaN or ±∞ score) the step shared with the other paths
-//!    (`Plan::softmax_step`). The fused step takes a row's first key block in two passes
-//!    (`row_max` for all the group's rows, then `softmax_step_plain`, or `softmax_step_parts`
-//!    for f32 inputs, for each: no row waits on its own max), and its later blocks in one,
+//! 2. every rule of the reference and the online-softmax step in f32: rows take a fused step
+//!    over their visible keys (with masks, softcap or ALiBi, on scores those rules finished
+//!    first, a hidden key's −∞ weighing 0); rows under dropout, or with a NaN or ±∞ score,
+//!    take the step shared with the other paths (`Plan::softmax_step`). The fused step takes
+//!    a row's first key block in two passes (`row_max` for all the group's rows, then
+//!    `softmax_step_plain`, or `softmax_step_parts` for f32 inputs, for each: no row waits on
+//!    its own max), and its later blocks in one,
 //!    offset by the row's running max, which moves only when a block's scores pass it by more
 //!    than a headroom ([`lazy_step`]). Measured against two passes for every block, 4
 //!    alternating pairs: bf16 at L = 2048 7.3–7.9 against 7.6–8.0 ms (2 threads) and 15.0–15.7
@@ -396,8 +397,12 @@ impl<'a> Plan<'a> {
         let scores = scores.get(2 * GROUP * AMX_BLOCK_KV);
         let (mut cur, mut next) = scores.split_at_mut(GROUP * AMX_BLOCK_KV);
         // Without extra rules or dropout, each row's visible keys (a range, from the causal and
-        // window rules) take the fused step.
+        // window rules) take the fused step. With extra rules (masks, softcap, ALiBi) but no
+        // dropout they take it too, on scores the rules finished first (`Plan::finish_scores`:
+        // scaled, the extras applied): its scale is then 1, and a hidden key's −∞ weighs 0.
         let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
+        let finished = self.extras && self.opt.dropout.is_none();
+        let (fused, step_scale) = (plain || finished, if finished { 1.0 } else { self.scale });
         let GroupState {
             m, sum, started, ..
         } = state;
@@ -425,8 +430,13 @@ impl<'a> Plan<'a> {
             // exponentials of any: a row's exponentials then never wait on its own max.
             let mut visible = [(0, 0); GROUP];
             let mut raw_max = [None; GROUP];
-            if plain {
+            if fused {
                 for r in 0..n {
+                    if finished {
+                        let row = &mut cur[r * AMX_BLOCK_KV..][..keys];
+                        self.isa.scale(row, self.scale);
+                        self.finish_scores((b, h, i0 + r), j0, row);
+                    }
                     let (vis_lo, vis_hi) = range(i0 + r);
                     let a = vis_lo.clamp(j0, j0 + keys) - j0;
                     let b = (vis_hi.clamp(j0, j0 + keys) - j0).max(a);
@@ -445,15 +455,20 @@ impl<'a> Plan<'a> {
                 }
                 let row = &mut cur[r * AMX_BLOCK_KV..][..keys.next_multiple_of(BLOCK)];
                 let mut p = weights.row(r, keys);
-                let step = plain.then(|| {
+                let step = fused.then(|| {
                     let state = (&mut m[r], &mut sum[r]);
-                    p.fused_step(row, visible[r], (raw_max[r], self.scale), state)
+                    let how = (raw_max[r], step_scale, finished);
+                    p.fused_step(row, visible[r], how, state)
                 });
                 let alpha = step.flatten().unwrap_or_else(|| {
                     let scores = &mut row[..keys];
-                    self.isa.scale(scores, self.scale);
                     let state = (&mut m[r], &mut sum[r]);
-                    let alpha = self.softmax_step((b, h, i0 + r), j0, scores, state);
+                    let alpha = if finished {
+                        self.softmax_step_finished((b, h, i0 + r), j0, scores, state)
+                    } else {
+                        self.isa.scale(scores, self.scale);
+                        self.softmax_step((b, h, i0 + r), j0, scores, state)
+                    };
                     p.set(row);
                     alpha
                 });
@@ -696,12 +711,12 @@ enum WeightsRow<'r> {
 impl WeightsRow<'_> {
     /// The fused step (`softmax_step_plain`) over keys `a..b` of the block's raw scores `row`
     /// (`raw_max` their max, when the row has no running max yet), with weights 0 at the
-    /// other keys.
+    /// other keys; `hidden` when masks may have hidden keys inside `a..b` (their −∞ gives 0).
     fn fused_step(
         &mut self,
         row: &[f32],
         (a, b): (usize, usize),
-        (raw_max, scale): (Option<f32>, f32),
+        (raw_max, scale, hidden): (Option<f32>, f32, bool),
         state: (&mut f32, &mut f32),
     ) -> Option<Option<f32>> {
         match self {
@@ -709,6 +724,7 @@ impl WeightsRow<'_> {
                 p[..a].fill(bf16::ZERO);
                 p[b.max(a)..*keys].fill(bf16::ZERO);
                 if a < b {
+                    let scale = (scale, hidden);
                     softmax_step_plain(&row[a..b], raw_max, scale, state, &mut p[a..b])
                 } else {
                     // Nothing visible here: weights 0, the row's state unchanged.
@@ -717,7 +733,7 @@ impl WeightsRow<'_> {
             }
             #[cfg(target_arch = "x86_64")]
             WeightsRow::F32(parts, _) => {
-                softmax_step_parts(row, (a, b), raw_max, scale, state, parts)
+                softmax_step_parts(row, (a, b), raw_max, (scale, hidden), state, parts)
             }
         }
     }
@@ -935,7 +951,7 @@ fn lazy_step(
 fn softmax_step_plain(
     row: &[f32],
     raw_max: Option<f32>,
-    scale: f32,
+    (scale, hidden): (f32, bool),
     state: (&mut f32, &mut f32),
     p: &mut [bf16],
 ) -> Option<Option<f32>> {
@@ -949,12 +965,17 @@ fn softmax_step_plain(
             // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
             // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths
             // agree (checked above).
-            unsafe { exps_plain_avx512(row, scale, m, p) }
+            unsafe {
+                match hidden {
+                    true => exps_plain_avx512::<true>(row, scale, m, p),
+                    false => exps_plain_avx512::<false>(row, scale, m, p),
+                }
+            }
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (row, raw_max, scale, state, p);
+        let _ = (row, raw_max, scale, hidden, state, p);
         None
     }
 }
@@ -985,7 +1006,12 @@ fn advance((m, sum): (&mut f32, &mut f32), m_new: f32, block_sum: f32) -> Option
 /// `p.len() == row.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
-unsafe fn exps_plain_avx512(row: &[f32], scale: f32, m: f32, p: &mut [bf16]) -> (f32, f32) {
+unsafe fn exps_plain_avx512<const HIDDEN: bool>(
+    row: &[f32],
+    scale: f32,
+    m: f32,
+    p: &mut [bf16],
+) -> (f32, f32) {
     use std::arch::x86_64::*;
     let n = row.len();
     // Whole 32-value chunks, then a masked tail of up to 32 in two 16-lane halves.
@@ -1011,11 +1037,11 @@ unsafe fn exps_plain_avx512(row: &[f32], scale: f32, m: f32, p: &mut [bf16]) -> 
             );
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
-            let e0 = exp2(
+            let e0 = exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_fmsub_ps(s0, c, mc), log2e),
                 EXP2_DEGREE_4,
             );
-            let e1 = exp2(
+            let e1 = exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_fmsub_ps(s1, c, mc), log2e),
                 EXP2_DEGREE_4,
             );
@@ -1032,11 +1058,11 @@ unsafe fn exps_plain_avx512(row: &[f32], scale: f32, m: f32, p: &mut [bf16]) -> 
             let s1 = _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16));
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
-            let e0 = exp2(
+            let e0 = exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_fmsub_ps(s0, c, mc), log2e),
                 EXP2_DEGREE_4,
             );
-            let e1 = exp2(
+            let e1 = exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_fmsub_ps(s1, c, mc), log2e),
                 EXP2_DEGREE_4,
             );
@@ -1064,7 +1090,7 @@ fn softmax_step_parts(
     row: &[f32],
     (a, b): (usize, usize),
     raw_max: Option<f32>,
-    scale: f32,
+    (scale, hidden): (f32, bool),
     state: (&mut f32, &mut f32),
     parts: &mut [u16],
 ) -> Option<Option<f32>> {
@@ -1085,7 +1111,12 @@ fn softmax_step_parts(
         // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
         // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
         // (checked above).
-        unsafe { exps_parts_avx512(row, (a, b), scale, m, parts) }
+        unsafe {
+            match hidden {
+                true => exps_parts_avx512::<true>(row, (a, b), scale, m, parts),
+                false => exps_parts_avx512::<false>(row, (a, b), scale, m, parts),
+            }
+        }
     })
 }
 
@@ -1098,7 +1129,7 @@ fn softmax_step_parts(
 /// [`softmax_step_parts`] checks them.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512bf16,avx512bw,avx512vl")]
-unsafe fn exps_parts_avx512(
+unsafe fn exps_parts_avx512<const HIDDEN: bool>(
     row: &[f32],
     (a, b): (usize, usize),
     scale: f32,
@@ -1119,7 +1150,10 @@ unsafe fn exps_parts_avx512(
         unsafe {
             let s = _mm512_mask_loadu_ps(ninf, mask, row.as_ptr().add(at));
             let t = _mm512_mul_ps(_mm512_fmsub_ps(s, c, mc), log2e);
-            (_mm512_maskz_mov_ps(mask, exp2(t, EXP2_DEGREE_5)), s)
+            (
+                _mm512_maskz_mov_ps(mask, exp2::<HIDDEN, 5>(t, EXP2_DEGREE_5)),
+                s,
+            )
         }
     };
     // The visible lanes of the 16 keys from `j`.
@@ -1238,21 +1272,28 @@ const EXP2_DEGREE_5: [f32; 5] = [
 /// (`VSCALEFPS`, which takes `⌊t⌋` itself). The row's sum, and so the
 /// log-sum-exp, moves by at most the same relative error.
 ///
-/// Below −125 the result is 2^-125 (not 0): these rows have no hidden keys, and a weight of
+/// Below −125 the result is 2^-125 (not 0): rows with no hidden keys take it, as a weight of
 /// 2^-125 ≈ 2e-38 is 0 to every tolerance while staying clear of subnormals, which cost a
-/// microcode assist each.
+/// microcode assist each. With `HIDDEN` (rows whose masks hide keys inside their range: −∞)
+/// it is 0, at one compare more.
 ///
 /// # Safety
 /// AVX-512F and AVX512DQ must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 #[inline]
-unsafe fn exp2<const N: usize>(
+unsafe fn exp2<const HIDDEN: bool, const N: usize>(
     t: std::arch::x86_64::__m512,
     c: [f32; N],
 ) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    let t = _mm512_max_ps(_mm512_set1_ps(-125.0), t);
+    let floor = _mm512_set1_ps(-125.0);
+    // Lanes that stay: all, or with `HIDDEN` those not below −125 (NaN stays, to be found).
+    let keep = match HIDDEN {
+        true => _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, floor),
+        false => !0,
+    };
+    let t = _mm512_max_ps(floor, t);
     // imm8 = 0x09: keep 0 fraction bits, round down, no precision exception.
     let f = _mm512_reduce_ps::<0x09>(t);
     let mut p = _mm512_set1_ps(c[0]);
@@ -1260,7 +1301,7 @@ unsafe fn exp2<const N: usize>(
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
     let p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
-    _mm512_scalef_ps(p, t)
+    _mm512_maskz_scalef_ps(keep, p, t)
 }
 
 /// `dst = src` rounded to bf16, nearest even.
@@ -1314,8 +1355,9 @@ mod tests {
             return;
         }
         /// The worst relative error of `2^t` by the polynomial `c` on every 2^-12 from −125
-        /// to 8 (544 769 values, 16 per call), against f64; and that below −125 the result
-        /// stays at 2^-125, clear of the subnormals.
+        /// to 8 (544 769 values, 16 per call), against f64, the same with `HIDDEN`; and that
+        /// below −125 the result stays at 2^-125, clear of the subnormals, or with `HIDDEN` is
+        /// 0 (−∞ too), while NaN stays NaN.
         fn worst<const N: usize>(c: [f32; N]) -> f64 {
             let ts: Vec<f32> = (-8 * 4096..=125 * 4096)
                 .map(|i| -(i as f32) / 4096.0)
@@ -1324,24 +1366,35 @@ mod tests {
             for chunk in ts.chunks(16) {
                 let mut t = [0.0f32; 16];
                 t[..chunk.len()].copy_from_slice(chunk);
-                let mut got = [0.0f32; 16];
+                let (mut got, mut hidden) = ([0.0f32; 16], [0.0f32; 16]);
                 // SAFETY: the features are checked by the caller.
                 unsafe {
                     use std::arch::x86_64::*;
-                    _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_loadu_ps(t.as_ptr()), c));
+                    let t = _mm512_loadu_ps(t.as_ptr());
+                    _mm512_storeu_ps(got.as_mut_ptr(), exp2::<false, N>(t, c));
+                    _mm512_storeu_ps(hidden.as_mut_ptr(), exp2::<true, N>(t, c));
                 }
+                assert_eq!(got, hidden);
                 for (&t, &g) in chunk.iter().zip(&got) {
                     let want = 2f64.powf(f64::from(t));
                     worst = worst.max((f64::from(g) / want - 1.0).abs());
                 }
             }
-            let mut got = [0.0f32; 16];
+            let (mut got, mut hidden) = ([0.0f32; 16], [0.0f32; 16]);
+            let t = [-1e4, f32::NEG_INFINITY, -125.5, f32::NAN].repeat(4);
             // SAFETY: as above.
             unsafe {
                 use std::arch::x86_64::*;
-                _mm512_storeu_ps(got.as_mut_ptr(), exp2(_mm512_set1_ps(-1e4), c));
+                let t = _mm512_loadu_ps(t.as_ptr());
+                _mm512_storeu_ps(got.as_mut_ptr(), exp2::<false, N>(t, c));
+                _mm512_storeu_ps(hidden.as_mut_ptr(), exp2::<true, N>(t, c));
             }
-            assert!(got.iter().all(|&g| g == 2f32.powi(-125)), "{got:?}");
+            for ((&t, &g), &h) in t.iter().zip(&got).zip(&hidden) {
+                match t.is_nan() {
+                    true => assert!(g.is_nan() && h.is_nan(), "{t}: {g}, {h}"),
+                    false => assert!(g == 2f32.powi(-125) && h == 0.0, "{t}: {g}, {h}"),
+                }
+            }
             worst
         }
         let (four, five) = (worst(EXP2_DEGREE_4), worst(EXP2_DEGREE_5));
@@ -1414,7 +1467,7 @@ mod tests {
             let raw = row[a..b].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
             let state = (&mut m, &mut sum);
             let raw_max = (!lazy).then_some(raw);
-            let step = softmax_step_parts(&row, (a, b), raw_max, scale, state, &mut parts);
+            let step = softmax_step_parts(&row, (a, b), raw_max, (scale, false), state, &mut parts);
             let got = unsplit(&parts);
             let name = format!("n = {n}, {a}..{b}, m = {m0}, lazy {lazy}");
             if a == b {
@@ -1541,7 +1594,8 @@ mod tests {
             let raw = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
             assert_eq!(row_max(&row), raw, "n = {n}");
             let raw_max = (!lazy).then_some(raw);
-            let step = softmax_step_plain(&row, raw_max, scale, (&mut m, &mut sum), &mut p);
+            let step =
+                softmax_step_plain(&row, raw_max, (scale, false), (&mut m, &mut sum), &mut p);
             let name = format!("n = {n}, m = {m0}, lazy {lazy}");
             let want_m = if lazy && scale * raw - m0 <= MAX_HEADROOM {
                 m0
