@@ -10,10 +10,10 @@
 # For each shape it runs `attnscope bench sdpa --json` and `shared/bench/sdpa_torch.py`
 # alternately, takes the median GFLOP/s of each side over the rounds, and prints the ratio
 # ours/PyTorch next to the issue's target; then decoding steps (a few query rows against many
-# keys) the same way, against scripts/sdpa_torch_kv.py. Then the issue's shapes on one thread
-# by CPU time per call (user + sys of (reps N + 1) minus (reps 1), so start-up and input
-# generation cancel): per-core efficiency, which other processes on a shared machine disturb
-# far less than wall time. Then: the 65536² run's peak memory, and what one query row's
+# keys) and masked calls the same way, against scripts/sdpa_torch_kv.py. Then the issue's
+# shapes on one thread by CPU time per call (user + sys of (reps N + 1) minus (reps 1), so
+# start-up and input generation cancel): per-core efficiency, which other processes on a
+# shared machine disturb far less than wall time. Then: the 65536² run's peak memory, and what one query row's
 # weights add to a call.
 set -euo pipefail
 
@@ -66,14 +66,16 @@ compare "f32 fwd+bwd B1 H8 L=S=2048 d64" 1.5 f32 2048 8 3 --backward
 compare "f32 fwd+bwd same, causal"       1.5 f32 2048 8 4 --backward --causal
 compare "f32 fwd+bwd B1 H8 L=S=512 d64"  1.5 f32 512 8 20 --backward
 
-# Decoding steps (a few query rows against many keys; not among the issue's targets), against
-# scripts/sdpa_torch_kv.py, which takes the key length and key/value heads apart.
-# compare_kv LABEL DTYPE SEQ SEQ_KV HEADS KV_HEADS HEAD_DIM: 300 calls per sample.
+# Decoding steps (a few query rows against many keys) and masks (not among the issue's
+# targets), against scripts/sdpa_torch_kv.py, which takes the key length, key/value heads and
+# mask apart.
+# compare_kv LABEL DTYPE SEQ SEQ_KV HEADS KV_HEADS HEAD_DIM REPS [--mask KIND]: REPS calls per
+# sample.
 compare_kv() {
-  local label=$1 dtype=$2 seq=$3 seq_kv=$4 heads=$5 kv_heads=$6 head_dim=$7
+  local label=$1 dtype=$2 seq=$3 seq_kv=$4 heads=$5 kv_heads=$6 head_dim=$7 reps=$8; shift 8
   local ours_g=() torch_g=() r
   local shape=(--seq "$seq" --seq-kv "$seq_kv" --heads "$heads" --kv-heads "$kv_heads" --head-dim "$head_dim"
-    --dtype "$dtype" --threads "$THREADS" --reps 300)
+    --dtype "$dtype" --threads "$THREADS" --reps "$reps" "$@")
   for ((r = 0; r < ROUNDS; r++)); do
     ours_g+=("$(field gflops "$("$ours" bench sdpa "${shape[@]}" --json)")")
     torch_g+=("$(field gflops "$("$PYTHON" "$root/scripts/sdpa_torch_kv.py" "${shape[@]}")")")
@@ -85,11 +87,19 @@ compare_kv() {
 }
 echo
 printf '%-34s %10s %10s %8s\n' "decoding steps (threads=$THREADS)" "ours GF/s" "torch GF/s" "ratio"
-compare_kv "f32 H8 L=1 S=4096 d64"           f32 1 4096 8 8 64
-compare_kv "f32 H8 L=4 S=4096 d64"           f32 4 4096 8 8 64
-compare_kv "bf16 H8 L=1 S=4096 d64"          bf16 1 4096 8 8 64
-compare_kv "f32 H32 KV8 L=1 S=2048 d128"     f32 1 2048 32 8 128
-compare_kv "bf16 H32 KV8 L=1 S=2048 d128"    bf16 1 2048 32 8 128
+compare_kv "f32 H8 L=1 S=4096 d64"           f32 1 4096 8 8 64 300
+compare_kv "f32 H8 L=4 S=4096 d64"           f32 4 4096 8 8 64 300
+compare_kv "bf16 H8 L=1 S=4096 d64"          bf16 1 4096 8 8 64 300
+compare_kv "f32 H32 KV8 L=1 S=2048 d128"     f32 1 2048 32 8 128 300
+compare_kv "bf16 H32 KV8 L=1 S=2048 d128"    bf16 1 2048 32 8 128 300
+echo
+printf '%-34s %10s %10s %8s\n' "masks, B1 H8 L=S=2048 d64" "ours GF/s" "torch GF/s" "ratio"
+for dtype in f32 bf16; do
+  reps=$([[ $dtype == f32 ]] && echo 5 || echo 10)
+  compare_kv "$dtype float mask [L, S]"        "$dtype" 2048 2048 8 8 64 "$reps" --mask float
+  compare_kv "$dtype bool mask [L, S]"         "$dtype" 2048 2048 8 8 64 "$reps" --mask bool
+  compare_kv "$dtype key padding (a tenth)"    "$dtype" 2048 2048 8 8 64 "$reps" --mask padding
+done
 
 # cpu_ms CMD...: CPU milliseconds (user + sys) the command used.
 cpu_ms() {

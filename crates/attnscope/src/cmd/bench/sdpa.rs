@@ -2,14 +2,18 @@
 //! by `AttnInput::new` or `AttnInputBf16::new`, before the timed calls) and prints the median
 //! time and GFLOP/s (FLOPs = 4·batch·n_heads·seq_q·seq_kv·head_dim, halved when causal — the
 //! count `shared/bench/sdpa_torch.py` uses, times 3.5 with `--backward`), plus the process's
-//! peak memory. `--backward` times the forward pass plus [`attn_core::sdpa_backward`] (f32 only).
+//! peak memory. `--backward` times the forward pass plus [`attn_core::sdpa_backward`] (f32 only);
+//! `--mask` adds a mask (`scripts/sdpa_torch_kv.py --mask` makes the same kind for PyTorch).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use attn_core::fused::{AttnInputBf16, Isa, bf16};
 use attn_core::shape::f32_bytes;
-use attn_core::{AttnInput, AttnOptions, AttnOutput, AttnShape, Causal, WeightsRequest};
+use attn_core::{
+    AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, FloatMask, KeyPadding,
+    WeightsRequest,
+};
 
 /// How long the untimed calls before the timed ones run (at least one call). After the inputs
 /// are made on one thread, the first calls can run on one: on a virtual machine an idle vCPU
@@ -20,6 +24,18 @@ const WARM_UP: Duration = Duration::from_millis(250);
 pub enum Dtype {
     F32,
     Bf16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MaskArg {
+    /// No mask.
+    None,
+    /// An additive mask over [seq, seq-kv]: normal values times 0.5.
+    Float,
+    /// A boolean mask over [seq, seq-kv]: each key visible with probability 0.9.
+    Bool,
+    /// Key padding: the last tenth of each sequence's keys hidden.
+    Padding,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -71,6 +87,9 @@ pub struct Args {
     /// Time the forward and the backward pass (gradients of q, k, v for a random dout).
     #[arg(long)]
     backward: bool,
+    /// A mask over the scores, as scripts/sdpa_torch_kv.py --mask makes it for PyTorch.
+    #[arg(long, value_enum, default_value_t = MaskArg::None)]
+    mask: MaskArg,
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     json: bool,
@@ -106,7 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_kv_heads: kv_heads,
         ..AttnShape::new(args.batch, args.heads, args.seq, seq_kv, args.head_dim)
     };
-    let options = AttnOptions {
+    let mut options = AttnOptions {
         causal: args.causal.then_some(Causal::BottomRight),
         weights: match args.weights {
             WeightsArg::None => WeightsRequest::None,
@@ -123,6 +142,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (nq, nk) = (numel(shape.q_dims())?, numel(shape.k_dims())?);
     check_memory(&args, shape)?;
     let mut rng = Rng(0x5eed);
+    let scores = args.seq * seq_kv;
+    match args.mask {
+        MaskArg::None => {}
+        MaskArg::Float => {
+            let data = (0..scores).map(|_| 0.5 * rng.normal()).collect();
+            options.float_mask = Some(FloatMask::from_vec(data, &[args.seq, seq_kv])?);
+        }
+        MaskArg::Bool => {
+            let data = (0..scores).map(|_| !rng.next_u64().is_multiple_of(10)).collect();
+            options.bool_mask = Some(BoolMask::from_vec(data, &[args.seq, seq_kv])?);
+        }
+        MaskArg::Padding => {
+            let lengths = vec![seq_kv - seq_kv / 10; args.batch];
+            options.key_padding = Some(KeyPadding::from_lengths(&lengths, seq_kv)?);
+        }
+    }
     let q: Vec<f32> = (0..nq).map(|_| rng.normal()).collect();
     let k: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
     let v: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
@@ -197,6 +232,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "head_dim": args.head_dim,
             "causal": args.causal,
             "backward": args.backward,
+            "mask": super::spelled(args.mask),
             "threads": args.threads,
             "weights": super::spelled(args.weights),
             "isa": format!("{:?}", forward_isa(args.dtype, args.seq)),
@@ -210,7 +246,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::outln!("{report}")?;
     } else {
         crate::outln!(
-            "sdpa{} {} B{} H{}{} L{} S{} d{}{} weights={} threads={}: {:.3} ms (median of {}), \
+            "sdpa{} {} B{} H{}{} L{} S{} d{}{}{} weights={} threads={}: {:.3} ms (median of {}), \
              {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
             if args.backward {
                 " forward+backward"
@@ -229,6 +265,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seq_kv,
             args.head_dim,
             if args.causal { " causal" } else { "" },
+            match args.mask {
+                MaskArg::None => String::new(),
+                mask => format!(" mask={}", super::spelled(mask)),
+            },
             super::spelled(args.weights),
             args.threads,
             median * 1e3,
@@ -244,12 +284,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Refuses a case whose inputs and outputs alone would not fit in this machine's memory
 /// (where `/proc/meminfo` tells it), before anything is allocated: the f32 inputs (made for
-/// both dtypes), their bf16 copies, the output and log-sum-exp, and with `--backward` the
-/// output's gradient and the three input gradients.
+/// both dtypes), their bf16 copies, a mask, the output and log-sum-exp, and with `--backward`
+/// the output's gradient and the three input gradients.
 fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
     let inputs = f32_bytes(&shape.q_dims()) + 2 * f32_bytes(&shape.k_dims());
     let out = f32_bytes(&shape.out_dims());
+    let mask = f32_bytes(&[shape.seq_q, shape.seq_kv]);
     let mut bytes = inputs + out + f32_bytes(&shape.out_dims()[..3]);
+    bytes += match args.mask {
+        MaskArg::None | MaskArg::Padding => 0,
+        MaskArg::Float => mask,
+        MaskArg::Bool => mask / 4,
+    };
     if args.dtype == Dtype::Bf16 {
         bytes += inputs / 2;
     }
@@ -344,6 +390,7 @@ mod tests {
             reps: 2,
             json: true,
             backward: false,
+            mask: MaskArg::None,
         }
     }
 
@@ -365,6 +412,9 @@ mod tests {
     #[test]
     fn small_runs_succeed() {
         run(args()).unwrap();
+        for mask in [MaskArg::Float, MaskArg::Bool, MaskArg::Padding] {
+            run(Args { mask, ..args() }).unwrap();
+        }
         run(Args {
             dtype: Dtype::Bf16,
             weights: WeightsArg::All,
