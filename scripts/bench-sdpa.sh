@@ -69,8 +69,8 @@ compare "f32 fwd+bwd B1 H8 L=S=512 d64"  1.5 f32 512 8 20 --backward
 # Decoding steps (a few query rows against many keys) and masks (not among the issue's
 # targets), against scripts/sdpa_torch_kv.py, which takes the key length, key/value heads and
 # mask apart.
-# compare_kv LABEL DTYPE SEQ SEQ_KV HEADS KV_HEADS HEAD_DIM REPS [--mask KIND]: REPS calls per
-# sample.
+# compare_kv LABEL DTYPE SEQ SEQ_KV HEADS KV_HEADS HEAD_DIM REPS [--mask KIND] [--backward]:
+# REPS calls per sample.
 compare_kv() {
   local label=$1 dtype=$2 seq=$3 seq_kv=$4 heads=$5 kv_heads=$6 head_dim=$7 reps=$8; shift 8
   local ours_g=() torch_g=() r
@@ -100,6 +100,8 @@ for dtype in f32 bf16; do
   compare_kv "$dtype bool mask [L, S]"         "$dtype" 2048 2048 8 8 64 "$reps" --mask bool
   compare_kv "$dtype key padding (a tenth)"    "$dtype" 2048 2048 8 8 64 "$reps" --mask padding
 done
+compare_kv "f32 fwd+bwd float mask [L, S]"    f32 2048 2048 8 8 64 3 --mask float --backward
+compare_kv "f32 fwd+bwd key padding"          f32 2048 2048 8 8 64 3 --mask padding --backward
 
 # cpu_ms CMD...: CPU milliseconds (user + sys) the command used.
 cpu_ms() {

@@ -4,12 +4,15 @@ in the same run: what ../shared/bench/sdpa_torch.py measures, with the key lengt
 key/value heads and the mask apart.
 
 usage: python sdpa_torch_kv.py --seq 1 --seq-kv 4096 --heads 8 [--kv-heads 8] --head-dim 64
-       [--dtype f32|bf16] [--threads 2] [--reps 300] [--mask none|float|bool|padding]
+       [--dtype f32|bf16] [--threads 2] [--reps 300] [--mask none|float|bool|padding] [--backward]
 --mask as attnscope bench sdpa makes it: float, an additive [L, S] mask of normal values
 times 0.5; bool, an [L, S] mask with each key visible with probability 0.9; padding, the last
 tenth of each sequence's keys hidden (a boolean [B, 1, 1, S] mask here: SDPA has no key
 padding of its own).
-Prints one JSON line: {"impl": ..., "ms": median, "gflops": ...}; FLOPs = 4*B*H*L*S*d.
+--backward times forward + backward (gradients of q, k, v; not of the mask), as
+../shared/bench/sdpa_torch.py does.
+Prints one JSON line: {"impl": ..., "ms": median, "gflops": ...}; FLOPs = 4*B*H*L*S*d, times 3.5
+with --backward.
 Needs: pip install torch
 """
 import argparse, json, time
@@ -27,6 +30,7 @@ p.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--reps", type=int, default=300)
 p.add_argument("--mask", default="none", choices=["none", "float", "bool", "padding"])
+p.add_argument("--backward", action="store_true")
 a = p.parse_args()
 kv_heads = a.kv_heads or a.heads
 torch.set_num_threads(a.threads)
@@ -44,16 +48,23 @@ elif a.mask == "padding":
     mask[..., a.seq_kv - a.seq_kv // 10:] = False
 
 
-def step():
+def forward():
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv_heads != a.heads)
 
 
-step()
-ts = []
-for _ in range(a.reps):
-    t = time.perf_counter(); step(); ts.append(time.perf_counter() - t)
+step = forward
+if a.backward:
+    for x in (q, k, v):
+        x.requires_grad_()
+    dout = torch.randn(a.batch, a.heads, a.seq, a.head_dim, generator=g).to(dt)
+    step = lambda: forward().backward(dout)
+with torch.set_grad_enabled(a.backward):
+    step()
+    ts = []
+    for _ in range(a.reps):
+        t = time.perf_counter(); step(); ts.append(time.perf_counter() - t)
 ts.sort()
 med = ts[len(ts) // 2]
-flops = 4 * a.batch * a.heads * a.seq * a.seq_kv * a.head_dim
+flops = 4 * a.batch * a.heads * a.seq * a.seq_kv * a.head_dim * (3.5 if a.backward else 1.0)
 print(json.dumps(dict(impl="torch-sdpa", dtype=a.dtype, seq=a.seq, seq_kv=a.seq_kv, heads=a.heads, kv_heads=kv_heads,
-                      head_dim=a.head_dim, mask=a.mask, threads=a.threads, ms=med * 1e3, gflops=flops / med / 1e9)))
+                      head_dim=a.head_dim, mask=a.mask, backward=a.backward, threads=a.threads, ms=med * 1e3, gflops=flops / med / 1e9)))

@@ -148,20 +148,6 @@ pub(crate) fn score(
     qk: f32,
     (b, h, i, j): (usize, usize, usize, usize),
 ) -> (f32, f32) {
-    let (s, dcap) = unmasked_score(options, (scale, offset), qk, (h, i, j));
-    match &options.float_mask {
-        Some(m) => (s + m.at(b, h, i, j), dcap),
-        None => (s, dcap),
-    }
-}
-
-/// Steps 1–3 of [`score`]: all but the float mask.
-pub(crate) fn unmasked_score(
-    options: &AttnOptions,
-    (scale, offset): (f32, isize),
-    qk: f32,
-    (h, i, j): (usize, usize, usize),
-) -> (f32, f32) {
     let mut s = scale * qk;
     let mut dcap = 1.0;
     if let Some(c) = options.softcap {
@@ -172,6 +158,9 @@ pub(crate) fn unmasked_score(
     if let Some(slopes) = &options.alibi {
         let dist = (i as isize + offset - j as isize).unsigned_abs();
         s -= slopes[h] * dist as f32;
+    }
+    if let Some(m) = &options.float_mask {
+        s += m.at(b, h, i, j);
     }
     (s, dcap)
 }

@@ -18,9 +18,8 @@ use super::kernels::Kernels;
 use super::{LSE_BOUND, validate};
 use crate::fused::Isa;
 use crate::mask::key_range;
-use crate::reference::unmasked_score;
 use crate::shape::FiniteBits;
-use crate::{AttnError, AttnInput, AttnOptions, FloatMask};
+use crate::{AttnError, AttnInput, AttnOptions};
 
 /// Query rows per block: few enough for [`Isa::gemm_abt`]'s kernel, which reads the keys as
 /// they are stored.
@@ -107,7 +106,6 @@ pub fn sdpa_backward_float_mask_with(
         },
         input,
         options,
-        mask,
         lse,
         delta: &delta,
         dout,
@@ -165,7 +163,6 @@ struct Pass<'a> {
     kernels: Kernels,
     input: &'a AttnInput<'a>,
     options: &'a AttnOptions,
-    mask: &'a FloatMask,
     lse: &'a [f32],
     delta: &'a [f32],
     dout: &'a [f32],
@@ -233,16 +230,16 @@ impl Pass<'_> {
         }
         let (scale, offset) = (opt.scale_for(&sh), opt.offset(sh.seq_q, sh.seq_kv));
         let (lo, hi) = key_range(opt.causal, opt.window, offset, i, sh.seq_kv);
-        // The mask's row, read as `score` reads it (`Broadcast::at`), a key at a time.
-        let (at, stride) = self.mask.row(b, h, i);
-        let mask = &self.mask.data()[at..];
-        for j in lo..hi {
-            s[j] = match opt.masks_allow(b, h, i, j) {
-                true => unmasked_score(opt, (scale, offset), s[j], (h, i, j)).0 + mask[j * stride],
-                false => f32::NEG_INFINITY,
-            };
-            if let Some(d) = opt.dropout {
-                dp[j] = d.apply(dp[j], b, h, i, j);
+        // The scores as the forward pass finishes them: scale, softcap, then the extras.
+        let scores = &mut s[lo..hi];
+        scores.iter_mut().for_each(|x| *x *= scale);
+        if let Some(c) = opt.softcap {
+            scores.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
+        }
+        opt.apply_extras((b, h, i), offset, lo, scores);
+        if let Some(d) = opt.dropout {
+            for (j, x) in (lo..hi).zip(&mut dp[lo..hi]) {
+                *x = d.apply(*x, b, h, i, j);
             }
         }
         let (p, ds) = (&mut s[lo..hi], &mut dp[lo..hi]);

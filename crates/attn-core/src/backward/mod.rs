@@ -1123,24 +1123,7 @@ impl Plan<'_> {
     fn mask_row(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
         let opt = self.opt;
         if self.extras {
-            let float_mask = opt.float_mask.as_ref().map(|m| (m.data(), m.row(b, h, i)));
-            let bool_mask = opt.bool_mask.as_ref().map(|m| (m.data(), m.row(b, h, i)));
-            let padding = opt.key_padding.as_ref().map(|kp| kp.row(b));
-            let slope = opt.alibi.as_ref().map(|s| s[h]);
-            for (j, x) in (j0..).zip(row.iter_mut()) {
-                if let Some(slope) = slope {
-                    let dist = (i as isize + self.offset - j as isize).unsigned_abs();
-                    *x -= slope * dist as f32;
-                }
-                if let Some((data, (off, stride))) = float_mask {
-                    *x += data[off + j * stride];
-                }
-                let visible = bool_mask.is_none_or(|(data, (off, stride))| data[off + j * stride])
-                    && padding.is_none_or(|real| real[j]);
-                if !visible {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
+            opt.apply_extras((b, h, i), self.offset, j0, row);
         }
         let (lo, hi) = key_range(opt.causal, opt.window, self.offset, i, self.sh.seq_kv);
         let end = j0 + row.len();

@@ -726,68 +726,13 @@ impl<'a> Plan<'a> {
         row[hi.max(lo)..].fill(f32::NEG_INFINITY);
     }
 
-    /// Steps 2–5 beyond the scale and the causal/window range, one rule at a time over the
-    /// keys of `row` (from key `j0`), in loops that vectorise: on AMX and AVX-512 compiled
-    /// for 16 lanes. Each key sees the rules in the reference's order, so the scores are the
-    /// same. Key by key, with every rule tested at each key, a float mask made a call at
-    /// L = S = 2048 (H8) take twice as long (bf16: four times).
-    fn extra_rules(&self, bhi: (usize, usize, usize), j0: usize, row: &mut [f32]) {
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: both ISAs imply AVX-512F, which `is_available` checked for this plan.
-            Isa::Avx512 | Isa::Amx => unsafe { self.extra_rules_avx512(bhi, j0, row) },
-            _ => self.extra_rules_body(bhi, j0, row),
-        }
-    }
-
-    /// # Safety
-    /// AVX-512F must be available.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn extra_rules_avx512(&self, bhi: (usize, usize, usize), j0: usize, row: &mut [f32]) {
-        self.extra_rules_body(bhi, j0, row);
-    }
-
-    #[inline(always)]
-    fn extra_rules_body(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
-        let opt = self.opt;
-        let n = row.len();
-        if let Some(c) = opt.softcap {
+    /// Steps 2–5 beyond the scale and the causal/window range: the softcap, then
+    /// [`AttnOptions::apply_extras`].
+    fn extra_rules(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
+        if let Some(c) = self.opt.softcap {
             row.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
         }
-        if let Some(slopes) = &opt.alibi {
-            let slope = slopes[h];
-            for (j, x) in (j0..).zip(row.iter_mut()) {
-                let dist = (i as isize + self.offset - j as isize).unsigned_abs();
-                *x -= slope * dist as f32;
-            }
-        }
-        // A mask row is one value per key, or one for all (`stride` 0).
-        if let Some(mask) = &opt.float_mask {
-            let (off, stride) = mask.row(b, h, i);
-            match stride {
-                0 => row.iter_mut().for_each(|x| *x += mask.data()[off]),
-                _ => (row.iter_mut().zip(&mask.data()[off + j0..][..n])).for_each(|(x, m)| *x += m),
-            }
-        }
-        let hide = |row: &mut [f32], visible: &[bool]| {
-            (row.iter_mut().zip(visible)).for_each(|(x, &v)| {
-                if !v {
-                    *x = f32::NEG_INFINITY;
-                }
-            })
-        };
-        if let Some(mask) = &opt.bool_mask {
-            let (off, stride) = mask.row(b, h, i);
-            match stride {
-                0 if !mask.data()[off] => row.fill(f32::NEG_INFINITY),
-                0 => {}
-                _ => hide(row, &mask.data()[off + j0..][..n]),
-            }
-        }
-        if let Some(padding) = &opt.key_padding {
-            hide(row, &padding.row(b)[j0..][..n]);
-        }
+        self.opt.apply_extras((b, h, i), self.offset, j0, row);
     }
 
     /// The forward pass ([`Forward`]).

@@ -150,7 +150,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             options.float_mask = Some(FloatMask::from_vec(data, &[args.seq, seq_kv])?);
         }
         MaskArg::Bool => {
-            let data = (0..scores).map(|_| !rng.next_u64().is_multiple_of(10)).collect();
+            let data = (0..scores)
+                .map(|_| !rng.next_u64().is_multiple_of(10))
+                .collect();
             options.bool_mask = Some(BoolMask::from_vec(data, &[args.seq, seq_kv])?);
         }
         MaskArg::Padding => {
