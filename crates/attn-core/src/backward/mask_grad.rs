@@ -25,6 +25,11 @@ use crate::{AttnError, AttnInput, AttnOptions};
 /// they are stored.
 const ROWS: usize = 16;
 
+/// Runs of blocks whose sums a mask of one row for all queries keeps apart (see
+/// [`sdpa_backward_float_mask_with`]): enough for the threads of a large machine, each run's
+/// row `seq_kv` floats.
+const GROUPS: usize = 32;
+
 /// The gradient of `sum(out · dout)` with respect to `options.float_mask`, shaped as the mask
 /// ([`crate::FloatMask::dims`]): each entry summed over everything it is broadcast to, as
 /// PyTorch sums `attn_mask.grad`. `out` and `lse` are what [`crate::sdpa`] returned for the
@@ -41,6 +46,28 @@ const ROWS: usize = 16;
 ///
 /// # Errors
 /// As [`super::sdpa_backward`], and options without a float mask.
+///
+/// ```
+/// use attn_core::{AttnInput, AttnOptions, AttnShape, FloatMask};
+/// use attn_core::{sdpa, sdpa_backward, sdpa_backward_float_mask};
+///
+/// // A learned bias per head and (query, key) pair, shared by the batch, as T5's relative
+/// // positions are: [heads, seq_q, seq_kv] broadcast over the batch of 2.
+/// let shape = AttnShape::new(2, 4, 5, 5, 8);
+/// let x: Vec<f32> = (0..2 * 4 * 5 * 8).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let bias: Vec<f32> = (0..4 * 5 * 5).map(|i| (i as f32 * 0.11).cos()).collect();
+/// let options = AttnOptions {
+///     float_mask: Some(FloatMask::from_vec(bias, &[4, 5, 5])?),
+///     ..AttnOptions::default()
+/// };
+/// let input = AttnInput::new(&x, &x, &x, shape)?;
+/// let fwd = sdpa(&input, &options)?;
+/// let dout = vec![1.0; fwd.out.len()];
+/// let grads = sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &dout)?;
+/// let dbias = sdpa_backward_float_mask(&input, &options, &fwd.out, &fwd.lse, &dout)?;
+/// assert_eq!((grads.dq.len(), dbias.len()), (x.len(), 4 * 5 * 5));
+/// # Ok::<(), attn_core::AttnError>(())
+/// ```
 pub fn sdpa_backward_float_mask(
     input: &AttnInput<'_>,
     options: &AttnOptions,
@@ -112,17 +139,22 @@ pub fn sdpa_backward_float_mask_with(
     };
     // Each mask head (`bm·mh + hm`) takes its query rows `ROWS` at a time. With a row of the
     // mask for every query row (`ml == seq_q`) each block writes its own rows of the result;
-    // with one for all (`ml == 1`) the blocks' sums are added in order.
+    // with one for all (`ml == 1`) the blocks are split into at most `GROUPS` runs, each summed
+    // into a row of its own, and the runs' rows are added in order: the same sums whatever the
+    // thread count, in `GROUPS` rows of memory (a row per block took 1 GiB at L = S = 65536).
     let dims = [mb, mh, ml, ms];
     (dmask.par_chunks_mut(ml * ms).enumerate()).for_each(|(m, dmask)| {
         dmask.fill(0.0);
         let head = (m / mh, m % mh);
         if ml == 1 {
-            let parts: Vec<Vec<f32>> = (0..blocks)
+            let groups = blocks.min(GROUPS);
+            let parts: Vec<Vec<f32>> = (0..groups)
                 .into_par_iter()
-                .map(|u| {
+                .map(|g| {
                     let mut sums = vec![0.0; ms];
-                    pass.block(head, ROWS * u, dims, &mut sums);
+                    for u in g * blocks / groups..(g + 1) * blocks / groups {
+                        pass.block(head, ROWS * u, dims, &mut sums);
+                    }
                     sums
                 })
                 .collect();
