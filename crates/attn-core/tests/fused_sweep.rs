@@ -95,7 +95,7 @@ fn the_best_isa_is_the_one_the_cpu_has() {
     assert!(Isa::Portable.is_available());
 }
 
-/// Options number `which` of the sweep (0..=12), built for `shape`.
+/// Options number `which` of the sweep (0..=13), built for `shape`.
 fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str, AttnOptions) {
     let (b, h, l, s) = (shape.batch, shape.n_heads, shape.seq_q, shape.seq_kv);
     let bool_mask = |rng: &mut Rng| {
@@ -218,6 +218,15 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
                 ..o
             },
         ),
+        12 => (
+            "negative scale + softcap + float mask with -inf",
+            AttnOptions {
+                scale: Some(-0.7),
+                softcap: Some(5.0),
+                float_mask: Some(float_mask(rng)),
+                ..o
+            },
+        ),
         _ => (
             "everything",
             AttnOptions {
@@ -237,7 +246,7 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
     }
 }
 
-const OPTIONS: usize = 13;
+const OPTIONS: usize = 14;
 
 /// The weights request number `which` (0..=2) for `seq_q` queries.
 fn weights_for(which: usize, seq_q: usize) -> WeightsRequest {
@@ -388,7 +397,7 @@ fn long_seqs() -> Vec<(usize, usize)> {
 
 /// Each long shape gets plain, one causal alignment and two other options, rotating.
 fn long_options(n: usize) -> Vec<usize> {
-    vec![0, 1 + n % 2, 3 + n % 4, 7 + n % 5]
+    vec![0, 1 + n % 2, 3 + n % 4, 7 + n % 7]
 }
 
 #[test]
@@ -422,7 +431,7 @@ fn bf16_sweep_long_sequences() {
 /// each, the bottom-right windows (option 4) cross a chunk's end inside a group of rows.
 #[test]
 fn long_key_ranges_across_chunks() {
-    let options = |_| vec![0, 1, 2, 4, 6, 11, 12];
+    let options = |_| vec![0, 1, 2, 4, 6, 11, 13];
     sweep((&[(300, 4700), (300, 4300)], &[64]), false, options);
     sweep((&[(40, 6500), (40, 6170)], &[64]), true, options);
 }
