@@ -82,7 +82,7 @@
   // unfiltered, on the first layer with neuron data (else the last).
   function defaults(data) {
     return { view: "head", filter: "all", heads: new Array(data.n_heads).fill(true),
-      layer: data.neuron ? data.neuron.layers[0] : data.n_layers - 1 };
+      layer: data.neuron && data.neuron.layers.length ? data.neuron.layers[0] : data.n_layers - 1 };
   }
 
   async function load(data) {
