@@ -432,6 +432,37 @@ fn fast_matches_the_twin_on_awkward_shapes() {
                         },
                     ),
                     (
+                        "key padding",
+                        AttnOptions {
+                            key_padding: Some(
+                                KeyPadding::from_lengths(&[s, s * 2 / 3], s).unwrap(),
+                            ),
+                            ..AttnOptions::default()
+                        },
+                    ),
+                    (
+                        "float mask [B, H, 1, S] with -inf + bool mask [S]",
+                        AttnOptions {
+                            float_mask: Some(
+                                FloatMask::from_vec(
+                                    (0..2 * h * s)
+                                        .map(|x| match x % 7 {
+                                            3 => f32::NEG_INFINITY,
+                                            r => 0.3 * r as f32 - 1.0,
+                                        })
+                                        .collect(),
+                                    &[2, h, 1, s],
+                                )
+                                .unwrap(),
+                            ),
+                            bool_mask: Some(
+                                BoolMask::from_vec((0..s).map(|j| j % 5 != 2).collect(), &[s])
+                                    .unwrap(),
+                            ),
+                            ..AttnOptions::default()
+                        },
+                    ),
+                    (
                         "top-left + softcap + alibi + padding + dropout",
                         AttnOptions {
                             causal: Some(Causal::TopLeft),

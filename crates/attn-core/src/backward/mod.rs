@@ -384,6 +384,9 @@ pub fn sdpa_backward_with(
             || options.float_mask.is_some()
             || options.bool_mask.is_some()
             || options.key_padding.is_some(),
+        by_key: options.alibi.is_none()
+            && (options.float_mask.as_ref()).is_none_or(|m| m.dims()[2] == 1)
+            && (options.bool_mask.as_ref()).is_none_or(|m| m.dims()[2] == 1),
         kernels,
         amx: cfg!(target_arch = "x86_64")
             && isa == Isa::Amx
@@ -480,6 +483,9 @@ struct Plan<'a> {
     offset: isize,
     /// Whether ALiBi, a float mask, a boolean mask or key padding applies (the per-key lane).
     extras: bool,
+    /// Whether those rules are the same for every query (key padding, masks of one row for all
+    /// queries, no ALiBi): whole blocks then keep the fast lane ([`Plan::key_rules`]).
+    by_key: bool,
     kernels: Kernels,
     /// Whether whole blocks take the AMX products (`amx.rs`).
     amx: bool,
@@ -938,7 +944,7 @@ impl Plan<'_> {
             j0,
             keys,
             general: visible == Visible::Part
-                || self.extras
+                || (self.extras && !self.by_key)
                 || self.opt.softcap.is_some()
                 || self.opt.dropout.is_some(),
         };
@@ -978,6 +984,9 @@ impl Plan<'_> {
 
         let lse = &qh.lse[i0..][..rows];
         let delta = &self.delta[row0..][..rows];
+        if self.extras && !blk.general {
+            self.key_rules((b, h), j0, (keys, rows), t.p.get(n));
+        }
         // The AMX fast lane writes P and dS packed for the next products, not in `t`.
         let fused = tiles.is_some() && !blk.general;
         if blk.general {
@@ -1114,6 +1123,29 @@ impl Plan<'_> {
         if self.opt.dropout.is_some() {
             for ((pz, &p), &z) in t.pz.get(n).iter_mut().zip(&*p).zip(&t.z) {
                 *pz = p * z;
+            }
+        }
+    }
+
+    /// The rules that are the same for every query ([`Plan::by_key`]) on a whole block's
+    /// transposed scores `st` (`[keys, rows]`, from key `j0`): each key's row takes its mask's
+    /// value, or −∞ where a mask or the padding hides the key, in the reference's order.
+    fn key_rules(
+        &self,
+        (b, h): (usize, usize),
+        j0: usize,
+        (keys, rows): (usize, usize),
+        st: &mut [f32],
+    ) {
+        let opt = self.opt;
+        for (j, row) in (j0..j0 + keys).zip(st.chunks_exact_mut(rows)) {
+            let hidden = (opt.key_padding.as_ref()).is_some_and(|kp| !kp.is_real(b, j))
+                || (opt.bool_mask.as_ref()).is_some_and(|m| !m.at(b, h, 0, j));
+            if hidden {
+                row.fill(f32::NEG_INFINITY);
+            } else if let Some(mask) = &opt.float_mask {
+                let x = mask.at(b, h, 0, j);
+                row.iter_mut().for_each(|s| *s += x);
             }
         }
     }
