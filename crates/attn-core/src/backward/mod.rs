@@ -21,10 +21,13 @@
 //! `dPᵀ = V · dOᵀ`), so that all five products are plain row-major `C += A · B` with
 //! contiguous rows: `dV += Pᵀ · dO`, `dK += dSᵀ · Q` and `dQᵀ += Kᵀ · dSᵀ`, with `Qᵀ`, `dOᵀ`,
 //! `Kᵀ` packed once per head and `dQᵀ` accumulated per head and transposed once at the end.
-//! The per-query `lse` and `D` then run along the vector lanes. Blocks that every rule leaves
-//! fully visible take the fast lane (two GEMMs, one fused `exp` pass, three GEMMs); blocks on a
-//! causal or window boundary, and every block under masks, ALiBi, softcap or dropout, take the
-//! general lane, which masks a transposed copy with the forward pass's row rules.
+//! The per-query `lse` and `D` then run along the vector lanes. Blocks without a softcap or
+//! dropout take the fast lane (two GEMMs, one fused `exp` pass, three GEMMs), after the rules:
+//! key padding and masks that every query shares on the transposed scores themselves
+//! (`Plan::key_rules`), a causal or window edge, ALiBi and masks with a row per query on a
+//! transposed copy with the forward pass's row rules (`Plan::mask_block`). Under a softcap or
+//! dropout blocks take the general lane, which adds those. (Until the fast lane took masked
+//! blocks, a float mask [L, S] made f32 forward + backward at L = S = 2048 1.04× PyTorch.)
 //!
 //! Work is split over `batch × n_kv_heads`: a task owns its head's `dK`, `dV` and the `dQ` of
 //! the query heads that read it, and writes them in place, so nothing is shared between
@@ -649,7 +652,8 @@ struct Block {
     rows: usize,
     j0: usize,
     keys: usize,
-    /// Whether the block needs the general lane.
+    /// Whether the block needs the row rules on a transposed copy (`Plan::mask_block`), or,
+    /// under a softcap or dropout, the general lane.
     general: bool,
 }
 
@@ -984,12 +988,17 @@ impl Plan<'_> {
 
         let lse = &qh.lse[i0..][..rows];
         let delta = &self.delta[row0..][..rows];
+        // The rules: on the transposed scores when every query shares them, else a row per
+        // query (`mask_block`). Without a softcap or dropout the block then keeps the fast lane.
+        let plain = self.opt.softcap.is_none() && self.opt.dropout.is_none();
         if self.extras && !blk.general {
             self.key_rules((b, h), j0, (keys, rows), t.p.get(n));
+        } else if blk.general && plain {
+            self.mask_block(&blk, t);
         }
         // The AMX fast lane writes P and dS packed for the next products, not in `t`.
-        let fused = tiles.is_some() && !blk.general;
-        if blk.general {
+        let fused = tiles.is_some() && plain;
+        if !plain {
             self.general_lane(&blk, lse, delta, t);
         } else if fused {
             #[cfg(target_arch = "x86_64")]
@@ -1075,8 +1084,8 @@ impl Plan<'_> {
         }
     }
 
-    /// Every step between the raw scores and `dS` for a block that the fast lane cannot take:
-    /// softcap, the row rules of the forward pass (on a transposed copy), dropout.
+    /// Every step between the raw scores and `dS` for a block under a softcap or dropout, which
+    /// the fast lane cannot take: softcap, the row rules ([`Plan::mask_block`]), dropout.
     fn general_lane(&self, blk: &Block, lse: &[f32], delta: &[f32], t: &mut Tiles) {
         let Block {
             b,
@@ -1088,17 +1097,12 @@ impl Plan<'_> {
             ..
         } = *blk;
         let n = rows * keys;
-        let (p, ds) = (t.p.get(n), t.ds.get(n));
         if let Some(c) = self.opt.softcap {
             t.dcap.resize(n, 0.0);
-            softcap(p, &mut t.dcap, c);
+            softcap(t.p.get(n), &mut t.dcap, c);
         }
-        t.rows.resize(n, 0.0);
-        transpose(p, (keys, rows), &mut t.rows);
-        for (r, row) in t.rows.chunks_exact_mut(keys).enumerate() {
-            self.mask_row((b, h, i0 + r), j0, row);
-        }
-        transpose(&t.rows, (rows, keys), p);
+        self.mask_block(blk, t);
+        let (p, ds) = (t.p.get(n), t.ds.get(n));
         if let Some(drop) = self.opt.dropout {
             t.z.resize(n, 0.0);
             let kept = drop.scale();
@@ -1125,6 +1129,28 @@ impl Plan<'_> {
                 *pz = p * z;
             }
         }
+    }
+
+    /// Every rule on a block's transposed scores (`t.p`, `[keys, rows]`), a query's row at a
+    /// time ([`Plan::mask_row`]) between two transposes.
+    fn mask_block(&self, blk: &Block, t: &mut Tiles) {
+        let Block {
+            b,
+            h,
+            i0,
+            rows,
+            j0,
+            keys,
+            ..
+        } = *blk;
+        let n = rows * keys;
+        let p = t.p.get(n);
+        t.rows.resize(n, 0.0);
+        transpose(p, (keys, rows), &mut t.rows);
+        for (r, row) in t.rows.chunks_exact_mut(keys).enumerate() {
+            self.mask_row((b, h, i0 + r), j0, row);
+        }
+        transpose(&t.rows, (rows, keys), p);
     }
 
     /// The rules that are the same for every query ([`Plan::by_key`]) on a whole block's
