@@ -573,6 +573,53 @@ fn the_amx_build_matches_the_fma_build_and_the_twin() {
                 ..AttnOptions::default()
             },
         ),
+        // Rules every query shares, on the transposed scores of whole blocks (`key_rules`):
+        // key padding that hides a whole key block and part of the next, a per-key float mask
+        // with −∞ and a per-key bool mask.
+        (
+            "key padding + float mask [1, H, 1, S] + bool mask [S]",
+            (2, 2),
+            (128, 256),
+            (64, 64),
+            AttnOptions {
+                key_padding: Some(KeyPadding::from_lengths(&[100], 256).unwrap()),
+                float_mask: Some(
+                    FloatMask::from_vec(
+                        (0..2 * 256)
+                            .map(|x| match x % 9 {
+                                4 => f32::NEG_INFINITY,
+                                r => 0.2 * r as f32 - 0.8,
+                            })
+                            .collect(),
+                        &[1, 2, 1, 256],
+                    )
+                    .unwrap(),
+                ),
+                bool_mask: Some(
+                    BoolMask::from_vec((0..256).map(|j| j % 6 != 1).collect(), &[256]).unwrap(),
+                ),
+                ..AttnOptions::default()
+            },
+        ),
+        // A mask with a row per query, on a transposed copy, then the fast lane (`mask_block`).
+        (
+            "float mask [L, S]",
+            (2, 1),
+            (128, 192),
+            (64, 64),
+            AttnOptions {
+                float_mask: Some(
+                    FloatMask::from_vec(
+                        (0..128 * 192)
+                            .map(|x| ((x * 37 % 101) as f32 - 50.0) / 40.0)
+                            .collect(),
+                        &[128, 192],
+                    )
+                    .unwrap(),
+                ),
+                ..AttnOptions::default()
+            },
+        ),
     ];
     for (name, (h, hkv), (l, s), (d, dv), opt) in cases {
         let sh = AttnShape {

@@ -484,7 +484,7 @@ struct Plan<'a> {
     sh: AttnShape,
     opt: &'a AttnOptions,
     offset: isize,
-    /// Whether ALiBi, a float mask, a boolean mask or key padding applies (the per-key lane).
+    /// Whether ALiBi, a float mask, a boolean mask or key padding applies.
     extras: bool,
     /// Whether those rules are the same for every query (key padding, masks of one row for all
     /// queries, no ALiBi): whole blocks then keep the fast lane ([`Plan::key_rules`]).
@@ -632,7 +632,7 @@ struct Tiles {
     z: Vec<f32>,
     /// `1 − tanh²(s/c)` under a softcap.
     dcap: Vec<f32>,
-    /// `S` (not transposed), for the row rules of the general lane.
+    /// `S` (not transposed), for the row rules ([`Plan::mask_block`]).
     rows: Vec<f32>,
 }
 
