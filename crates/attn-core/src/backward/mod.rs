@@ -937,7 +937,10 @@ impl Plan<'_> {
         let (rows, j0) = ((l_n - i0).min(BLOCK_Q), jb * BLOCK_KV);
         let keys = (s_n - j0).min(BLOCK_KV);
         let visible = self.visible(i0, rows, j0, keys);
-        if visible == Visible::None {
+        // A block of keys the padding hides whole adds nothing (its weights are 0).
+        let padded = (self.opt.key_padding.as_ref())
+            .is_some_and(|kp| kp.row(b)[j0..j0 + keys].iter().all(|&real| !real));
+        if visible == Visible::None || padded {
             return;
         }
         let blk = Block {
