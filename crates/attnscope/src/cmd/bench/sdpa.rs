@@ -291,13 +291,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
     let inputs = f32_bytes(&shape.q_dims()) + 2 * f32_bytes(&shape.k_dims());
     let out = f32_bytes(&shape.out_dims());
-    let mask = f32_bytes(&[shape.seq_q, shape.seq_kv]);
-    let mut bytes = inputs + out + f32_bytes(&shape.out_dims()[..3]);
-    bytes += match args.mask {
+    let scores = f32_bytes(&[shape.seq_q, shape.seq_kv]);
+    let mask = match args.mask {
         MaskArg::None | MaskArg::Padding => 0,
-        MaskArg::Float => mask,
-        MaskArg::Bool => mask / 4,
+        MaskArg::Float => scores,
+        MaskArg::Bool => scores / 4,
     };
+    let mut bytes = inputs + out + f32_bytes(&shape.out_dims()[..3]) + mask;
     if args.dtype == Dtype::Bf16 {
         bytes += inputs / 2;
     }
@@ -310,7 +310,7 @@ fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
     if bytes > total {
         bail!(
             "--seq {} --heads {} --head-dim {} (batch {}, {} key/value heads, {} keys) would need \
-             {:.1} GiB for the inputs and outputs alone; this machine has {:.1} GiB",
+             {:.1} GiB for the inputs{} and outputs alone; this machine has {:.1} GiB",
             args.seq,
             args.heads,
             args.head_dim,
@@ -318,6 +318,13 @@ fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
             shape.n_kv_heads,
             shape.seq_kv,
             bytes as f64 / (1u64 << 30) as f64,
+            match mask {
+                0 => String::new(),
+                mask => format!(
+                    ", the --mask ({:.1} GiB)",
+                    mask as f64 / (1u64 << 30) as f64
+                ),
+            },
             total as f64 / (1u64 << 30) as f64,
         );
     }
@@ -409,6 +416,29 @@ mod tests {
         } else {
             assert_eq!(forward_isa(Dtype::F32, 31), Isa::best());
         }
+    }
+
+    /// A mask of 10¹² scores (4 TB) is refused before anything is allocated, naming the mask's
+    /// share (where `/proc/meminfo` tells the machine's memory, as on the machines this runs on).
+    #[test]
+    fn a_mask_larger_than_the_machine_is_refused_naming_it() {
+        assert!(
+            physical_memory().is_some(),
+            "no /proc/meminfo to check against"
+        );
+        let a = Args {
+            seq: 1_000_000,
+            seq_kv: None,
+            batch: 1,
+            heads: 1,
+            kv_heads: None,
+            head_dim: 8,
+            weights: WeightsArg::None,
+            mask: MaskArg::Float,
+            ..args()
+        };
+        let msg = format!("{:#}", run(a).unwrap_err());
+        assert!(msg.contains("the --mask (3725.3 GiB)"), "{msg}");
     }
 
     #[test]
