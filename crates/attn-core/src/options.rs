@@ -120,6 +120,21 @@ impl AttnOptions {
         diagonal_offset(self.causal.or(self.align), seq_q, seq_kv)
     }
 
+    /// Steps 2–5 of the rules on the scaled scores of query `i` of head `h` in batch `b` against
+    /// keys `j0..`: the softcap, then [`AttnOptions::apply_extras`].
+    pub(crate) fn apply_rules(
+        &self,
+        bhi: (usize, usize, usize),
+        offset: isize,
+        j0: usize,
+        row: &mut [f32],
+    ) {
+        if let Some(c) = self.softcap {
+            row.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
+        }
+        self.apply_extras(bhi, offset, j0, row);
+    }
+
     /// Steps 3–5 of the rules on the scores of query `i` of head `h` in batch `b` against keys
     /// `j0..` (`offset` the diagonal's): ALiBi, the float mask, then the boolean mask and key
     /// padding (a hidden key's score becomes −∞). One rule at a time, in loops that vectorise

@@ -4,6 +4,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
+use crate::fused::Isa;
 
 /// Rows of `C` per register tile of the AVX-512 GEMM, and rows per panel of a [`Panels`].
 pub(super) const MR: usize = 6;
@@ -140,6 +141,14 @@ pub(super) enum Kernels {
 
 impl Kernels {
     /// The AVX-512 build when this CPU has AVX-512F, else `None`.
+    /// The kernels for `isa`: every ISA beyond the portable one implies AVX-512F.
+    pub(super) fn for_isa(isa: Isa) -> Kernels {
+        match isa {
+            Isa::Portable => Kernels::Portable,
+            _ => Kernels::avx512().unwrap_or(Kernels::Portable),
+        }
+    }
+
     pub(super) fn avx512() -> Option<Kernels> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f") {

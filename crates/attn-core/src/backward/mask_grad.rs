@@ -15,11 +15,11 @@
 use rayon::prelude::*;
 
 use super::kernels::Kernels;
-use super::{LSE_BOUND, validate};
+use super::{LSE_BOUND, row_deltas, validate};
 use crate::fused::Isa;
 use crate::mask::key_range;
 use crate::shape::FiniteBits;
-use crate::{AttnError, AttnInput, AttnOptions};
+use crate::{AttnError, AttnInput, AttnOptions, FloatMask};
 
 /// Query rows per block: few enough for [`Isa::gemm_abt`]'s kernel, which reads the keys as
 /// they are stored.
@@ -94,29 +94,11 @@ pub fn sdpa_backward_float_mask_with(
     dout: &[f32],
 ) -> Result<Vec<f32>, AttnError> {
     validate(input, options, Some((out, lse)), dout)?;
-    let Some(mask) = &options.float_mask else {
-        return Err(AttnError::InvalidOption {
-            option: "float_mask",
-            reason: "is not given, so there is no mask gradient to compute".into(),
-        });
-    };
-    if !isa.is_available() {
-        return Err(AttnError::InvalidOption {
-            option: "isa",
-            reason: format!("{isa:?} kernels need CPU features this machine lacks"),
-        });
-    }
+    let mask = float_mask(options)?;
+    isa.require()?;
     let sh = input.shape;
     let [mb, mh, ml, ms] = mask.dims();
-    let dv = sh.value_dim;
-    // D = rowsum(dout ∘ out), [batch, n_heads, seq_q]
-    let delta: Vec<f32> = (0..lse.len())
-        .map(|r| {
-            (dout[r * dv..][..dv].iter().zip(&out[r * dv..][..dv]))
-                .map(|(a, b)| a * b)
-                .sum()
-        })
-        .collect();
+    let delta = row_deltas(dout, out, sh.value_dim, lse.len());
     // Each mask head's part is written with zeros by the thread that takes it, before its
     // sums read it: no page of it is first read (see `zeros_written`).
     let mut dmask = vec![0.0; mask.data().len()];
@@ -126,11 +108,7 @@ pub fn sdpa_backward_float_mask_with(
     let blocks = sh.seq_q.div_ceil(ROWS);
     let pass = Pass {
         isa,
-        // Every ISA beyond the portable one implies AVX-512F.
-        kernels: match isa {
-            Isa::Portable => Kernels::Portable,
-            _ => Kernels::avx512().unwrap_or(Kernels::Portable),
-        },
+        kernels: Kernels::for_isa(isa),
         input,
         options,
         lse,
@@ -167,6 +145,17 @@ pub fn sdpa_backward_float_mask_with(
         }
     });
     refuse_overflow(dmask, input)
+}
+
+/// The float mask whose gradient is asked for, or the error that there is none.
+pub(super) fn float_mask(options: &AttnOptions) -> Result<&FloatMask, AttnError> {
+    options
+        .float_mask
+        .as_ref()
+        .ok_or_else(|| AttnError::InvalidOption {
+            option: "float_mask",
+            reason: "is not given, so there is no mask gradient to compute".into(),
+        })
 }
 
 /// Refuses a mask gradient holding NaN or ±∞ when `input` is finite, as
@@ -262,13 +251,10 @@ impl Pass<'_> {
         }
         let (scale, offset) = (opt.scale_for(&sh), opt.offset(sh.seq_q, sh.seq_kv));
         let (lo, hi) = key_range(opt.causal, opt.window, offset, i, sh.seq_kv);
-        // The scores as the forward pass finishes them: scale, softcap, then the extras.
+        // The scores as the forward pass finishes them: scaled, then the rules.
         let scores = &mut s[lo..hi];
         scores.iter_mut().for_each(|x| *x *= scale);
-        if let Some(c) = opt.softcap {
-            scores.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
-        }
-        opt.apply_extras((b, h, i), offset, lo, scores);
+        opt.apply_rules((b, h, i), offset, lo, scores);
         if let Some(d) = opt.dropout {
             for (j, x) in (lo..hi).zip(&mut dp[lo..hi]) {
                 *x = d.apply(*x, b, h, i, j);

@@ -170,6 +170,17 @@ impl Grads {
     }
 }
 
+/// `D = rowsum(dout ∘ out)` for each of the `rows` rows of `value_dim` values.
+fn row_deltas(dout: &[f32], out: &[f32], value_dim: usize, rows: usize) -> Vec<f32> {
+    if value_dim == 0 {
+        return vec![0.0; rows];
+    }
+    dout.par_chunks(value_dim)
+        .zip(out.par_chunks(value_dim))
+        .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum())
+        .collect()
+}
+
 /// Refuses a saved log-sum-exp holding NaN or +∞, which no forward pass gives (−∞ is a row
 /// that saw no key).
 pub(crate) fn check_saved_lse(lse: &[f32]) -> Result<(), AttnError> {
@@ -342,12 +353,7 @@ pub fn sdpa_backward_with(
     dout: &[f32],
 ) -> Result<Grads, AttnError> {
     validate(input, options, Some((out, lse)), dout)?;
-    if !isa.is_available() {
-        return Err(AttnError::InvalidOption {
-            option: "isa",
-            reason: format!("{isa:?} kernels need CPU features this machine lacks"),
-        });
-    }
+    isa.require()?;
     let sh = input.shape;
     let (scale, norms) = (options.scale_for(&sh), Norms::of(input, dout));
     if !norms.moderate(scale) {
@@ -364,21 +370,9 @@ pub fn sdpa_backward_with(
         Cow::Owned(lse)
     };
     let lse = &lse_fast[..];
-    // Every ISA beyond the portable one implies AVX-512F.
-    let kernels = match isa {
-        Isa::Portable => Kernels::Portable,
-        _ => Kernels::avx512().unwrap_or(Kernels::Portable),
-    };
+    let kernels = Kernels::for_isa(isa);
     let dv = sh.value_dim;
-    // D = rowsum(dout ∘ out), [batch, n_heads, seq_q]
-    let delta: Vec<f32> = if dv == 0 {
-        vec![0.0; lse.len()]
-    } else {
-        dout.par_chunks(dv)
-            .zip(out.par_chunks(dv))
-            .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum())
-            .collect()
-    };
+    let delta = row_deltas(dout, out, dv, lse.len());
     let plan = Plan {
         sh,
         opt: options,

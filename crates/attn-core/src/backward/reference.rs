@@ -25,11 +25,7 @@ pub fn sdpa_backward_reference(
     dout: &[f32],
 ) -> Result<Grads, AttnError> {
     validate(input, options, None, dout)?;
-    let mut g = Grads {
-        dq: vec![0.0; input.q.len()],
-        dk: vec![0.0; input.k.len()],
-        dv: vec![0.0; input.v.len()],
-    };
+    let mut g = zero_grads(input);
     let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
     add_rows(input, options, dout, 0..rows, (&mut g, None));
     g.refuse_overflow(input)
@@ -49,21 +45,21 @@ pub fn sdpa_backward_float_mask_reference(
     dout: &[f32],
 ) -> Result<Vec<f32>, AttnError> {
     validate(input, options, None, dout)?;
-    let Some(mask) = &options.float_mask else {
-        return Err(AttnError::InvalidOption {
-            option: "float_mask",
-            reason: "is not given, so there is no mask gradient to compute".into(),
-        });
-    };
-    let mut g = Grads {
-        dq: vec![0.0; input.q.len()],
-        dk: vec![0.0; input.k.len()],
-        dv: vec![0.0; input.v.len()],
-    };
+    let mask = super::mask_grad::float_mask(options)?;
+    let mut g = zero_grads(input);
     let mut dmask = vec![0.0; mask.data().len()];
     let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
     add_rows(input, options, dout, 0..rows, (&mut g, Some(&mut dmask)));
     super::mask_grad::refuse_overflow(dmask, input)
+}
+
+/// Zero gradients shaped like `input`'s q, k and v.
+fn zero_grads(input: &AttnInput<'_>) -> Grads {
+    Grads {
+        dq: vec![0.0; input.q.len()],
+        dk: vec![0.0; input.k.len()],
+        dv: vec![0.0; input.v.len()],
+    }
 }
 
 /// Adds the gradients that query rows `rows` (flat indices into `[batch, n_heads, seq_q]`)

@@ -67,6 +67,18 @@ impl Isa {
         }
     }
 
+    /// `Ok` when this CPU can run the kernels of `self`; else the error every call that takes
+    /// an `Isa` gives.
+    pub(crate) fn require(self) -> Result<(), AttnError> {
+        match self.is_available() {
+            true => Ok(()),
+            false => Err(AttnError::InvalidOption {
+                option: "isa",
+                reason: format!("{self:?} kernels need CPU features this machine lacks"),
+            }),
+        }
+    }
+
     /// Whether this CPU can run the kernels of `self`.
     pub fn is_available(self) -> bool {
         match self {

@@ -230,12 +230,7 @@ fn run(
     };
     shape.check_lens(q, k, v)?;
     options.validate(&shape)?;
-    if !isa.is_available() {
-        return Err(AttnError::InvalidOption {
-            option: "isa",
-            reason: format!("{isa:?} kernels need CPU features this machine lacks"),
-        });
-    }
+    isa.require()?;
     if shape.head_dim == 0 || shape.value_dim == 0 {
         return degenerate();
     }
@@ -711,7 +706,7 @@ impl<'a> Plan<'a> {
     /// of the reference's steps 1–5: hidden keys become `−∞`.
     fn finish_scores(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
         if self.extras {
-            self.extra_rules((b, h, i), j0, row);
+            self.opt.apply_rules((b, h, i), self.offset, j0, row);
         }
         let (lo, hi) = key_range(
             self.opt.causal,
@@ -724,15 +719,6 @@ impl<'a> Plan<'a> {
         let (lo, hi) = (lo.clamp(j0, end) - j0, hi.clamp(j0, end) - j0);
         row[..lo].fill(f32::NEG_INFINITY);
         row[hi.max(lo)..].fill(f32::NEG_INFINITY);
-    }
-
-    /// Steps 2–5 beyond the scale and the causal/window range: the softcap, then
-    /// [`AttnOptions::apply_extras`].
-    fn extra_rules(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
-        if let Some(c) = self.opt.softcap {
-            row.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
-        }
-        self.opt.apply_extras((b, h, i), self.offset, j0, row);
     }
 
     /// The forward pass ([`Forward`]).
