@@ -191,10 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             String::new()
         },
-        match (
-            &grads,
-            case.backward.as_ref().and_then(|bw| bw.mask_dims.as_ref())
-        ) {
+        match (&grads, mask_dims) {
             (None, _) => String::new(),
             (Some(_), mask) => format!(
                 ", dq {:?}, dk {:?}, dv {:?}{}",
