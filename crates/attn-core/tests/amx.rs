@@ -1,22 +1,20 @@
 //! The AMX plumbing: detection against `/proc/cpuinfo`, and the packed bf16 GEMM against an f64
 //! reference on awkward sizes (none a multiple of a tile, some below one tile, depth 1).
 
+mod common;
+
 use attn_core::AttnError;
 use attn_core::amx::{self, PackedB, gemm_bf16};
 use attn_core::fused::bf16;
 
-/// SplitMix64 values in [-2, 2), rounded to bf16.
+use common::rng::Rng;
+
+/// Values uniform in [-2, 2), rounded to bf16.
 fn values(seed: u64, len: usize) -> Vec<bf16> {
-    let mut s = seed;
-    (0..len)
-        .map(|_| {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            bf16::from_f32((z >> 40) as f32 / (1u64 << 22) as f32 - 2.0)
-        })
+    Rng(seed)
+        .vec(len, 2.0)
+        .into_iter()
+        .map(bf16::from_f32)
         .collect()
 }
 

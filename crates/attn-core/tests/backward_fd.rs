@@ -6,6 +6,8 @@
 //!
 //! and one test per bad input.
 
+mod common;
+
 use attn_core::backward::sdpa_backward_with;
 use attn_core::fused::Isa;
 use attn_core::{
@@ -13,23 +15,7 @@ use attn_core::{
     KeyPadding, Window, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference,
 };
 
-/// SplitMix64 values in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+use common::rng::Rng;
 
 struct Inputs {
     q: Vec<f32>,
@@ -42,7 +28,7 @@ fn random_inputs(sh: AttnShape, seed: u64) -> Inputs {
     let numel = |d: [usize; 4]| d.iter().product::<usize>();
     let mut rng = Rng(seed);
     // Scores of order 1 (entries up to 1.5, head_dim 4) keep the softmax away from saturation.
-    let mut scaled = |n: usize| rng.vec(n).into_iter().map(|x| 1.5 * x).collect::<Vec<_>>();
+    let mut scaled = |n: usize| rng.vec(n, 1.5);
     Inputs {
         q: scaled(numel(sh.q_dims())),
         k: scaled(numel(sh.k_dims())),
@@ -191,7 +177,7 @@ fn float_and_bool_masks() {
             if idx == 7 + 3 {
                 f32::NEG_INFINITY
             } else {
-                rng.next()
+                rng.sym(1.0)
             }
         })
         .collect();
@@ -201,7 +187,7 @@ fn float_and_bool_masks() {
     };
     check_against_fd("float mask", sh, opt, 6);
     let mask: Vec<bool> = (0..sh.batch * sh.seq_q * sh.seq_kv)
-        .map(|_| rng.next() > -0.5)
+        .map(|_| rng.sym(1.0) > -0.5)
         .collect();
     let opt = AttnOptions {
         bool_mask: Some(BoolMask::from_vec(mask, &[sh.batch, 1, sh.seq_q, sh.seq_kv]).unwrap()),
@@ -793,7 +779,7 @@ fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
         let norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
         x.into_iter().map(move |v| v / norm)
     };
-    let u: Vec<f32> = unit(rng.vec(d)).collect();
+    let u: Vec<f32> = unit(rng.vec(d, 1.0)).collect();
     // Rows u + noise/20, of norm a: scale·a² = 31.9 with the default scale 1/√d.
     let a = (31.9 * (d as f32).sqrt()).sqrt();
     let mut rows = |n: usize| -> Vec<f32> {
@@ -801,7 +787,7 @@ fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
             .flat_map(|_| {
                 let row: Vec<f32> = u
                     .iter()
-                    .zip(rng.vec(d))
+                    .zip(rng.vec(d, 1.0))
                     .map(|(u, e)| u + 0.05 * e)
                     .collect();
                 unit(row).map(|v| v * a).collect::<Vec<_>>()
@@ -809,7 +795,7 @@ fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
             .collect()
     };
     let (q, k) = (rows(l), rows(s));
-    let (v, dout) = (rng.vec(s * d), rng.vec(l * d));
+    let (v, dout) = (rng.vec(s * d, 1.0), rng.vec(l * d, 1.0));
     let input = AttnInput::new(&q, &k, &v, shape).unwrap();
     let options = AttnOptions::default();
     let fwd = sdpa(&input, &options).unwrap();
@@ -831,8 +817,12 @@ fn a_large_scale_keeps_the_amx_lanes_gradients_exact() {
     let (l, s, d) = (64, 128, 64);
     let shape = AttnShape::new(1, 2, l, s, d);
     let mut rng = Rng(29);
-    let q: Vec<f32> = rng.vec(2 * l * d).iter().map(|x| x * 1e-20).collect();
-    let (k, v, dout) = (rng.vec(2 * s * d), rng.vec(2 * s * d), rng.vec(2 * l * d));
+    let q: Vec<f32> = rng.vec(2 * l * d, 1.0).iter().map(|x| x * 1e-20).collect();
+    let (k, v, dout) = (
+        rng.vec(2 * s * d, 1.0),
+        rng.vec(2 * s * d, 1.0),
+        rng.vec(2 * l * d, 1.0),
+    );
     let input = AttnInput::new(&q, &k, &v, shape).unwrap();
     let options = AttnOptions {
         scale: Some(10.0),
@@ -884,8 +874,8 @@ fn large_scores_leave_the_amx_lane() {
     let (n, d) = (64, 64);
     let shape = AttnShape::new(1, 1, n, n, d);
     let mut rng = Rng(123);
-    let (mut q, mut k) = (rng.vec(n * d), rng.vec(n * d));
-    let (v, dout) = (rng.vec(n * d), rng.vec(n * d));
+    let (mut q, mut k) = (rng.vec(n * d, 1.0), rng.vec(n * d, 1.0));
+    let (v, dout) = (rng.vec(n * d, 1.0), rng.vec(n * d, 1.0));
     for row in 0..n {
         q[row * d] = 1.0;
         k[row * d] += 1000.0;
@@ -916,10 +906,10 @@ fn the_backward_reference_keeps_a_nan_query_in_its_row() {
     let shape = AttnShape::new(1, 1, n, n, d);
     let mut rng = Rng(7);
     let (mut q, k, v, dout) = (
-        rng.vec(n * d),
-        rng.vec(n * d),
-        rng.vec(n * d),
-        rng.vec(n * d),
+        rng.vec(n * d, 1.0),
+        rng.vec(n * d, 1.0),
+        rng.vec(n * d, 1.0),
+        rng.vec(n * d, 1.0),
     );
     q[2 * d] = f32::NAN;
     let input = AttnInput::allowing_non_finite(&q, &k, &v, shape).unwrap();
@@ -960,10 +950,10 @@ fn extreme_scales_give_the_references_gradients() {
         (1e30f32, 1e10f32, 1e-40f32, 1.0f32),
         (1e-37, 1.0, 1.5e37, 100.0),
     ] {
-        let q = times(rng.vec(16), qa);
-        let k = times(rng.vec(20), ka);
-        let v = times(rng.vec(20), va);
-        let dout = times(rng.vec(16), va);
+        let q = times(rng.vec(16, 1.0), qa);
+        let k = times(rng.vec(20, 1.0), ka);
+        let v = times(rng.vec(20, 1.0), va);
+        let dout = times(rng.vec(16, 1.0), va);
         let options = AttnOptions {
             scale: Some(scale),
             ..AttnOptions::default()

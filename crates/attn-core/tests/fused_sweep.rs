@@ -12,37 +12,12 @@ use attn_core::{
 };
 use common::{assert_close, golden_files, load_case};
 
+use common::rng::Rng;
+
 /// The f32 tolerance of fused vs reference: both compute in f32 and differ only in the order
 /// of the sums (a 128-term dot product of N(0,1) values rounds to ~1e-6 relative), so 1e-4
 /// relative to max(1, |x|) leaves a wide margin while catching any wrong mask or scale.
 const TOL: f32 = 1e-4;
-
-/// SplitMix64: reproducible inputs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Uniform in [-a, a).
-    fn sym(&mut self, a: f32) -> f32 {
-        (self.uniform() * 2.0 - 1.0) * a
-    }
-    fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
-        (0..n).map(|_| self.sym(a)).collect()
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
 
 /// The instruction sets to test here: every one this CPU runs, the portable path always.
 fn isas() -> Vec<Isa> {
@@ -101,7 +76,7 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
     let bool_mask = |rng: &mut Rng| {
         // [B, 1, L, S], about 30% hidden; row 0 of batch 0 fully hidden.
         let data = (0..b * l * s)
-            .map(|idx| idx >= s && rng.uniform() > 0.3)
+            .map(|idx| idx >= s && rng.unit() > 0.3)
             .collect();
         BoolMask::from_vec(data, &[b, 1, l, s]).unwrap()
     };
@@ -109,7 +84,7 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
         // [L, S] of small values, about 10% −∞.
         let data = (0..l * s)
             .map(|_| {
-                if rng.uniform() < 0.1 {
+                if rng.unit() < 0.1 {
                     f32::NEG_INFINITY
                 } else {
                     rng.sym(2.0)

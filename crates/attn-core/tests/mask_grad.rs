@@ -4,6 +4,8 @@
 //! shapes through every instruction set; then rows whose saved lse cannot be trusted, and bad
 //! input.
 
+mod common;
+
 use attn_core::backward::sdpa_backward_float_mask_with;
 use attn_core::fused::Isa;
 use attn_core::{
@@ -11,23 +13,7 @@ use attn_core::{
     Window, sdpa, sdpa_backward_float_mask, sdpa_backward_float_mask_reference, sdpa_reference,
 };
 
-/// SplitMix64 values in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, amplitude: f32) -> Vec<f32> {
-        (0..n).map(|_| amplitude * self.next()).collect()
-    }
-}
+use common::rng::Rng;
 
 struct Case {
     q: Vec<f32>,

@@ -3,33 +3,14 @@
 //! on a sweep of awkward shapes and every option; plus tiny cases whose values are derived by
 //! hand in comments.
 
+mod common;
+
 use attn_core::{
     AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
     KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
 };
 
-/// SplitMix64: a small seeded generator, enough for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-    fn vec(&mut self, n: usize, amplitude: f32) -> Vec<f32> {
-        (0..n).map(|_| amplitude * self.uniform()).collect()
-    }
-}
+use common::rng::Rng;
 
 /// Expands a mask of `dims` (rank ≤ 4, PyTorch broadcasting) to the full `[B, H, L, S]`.
 fn expand<T: Copy>(data: &[T], dims: [usize; 4], full: [usize; 4]) -> Vec<T> {
@@ -262,7 +243,7 @@ fn options_for(recipe: usize, sh: AttnShape, rng: &mut Rng) -> AttnOptions {
                     if rng.chance(0.2) {
                         f32::NEG_INFINITY
                     } else {
-                        2.0 * rng.uniform()
+                        2.0 * rng.sym(1.0)
                     }
                 })
                 .collect();

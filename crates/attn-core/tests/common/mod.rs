@@ -1,6 +1,8 @@
 //! Reads the golden cases of `shared/golden/sdpa` and compares results the way its README says.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod rng;
+
 use std::path::PathBuf;
 
 use attn_core::{AttnOptions, AttnShape, BoolMask, Causal, FloatMask, KeyPadding, Window};
