@@ -1047,6 +1047,53 @@ fn a_non_finite_key_in_a_later_block_reaches_the_rows_that_see_it() {
     }
 }
 
+/// Found by a review: a row that met a NaN score in one key block took its running max back
+/// from the next block (`f32::max(NaN, x)` is `x`) with its sum still NaN, and the weights then
+/// recomputed from that max gave NaN at keys the masks hide, where the reference gives 0.
+#[test]
+fn a_row_that_saw_a_nan_keeps_zero_weights_at_hidden_keys() {
+    // One query and 32 against 300 keys (two or more key blocks on every path); key 0 is NaN,
+    // key 1 hidden by the boolean mask, and the rows read the later blocks after the NaN.
+    for l in [1, 32] {
+        let shape = AttnShape::new(1, 1, l, 300, 8);
+        let mut rng = Rng(16);
+        let (q, mut k, v) = (
+            rng.vec(l * 8, 1.0),
+            rng.vec(300 * 8, 1.0),
+            rng.vec(300 * 8, 1.0),
+        );
+        k[3] = f32::NAN;
+        let allow: Vec<bool> = (0..300).map(|j| j != 1).collect();
+        let opts = AttnOptions {
+            bool_mask: Some(BoolMask::from_vec(allow, &[300]).unwrap()),
+            weights: WeightsRequest::All,
+            ..AttnOptions::default()
+        };
+        on_f32_and_bf16(
+            (&q, &k, &v),
+            shape,
+            &opts,
+            false,
+            |name, _, got, want, _| {
+                let (got, want) = (
+                    got.weights.as_ref().unwrap(),
+                    want.weights.as_ref().unwrap(),
+                );
+                for (i, (&g, &w)) in got.data().iter().zip(want.data()).enumerate() {
+                    let (row, key) = (i / 300, i % 300);
+                    assert!(
+                        g.is_nan() == w.is_nan() && (w.is_nan() || g == w || (g - w).abs() < 1e-2),
+                        "l {l}, {name}: weight ({row}, {key}) is {g}, the reference {w}"
+                    );
+                }
+                for row in 0..l {
+                    assert_eq!(got.data()[row * 300 + 1], 0.0, "l {l}, {name}: row {row}");
+                }
+            },
+        );
+    }
+}
+
 #[test]
 fn huge_scores_give_a_softmax_of_them() {
     // Scores near ±1e4, ±1e9 and ±1e30 (queries and keys of 1e2, 3.2e4, 1e5 and 1e15 times

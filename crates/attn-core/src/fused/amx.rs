@@ -911,7 +911,8 @@ const MAX_HEADROOM: f32 = 5.5;
 /// scores reach past `m` by more than [`MAX_HEADROOM`] does a second pass take the new max
 /// (FlashAttention-4's conditional rescaling). So the row's max stays behind its scores by at
 /// most that headroom, and the accumulator is rescaled only when it moves. `None` (nothing
-/// changed) when a score is NaN or ±∞: those rows take the general step.
+/// changed) when a score is NaN or ±∞, or the row met a NaN score before (its max is NaN, and
+/// must stay so): those rows take the general step.
 fn lazy_step(
     raw_max: Option<f32>,
     scale: f32,
@@ -919,6 +920,9 @@ fn lazy_step(
     mut pass: impl FnMut(f32) -> (f32, f32),
 ) -> Option<Option<f32>> {
     let m = *state.0;
+    if m.is_nan() {
+        return None;
+    }
     let (m_new, block_sum) = match raw_max {
         Some(raw) => {
             if !raw.is_finite() {

@@ -910,13 +910,10 @@ impl<'a> Plan<'a> {
         (m, sum): (&mut f32, &mut f32),
     ) -> Option<f32> {
         // A NaN score (only from inputs that opted out of the finiteness check) must reach this
-        // row's output, as in the reference: `f32::max` would drop it.
-        let block_max = self.isa.max(row);
-        let m_new = if block_max.is_nan() {
-            f32::NAN
-        } else {
-            m.max(block_max)
-        };
+        // row's output, as in the reference, and its running max stays NaN from then on, so
+        // that the weights recomputed from it are NaN at its visible keys and 0 at the others:
+        // `f32::max` would drop it, in this block or the next.
+        let m_new = crate::max_keeping_nan(*m, self.isa.max(row));
         if m_new == f32::NEG_INFINITY {
             row.fill(0.0);
             return None;
