@@ -95,6 +95,18 @@ pub enum AttnError {
         index: usize,
         value: f32,
     },
+    /// A call with `head_dim` 0 declares more scores than
+    /// [`crate::shape::MAX_EMPTY_HEAD_SCORES`]: its queries and keys hold nothing, so the
+    /// inputs bound neither its work nor its per-row state.
+    #[error(
+        "head_dim is 0, so q and k hold no values, yet the call declares {scores} scores \
+         ({shape:?}); such a call may declare at most {max}"
+    )]
+    EmptyHeadTooLarge {
+        shape: Vec<usize>,
+        scores: u128,
+        max: usize,
+    },
     /// The requested result would need more memory than is reasonable to allocate.
     /// `bytes` is `u128::MAX` when the shape's element count overflows `usize`.
     #[error("{}", too_large_text(what, shape, *bytes))]

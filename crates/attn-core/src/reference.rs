@@ -35,8 +35,9 @@ pub fn sdpa_reference(
 
     let mut out = vec![0.0f32; b_n * h_n * l_n * dv];
     let mut lse = vec![f32::NEG_INFINITY; b_n * h_n * l_n];
-    // The weights asked for, and no more: every row's, the rows asked for (`at[i]`: where row
-    // `i` goes in the list, which may name it more than once), or each batch's sum over heads.
+    // The weights asked for, and no more: every row's, the rows asked for (`at`: each asked-for
+    // row with its place in the list, which may name a row more than once, sorted by row), or
+    // each batch's sum over heads.
     let mut kept = vec![
         0.0f32;
         match &options.weights {
@@ -46,12 +47,11 @@ pub fn sdpa_reference(
             WeightsRequest::HeadAverage => b_n * l_n * s_n,
         }
     ];
-    let mut at = vec![Vec::new(); l_n];
-    if let WeightsRequest::Rows(rows) = &options.weights {
-        for (p, &i) in rows.iter().enumerate() {
-            at[i].push(p);
-        }
-    }
+    let mut at: Vec<(usize, usize)> = match &options.weights {
+        WeightsRequest::Rows(rows) => rows.iter().enumerate().map(|(p, &i)| (i, p)).collect(),
+        _ => Vec::new(),
+    };
+    at.sort_unstable();
     let mut w_row = vec![0.0f32; s_n];
     let mut scores = vec![0.0f32; s_n];
     let mut visible = vec![false; s_n];
@@ -99,7 +99,8 @@ pub fn sdpa_reference(
                     WeightsRequest::None => {}
                     WeightsRequest::All => kept[row * s_n..][..s_n].copy_from_slice(&w_row),
                     WeightsRequest::Rows(rows) => {
-                        for &p in &at[i] {
+                        let first = at.partition_point(|&(r, _)| r < i);
+                        for &(_, p) in at[first..].iter().take_while(|&&(r, _)| r == i) {
                             let dst = ((b * h_n + h) * rows.len() + p) * s_n;
                             kept[dst..][..s_n].copy_from_slice(&w_row);
                         }

@@ -105,14 +105,22 @@ impl AttnShape {
         check_len("v", &self.v_dims(), v)
     }
 
-    /// Checks the head grouping and that the per-row state fits; element counts are checked by
+    /// Checks the head grouping, that the per-row state and the output fit, and that a call
+    /// whose queries and keys are empty declares few scores; element counts are checked by
     /// [`AttnInput::new`].
     ///
     /// The kernels keep an f32 per query row (the log-sum-exp) and per key (scores), even when
     /// `head_dim` or `value_dim` is 0 and every tensor is empty. Without this check an empty case
     /// declaring 10¹² rows asked for terabytes and aborted; now `batch · n_heads · seq_q` and
     /// `batch · n_kv_heads · seq_kv` f32 values must each fit in [`MAX_WEIGHTS_BYTES`], which
-    /// any input that holds at least one value per row already does.
+    /// any input that holds at least one value per row already does, and so must the output
+    /// (`[batch, n_heads, seq_q, value_dim]`: 1 MiB of queries and of values could otherwise ask
+    /// for terabytes of it).
+    ///
+    /// With `head_dim` 0 nothing in the inputs bounds the rows, keys or scores (every score is
+    /// 0·scale): such a call may declare at most [`MAX_EMPTY_HEAD_SCORES`] scores. Without this,
+    /// a 256-byte case declaring 2^20 rows and keys ran 2^40 steps, and one of 2^31 rows allocated
+    /// more state per row than the check above counts.
     pub fn validate(&self) -> Result<(), AttnError> {
         if self.n_kv_heads == 0 {
             return Err(AttnError::NoKvHeads {
@@ -127,15 +135,31 @@ impl AttnShape {
         }
         let q_rows = [self.batch, self.n_heads, self.seq_q];
         let k_rows = [self.batch, self.n_kv_heads, self.seq_kv];
-        for (what, rows) in [("query rows", q_rows), ("key rows", k_rows)] {
-            let bytes = f32_bytes(&rows);
+        let out = self.out_dims();
+        for (what, dims) in [
+            ("query rows", &q_rows[..]),
+            ("key rows", &k_rows[..]),
+            ("the output", &out[..]),
+        ] {
+            let bytes = f32_bytes(dims);
             if bytes > MAX_WEIGHTS_BYTES {
                 return Err(AttnError::TooLarge {
                     what,
-                    shape: rows.to_vec(),
+                    shape: dims.to_vec(),
                     bytes,
                 });
             }
+        }
+        let scores = self.score_dims();
+        let count = scores
+            .iter()
+            .fold(1u128, |n, &d| n.saturating_mul(d as u128));
+        if self.head_dim == 0 && count > MAX_EMPTY_HEAD_SCORES as u128 {
+            return Err(AttnError::EmptyHeadTooLarge {
+                shape: scores.to_vec(),
+                scores: count,
+                max: MAX_EMPTY_HEAD_SCORES,
+            });
         }
         Ok(())
     }
@@ -176,6 +200,11 @@ fn sees_a_key(shape: &AttnShape, options: &AttnOptions, (b, h, i): (usize, usize
             && (options.float_mask.as_ref()).is_none_or(|m| m.at(b, h, i, j) != f32::NEG_INFINITY)
     })
 }
+
+/// The most scores a call with `head_dim` 0 may declare ([`AttnShape::validate`]): its queries
+/// and keys hold nothing, so the inputs bound neither its work nor its per-row state. 2^26
+/// scores take under a second.
+pub const MAX_EMPTY_HEAD_SCORES: usize = 1 << 26;
 
 /// Bytes of an f32 tensor of shape `dims`, saturating at `u128::MAX`: a size to compare with a
 /// limit before allocating, whatever the dims.

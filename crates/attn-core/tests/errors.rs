@@ -543,13 +543,11 @@ fn non_finite_mask_and_slopes() {
 
 #[test]
 fn too_large_weights_are_refused_before_allocating() {
-    // head_dim = value_dim = 0 keeps the inputs empty while the weights would be
-    // 2²⁰ × 2²⁰ f32 = 4 TiB.
-    let sh = AttnShape::new(1, 1, 1 << 20, 1 << 20, 0);
-    let input = AttnInput::new(&[], &[], &[], sh).unwrap();
+    // 4 MiB of queries, keys and values whose weights would be 2²⁰ × 2²⁰ f32 = 4 TiB.
+    let sh = AttnShape::new(1, 1, 1 << 20, 1 << 20, 1);
+    let x = vec![0.0f32; 1 << 20];
+    let input = AttnInput::new(&x, &x, &x, sh).unwrap();
     let options = AttnOptions {
-        // head_dim 0 has no default scale (1/√0).
-        scale: Some(1.0),
         weights: WeightsRequest::All,
         ..AttnOptions::default()
     };
@@ -573,6 +571,67 @@ fn too_large_weights_are_refused_before_allocating() {
         AttnInput::new(&[], &[], &[], huge),
         Err(AttnError::TooLarge { .. })
     ));
+}
+
+/// Found by a hostile-input review of `attnscope sdpa`: with head_dim 0, q and k are empty, so a
+/// case of a few hundred bytes could declare 2^20 rows and keys (2^40 steps, minutes) or 2^31
+/// rows (48 GiB of the reference's per-row lists, then an abort); and 1 MiB of queries and
+/// values could ask for terabytes of output. All refused before any work.
+#[test]
+fn shapes_the_inputs_do_not_bound_are_refused() {
+    for (b, h, l, s) in [
+        (1, 1, 1 << 20, 1 << 20),
+        (1, 1, 1 << 31, 1),
+        (1, 1, 1, 1 << 31),
+        (1 << 15, 1 << 15, 1, 1),
+    ] {
+        let sh = AttnShape::new(b, h, l, s, 0);
+        let err = AttnInput::new(&[], &[], &[], sh).unwrap_err();
+        assert!(
+            matches!(&err, AttnError::EmptyHeadTooLarge { shape, .. } if shape == &[b, h, l, s]),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("head_dim is 0"), "{err}");
+        // A hand-built input is caught by the kernels' own validation.
+        let input = AttnInput {
+            q: &[],
+            k: &[],
+            v: &[],
+            shape: sh,
+        };
+        let options = AttnOptions {
+            scale: Some(1.0),
+            ..AttnOptions::default()
+        };
+        assert!(sdpa(&input, &options).is_err());
+        assert!(sdpa_reference(&input, &options).is_err());
+    }
+    // The bound itself is allowed: 2^13 × 2^13 scores of nothing, uniform weights.
+    let n = 1 << 13;
+    let sh = AttnShape::new(1, 1, n, n, 0).with_value_dim(1);
+    let v: Vec<f32> = (0..n).map(|j| j as f32).collect();
+    let input = AttnInput::new(&[], &[], &v, sh).unwrap();
+    let options = AttnOptions {
+        scale: Some(1.0),
+        ..AttnOptions::default()
+    };
+    let out = sdpa(&input, &options).unwrap();
+    let mean = (n - 1) as f32 / 2.0;
+    assert!(
+        out.out.iter().all(|&o| (o - mean).abs() <= 1e-3 * mean),
+        "{:?}",
+        &out.out[..4]
+    );
+    // 2^20 queries of one value each and one key whose value has 2^20 values: 8 MiB of input,
+    // 4 TiB of output.
+    let (l, dv) = (1 << 20, 1 << 20);
+    let sh = AttnShape::new(1, 1, l, 1, 1).with_value_dim(dv);
+    let (q, k, v) = (vec![0.0f32; l], vec![0.0f32; 1], vec![0.0f32; dv]);
+    let err = AttnInput::new(&q, &k, &v, sh).unwrap_err();
+    assert!(
+        matches!(&err, AttnError::TooLarge { what: "the output", bytes, .. } if *bytes == 4 << 40),
+        "{err:?}"
+    );
 }
 
 /// head_dim 0 with the default scale (1/√0 = ∞) made every score 0·∞ = NaN, which the call then

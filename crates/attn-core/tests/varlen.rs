@@ -375,6 +375,8 @@ fn inputs_built_without_new_are_checked_by_the_calls() {
 
 /// The totals of a packed batch have the padded call's limit: 40 sequences of 2^28 queries
 /// (empty rows, head_dim 0) passed every per-sequence check, then aborted allocating 6 GiB.
+/// (Each such sequence is now refused on its own, past `MAX_EMPTY_HEAD_SCORES`: 40 of 2^26,
+/// the most one may declare, are refused by their total.)
 #[test]
 fn packed_totals_beyond_the_limit_are_refused_before_allocating() {
     let d = PackedDims {
@@ -383,7 +385,7 @@ fn packed_totals_beyond_the_limit_are_refused_before_allocating() {
         head_dim: 0,
         value_dim: 0,
     };
-    let cu_q: Vec<usize> = (0..=40).map(|b| b << 28).collect();
+    let cu_q: Vec<usize> = (0..=40).map(|b| b << 26).collect();
     let cu_kv: Vec<usize> = (0..=40).collect();
     let err = PackedInput::new(&[], &[], &[], &cu_q, &cu_kv, d).unwrap_err();
     assert!(
