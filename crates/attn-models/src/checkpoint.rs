@@ -243,6 +243,50 @@ pub fn f32_from_le(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The first key a safetensors header repeats, as "tensor NAME" (its top level) or "metadata key
+/// NAME" (its `__metadata__`); `None` when none repeats, or the header is not JSON objects
+/// there. A JSON object may repeat a key, and readers keep one of them (serde_json and Python
+/// the last), so a file naming a tensor or a metadata key twice would be read as whichever
+/// its reader keeps.
+pub fn repeated_header_key(header: &str) -> Option<String> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    /// Visits an object's keys; `top` for the header's own, which hold `__metadata__`.
+    struct Keys {
+        top: bool,
+    }
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut repeated = None;
+            while let Some(key) = map.next_key::<String>()? {
+                let inner = match self.top && key == "__metadata__" {
+                    true => map.next_value_seed(Keys { top: false })?,
+                    false => map.next_value::<IgnoredAny>().map(|_| None)?,
+                };
+                let what = if self.top { "tensor" } else { "metadata key" };
+                if !seen.insert(key.clone()) {
+                    repeated = repeated.or(Some(format!("{what} {key:?}")));
+                }
+                repeated = repeated.or(inner);
+            }
+            Ok(repeated)
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Keys {
+        type Value = Option<String>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    let mut json = serde_json::Deserializer::from_str(header);
+    Keys { top: true }.deserialize(&mut json).ok().flatten()
+}
+
 fn parse_header(
     path: &Path,
     bytes: &[u8],
@@ -273,6 +317,9 @@ fn parse_header(
         std::str::from_utf8(&bytes[8..data_start]).map_err(|e| bad(format!("not UTF-8: {e}")))?;
     let raw: BTreeMap<String, serde_json::Value> =
         serde_json::from_str(header).map_err(|e| bad(format!("not a JSON object: {e}")))?;
+    if let Some(key) = repeated_header_key(header) {
+        return Err(bad(format!("it names {key} twice")));
+    }
     let data_len = file_len - data_start as u64;
 
     let mut entries = Vec::with_capacity(raw.len());

@@ -157,6 +157,39 @@ fn safetensors_header_not_json() {
     assert!(err.to_string().contains("unknown dtype X9"), "{err}");
 }
 
+/// A header may repeat a key as JSON allows; the reader kept the last, so a tensor named twice
+/// was reported as a gap where its first entry's bytes lay, and a metadata key given twice was
+/// one of its values, silently. Both are refused naming the key.
+#[test]
+fn safetensors_header_naming_a_key_twice() {
+    let entry = |name: &str, at: usize| {
+        format!(
+            r#""{name}":{{"dtype":"F32","shape":[1],"data_offsets":[{at},{}]}}"#,
+            at + 4
+        )
+    };
+    let header = format!("{{{},{},{}}}", entry("a", 0), entry("b", 4), entry("a", 4));
+    let err = open_bytes(&safetensors_bytes(&header, &[0; 8]))
+        .err()
+        .unwrap();
+    assert!(matches!(err, ModelError::BadHeader { .. }), "{err}");
+    assert!(err.to_string().contains(r#"tensor "a" twice"#), "{err}");
+    let header = format!(
+        r#"{{"__metadata__":{{"format":"pt","format":"np"}},{}}}"#,
+        entry("a", 0)
+    );
+    let err = open_bytes(&safetensors_bytes(&header, &[0; 4]))
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains(r#"metadata key "format" twice"#),
+        "{err}"
+    );
+    // The same keys at different levels are not repeats.
+    let header = format!(r#"{{"__metadata__":{{"a":"x"}},{}}}"#, entry("a", 0));
+    assert!(open_bytes(&safetensors_bytes(&header, &[0; 4])).is_ok());
+}
+
 #[test]
 fn safetensors_offsets_out_of_bounds() {
     let header = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
