@@ -272,6 +272,23 @@ impl ColorChoice {
     }
 }
 
+/// Whether `a` and `b` are one file: the same path once links and `..` are resolved, or (on
+/// Unix) the same device and inode, which a hard link shares. False when either is missing.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    if canonical(a).is_some_and(|a| Some(a) == canonical(b)) {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        id(a).is_some_and(|a| Some(a) == id(b))
+    }
+    #[cfg(not(unix))]
+    false
+}
+
 /// Checks before any work that `path` can be written: its folder exists and it is not a folder.
 pub fn check_output(path: &Path) -> anyhow::Result<()> {
     let parent = match path.parent() {

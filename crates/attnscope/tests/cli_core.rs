@@ -270,6 +270,65 @@ fn sdpa_accepts_the_hand_made_case() {
     assert!((0..2).all(|j| (f64::from(w[j]) - weights[j]).abs() < 1e-6));
 }
 
+/// A float mask of `f32::MIN` (how Hugging Face hides keys) gives an lse of about `f32::MIN`,
+/// here and in PyTorch; "-3e38 or less stands for −∞" was applied to the expected side only, so
+/// a right lse was reported OVER and the command failed. And a BF16 mask is widened, as the
+/// other BF16 tensors are (it was refused).
+#[test]
+fn sdpa_takes_an_f32_min_mask_and_a_bf16_mask() {
+    let dir = tempfile::tempdir().unwrap();
+    let f32s = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let tensor = |name: &str, dtype: &str, shape: &str, at: usize, len: usize| {
+        format!(
+            r#","{name}":{{"dtype":"{dtype}","shape":{shape},"data_offsets":[{at},{}]}}"#,
+            at + len
+        )
+    };
+    // Both keys hidden by f32::MIN: the scores (0.044 and 0.133) vanish beside it (its last
+    // place is 2^104), so both weigh 1/2, the output is the mean of the value rows [1, 1.25] and
+    // [1.5, 1.75], and the lse is f32::MIN + ln 2, which rounds to f32::MIN.
+    let header = [
+        tensor("mask", "F32", "[1,2]", 40, 8),
+        tensor("expected_lse", "F32", "[1,1,1]", 48, 4),
+        tensor("expected_out", "F32", "[1,1,1,2]", 52, 8),
+    ]
+    .concat();
+    let data = f32s(&[f32::MIN, f32::MIN, f32::MIN, 1.25, 1.5]);
+    let path = dir.path().join("min.safetensors");
+    std::fs::write(
+        &path,
+        case_bytes(("F32", "[1,1,1,2]"), &header, &data, "{}"),
+    )
+    .unwrap();
+    let out = dir.path().join("out.safetensors");
+    let stdout = ok(&["sdpa", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(!stdout.contains("OVER"), "{stdout}");
+    // A BF16 mask of [0, −∞] leaves the first key: the output is its value row, the lse its
+    // score, 0.25·0.25/√2.
+    let lse = (0.25f64 * 0.25 / 2f64.sqrt()) as f32;
+    let header = [
+        tensor("mask", "BF16", "[1,2]", 40, 4),
+        tensor("expected_lse", "F32", "[1,1,1]", 44, 4),
+        tensor("expected_out", "F32", "[1,1,1,2]", 48, 8),
+    ]
+    .concat();
+    let mask: Vec<u8> = [0x0000u16, 0xff80]
+        .iter()
+        .flat_map(|b| b.to_le_bytes())
+        .collect();
+    let data = [mask, f32s(&[lse, 1.0, 1.25])].concat();
+    std::fs::write(
+        &path,
+        case_bytes(("F32", "[1,1,1,2]"), &header, &data, "{}"),
+    )
+    .unwrap();
+    let stdout = ok(&["sdpa", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(
+        stdout.contains("out") && !stdout.contains("OVER"),
+        "{stdout}"
+    );
+}
+
 /// Metadata `align` puts a window without a causal mask on the bottom-right diagonal, as
 /// FlashAttention does: the one query of the 1 × 2 case then sees the second key, not the first.
 #[test]
@@ -551,7 +610,7 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
             &[0; 8],
             "{}",
         ),
-        &["mask has dtype I32", "BOOL or F32"],
+        &["mask has dtype I32", "BOOL, F32 or BF16"],
     );
     bad_case(
         d,
@@ -1306,7 +1365,7 @@ fn sdpa_backward_rejects_bad_gradients() {
             ",\"expected_dmask\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[48,56]}",
             &[0; 8],
         ),
-        &["expected_dmask is given but the case has no F32 mask"],
+        &["expected_dmask is given but the case has no float mask"],
     );
     // Without --backward a dout of any shape is left alone.
     let path = dir.path().join("ignored.safetensors");

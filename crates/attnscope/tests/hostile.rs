@@ -285,6 +285,66 @@ fn cases(root: &Path) -> Vec<Case> {
         "case-trillion.safetensors",
         sdpa_case("[1,1,1000000000000,0]", 0, 0.5, "{}"),
     );
+    let case_empty_head = write(
+        root,
+        "case-empty-head.safetensors",
+        sdpa_case("[1,1,1048576,0]", 0, 0.5, r#"{"scale":"1.0"}"#),
+    );
+    let case_fifo = root.join("case-fifo.safetensors");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&case_fifo)
+        .status();
+    assert!(
+        made.is_ok_and(|s| s.success()),
+        "mkfifo {}",
+        case_fifo.display()
+    );
+    let case_fifo = case_fifo.to_str().unwrap().to_string();
+    let case_linked = root.join("case-linked.safetensors");
+    std::fs::hard_link(&case_rank3, &case_linked).unwrap();
+    let case_linked = case_linked.to_str().unwrap().to_string();
+    let four = |fill: f32| -> Vec<u8> { (0..4).flat_map(|_| fill.to_le_bytes()).collect() };
+    let tensor = |name: &str, dtype: &str, at: usize, len: usize| {
+        format!(
+            r#""{name}":{{"dtype":"{dtype}","shape":[1,1,2,2],"data_offsets":[{at},{}]}}"#,
+            at + len
+        )
+    };
+    let case_twice_q = write(
+        root,
+        "case-twice-q.safetensors",
+        safetensors(
+            &format!(
+                "{{{},{},{},{}}}",
+                tensor("q", "F32", 0, 16),
+                tensor("k", "F32", 16, 16),
+                tensor("v", "F32", 32, 16),
+                tensor("q", "F32", 0, 16)
+            ),
+            &four(0.5).repeat(3),
+        ),
+    );
+    let case_twice_scale = write(
+        root,
+        "case-twice-scale.safetensors",
+        sdpa_case("[1,1,2,2]", 4, 0.5, r#"{"scale":"1.0","scale":"2.0"}"#),
+    );
+    let bf16_half = 0x3f00u16.to_le_bytes().repeat(4);
+    let case_bf16_grad = write(
+        root,
+        "case-bf16-grad.safetensors",
+        safetensors(
+            &format!(
+                "{{{},{},{},{},{}}}",
+                tensor("q", "F32", 0, 16),
+                tensor("k", "F32", 16, 16),
+                tensor("v", "F32", 32, 16),
+                tensor("dout", "F32", 48, 16),
+                tensor("expected_dq", "BF16", 64, 8)
+            ),
+            &[four(0.5).repeat(4), bf16_half].concat(),
+        ),
+    );
     let walk_bad = write(
         root,
         "walk.json",
@@ -435,7 +495,7 @@ fn cases(root: &Path) -> Vec<Case> {
         bench(
             "--seq usize::MAX",
             &["--seq", "18446744073709551615", "--head-dim", "8"],
-            &["query rows", "too many to allocate"],
+            &["--seq 18446744073709551615", "this machine has"],
         ),
         bench(
             "--reps usize::MAX",
@@ -871,6 +931,42 @@ fn cases(root: &Path) -> Vec<Case> {
             "empty tensors declaring 10^12 rows",
             &[&case_trillion, "-o", &out_st],
             &["rows"],
+        ),
+        case(
+            "sdpa",
+            "empty q and k declaring 2^20 × 2^20 scores",
+            &[&case_empty_head, "-o", &out_st],
+            &["head_dim is 0", "1099511627776 scores"],
+        ),
+        case(
+            "sdpa",
+            "the case is a named pipe",
+            &[&case_fifo, "-o", &out_st],
+            &["case-fifo", "not a regular file"],
+        ),
+        case(
+            "sdpa",
+            "-o names a hard link to the case",
+            &[&case_rank3, "-o", &case_linked],
+            &["it is the case file itself"],
+        ),
+        case(
+            "sdpa",
+            "a tensor named twice",
+            &[&case_twice_q, "-o", &out_st],
+            &["tensor \"q\" twice"],
+        ),
+        case(
+            "sdpa",
+            "a metadata key named twice",
+            &[&case_twice_scale, "-o", &out_st],
+            &["metadata key \"scale\" twice"],
+        ),
+        case(
+            "sdpa",
+            "a BF16 expected gradient",
+            &[&case_bf16_grad, "-o", &out_st, "--backward"],
+            &["expected_dq is BF16", "float32"],
         ),
         case(
             "sdpa",

@@ -4,7 +4,7 @@
 //! Every tensor and option is checked before the call; the results go to OUT as F32 tensors, and
 //! when the case holds `expected_*` tensors the largest difference to each is printed.
 //! With `--backward` it also reads `dout` (the `shared/golden/grad` format) and writes the
-//! gradients `dq`, `dk`, `dv` of `sum(out · dout)` (and `dmask` of an F32 mask), compared with
+//! gradients `dq`, `dk`, `dv` of `sum(out · dout)` (and `dmask` of a float mask), compared with
 //! `expected_d*` when present.
 
 use std::collections::HashMap;
@@ -27,7 +27,7 @@ Tensors (F32, or BF16: q, k and v all BF16 run the bf16 kernels, with f32 result
 BF16 tensor is widened):
   q [batch, n_heads, seq_q, head_dim]     k [batch, n_kv_heads, seq_kv, head_dim]
   v [batch, n_kv_heads, seq_kv, value_dim]
-  mask (optional, BOOL: true = may attend, or F32: added to the scores), broadcastable to
+  mask (optional, BOOL: true = may attend, or F32 or BF16: added to the scores), broadcastable to
        [batch, n_heads, seq_q, seq_kv]
   key_padding (optional, BOOL [batch, seq_kv]: true = a real key)
   expected_out, expected_lse, expected_weights (optional): compared with the results
@@ -47,12 +47,13 @@ OUT holds out [batch, n_heads, seq_q, value_dim], lse [batch, n_heads, seq_q] (t
 of the sum of exp over the scores a query sees, after scale, softcap, ALiBi and the float mask;
 -inf for a query that sees no key), with --weights, weights [batch, n_heads, seq_q, seq_kv]
 (before dropout), and with --backward dq, dk, dv (the shapes of q, k, v: gradients of sum(out *
-dout), summed over the query heads sharing a key/value head) and, for an F32 mask, dmask (the
+dout), summed over the query heads sharing a key/value head) and, for a float mask, dmask (the
 mask's shape, summed over what it broadcasts along, as PyTorch's attn_mask.grad).
 Each expected_* tensor is compared, and a result past its tolerance (|got - expected| / max(1,
-|expected|) over the metadata's tolerance, default 1e-5, 1/64 for BF16 cases; lse 1e-4, or the
-tolerance for BF16 cases; gradients 1e-4 absolute; --backward takes F32 cases only) makes
-the command fail with exit code 1 after writing OUT.")]
+|expected|) over the metadata's tolerance, default 1e-5, 1/64 for BF16 cases; lse 1e-4, or for
+BF16 cases the larger of 1e-4 and the tolerance; gradients 1e-4 absolute, so their expected_*
+tensors must be F32; --backward takes F32 cases only) makes the command fail with exit code 1
+after writing OUT. -3e38 or less, expected or got, counts as -inf.")]
 pub struct Args {
     /// The attention call to run (a .safetensors file).
     case: PathBuf,
@@ -66,7 +67,7 @@ pub struct Args {
     /// BF16 values).
     #[arg(long)]
     reference: bool,
-    /// Also compute the gradients of q, k and v (and of an F32 mask) for the case's dout; write
+    /// Also compute the gradients of q, k and v (and of a float mask) for the case's dout; write
     /// dq, dk, dv (and dmask).
     #[arg(long)]
     backward: bool,
@@ -120,6 +121,9 @@ const BF16_TOLERANCE: f32 = 1.0 / 64.0;
 /// is refused.
 fn map_case(path: &Path) -> anyhow::Result<memmap2::Mmap> {
     let context = || format!("reading {}", path.display());
+    // Checked before opening: opening a pipe waits for a writer, which may never come.
+    let meta = std::fs::metadata(path).with_context(context)?;
+    ensure!(meta.is_file(), "{} is not a regular file", path.display());
     let file = std::fs::File::open(path).with_context(context)?;
     let meta = file.metadata().with_context(context)?;
     ensure!(meta.is_file(), "{} is not a regular file", path.display());
@@ -131,8 +135,7 @@ fn map_case(path: &Path) -> anyhow::Result<memmap2::Mmap> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::maps::check_output(&args.output)?;
     // Writing the results over the case would truncate the file this command has mapped.
-    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
-    if canonical(&args.output).is_some_and(|out| Some(out) == canonical(&args.case)) {
+    if crate::maps::same_file(&args.output, &args.case) {
         anyhow::bail!(
             "cannot write {}: it is the case file itself; name another output",
             args.output.display()
@@ -251,12 +254,12 @@ struct Backward {
     expected_dq: Option<F32Tensor>,
     expected_dk: Option<F32Tensor>,
     expected_dv: Option<F32Tensor>,
-    /// The F32 mask's dims, when the case has one: its gradient `dmask` is computed too.
+    /// The float mask's dims, when the case has one: its gradient `dmask` is computed too.
     mask_dims: Option<Vec<usize>>,
     expected_dmask: Option<F32Tensor>,
 }
 
-/// What `--backward` computes: the gradients of q, k and v, and of the F32 mask when there is
+/// What `--backward` computes: the gradients of q, k and v, and of the float mask when there is
 /// one.
 struct Gradients {
     grads: Grads,
@@ -268,6 +271,16 @@ impl Case {
         let invalid = |e: safetensors::SafeTensorError| {
             anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}")
         };
+        // The reader keeps one of a repeated key's entries (or reports a tensor named twice as
+        // a bad offset): a case must mean one thing. A header too short or too long to read is
+        // the reader's to report.
+        let header_len = bytes.first_chunk::<8>().map(|n| u64::from_le_bytes(*n));
+        let header_json = header_len
+            .and_then(|n| bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?))
+            .and_then(|json| std::str::from_utf8(json).ok());
+        if let Some(key) = header_json.and_then(attn_models::checkpoint::repeated_header_key) {
+            bail!("the header names {key} twice");
+        }
         let (_, header) = SafeTensors::read_metadata(bytes).map_err(invalid)?;
         let st = SafeTensors::deserialize(bytes).map_err(invalid)?;
         let mut names = st.names();
@@ -329,7 +342,7 @@ impl Case {
         };
         shape.validate()?;
 
-        // The F32 mask's dims as stored: its gradient's.
+        // The float mask's dims as stored: its gradient's.
         let mut float_mask_dims = None;
         let mut options = AttnOptions {
             scale: meta.f32("scale")?,
@@ -358,7 +371,7 @@ impl Case {
                 );
                 options.bool_mask = Some(BoolMask::from_vec(data, &dims)?);
             }
-            Some(Dtype::F32) => {
+            Some(Dtype::F32 | Dtype::BF16) => {
                 let m = read_f32(&st, "mask", None)?;
                 ensure!(
                     (1..=4).contains(&m.dims.len()),
@@ -370,7 +383,7 @@ impl Case {
                 float_mask_dims = Some(m.dims.clone());
                 options.float_mask = Some(FloatMask::from_vec(m.data, &m.dims)?);
             }
-            Some(other) => bail!("mask has dtype {other}; expected BOOL or F32"),
+            Some(other) => bail!("mask has dtype {other}; expected BOOL, F32 or BF16"),
         }
         if st.tensor("key_padding").is_ok() {
             let (dims, data) = read_bool(&st, "key_padding")?;
@@ -416,12 +429,24 @@ impl Case {
                 shape.out_dims()
             );
             check_finite("dout", &dout)?;
+            // Gradients are compared at 1e-4 absolute, finer than bf16 holds them.
+            let expected_grad = |name: &str, dims: Vec<usize>| {
+                let t = expected(name, dims)?;
+                if let Some(t) = &t {
+                    ensure!(
+                        !t.bf16,
+                        "{name} is BF16; the gradients are compared at {GRAD_TOLERANCE:e} \
+                         absolute, finer than bf16 holds them: save it as float32"
+                    );
+                }
+                Ok(t)
+            };
             let expected_dmask = match &float_mask_dims {
-                Some(dims) => expected("expected_dmask", dims.clone())?,
+                Some(dims) => expected_grad("expected_dmask", dims.clone())?,
                 None => {
                     ensure!(
                         st.tensor("expected_dmask").is_err(),
-                        "expected_dmask is given but the case has no F32 mask to take the \
+                        "expected_dmask is given but the case has no float mask to take the \
                          gradient of"
                     );
                     None
@@ -429,9 +454,9 @@ impl Case {
             };
             Some(Backward {
                 dout,
-                expected_dq: expected("expected_dq", shape.q_dims().to_vec())?,
-                expected_dk: expected("expected_dk", shape.k_dims().to_vec())?,
-                expected_dv: expected("expected_dv", shape.v_dims().to_vec())?,
+                expected_dq: expected_grad("expected_dq", shape.q_dims().to_vec())?,
+                expected_dk: expected_grad("expected_dk", shape.k_dims().to_vec())?,
+                expected_dv: expected_grad("expected_dv", shape.v_dims().to_vec())?,
                 mask_dims: float_mask_dims,
                 expected_dmask,
             })
@@ -824,7 +849,8 @@ struct Difference {
     relative: f64,
 }
 
-/// `-3e38` or less in `expected` stands for −∞ (the golden files' convention).
+/// `-3e38` or less stands for −∞ (the golden files' convention), in `expected` and in `got`
+/// alike: a row whose float mask holds `f32::MIN` has an lse of about `f32::MIN` on both sides.
 fn compare(got: &[f32], expected: &[f32]) -> Difference {
     let mut d = Difference {
         abs: 0.0,
@@ -832,7 +858,8 @@ fn compare(got: &[f32], expected: &[f32]) -> Difference {
         relative: 0.0,
     };
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
-        let e = if e <= -3.0e38 { f32::NEG_INFINITY } else { e };
+        let infinite = |x: f32| if x <= -3.0e38 { f32::NEG_INFINITY } else { x };
+        let (g, e) = (infinite(g), infinite(e));
         let (abs, rel) = if g == e {
             (0.0, 0.0)
         } else if g.is_finite() && e.is_finite() {

@@ -134,13 +134,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         ..AttnOptions::default()
     };
-    // Refuse impossible requests before allocating the inputs.
+    // Refuse impossible requests before allocating the inputs: first what this machine cannot
+    // hold, in the flags' words, then what no call may ask for.
+    check_memory(&args, shape)?;
     options.validate(&shape)?;
     let numel = |dims: [usize; 4]| -> anyhow::Result<usize> {
         attn_core::shape::checked_numel(&dims).context("the inputs' size overflows")
     };
     let (nq, nk) = (numel(shape.q_dims())?, numel(shape.k_dims())?);
-    check_memory(&args, shape)?;
     let mut rng = Rng(0x5eed);
     let scores = args.seq * seq_kv;
     match args.mask {
