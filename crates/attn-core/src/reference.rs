@@ -112,7 +112,13 @@ pub fn sdpa_reference(
                 }
                 let o_row = &mut out[row * dv..][..dv];
                 for (j, &w) in w_row.iter().enumerate() {
-                    let w = options.dropout.map_or(w, |d| d.apply(w, b, h, i, j));
+                    // A NaN weight (a row that met a NaN score) stays NaN where dropout drops
+                    // it, as PyTorch's `weight · mask` keeps it and the fused kernel's NaN sum
+                    // does: the row's output is NaN whichever keys are dropped.
+                    let w = match options.dropout {
+                        Some(d) if !w.is_nan() => d.apply(w, b, h, i, j),
+                        _ => w,
+                    };
                     if w != 0.0 {
                         for (o, &x) in o_row.iter_mut().zip(&v_head[j * dv..][..dv]) {
                             *o += w * x;

@@ -1094,6 +1094,40 @@ fn a_row_that_saw_a_nan_keeps_zero_weights_at_hidden_keys() {
     }
 }
 
+/// Found by the same review: a row with a NaN score whose visible keys dropout all dropped got
+/// output 0 from the reference (it skipped the dropped weights) and NaN from the fused kernel,
+/// as from PyTorch (`weight · mask` keeps a NaN). Both give NaN now.
+#[test]
+fn a_nan_row_stays_nan_when_dropout_drops_its_keys() {
+    let shape = AttnShape::new(1, 1, 1, 1, 8);
+    let mut q = vec![0.1f32; 8];
+    q[0] = f32::NAN;
+    let (k, v) = (vec![0.2f32; 8], vec![1.0f32; 8]);
+    let dropout = Dropout { p: 0.999, seed: 1 };
+    assert!(
+        !dropout.keep(0, 0, 0, 0),
+        "the case needs its one key dropped"
+    );
+    let opts = AttnOptions {
+        dropout: Some(dropout),
+        ..AttnOptions::default()
+    };
+    on_f32_and_bf16(
+        (&q, &k, &v),
+        shape,
+        &opts,
+        false,
+        |name, _, got, want, _| {
+            assert!(
+                want.out.iter().all(|x| x.is_nan()),
+                "reference: {:?}",
+                want.out
+            );
+            assert!(got.out.iter().all(|x| x.is_nan()), "{name}: {:?}", got.out);
+        },
+    );
+}
+
 #[test]
 fn huge_scores_give_a_softmax_of_them() {
     // Scores near ±1e4, ±1e9 and ±1e30 (queries and keys of 1e2, 3.2e4, 1e5 and 1e15 times
