@@ -115,7 +115,7 @@ impl AttnShape {
     /// `batch · n_kv_heads · seq_kv` f32 values must each fit in [`MAX_WEIGHTS_BYTES`], which
     /// any input that holds at least one value per row already does, and so must the output
     /// (`[batch, n_heads, seq_q, value_dim]`: 1 MiB of queries and of values could otherwise ask
-    /// for terabytes of it).
+    /// for terabytes of it) unless it is no larger than q, k and v together.
     ///
     /// With `head_dim` 0 nothing in the inputs bounds the rows, keys or scores (every score is
     /// 0·scale): such a call may declare at most [`MAX_EMPTY_HEAD_SCORES`] scores. Without this,
@@ -136,13 +136,18 @@ impl AttnShape {
         let q_rows = [self.batch, self.n_heads, self.seq_q];
         let k_rows = [self.batch, self.n_kv_heads, self.seq_kv];
         let out = self.out_dims();
-        for (what, dims) in [
-            ("query rows", &q_rows[..]),
-            ("key rows", &k_rows[..]),
-            ("the output", &out[..]),
+        let inputs = [self.q_dims(), self.k_dims(), self.v_dims()]
+            .iter()
+            .map(|dims| f32_bytes(dims))
+            .fold(0u128, u128::saturating_add);
+        for (what, dims, bound) in [
+            ("query rows", &q_rows[..], MAX_WEIGHTS_BYTES),
+            ("key rows", &k_rows[..], MAX_WEIGHTS_BYTES),
+            // An output no larger than the inputs is theirs to ask for.
+            ("the output", &out[..], MAX_WEIGHTS_BYTES.max(inputs)),
         ] {
             let bytes = f32_bytes(dims);
-            if bytes > MAX_WEIGHTS_BYTES {
+            if bytes > bound {
                 return Err(AttnError::TooLarge {
                     what,
                     shape: dims.to_vec(),

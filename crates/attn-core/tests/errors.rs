@@ -108,7 +108,7 @@ fn length_mismatch_when_a_slice_disagrees_with_its_shape() {
     };
     let options = AttnOptions::default();
     let mut results = vec![sdpa_reference(&short, &options), sdpa(&short, &options)];
-    for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+    for isa in Isa::ALL {
         if isa.is_available() {
             results.push(sdpa_with(isa, &short, &options));
             results.push(sdpa_bf16_with(isa, &short_bf16, &options));
@@ -632,6 +632,23 @@ fn shapes_the_inputs_do_not_bound_are_refused() {
         matches!(&err, AttnError::TooLarge { what: "the output", bytes, .. } if *bytes == 4 << 40),
         "{err:?}"
     );
+    // An output past 8 GiB that is no larger than its inputs is the caller's to ask for (16
+    // GiB of queries give 16 GiB of output); a little more output than input is not.
+    let sh = AttnShape::new(16, 32, 1 << 16, 1 << 16, 128);
+    assert_eq!(sh.validate(), Ok(()));
+    let (l, dv) = (1 << 24, 200);
+    let sh = AttnShape::new(1, 1, l, 1, dv - 1).with_value_dim(dv);
+    let (out, inputs) = (4 * l * dv, 4 * (l * (dv - 1) + (dv - 1) + dv));
+    assert!(out > 8 << 30 && out > inputs && out < inputs + inputs / 100);
+    assert!(matches!(
+        sh.validate(),
+        Err(AttnError::TooLarge {
+            what: "the output",
+            ..
+        })
+    ));
+    let sh = AttnShape::new(1, 1, l, 1, dv).with_value_dim(dv);
+    assert_eq!(sh.validate(), Ok(()));
 }
 
 /// head_dim 0 with the default scale (1/√0 = ∞) made every score 0·∞ = NaN, which the call then
