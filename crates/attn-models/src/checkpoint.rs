@@ -243,48 +243,86 @@ pub fn f32_from_le(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// The first key a safetensors header repeats, as "tensor NAME" (its top level) or "metadata key
-/// NAME" (its `__metadata__`); `None` when none repeats, or the header is not JSON objects
-/// there. A JSON object may repeat a key, and readers keep one of them (serde_json and Python
-/// the last), so a file naming a tensor or a metadata key twice would be read as whichever
-/// its reader keeps.
+/// The first key a safetensors header repeats, as "tensor NAME" (its top level), "metadata
+/// key NAME" (inside `__metadata__`), "key NAME of tensor T" (inside a tensor's entry) or
+/// "metadata" (`__metadata__` itself); `None` when none repeats or the header is not JSON. A
+/// JSON object may repeat a key, and readers keep one of them (serde_json and Python the last),
+/// so a file naming a tensor, a metadata key or a tensor's dtype twice would be read as
+/// whichever its reader keeps. Values that are not objects are skipped here (the parser
+/// judges them).
 pub fn repeated_header_key(header: &str) -> Option<String> {
-    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+    use serde::de::{
+        DeserializeSeed, Deserializer, EnumAccess, IgnoredAny, MapAccess, SeqAccess, Visitor,
+    };
 
-    /// Visits an object's keys; `top` for the header's own, which hold `__metadata__`.
-    struct Keys {
-        top: bool,
+    /// Where an object sits in the header: its top level, `__metadata__`, or a tensor's entry.
+    #[derive(Clone)]
+    enum Keys {
+        Top,
+        Metadata,
+        Entry(String),
     }
     impl<'de> Visitor<'de> for Keys {
         type Value = Option<String>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
+            f.write_str("any JSON value")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut seen = std::collections::HashSet::new();
             let mut repeated = None;
             while let Some(key) = map.next_key::<String>()? {
-                let inner = match self.top && key == "__metadata__" {
-                    true => map.next_value_seed(Keys { top: false })?,
-                    false => map.next_value::<IgnoredAny>().map(|_| None)?,
+                let inner = match (&self, key.as_str()) {
+                    (Keys::Top, "__metadata__") => map.next_value_seed(Keys::Metadata)?,
+                    (Keys::Top, _) => map.next_value_seed(Keys::Entry(key.clone()))?,
+                    _ => map.next_value::<IgnoredAny>().map(|_| None)?,
                 };
-                let what = if self.top { "tensor" } else { "metadata key" };
                 if !seen.insert(key.clone()) {
-                    repeated = repeated.or(Some(format!("{what} {key:?}")));
+                    let what = match &self {
+                        Keys::Top if key == "__metadata__" => "metadata".to_string(),
+                        Keys::Top => format!("tensor {key:?}"),
+                        Keys::Metadata => format!("metadata key {key:?}"),
+                        Keys::Entry(tensor) => format!("key {key:?} of tensor {tensor:?}"),
+                    };
+                    repeated = repeated.or(Some(what));
                 }
                 repeated = repeated.or(inner);
             }
             Ok(repeated)
         }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_enum<A: EnumAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+            Ok(None)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
     }
     impl<'de> DeserializeSeed<'de> for Keys {
         type Value = Option<String>;
         fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_map(self)
+            d.deserialize_any(self)
         }
     }
     let mut json = serde_json::Deserializer::from_str(header);
-    Keys { top: true }.deserialize(&mut json).ok().flatten()
+    Keys::Top.deserialize(&mut json).ok().flatten()
 }
 
 fn parse_header(

@@ -188,6 +188,35 @@ fn safetensors_header_naming_a_key_twice() {
     // The same keys at different levels are not repeats.
     let header = format!(r#"{{"__metadata__":{{"a":"x"}},{}}}"#, entry("a", 0));
     assert!(open_bytes(&safetensors_bytes(&header, &[0; 4])).is_ok());
+    // Found by a review: a tensor's dtype given twice was read as the last one; a
+    // `__metadata__` of null hid a tensor named twice; `__metadata__` twice was called a tensor.
+    let cases = [
+        (
+            r#"{"a":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}}"#.to_string(),
+            r#"key "dtype" of tensor "a" twice"#,
+        ),
+        (
+            format!(
+                r#"{{"__metadata__":null,{},{}}}"#,
+                entry("a", 0),
+                entry("a", 0)
+            ),
+            r#"tensor "a" twice"#,
+        ),
+        (
+            format!(
+                r#"{{"__metadata__":{{}},"__metadata__":{{}},{}}}"#,
+                entry("a", 0)
+            ),
+            "names metadata twice",
+        ),
+    ];
+    for (header, needle) in cases {
+        let err = open_bytes(&safetensors_bytes(&header, &[0; 8]))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains(needle), "{header}: {err}");
+    }
 }
 
 #[test]
