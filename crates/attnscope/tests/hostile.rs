@@ -498,6 +498,18 @@ fn cases(root: &Path) -> Vec<Case> {
             &["--seq 18446744073709551615", "this machine has"],
         ),
         bench(
+            "--seq and --head-dim usize::MAX, a float mask",
+            &[
+                "--seq",
+                "18446744073709551615",
+                "--head-dim",
+                "18446744073709551615",
+                "--mask",
+                "float",
+            ],
+            &["--seq 18446744073709551615", "this machine has"],
+        ),
+        bench(
             "--reps usize::MAX",
             &[
                 "--seq",

@@ -290,7 +290,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// both dtypes), their bf16 copies, a mask, the output and log-sum-exp, and with `--backward`
 /// the output's gradient and the three input gradients.
 fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
-    let inputs = f32_bytes(&shape.q_dims()) + 2 * f32_bytes(&shape.k_dims());
+    // Every size saturates: the flags can ask for more than u128 holds.
+    let inputs =
+        f32_bytes(&shape.q_dims()).saturating_add(f32_bytes(&shape.k_dims()).saturating_mul(2));
     let out = f32_bytes(&shape.out_dims());
     let scores = f32_bytes(&[shape.seq_q, shape.seq_kv]);
     let mask = match args.mask {
@@ -298,12 +300,14 @@ fn check_memory(args: &Args, shape: AttnShape) -> anyhow::Result<()> {
         MaskArg::Float => scores,
         MaskArg::Bool => scores / 4,
     };
-    let mut bytes = inputs + out + f32_bytes(&shape.out_dims()[..3]) + mask;
+    let mut bytes = [inputs, out, f32_bytes(&shape.out_dims()[..3]), mask]
+        .into_iter()
+        .fold(0u128, u128::saturating_add);
     if args.dtype == Dtype::Bf16 {
-        bytes += inputs / 2;
+        bytes = bytes.saturating_add(inputs / 2);
     }
     if args.backward {
-        bytes += out + inputs;
+        bytes = bytes.saturating_add(out).saturating_add(inputs);
     }
     let Some(total) = physical_memory() else {
         return Ok(());
