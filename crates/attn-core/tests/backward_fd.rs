@@ -888,7 +888,7 @@ fn large_scores_leave_the_amx_lane() {
     let fwd = sdpa(&input, &options).unwrap();
     let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
     let run = |isa| sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
-    let isas = [Isa::Avx512, Isa::Amx]
+    let isas = [Isa::Avx2, Isa::Avx512, Isa::Amx]
         .into_iter()
         .filter(|isa| isa.is_available());
     for isa in isas {
@@ -961,7 +961,7 @@ fn extreme_scales_give_the_references_gradients() {
         let input = AttnInput::new(&q, &k, &v, shape).unwrap();
         let fwd = sdpa_reference(&input, &options).unwrap();
         let want = sdpa_backward_reference(&input, &options, &dout);
-        for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+        for isa in Isa::ALL {
             if !isa.is_available() {
                 continue;
             }
@@ -1023,7 +1023,7 @@ fn a_large_float_mask_on_a_whole_row_gives_the_references_gradients() {
             "{offset:e}: {:?}",
             want.dv
         );
-        for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+        for isa in Isa::ALL {
             if !isa.is_available() {
                 continue;
             }
@@ -1053,7 +1053,7 @@ fn a_large_float_mask_on_a_whole_row_gives_the_references_gradients() {
     let fwd = sdpa(&input, &options).unwrap();
     assert!(fwd.lse[0] < -1e38 && fwd.lse[10].abs() < 10.0);
     let want = sdpa_backward_reference(&input, &options, &x.dout).unwrap();
-    for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+    for isa in Isa::ALL {
         if !isa.is_available() {
             continue;
         }

@@ -21,7 +21,7 @@ const TOL: f32 = 1e-4;
 
 /// The instruction sets to test here: every one this CPU runs, the portable path always.
 fn isas() -> Vec<Isa> {
-    [Isa::Portable, Isa::Avx512, Isa::Amx]
+    Isa::ALL
         .into_iter()
         .filter(|isa| isa.is_available())
         .collect()
@@ -56,12 +56,17 @@ fn the_best_isa_is_the_one_the_cpu_has() {
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && attn_core::amx::available();
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
         assert_eq!(Isa::Amx.is_available(), amx);
         assert_eq!(Isa::Avx512.is_available(), avx512);
+        assert_eq!(Isa::Avx2.is_available(), avx2);
         let best = if amx {
             Isa::Amx
         } else if avx512 {
             Isa::Avx512
+        } else if avx2 {
+            Isa::Avx2
         } else {
             Isa::Portable
         };

@@ -134,21 +134,41 @@ impl<'a> MatMut<'a> {
 pub(super) enum Kernels {
     /// Plain Rust, for any CPU.
     Portable,
+    /// AVX2 and FMA: only constructed after the CPU was checked (see [`Kernels::avx2`]).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
     /// AVX-512F: only constructed after the CPU was checked (see [`Kernels::avx512`]).
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
 
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(
+    MR == crate::fused::avx2::MR,
+    "one panel height for both GEMMs"
+);
+
 impl Kernels {
-    /// The AVX-512 build when this CPU has AVX-512F, else `None`.
-    /// The kernels for `isa`: every ISA beyond the portable one implies AVX-512F.
+    /// The kernels for `isa` (`Isa::Amx` implies AVX-512F), the portable ones where the CPU
+    /// lacks what `isa` needs.
     pub(super) fn for_isa(isa: Isa) -> Kernels {
         match isa {
             Isa::Portable => Kernels::Portable,
+            Isa::Avx2 => Kernels::avx2().unwrap_or(Kernels::Portable),
             _ => Kernels::avx512().unwrap_or(Kernels::Portable),
         }
     }
 
+    /// The AVX2 build when this CPU has AVX2 and FMA, else `None`.
+    pub(super) fn avx2() -> Option<Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx2.is_available() {
+            return Some(Kernels::Avx2);
+        }
+        None
+    }
+
+    /// The AVX-512 build when this CPU has AVX-512F, else `None`.
     pub(super) fn avx512() -> Option<Kernels> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -175,6 +195,19 @@ impl Kernels {
             // SAFETY: `Avx512` is only built after the CPU was checked; the views were
             // bounds-checked when made and their shapes agree (above).
             Kernels::Avx512 => unsafe { avx512::gemm(c, a, b, accumulate) },
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx2 => {
+                use crate::fused::avx2;
+                let a = match a {
+                    Lhs::Rows(a) => (a.data.as_ptr(), avx2::Lhs::Rows(a.ld)),
+                    Lhs::Panels(a) => (a.data.as_ptr(), avx2::Lhs::Panels),
+                };
+                let n = c.cols;
+                let (b, c) = ((b.data.as_ptr(), b.ld), (c.data.as_mut_ptr(), c.ld));
+                // SAFETY: as for `Avx512`: the CPU was checked, the views' bounds too, and
+                // their shapes agree.
+                unsafe { avx2::gemm_strided::<f32, false>((m, n, k), a, b, c, accumulate) };
+            }
             Kernels::Portable => gemm_portable(c, a, b, accumulate),
         }
     }
@@ -189,9 +222,22 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: see `gemm`.
             Kernels::Avx512 => unsafe { avx512::probs_and_grads(s, dp, lse, delta) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: see `gemm`.
+            Kernels::Avx2 => unsafe { probs_and_grads_avx2(s, dp, lse, delta) },
             Kernels::Portable => probs_and_grads_body(s, dp, lse, delta),
         }
     }
+}
+
+/// [`probs_and_grads_body`] vectorised 8 lanes wide.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn probs_and_grads_avx2(s: &mut [f32], dp: &mut [f32], lse: &[f32], delta: &[f32]) {
+    probs_and_grads_body(s, dp, lse, delta);
 }
 
 /// `C (+)= A · B`, one row of `C` at a time.
@@ -285,7 +331,7 @@ mod tests {
     /// tiles, with strides wider than the rows, replacing and accumulating.
     #[test]
     fn gemm_builds_match_f64() {
-        let builds = [Some(Kernels::Portable), Kernels::avx512()];
+        let builds = [Some(Kernels::Portable), Kernels::avx2(), Kernels::avx512()];
         for (m, n, k) in [
             (1, 1, 1),
             (7, 70, 5),
@@ -365,8 +411,12 @@ mod tests {
             assert!((f64::from(ds[c]) - want_ds).abs() <= 1e-6, "dS at {c}");
         }
         assert_eq!((p[5], ds[5]), (0.0, 0.0), "lse +∞ gives P = 0");
-        if let Some(kern) = Kernels::avx512() {
-            assert_eq!(run(kern), (p, ds), "same arithmetic in both builds");
+        for kern in [Kernels::avx2(), Kernels::avx512()].into_iter().flatten() {
+            assert_eq!(
+                run(kern),
+                (p.clone(), ds.clone()),
+                "same arithmetic in every build"
+            );
         }
     }
 }

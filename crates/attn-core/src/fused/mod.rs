@@ -53,6 +53,12 @@ mod isa;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+use avx2 as avx2_or_portable;
+#[cfg(not(target_arch = "x86_64"))]
+use portable as avx2_or_portable;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 use avx512 as avx512_or_portable;
@@ -178,6 +184,13 @@ pub(crate) trait Element: Copy + Into<f32> {
     /// AVX-512F must be available; the values of `mask`'s lanes readable from `p`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self, mask: u16) -> std::arch::x86_64::__m512;
+
+    /// The first `lanes` values from `p` (`lanes ≤ 8`), as f32, the others 0.
+    ///
+    /// # Safety
+    /// AVX2 must be available; `lanes` values readable from `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self, lanes: usize) -> std::arch::x86_64::__m256;
 }
 
 impl Element for f32 {
@@ -187,6 +200,13 @@ impl Element for f32 {
         // SAFETY: as the caller guarantees; masked-off lanes are not read.
         unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(mask, p) }
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32, lanes: usize) -> std::arch::x86_64::__m256 {
+        // SAFETY: as the caller guarantees.
+        unsafe { avx2::load8_f32(p, lanes) }
+    }
 }
 
 impl Element for bf16 {
@@ -195,6 +215,13 @@ impl Element for bf16 {
     unsafe fn load16(p: *const bf16, mask: u16) -> std::arch::x86_64::__m512 {
         // SAFETY: as the caller guarantees.
         unsafe { avx512::load16_bf16(p, mask) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16, lanes: usize) -> std::arch::x86_64::__m256 {
+        // SAFETY: as the caller guarantees.
+        unsafe { avx2::load8_bf16(p, lanes) }
     }
 }
 
@@ -318,7 +345,7 @@ struct BlockOut<'a, T = f32> {
 /// `out += P·V` (`P` `[rows, keys]`, `V` `[keys, value_dim]`, `out` `[rows, value_dim]`),
 /// skipping zero weights, for values that hold NaN or ∞: the GEMM would turn a hidden key's
 /// `0 · NaN` into NaN in rows that never see it. Same order and rounding as the GEMM of `isa`
-/// (fused multiply-add on AVX-512, multiply then add in the portable kernel), so rows that do
+/// (fused multiply-add on AVX2 and AVX-512, multiply then add in the portable kernel), so rows that do
 /// not see a non-finite value match a clean run bit for bit.
 fn accumulate_skipping_zeros(
     isa: Isa,
@@ -334,7 +361,7 @@ fn accumulate_skipping_zeros(
             }
             for (o, &x) in out_row.iter_mut().zip(v_row) {
                 *o = match isa {
-                    Isa::Avx512 | Isa::Amx => w.mul_add(x, *o),
+                    Isa::Avx2 | Isa::Avx512 | Isa::Amx => w.mul_add(x, *o),
                     Isa::Portable => *o + w * x,
                 };
             }
@@ -1327,7 +1354,7 @@ mod tests {
 
     /// The instruction sets this CPU runs.
     fn isas() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx512, Isa::Amx]
+        Isa::ALL
             .into_iter()
             .filter(|isa| isa.is_available())
             .collect()
@@ -1346,6 +1373,52 @@ mod tests {
 
     fn bits(x: &[f32]) -> Vec<u32> {
         x.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// `C (+)= A·B` within f32 rounding of f64 sums, on every ISA, on shapes that leave
+    /// partial row tiles and column groups, with strides past the rows, replacing and
+    /// accumulating, nothing written past `n` columns.
+    #[test]
+    fn gemm_matches_f64_sums() {
+        for isa in isas() {
+            for (m, n, k) in [
+                (1, 1, 1),
+                (7, 17, 5),
+                (13, 33, 64),
+                (96, 128, 64),
+                (25, 70, 129),
+                (6, 16, 0),
+            ] {
+                let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
+                let (a, b, c0) = (values(6, m * lda), values(7, k * ldb), values(8, m * ldc));
+                for accumulate in [false, true] {
+                    let mut c = c0.clone();
+                    isa.gemm_f32((m, n, k), &a, lda, &b, ldb, &mut c, ldc, accumulate);
+                    for r in 0..m {
+                        for j in n..ldc {
+                            let (got, was) = (c[r * ldc + j], c0[r * ldc + j]);
+                            assert_eq!(got, was, "{isa:?} ({m}, {n}, {k}): wrote past row {r}");
+                        }
+                        for j in 0..n {
+                            let start = if accumulate {
+                                f64::from(c0[r * ldc + j])
+                            } else {
+                                0.0
+                            };
+                            let products = (0..k)
+                                .map(|p| f64::from(a[r * lda + p]) * f64::from(b[p * ldb + j]));
+                            let (want, size) = products
+                                .fold((start, start.abs()), |(s, z), x| (s + x, z + x.abs()));
+                            let got = c[r * ldc + j];
+                            assert!(
+                                (f64::from(got) - want).abs() <= 1e-6 * size,
+                                "{isa:?} ({m}, {n}, {k}) [{r}][{j}]: {got} against {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// `A·Bᵀ` against `B`'s rows as they are: within f32 rounding of f64 dot products, on
