@@ -1,12 +1,13 @@
 //! The kernels of the backward pass: `C (+)= A·B` on row-major blocks (with `A` row-major or
-//! packed in panels of [`MR`] rows), and the elementwise steps. Each has a portable build and
-//! an AVX-512 one (see `avx512.rs`), picked per call by [`Kernels`].
+//! packed in panels of [`MR`] rows), and the elementwise steps. Each has a portable build, an
+//! AVX2 one (the forward pass's GEMM, `fused/avx2.rs`) and an AVX-512 one (see `avx512.rs`),
+//! picked per call by [`Kernels`].
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
 use crate::fused::Isa;
 
-/// Rows of `C` per register tile of the AVX-512 GEMM, and rows per panel of a [`Panels`].
+/// Rows of `C` per register tile of the AVX-512 and AVX2 GEMMs, and rows per panel of a [`Panels`].
 pub(super) const MR: usize = 6;
 
 /// An `A` operand packed for the GEMM: rows in panels of [`MR`] (the last may hold fewer),

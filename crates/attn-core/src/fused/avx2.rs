@@ -31,7 +31,9 @@ fn prefix_mask(lanes: usize) -> __m256i {
     )
 }
 
-/// The first `lanes` f32 values from `p` (`lanes ≤ 8`), the others 0.
+/// The first `lanes` f32 values from `p` (`lanes ≤ 8`), the others 0: a masked load
+/// (`vmaskmovps`) for a partial group, none for an empty one (AMD leaves a fault at a
+/// masked-off lane to the implementation).
 ///
 /// # Safety
 /// AVX2 must be available; `lanes` values readable from `p`.
@@ -42,6 +44,7 @@ pub(super) unsafe fn load8_f32(p: *const f32, lanes: usize) -> __m256 {
     unsafe {
         match lanes {
             8 => _mm256_loadu_ps(p),
+            0 => _mm256_setzero_ps(),
             _ => _mm256_maskload_ps(p, prefix_mask(lanes)),
         }
     }
@@ -59,12 +62,14 @@ unsafe fn store8(p: *mut f32, lanes: usize, x: __m256) {
     unsafe {
         match lanes {
             8 => _mm256_storeu_ps(p, x),
+            0 => {}
             _ => _mm256_maskstore_ps(p, prefix_mask(lanes), x),
         }
     }
 }
 
-/// The first `lanes` bf16 values from `p` (`lanes ≤ 8`) widened to f32 (exactly), the others 0.
+/// The first `lanes` bf16 values from `p` (`lanes ≤ 8`) widened to f32 (exactly), the others 0
+/// (none read when `lanes` is 0).
 ///
 /// # Safety
 /// AVX2 must be available; `lanes` values readable from `p`.
@@ -117,7 +122,6 @@ unsafe fn tile<T: Element, const R: usize, const FULL: bool, const CHECK: bool>(
     largest: &mut __m256i,
 ) {
     let lanes = if FULL { [8; NV] } else { t.lanes };
-    let masks = lanes.map(|l| prefix_mask(l));
     // SAFETY (whole body): the caller guarantees the bounds; masked-off lanes are never
     // touched, and their addresses are formed with `wrapping_add`.
     unsafe {
@@ -125,7 +129,7 @@ unsafe fn tile<T: Element, const R: usize, const FULL: bool, const CHECK: bool>(
         if t.accumulate {
             for (r, row) in acc.iter_mut().enumerate() {
                 for (v, x) in row.iter_mut().enumerate() {
-                    *x = _mm256_maskload_ps(t.c.wrapping_add(r * t.ldc + v * 8), masks[v]);
+                    *x = load8_f32(t.c.wrapping_add(r * t.ldc + v * 8), lanes[v]);
                 }
             }
         }
@@ -151,11 +155,7 @@ unsafe fn tile<T: Element, const R: usize, const FULL: bool, const CHECK: bool>(
         }
         for (r, row) in acc.iter().enumerate() {
             for (v, &x) in row.iter().enumerate() {
-                let c = t.c.wrapping_add(r * t.ldc + v * 8);
-                match FULL {
-                    true => _mm256_storeu_ps(c, x),
-                    false => _mm256_maskstore_ps(c, masks[v], x),
-                }
+                store8(t.c.wrapping_add(r * t.ldc + v * 8), lanes[v], x);
             }
         }
     }
@@ -393,7 +393,8 @@ const LOG2_E_LO: f32 = (std::f64::consts::LOG2_E - std::f32::consts::LOG2_E as f
 
 /// `e^x` for 8 lanes: [`super::avx512::exp`]'s algorithm (Cephes' `exp2f` polynomial, `x·log₂e`
 /// in two pieces), relative error ≤ 2.5e-7 for `x ≤ 5.5`; results below 2^-125 (and `−∞`)
-/// give 0, NaN gives NaN, and past 2^127 the result is `+∞`. `2^n` is built in the exponent
+/// give 0, NaN gives NaN, and past 2^127 the result is `+∞` (AVX-512's gives NaN for `+∞`;
+/// the softmax never passes it more than 5.5). `2^n` is built in the exponent
 /// bits (there is no `vscalefps` here).
 #[target_feature(enable = "avx2,fma")]
 #[inline]

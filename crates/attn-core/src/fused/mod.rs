@@ -1435,6 +1435,10 @@ mod tests {
                 (2, 128, 128),
                 (5, 7, 8),
                 (1, 40, 17),
+                (2, 9, 13),
+                (3, 20, 23),
+                (2, 0, 5),
+                (0, 4, 5),
             ] {
                 let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
                 let (a, b) = (values(1, m * lda), values(2, n * ldb));
@@ -1483,6 +1487,8 @@ mod tests {
                 (6, 80, 33),
                 (9, 128, 1),
                 (4, 8, 200),
+                (5, 21, 9),
+                (2, 13, 3),
             ] {
                 let (lda, ldb, ldc) = (k + 1, n + 5, n + 3);
                 let (a, b, c) = (values(3, m * lda), values(4, k * ldb), values(5, m * ldc));

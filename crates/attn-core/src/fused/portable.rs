@@ -1,5 +1,6 @@
 //! The portable kernels of the fused path: plain Rust, for any CPU. Same contracts as the
-//! AVX-512 kernels in `avx512.rs`; the compiler vectorises the inner loops for the baseline ISA.
+//! AVX2 and AVX-512 kernels in `avx2.rs` and `avx512.rs`; the compiler vectorises the inner
+//! loops for the baseline ISA.
 
 use super::Element;
 
