@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 use half::bf16;
 
 use super::Element;
+use super::avx512::{EXP2_P, LOG2_E_HI, LOG2_E_LO};
 
 /// Rows of `C` per register tile (and rows per panel of an `A` in [`Lhs::Panels`]).
 pub(crate) const MR: usize = 6;
@@ -387,10 +388,6 @@ fn sum_lanes(x: [__m256; 8]) -> __m256 {
     )
 }
 
-/// `log₂e` as the nearest f32 and what that misses.
-const LOG2_E_HI: f32 = std::f32::consts::LOG2_E;
-const LOG2_E_LO: f32 = (std::f64::consts::LOG2_E - std::f32::consts::LOG2_E as f64) as f32;
-
 /// `e^x` for 8 lanes: [`super::avx512::exp`]'s algorithm (Cephes' `exp2f` polynomial, `x·log₂e`
 /// in two pieces), relative error ≤ 2.5e-7 for `x ≤ 5.5`; results below 2^-125 (and `−∞`)
 /// give 0, NaN gives NaN, and past 2^127 the result is `+∞` (AVX-512's gives NaN for `+∞`;
@@ -415,16 +412,8 @@ pub(crate) fn exp(x: __m256) -> __m256 {
         _mm256_sub_ps(_mm256_setzero_ps(), n),
     );
     let f = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2_E_LO), f);
-    const P: [f32; 6] = [
-        1.535_336_2e-4,
-        1.339_887_4e-3,
-        9.618_437e-3,
-        5.550_332_5e-2,
-        2.402_264_8e-1,
-        6.931_472e-1,
-    ];
-    let mut p = _mm256_set1_ps(P[0]);
-    for &c in &P[1..] {
+    let mut p = _mm256_set1_ps(EXP2_P[0]);
+    for &c in &EXP2_P[1..] {
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
     }
     // 2^f = 1 + f·P(f); 2^n for n in −125..=127 from its exponent bits.

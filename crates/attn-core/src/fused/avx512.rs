@@ -365,8 +365,19 @@ unsafe fn sum_lanes(x: [__m512; 16]) -> __m512 {
 }
 
 /// `log₂e` as the nearest f32 and what that misses.
-const LOG2_E_HI: f32 = std::f32::consts::LOG2_E;
-const LOG2_E_LO: f32 = (std::f64::consts::LOG2_E - std::f32::consts::LOG2_E as f64) as f32;
+pub(super) const LOG2_E_HI: f32 = std::f32::consts::LOG2_E;
+pub(super) const LOG2_E_LO: f32 =
+    (std::f64::consts::LOG2_E - std::f32::consts::LOG2_E as f64) as f32;
+
+/// Cephes' `exp2f` polynomial, highest power first: `2^f ≈ 1 + f·P(f)` on `[−½, ½]`.
+pub(super) const EXP2_P: [f32; 6] = [
+    1.535_336_2e-4,
+    1.339_887_4e-3,
+    9.618_437e-3,
+    5.550_332_5e-2,
+    2.402_264_8e-1,
+    6.931_472e-1,
+];
 
 /// `e^x` for 16 lanes and the `x ≤ 5.5` the softmax feeds it (the weights of rows whose saved
 /// max is the AMX path's running one, up to 5.5 below the row's largest score, are up to
@@ -402,16 +413,8 @@ pub(crate) unsafe fn exp(x: __m512) -> __m512 {
         _mm512_sub_ps(_mm512_setzero_ps(), n),
     );
     let f = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2_E_LO), f);
-    const P: [f32; 6] = [
-        1.535_336_2e-4,
-        1.339_887_4e-3,
-        9.618_437e-3,
-        5.550_332_5e-2,
-        2.402_264_8e-1,
-        6.931_472e-1,
-    ];
-    let mut p = _mm512_set1_ps(P[0]);
-    for &c in &P[1..] {
+    let mut p = _mm512_set1_ps(EXP2_P[0]);
+    for &c in &EXP2_P[1..] {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
     // 2^f = 1 + f·P(f)
