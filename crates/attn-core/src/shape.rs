@@ -122,6 +122,21 @@ impl AttnShape {
     /// a 256-byte case declaring 2^20 rows and keys ran 2^40 steps, and one of 2^31 rows allocated
     /// more state per row than the check above counts.
     pub fn validate(&self) -> Result<(), AttnError> {
+        self.validate_sizes()?;
+        let scores = self.score_dims();
+        let count = scores
+            .iter()
+            .fold(1u128, |n, &d| n.saturating_mul(d as u128));
+        if self.head_dim == 0 {
+            check_empty_head_scores(&scores, count)?;
+        }
+        Ok(())
+    }
+
+    /// [`AttnShape::validate`] but for the count of scores with `head_dim` 0: the head grouping,
+    /// the per-row state and the output. A packed batch's totals take this, and the count of
+    /// their sequences' own scores.
+    pub(crate) fn validate_sizes(&self) -> Result<(), AttnError> {
         if self.n_kv_heads == 0 {
             return Err(AttnError::NoKvHeads {
                 n_heads: self.n_heads,
@@ -155,18 +170,20 @@ impl AttnShape {
                 });
             }
         }
-        let scores = self.score_dims();
-        let count = scores
-            .iter()
-            .fold(1u128, |n, &d| n.saturating_mul(d as u128));
-        if self.head_dim == 0 && count > MAX_EMPTY_HEAD_SCORES as u128 {
-            return Err(AttnError::EmptyHeadTooLarge {
-                shape: scores.to_vec(),
-                scores: count,
-                max: MAX_EMPTY_HEAD_SCORES,
-            });
-        }
         Ok(())
+    }
+}
+
+/// Refuses `count` scores (of a call with `head_dim` 0, whose scores are `shape`) past
+/// [`MAX_EMPTY_HEAD_SCORES`].
+pub(crate) fn check_empty_head_scores(shape: &[usize], count: u128) -> Result<(), AttnError> {
+    match count > MAX_EMPTY_HEAD_SCORES as u128 {
+        true => Err(AttnError::EmptyHeadTooLarge {
+            shape: shape.to_vec(),
+            scores: count,
+            max: MAX_EMPTY_HEAD_SCORES,
+        }),
+        false => Ok(()),
     }
 }
 

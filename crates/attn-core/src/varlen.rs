@@ -141,12 +141,23 @@ impl<'a> PackedInput<'a> {
         self.shape_of(0).validate()?;
         let (total_q, total_kv) = self.totals();
         // The per-row state of every sequence together: the limit the padded call has.
-        AttnShape {
+        let totals = AttnShape {
             seq_q: total_q,
             seq_kv: total_kv,
             ..self.shape_of(0)
+        };
+        totals.validate_sizes()?;
+        // With head_dim 0, the scores the sequences declare: each sees only its own keys, so
+        // the totals' `total_q × total_kv` would count pairs no call computes.
+        if dims.head_dim == 0 {
+            let scores = (0..self.batch())
+                .map(|b| {
+                    let (q, kv) = self.ranges(b);
+                    (dims.n_heads as u128) * (q.len() as u128) * (kv.len() as u128)
+                })
+                .fold(0u128, u128::saturating_add);
+            crate::shape::check_empty_head_scores(&totals.score_dims(), scores)?;
         }
-        .validate()?;
         check_len("q", &[total_q, dims.n_heads, dims.head_dim], q.len())?;
         check_len("k", &[total_kv, dims.n_kv_heads, dims.head_dim], k.len())?;
         check_len("v", &[total_kv, dims.n_kv_heads, dims.value_dim], v.len())

@@ -400,6 +400,35 @@ fn packed_totals_beyond_the_limit_are_refused_before_allocating() {
     );
 }
 
+/// With head_dim 0 the packed totals counted `total_q × total_kv` scores, pairs of sequences no
+/// call computes: 16 sequences of 1024 queries and keys (2^24 scores) were refused as 2^28.
+/// The sequences' own scores count, up to the limit and not past it.
+#[test]
+fn empty_heads_count_each_sequences_own_scores() {
+    let d = PackedDims {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 0,
+        value_dim: 1,
+    };
+    let offsets = |n: usize, len: usize| (0..=n).map(|b| b * len).collect::<Vec<_>>();
+    let (cu, v) = (offsets(16, 1024), vec![1.0f32; 16 * 1024]);
+    let input = PackedInput::new(&[], &[], &v, &cu, &cu, d).unwrap();
+    let options = AttnOptions {
+        scale: Some(1.0),
+        ..AttnOptions::default()
+    };
+    let out = sdpa_varlen(&input, &options).unwrap();
+    assert!(out.out.iter().all(|&o| o == 1.0));
+    // 65 sequences of 1024: 65 · 2^20 scores, past the 2^26 a call may declare.
+    let (cu, v) = (offsets(65, 1024), vec![1.0f32; 65 * 1024]);
+    let err = PackedInput::new(&[], &[], &v, &cu, &cu, d).unwrap_err();
+    assert!(
+        matches!(err, AttnError::EmptyHeadTooLarge { scores, .. } if scores == 65 << 20),
+        "{err}"
+    );
+}
+
 /// A NaN in a packed tensor was reported at its index in one sequence's gathered copy (`q[4]`,
 /// in sequence 1, as `q[0]`); `dout[5]` as `dout[1]`. The packed tensors are checked first,
 /// and a score overflow names its sequence.
