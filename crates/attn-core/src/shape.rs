@@ -123,11 +123,11 @@ impl AttnShape {
     /// more state per row than the check above counts.
     pub fn validate(&self) -> Result<(), AttnError> {
         self.validate_sizes()?;
-        let scores = self.score_dims();
-        let count = scores
-            .iter()
-            .fold(1u128, |n, &d| n.saturating_mul(d as u128));
         if self.head_dim == 0 {
+            let scores = self.score_dims();
+            let count = scores
+                .iter()
+                .fold(1u128, |n, &d| n.saturating_mul(d as u128));
             check_empty_head_scores(&scores, count)?;
         }
         Ok(())

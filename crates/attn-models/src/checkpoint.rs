@@ -251,12 +251,9 @@ pub fn f32_from_le(bytes: &[u8]) -> Vec<f32> {
 /// whichever its reader keeps. Values that are not objects are skipped here (the parser
 /// judges them).
 pub fn repeated_header_key(header: &str) -> Option<String> {
-    use serde::de::{
-        DeserializeSeed, Deserializer, EnumAccess, IgnoredAny, MapAccess, SeqAccess, Visitor,
-    };
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
     /// Where an object sits in the header: its top level, `__metadata__`, or a tensor's entry.
-    #[derive(Clone)]
     enum Keys {
         Top,
         Metadata,
@@ -291,9 +288,6 @@ pub fn repeated_header_key(header: &str) -> Option<String> {
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(None)
-        }
-        fn visit_enum<A: EnumAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
             Ok(None)
         }
         fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {

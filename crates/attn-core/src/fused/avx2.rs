@@ -260,7 +260,7 @@ pub(crate) unsafe fn gemm_strided<T: Element, const CHECK: bool>(
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm_f32<T: Element>(
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     a: &[f32],
     lda: usize,
     b: &[T],
@@ -269,16 +269,8 @@ pub(super) unsafe fn gemm_f32<T: Element>(
     ldc: usize,
     accumulate: bool,
 ) {
-    debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
-    debug_assert!(k == 0 || b.len() >= (k - 1) * ldb + n);
-    debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
-    let (a, b, c) = (
-        (a.as_ptr(), Lhs::Rows(lda)),
-        (b.as_ptr(), ldb),
-        (c.as_mut_ptr(), ldc),
-    );
     // SAFETY: as the caller guarantees.
-    unsafe { gemm_strided::<T, false>((m, n, k), a, b, c, accumulate) };
+    unsafe { gemm_rows::<T, false>(mnk, (a, lda), (b, ldb), (c, ldc), accumulate) };
 }
 
 /// [`gemm_f32`] with `accumulate`, returning whether every value of `B` is below
@@ -290,7 +282,7 @@ pub(super) unsafe fn gemm_f32<T: Element>(
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm_checked<T: Element>(
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     a: &[f32],
     lda: usize,
     b: &[T],
@@ -299,6 +291,26 @@ pub(super) unsafe fn gemm_checked<T: Element>(
     ldc: usize,
     bound_exp: i32,
 ) -> bool {
+    // SAFETY: as the caller guarantees.
+    let largest = unsafe { gemm_rows::<T, true>(mnk, (a, lda), (b, ldb), (c, ldc), true) };
+    let mut lanes = [0u32; 8];
+    // SAFETY: `lanes` holds 8 values.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), largest) };
+    lanes.into_iter().max().unwrap_or(0) < ((127 + bound_exp) as u32) << 23
+}
+
+/// [`gemm_strided`] on row-major slices.
+///
+/// # Safety
+/// As [`gemm_f32`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm_rows<T: Element, const CHECK: bool>(
+    (m, n, k): (usize, usize, usize),
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[T], usize),
+    (c, ldc): (&mut [f32], usize),
+    accumulate: bool,
+) -> __m256i {
     debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
     debug_assert!(k == 0 || b.len() >= (k - 1) * ldb + n);
     debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
@@ -308,11 +320,7 @@ pub(super) unsafe fn gemm_checked<T: Element>(
         (c.as_mut_ptr(), ldc),
     );
     // SAFETY: as the caller guarantees.
-    let largest = unsafe { gemm_strided::<T, true>((m, n, k), a, b, c, true) };
-    let mut lanes = [0u32; 8];
-    // SAFETY: `lanes` holds 8 values.
-    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), largest) };
-    lanes.into_iter().max().unwrap_or(0) < ((127 + bound_exp) as u32) << 23
+    unsafe { gemm_strided::<T, CHECK>((m, n, k), a, b, c, accumulate) }
 }
 
 /// `C[m × n] = A[m × k] · B[n × k]ᵀ` in f32, `B` in f32 or bf16 (row-major, strides `lda`,

@@ -139,8 +139,7 @@ impl Isa {
             Isa::Avx512 | Isa::Amx => unsafe {
                 avx512_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
             },
-            // SAFETY: as for AVX-512: `Isa::Avx2` only reaches the kernels after
-            // `is_available` said yes.
+            // SAFETY: as for AVX-512, with AVX2 and FMA.
             Isa::Avx2 => unsafe {
                 avx2_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
             },
@@ -173,8 +172,7 @@ impl Isa {
             Isa::Avx512 | Isa::Amx => unsafe {
                 avx512_or_portable::gemm_abt(mnk, a, lda, b, ldb, c, ldc)
             },
-            // SAFETY: as for AVX-512: `Isa::Avx2` only reaches the kernels after
-            // `is_available` said yes.
+            // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe { avx2_or_portable::gemm_abt(mnk, a, lda, b, ldb, c, ldc) },
             Isa::Portable => portable::gemm_abt(mnk, a, lda, b, ldb, c, ldc),
         }
@@ -213,8 +211,7 @@ impl Isa {
             Isa::Avx512 | Isa::Amx => unsafe {
                 avx512_or_portable::gemm_checked(mnk, a, lda, b, ldb, c, ldc, bound_exp)
             },
-            // SAFETY: as for AVX-512: `Isa::Avx2` only reaches the kernels after
-            // `is_available` said yes.
+            // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe {
                 avx2_or_portable::gemm_checked(mnk, a, lda, b, ldb, c, ldc, bound_exp)
             },
@@ -227,8 +224,7 @@ impl Isa {
         match self {
             // SAFETY: see `gemm_f32`.
             Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::scale(x, a) },
-            // SAFETY: as for AVX-512: `Isa::Avx2` only reaches the kernels after
-            // `is_available` said yes.
+            // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe { avx2_or_portable::scale(x, a) },
             Isa::Portable => portable::scale(x, a),
         }
@@ -239,8 +235,7 @@ impl Isa {
         match self {
             // SAFETY: see `gemm_f32`.
             Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::max(x) },
-            // SAFETY: as for AVX-512: `Isa::Avx2` only reaches the kernels after
-            // `is_available` said yes.
+            // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe { avx2_or_portable::max(x) },
             Isa::Portable => portable::max(x),
         }
@@ -251,8 +246,7 @@ impl Isa {
         match self {
             // SAFETY: see `gemm_f32`.
             Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::exp_sub_sum(x, m) },
-            // SAFETY: as for AVX-512: `Isa::Avx2` only reaches the kernels after
-            // `is_available` said yes.
+            // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe { avx2_or_portable::exp_sub_sum(x, m) },
             Isa::Portable => portable::exp_sub_sum(x, m),
         }
