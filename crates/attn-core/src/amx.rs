@@ -14,7 +14,9 @@
 //! that layout, padded with zeros to whole tiles, so it is packed once and multiplied many times.
 //!
 //! Products of two bf16 values are exact in f32; the sums are f32 sums in the hardware's order,
-//! with bf16/f32 subnormals flushed to zero (as `TDPBF16PS` specifies).
+//! with bf16/f32 subnormals flushed to zero (as `TDPBF16PS` specifies). On CPUs without AMX
+//! but with AVX512_BF16, the same packed operands multiply in `VDPBF16PS` dot products
+//! (`crate::bf16dot`).
 //!
 //! The AMX intrinsics are unstable in Rust, so the instructions are written with `asm!`.
 
@@ -26,6 +28,7 @@ use half::bf16;
 
 use crate::AttnError;
 use crate::aligned::Aligned;
+use crate::bf16dot::{self, Bf16Dot};
 use crate::shape::check_len;
 
 /// Rows of a tile, and bf16 pairs (= B rows) of a B tile.
@@ -552,8 +555,9 @@ unsafe fn pack_transposed_avx512(bt: &[bf16], packed: &mut PackedB) {
     }
 }
 
-/// `C[m × n] += A[m × k] · B` with f32 accumulation, on AMX where [`available`], else with a
-/// portable loop (same products, exact in f32; sums in another order).
+/// `C[m × n] += A[m × k] · B` with f32 accumulation, on AMX where [`available`], else in
+/// AVX512_BF16 dot products where the CPU has them, else with a portable loop (same products,
+/// exact in f32; sums in another order).
 ///
 /// # Shapes
 /// - `a`: `[m, k]` row-major, `k = b.k()`
@@ -568,7 +572,7 @@ pub fn gemm_bf16(a: &[bf16], m: usize, b: &PackedB, c: &mut [f32]) -> Result<(),
     if m == 0 || n == 0 || k == 0 {
         return Ok(());
     }
-    let Some(tiles) = Tiles::configure() else {
+    let Some(products) = Products::best() else {
         gemm_portable(a, b, c);
         return Ok(());
     };
@@ -586,14 +590,15 @@ pub fn gemm_bf16(a: &[bf16], m: usize, b: &PackedB, c: &mut [f32]) -> Result<(),
     for (src, dst) in c.chunks_exact(n).zip(c_pad.chunks_exact_mut(n_pad)) {
         dst[..n].copy_from_slice(src);
     }
-    gemm_blocks(&tiles, &a_pad, k_pad, b.whole(), &mut c_pad, n_pad, true);
+    gemm_blocks(&products, &a_pad, k_pad, b.whole(), &mut c_pad, n_pad, true);
     for (src, dst) in c_pad.chunks_exact(n_pad).zip(c.chunks_exact_mut(n)) {
         dst.copy_from_slice(&src[..n]);
     }
     Ok(())
 }
 
-/// [`gemm_bf16`] without AMX: `C[m × n] += A[m × k] · B`, dot products summed in f32.
+/// [`gemm_bf16`] without AMX or AVX512_BF16: `C[m × n] += A[m × k] · B`, dot products summed in
+/// f32.
 fn gemm_portable(a: &[bf16], b: &PackedB, c: &mut [f32]) {
     for (a_row, c_row) in a.chunks_exact(b.k).zip(c.chunks_exact_mut(b.n)) {
         for (nn, cv) in c_row.iter_mut().enumerate() {
@@ -661,6 +666,31 @@ impl BView<'_> {
     }
 }
 
+/// What multiplies the blocks of [`gemm_blocks`]: this thread's AMX tiles, or AVX512_BF16 dot
+/// products on CPUs without AMX ([`crate::bf16dot`]), on the same packed operands.
+pub(crate) enum Products {
+    Tiles(Tiles),
+    Dot(Bf16Dot),
+}
+
+impl Products {
+    /// The tiles where AMX is [`available`], else the dot products where the CPU has them.
+    pub(crate) fn best() -> Option<Products> {
+        match Tiles::configure() {
+            Some(tiles) => Some(Products::Tiles(tiles)),
+            None => Bf16Dot::detect().map(Products::Dot),
+        }
+    }
+
+    /// The tiles, for the products only they run (f32 in bf16 parts, [`crate::bf16x`]).
+    pub(crate) fn tiles(&self) -> Option<&Tiles> {
+        match self {
+            Products::Tiles(tiles) => Some(tiles),
+            Products::Dot(_) => None,
+        }
+    }
+}
+
 /// `C (+)= A·B` on whole blocks: `A` is `[m, b.k_padded()]` (rows `lda` apart, `m` a multiple
 /// of 32), `C` is `[m, b.n_padded()]` (rows `ldc` apart, the last one no longer than needed);
 /// `accumulate` adds to `C`, else overwrites it.
@@ -668,7 +698,7 @@ impl BView<'_> {
 /// # Shapes
 /// - `a`: `[m, lda]`, `c`: `[m, ldc]`, with `m = a.len() / lda`
 pub(crate) fn gemm_blocks(
-    _tiles: &Tiles,
+    products: &Products,
     a: &[bf16],
     lda: usize,
     b: BView<'_>,
@@ -698,21 +728,21 @@ pub(crate) fn gemm_blocks(
         let b1 = &b.b.data.all()[(ng + 1) * ldb + b.kc0 * TILE_ELEMS..];
         for mb in (0..m).step_by(BLOCK) {
             let (a, c) = (&a[mb * lda..], &mut c[mb * ldc + nb * BLOCK..]);
-            // SAFETY: a live `Tiles` guard; `k_chunks ≥ 1`; the 32 rows of A and C and the
-            // `k_chunks` tiles of each B column group lie inside the slices (checked above and
-            // by the view's construction).
+            let (a, b0, b1, c) = (a.as_ptr(), b0.as_ptr(), b1.as_ptr(), c.as_mut_ptr());
+            let (lda, ldb, ldc) = (lda * 2, TILE_ELEMS * 2, ldc * 4);
+            // SAFETY: a live `Tiles` guard, or a `Bf16Dot` (the CPU has what it runs);
+            // `k_chunks ≥ 1`; the 32 rows of A and C and the `k_chunks` tiles of each B column
+            // group lie inside the slices (checked above and by the view's construction).
             unsafe {
-                block_2x2(
-                    b.k_chunks,
-                    a.as_ptr(),
-                    lda * 2,
-                    b0.as_ptr(),
-                    b1.as_ptr(),
-                    TILE_ELEMS * 2,
-                    c.as_mut_ptr(),
-                    ldc * 4,
-                    accumulate,
-                );
+                match products {
+                    Products::Tiles(_) => {
+                        block_2x2(b.k_chunks, a, lda, b0, b1, ldb, c, ldc, accumulate)
+                    }
+                    Products::Dot(dot) => {
+                        let chunks = b.k_chunks;
+                        bf16dot::block_2x2(*dot, chunks, a, lda, (b0, b1), ldb, c, ldc, accumulate)
+                    }
+                }
             }
         }
     }
@@ -744,6 +774,79 @@ mod tests {
                 want.fill_from_transposed(&b);
                 let got = PackedB::from_transposed(&b, n, k);
                 assert_eq!(bits(&got), bits(&want), "transposed {n}×{k}");
+            }
+        }
+    }
+
+    /// The AVX512_BF16 dot products of `gemm_blocks` against f64 on awkward sizes, whether or not
+    /// the CPU has AMX (which `gemm_bf16` would take instead), overwriting and accumulating:
+    /// products of bf16 values are exact, so the only error is f32 summation, at most
+    /// `(k + 1)·2^-24·(|c₀| + Σ|a·b|)` whatever the order.
+    #[test]
+    fn dot_products_match_f64() {
+        let Some(dot) = Bf16Dot::detect() else {
+            return;
+        };
+        let products = Products::Dot(dot);
+        let value = |i: usize, m: usize, off: f32| bf16::from_f32((i % m) as f32 * 0.37 - off);
+        for (m, k, n) in [
+            (1usize, 1usize, 1usize),
+            (5, 37, 19),
+            (32, 32, 32),
+            (33, 64, 17),
+            (70, 129, 65),
+        ] {
+            let (m_pad, k_pad, n_pad) = (
+                m.next_multiple_of(BLOCK),
+                k.next_multiple_of(TILE_K),
+                n.next_multiple_of(BLOCK),
+            );
+            let a: Vec<bf16> = (0..m * k).map(|i| value(i, 13, 2.0)).collect();
+            let b_rows: Vec<bf16> = (0..k * n).map(|i| value(i, 7, 1.1)).collect();
+            let b = PackedB::pack(&b_rows, k, n).unwrap();
+            let mut a_pad = vec![bf16::ZERO; m_pad * k_pad];
+            for (src, dst) in a.chunks_exact(k).zip(a_pad.chunks_exact_mut(k_pad)) {
+                dst[..k].copy_from_slice(src);
+            }
+            for accumulate in [false, true] {
+                let c0 = |i: usize, j: usize| {
+                    if accumulate {
+                        (i * n + j) as f32 * 0.01 - 1.0
+                    } else {
+                        0.0
+                    }
+                };
+                // Past the columns of C, values the products overwrite.
+                let mut c: Vec<f32> = (0..m_pad * n_pad)
+                    .map(|x| c0(x / n_pad, x % n_pad))
+                    .collect();
+                gemm_blocks(
+                    &products,
+                    &a_pad,
+                    k_pad,
+                    b.whole(),
+                    &mut c,
+                    n_pad,
+                    accumulate,
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        let c0 = f64::from(c0(i, j));
+                        let (mut want, mut mag) = (c0, c0.abs());
+                        for p in 0..k {
+                            let x = f64::from(a[i * k + p].to_f32())
+                                * f64::from(b_rows[p * n + j].to_f32());
+                            want += x;
+                            mag += x.abs();
+                        }
+                        let tol = (k + 1) as f64 * 2f64.powi(-24) * mag;
+                        let got = f64::from(c[i * n_pad + j]);
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "({m}, {k}, {n}) {accumulate} at ({i}, {j}): {got} vs {want}"
+                        );
+                    }
+                }
             }
         }
     }

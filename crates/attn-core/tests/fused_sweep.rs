@@ -29,8 +29,9 @@ fn isas() -> Vec<Isa> {
 
 /// The tolerance of bf16 `out` on `isa`, relative to max(1, |x|) like every comparison here.
 ///
-/// AMX computes the weights with an exp of relative error ε ≤ 3e-6 (a polynomial: they end up
-/// in bf16) and sums them in f32, so a weight over its row's sum is off by at most 2ε; then it
+/// AMX and the AVX512_BF16 dot products ([`Isa::Avx512Bf16`], the same steps) compute the
+/// weights with an exp of relative error ε ≤ 3e-6 (a polynomial: they end up in bf16) and sum
+/// them in f32, so a weight over its row's sum is off by at most 2ε; then it
 /// rounds each weight to bf16 before `P·V` (relative error ≤ 2^-8: round to nearest with 8
 /// significant bits, 1 + 2^-8 rounds to 1). An output element moves by at most
 /// `(2^-8 + 2ε) · Σ p_j |v_j| / Σ p_j ≤ (2^-8 + 2ε) · max |v|`, times the dropout's
@@ -38,7 +39,7 @@ fn isas() -> Vec<Isa> {
 /// widen bf16 to f32 exactly and differ from the reference only in the order of f32 sums:
 /// [`TOL`].
 fn bf16_out_tol(isa: Isa, opts: &AttnOptions, v: &[f32]) -> f32 {
-    if isa != Isa::Amx {
+    if !rounds_weights(isa) {
         return TOL;
     }
     let max_v = v.iter().fold(0.0f32, |a, x| a.max(x.abs()));
@@ -46,23 +47,31 @@ fn bf16_out_tol(isa: Isa, opts: &AttnOptions, v: &[f32]) -> f32 {
     (2f32.powi(-8) + 6e-6) * keep * max_v + TOL
 }
 
+/// Whether `isa` rounds bf16 inputs' weights to bf16 before `P·V` (both GEMMs in bf16 products).
+fn rounds_weights(isa: Isa) -> bool {
+    matches!(isa, Isa::Amx | Isa::Avx512Bf16)
+}
+
 #[test]
 fn the_best_isa_is_the_one_the_cpu_has() {
     #[cfg(target_arch = "x86_64")]
     {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-        let amx = avx512
+        let avx512_bf16 = avx512
             && std::arch::is_x86_feature_detected!("avx512bf16")
             && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && attn_core::amx::available();
+            && std::arch::is_x86_feature_detected!("avx512vl");
+        let amx = avx512_bf16 && attn_core::amx::available();
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma");
         assert_eq!(Isa::Amx.is_available(), amx);
+        assert_eq!(Isa::Avx512Bf16.is_available(), avx512_bf16);
         assert_eq!(Isa::Avx512.is_available(), avx512);
         assert_eq!(Isa::Avx2.is_available(), avx2);
         let best = if amx {
             Isa::Amx
+        } else if avx512_bf16 {
+            Isa::Avx512Bf16
         } else if avx512 {
             Isa::Avx512
         } else if avx2 {
@@ -1258,26 +1267,33 @@ fn bf16_default_entry_uses_the_best_isa() {
 }
 
 #[test]
-fn amx_takes_the_tiles_for_bf16_or_is_refused() {
-    // On AMX, bf16 weights are rounded before P·V, so the output differs from the AVX-512 path
-    // (which widens to f32) by more than f32 rounding, yet within the bound of `bf16_out_tol`;
-    // a head whose values hold NaN falls back to the AVX-512 path and matches it bit for bit.
-    // Without AMX, asking for it is refused.
+fn bf16_products_take_bf16_heads_or_are_refused() {
+    // On AMX, and in AVX512_BF16 dot products, bf16 weights are rounded before P·V, so the
+    // output differs from the AVX-512 path (which widens to f32) by more than f32 rounding, yet
+    // within the bound of `bf16_out_tol`; a head whose values hold NaN falls back to the
+    // AVX-512 path and matches it bit for bit. Where the CPU lacks one, asking for it is
+    // refused.
     let shape = AttnShape::new(1, 2, 100, 300, 64);
     let mut rng = Rng(33);
     let q = round(&rng.vec(2 * 100 * 64, 1.5));
     let k = round(&rng.vec(2 * 300 * 64, 1.5));
-    let mut v = round(&rng.vec(2 * 300 * 64, 1.0));
+    let v = round(&rng.vec(2 * 300 * 64, 1.0));
+    for isa in [Isa::Amx, Isa::Avx512Bf16] {
+        bf16_products_of(isa, shape, (&q, &k, &v));
+    }
+}
+
+fn bf16_products_of(isa: Isa, shape: AttnShape, (q, k, v): (&[bf16], &[bf16], &[bf16])) {
     let opts = AttnOptions::default();
-    let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
-    if !Isa::Amx.is_available() {
+    let input = AttnInputBf16::new(q, k, v, shape).unwrap();
+    if !isa.is_available() {
         assert!(matches!(
-            sdpa_bf16_with(Isa::Amx, &input, &opts),
+            sdpa_bf16_with(isa, &input, &opts),
             Err(AttnError::InvalidOption { option: "isa", .. })
         ));
         return;
     }
-    let amx = sdpa_bf16_with(Isa::Amx, &input, &opts).unwrap();
+    let amx = sdpa_bf16_with(isa, &input, &opts).unwrap();
     let fma = sdpa_bf16_with(Isa::Avx512, &input, &opts).unwrap();
     let diff = amx
         .out
@@ -1286,26 +1302,27 @@ fn amx_takes_the_tiles_for_bf16_or_is_refused() {
         .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
     assert!(
         diff > 1e-5,
-        "AMX should round the weights: max difference {diff:e}"
+        "{isa:?} should round the weights: max difference {diff:e}"
     );
     assert_same_bf16(
-        "amx vs avx512",
+        &format!("{isa:?} vs avx512"),
         &amx,
         &fma,
-        bf16_out_tol(Isa::Amx, &opts, &widen(&v)),
+        bf16_out_tol(isa, &opts, &widen(v)),
     );
-    // A NaN among head 1's values: head 0 stays on the tiles, head 1 falls back.
+    // A NaN among head 1's values: head 0 stays on the bf16 products, head 1 falls back.
+    let mut v = v.to_vec();
     v[300 * 64 + 5] = bf16::NAN;
     assert!(matches!(
-        AttnInputBf16::new(&q, &k, &v, shape),
+        AttnInputBf16::new(q, k, &v, shape),
         Err(AttnError::NonFinite {
             tensor: "v",
             index: 19205,
             ..
         })
     ));
-    let input = AttnInputBf16::allowing_non_finite(&q, &k, &v, shape).unwrap();
-    let amx_nan = sdpa_bf16_with(Isa::Amx, &input, &opts).unwrap();
+    let input = AttnInputBf16::allowing_non_finite(q, k, &v, shape).unwrap();
+    let amx_nan = sdpa_bf16_with(isa, &input, &opts).unwrap();
     let fma_nan = sdpa_bf16_with(Isa::Avx512, &input, &opts).unwrap();
     let head = 100 * 64;
     assert_eq!(amx_nan.out[..head], amx.out[..head]);
@@ -1314,13 +1331,41 @@ fn amx_takes_the_tiles_for_bf16_or_is_refused() {
     // A NaN key: its score is NaN in every row of head 0 (no mask), which the fused softmax
     // step hands to the general one, so every output of head 0 is NaN, as on AVX-512; head 1
     // is untouched.
-    let mut k_nan = k.clone();
+    let mut k_nan = k.to_vec();
     k_nan[7 * 64 + 3] = bf16::NAN;
-    let input = AttnInputBf16::allowing_non_finite(&q, &k_nan, &v, shape).unwrap();
-    let amx_k = sdpa_bf16_with(Isa::Amx, &input, &opts).unwrap();
+    let input = AttnInputBf16::allowing_non_finite(q, &k_nan, &v, shape).unwrap();
+    let amx_k = sdpa_bf16_with(isa, &input, &opts).unwrap();
     assert!(amx_k.out[..head].iter().all(|x| x.is_nan()));
     assert!(amx_k.lse[..100].iter().all(|x| x.is_nan()));
     assert!(same_bits(&amx_k.out[head..], &amx_nan.out[head..]));
+}
+
+#[test]
+fn avx512_bf16_runs_f32_inputs_as_avx512_does() {
+    // The dot products serve bf16 inputs only: f32 ones take the FMA kernels, bit for bit,
+    // causal rows and a few rows' weights included.
+    if !Isa::Avx512Bf16.is_available() {
+        return;
+    }
+    let shape = AttnShape::new(1, 2, 100, 300, 64);
+    let mut rng = Rng(35);
+    let (q, k, v) = (
+        rng.vec(2 * 100 * 64, 1.5),
+        rng.vec(2 * 300 * 64, 1.5),
+        rng.vec(2 * 300 * 64, 1.0),
+    );
+    let opts = AttnOptions {
+        causal: Some(Causal::BottomRight),
+        weights: WeightsRequest::Rows(vec![0, 50]),
+        ..AttnOptions::default()
+    };
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
+    let dot = sdpa_with(Isa::Avx512Bf16, &input, &opts).unwrap();
+    let fma = sdpa_with(Isa::Avx512, &input, &opts).unwrap();
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&dot.out), bits(&fma.out));
+    assert_eq!(bits(&dot.lse), bits(&fma.lse));
+    assert_eq!(dot.weights, fma.weights);
 }
 
 #[test]

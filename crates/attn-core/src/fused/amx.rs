@@ -1,7 +1,9 @@
 //! The AMX path of the fused kernel ([`Isa::Amx`]): both GEMMs of the online softmax on AMX
 //! tiles ([`crate::amx`]), the softmax itself in f32 on AVX-512, as FlashAttention-2 (Dao 2023,
 //! <https://arxiv.org/abs/2307.08691>) does on tensor cores and PyTorch's CPU flash attention
-//! does through oneDNN.
+//! does through oneDNN. On [`Isa::Avx512Bf16`] bf16 inputs take this path with AVX512_BF16 dot
+//! products in place of the tiles ([`Products::Dot`], `crate::bf16dot`), reading the same
+//! packed operands: every step and bound below holds for them as for the tiles.
 //!
 //! bf16 inputs multiply as they are. f32 inputs multiply in three bf16 parts each ("bf16x6",
 //! [`crate::bf16x`]): six tile products per product, within `5·2⁻²⁴|ab|` (a few f32
@@ -64,7 +66,8 @@ use half::bf16;
 
 use super::{BlockOut, Isa, Plan, Src, ValueScale};
 use crate::aligned::Aligned;
-use crate::amx::{self, BLOCK, PackedB, Tiles};
+use crate::amx::{self, BLOCK, PackedB, Products, Tiles};
+use crate::bf16dot::Bf16Dot;
 use crate::mask::key_range;
 
 #[cfg(target_arch = "x86_64")]
@@ -219,14 +222,17 @@ impl Drop for AmxHead<'_> {
 
 impl<'a> Plan<'a> {
     /// Whether key/value head `(b, kvh)`, its values' scale `values`, can go on the tiles:
-    /// `None` when it takes another path (an ISA other than [`Isa::Amx`], values that are not
+    /// `None` when it takes another path (an ISA other than [`Isa::Amx`], or than
+    /// [`Isa::Avx512Bf16`] for bf16 inputs, values that are not
     /// all finite, a few query rows ([`Plan::few_rows`]), f32 inputs with fewer than
     /// [`AMX_F32_MIN_ROWS`] query rows, f32 keys whose
     /// largest norm is not finite: NaN, ∞, or past f32's range), else that norm, which
     /// [`Self::amx_takes`] checks each query head against (0 for bf16 inputs, which need no
     /// bound).
     pub(super) fn amx_key_norm(&self, b: usize, kvh: usize, values: ValueScale) -> Option<f32> {
-        if self.isa != Isa::Amx || !values.finite || self.few_rows() {
+        let bf16 = matches!(self.src, Src::Bf16 { .. });
+        let products = self.isa == Isa::Amx || (bf16 && self.isa == Isa::Avx512Bf16);
+        if !products || !values.finite || self.few_rows() {
             return None;
         }
         let (s_n, d) = (self.sh.seq_kv, self.sh.head_dim);
@@ -307,7 +313,11 @@ impl<'a> Plan<'a> {
             self.sh.value_dim,
             self.sh.seq_kv,
         );
-        let tiles = Tiles::configure().expect("Isa::Amx is only available with AMX");
+        let products = match self.isa {
+            Isa::Amx => Tiles::configure().map(Products::Tiles),
+            _ => Bf16Dot::detect().map(Products::Dot),
+        };
+        let tiles = products.expect("the tiles' ISAs are only available with what they run");
         let AmxScratch {
             q: q_bf16,
             q3,
@@ -368,7 +378,7 @@ impl<'a> Plan<'a> {
         keys: std::ops::Range<usize>,
         state: &mut GroupState,
         acc: &mut [f32],
-        (tiles, (q_bf16, q3, scores, p, p3)): (&Tiles, GroupBuffers<'_>),
+        (tiles, (q_bf16, q3, scores, p, p3)): (&Products, GroupBuffers<'_>),
     ) {
         let (n, d, dv) = (state.n, self.sh.head_dim, self.sh.value_dim);
         let i0 = i0 + state.r0;
@@ -603,7 +613,7 @@ impl<'g> GroupOperands<'g> {
     /// Raw scores `q·k` of the group's rows against the 32 keys from `j0` (a multiple of 32;
     /// keys past the last are zeros) into the first 32 columns of `tile` (rows
     /// `AMX_BLOCK_KV` apart).
-    fn scores(&self, tiles: &Tiles, j0: usize, tile: &mut [f32]) {
+    fn scores(&self, tiles: &Products, j0: usize, tile: &mut [f32]) {
         match self {
             GroupOperands::Bf16 { q, k, head_dim, .. } => {
                 let d_pad = head_dim.next_multiple_of(BLOCK);
@@ -616,7 +626,7 @@ impl<'g> GroupOperands<'g> {
                 let ldg = PARTS * chunks * TILE;
                 let (a, b) = ((*q, PARTS * d_pad), (&k[j0 / 16 * ldg..], ldg));
                 let c = (tile, AMX_BLOCK_KV);
-                bf16x::gemm::<PARTS>(tiles, c, a, b, (rows, BLOCK, chunks), false);
+                bf16x::gemm::<PARTS>(f32_tiles(tiles), c, a, b, (rows, BLOCK, chunks), false);
             }
         }
     }
@@ -625,7 +635,7 @@ impl<'g> GroupOperands<'g> {
     /// apart, padded to whole tiles).
     fn add_pv(
         &self,
-        tiles: &Tiles,
+        tiles: &Products,
         weights: &WeightsTile<'_>,
         (j0, keys): (usize, usize),
         (acc, ldc): (&mut [f32], usize),
@@ -643,12 +653,20 @@ impl<'g> GroupOperands<'g> {
                 let a = (&parts[..], PARTS * AMX_BLOCK_KV);
                 let b = (&v[j0 / TK * PARTS * TILE..], ldg);
                 let dims = (rows, ldc, keys.div_ceil(TK));
-                bf16x::gemm::<PARTS>(tiles, (acc, ldc), a, b, dims, accumulate);
+                bf16x::gemm::<PARTS>(f32_tiles(tiles), (acc, ldc), a, b, dims, accumulate);
             }
             #[cfg(target_arch = "x86_64")]
             _ => unreachable!("a group's weights take its operands' form"),
         }
     }
+}
+
+/// The tiles of an f32 head's products: only [`Isa::Amx`] packs f32 heads ([`AmxHead::F32`]).
+#[cfg(target_arch = "x86_64")]
+fn f32_tiles(products: &Products) -> &Tiles {
+    products
+        .tiles()
+        .expect("f32 heads take the tiles only on Isa::Amx")
 }
 
 /// A group's weights for `P·V`: bf16, `[32, AMX_BLOCK_KV]`, or three parts in the A layout,

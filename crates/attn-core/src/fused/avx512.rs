@@ -2,9 +2,10 @@
 //! decoding step (`A·Bᵀ` against keys as the inputs hold them, and a GEMM that checks the
 //! values it reads), and the row operations of the online softmax with a vectorised `exp`.
 //!
-//! bf16 inputs are widened to f32 and take the same GEMM: on this project's CPU (Xeon with
-//! AVX512_BF16) `VDPBF16PS` measured 120 GFLOP/s per core against 222 for `VFMADD231PS`, so
-//! the bf16 dot product would be the slower path.
+//! bf16 inputs are widened to f32 and take the same GEMM here. On an Intel Xeon with
+//! AVX512_BF16 `VDPBF16PS` measured 120 GFLOP/s per core against 222 for `VFMADD231PS` (there
+//! AMX takes bf16 inputs); on AMD's Zen 5 it measured 469 against 250, and
+//! [`super::Isa::Avx512Bf16`] takes them in dot products (`crate::bf16dot`).
 //!
 //! Every function here is an `unsafe fn` with `#[target_feature]`: callers must have checked
 //! the CPU (see [`super::isa`]). Matrices are row-major slices with explicit row strides; the

@@ -16,24 +16,35 @@ pub enum Isa {
     Avx2,
     /// AVX-512F register-blocked kernels.
     Avx512,
+    /// The AVX-512 kernels, with AVX512_BF16 dot products (`VDPBF16PS`) for both GEMMs of bf16
+    /// inputs, in the AMX path's layouts and steps, the weights rounded to bf16 as there (CPUs
+    /// with AVX512_BF16 but no AMX, such as AMD's Zen 4 and Zen 5, where one `VDPBF16PS` does
+    /// twice the multiply-adds of an f32 FMA). f32 inputs run as on [`Isa::Avx512`].
+    Avx512Bf16,
     /// The AVX-512 kernels, with AMX tiles for the two GEMMs (see `amx.rs`): bf16 inputs as
     /// they are, f32 inputs in three bf16 parts per value, for heads of at least 32 query rows
     /// whose scores stay within the tiles' bound; other heads run as on [`Isa::Avx512`].
     Amx,
 }
 
-/// Whether the CPU has AVX-512F, AVX512_BF16 (to round probabilities to bf16) and AMX-BF16, and
-/// the OS lets this process use the tiles; detected once.
+/// Whether the CPU has what [`Isa::Avx512Bf16`] and AMX then need, and AMX-BF16, and the OS
+/// lets this process use the tiles; detected once.
 fn has_amx() -> bool {
     static AMX: OnceLock<bool> = OnceLock::new();
-    *AMX.get_or_init(|| {
+    *AMX.get_or_init(|| has_avx512_bf16() && crate::amx::available())
+}
+
+/// Whether the CPU has AVX-512F, AVX512_BF16 (the dot products, and to round weights to
+/// bf16), AVX512BW and AVX512VL; detected once.
+fn has_avx512_bf16() -> bool {
+    static BF16: OnceLock<bool> = OnceLock::new();
+    *BF16.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
             has_avx512()
                 && std::arch::is_x86_feature_detected!("avx512bf16")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vl")
-                && crate::amx::available()
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -75,12 +86,20 @@ fn has_avx512() -> bool {
 
 impl Isa {
     /// Every instruction set, slowest first.
-    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx];
+    pub const ALL: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Bf16,
+        Isa::Amx,
+    ];
 
     /// The fastest instruction set this CPU supports (detected once, then cached).
     pub fn best() -> Isa {
         if has_amx() {
             Isa::Amx
+        } else if has_avx512_bf16() {
+            Isa::Avx512Bf16
         } else if has_avx512() {
             Isa::Avx512
         } else if has_avx2() {
@@ -108,6 +127,7 @@ impl Isa {
             Isa::Portable => true,
             Isa::Avx2 => has_avx2(),
             Isa::Avx512 => has_avx512(),
+            Isa::Avx512Bf16 => has_avx512_bf16(),
             Isa::Amx => has_amx(),
         }
     }
@@ -133,10 +153,10 @@ impl Isa {
         assert!(k == 0 || b.len() >= (k - 1) * ldb + n, "gemm: B too short");
         assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
         match self {
-            // SAFETY: an `Isa::Avx512` or `Isa::Amx` (which implies AVX-512F) only reaches the
-            // kernels after `is_available` said yes;
-            // the slices hold what the strides describe (checked above).
-            Isa::Avx512 | Isa::Amx => unsafe {
+            // SAFETY: an `Isa::Avx512`, `Isa::Avx512Bf16` or `Isa::Amx` (the last two imply
+            // AVX-512F) only reaches the kernels after `is_available` said yes; the slices hold
+            // what the strides describe (checked above).
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
                 avx512_or_portable::gemm_f32(mnk, a, lda, b, ldb, c, ldc, accumulate)
             },
             // SAFETY: as for AVX-512, with AVX2 and FMA.
@@ -169,7 +189,7 @@ impl Isa {
         match self {
             // SAFETY: see `gemm_f32`; the slices hold what the strides describe (checked
             // above).
-            Isa::Avx512 | Isa::Amx => unsafe {
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
                 avx512_or_portable::gemm_abt(mnk, a, lda, b, ldb, c, ldc)
             },
             // SAFETY: see `gemm_f32`.
@@ -208,7 +228,7 @@ impl Isa {
         match self {
             // SAFETY: see `gemm_f32`; the slices hold what the strides describe (checked
             // above).
-            Isa::Avx512 | Isa::Amx => unsafe {
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
                 avx512_or_portable::gemm_checked(mnk, a, lda, b, ldb, c, ldc, bound_exp)
             },
             // SAFETY: see `gemm_f32`.
@@ -223,7 +243,7 @@ impl Isa {
     pub(super) fn scale(self, x: &mut [f32], a: f32) {
         match self {
             // SAFETY: see `gemm_f32`.
-            Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::scale(x, a) },
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512_or_portable::scale(x, a) },
             // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe { avx2_or_portable::scale(x, a) },
             Isa::Portable => portable::scale(x, a),
@@ -234,7 +254,7 @@ impl Isa {
     pub(super) fn max(self, x: &[f32]) -> f32 {
         match self {
             // SAFETY: see `gemm_f32`.
-            Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::max(x) },
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512_or_portable::max(x) },
             // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe { avx2_or_portable::max(x) },
             Isa::Portable => portable::max(x),
@@ -245,7 +265,9 @@ impl Isa {
     pub(super) fn exp_sub_sum(self, x: &mut [f32], m: f32) -> f32 {
         match self {
             // SAFETY: see `gemm_f32`.
-            Isa::Avx512 | Isa::Amx => unsafe { avx512_or_portable::exp_sub_sum(x, m) },
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
+                avx512_or_portable::exp_sub_sum(x, m)
+            },
             // SAFETY: see `gemm_f32`.
             Isa::Avx2 => unsafe { avx2_or_portable::exp_sub_sum(x, m) },
             Isa::Portable => portable::exp_sub_sum(x, m),

@@ -33,7 +33,9 @@
 //! the groups of a query block (`amx.rs`): bf16 inputs with the weights rounded to bf16 for `P·V`,
 //! f32 inputs in three bf16 parts per value (f32 accuracy); heads that cannot (values holding
 //! NaN or ∞, f32 heads with fewer than 32 query rows or scores past the tiles' bound) run the
-//! AVX-512 kernels.
+//! AVX-512 kernels. On [`Isa::Avx512Bf16`] (AVX512_BF16 without AMX) bf16 inputs take the same
+//! path with `VDPBF16PS` dot products in place of the tiles, on the same packed operands
+//! (`crate::bf16dot`); f32 inputs run the AVX-512 kernels.
 //!
 //! A call with a few query rows per head (`FEW_ROWS`: a decoding step) reads each key and
 //! value once, so what the other calls do first costs more than the attention itself there:
@@ -129,13 +131,12 @@ pub fn sdpa_with(
 }
 
 /// Scaled dot-product attention on bf16 inputs, accumulated in f32 on the best [`Isa`] of this
-/// CPU. On [`Isa::Amx`] both products run on AMX tiles and the weights are rounded to bf16
-/// before `P·V`, so `out` is within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened
+/// CPU. On [`Isa::Amx`] both products run on AMX tiles, and on [`Isa::Avx512Bf16`] in
+/// AVX512_BF16 dot products, and the weights are rounded to bf16 before `P·V`, so `out` is within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened
 /// inputs, `lse` within 3e-6 and the weights within 3e-6 relative (the bounds and their
 /// derivation are in `amx.rs`); on the other ISAs, and for calls of at most 6 query rows per
 /// head on every ISA, inputs are widened to f32 (exactly) as they are read and the result
-/// equals [`crate::sdpa`] on the widened inputs up to f32 rounding of the sums (see
-/// `avx512.rs` for why not `VDPBF16PS`).
+/// equals [`crate::sdpa`] on the widened inputs up to f32 rounding of the sums.
 ///
 /// # Shapes
 /// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
@@ -361,7 +362,7 @@ fn accumulate_skipping_zeros(
             }
             for (o, &x) in out_row.iter_mut().zip(v_row) {
                 *o = match isa {
-                    Isa::Avx2 | Isa::Avx512 | Isa::Amx => w.mul_add(x, *o),
+                    Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => w.mul_add(x, *o),
                     Isa::Portable => *o + w * x,
                 };
             }

@@ -375,10 +375,11 @@ impl Rng {
 /// The kernels the forward pass runs on for `dtype`: on AMX machines, f32 inputs take the tiles
 /// (in three bf16 parts) for calls of at least 32 query rows whose scores stay within the
 /// tiles' bound, as these random inputs' do (up to `head_dim` 256); shorter calls run the
-/// AVX-512 kernels.
+/// AVX-512 kernels, and so do f32 inputs where the CPU has bf16 dot products but no AMX.
 fn forward_isa(dtype: Dtype, seq: usize) -> Isa {
     match (Isa::best(), dtype) {
         (Isa::Amx, Dtype::F32) if seq < 32 => Isa::Avx512,
+        (Isa::Avx512Bf16, Dtype::F32) => Isa::Avx512,
         (isa, _) => isa,
     }
 }
