@@ -1701,7 +1701,7 @@ fn window_sides_wider_than_isize_reach_every_key() {
 #[test]
 fn the_scale_multiplies_the_dot_product_not_the_queries() {
     // One query row, and 32 (the tiles' smallest f32 call).
-    for rows in [1, 32] {
+    for rows in [1usize, 32] {
         let shape = AttnShape::new(1, 1, rows, 2, 1);
         let q = vec![1e10f32; rows];
         let (k, v) = ([1e-30f32, 0.0], [1.0f32, 3.0]);
@@ -1719,6 +1719,22 @@ fn the_scale_multiplies_the_dot_product_not_the_queries() {
             assert_eq!(got.out, vec![1.0; rows], "{case}: out");
             assert_eq!(got.lse, vec![1e10; rows], "{case}: lse");
             assert_eq!(got.weights, want.weights, "{case}: weights");
+        }
+        // bf16 inputs (from 6 rows on the tiles or the bf16 dot products): their products are
+        // exact, and the scale's rounding of them is the max the weights are taken against,
+        // so the largest weight is exactly 1 (one rounding of `scale·s − m` had left it
+        // `e^` of what the scale's product lost, up to `e^512` here: ∞).
+        let (q, k, v) = (round(&q), round(&k), round(&v));
+        let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
+        let (qw, kw, vw) = (widen(&q), widen(&k), widen(&v));
+        let widened = AttnInput::new(&qw, &kw, &vw, shape).unwrap();
+        let want = sdpa_reference(&widened, &options).unwrap();
+        assert_eq!(want.out, vec![1.0; rows], "bf16 reference");
+        for isa in isas() {
+            let got = sdpa_bf16_with(isa, &input, &options).unwrap();
+            let case = format!("bf16 on {isa:?}, {rows} rows");
+            assert_eq!(got.out, want.out, "{case}: out");
+            assert_eq!(got.lse, want.lse, "{case}: lse");
         }
     }
 }

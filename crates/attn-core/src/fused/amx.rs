@@ -1005,7 +1005,11 @@ fn softmax_step_plain(
 /// The end of a fused step: the row's running max and sum move to `m_new` and on by
 /// `block_sum`; returns the factor `e^(m − m')` the accumulator must be scaled by, when the max
 /// changed. `None` (nothing changed) when `block_sum` is NaN: a NaN score the max lost.
-fn advance((m, sum): (&mut f32, &mut f32), m_new: f32, block_sum: f32) -> Option<Option<f32>> {
+pub(super) fn advance(
+    (m, sum): (&mut f32, &mut f32),
+    m_new: f32,
+    block_sum: f32,
+) -> Option<Option<f32>> {
     if block_sum.is_nan() {
         return None;
     }
@@ -1041,9 +1045,12 @@ unsafe fn exps_plain_avx512<const HIDDEN: bool>(
     let tail = n - whole;
     let (lo, hi) = tail_masks(tail);
     let (row, p) = (row.as_ptr(), p.as_mut_ptr());
-    // e^(scale·s − m) = 2^t with t = (scale·s − m)·log₂e: `scale·s − m` with one rounding,
-    // small near the max whatever the scores' size. (Folding log₂e into both terms rounds each
-    // by 2⁻²⁴ of its own size: scores near 1e9 moved t past f32's range.)
+    // e^(scale·s − m) = 2^t with t = (scale·s − m)·log₂e: `scale·s` rounded first, as `m` is
+    // the rounded `scale·max s`, so the largest score's exponent is exactly 0 whatever the
+    // scores' size. (With one rounding of `scale·s − m` it was what the product's rounding
+    // lost, up to ±512 for scores near 1e10: the largest weight could be 2^-125, not 1. Folding
+    // log₂e into both terms rounds each by 2⁻²⁴ of its own size: scores near 1e9 moved t past
+    // f32's range.)
     let (c, mc) = (_mm512_set1_ps(scale), _mm512_set1_ps(m));
     let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
     let (mut sum0, mut sum1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -1060,11 +1067,11 @@ unsafe fn exps_plain_avx512<const HIDDEN: bool>(
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
             let e0 = exp2::<HIDDEN, 4>(
-                _mm512_mul_ps(_mm512_fmsub_ps(s0, c, mc), log2e),
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s0, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
             let e1 = exp2::<HIDDEN, 4>(
-                _mm512_mul_ps(_mm512_fmsub_ps(s1, c, mc), log2e),
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s1, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
             sum0 = _mm512_add_ps(sum0, e0);
@@ -1081,11 +1088,11 @@ unsafe fn exps_plain_avx512<const HIDDEN: bool>(
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
             let e0 = exp2::<HIDDEN, 4>(
-                _mm512_mul_ps(_mm512_fmsub_ps(s0, c, mc), log2e),
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s0, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
             let e1 = exp2::<HIDDEN, 4>(
-                _mm512_mul_ps(_mm512_fmsub_ps(s1, c, mc), log2e),
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s1, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
             sum0 = _mm512_mask_add_ps(sum0, lo, sum0, e0);
@@ -1279,7 +1286,7 @@ unsafe fn store_parts(x0: std::arch::x86_64::__m512, x1: std::arch::x86_64::__m5
 const EXP2_DEGREE_4: [f32; 4] = [1.342_668_4e-2, 5.224_247_3e-2, 2.412_802e-1, 6.930_448_4e-1];
 
 /// Degree 5 (Lawson's iteration): 1.7e-7 in f32, for f32 weights.
-const EXP2_DEGREE_5: [f32; 5] = [
+pub(super) const EXP2_DEGREE_5: [f32; 5] = [
     1.867_130_3e-3,
     9.017_03e-3,
     5.579_991_3e-2,
@@ -1304,7 +1311,7 @@ const EXP2_DEGREE_5: [f32; 5] = [
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 #[inline]
-unsafe fn exp2<const HIDDEN: bool, const N: usize>(
+pub(super) unsafe fn exp2<const HIDDEN: bool, const N: usize>(
     t: std::arch::x86_64::__m512,
     c: [f32; N],
 ) -> std::arch::x86_64::__m512 {
