@@ -493,6 +493,37 @@ pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
     _mm512_reduce_add_ps(sum)
 }
 
+/// `x = e^(scale·x − m)`, returning the sum of the new values: the fused step of rows with no
+/// rule beyond a positive scale (`Plan::plain_step`), which takes the scale here rather than in
+/// a pass of its own. `scale·x` is rounded before `m` is taken from it, as the other steps
+/// round it: `m`, the rounded `scale·max x`, is then exactly the largest, where with one
+/// rounding of `scale·x − m` the largest exponent is what the product's rounding lost (up to
+/// 512 for scores near 1e10, and `e^512` overflows). `e^` is `2^` of the degree-5 polynomial
+/// (`super::amx::exp2`, relative error ≤ 2e-7), results below 2^-125 (and `−∞`) 0, NaN NaN.
+///
+/// # Safety
+/// AVX-512F and AVX512DQ must be available.
+#[target_feature(enable = "avx512f,avx512dq")]
+pub(super) unsafe fn exp_scaled_sum(x: &mut [f32], scale: f32, m: f32) -> f32 {
+    let (c, mc) = (_mm512_set1_ps(scale), _mm512_set1_ps(m));
+    let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
+    let mut sum = _mm512_setzero_ps();
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    for i in (0..n).step_by(16) {
+        let k = lane_mask(i, n);
+        // SAFETY: lanes of `k` lie inside `x`; AVX-512F and AVX512DQ are available.
+        unsafe {
+            let s = _mm512_maskz_loadu_ps(k, p.add(i));
+            let t = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s, c), mc), log2e);
+            let e = super::amx::exp2::<true, 5>(t, super::amx::EXP2_DEGREE_5);
+            _mm512_mask_storeu_ps(p.add(i), k, e);
+            sum = _mm512_mask_add_ps(sum, k, sum, e);
+        }
+    }
+    _mm512_reduce_add_ps(sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

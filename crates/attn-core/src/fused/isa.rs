@@ -69,6 +69,13 @@ fn has_avx2() -> bool {
     })
 }
 
+/// Whether the CPU has AVX512DQ, detected once.
+#[cfg(target_arch = "x86_64")]
+fn has_avx512dq() -> bool {
+    static DQ: OnceLock<bool> = OnceLock::new();
+    *DQ.get_or_init(|| std::arch::is_x86_feature_detected!("avx512dq"))
+}
+
 /// Whether the CPU has AVX-512F, detected once.
 fn has_avx512() -> bool {
     static AVX512: OnceLock<bool> = OnceLock::new();
@@ -261,6 +268,22 @@ impl Isa {
         }
     }
 
+    /// `x = e^(scale·x − m)`, returning the sum of the new values: on AVX-512 with AVX512DQ in
+    /// one pass ([`avx512::exp_scaled_sum`]); elsewhere `x` times `scale`, then
+    /// [`Isa::exp_sub_sum`]. `scale·x` is rounded as a product of its own either way.
+    ///
+    /// [`avx512::exp_scaled_sum`]: super::avx512::exp_scaled_sum
+    pub(super) fn exp_scaled_sum(self, x: &mut [f32], scale: f32, m: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx) && has_avx512dq() {
+            // SAFETY: AVX-512F (these ISAs are only run where available) and AVX512DQ
+            // (checked just above).
+            return unsafe { super::avx512::exp_scaled_sum(x, scale, m) };
+        }
+        self.scale(x, scale);
+        self.exp_sub_sum(x, m)
+    }
+
     /// `x = e^(x − m)`, returning the sum of the new values.
     pub(super) fn exp_sub_sum(self, x: &mut [f32], m: f32) -> f32 {
         match self {
@@ -350,6 +373,30 @@ mod tests {
             assert!(
                 rel <= tol,
                 "{isa:?} e^{xi}: got {ei}, want {want}, relative error {rel:e}"
+            );
+        }
+        assert!((f64::from(sum) - want_sum).abs() / want_sum < 1e-5);
+        // With a scale: `e^(scale·x − m)` on the doubled values (0 down to −180, then −∞) at
+        // scale ½ and m = −1 (so the largest is e^1), against f64 on the same rounded product.
+        let mut e = x.iter().map(|&xi| 2.0 * xi).collect::<Vec<f32>>();
+        let sum = isa.exp_scaled_sum(&mut e, 0.5, -1.0);
+        let mut want_sum = 0.0f64;
+        for (&xi, &ei) in x.iter().zip(&e) {
+            let t = f64::from(0.5 * (2.0 * xi)) + 1.0;
+            let want = t.exp();
+            if t * std::f64::consts::LOG2_E < -125.0 {
+                match isa {
+                    Isa::Portable => assert!(f64::from(ei) < 1e-37, "{isa:?} e^{t}"),
+                    _ => assert_eq!(ei, 0.0, "{isa:?}: e^{t} is below 2^-125: flushed to 0"),
+                }
+                continue;
+            }
+            want_sum += want;
+            let tol = 5e-7 + t.abs() * 1e-7;
+            let rel = (f64::from(ei) - want).abs() / want;
+            assert!(
+                rel <= tol,
+                "{isa:?} e^{t} with the scale: got {ei}, want {want}, error {rel:e}"
             );
         }
         assert!((f64::from(sum) - want_sum).abs() / want_sum < 1e-5);

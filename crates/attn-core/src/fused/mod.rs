@@ -703,20 +703,25 @@ impl<'a> Plan<'a> {
     /// `head`, into `s.tile` as `[rows, keys]`. The scale comes after the product, as in the
     /// reference and on the tiles: `(scale·q)·k` would save this pass, but overflows where
     /// `scale·q` does (a scale of 1e30 on queries of 1e10) and loses bits where it underflows.
-    fn scores(&self, k: &Keys, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
+    fn scores(&self, k: &Keys, rows: usize, keys: (usize, usize), s: &mut Scratch) {
+        self.raw_scores(k, rows, keys, s);
+        if self.scale != 1.0 {
+            self.isa.scale(s.tile.get(rows * keys.1), self.scale);
+        }
+    }
+
+    /// [`Self::scores`] before the scale, `q·k`, which [`Self::block_steps`] takes.
+    fn raw_scores(&self, k: &Keys, rows: usize, (jb, keys): (usize, usize), s: &mut Scratch) {
         let d = self.sh.head_dim;
         let kt = k.block((jb, keys), d);
         let tile = s.tile.get(rows * keys);
         self.isa
             .gemm_f32((rows, keys, d), &s.q, d, kt, keys, tile, keys, false);
-        if self.scale != 1.0 {
-            self.isa.scale(tile, self.scale);
-        }
     }
 
-    /// [`Self::scores`] of the query rows `q` (`[rows, head_dim]`) against a key block as the
-    /// inputs hold it, `k` (`[keys, head_dim]`, [`Self::few_rows`]), into `tile`.
-    fn scores_against_rows<T: Element>(
+    /// [`Self::raw_scores`] of the query rows `q` (`[rows, head_dim]`) against a key block as
+    /// the inputs hold it, `k` (`[keys, head_dim]`, [`Self::few_rows`]), into `tile`.
+    fn raw_scores_against_rows<T: Element>(
         &self,
         q: &[f32],
         k: &[T],
@@ -725,9 +730,6 @@ impl<'a> Plan<'a> {
     ) {
         let d = self.sh.head_dim;
         self.isa.gemm_abt((rows, keys, d), q, d, k, d, tile, keys);
-        if self.scale != 1.0 {
-            self.isa.scale(tile, self.scale);
-        }
     }
 
     /// Turns raw scores of query `i` (head `(b, h)`) against keys `j0..` into the final scores
@@ -1000,12 +1002,12 @@ impl<'a> Plan<'a> {
             let keys = (s_n - j0).min(BLOCK_KV);
             let at = j0 * d..(j0 + keys) * d;
             match head.k {
-                HeadKeys::Packed(ref k) => self.scores(k, n, (jb, keys), s),
+                HeadKeys::Packed(ref k) => self.raw_scores(k, n, (jb, keys), s),
                 HeadKeys::F32(k) => {
-                    self.scores_against_rows(&s.q, &k[at], (n, keys), s.tile.get(n * keys))
+                    self.raw_scores_against_rows(&s.q, &k[at], (n, keys), s.tile.get(n * keys))
                 }
                 HeadKeys::Bf16(k) => {
-                    self.scores_against_rows(&s.q, &k[at], (n, keys), s.tile.get(n * keys))
+                    self.raw_scores_against_rows(&s.q, &k[at], (n, keys), s.tile.get(n * keys))
                 }
             }
             let tile = s.tile.get(n * keys);
@@ -1024,10 +1026,11 @@ impl<'a> Plan<'a> {
         self.finish_rows((&m, &sum), factor, BlockOut { out, lse, stats });
     }
 
-    /// The online softmax's step ([`Self::softmax_step`]) for each row of `tile` (`[rows, keys]`,
-    /// their raw scores `scale·(q·k)` against keys `j0..`; row `r` is query `at(r)`, `(head,
-    /// row)`, of batch `b`), its running max and sum in `state` and its accumulator row of
-    /// `out` rescaled when its max moved.
+    /// The online softmax's step for each row of `tile` (`[rows, keys]`, their products `q·k`
+    /// against keys `j0..`, before the scale; row `r` is query `at(r)`, `(head, row)`, of batch
+    /// `b`), its running max and sum in `state` and its accumulator row of `out` rescaled when
+    /// its max moved: [`Self::plain_step`] where it takes the row, else the scale and
+    /// [`Self::softmax_step`].
     fn block_steps(
         &self,
         (b, at): (usize, impl Fn(usize) -> (usize, usize)),
@@ -1037,12 +1040,63 @@ impl<'a> Plan<'a> {
         out: &mut [f32],
     ) {
         let dv = self.sh.value_dim;
+        let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
         for (r, row) in tile.chunks_exact_mut(keys).enumerate() {
             let (h, i) = at(r);
-            if let Some(alpha) = self.softmax_step((b, h, i), j0, row, (&mut m[r], &mut sum[r])) {
+            let state = (&mut m[r], &mut sum[r]);
+            let step = match plain {
+                true => self.plain_step(i, j0, row, state),
+                false => None,
+            };
+            let alpha = step.unwrap_or_else(|| {
+                if self.scale != 1.0 {
+                    self.isa.scale(row, self.scale);
+                }
+                self.softmax_step((b, h, i), j0, row, (&mut m[r], &mut sum[r]))
+            });
+            if let Some(alpha) = alpha {
                 self.isa.scale(&mut out[r * dv..][..dv], alpha);
             }
         }
+    }
+
+    /// The online softmax's step for query `i` over keys `j0..` of a call with no rule beyond
+    /// the causal and window ranges and a positive scale, from the products `q·k` in `row`:
+    /// the max of the row's visible products times the scale is that of its scores (rounding
+    /// is monotonic), and one pass takes `P = e^(scale·s − m')` with the scale, rounded as
+    /// the general step rounds it
+    /// ([`Isa::exp_scaled_sum`]); the keys outside the range weigh 0. Returns what
+    /// [`Self::softmax_step`] does, or `None`, leaving `row` as it was, when a visible score
+    /// is not finite or the row's max is NaN: the general step takes those.
+    fn plain_step(
+        &self,
+        i: usize,
+        j0: usize,
+        row: &mut [f32],
+        (m, sum): (&mut f32, &mut f32),
+    ) -> Option<Option<f32>> {
+        let sh = self.sh;
+        let (lo, hi) = key_range(self.opt.causal, self.opt.window, self.offset, i, sh.seq_kv);
+        let end = j0 + row.len();
+        let a = lo.clamp(j0, end) - j0;
+        let b = (hi.clamp(j0, end) - j0).max(a);
+        if m.is_nan() {
+            return None;
+        }
+        if a == b {
+            // Nothing visible here: weights 0, the row's state unchanged.
+            row.fill(0.0);
+            return Some(None);
+        }
+        let top = self.scale * self.isa.max(&row[a..b]);
+        if !top.is_finite() {
+            return None;
+        }
+        let m_new = m.max(top);
+        let block_sum = self.isa.exp_scaled_sum(&mut row[a..b], self.scale, m_new);
+        row[..a].fill(0.0);
+        row[b..].fill(0.0);
+        Some(amx::advance((m, sum), m_new, block_sum).flatten())
     }
 
     /// The end of a block of query rows: each row of `dst.out` divided by its sum (`state`) and
@@ -1122,7 +1176,7 @@ impl<'a> Plan<'a> {
             page_starts(&k[next.0 * d..][..next.1 * d]);
             page_starts(&v[next.0 * dv..][..next.1 * dv]);
             let tile = s.tile.get(n * keys);
-            self.scores_against_rows(&s.q, &k[j0 * d..][..keys * d], (n, keys), tile);
+            self.raw_scores_against_rows(&s.q, &k[j0 * d..][..keys * d], (n, keys), tile);
             let rows = (b, |r| (h0 + r / l, r % l));
             self.block_steps(rows, (j0, keys), tile, (&mut m, &mut sum), out);
             let v = &v[j0 * dv..][..keys * dv];
