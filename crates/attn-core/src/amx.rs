@@ -849,6 +849,32 @@ mod tests {
                 }
             }
         }
+        // A view inside the padding's bounds, as the fused path takes key blocks and chunks:
+        // depth rows 32..96 and columns 32..64 of a 129 × 65 matrix, against 32 rows of A.
+        let (k, n) = (129, 65);
+        let b_rows: Vec<bf16> = (0..k * n).map(|i| value(i, 11, 1.3)).collect();
+        let b = PackedB::pack(&b_rows, k, n).unwrap();
+        let a: Vec<bf16> = (0..32 * 64).map(|i| value(i, 5, 0.7)).collect();
+        let mut c = vec![0.0f32; 32 * 32];
+        let view = b.view((32, 64), (32, 32));
+        gemm_blocks(&products, &a, 64, view, &mut c, 32, false);
+        for i in 0..32 {
+            for j in 0..32 {
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..64 {
+                    let x = f64::from(a[i * 64 + p].to_f32())
+                        * f64::from(b_rows[(32 + p) * n + 32 + j].to_f32());
+                    want += x;
+                    mag += x.abs();
+                }
+                let got = f64::from(c[i * 32 + j]);
+                let tol = 65.0 * 2f64.powi(-24) * mag;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "view at ({i}, {j}): {got} vs {want}"
+                );
+            }
+        }
     }
 
     /// The portable fallback (which AMX machines never take through `gemm_bf16`) against f64:

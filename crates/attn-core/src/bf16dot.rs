@@ -11,20 +11,18 @@
 
 use half::bf16;
 
-/// Proof that this CPU has AVX-512F and AVX512_BF16: only [`Bf16Dot::detect`] makes one.
+/// Proof that this CPU has what [`crate::fused::Isa::Avx512Bf16`] needs (AVX-512F, AVX512_BF16,
+/// AVX512BW, which `avx512bf16` implies for the compiler, and AVX512VL): only
+/// [`Bf16Dot::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bf16Dot(());
 
 impl Bf16Dot {
-    /// `Some` where the CPU has AVX-512F and AVX512_BF16.
+    /// `Some` where the CPU has what [`crate::fused::Isa::Avx512Bf16`] needs.
     pub(crate) fn detect() -> Option<Bf16Dot> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-        {
-            return Some(Bf16Dot(()));
-        }
-        None
+        crate::fused::Isa::Avx512Bf16
+            .is_available()
+            .then_some(Bf16Dot(()))
     }
 }
 

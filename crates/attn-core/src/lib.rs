@@ -57,8 +57,8 @@
 mod aligned;
 pub mod amx;
 pub mod backward;
-#[cfg(target_arch = "x86_64")]
 mod bf16dot;
+#[cfg(target_arch = "x86_64")]
 mod bf16x;
 pub mod error;
 pub mod fused;

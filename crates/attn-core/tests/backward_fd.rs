@@ -888,7 +888,7 @@ fn large_scores_leave_the_amx_lane() {
     let fwd = sdpa(&input, &options).unwrap();
     let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
     let run = |isa| sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
-    let isas = [Isa::Avx2, Isa::Avx512, Isa::Amx]
+    let isas = [Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx]
         .into_iter()
         .filter(|isa| isa.is_available());
     for isa in isas {

@@ -62,6 +62,12 @@ fn the_best_isa_is_the_one_the_cpu_has() {
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl");
         let amx = avx512_bf16 && attn_core::amx::available();
+        // The dot products are the best only on AMD's CPUs (`Isa::best`).
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let amd = match cpuinfo.lines().find(|l| l.starts_with("vendor_id")) {
+            Some(line) => line.ends_with("AuthenticAMD"),
+            None => &std::arch::x86_64::__cpuid(0).ebx.to_le_bytes() == b"Auth",
+        };
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma");
         assert_eq!(Isa::Amx.is_available(), amx);
@@ -70,7 +76,7 @@ fn the_best_isa_is_the_one_the_cpu_has() {
         assert_eq!(Isa::Avx2.is_available(), avx2);
         let best = if amx {
             Isa::Amx
-        } else if avx512_bf16 {
+        } else if avx512_bf16 && amd {
             Isa::Avx512Bf16
         } else if avx512 {
             Isa::Avx512
@@ -1720,7 +1726,7 @@ fn the_scale_multiplies_the_dot_product_not_the_queries() {
             assert_eq!(got.lse, vec![1e10; rows], "{case}: lse");
             assert_eq!(got.weights, want.weights, "{case}: weights");
         }
-        // bf16 inputs (from 6 rows on the tiles or the bf16 dot products): their products are
+        // bf16 inputs (from 7 rows on the tiles or the bf16 dot products): their products are
         // exact, and the scale's rounding of them is the max the weights are taken against,
         // so the largest weight is exactly 1 (one rounding of `scale·s − m` had left it
         // `e^` of what the scale's product lost, up to `e^512` here: ∞).
@@ -1817,5 +1823,69 @@ fn degenerate_bf16_calls_keep_the_inputs_opt_out() {
         let nan_at = |out: &[f32]| out.iter().map(|x| x.is_nan()).collect::<Vec<_>>();
         assert_eq!(nan_at(&got.out), vec![true, false, true, false], "{isa:?}");
         assert_eq!(nan_at(&got.out), nan_at(&want.out), "{isa:?}");
+    }
+}
+
+/// Rows with no rule beyond the causal and window ranges take one fused pass with the scale
+/// inside it (`Plan::plain_step`); a key padding that hides nothing sends the same rows through
+/// the general step (scale, rules, then the step). Both agree to f32 rounding, NaN for NaN:
+/// under causal ranges of both alignments and a window (rows that see none of a block's keys),
+/// and with a NaN or an ∞ key that some rows see and others do not.
+#[test]
+fn plain_rows_give_what_the_general_step_gives() {
+    let shape = AttnShape::new(1, 2, 150, 300, 16);
+    let mut rng = Rng(36);
+    let (q, v) = (rng.vec(2 * 150 * 16, 1.5), rng.vec(2 * 300 * 16, 1.0));
+    let clean_k = rng.vec(2 * 300 * 16, 1.5);
+    let window = Window {
+        left: Some(40),
+        right: Some(10),
+    };
+    let ranges = [
+        AttnOptions::default(),
+        AttnOptions {
+            causal: Some(Causal::TopLeft),
+            ..AttnOptions::default()
+        },
+        AttnOptions {
+            causal: Some(Causal::BottomRight),
+            ..AttnOptions::default()
+        },
+        AttnOptions {
+            window: Some(window),
+            ..AttnOptions::default()
+        },
+    ];
+    for bad in [None, Some(f32::NAN), Some(f32::INFINITY)] {
+        let mut k = clean_k.clone();
+        if let Some(bad) = bad {
+            // Key 200 of head 0: the top-left causal rows and most window rows never see it.
+            k[200 * 16 + 3] = bad;
+        }
+        let input = AttnInput::allowing_non_finite(&q, &k, &v, shape).unwrap();
+        for plain in &ranges {
+            let general = AttnOptions {
+                key_padding: Some(KeyPadding::from_lengths(&[300], 300).unwrap()),
+                ..plain.clone()
+            };
+            for isa in isas() {
+                let name = format!("{isa:?} {bad:?} {:?} {:?}", plain.causal, plain.window);
+                let (got, want) = (
+                    sdpa_with(isa, &input, plain).unwrap(),
+                    sdpa_with(isa, &input, &general).unwrap(),
+                );
+                for (what, got, want) in
+                    [("out", &got.out, &want.out), ("lse", &got.lse, &want.lse)]
+                {
+                    for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                        let same = match w.is_nan() {
+                            true => g.is_nan(),
+                            false => g == w || (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        };
+                        assert!(same, "{name}: {what}[{i}] is {g}, the general step's {w}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -594,8 +594,8 @@ impl<'g> GroupOperands<'g> {
                 let q_a = q3.get(rows * PARTS * d_pad);
                 let (q_rows, pad_rows) = q_a.split_at_mut(n * PARTS * d_pad);
                 pad_rows.fill(0);
-                // SAFETY: `Isa::Amx` (the only ISA that makes an `AmxHead`) has what `bf16x`
-                // needs.
+                // SAFETY: `Isa::Amx` (the only ISA that makes an `AmxHead::F32`) has what
+                // `bf16x` needs.
                 unsafe { bf16x::pack_a::<PARTS>(&all[q], (n, d, d), q_rows) };
                 GroupOperands::F32 {
                     q: q_a,
