@@ -682,6 +682,21 @@ impl Products {
         }
     }
 
+    /// What the fused kernels' `isa` multiplies on: the tiles on [`Isa::Amx`], the dot products
+    /// on [`Isa::Avx512Bf16`]; `None` for the other ISAs, or where the CPU lacks what `isa`
+    /// needs.
+    ///
+    /// [`Isa::Amx`]: crate::fused::Isa::Amx
+    /// [`Isa::Avx512Bf16`]: crate::fused::Isa::Avx512Bf16
+    pub(crate) fn for_isa(isa: crate::fused::Isa) -> Option<Products> {
+        use crate::fused::Isa;
+        match isa {
+            Isa::Amx => Tiles::configure().map(Products::Tiles),
+            Isa::Avx512Bf16 => Bf16Dot::detect().map(Products::Dot),
+            _ => None,
+        }
+    }
+
     /// The tiles, for the products only they run (f32 in bf16 parts, [`crate::bf16x`]).
     pub(crate) fn tiles(&self) -> Option<&Tiles> {
         match self {

@@ -67,7 +67,6 @@ use half::bf16;
 use super::{BlockOut, Isa, Plan, Src, ValueScale};
 use crate::aligned::Aligned;
 use crate::amx::{self, BLOCK, PackedB, Products, Tiles};
-use crate::bf16dot::Bf16Dot;
 use crate::mask::key_range;
 
 #[cfg(target_arch = "x86_64")]
@@ -313,11 +312,8 @@ impl<'a> Plan<'a> {
             self.sh.value_dim,
             self.sh.seq_kv,
         );
-        let products = match self.isa {
-            Isa::Amx => Tiles::configure().map(Products::Tiles),
-            _ => Bf16Dot::detect().map(Products::Dot),
-        };
-        let tiles = products.expect("the tiles' ISAs are only available with what they run");
+        let products = Products::for_isa(self.isa)
+            .expect("the tiles' ISAs are only available with what they run");
         let AmxScratch {
             q: q_bf16,
             q3,
@@ -342,7 +338,7 @@ impl<'a> Plan<'a> {
                     c0..(c0 + chunk).min(s_n),
                     state,
                     acc,
-                    (&tiles, buffers),
+                    (&products, buffers),
                 );
             }
         }
@@ -378,7 +374,7 @@ impl<'a> Plan<'a> {
         keys: std::ops::Range<usize>,
         state: &mut GroupState,
         acc: &mut [f32],
-        (tiles, (q_bf16, q3, scores, p, p3)): (&Products, GroupBuffers<'_>),
+        (products, (q_bf16, q3, scores, p, p3)): (&Products, GroupBuffers<'_>),
     ) {
         let (n, d, dv) = (state.n, self.sh.head_dim, self.sh.value_dim);
         let i0 = i0 + state.r0;
@@ -410,7 +406,7 @@ impl<'a> Plan<'a> {
         // window rules) take the fused step. With extra rules (masks, softcap, ALiBi) but no
         // dropout they take it too, on scores the rules finished first (`Plan::finish_scores`:
         // scaled, the extras applied): its scale is then 1, and a hidden key's −∞ weighs 0.
-        let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
+        let plain = self.plain();
         let finished = self.extras && self.opt.dropout.is_none();
         let (fused, step_scale) = (plain || finished, if finished { 1.0 } else { self.scale });
         let GroupState {
@@ -419,7 +415,7 @@ impl<'a> Plan<'a> {
         // `S = Q·Kᵀ` for column block `c` (32 keys) of the key block from `j0` into `tile`.
         let score_cols = |c: usize, j0: usize, tile: &mut [f32]| {
             let tile = &mut tile[c * BLOCK..GROUP * AMX_BLOCK_KV];
-            group.scores(tiles, j0 + c * BLOCK, tile);
+            group.scores(products, j0 + c * BLOCK, tile);
         };
         // Key blocks cover exactly `lo..hi` from the tile boundary below `lo`: on causal and
         // window masks the group's first and last blocks are no longer than needed. Only the
@@ -490,7 +486,7 @@ impl<'a> Plan<'a> {
             for c in issued..calls {
                 score_cols(c, following.0, next);
             }
-            group.add_pv(tiles, &weights, (j0, keys), (acc, dv_pad), *started);
+            group.add_pv(products, &weights, (j0, keys), (acc, dv_pad), *started);
             *started = true;
             std::mem::swap(&mut cur, &mut next);
             j0 += keys;
@@ -613,12 +609,12 @@ impl<'g> GroupOperands<'g> {
     /// Raw scores `q·k` of the group's rows against the 32 keys from `j0` (a multiple of 32;
     /// keys past the last are zeros) into the first 32 columns of `tile` (rows
     /// `AMX_BLOCK_KV` apart).
-    fn scores(&self, tiles: &Products, j0: usize, tile: &mut [f32]) {
+    fn scores(&self, products: &Products, j0: usize, tile: &mut [f32]) {
         match self {
             GroupOperands::Bf16 { q, k, head_dim, .. } => {
                 let d_pad = head_dim.next_multiple_of(BLOCK);
                 let k = k.view((0, *head_dim), (j0, (k.n() - j0).min(BLOCK)));
-                amx::gemm_blocks(tiles, q, d_pad, k, tile, AMX_BLOCK_KV, false);
+                amx::gemm_blocks(products, q, d_pad, k, tile, AMX_BLOCK_KV, false);
             }
             #[cfg(target_arch = "x86_64")]
             GroupOperands::F32 { q, k, d_pad, .. } => {
@@ -626,7 +622,8 @@ impl<'g> GroupOperands<'g> {
                 let ldg = PARTS * chunks * TILE;
                 let (a, b) = ((*q, PARTS * d_pad), (&k[j0 / 16 * ldg..], ldg));
                 let c = (tile, AMX_BLOCK_KV);
-                bf16x::gemm::<PARTS>(f32_tiles(tiles), c, a, b, (rows, BLOCK, chunks), false);
+                let dims = (rows, BLOCK, chunks);
+                bf16x::gemm::<PARTS>(f32_tiles(products), c, a, b, dims, false);
             }
         }
     }
@@ -635,7 +632,7 @@ impl<'g> GroupOperands<'g> {
     /// apart, padded to whole tiles).
     fn add_pv(
         &self,
-        tiles: &Products,
+        products: &Products,
         weights: &WeightsTile<'_>,
         (j0, keys): (usize, usize),
         (acc, ldc): (&mut [f32], usize),
@@ -644,7 +641,7 @@ impl<'g> GroupOperands<'g> {
         match (self, weights) {
             (GroupOperands::Bf16 { v, value_dim, .. }, WeightsTile::Bf16(p)) => {
                 let v = v.view((j0, keys), (0, *value_dim));
-                amx::gemm_blocks(tiles, p, AMX_BLOCK_KV, v, acc, ldc, accumulate);
+                amx::gemm_blocks(products, p, AMX_BLOCK_KV, v, acc, ldc, accumulate);
             }
             #[cfg(target_arch = "x86_64")]
             (GroupOperands::F32 { v, s_pad, .. }, WeightsTile::F32(parts)) => {
@@ -653,7 +650,7 @@ impl<'g> GroupOperands<'g> {
                 let a = (&parts[..], PARTS * AMX_BLOCK_KV);
                 let b = (&v[j0 / TK * PARTS * TILE..], ldg);
                 let dims = (rows, ldc, keys.div_ceil(TK));
-                bf16x::gemm::<PARTS>(f32_tiles(tiles), (acc, ldc), a, b, dims, accumulate);
+                bf16x::gemm::<PARTS>(f32_tiles(products), (acc, ldc), a, b, dims, accumulate);
             }
             #[cfg(target_arch = "x86_64")]
             _ => unreachable!("a group's weights take its operands' form"),

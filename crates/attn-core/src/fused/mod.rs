@@ -132,8 +132,8 @@ pub fn sdpa_with(
 
 /// Scaled dot-product attention on bf16 inputs, accumulated in f32 on the best [`Isa`] of this
 /// CPU. On [`Isa::Amx`] both products run on AMX tiles, and on [`Isa::Avx512Bf16`] in
-/// AVX512_BF16 dot products, and the weights are rounded to bf16 before `P·V`, so `out` is within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened
-/// inputs, `lse` within 3e-6 and the weights within 3e-6 relative (the bounds and their
+/// AVX512_BF16 dot products, and the weights are rounded to bf16 before `P·V`, so `out` is
+/// within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened inputs, `lse` within 3e-6 and the weights within 3e-6 relative (the bounds and their
 /// derivation are in `amx.rs`); on the other ISAs, and for calls of at most 6 query rows per
 /// head on every ISA, inputs are widened to f32 (exactly) as they are read and the result
 /// equals [`crate::sdpa`] on the widened inputs up to f32 rounding of the sums.
@@ -1040,7 +1040,7 @@ impl<'a> Plan<'a> {
         out: &mut [f32],
     ) {
         let dv = self.sh.value_dim;
-        let plain = !self.extras && self.opt.dropout.is_none() && self.scale > 0.0;
+        let plain = self.plain();
         for (r, row) in tile.chunks_exact_mut(keys).enumerate() {
             let (h, i) = at(r);
             let state = (&mut m[r], &mut sum[r]);
@@ -1060,14 +1060,20 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// The online softmax's step for query `i` over keys `j0..` of a call with no rule beyond
-    /// the causal and window ranges and a positive scale, from the products `q·k` in `row`:
-    /// the max of the row's visible products times the scale is that of its scores (rounding
-    /// is monotonic), and one pass takes `P = e^(scale·s − m')` with the scale, rounded as
-    /// the general step rounds it
-    /// ([`Isa::exp_scaled_sum`]); the keys outside the range weigh 0. Returns what
-    /// [`Self::softmax_step`] does, or `None`, leaving `row` as it was, when a visible score
-    /// is not finite or the row's max is NaN: the general step takes those.
+    /// Whether the call has no rule beyond the causal and window ranges, no dropout and a
+    /// positive scale: its rows take a fused step over their visible keys, the scale inside it
+    /// ([`Self::plain_step`], and on the tiles `softmax_step_plain`).
+    fn plain(&self) -> bool {
+        !self.extras && self.opt.dropout.is_none() && self.scale > 0.0
+    }
+
+    /// The online softmax's step for query `i` over keys `j0..` of a [`Self::plain`] call, from
+    /// the products `q·k` in `row`: the max of the row's visible products times the scale is
+    /// that of its scores (rounding is monotonic), and one pass takes `P = e^(scale·s − m')`
+    /// with the scale, rounded as the general step rounds it ([`Isa::exp_scaled_sum`]); the
+    /// keys outside the range weigh 0. Returns what [`Self::softmax_step`] does, or `None`,
+    /// leaving `row` as it was, when a visible score is not finite or the row's max is NaN:
+    /// the general step takes those.
     fn plain_step(
         &self,
         i: usize,
@@ -1075,14 +1081,14 @@ impl<'a> Plan<'a> {
         row: &mut [f32],
         (m, sum): (&mut f32, &mut f32),
     ) -> Option<Option<f32>> {
-        let sh = self.sh;
-        let (lo, hi) = key_range(self.opt.causal, self.opt.window, self.offset, i, sh.seq_kv);
-        let end = j0 + row.len();
-        let a = lo.clamp(j0, end) - j0;
-        let b = (hi.clamp(j0, end) - j0).max(a);
         if m.is_nan() {
             return None;
         }
+        let (causal, window) = (self.opt.causal, self.opt.window);
+        let (lo, hi) = key_range(causal, window, self.offset, i, self.sh.seq_kv);
+        let end = j0 + row.len();
+        let a = lo.clamp(j0, end) - j0;
+        let b = (hi.clamp(j0, end) - j0).max(a);
         if a == b {
             // Nothing visible here: weights 0, the row's state unchanged.
             row.fill(0.0);
