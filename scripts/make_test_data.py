@@ -1,0 +1,44 @@
+"""Regenerates tests/data, the reference vectors the tests compare against, with PyTorch and
+Hugging Face transformers (the modules in scripts/test_data/ say how each file is made).
+
+    python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch transformers safetensors numpy
+    /tmp/ref/bin/python scripts/make_test_data.py [MINILM_DIR]
+
+MINILM_DIR is a local all-MiniLM-L6-v2 in the Hugging Face layout; by default the copy
+attnscope fetched into its cache ($ATTNSCOPE_CACHE, else $XDG_CACHE_HOME/attnscope, else
+~/.cache/attnscope). The files are rewritten in place: new random inputs mean new expected
+values, so commit them together.
+"""
+import os
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "test_data"))
+
+import golden  # noqa: E402
+import model_golden  # noqa: E402
+
+
+def default_minilm():
+    cache = os.environ.get("ATTNSCOPE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "attnscope")
+    return os.path.join(cache, "all-MiniLM-L6-v2")
+
+
+def main():
+    minilm_dir = sys.argv[1] if len(sys.argv) > 1 else default_minilm()
+    if not os.path.isfile(os.path.join(minilm_dir, "model.safetensors")):
+        sys.exit(f"error: {minilm_dir} holds no model.safetensors: run attnscope once to fetch "
+                 "the default model, or give the directory of all-MiniLM-L6-v2")
+    root = os.path.join(here, "..", "tests", "data")
+    print("sdpa", golden.sdpa_cases(os.path.join(root, "sdpa"), 0, []))
+    print("mha", golden.mha_cases(os.path.join(root, "mha"), 1))
+    print("grad", golden.grad_cases(os.path.join(root, "grad"), 2))
+    model_golden.minilm(minilm_dir, os.path.join(root, "minilm"), model_golden.SEED_TEXTS,
+                        [["The cat sat", "The cat that ate the mouse ran away", "Hello"]])
+    model_golden.tiny_gpt2(os.path.join(root, "tiny-gpt2"),
+                           ["The cat sat on the mat", "Where is the Eiffel Tower?"], 0)
+
+
+if __name__ == "__main__":
+    main()
