@@ -3,7 +3,7 @@
 # (greedy, use_cache=True) on the same checkpoint and prompt, measured in the same run.
 #
 # usage: scripts/bench-generate.sh [MODEL_DIR...]   (after: cargo build --release -p attnscope)
-#        default MODEL_DIR: ../shared/golden/tiny-gpt2 (2 layers, 32 wide: overheads dominate)
+#        default MODEL_DIR: tests/data/tiny-gpt2 (2 layers, 32 wide: overheads dominate)
 #        A GPT-2-small-shaped checkpoint (random weights, nothing downloaded):
 #          $PYTHON scripts/generate_ref.py --make-gpt2-small /tmp/gpt2-small-random
 # env:   PYTHON   python with torch + transformers (default python3)
@@ -32,7 +32,7 @@ THREADS=${THREADS:-2}
 SHORT=${SHORT:-16}
 PROMPT=${PROMPT:-The cat sat on the mat because it was tired}
 models=("$@")
-[[ ${#models[@]} -gt 0 ]] || models=("$root/../shared/golden/tiny-gpt2")
+[[ ${#models[@]} -gt 0 ]] || models=("$root/tests/data/tiny-gpt2")
 
 [[ -x "$ours" ]] || { echo "error: $ours missing: run cargo build --release -p attnscope" >&2; exit 1; }
 "$PYTHON" -c "import torch, transformers, tokenizers" 2>/dev/null ||

@@ -11,7 +11,7 @@ The prompt is tokenized with the checkpoint's tokenizer.json, as attnscope does.
 
 --make-gpt2-small writes a GPT-2-small-shaped checkpoint (12 layers, 12 heads, 768 wide, 1024
 positions, 50257-token vocabulary, random weights from seed 0) with the tokenizer.json of
-../shared/golden/tiny-gpt2: no GPT-2 weights are downloaded, and the shapes, not the weights,
+tests/data/tiny-gpt2: no GPT-2 weights are downloaded, and the shapes, not the weights,
 set the speed. Its text is gibberish; ids above the tokenizer's 400 decode to nothing.
 Needs: pip install torch transformers tokenizers
 """
@@ -34,7 +34,7 @@ a = p.parse_args()
 
 if a.make_gpt2_small:
     here = os.path.dirname(os.path.abspath(__file__))
-    tiny = os.path.join(here, "..", "..", "shared", "golden", "tiny-gpt2")
+    tiny = os.path.join(here, "..", "tests", "data", "tiny-gpt2")
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config())
     model.save_pretrained(a.make_gpt2_small, safe_serialization=True)

@@ -11,12 +11,12 @@
 # Fuzzing needs cargo-fuzz (`cargo install cargo-fuzz`); on a stable toolchain it runs with
 # RUSTC_BOOTSTRAP=1 for the sanitizer flags. The BERT halves of the `model_config` and
 # `text_path` targets need all-MiniLM-L6-v2 in the model cache (`attnscope embed hi` fetches it);
-# without it they fuzz GPT-2 (tiny-gpt2 from shared/golden) only.
+# without it they fuzz GPT-2 (tiny-gpt2 from tests/data) only.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 root=$PWD
-golden=$root/../shared/golden
+golden=$root/tests/data
 fuzz_seconds=${FUZZ_SECONDS:-0}
 fuzz_targets=${FUZZ_TARGETS:-safetensors_reader model_config sdpa_case text_path}
 logs=$(mktemp -d)
@@ -136,7 +136,7 @@ echo "Command: \`cargo test -p attnscope --test hostile -- --show-output\` (exit
 echo
 run_tests "$logs/hostile.log" -p attnscope --test hostile
 # Shorten temporary paths and long messages so the table stays readable.
-grep -E '^\|( |---)' "$logs/hostile.log" | sed -E 's#/tmp/\.tmp[A-Za-z0-9]+#…#g; s#'"$root"'/crates/attnscope/\.\./\.\./\.\./shared/golden/#golden/#g' |
+grep -E '^\|( |---)' "$logs/hostile.log" | sed -E 's#/tmp/\.tmp[A-Za-z0-9]+#…#g; s#'"$root"'/crates/attnscope/\.\./\.\./tests/data/#golden/#g' |
     awk '{ if (length($0) > 220) print substr($0, 1, 217) "… |"; else print }'
 echo
 echo "| hostile-input test | result |"

@@ -2,14 +2,9 @@
 # Runs every test of the workspace on a fresh machine: installs what the tests need first.
 #  - Chromium and ChromeDriver (Debian packages) for the web app's end-to-end tests;
 #  - the default model (all-MiniLM-L6-v2) is fetched into the cache by attnscope itself on first use.
-# The golden reference files are read in place from ../shared next to the checkout.
+# The reference files the tests compare against are in tests/data (scripts/make_test_data.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if [ ! -d ../shared/golden ]; then
-    echo "error: ../shared/golden (the reference vectors) is missing next to this checkout" >&2
-    exit 1
-fi
 
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     echo "installing chromium and chromium-driver (needed by the web app's browser tests)" >&2

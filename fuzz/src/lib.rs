@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// `shared/golden`, next to the repository.
+/// `tests/data`, the reference files in the repository.
 pub fn golden() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data"))
 }
 
 /// all-MiniLM-L6-v2 in the model cache, when it has been fetched.

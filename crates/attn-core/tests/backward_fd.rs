@@ -16,6 +16,7 @@ use attn_core::{
 };
 
 use common::rng::Rng;
+use common::{isas, not_on_this_cpu};
 
 struct Inputs {
     q: Vec<f32>,
@@ -628,6 +629,7 @@ fn the_amx_build_matches_the_fma_build_and_the_twin() {
                 err,
                 AttnError::InvalidOption { option: "isa", .. }
             ));
+            not_on_this_cpu(&format!("Amx on {name}"));
             continue;
         }
         let (amx, fma) = (run(Isa::Amx).unwrap(), run(Isa::Avx512).unwrap());
@@ -770,6 +772,7 @@ fn bad_options_are_refused_as_in_the_forward_pass() {
 #[test]
 fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
     if !Isa::Amx.is_available() {
+        not_on_this_cpu("Amx");
         return;
     }
     let (l, s, d) = (128, 64, 32);
@@ -812,6 +815,7 @@ fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
 #[test]
 fn a_large_scale_keeps_the_amx_lanes_gradients_exact() {
     if !Isa::Amx.is_available() {
+        not_on_this_cpu("Amx");
         return;
     }
     let (l, s, d) = (64, 128, 64);
@@ -888,10 +892,7 @@ fn large_scores_leave_the_amx_lane() {
     let fwd = sdpa(&input, &options).unwrap();
     let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
     let run = |isa| sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
-    let isas = [Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::Amx]
-        .into_iter()
-        .filter(|isa| isa.is_available());
-    for isa in isas {
+    for isa in isas().into_iter().filter(|&isa| isa != Isa::Portable) {
         assert_within_of_largest(&format!("{isa:?}"), &run(isa), &want, 1e-3);
     }
 }
@@ -935,12 +936,15 @@ fn the_backward_reference_keeps_a_nan_query_in_its_row() {
     assert!(rows(&g.dv, 3).iter().all(|x| x.is_finite()), "{:?}", g.dv);
 }
 
-/// Extreme scales give the reference's gradients on every ISA: a scale of 1e30 on queries of
-/// 1e10 against keys of 1e-40 (scores of order 1; `dq` and `dv` finite, `dk` past f32's
-/// range, which every path refuses naming `dk`), and 1e-37 against keys of 1.5e37 with values
-/// and gradients of 100. Scaling the queries first overflowed in the first (NaN and infinite
+/// Extreme scales give the reference's gradients on every ISA. Past `2^±60` the fast path
+/// hands the call to the reference's loop (bit for bit): a scale of 1e30 on queries of 1e10
+/// against keys of 1e-40 (scores of order 1; `dq` and `dv` finite, `dk` past f32's range,
+/// which every path refuses naming `dk`), and 1e-37 against keys of 1.5e37 with values and
+/// gradients of 100. Scaling the queries first overflowed in the first (NaN and infinite
 /// gradients where the reference's are finite), summing `dS·K` before the scale in the second
-/// (`dq` infinite).
+/// (`dq` infinite). Just inside the bounds (scales of 5e17 and 2e-18, rows of norm up to
+/// 8e8, under 2^30) the fast kernels run, in another order of operations than the
+/// reference's: within 1e-4, and not bit for bit.
 #[test]
 fn extreme_scales_give_the_references_gradients() {
     let shape = AttnShape::new(1, 1, 4, 5, 4);
@@ -949,7 +953,11 @@ fn extreme_scales_give_the_references_gradients() {
     for (scale, qa, ka, va) in [
         (1e30f32, 1e10f32, 1e-40f32, 1.0f32),
         (1e-37, 1.0, 1.5e37, 100.0),
+        (5e17, 1e-9, 1e-9, 1.0),
+        (2e-18, 4e8, 4e8, 100.0),
     ] {
+        let fast_path = (2f32.powi(-60)..=2f32.powi(60)).contains(&scale);
+        let mut differs = false;
         let q = times(rng.vec(16, 1.0), qa);
         let k = times(rng.vec(20, 1.0), ka);
         let v = times(rng.vec(20, 1.0), va);
@@ -961,10 +969,7 @@ fn extreme_scales_give_the_references_gradients() {
         let input = AttnInput::new(&q, &k, &v, shape).unwrap();
         let fwd = sdpa_reference(&input, &options).unwrap();
         let want = sdpa_backward_reference(&input, &options, &dout);
-        for isa in Isa::ALL {
-            if !isa.is_available() {
-                continue;
-            }
+        for isa in isas() {
             let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout);
             let (got, want) = match (got, &want) {
                 (Ok(got), Ok(want)) => (got, want),
@@ -992,8 +997,21 @@ fn extreme_scales_give_the_references_gradients() {
                     close,
                     "scale {scale:e}, {isa:?} {name}: {got:?} vs {want:?}"
                 );
+                let same_bits = got
+                    .iter()
+                    .zip(want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    fast_path || same_bits,
+                    "scale {scale:e}, {isa:?} {name}: not the reference's loop"
+                );
+                differs |= !same_bits;
             }
         }
+        assert!(
+            !fast_path || differs,
+            "scale {scale:e}: every ISA gave the reference's bits, so none ran the fast path"
+        );
     }
 }
 
@@ -1023,10 +1041,7 @@ fn a_large_float_mask_on_a_whole_row_gives_the_references_gradients() {
             "{offset:e}: {:?}",
             want.dv
         );
-        for isa in Isa::ALL {
-            if !isa.is_available() {
-                continue;
-            }
+        for isa in isas() {
             let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
             let worst = worst_difference(&got, &want);
             assert!(worst <= 1e-6, "mask {offset:e}, {isa:?}: off by {worst:e}");
@@ -1053,10 +1068,7 @@ fn a_large_float_mask_on_a_whole_row_gives_the_references_gradients() {
     let fwd = sdpa(&input, &options).unwrap();
     assert!(fwd.lse[0] < -1e38 && fwd.lse[10].abs() < 10.0);
     let want = sdpa_backward_reference(&input, &options, &x.dout).unwrap();
-    for isa in Isa::ALL {
-        if !isa.is_available() {
-            continue;
-        }
+    for isa in isas() {
         let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &x.dout).unwrap();
         let worst = worst_difference(&got, &want);
         assert!(worst <= 2e-5, "left padding, {isa:?}: off by {worst:e}");

@@ -10,7 +10,7 @@ use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
     KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
 };
-use common::{assert_close, golden_files, load_case};
+use common::{assert_close, golden_files, isas, load_case, not_on_this_cpu};
 
 use common::rng::Rng;
 
@@ -18,14 +18,6 @@ use common::rng::Rng;
 /// of the sums (a 128-term dot product of N(0,1) values rounds to ~1e-6 relative), so 1e-4
 /// relative to max(1, |x|) leaves a wide margin while catching any wrong mask or scale.
 const TOL: f32 = 1e-4;
-
-/// The instruction sets to test here: every one this CPU runs, the portable path always.
-fn isas() -> Vec<Isa> {
-    Isa::ALL
-        .into_iter()
-        .filter(|isa| isa.is_available())
-        .collect()
-}
 
 /// The tolerance of bf16 `out` on `isa`, relative to max(1, |x|) like every comparison here.
 ///
@@ -1258,6 +1250,21 @@ fn bf16_default_entry_uses_the_best_isa() {
     let opts = AttnOptions::default();
     let got = attn_core::sdpa_bf16(&input, &opts).unwrap();
     assert_eq!(got, sdpa_bf16_with(Isa::best(), &input, &opts).unwrap());
+    // The equality above tells which ISA the entry took only where another gives other bits.
+    let others: Vec<Isa> = isas()
+        .into_iter()
+        .filter(|&isa| isa != Isa::best())
+        .collect();
+    if others.is_empty() {
+        not_on_this_cpu("a second ISA to tell the default entry's from");
+    }
+    for isa in others {
+        let other = sdpa_bf16_with(isa, &input, &opts).unwrap();
+        assert_ne!(
+            got, other,
+            "{isa:?} gives the best ISA's bits: no ISA check here"
+        );
+    }
     let want = sdpa_bf16_with(Isa::Portable, &input, &opts).unwrap();
     let vf: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
     assert_same_bf16(
@@ -1297,6 +1304,7 @@ fn bf16_products_of(isa: Isa, shape: AttnShape, (q, k, v): (&[bf16], &[bf16], &[
             sdpa_bf16_with(isa, &input, &opts),
             Err(AttnError::InvalidOption { option: "isa", .. })
         ));
+        not_on_this_cpu(&format!("{isa:?}'s bf16 products"));
         return;
     }
     let amx = sdpa_bf16_with(isa, &input, &opts).unwrap();
@@ -1351,6 +1359,7 @@ fn avx512_bf16_runs_f32_inputs_as_avx512_does() {
     // The dot products serve bf16 inputs only: f32 ones take the FMA kernels, bit for bit,
     // causal rows and a few rows' weights included.
     if !Isa::Avx512Bf16.is_available() {
+        not_on_this_cpu("Avx512Bf16");
         return;
     }
     let shape = AttnShape::new(1, 2, 100, 300, 64);
@@ -1383,7 +1392,7 @@ fn amx_takes_the_tiles_for_f32_heads_that_allow_them() {
     // key/value head, packed once for each path), with the weights of a few rows computed
     // right after each head.
     if !Isa::Amx.is_available() {
-        // Nothing but the AVX-512 and portable paths to check: the sweeps do.
+        not_on_this_cpu("Amx");
         return;
     }
     let max_diff = |a: &[f32], b: &[f32]| {
@@ -1800,7 +1809,8 @@ fn rows_with_a_non_finite_score_weigh_hidden_keys_0() {
 
 /// Degenerate bf16 calls (`head_dim` 0) take non-finite values as f32 ones do when the input
 /// opted out of the check: a NaN value reaches the outputs that read it, and the call succeeds
-/// instead of reporting the check the input skipped.
+/// instead of reporting the check the input skipped. Every score is 0, so each row weighs its
+/// 3 keys 1/3 each: `lse = ln 3` and `out = [(1 + NaN + 5)/3, (2 + 4 + 6)/3] = [NaN, 4]`.
 #[test]
 fn degenerate_bf16_calls_keep_the_inputs_opt_out() {
     let shape = AttnShape {
@@ -1816,13 +1826,23 @@ fn degenerate_bf16_calls_keep_the_inputs_opt_out() {
         ..AttnOptions::default()
     };
     for isa in isas() {
-        let got = sdpa_bf16_with(isa, &input, &options).unwrap();
-        let want = sdpa_with(isa, &f32_input, &options).unwrap();
-        // Every score is 0: each row's log-sum-exp is ln 3, and the NaN reaches column 0.
-        assert_eq!(got.lse, vec![3f32.ln(); 2], "{isa:?}");
-        let nan_at = |out: &[f32]| out.iter().map(|x| x.is_nan()).collect::<Vec<_>>();
-        assert_eq!(nan_at(&got.out), vec![true, false, true, false], "{isa:?}");
-        assert_eq!(nan_at(&got.out), nan_at(&want.out), "{isa:?}");
+        for (dtype, got) in [
+            ("bf16", sdpa_bf16_with(isa, &input, &options).unwrap()),
+            ("f32", sdpa_with(isa, &f32_input, &options).unwrap()),
+        ] {
+            assert_eq!(got.lse, vec![3f32.ln(); 2], "{isa:?} {dtype}");
+            let (nan, fours) = (got.out.iter().step_by(2), got.out.iter().skip(1).step_by(2));
+            assert!(
+                nan.clone().all(|x| x.is_nan()),
+                "{isa:?} {dtype}: {:?}",
+                got.out
+            );
+            assert!(
+                fours.clone().all(|&x| x == 4.0),
+                "{isa:?} {dtype}: {:?}",
+                got.out
+            );
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! The backward pass against every file of `shared/golden/grad`: PyTorch's float64 autograd
+//! The backward pass against every file of `tests/data/grad`: PyTorch's float64 autograd
 //! gradients of `sum(out · dout)`, within 1e-4 absolute, through both the fast path (fed the
 //! fast forward's `out` and `lse`) and the reference twin.
 

@@ -1,4 +1,4 @@
-//! Every file of `shared/golden/mha` (PyTorch `nn.MultiheadAttention`, batch first) through
+//! Every file of `tests/data/mha` (PyTorch `nn.MultiheadAttention`, batch first) through
 //! [`MultiheadAttention`]: output and weights within 1e-5 (relative above 1).
 
 mod common;
@@ -39,7 +39,7 @@ fn state_dict(t: &HashMap<String, Tensor>) -> StateDict {
 #[test]
 fn every_golden_mha_case_matches_pytorch() {
     let files = golden_files("mha");
-    assert_eq!(files.len(), 16, "shared/golden/mha should hold 16 cases");
+    assert_eq!(files.len(), 16, "tests/data/mha should hold 16 cases");
     for path in files {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         let (mut t, md) = load_tensors(&path);

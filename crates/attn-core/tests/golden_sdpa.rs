@@ -1,4 +1,4 @@
-//! Every file of `shared/golden/sdpa` through the reference and the fast path.
+//! Every file of `tests/data/sdpa` through the reference and the fast path.
 
 mod common;
 
@@ -11,7 +11,7 @@ type Kernel = fn(&AttnInput<'_>, &AttnOptions) -> Result<AttnOutput, AttnError>;
 
 fn check_all(kernel: Kernel) {
     let files = golden_files("sdpa");
-    assert_eq!(files.len(), 65, "shared/golden/sdpa should hold 65 cases");
+    assert_eq!(files.len(), 65, "tests/data/sdpa should hold 65 cases");
     for path in files {
         let case = load_case(&path);
         let input = AttnInput::new(&case.q, &case.k, &case.v, case.shape).unwrap();

@@ -3,7 +3,7 @@
 //! extreme inputs: huge and subnormal logits, and NaN or infinity in the inputs (refused by
 //! [`AttnInput::new`], propagated only where they reach with [`AttnInput::allowing_non_finite`]).
 //!
-//! Visibility is recomputed here from the rules of `shared/golden/README.md` (step 5), not taken
+//! Visibility is recomputed here from the rules of `tests/data/README.md` (step 5), not taken
 //! from the crate, so the mask properties test the kernels' masking against an independent oracle.
 
 use attn_core::fused::{AttnInputBf16, bf16, sdpa_bf16};

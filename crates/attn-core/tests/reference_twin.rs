@@ -40,7 +40,7 @@ struct Twin {
 }
 
 /// Attention written as matrices: `P = scale · Q Kᵀ` (f64), softcap, ALiBi, float mask, then an
-/// explicit 0/1 visibility matrix from the rules of `shared/golden/README.md`, softmax over each
+/// explicit 0/1 visibility matrix from the rules of `tests/data/README.md`, softmax over each
 /// row's visible finite scores, and `O = P · V` (with dropout's mask and 1/(1-p) applied).
 fn twin(sh: AttnShape, q: &[f32], k: &[f32], v: &[f32], o: &AttnOptions) -> Twin {
     let (bn, hn, ln, sn, d, dv) = (

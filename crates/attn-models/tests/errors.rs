@@ -12,7 +12,7 @@ use attn_models::{Model, ModelConfig, ModelError};
 fn tiny_gpt2() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden/tiny-gpt2"
+        "/../../tests/data/tiny-gpt2"
     ))
 }
 

@@ -1,6 +1,6 @@
 //! The BERT family's other members: all-MiniLM-L6-v2's weights rewritten as a RoBERTa and as a
 //! DistilBERT checkpoint compute what transformers computes for the original BERT
-//! (`shared/golden/minilm`), once their embeddings are moved to where each family reads them.
+//! (`tests/data/minilm`), once their embeddings are moved to where each family reads them.
 //! The rewrites put something else where a family must not read, so that a wrong position, a
 //! missing or extra token type, or a wrong tensor name fails.
 //! (`scripts/check_model_families.py` compares random checkpoints of each family with

@@ -1,4 +1,4 @@
-//! KV-cached decoding and generation on `shared/golden/tiny-gpt2`: cached logits against the
+//! KV-cached decoding and generation on `tests/data/tiny-gpt2`: cached logits against the
 //! full masked pass and transformers' expected logits, generation against a full-pass argmax,
 //! and each bad input as an error.
 

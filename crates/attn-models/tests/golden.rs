@@ -1,6 +1,6 @@
 //! attn-models against the reference outputs of Hugging Face transformers in
-//! `shared/golden/minilm` (all-MiniLM-L6-v2, fetched by `default_model_dir` when not cached)
-//! and `shared/golden/tiny-gpt2` (checkpoint and expected outputs).
+//! `tests/data/minilm` (all-MiniLM-L6-v2, fetched by `default_model_dir` when not cached)
+//! and `tests/data/tiny-gpt2` (checkpoint and expected outputs).
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The reference outputs of `shared/golden` with each multiply of the linear layers forced:
+//! The reference outputs of `tests/data` with each multiply of the linear layers forced:
 //! f32 GEMMs (faer) and bf16x3 on AMX tiles (which falls back to f32 on CPUs without AMX, so
 //! there both runs check the f32 path). `golden.rs` runs the default, `GemmKernel::Auto`.
 

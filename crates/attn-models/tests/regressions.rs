@@ -5,12 +5,9 @@ use std::path::PathBuf;
 
 use attn_models::ModelConfig;
 
-/// `shared/golden`, next to the repository.
+/// `tests/data`, the reference files in the repository.
 fn golden() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
-    ))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data"))
 }
 
 /// Found by hand reading `config.rs` for the `model_config` fuzz target: `n_inner` defaults to

@@ -1,4 +1,4 @@
-//! Views of real attention (shared/golden/minilm, made by Hugging Face transformers) checked
+//! Views of real attention (tests/data/minilm, made by Hugging Face transformers) checked
 //! against independent brute-force sums, plus pictures written and read back.
 
 mod common;

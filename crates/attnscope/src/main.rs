@@ -20,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one attention call saved as safetensors (the shared/golden/sdpa format).
+    /// Run one attention call saved as safetensors (the tests/data/sdpa format).
     Sdpa(cmd::sdpa::Args),
     /// Walk through "The cat sat" (or your own matrices) step by step.
     Walkthrough(cmd::walkthrough::Args),

@@ -1,4 +1,4 @@
-//! `attnscope bench generate` end to end on `shared/golden/tiny-gpt2`: the JSON fields and their
+//! `attnscope bench generate` end to end on `tests/data/tiny-gpt2`: the JSON fields and their
 //! consistency, the greedy ids against `attnscope generate`, and each bad input as a clear error
 //! with exit code 1.
 

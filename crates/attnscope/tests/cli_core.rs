@@ -14,11 +14,7 @@ mod cli_support;
 use cli_support::{attnscope, ok};
 
 fn golden(sub: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
-    ))
-    .join(sub)
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data")).join(sub)
 }
 
 /// Runs a command that must fail with exit code 1 and a message containing every `needle`.
@@ -96,7 +92,7 @@ fn sdpa_reproduces_every_golden_case() {
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 65, "shared/golden/sdpa should hold 65 cases");
+    assert_eq!(files.len(), 65, "tests/data/sdpa should hold 65 cases");
     for (n, case) in files.iter().enumerate() {
         let case_arg = case.to_str().unwrap();
         // Every fourth case through the reference twin, the rest through the fast path.

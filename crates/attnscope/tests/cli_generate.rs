@@ -1,4 +1,4 @@
-//! `attnscope generate` end to end on `shared/golden/tiny-gpt2` (random weights and a tiny
+//! `attnscope generate` end to end on `tests/data/tiny-gpt2` (random weights and a tiny
 //! vocabulary: the text is gibberish, so the tests check ids against a full-pass argmax and
 //! determinism under a seed), and each bad input as a clear error with exit code 1.
 

@@ -11,10 +11,7 @@ use cli_support::{attnscope, fails_with, ok, tiny_gpt2};
 use serde_json::Value;
 
 fn golden() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
-    ))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data"))
 }
 
 /// The default model's directory: the library fetches it when it is not cached yet.

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data");
 const MAIN_JOB: &str = "The cat that ate the mouse that lived in the barn ran away";
 const QUESTION: &str = "Where is the Eiffel Tower?";
 const CONTEXT: &str = "The Eiffel Tower is located in Paris, France.";
@@ -52,7 +52,7 @@ fn fails_with(args: &[&str], code: i32, needle: &str) -> String {
     stderr
 }
 
-/// Golden attentions `[6, 12, T, T]` and tokens of `shared/golden/minilm/{name}`.
+/// Golden attentions `[6, 12, T, T]` and tokens of `tests/data/minilm/{name}`.
 fn golden(name: &str) -> (Vec<f32>, Vec<String>) {
     let bytes = std::fs::read(format!("{GOLDEN}/minilm/{name}.safetensors")).unwrap();
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
@@ -660,10 +660,7 @@ fn a_thread_count_from_the_environment_has_the_flags_limit() {
         );
     }
     assert!(run(&["mask", "causal", "2"], "").status.success());
-    let tiny = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden/tiny-gpt2"
-    );
+    let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/tiny-gpt2");
     let out = run(
         &["attention", "hi", "--model", tiny, "--threads", "2"],
         "100000",

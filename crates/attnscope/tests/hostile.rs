@@ -9,12 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// `shared/golden`, next to the repository.
+/// `tests/data`, the reference files in the repository.
 fn golden() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
-    ))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data"))
 }
 
 fn tiny_gpt2() -> PathBuf {

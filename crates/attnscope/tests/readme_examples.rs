@@ -125,13 +125,22 @@ fn words(line: &str) -> Vec<String> {
     words
 }
 
-/// Every README block that starts with `$ attnscope …` (a line ending in `\\` goes on) shows,
-/// line for line, what that command prints (piped, so without colour; the default model).
+/// Every block of the README and of the CLI tour (`docs/cli.md`) that starts with
+/// `$ attnscope …` (a line ending in `\\` goes on) shows, line for line, what that command
+/// prints (piped, so without colour; the default model).
 #[test]
 fn the_readme_command_examples_print_what_the_readme_shows() {
-    let readme = read("README.md");
+    for (doc, blocks) in [("README.md", 2), ("docs/cli.md", 7)] {
+        assert_eq!(command_examples(doc), blocks, "{doc}'s command examples");
+    }
+}
+
+/// Checks each `$ attnscope …` block of `doc` against what the command prints; returns how many
+/// there are.
+fn command_examples(doc: &str) -> usize {
+    let text = read(doc);
     let mut checked = 0;
-    for block in fenced(&readme, "") {
+    for block in fenced(&text, "") {
         let Some(first) = block.first().and_then(|l| l.strip_prefix("$ attnscope ")) else {
             continue;
         };
@@ -144,8 +153,12 @@ fn the_readme_command_examples_print_what_the_readme_shows() {
         // Piped, the output has no colour.
         let printed = cli_support::ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let shown: Vec<&str> = rest.map(String::as_str).collect();
-        assert_eq!(printed.lines().collect::<Vec<_>>(), shown, "{args:?}");
+        assert_eq!(
+            printed.lines().collect::<Vec<_>>(),
+            shown,
+            "{doc}: {args:?}"
+        );
         checked += 1;
     }
-    assert_eq!(checked, 7, "the README's seven command examples");
+    checked
 }

@@ -22,11 +22,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `shared/golden`, next to the repository.
+/// `tests/data`, the reference files in the repository.
 fn tiny_gpt2() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden/tiny-gpt2"
+        "/../../tests/data/tiny-gpt2"
     ))
 }
 

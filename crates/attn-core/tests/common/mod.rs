@@ -1,20 +1,46 @@
-//! Reads the golden cases of `shared/golden/sdpa` and compares results the way its README says.
+//! Reads the golden cases of `tests/data/sdpa` and compares results the way its README says.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod rng;
 
+use std::cell::Cell;
+use std::io::Write;
 use std::path::PathBuf;
 
-use attn_core::{AttnOptions, AttnShape, BoolMask, Causal, FloatMask, KeyPadding, Window};
+use attn_core::{AttnOptions, AttnShape, BoolMask, Causal, FloatMask, Isa, KeyPadding, Window};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
+/// Says on the process's standard error, which the test harness does not capture, that the
+/// running test leaves `what` unchecked because this CPU cannot run it: a skip shows in every
+/// run's output instead of passing for a check.
+pub fn not_on_this_cpu(what: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let _ = writeln!(
+        std::io::stderr(),
+        "note: {test}: {what} not checked, this CPU lacks it"
+    );
+}
+
+/// Every instruction set this CPU runs (the portable one always); the others are named once per
+/// test as not checked ([`not_on_this_cpu`]).
+pub fn isas() -> Vec<Isa> {
+    thread_local! {
+        static SAID: Cell<bool> = const { Cell::new(false) };
+    }
+    let (run, lacking): (Vec<Isa>, Vec<Isa>) =
+        Isa::ALL.into_iter().partition(|isa| isa.is_available());
+    if !lacking.is_empty() && !SAID.replace(true) {
+        not_on_this_cpu(&format!("{lacking:?}"));
+    }
+    run
+}
+
 pub fn golden_dir(sub: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
-    ))
-    .join(sub)
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data")).join(sub)
 }
 
 /// Every `.safetensors` file of a golden folder, sorted; panics if the folder is missing or empty,

@@ -7,13 +7,10 @@ use attn_models::Model;
 use safetensors::{Dtype, SafeTensors};
 
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
-    ))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data"))
 }
 
-/// The seven single-text files of `shared/golden/minilm` (`text*.safetensors`), sorted.
+/// The seven single-text files of `tests/data/minilm` (`text*.safetensors`), sorted.
 pub fn minilm_text_files() -> Vec<PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(golden_dir().join("minilm"))
         .unwrap()

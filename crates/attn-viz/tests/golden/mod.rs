@@ -1,11 +1,11 @@
-//! Real attention maps from `shared/golden/minilm` (all-MiniLM-L6-v2, made by Hugging Face
+//! Real attention maps from `tests/data/minilm` (all-MiniLM-L6-v2, made by Hugging Face
 //! transformers), turned into [`AttentionMaps`] without `attn-models`: token spans are recovered
 //! by finding each token (less its `##`) in the lowercased text.
 
 use attn_viz::{AttentionMaps, Token};
 use safetensors::SafeTensors;
 
-pub const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
+pub const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data");
 
 fn meta(st: &safetensors::tensor::Metadata, key: &str) -> serde_json::Value {
     let raw = &st.metadata().as_ref().expect("metadata")[key];
@@ -30,7 +30,7 @@ fn floats(st: &SafeTensors<'_>, name: &str) -> (Vec<f32>, Vec<usize>) {
     (data, view.shape().to_vec())
 }
 
-/// `shared/golden/minilm/{name}.safetensors` as attention maps.
+/// `tests/data/minilm/{name}.safetensors` as attention maps.
 pub fn golden_maps(name: &str) -> AttentionMaps {
     let path = format!("{GOLDEN}/minilm/{name}.safetensors");
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));

@@ -1,9 +1,9 @@
 //! `attnscope sdpa CASE.safetensors -o OUT.safetensors`: one attention call on tensors saved from
-//! PyTorch, in the format of `shared/golden/sdpa` (see its README): tensors `q`, `k`, `v`, optional
+//! PyTorch, in the format of `tests/data/sdpa` (see its README): tensors `q`, `k`, `v`, optional
 //! `mask` (bool or f32) and `key_padding`; options in the metadata, each value JSON-encoded.
 //! Every tensor and option is checked before the call; the results go to OUT as F32 tensors, and
 //! when the case holds `expected_*` tensors the largest difference to each is printed.
-//! With `--backward` it also reads `dout` (the `shared/golden/grad` format) and writes the
+//! With `--backward` it also reads `dout` (the `tests/data/grad` format) and writes the
 //! gradients `dq`, `dk`, `dv` of `sum(out · dout)` (and `dmask` of a float mask), compared with
 //! `expected_d*` when present.
 
@@ -108,7 +108,7 @@ const KNOWN_TENSORS: &[&str] = &[
     "expected_dmask",
 ];
 
-/// The gradients' tolerance: the `shared/golden/grad` files' 1e-4, absolute.
+/// The gradients' tolerance: the `tests/data/grad` files' 1e-4, absolute.
 const GRAD_TOLERANCE: f64 = 1e-4;
 
 /// The default tolerance of a BF16 case's `expected_out` and `expected_weights`: about two

@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// `shared/golden/tiny-gpt2`, next to the repository.
+/// `tests/data/tiny-gpt2`, next to the repository.
 #[allow(dead_code)] // not every test file runs each helper
 pub fn tiny_gpt2() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden/tiny-gpt2"
+        "/../../tests/data/tiny-gpt2"
     ))
 }
 

@@ -15,10 +15,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 pub fn golden() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden"
-    ))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data"))
 }
 
 /// A 2-layer, 4-head GPT-2 with 64 positions: fast, and long texts are easy to make.
