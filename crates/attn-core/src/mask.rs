@@ -241,6 +241,8 @@ impl KeyPadding {
     /// # Panics
     /// When `b` or `j` is out of range (`b >= batch` or `j >= seq_kv`).
     pub fn is_real(&self, b: usize, j: usize) -> bool {
+        let seq_kv = self.seq_kv;
+        assert!(j < seq_kv, "key {j} past a sequence of {seq_kv} keys");
         self.row(b)[j]
     }
 
@@ -249,6 +251,8 @@ impl KeyPadding {
     /// # Panics
     /// When `b >= batch`.
     pub fn row(&self, b: usize) -> &[bool] {
+        let batch = self.batch;
+        assert!(b < batch, "sequence {b} past a batch of {batch}");
         &self.real[b * self.seq_kv..(b + 1) * self.seq_kv]
     }
 

@@ -864,13 +864,20 @@ fn a_shape_too_large_to_count_is_said_as_such() {
     );
 }
 
-/// Key 7 of a batch of sequences of 5 keys is out of range: it panicked only past the last
-/// sequence, and read the next sequence's key 2 before it.
+/// Key 7 of a batch of sequences of 5 keys is out of range, and so is sequence 2 of 2, each
+/// said as such: key 7 of sequence 0 had read sequence 1's key 2, and only past the last
+/// sequence did it panic (with any slice's message).
 #[test]
-#[should_panic(expected = "index out of bounds")]
 fn key_padding_past_a_sequence_panics() {
     let padding = KeyPadding::from_lengths(&[5, 2], 5).unwrap();
-    padding.is_real(0, 7);
+    let message = |(b, j): (usize, usize)| {
+        let panic = std::panic::catch_unwind(|| padding.is_real(b, j)).unwrap_err();
+        panic.downcast::<String>().map(|s| *s).unwrap_or_default()
+    };
+    assert_eq!(message((0, 7)), "key 7 past a sequence of 5 keys");
+    assert_eq!(message((1, 5)), "key 5 past a sequence of 5 keys");
+    assert_eq!(message((2, 0)), "sequence 2 past a batch of 2");
+    assert!(padding.is_real(1, 1) && !padding.is_real(1, 2));
 }
 
 /// A mask's index past a dim of its own panics, saying so; a dim of 1 repeats. On a mask of
