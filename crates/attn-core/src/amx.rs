@@ -800,6 +800,7 @@ mod tests {
     #[test]
     fn dot_products_match_f64() {
         let Some(dot) = Bf16Dot::detect() else {
+            crate::not_on_this_cpu("AVX512_BF16 dot products");
             return;
         };
         let products = Products::Dot(dot);

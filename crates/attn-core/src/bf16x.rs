@@ -513,7 +513,7 @@ pub(crate) mod tests {
             let k_pad = k.next_multiple_of(TK);
             let (a_len, b_len) = (m * P * k_pad, P * m.next_multiple_of(TK) * k_pad);
             let (mut a, mut b) = (vec![u16::MAX; a_len], vec![u16::MAX; b_len]);
-            // SAFETY: what `Isa::Amx` needs is available (the callers check).
+            // SAFETY: what `split` needs is available (the callers check).
             unsafe {
                 pack_a::<P>(&x, (m, k, k), &mut a);
                 pack_b::<P>(&x, (m, k, k), &mut b);
@@ -553,7 +553,7 @@ pub(crate) mod tests {
             let xt: Vec<f32> = (0..k * n).map(|i| x[i % n * k + i / n]).collect();
             let len = P * k.next_multiple_of(TK) * n.next_multiple_of(32);
             let (mut want, mut got) = (vec![u16::MAX; len], vec![0x5555; len]);
-            // SAFETY: what `Isa::Amx` needs is available (the callers check).
+            // SAFETY: what `split` needs is available (the callers check).
             unsafe {
                 pack_b::<P>(&xt, (k, n, n), &mut want);
                 pack_bt::<P>(&x, (n, k, k), &mut got);
@@ -577,7 +577,7 @@ pub(crate) mod tests {
                 .collect();
             let len = P * k_pad * n.next_multiple_of(32);
             let (mut want, mut got) = (vec![u16::MAX; len], vec![0x5555; len]);
-            // SAFETY: what `Isa::Amx` needs is available (the callers check).
+            // SAFETY: what `split` needs is available (the callers check).
             unsafe {
                 pack_b::<P>(&paired, (k_pad, n, n), &mut want);
                 pack_b_halves::<P>(&x, (k, n, n), &mut got);
@@ -588,8 +588,9 @@ pub(crate) mod tests {
 
     #[test]
     fn the_layouts_hold_every_value() {
-        if !crate::fused::Isa::Amx.is_available() {
-            // `split` needs AVX512_BF16, which every CPU with AMX has.
+        // `split` needs AVX512_BF16 (and AVX-512F, BW, VL), as the dot products' ISA does.
+        if !crate::fused::Isa::Avx512Bf16.is_available() {
+            crate::not_on_this_cpu("the packers of bf16 parts");
             return;
         }
         layouts_hold_every_value::<2>();
@@ -672,7 +673,7 @@ pub(crate) mod tests {
     fn gemms_match_f64() {
         let amx = crate::fused::Isa::Amx.is_available();
         let Some(tiles) = Tiles::configure().filter(|_| amx) else {
-            // No AMX (or no AVX512_BF16) on this CPU: nothing takes these products.
+            crate::not_on_this_cpu("AMX");
             return;
         };
         gemm_matches_f64::<2>(&tiles, 3.0 * 2f64.powi(-16), 1e-5);

@@ -85,6 +85,33 @@ pub use reference::sdpa_reference;
 pub use shape::{AttnInput, AttnOutput, AttnShape, Weights};
 pub use varlen::{PackedDims, PackedInput, PackedOutput, sdpa_varlen, sdpa_varlen_backward};
 
+/// Says on the process's standard error, which the test harness does not capture, that the
+/// running test leaves `what` unchecked because this CPU cannot run it.
+#[cfg(test)]
+pub(crate) fn not_on_this_cpu(what: &str) {
+    use std::io::Write;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let _ = writeln!(
+        std::io::stderr(),
+        "note: {test}: {what} not checked, this CPU lacks it"
+    );
+}
+
+/// Every instruction set this CPU runs; the others are named as not checked
+/// ([`not_on_this_cpu`]).
+#[cfg(test)]
+pub(crate) fn available_isas() -> Vec<Isa> {
+    let (run, lacking): (Vec<Isa>, Vec<Isa>) =
+        Isa::ALL.into_iter().partition(|isa| isa.is_available());
+    if !lacking.is_empty() {
+        not_on_this_cpu(&format!("{lacking:?}"));
+    }
+    run
+}
+
 /// `n` zeros written one by one, for a buffer that is read before it is written.
 ///
 /// `vec![0.0; n]` maps a large buffer to the kernel's shared zero page: a read maps that page

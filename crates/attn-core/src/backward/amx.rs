@@ -123,8 +123,9 @@ mod tests {
     /// three parts within `2⁻²⁴`).
     #[test]
     fn the_fused_lane_packs_like_the_packers() {
-        if !crate::fused::Isa::Amx.is_available() {
-            // `split` needs AVX512_BF16, which every CPU with AMX has.
+        // `split` needs AVX512_BF16 (and AVX-512F, BW, VL), as the dot products' ISA does.
+        if !crate::fused::Isa::Avx512Bf16.is_available() {
+            crate::not_on_this_cpu("the packing of the AMX backward lane");
             return;
         }
         let (keys, rows) = (64, 96);
@@ -152,7 +153,7 @@ mod tests {
         let (mut row_sums, mut key_sums) = (vec![1.0f32; rows], vec![-1.0f32; keys]);
         let [wp, wa, wb] = &mut want;
         let [gp, ga, gb] = &mut got;
-        // SAFETY: what `Isa::Amx` needs is available (checked above).
+        // SAFETY: what `split` needs is available (checked above).
         unsafe {
             pack_a::<PARTS>(&p, (keys, rows, rows), wp);
             pack_a::<PARTS_X3>(&ds, (keys, rows, rows), wa);

@@ -1369,15 +1369,17 @@ unsafe fn round_to_bf16_avx512(src: &[f32], dst: &mut [bf16]) {
 mod tests {
     use super::*;
 
-    /// Whether this CPU runs the fused steps (the AMX path's features and AVX512DQ); the
-    /// tests of their kernels check nothing on other CPUs, which never run them.
+    /// Whether this CPU runs the fused steps (AVX512_BF16, which the tiles' ISA and the dot
+    /// products' both have, and AVX512DQ); the tests of their kernels check nothing on other
+    /// CPUs, which never run them.
     fn fused_step_runs() -> bool {
-        Isa::Amx.is_available() && std::arch::is_x86_feature_detected!("avx512dq")
+        Isa::Avx512Bf16.is_available() && std::arch::is_x86_feature_detected!("avx512dq")
     }
 
     #[test]
     fn exp2_is_within_its_bound() {
         if !fused_step_runs() {
+            crate::not_on_this_cpu("the fused steps of the bf16 products");
             return;
         }
         /// The worst relative error of `2^t` by the polynomial `c` on every 2^-12 from −125
@@ -1448,6 +1450,7 @@ mod tests {
     #[test]
     fn weights_split_exactly_into_three_parts() {
         if !fused_step_runs() {
+            crate::not_on_this_cpu("the fused steps of the bf16 products");
             return;
         }
         // Weights from 1 down to 2^-38, with full, short and arbitrary mantissas.
@@ -1469,6 +1472,7 @@ mod tests {
     #[test]
     fn fused_parts_step_matches_f64() {
         if !fused_step_runs() {
+            crate::not_on_this_cpu("the fused steps of the bf16 products");
             return;
         }
         // Visible ranges inside one chunk, across chunks, at the ends, and empty; a running
@@ -1600,6 +1604,7 @@ mod tests {
     #[test]
     fn fused_step_matches_f64() {
         if !fused_step_runs() {
+            crate::not_on_this_cpu("the fused steps of the bf16 products");
             return;
         }
         // Lengths around the 32-value chunks and the 16-lane halves of the tail; a running

@@ -1413,13 +1413,7 @@ impl<'a> Plan<'a> {
 mod tests {
     use super::*;
 
-    /// The instruction sets this CPU runs.
-    fn isas() -> Vec<Isa> {
-        Isa::ALL
-            .into_iter()
-            .filter(|isa| isa.is_available())
-            .collect()
-    }
+    use crate::available_isas as isas;
 
     /// `n` values in [−1, 1) from `seed`.
     fn values(seed: u32, n: usize) -> Vec<f32> {
