@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(config) = ModelConfig::from_json(config_text) else {
         return;
     };
-    let base = match config.kind {
+    let base = match config.kind() {
         ModelKind::Gpt2 => golden().join("tiny-gpt2"),
         ModelKind::Bert => match cached_minilm() {
             Some(dir) => dir,

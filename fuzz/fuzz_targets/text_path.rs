@@ -16,7 +16,7 @@ use attn_viz::bars::BarStyle;
 use attn_viz::explain::{ExplainOptions, Level, Method, explain, render};
 use attn_viz::html::{PageOptions, standalone_page};
 use attn_viz::select::{Selection, rollout};
-use attn_viz::stats::{head_stats, notable_heads};
+use attn_viz::stats::{has_special_tokens, head_stats, notable_heads, uniform_shares};
 use attn_viz::words::words;
 use attnscope::maps;
 use attnscope_fuzz::{cached_minilm, golden};
@@ -90,7 +90,8 @@ fuzz_target!(|data: &[u8]| {
         explain(&maps, &options, |_, _| {}).expect("flow over a short text");
     }
     let stats = head_stats(&maps).expect("head statistics");
-    notable_heads(&stats);
+    let uniform = uniform_shares(&maps).expect("even shares");
+    notable_heads(&stats, &uniform, has_special_tokens(&maps));
     rollout(&maps).expect("rollout");
 
     let page = standalone_page(&maps, None, &PageOptions::default()).expect("explorer page");
