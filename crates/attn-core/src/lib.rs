@@ -7,7 +7,8 @@
 //! 2. softcap `c`: `score = c · tanh(score / c)`
 //! 3. ALiBi: `score -= slope_h · |i + o − j|`
 //! 4. float mask: `score += mask`
-//! 5. visibility: causal, window, boolean mask, key padding ([`mask`])
+//! 5. visibility: causal, window, boolean mask, key padding ([`Causal`], [`Window`],
+//!    [`BoolMask`], [`KeyPadding`])
 //! 6. softmax over the visible keys; a query row that sees no key gets output 0, weights 0 and
 //!    log-sum-exp −∞ — never NaN.
 //!
@@ -16,7 +17,8 @@
 //! ALiBi at the bottom right too, as FlashAttention always does.
 //!
 //! [`sdpa`] is the fast path; [`sdpa_reference`] is its plain, readable twin that tests compare
-//! against. [`mha`] builds multi-head attention (projections, masks, weights) on top.
+//! against. [`MultiheadAttention`] builds multi-head attention (projections, masks, weights) on
+//! top.
 //!
 //! Tensors are row-major `f32` slices (`bf16` for [`sdpa_bf16`]) with their dims in an
 //! [`AttnShape`]: q is `[batch, n_heads, seq_q, head_dim]`, k and v `[batch, n_kv_heads,
@@ -51,99 +53,50 @@
 //! assert!(fast.out.iter().zip(&slow.out).all(|(a, b)| (a - b).abs() < 1e-5));
 //! # Ok::<(), attn_core::AttnError>(())
 //! ```
+//!
+//! # The whole surface
+//!
+//! | what | items |
+//! |---|---|
+//! | one call | [`sdpa`], [`sdpa_reference`]; bf16 inputs: [`sdpa_bf16`], [`AttnInputBf16`], [`bf16`] |
+//! | its tensors | [`AttnShape`], [`AttnInput`], [`AttnOutput`], [`Weights`] |
+//! | its options | [`AttnOptions`], [`WeightsRequest`], [`Dropout`] |
+//! | masks | [`Causal`], [`Window`], [`BoolMask`], [`FloatMask`] (both a [`Broadcast`]), [`KeyPadding`], [`causal_matrix`] |
+//! | gradients | [`sdpa_backward`], [`sdpa_backward_reference`], [`Grads`]; of a float mask: [`sdpa_backward_float_mask`], [`sdpa_backward_float_mask_reference`] |
+//! | packed batches | [`sdpa_varlen`], [`sdpa_varlen_backward`], [`PackedInput`], [`PackedDims`], [`PackedOutput`] |
+//! | `nn.MultiheadAttention` | [`MultiheadAttention`], [`MhaConfig`], [`MhaInput`], [`MhaOutput`], [`MhaGrads`], [`Linear`], [`LinearGrads`], [`StateDict`] |
+//! | the CPU | [`Isa`] (forced with [`sdpa_with`], [`sdpa_bf16_with`], [`sdpa_backward_with`], [`sdpa_backward_float_mask_with`]), [`set_global_threads`], [`MAX_THREADS`] |
+//! | limits and errors | [`AttnError`], [`MAX_WEIGHTS_BYTES`], [`MAX_EMPTY_HEAD_SCORES`], [`f32_bytes`] |
 
 #![warn(missing_docs)]
 
-mod aligned;
-pub mod amx;
-pub mod backward;
-mod bf16dot;
-#[cfg(target_arch = "x86_64")]
-mod bf16x;
-pub mod error;
-pub mod fused;
-pub mod mask;
-pub mod mha;
-pub mod options;
-pub mod reference;
-pub mod shape;
-pub mod varlen;
+mod backward;
+mod cpu;
+mod error;
+mod fused;
+mod mask;
+mod mha;
+mod options;
+mod reference;
+mod shape;
+mod varlen;
 
 pub use backward::{
     Grads, sdpa_backward, sdpa_backward_float_mask, sdpa_backward_float_mask_reference,
-    sdpa_backward_reference,
+    sdpa_backward_float_mask_with, sdpa_backward_reference, sdpa_backward_with,
 };
+pub use cpu::{Isa, MAX_THREADS, set_global_threads};
 pub use error::AttnError;
-pub use fused::{AttnInputBf16, Isa, sdpa_bf16, set_global_threads};
+pub use fused::{AttnInputBf16, sdpa, sdpa_bf16, sdpa_bf16_with, sdpa_with};
+/// The bf16 type of [`AttnInputBf16`] (from the `half` crate), for callers without that dependency.
 pub use half::bf16;
-pub use mask::{BoolMask, Causal, FloatMask, KeyPadding, Window};
+pub use mask::{BoolMask, Broadcast, Causal, FloatMask, KeyPadding, Window, causal_matrix};
 pub use mha::{
     Linear, LinearGrads, MhaConfig, MhaGrads, MhaInput, MhaOutput, MultiheadAttention, StateDict,
 };
 pub use options::{AttnOptions, Dropout, WeightsRequest};
 pub use reference::sdpa_reference;
-pub use shape::{AttnInput, AttnOutput, AttnShape, Weights};
+pub use shape::{
+    AttnInput, AttnOutput, AttnShape, MAX_EMPTY_HEAD_SCORES, MAX_WEIGHTS_BYTES, Weights, f32_bytes,
+};
 pub use varlen::{PackedDims, PackedInput, PackedOutput, sdpa_varlen, sdpa_varlen_backward};
-
-/// Says on the process's standard error, which the test harness does not capture, that the
-/// running test leaves `what` unchecked because this CPU cannot run it.
-#[cfg(test)]
-pub(crate) fn not_on_this_cpu(what: &str) {
-    use std::io::Write;
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_string();
-    let _ = writeln!(
-        std::io::stderr(),
-        "note: {test}: {what} not checked, this CPU lacks it"
-    );
-}
-
-/// Every instruction set this CPU runs; the others are named as not checked
-/// ([`not_on_this_cpu`]).
-#[cfg(test)]
-pub(crate) fn available_isas() -> Vec<Isa> {
-    let (run, lacking): (Vec<Isa>, Vec<Isa>) =
-        Isa::ALL.into_iter().partition(|isa| isa.is_available());
-    if !lacking.is_empty() {
-        not_on_this_cpu(&format!("{lacking:?}"));
-    }
-    run
-}
-
-/// `n` zeros written one by one, for a buffer that is read before it is written.
-///
-/// `vec![0.0; n]` maps a large buffer to the kernel's shared zero page: a read maps that page
-/// and the first write then takes a copy-on-write fault whose TLB flush interrupts every other
-/// core (measured at about 15% of a 2048-token backward pass). Writing the zeros takes plain
-/// first-touch faults instead.
-pub(crate) fn zeros_written(n: usize) -> Vec<f32> {
-    let mut buf = Vec::with_capacity(n);
-    buf.resize(n, 0.0);
-    buf
-}
-
-/// The larger of `a` and `b`, NaN when either is: `f32::max` skips a NaN, which would let a NaN
-/// score pass for a hidden one.
-pub(crate) fn max_keeping_nan(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        f32::NAN
-    } else {
-        a.max(b)
-    }
-}
-
-/// Scaled dot-product attention: the fast path.
-///
-/// # Shapes
-/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
-/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
-/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
-/// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`
-///
-/// The fused kernel of [`fused`] on the best instruction set of this CPU: O((seq_q + seq_kv) ·
-/// head_dim) memory, weights recomputed from the saved log-sum-exp only when asked for.
-pub fn sdpa(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
-    fused::sdpa_with(fused::Isa::best(), input, options)
-}

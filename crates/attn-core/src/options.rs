@@ -1,10 +1,9 @@
 //! Options of an attention call, each with the semantics the [crate docs](crate) give.
 
-use crate::mask::diagonal_offset;
-use crate::{AttnError, AttnShape, BoolMask, Causal, FloatMask, KeyPadding, Window};
-
-/// Largest weights tensor an attention call will allocate (8 GiB of f32).
-pub const MAX_WEIGHTS_BYTES: u128 = 8 << 30;
+use crate::cpu::{FiniteBits, Isa, prefetch_l2};
+use crate::error::AttnError;
+use crate::mask::{BoolMask, Causal, FloatMask, KeyPadding, Window, diagonal_offset, key_range};
+use crate::shape::{AttnShape, MAX_WEIGHTS_BYTES, f32_bytes};
 
 /// Which attention weights to return besides the output.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,9 +120,10 @@ impl AttnOptions {
     }
 
     /// Steps 2–5 of the rules on the scaled scores of query `i` of head `h` in batch `b` against
-    /// keys `j0..`: the softcap, then [`AttnOptions::apply_extras`].
+    /// keys `j0..`: the softcap, then [`AttnOptions::apply_extras`], on `isa`.
     pub(crate) fn apply_rules(
         &self,
+        isa: Isa,
         bhi: (usize, usize, usize),
         offset: isize,
         j0: usize,
@@ -132,26 +132,27 @@ impl AttnOptions {
         if let Some(c) = self.softcap {
             row.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
         }
-        self.apply_extras(bhi, offset, j0, row);
+        self.apply_extras(isa, bhi, offset, j0, row);
     }
 
     /// Steps 3–5 of the rules on the scores of query `i` of head `h` in batch `b` against keys
     /// `j0..` (`offset` the diagonal's): ALiBi, the float mask, then the boolean mask and key
     /// padding (a hidden key's score becomes −∞). One rule at a time, in loops that vectorise
-    /// (16 lanes where the CPU has AVX-512F), each key seeing the rules in the reference's
+    /// (16 lanes on the AVX-512 ISAs), each key seeing the rules in the reference's
     /// order, so the scores are the same. Key by key, with every rule tested at each key, a
     /// float mask made a fused call at L = S = 2048 (H8) take twice as long (bf16: four
     /// times).
     pub(crate) fn apply_extras(
         &self,
+        isa: Isa,
         bhi: (usize, usize, usize),
         offset: isize,
         j0: usize,
         row: &mut [f32],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F is available (checked just above).
+        if isa.avx512() {
+            // SAFETY: an AVX-512 ISA only runs where available.
             return unsafe { self.apply_extras_avx512(bhi, offset, j0, row) };
         }
         self.apply_extras_body(bhi, offset, j0, row);
@@ -194,7 +195,7 @@ impl AttnOptions {
                 0 => row.iter_mut().for_each(|x| *x += mask.data()[off]),
                 _ => {
                     (row.iter_mut().zip(&mask.data()[off + j0..][..n])).for_each(|(x, m)| *x += m);
-                    prefetch(mask.data(), off + j0 + n, n);
+                    prefetch_l2(mask.data(), off + j0 + n, n);
                 }
             }
         }
@@ -308,7 +309,7 @@ impl AttnOptions {
             WeightsRequest::HeadAverage => Some(vec![shape.batch, shape.seq_q, shape.seq_kv]),
         };
         if let Some(dims) = weights_dims {
-            let bytes = crate::shape::f32_bytes(&dims);
+            let bytes = f32_bytes(&dims);
             if bytes > MAX_WEIGHTS_BYTES {
                 return Err(AttnError::TooLarge {
                     what: "attention weights",
@@ -321,21 +322,38 @@ impl AttnOptions {
     }
 }
 
-/// Asks for the values `at..at + len` of `data` (those inside it) to be brought into the L2
-/// cache: a mask row's next key block, which the row's next step reads once every row of its
-/// query block has taken this one. A float mask [L, S] is read once per head (16 MiB at
-/// L = S = 2048), in pieces of rows 4·S bytes apart, which the hardware prefetchers do not
-/// follow.
-fn prefetch<T>(data: &[T], at: usize, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-        let end = at.saturating_add(len).min(data.len());
-        for i in (at..end).step_by((64 / size_of::<T>()).max(1)) {
-            // SAFETY: `i < data.len()`; a prefetch reads nothing the program sees.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(data.as_ptr().add(i).cast()) };
-        }
+/// Refuses a call whose scores overflowed f32 from finite inputs: a row's log-sum-exp of NaN or
+/// +∞, or of −∞ (every score −∞) although the masks leave the row a key with no `-inf` in the
+/// float mask, while `q`, `k` and `v` are finite (read only then; a NaN or ∞ the inputs opted in
+/// to is theirs to keep, as in PyTorch). Only the rows of −∞ reread the masks: a row the masks
+/// hide entirely keeps its output 0.
+pub(crate) fn check_overflow<T: FiniteBits>(
+    lse: &[f32],
+    shape: &AttnShape,
+    options: &AttnOptions,
+    [q, k, v]: [&[T]; 3],
+) -> Result<(), AttnError> {
+    let Some(at) = lse.iter().enumerate().position(|(at, &x)| {
+        x.is_nan()
+            || x == f32::INFINITY
+            || (x == f32::NEG_INFINITY && sees_a_key(shape, options, shape.query_row(at)))
+    }) else {
+        return Ok(());
+    };
+    if ![q, k, v].into_iter().all(T::all_finite) {
+        return Ok(());
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, at, len);
+    let (batch, head, row) = shape.query_row(at);
+    Err(AttnError::ScoreOverflow { batch, head, row })
+}
+
+/// Whether query row `i` of head `h` in batch `b` has a key that every rule leaves visible and
+/// the float mask does not set to `-inf`: its scores cannot all be `-inf` unless they overflowed.
+fn sees_a_key(shape: &AttnShape, options: &AttnOptions, (b, h, i): (usize, usize, usize)) -> bool {
+    let offset = options.offset(shape.seq_q, shape.seq_kv);
+    let (lo, hi) = key_range(options.causal, options.window, offset, i, shape.seq_kv);
+    (lo..hi).any(|j| {
+        options.masks_allow(b, h, i, j)
+            && (options.float_mask.as_ref()).is_none_or(|m| m.at(b, h, i, j) != f32::NEG_INFINITY)
+    })
 }

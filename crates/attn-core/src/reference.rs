@@ -2,7 +2,7 @@
 //! [crate docs](crate) written out in order. The fast path is tested against it.
 
 use crate::mask::key_range;
-use crate::shape::check_overflow;
+use crate::options::check_overflow;
 use crate::{AttnError, AttnInput, AttnOptions, AttnOutput, Weights, WeightsRequest};
 
 /// Scaled dot-product attention, computed the plain way (O(seq_kv) scratch per row).
@@ -79,7 +79,7 @@ pub fn sdpa_reference(
                 let max = (0..s_n)
                     .filter(|&j| visible[j])
                     .map(|j| scores[j])
-                    .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
+                    .fold(f32::NEG_INFINITY, crate::cpu::max_keeping_nan);
                 if max == f32::NEG_INFINITY {
                     continue; // nothing visible: output 0, weights 0, lse -inf
                 }

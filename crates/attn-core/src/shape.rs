@@ -1,10 +1,10 @@
 //! The dimensions of an attention call, its inputs as slices, and its outputs.
 
-use half::bf16;
+use crate::cpu::FiniteBits;
+use crate::error::AttnError;
 
-use crate::mask::key_range;
-use crate::options::MAX_WEIGHTS_BYTES;
-use crate::{AttnError, AttnOptions};
+/// Largest weights tensor an attention call will allocate (8 GiB of f32).
+pub const MAX_WEIGHTS_BYTES: u128 = 8 << 30;
 
 /// The dimensions of one attention call. One vocabulary everywhere:
 /// `batch, n_heads, n_kv_heads, seq_q, seq_kv, head_dim, value_dim`.
@@ -187,42 +187,6 @@ pub(crate) fn check_empty_head_scores(shape: &[usize], count: u128) -> Result<()
     }
 }
 
-/// Refuses a call whose scores overflowed f32 from finite inputs: a row's log-sum-exp of NaN or
-/// +∞, or of −∞ (every score −∞) although the masks leave the row a key with no `-inf` in the
-/// float mask, while `q`, `k` and `v` are finite (read only then; a NaN or ∞ the inputs opted in
-/// to is theirs to keep, as in PyTorch). Only the rows of −∞ reread the masks: a row the masks
-/// hide entirely keeps its output 0.
-pub(crate) fn check_overflow<T: FiniteBits>(
-    lse: &[f32],
-    shape: &AttnShape,
-    options: &AttnOptions,
-    [q, k, v]: [&[T]; 3],
-) -> Result<(), AttnError> {
-    let Some(at) = lse.iter().enumerate().position(|(at, &x)| {
-        x.is_nan()
-            || x == f32::INFINITY
-            || (x == f32::NEG_INFINITY && sees_a_key(shape, options, shape.query_row(at)))
-    }) else {
-        return Ok(());
-    };
-    if ![q, k, v].into_iter().all(T::all_finite) {
-        return Ok(());
-    }
-    let (batch, head, row) = shape.query_row(at);
-    Err(AttnError::ScoreOverflow { batch, head, row })
-}
-
-/// Whether query row `i` of head `h` in batch `b` has a key that every rule leaves visible and
-/// the float mask does not set to `-inf`: its scores cannot all be `-inf` unless they overflowed.
-fn sees_a_key(shape: &AttnShape, options: &AttnOptions, (b, h, i): (usize, usize, usize)) -> bool {
-    let offset = options.offset(shape.seq_q, shape.seq_kv);
-    let (lo, hi) = key_range(options.causal, options.window, offset, i, shape.seq_kv);
-    (lo..hi).any(|j| {
-        options.masks_allow(b, h, i, j)
-            && (options.float_mask.as_ref()).is_none_or(|m| m.at(b, h, i, j) != f32::NEG_INFINITY)
-    })
-}
-
 /// The most scores a call with `head_dim` 0 may declare ([`AttnShape::validate`]): its queries
 /// and keys hold nothing, so the inputs bound neither its work nor its per-row state. 2^26
 /// scores take under a second.
@@ -275,61 +239,6 @@ pub struct AttnInput<'a> {
     /// so an input built without [`AttnInput::new`] gets [`AttnError::LengthMismatch`], not a
     /// panic.
     pub shape: AttnShape,
-}
-
-/// A float type whose values can be told finite from their bits.
-pub(crate) trait FiniteBits: Copy {
-    /// Positive infinity.
-    const INFINITY: Self;
-
-    /// Whether every value of `data` is below `bound` (positive) in magnitude, NaN never: the
-    /// largest magnitude (the bits without the sign) is below `bound`'s, a max over integers
-    /// that vectorises in the caller's instruction set (`#[inline(always)]`).
-    fn all_below_in(data: &[Self], bound: Self) -> bool;
-
-    /// [`FiniteBits::all_below_in`], 512 bits at a time where the CPU has AVX512BW.
-    fn all_below(data: &[Self], bound: Self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512bw") {
-            // SAFETY: AVX-512F and AVX512BW are available (checked just above).
-            return unsafe { all_below_avx512(data, bound) };
-        }
-        Self::all_below_in(data, bound)
-    }
-
-    /// Whether every value of `data` is finite, 512 bits at a time where the CPU has AVX512BW.
-    fn all_finite(data: &[Self]) -> bool {
-        Self::all_below(data, Self::INFINITY)
-    }
-}
-
-/// # Safety
-/// AVX-512F and AVX512BW must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn all_below_avx512<T: FiniteBits>(data: &[T], bound: T) -> bool {
-    T::all_below_in(data, bound)
-}
-
-impl FiniteBits for f32 {
-    const INFINITY: f32 = f32::INFINITY;
-
-    #[inline(always)]
-    fn all_below_in(data: &[f32], bound: f32) -> bool {
-        let magnitude = data.iter().map(|x| x.to_bits() & 0x7fff_ffff).max();
-        magnitude.unwrap_or(0) < bound.to_bits()
-    }
-}
-
-impl FiniteBits for bf16 {
-    const INFINITY: bf16 = bf16::INFINITY;
-
-    #[inline(always)]
-    fn all_below_in(data: &[bf16], bound: bf16) -> bool {
-        // Without the sign the bits fit an i16, whose max vectorises on every x86-64 (SSE2).
-        let magnitude = data.iter().map(|x| (x.to_bits() & 0x7fff) as i16).max();
-        magnitude.unwrap_or(0) < bound.to_bits() as i16
-    }
 }
 
 /// The first NaN or infinity in `data`, as [`AttnError::NonFinite`] naming `tensor`.
@@ -514,22 +423,9 @@ pub struct AttnOutput {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use half::bf16;
 
-    /// Magnitudes below the bound pass, at it or above do not, NaN never, in vector bodies and
-    /// tails.
-    #[test]
-    fn all_below_compares_magnitudes() {
-        for n in [1, 15, 16, 17, 1000] {
-            let mut x: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
-            assert!(f32::all_below(&x, 3.5) && f32::all_below_in(&x, 3.5));
-            assert!(!f32::all_below(&x, 3.0) && !f32::all_below_in(&x, 3.0));
-            x[n - 1] = -1e30;
-            assert!(!f32::all_below(&x, 1e30) && f32::all_below(&x, 2e30));
-            x[n / 2] = f32::NAN;
-            assert!(!f32::all_below(&x, f32::MAX) && !f32::all_below_in(&x, f32::MAX));
-        }
-    }
+    use super::*;
 
     /// Every finite value passes, down to the extremes; any NaN or infinity, anywhere (vector
     /// bodies and tails), is found at its index.

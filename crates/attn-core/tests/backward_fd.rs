@@ -8,8 +8,8 @@
 
 mod common;
 
-use attn_core::backward::sdpa_backward_with;
-use attn_core::fused::Isa;
+use attn_core::Isa;
+use attn_core::sdpa_backward_with;
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, Grads,
     KeyPadding, Window, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference,
@@ -336,12 +336,12 @@ fn dropout_of_one_drops_every_weight() {
     }
     let bf16 = |v: &[f32]| {
         v.iter()
-            .map(|&x| attn_core::fused::bf16::from_f32(x))
+            .map(|&x| attn_core::bf16::from_f32(x))
             .collect::<Vec<_>>()
     };
     let (qb, kb, vb) = (bf16(&x.q), bf16(&x.k), bf16(&x.v));
-    let input_bf16 = attn_core::fused::AttnInputBf16::new(&qb, &kb, &vb, sh).unwrap();
-    let got = attn_core::fused::sdpa_bf16(&input_bf16, &all_dropped).unwrap();
+    let input_bf16 = attn_core::AttnInputBf16::new(&qb, &kb, &vb, sh).unwrap();
+    let got = attn_core::sdpa_bf16(&input_bf16, &all_dropped).unwrap();
     assert!(got.out.iter().all(|&o| o == 0.0), "bf16: out");
 
     let fwd = sdpa(&input, &all_dropped).unwrap();

@@ -1,13 +1,13 @@
 //! One test per `AttnError` variant: each bad input gives that error, with a message naming the
 //! tensor or option and the shapes — never a panic.
 
-use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, KeyPadding,
     Linear, MhaConfig, MhaInput, MultiheadAttention, PackedDims, PackedInput, StateDict,
     WeightsRequest, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference, sdpa_varlen,
     sdpa_varlen_backward,
 };
+use attn_core::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
 
 /// A valid 1×2×3×4 call (batch 1, 2 heads, 3 queries, 4 keys, head_dim 2).
 fn shape() -> AttnShape {

@@ -4,12 +4,12 @@
 
 mod common;
 
-use attn_core::fused::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with, set_global_threads};
-use attn_core::options::MAX_WEIGHTS_BYTES;
+use attn_core::MAX_WEIGHTS_BYTES;
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
     KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
 };
+use attn_core::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with, set_global_threads};
 use common::{assert_close, golden_files, isas, load_case, not_on_this_cpu};
 
 use common::rng::Rng;
@@ -51,11 +51,18 @@ fn the_best_isa_is_the_one_the_cpu_has() {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f");
         let avx512_bf16 = avx512
             && std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("avx512dq")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl");
-        let amx = avx512_bf16 && attn_core::amx::available();
-        // The dot products are the best only on AMD's CPUs (`Isa::best`).
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        // Linux lists the AMX flags when the CPU has them and it supports the tile state.
+        let flags = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .unwrap_or_default();
+        let flag = |name: &str| flags.split_whitespace().any(|f| f == name);
+        let amx = avx512_bf16 && flag("amx_tile") && flag("amx_bf16");
+        // The dot products are the best only on AMD's CPUs (`Isa::best`).
         let amd = match cpuinfo.lines().find(|l| l.starts_with("vendor_id")) {
             Some(line) => line.ends_with("AuthenticAMD"),
             None => &std::arch::x86_64::__cpuid(0).ebx.to_le_bytes() == b"Auth",

@@ -6,8 +6,8 @@
 
 mod common;
 
-use attn_core::backward::sdpa_backward_float_mask_with;
-use attn_core::fused::Isa;
+use attn_core::Isa;
+use attn_core::sdpa_backward_float_mask_with;
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, KeyPadding,
     Window, sdpa, sdpa_backward_float_mask, sdpa_backward_float_mask_reference, sdpa_reference,

@@ -6,11 +6,11 @@
 //! Visibility is recomputed here from the rules of `tests/data/README.md` (step 5), not taken
 //! from the crate, so the mask properties test the kernels' masking against an independent oracle.
 
-use attn_core::fused::{AttnInputBf16, bf16, sdpa_bf16};
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, FloatMask,
     KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
 };
+use attn_core::{AttnInputBf16, bf16, sdpa_bf16};
 use proptest::prelude::*;
 
 /// Query, key and value data of one call.

@@ -77,10 +77,10 @@ pub fn fits(values: &[f32]) -> bool {
     values.iter().all(|v| v.abs() <= MAX_ABS)
 }
 
-/// Whether this CPU and OS run AMX bf16 tiles ([`attn_core::amx::available`]: checked, and on
-/// Linux the tile state requested for the process, once).
+/// Whether this CPU and OS run AMX bf16 tiles ([`attn_core::Isa::Amx`]: checked, and on Linux
+/// the tile state requested for the process, once).
 pub fn available() -> bool {
-    attn_core::amx::available()
+    attn_core::Isa::Amx.is_available()
 }
 
 /// A weight `W` `[n_in, n_out]` split into bf16 `hi` and `lo` and laid out in B tiles: for each

@@ -270,10 +270,10 @@ fn check_convertible(dir: &Path, config: &ModelConfig) -> Result<(), ModelError>
 
 /// Sets how many threads every later model call uses (rayon's global pool, which otherwise
 /// follows `RAYON_NUM_THREADS` or the number of cores), as the attention kernels' own
-/// [`attn_core::fused::set_global_threads`] does: 1 to
-/// [`attn_core::fused::MAX_THREADS`]. Call it once, before the first run.
+/// [`attn_core::set_global_threads`] does: 1 to
+/// [`attn_core::MAX_THREADS`]. Call it once, before the first run.
 pub fn set_threads(threads: usize) -> Result<(), ModelError> {
-    attn_core::fused::set_global_threads(threads).map_err(|e| ModelError::Threads {
+    attn_core::set_global_threads(threads).map_err(|e| ModelError::Threads {
         reason: match e {
             attn_core::AttnError::InvalidOption { reason, .. } => reason,
             other => other.to_string(),

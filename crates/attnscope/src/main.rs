@@ -139,11 +139,11 @@ fn check_rayon_threads(command: &Command) -> anyhow::Result<()> {
     };
     let text = value.to_string_lossy();
     match text.parse::<usize>() {
-        Ok(n) if n <= attn_core::fused::MAX_THREADS => Ok(()),
+        Ok(n) if n <= attn_core::MAX_THREADS => Ok(()),
         _ => anyhow::bail!(
             "RAYON_NUM_THREADS={text}: must be a thread count from 1 to {} (0 or unset: every \
              core)",
-            attn_core::fused::MAX_THREADS
+            attn_core::MAX_THREADS
         ),
     }
 }

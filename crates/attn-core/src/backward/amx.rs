@@ -1,4 +1,4 @@
-//! The AMX lane of the backward pass: its five block products in f32 through [`crate::bf16x`],
+//! The AMX lane of the backward pass: its five block products in f32 through [`crate::cpu::bf16x`],
 //! `Sᵀ = K·Qᵀ`, `dPᵀ = V·dOᵀ` and `dV += Pᵀ·dO` in "bf16x6" ([`PARTS`]: three parts per
 //! value, as the forward pass's f32 products), `dK += dSᵀ·Q` and `dQᵀ += Kᵀ·dSᵀ` in "bf16x3"
 //! ([`PARTS_X3`]: `hi` and `lo`, three tile products each, within `3·2⁻¹⁶|ab| ≈ 4.6e-5·|ab|`
@@ -12,9 +12,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::amx::Tiles;
-use crate::bf16x::{self, TILE, TK, a_at, b_at, split, store_a, store_b};
-use crate::fused::avx512::exp;
+use crate::cpu::amx::Tiles;
+use crate::cpu::avx512::exp;
+use crate::cpu::bf16x::{self, TILE, TK, a_at, b_at, split, store_a, store_b};
 
 /// Parts per value in `dK`'s and `dQ`'s products when the scale allows it: `hi` and `lo`
 /// (bf16x3).
@@ -114,8 +114,8 @@ pub(super) unsafe fn probs_and_grads_packed<const G: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bf16x::tests::{unpack_a, unpack_b};
-    use crate::bf16x::{pack_a, pack_b};
+    use crate::cpu::bf16x::tests::{unpack_a, unpack_b};
+    use crate::cpu::bf16x::{pack_a, pack_b};
 
     /// The fused fast lane writes what the unfused one (P and dS in f32, then [`pack_a`] and
     /// [`pack_b`]) writes, up to the two `exp` implementations (each within 5e-7 relative):
@@ -124,8 +124,8 @@ mod tests {
     #[test]
     fn the_fused_lane_packs_like_the_packers() {
         // `split` needs AVX512_BF16 (and AVX-512F, BW, VL), as the dot products' ISA does.
-        if !crate::fused::Isa::Avx512Bf16.is_available() {
-            crate::not_on_this_cpu("the packing of the AMX backward lane");
+        if !crate::cpu::Isa::Avx512Bf16.is_available() {
+            crate::cpu::not_on_this_cpu("the packing of the AMX backward lane");
             return;
         }
         let (keys, rows) = (64, 96);

@@ -1,14 +1,15 @@
 //! The kernels of the backward pass: `C (+)= A·B` on row-major blocks (with `A` row-major or
 //! packed in panels of [`MR`] rows), and the elementwise steps. Each has a portable build, an
-//! AVX2 one (the forward pass's GEMM, `fused/avx2.rs`) and an AVX-512 one (see `avx512.rs`),
+//! AVX2 one and an AVX-512 one (the forward pass's GEMMs, `cpu/avx2.rs` and `cpu/avx512.rs`),
 //! picked per call by [`Kernels`].
 
+use crate::cpu::Isa;
+use crate::cpu::exp::exp_approx;
 #[cfg(target_arch = "x86_64")]
-use super::avx512;
-use crate::fused::Isa;
+use crate::cpu::{avx2, avx512, gemm};
 
 /// Rows of `C` per register tile of the AVX-512 and AVX2 GEMMs, and rows per panel of a [`Panels`].
-pub(super) const MR: usize = 6;
+pub(super) use crate::cpu::gemm::MR;
 
 /// An `A` operand packed for the GEMM: rows in panels of [`MR`] (the last may hold fewer),
 /// each panel `[cols, panel rows]`, so one column of a panel is contiguous. Panel `r0 / MR`
@@ -135,47 +136,27 @@ impl<'a> MatMut<'a> {
 pub(super) enum Kernels {
     /// Plain Rust, for any CPU.
     Portable,
-    /// AVX2 and FMA: only constructed after the CPU was checked (see [`Kernels::avx2`]).
+    /// AVX2 and FMA: only for an [`Isa`] this CPU runs.
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// AVX-512F: only constructed after the CPU was checked (see [`Kernels::avx512`]).
+    /// AVX-512F: only for an [`Isa`] this CPU runs.
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
 
-#[cfg(target_arch = "x86_64")]
-const _: () = assert!(
-    MR == crate::fused::avx2::MR,
-    "one panel height for both GEMMs"
-);
-
 impl Kernels {
-    /// The kernels for `isa` (`Isa::Amx` implies AVX-512F), the portable ones where the CPU
-    /// lacks what `isa` needs.
+    /// The kernels of `isa` (the bf16 products' ISAs run the AVX-512 ones), which the caller
+    /// made sure this CPU runs (`Isa::require`).
     pub(super) fn for_isa(isa: Isa) -> Kernels {
         match isa {
             Isa::Portable => Kernels::Portable,
-            Isa::Avx2 => Kernels::avx2().unwrap_or(Kernels::Portable),
-            _ => Kernels::avx512().unwrap_or(Kernels::Portable),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Kernels::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            _ => Kernels::Avx512,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => Kernels::Portable,
         }
-    }
-
-    /// The AVX2 build when this CPU has AVX2 and FMA, else `None`.
-    pub(super) fn avx2() -> Option<Kernels> {
-        #[cfg(target_arch = "x86_64")]
-        if Isa::Avx2.is_available() {
-            return Some(Kernels::Avx2);
-        }
-        None
-    }
-
-    /// The AVX-512 build when this CPU has AVX-512F, else `None`.
-    pub(super) fn avx512() -> Option<Kernels> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return Some(Kernels::Avx512);
-        }
-        None
     }
 
     /// `C (+)= A · B`.
@@ -195,19 +176,23 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx512` is only built after the CPU was checked; the views were
             // bounds-checked when made and their shapes agree (above).
-            Kernels::Avx512 => unsafe { avx512::gemm(c, a, b, accumulate) },
-            #[cfg(target_arch = "x86_64")]
-            Kernels::Avx2 => {
-                use crate::fused::avx2;
+            Kernels::Avx512 | Kernels::Avx2 => {
                 let a = match a {
-                    Lhs::Rows(a) => (a.data.as_ptr(), avx2::Lhs::Rows(a.ld)),
-                    Lhs::Panels(a) => (a.data.as_ptr(), avx2::Lhs::Panels),
+                    Lhs::Rows(a) => (a.data.as_ptr(), gemm::Lhs::Rows(a.ld)),
+                    Lhs::Panels(a) => (a.data.as_ptr(), gemm::Lhs::Panels),
                 };
                 let n = c.cols;
                 let (b, c) = ((b.data.as_ptr(), b.ld), (c.data.as_mut_ptr(), c.ld));
-                // SAFETY: as for `Avx512`: the CPU was checked, the views' bounds too, and
-                // their shapes agree.
-                unsafe { avx2::gemm_strided::<f32, false>((m, n, k), a, b, c, accumulate) };
+                // SAFETY: the kernels are only built for an ISA this CPU runs; the views were
+                // bounds-checked when made and their shapes agree (above).
+                unsafe {
+                    match self {
+                        Kernels::Avx512 => avx512::gemm_strided((m, n, k), a, b, c, accumulate),
+                        _ => {
+                            avx2::gemm_strided::<f32, false>((m, n, k), a, b, c, accumulate);
+                        }
+                    }
+                }
             }
             Kernels::Portable => gemm_portable(c, a, b, accumulate),
         }
@@ -222,13 +207,23 @@ impl Kernels {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: see `gemm`.
-            Kernels::Avx512 => unsafe { avx512::probs_and_grads(s, dp, lse, delta) },
+            Kernels::Avx512 => unsafe { probs_and_grads_avx512(s, dp, lse, delta) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: see `gemm`.
             Kernels::Avx2 => unsafe { probs_and_grads_avx2(s, dp, lse, delta) },
             Kernels::Portable => probs_and_grads_body(s, dp, lse, delta),
         }
     }
+}
+
+/// [`probs_and_grads_body`] vectorised 16 lanes wide.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn probs_and_grads_avx512(s: &mut [f32], dp: &mut [f32], lse: &[f32], delta: &[f32]) {
+    probs_and_grads_body(s, dp, lse, delta);
 }
 
 /// [`probs_and_grads_body`] vectorised 8 lanes wide.
@@ -265,36 +260,6 @@ fn gemm_portable(c: MatMut<'_>, a: Lhs<'_>, b: Mat<'_>, accumulate: bool) {
     }
 }
 
-/// `e^x` without a branch or a call, so loops over it vectorise: `e^x = 2^n · 2^f` with
-/// `x·log₂e = n + f`, `|f| ≤ ½`, `2^f` from Cephes' `exp2f` polynomial
-/// (<https://netlib.org/cephes/>, `exp2f.c`, relative error 1.7e-7), `2^n` built in the exponent
-/// bits. Below `2^-126` (and for `−∞`) it returns 0.
-#[inline(always)]
-pub(super) fn exp_approx(x: f32) -> f32 {
-    // 1.5·2²³: adding it rounds to an integer, which then sits in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    let t = x * std::f32::consts::LOG2_E;
-    let underflow = t < -126.0;
-    let t = if underflow { -126.0 } else { t.min(127.0) };
-    let big = t + ROUND;
-    let n = big - ROUND;
-    let f = t - n;
-    let mut p = 1.535_336_2e-4f32;
-    for c in [
-        1.339_887_4e-3,
-        9.618_437e-3,
-        5.550_332_5e-2,
-        2.402_264_8e-1,
-        6.931_472e-1,
-    ] {
-        p = p * f + c;
-    }
-    let p = p * f + 1.0;
-    let n_int = big.to_bits().wrapping_sub(ROUND.to_bits());
-    let pow2 = f32::from_bits(n_int.wrapping_add(127) << 23);
-    if underflow { 0.0 } else { p * pow2 }
-}
-
 /// The body of [`Kernels::probs_and_grads`], written so the compiler vectorises it (the
 /// AVX-512 build compiles the same body with the feature on).
 #[inline(always)]
@@ -312,27 +277,13 @@ pub(super) fn probs_and_grads_body(s: &mut [f32], dp: &mut [f32], lse: &[f32], d
 mod tests {
     use super::*;
 
-    #[test]
-    fn exp_approx_matches_exp() {
-        // The polynomial's own error is 1.7e-7 relative, rounding adds a few ulps, and
-        // rounding t = x·log₂e to f32 moves 2^t by up to |t|·2⁻²⁴·ln 2 < 1e-7·|x| relative
-        // (large |x| only arise for probabilities far below any that matter).
-        for i in -2000..=200 {
-            let x = i as f32 * 0.05;
-            let (got, want) = (exp_approx(x), x.exp());
-            // Below 2^-126 the result may flush to 0.
-            let tol = (4e-7 + 1e-7 * x.abs()) * want + f32::MIN_POSITIVE;
-            assert!((got - want).abs() <= tol, "e^{x}: got {got}, want {want}");
-        }
-        assert_eq!(exp_approx(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_approx(-100.0), 0.0);
-    }
-
     /// Both builds of the GEMM against f64 sums, on shapes that leave partial row and column
     /// tiles, with strides wider than the rows, replacing and accumulating.
     #[test]
     fn gemm_builds_match_f64() {
-        let builds = [Some(Kernels::Portable), Kernels::avx2(), Kernels::avx512()];
+        let builds: Vec<Kernels> = (crate::cpu::available_isas().into_iter())
+            .map(Kernels::for_isa)
+            .collect();
         for (m, n, k) in [
             (1, 1, 1),
             (7, 70, 5),
@@ -351,10 +302,7 @@ mod tests {
                 Lhs::Rows(Mat::new(&a, m, k, lda)),
                 Lhs::Panels(Panels::new(&panels, m, k)),
             ];
-            let runs = builds
-                .into_iter()
-                .flatten()
-                .flat_map(|b| lhs.map(|l| (b, l)));
+            let runs = builds.iter().flat_map(|&b| lhs.map(|l| (b, l)));
             for (accumulate, (kern, lhs)) in runs.flat_map(|r| [(false, r), (true, r)]) {
                 let mut c = c0.clone();
                 let cm = MatMut {
@@ -412,7 +360,10 @@ mod tests {
             assert!((f64::from(ds[c]) - want_ds).abs() <= 1e-6, "dS at {c}");
         }
         assert_eq!((p[5], ds[5]), (0.0, 0.0), "lse +∞ gives P = 0");
-        for kern in [Kernels::avx2(), Kernels::avx512()].into_iter().flatten() {
+        for kern in crate::cpu::available_isas()
+            .into_iter()
+            .map(Kernels::for_isa)
+        {
             assert_eq!(
                 run(kern),
                 (p.clone(), ds.clone()),

@@ -16,10 +16,11 @@ use rayon::prelude::*;
 
 use super::kernels::Kernels;
 use super::{LSE_BOUND, row_deltas, validate};
-use crate::fused::Isa;
-use crate::mask::key_range;
-use crate::shape::FiniteBits;
-use crate::{AttnError, AttnInput, AttnOptions, FloatMask};
+use crate::cpu::{FiniteBits, Isa, max_keeping_nan};
+use crate::error::AttnError;
+use crate::mask::{FloatMask, key_range};
+use crate::options::AttnOptions;
+use crate::shape::AttnInput;
 
 /// Query rows per block: few enough for [`Isa::gemm_abt`]'s kernel, which reads the keys as
 /// they are stored.
@@ -254,7 +255,7 @@ impl Pass<'_> {
         // The scores as the forward pass finishes them: scaled, then the rules.
         let scores = &mut s[lo..hi];
         scores.iter_mut().for_each(|x| *x *= scale);
-        opt.apply_rules((b, h, i), offset, lo, scores);
+        opt.apply_rules(self.isa, (b, h, i), offset, lo, scores);
         if let Some(d) = opt.dropout {
             for (j, x) in (lo..hi).zip(&mut dp[lo..hi]) {
                 *x = d.apply(*x, b, h, i, j);
@@ -266,10 +267,7 @@ impl Pass<'_> {
         if lse.abs() <= LSE_BOUND {
             self.kernels.probs_and_grads(p, ds, lse_row, delta_row);
         } else {
-            let max = p
-                .iter()
-                .copied()
-                .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
+            let max = p.iter().copied().fold(f32::NEG_INFINITY, max_keeping_nan);
             let sum: f32 = p.iter().map(|&x| (x - max).exp()).sum();
             for (p, ds) in p.iter_mut().zip(ds.iter_mut()) {
                 *p = (*p - max).exp() / sum;

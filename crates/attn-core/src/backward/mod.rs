@@ -50,8 +50,6 @@
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 mod kernels;
 mod mask_grad;
 mod reference;
@@ -64,13 +62,15 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use crate::aligned::Aligned;
+use crate::cpu::aligned::{Aligned, zeros_written};
 #[cfg(target_arch = "x86_64")]
-use crate::bf16x;
-use crate::fused::{F32_SCORE_BOUND, Isa, max_norm};
+use crate::cpu::bf16x;
+use crate::cpu::{FiniteBits, Isa, max_keeping_nan};
+use crate::error::AttnError;
+use crate::fused::F32_SCORE_BOUND;
 use crate::mask::key_range;
-use crate::shape::{FiniteBits, check_finite, check_len};
-use crate::{AttnError, AttnInput, AttnOptions, AttnShape, zeros_written};
+use crate::options::AttnOptions;
+use crate::shape::{AttnInput, AttnShape, check_finite, check_len};
 #[cfg(target_arch = "x86_64")]
 use amx::{PARTS, PARTS_X3};
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
@@ -245,15 +245,15 @@ struct Norms {
 }
 
 impl Norms {
-    fn of(input: &AttnInput<'_>, dout: &[f32]) -> Norms {
+    fn of(isa: Isa, input: &AttnInput<'_>, dout: &[f32]) -> Norms {
         let sh = input.shape;
         let norm = |x: &[f32], width: usize| {
             if width == 0 {
                 return 0.0;
             }
             x.par_chunks(width * 1024)
-                .map(|rows| max_norm(rows, width))
-                .reduce(|| 0.0, crate::max_keeping_nan)
+                .map(|rows| isa.max_norm(rows, width))
+                .reduce(|| 0.0, max_keeping_nan)
         };
         Norms {
             q: norm(input.q, sh.head_dim),
@@ -355,7 +355,7 @@ pub fn sdpa_backward_with(
     validate(input, options, Some((out, lse)), dout)?;
     isa.require()?;
     let sh = input.shape;
-    let (scale, norms) = (options.scale_for(&sh), Norms::of(input, dout));
+    let (scale, norms) = (options.scale_for(&sh), Norms::of(isa, input, dout));
     if !norms.moderate(scale) {
         return sdpa_backward_reference(input, options, dout);
     }
@@ -384,6 +384,7 @@ pub fn sdpa_backward_with(
         by_key: options.alibi.is_none()
             && (options.float_mask.as_ref()).is_none_or(|m| m.dims()[2] == 1)
             && (options.bool_mask.as_ref()).is_none_or(|m| m.dims()[2] == 1),
+        isa,
         kernels,
         amx: cfg!(target_arch = "x86_64")
             && isa == Isa::Amx
@@ -483,6 +484,7 @@ struct Plan<'a> {
     /// Whether those rules are the same for every query (key padding, masks of one row for all
     /// queries, no ALiBi): whole blocks then keep the fast lane ([`Plan::key_rules`]).
     by_key: bool,
+    isa: Isa,
     kernels: Kernels,
     /// Whether whole blocks take the AMX products (`amx.rs`).
     amx: bool,
@@ -661,17 +663,6 @@ fn transpose(src: &[f32], (rows, cols): (usize, usize), dst: &mut [f32]) {
     }
 }
 
-/// Transposes `src` (`[rows, width]`) block by block into `dst`: rows `ib·block..` become
-/// block `ib`, `[width, n]` (`n` rows in the block), at `ib·block·width`.
-fn transpose_blocks(src: &[f32], width: usize, block: usize, dst: &mut [f32]) {
-    if width == 0 {
-        return;
-    }
-    for (src, dst) in src.chunks(block * width).zip(dst.chunks_mut(block * width)) {
-        transpose(src, (src.len() / width, width), dst);
-    }
-}
-
 impl Plan<'_> {
     /// Task `chunk` of `chunks` for batch × key/value head `bkv`: key blocks
     /// `chunk, chunk + chunks, …` (interleaved, so causal work spreads evenly). Adds the `dQ`
@@ -693,7 +684,7 @@ impl Plan<'_> {
             .collect();
         // The tile registers are configured for this thread while the guard lives.
         let tiles = if self.amx {
-            crate::amx::Tiles::configure()
+            crate::cpu::amx::Tiles::configure()
         } else {
             None
         };
@@ -885,10 +876,12 @@ impl Plan<'_> {
         for (x, &y) in q.iter_mut().zip(&self.q[row0 * d..][..l_n * d]) {
             *x = y * self.scale;
         }
-        transpose_blocks(q, d, BLOCK_Q, qh.qt.get(l_n * d));
+        self.isa
+            .transpose_blocks(q, (d, BLOCK_Q), qh.qt.get(l_n * d));
         let dout = qh.dout.get(l_n * dv);
         dout.copy_from_slice(&self.dout[row0 * dv..][..l_n * dv]);
-        transpose_blocks(dout, dv, BLOCK_Q, qh.dot.get(l_n * dv));
+        self.isa
+            .transpose_blocks(dout, (dv, BLOCK_Q), qh.dot.get(l_n * dv));
         qh.dqt.get(l_n * d).fill(0.0);
         qh.lse.clear();
         qh.lse.extend(self.lse[row0..][..l_n].iter().map(|&x| {
@@ -923,7 +916,7 @@ impl Plan<'_> {
         &self,
         (b, h): (usize, usize),
         (i0, jb): (usize, usize),
-        tiles: Option<&crate::amx::Tiles>,
+        tiles: Option<&crate::cpu::amx::Tiles>,
         scratch: &mut Scratch,
     ) {
         let sh = self.sh;
@@ -1178,7 +1171,7 @@ impl Plan<'_> {
     fn mask_row(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
         let opt = self.opt;
         if self.extras {
-            opt.apply_extras((b, h, i), self.offset, j0, row);
+            opt.apply_extras(self.isa, (b, h, i), self.offset, j0, row);
         }
         let (lo, hi) = key_range(opt.causal, opt.window, self.offset, i, self.sh.seq_kv);
         let end = j0 + row.len();

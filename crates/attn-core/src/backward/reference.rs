@@ -98,7 +98,7 @@ pub(super) fn add_rows(
         let max = (0..s_n)
             .filter(|&j| vis[j])
             .map(|j| s[j])
-            .fold(f32::NEG_INFINITY, crate::max_keeping_nan);
+            .fold(f32::NEG_INFINITY, crate::cpu::max_keeping_nan);
         if max == f32::NEG_INFINITY {
             continue; // nothing visible: the output is 0 whatever the inputs
         }

@@ -1,19 +1,19 @@
 //! The AMX path of the fused kernel ([`Isa::Amx`]): both GEMMs of the online softmax on AMX
-//! tiles ([`crate::amx`]), the softmax itself in f32 on AVX-512, as FlashAttention-2 (Dao 2023,
+//! tiles ([`crate::cpu::amx`]), the softmax itself in f32 on AVX-512, as FlashAttention-2 (Dao 2023,
 //! <https://arxiv.org/abs/2307.08691>) does on tensor cores and PyTorch's CPU flash attention
 //! does through oneDNN. On [`Isa::Avx512Bf16`] bf16 inputs take this path with AVX512_BF16 dot
-//! products in place of the tiles ([`Products::Dot`], `crate::bf16dot`), reading the same
+//! products in place of the tiles ([`Products::Dot`], `crate::cpu::bf16dot`), reading the same
 //! packed operands: every step and bound below holds for them as for the tiles.
 //!
 //! bf16 inputs multiply as they are. f32 inputs multiply in three bf16 parts each ("bf16x6",
-//! [`crate::bf16x`]): six tile products per product, within `5·2⁻²⁴|ab|` (a few f32
+//! [`crate::cpu::bf16x`]): six tile products per product, within `5·2⁻²⁴|ab|` (a few f32
 //! roundings), at about twice the speed of the FMA kernels; heads whose scores could be large
 //! enough for that to move a weight by more than 2e-5 take the FMA kernels
 //! ([`F32_SCORE_BOUND`]).
 //!
 //! Each key/value head is packed once for all the query blocks of its query heads, keys as the
 //! B operand of `S = Q·Kᵀ` and values as the B operand of `O += P·V` (VNNI pairs, [`PackedB`],
-//! or the B layout of [`crate::bf16x`], in the halves order of the f32 weights,
+//! or the B layout of [`crate::cpu::bf16x`], in the halves order of the f32 weights,
 //! [`bf16x::pack_b_halves`]). Then, for each block of
 //! query rows, key chunk by key chunk (about 1.5 MiB of packed keys and values, which stay in
 //! the L2 cache while every group of 32 rows of the block reads them), and for each group and
@@ -64,13 +64,18 @@ use std::mem::MaybeUninit;
 
 use half::bf16;
 
-use super::{BlockOut, Isa, Plan, Src, ValueScale};
-use crate::aligned::Aligned;
-use crate::amx::{self, BLOCK, PackedB, Products, Tiles};
+use super::{BlockOut, Plan, Src, ValueScale};
+use crate::cpu::Isa;
+use crate::cpu::aligned::Aligned;
+use crate::cpu::amx::{self, BLOCK, PackedB, Products, Tiles};
 use crate::mask::key_range;
 
 #[cfg(target_arch = "x86_64")]
-use crate::bf16x::{self, TILE, TK};
+use crate::cpu::avx512;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::bf16x::{self, TILE, TK};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::exp::{EXP2_DEGREE_4, EXP2_DEGREE_5};
 
 /// Keys per score tile (32 rows × 256 keys of f32 scores, 32 KiB; their bf16 weights, 16 KiB):
 /// longer blocks mean fewer loads and stores of the accumulator tiles per `P·V` product.
@@ -95,7 +100,7 @@ const KV_CHUNK_BYTES: usize = 3 << 19;
 /// costs about as much as a few query rows' attention, so a decoding step (one row) does not.
 const AMX_F32_MIN_ROWS: usize = 32;
 
-/// Parts per f32 value ([`crate::bf16x`]).
+/// Parts per f32 value ([`crate::cpu::bf16x`]).
 const PARTS: usize = 3;
 
 /// The largest score bound (`|scale|·max‖q‖·max‖k‖`) of an f32 head on the tiles. The split
@@ -121,7 +126,7 @@ pub(super) enum AmxHead<'a> {
         /// `V`, the B of `P·V`: `[seq_kv, value_dim]`.
         v: PackedB,
     },
-    /// Operands in three bf16 parts, in the layouts of [`crate::bf16x`].
+    /// Operands in three bf16 parts, in the layouts of [`crate::cpu::bf16x`].
     F32 {
         /// All queries of the call, `[batch, n_heads, seq_q, head_dim]`.
         q: &'a [f32],
@@ -242,7 +247,7 @@ impl<'a> Plan<'a> {
                 if self.sh.seq_q < AMX_F32_MIN_ROWS {
                     return None;
                 }
-                let norm = max_norm(&k[head * d..][..s_n * d], d);
+                let norm = self.isa.max_norm(&k[head * d..][..s_n * d], d);
                 norm.is_finite().then_some(norm)
             }
         }
@@ -258,7 +263,7 @@ impl<'a> Plan<'a> {
                 let (l_n, d) = (self.sh.seq_q, self.sh.head_dim);
                 let q_head = &q[(b * self.sh.n_heads + h) * l_n * d..][..l_n * d];
                 // NaN and ∞ give a NaN or ∞ norm, which fails both bounds.
-                let qk = max_norm(q_head, d) * key_norm;
+                let qk = self.isa.max_norm(q_head, d) * key_norm;
                 qk < F32_MAGNITUDE_BOUND && self.scale.abs() * qk <= F32_SCORE_BOUND
             }
         }
@@ -282,8 +287,8 @@ impl<'a> Plan<'a> {
                 });
                 Some(AmxHead::Bf16 {
                     q,
-                    k: PackedB::from_transposed(&k[head * d..][..s_n * d], s_n, d),
-                    v: PackedB::from_rows(&v, s_n, dv),
+                    k: PackedB::from_transposed(&k[head * d..][..s_n * d], (s_n, d), self.isa),
+                    v: PackedB::from_rows(&v, (s_n, dv), self.isa),
                 })
             }
             Src::F32 { q, k, v } => {
@@ -757,7 +762,19 @@ impl WeightsRow<'_> {
     /// up to a whole tile (zeroed here past the keys).
     fn set(&mut self, row: &mut [f32]) {
         match self {
-            WeightsRow::Bf16(p, keys) => round_to_bf16(&row[..*keys], &mut p[..*keys]),
+            WeightsRow::Bf16(p, keys) => {
+                let (row, p) = (&row[..*keys], &mut p[..*keys]);
+                // SAFETY: the bf16 products' ISAs have AVX-512F, BW, VL and AVX512_BF16; the
+                // lengths agree.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    avx512::round_to_bf16(row, p)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                p.iter_mut()
+                    .zip(row)
+                    .for_each(|(p, &x)| *p = bf16::from_f32(x));
+            }
             #[cfg(target_arch = "x86_64")]
             WeightsRow::F32(parts, keys) => {
                 row[*keys..].fill(0.0);
@@ -765,68 +782,6 @@ impl WeightsRow<'_> {
             }
         }
     }
-}
-
-/// The largest Euclidean norm of the rows of `x` (`[rows, width]`), rounded up past what the
-/// squares lose to underflow; 0 without rows, NaN or ∞ when `x` holds NaN or ∞.
-///
-/// The squares of values under 2^-75 underflow: each loses up to 2^-149 of its row's sum, so
-/// `width · 2^-149` is added to the largest sum. Without it a head of keys of 1e-30 had norm 0
-/// and passed every bound, whatever the scale (1e30 made its scores 1e10 on the tiles).
-pub(crate) fn max_norm(x: &[f32], width: usize) -> f32 {
-    if x.is_empty() {
-        return 0.0;
-    }
-    let lost = width as f32 * f32::from_bits(1);
-    (max_square_sum(x, width) + lost).sqrt()
-}
-
-/// The largest sum of squares of the rows of `x` (`[rows, width]`, at least one); NaN or ∞ when
-/// `x` holds NaN or ∞.
-fn max_square_sum(x: &[f32], width: usize) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F is available (checked just above).
-        return unsafe { max_square_sum_avx512(x, width) };
-    }
-    let mut max = 0.0f32;
-    for row in x.chunks_exact(width) {
-        let sq: f32 = row.iter().map(|v| v * v).sum();
-        // `f32::max` would drop a NaN.
-        if sq.is_nan() {
-            return sq;
-        }
-        max = max.max(sq);
-    }
-    max
-}
-
-/// # Safety
-/// AVX-512F must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn max_square_sum_avx512(x: &[f32], width: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut max = 0.0f32;
-    let tail = ((1u32 << (width % 16)) - 1) as __mmask16;
-    for row in x.chunks_exact(width) {
-        let mut sq = _mm512_setzero_ps();
-        let mut chunks = row.chunks_exact(16);
-        for chunk in &mut chunks {
-            // SAFETY: 16 values of `row`.
-            let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
-            sq = _mm512_fmadd_ps(v, v, sq);
-        }
-        // SAFETY: the lanes of `tail` lie inside the remainder.
-        let v = unsafe { _mm512_maskz_loadu_ps(tail, chunks.remainder().as_ptr()) };
-        let sq = _mm512_reduce_add_ps(_mm512_fmadd_ps(v, v, sq));
-        // `f32::max` would drop a NaN.
-        if sq.is_nan() {
-            return sq;
-        }
-        max = max.max(sq);
-    }
-    max
 }
 
 /// Keys `[seq_kv, head_dim]` and values `[seq_kv, value_dim]` of one head as `Kᵀ` and `V` in
@@ -865,52 +820,14 @@ fn pack_f32_head(
 fn row_max(row: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F.
-        unsafe { row_max_avx512(row) }
+        // SAFETY: this runs only on the bf16 products' ISAs, which have AVX-512F.
+        unsafe { avx512::row_max(row) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = row;
         f32::NAN
     }
-}
-
-/// # Safety
-/// AVX-512F must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_max_avx512(row: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = row.len();
-    let whole = n / 32 * 32;
-    let (lo, hi) = tail_masks(n - whole);
-    let row = row.as_ptr();
-    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    // SAFETY: whole 32-value chunks lie inside `row`, the tail's lanes are masked to what is
-    // left of it.
-    let (mut max0, mut max1) = unsafe {
-        (
-            _mm512_mask_loadu_ps(ninf, lo, row.add(whole)),
-            _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16)),
-        )
-    };
-    for i in (0..whole).step_by(32) {
-        unsafe {
-            max0 = _mm512_max_ps(max0, _mm512_loadu_ps(row.add(i)));
-            max1 = _mm512_max_ps(max1, _mm512_loadu_ps(row.add(i + 16)));
-        }
-    }
-    _mm512_reduce_max_ps(_mm512_max_ps(max0, max1))
-}
-
-/// The lane masks of the two 16-lane halves of a tail of `tail < 32` values.
-#[cfg(target_arch = "x86_64")]
-fn tail_masks(tail: usize) -> (u16, u16) {
-    let tail = tail as u32;
-    (
-        ((1u32 << tail.min(16)) - 1) as u16,
-        ((1u32 << tail.saturating_sub(16)) - 1) as u16,
-    )
 }
 
 /// The largest `scale·s − m` a block's scores may reach over their row's running max `m` and
@@ -977,13 +894,9 @@ fn softmax_step_plain(
     assert_eq!(row.len(), p.len());
     #[cfg(target_arch = "x86_64")]
     {
-        if !std::arch::is_x86_feature_detected!("avx512dq") {
-            return None;
-        }
         lazy_step(raw_max, scale, state, |m| {
-            // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
-            // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths
-            // agree (checked above).
+            // SAFETY: this runs only on the bf16 products' ISAs, which have AVX-512F, DQ, BW,
+            // VL and AVX512_BF16; the lengths agree (checked above).
             unsafe {
                 match hidden {
                     true => exps_plain_avx512::<true>(row, scale, m, p),
@@ -1040,7 +953,7 @@ unsafe fn exps_plain_avx512<const HIDDEN: bool>(
     // Whole 32-value chunks, then a masked tail of up to 32 in two 16-lane halves.
     let whole = n / 32 * 32;
     let tail = n - whole;
-    let (lo, hi) = tail_masks(tail);
+    let (lo, hi) = (avx512::lanes(whole, n), avx512::lanes(whole + 16, n));
     let (row, p) = (row.as_ptr(), p.as_mut_ptr());
     // e^(scale·s − m) = 2^t with t = (scale·s − m)·log₂e: `scale·s` rounded first, as `m` is
     // the rounded `scale·max s`, so the largest score's exponent is exactly 0 whatever the
@@ -1063,11 +976,11 @@ unsafe fn exps_plain_avx512<const HIDDEN: bool>(
             );
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
-            let e0 = exp2::<HIDDEN, 4>(
+            let e0 = avx512::exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s0, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
-            let e1 = exp2::<HIDDEN, 4>(
+            let e1 = avx512::exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s1, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
@@ -1084,11 +997,11 @@ unsafe fn exps_plain_avx512<const HIDDEN: bool>(
             let s1 = _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16));
             max0 = _mm512_max_ps(max0, s0);
             max1 = _mm512_max_ps(max1, s1);
-            let e0 = exp2::<HIDDEN, 4>(
+            let e0 = avx512::exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s0, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
-            let e1 = exp2::<HIDDEN, 4>(
+            let e1 = avx512::exp2::<HIDDEN, 4>(
                 _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s1, c), mc), log2e),
                 EXP2_DEGREE_4,
             );
@@ -1127,16 +1040,12 @@ fn softmax_step_parts(
         parts.fill(0);
         return Some(None);
     }
-    if !std::arch::is_x86_feature_detected!("avx512dq") {
-        return None;
-    }
     let (first, last) = (a / 32 * 32, b.next_multiple_of(32));
     parts[..PARTS * first].fill(0);
     parts[PARTS * last..].fill(0);
     lazy_step(raw_max, scale, state, |m| {
-        // SAFETY: this runs only on the AMX path, whose ISA check includes AVX-512F,
-        // AVX512_BF16, AVX512BW and AVX512VL, and AVX512DQ is checked above; the lengths agree
-        // (checked above).
+        // SAFETY: this runs only on the bf16 products' ISAs, which have AVX-512F, DQ, BW, VL
+        // and AVX512_BF16; the lengths agree (checked above).
         unsafe {
             match hidden {
                 true => exps_parts_avx512::<true>(row, (a, b), scale, m, parts),
@@ -1177,7 +1086,7 @@ unsafe fn exps_parts_avx512<const HIDDEN: bool>(
             let s = _mm512_mask_loadu_ps(ninf, mask, row.as_ptr().add(at));
             let t = _mm512_mul_ps(_mm512_fmsub_ps(s, c, mc), log2e);
             (
-                _mm512_maskz_mov_ps(mask, exp2::<HIDDEN, 5>(t, EXP2_DEGREE_5)),
+                _mm512_maskz_mov_ps(mask, avx512::exp2::<HIDDEN, 5>(t, EXP2_DEGREE_5)),
                 s,
             )
         }
@@ -1247,7 +1156,7 @@ unsafe fn split_weights_avx512(row: &[f32], parts: &mut [u16]) {
 /// The split is by truncation: part 0 is `x` with its low 16 bits cleared, part 1 the same of
 /// `x − part 0`, and part 2 `x − part 0 − part 1`, which has at most 8 significant bits (its
 /// low 16 bits are zero). So the parts sum to `x` exactly (each subtraction is
-/// exact), unlike the nearest-even split of [`crate::bf16x`]; parts 1 and 2 are below
+/// exact), unlike the nearest-even split of [`crate::cpu::bf16x`]; parts 1 and 2 are below
 /// `2⁻⁷|x|` and `2⁻¹⁴|x|`, so the products `bf16x::gemm` drops (`p₁v₂ ≤ 2⁻²³`,
 /// `p₂v₁ ≤ 2⁻²²`) and the values' own split (`2⁻²⁴`) move `P·V` by at most 4.2e-7 of
 /// `Σ p·|v|`.
@@ -1276,158 +1185,15 @@ unsafe fn store_parts(x0: std::arch::x86_64::__m512, x1: std::arch::x86_64::__m5
     }
 }
 
-/// The coefficients `c₁, c₂, …` of `2^f ≈ 1 + f·(c₁ + f·(c₂ + …))` on `[0, 1)` for [`exp2`],
-/// highest degree first: minimax in relative error with the constant fixed at 1. Degree 4
-/// (Remez exchange): 2.90e-6, 2.95e-6 with the f32 coefficients and f32 fused multiply-adds;
-/// enough for weights that end up in bf16 (8 significant bits).
-const EXP2_DEGREE_4: [f32; 4] = [1.342_668_4e-2, 5.224_247_3e-2, 2.412_802e-1, 6.930_448_4e-1];
-
-/// Degree 5 (Lawson's iteration): 1.7e-7 in f32, for f32 weights.
-pub(super) const EXP2_DEGREE_5: [f32; 5] = [
-    1.867_130_3e-3,
-    9.017_03e-3,
-    5.579_991_3e-2,
-    2.401_644_4e-1,
-    6.931_513e-1,
-];
-
-/// `2^t` for 16 lanes and `t ≤ 8` (`MAX_HEADROOM·log₂e` is 7.9; a block's pass that is redone
-/// may overflow to ∞) with the polynomial `c` (`EXP2_DEGREE_4`: relative error ≤ 3e-6,
-/// `EXP2_DEGREE_5`: ≤ 2e-7, both checked for `−125 ≤ t ≤ 8` in the tests): `t = n + f` with
-/// `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by the polynomial, times `2^n`
-/// (`VSCALEFPS`, which takes `⌊t⌋` itself). The row's sum, and so the
-/// log-sum-exp, moves by at most the same relative error.
-///
-/// Below −125 the result is 2^-125 (not 0): rows with no hidden keys take it, as a weight of
-/// 2^-125 ≈ 2e-38 is 0 to every tolerance while staying clear of subnormals, which cost a
-/// microcode assist each. With `HIDDEN` (rows whose masks hide keys inside their range: −∞)
-/// it is 0, at one compare more.
-///
-/// # Safety
-/// AVX-512F and AVX512DQ must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq")]
-#[inline]
-pub(super) unsafe fn exp2<const HIDDEN: bool, const N: usize>(
-    t: std::arch::x86_64::__m512,
-    c: [f32; N],
-) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    let floor = _mm512_set1_ps(-125.0);
-    // Lanes that stay: all, or with `HIDDEN` those not below −125 (NaN stays, to be found).
-    let keep = match HIDDEN {
-        true => _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, floor),
-        false => !0,
-    };
-    let t = _mm512_max_ps(floor, t);
-    // imm8 = 0x09: keep 0 fraction bits, round down, no precision exception.
-    let f = _mm512_reduce_ps::<0x09>(t);
-    let mut p = _mm512_set1_ps(c[0]);
-    for &c in &c[1..] {
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-    }
-    let p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
-    _mm512_maskz_scalef_ps(keep, p, t)
-}
-
-/// `dst = src` rounded to bf16, nearest even.
-#[cfg(target_arch = "x86_64")]
-fn round_to_bf16(src: &[f32], dst: &mut [bf16]) {
-    assert_eq!(src.len(), dst.len());
-    // SAFETY: this runs only on the AMX path, whose ISA check includes AVX512_BF16, AVX512BW
-    // and AVX512VL; the lengths agree (checked above).
-    unsafe { round_to_bf16_avx512(src, dst) }
-}
-
-/// `dst = src` rounded to bf16, nearest even.
-#[cfg(not(target_arch = "x86_64"))]
-fn round_to_bf16(src: &[f32], dst: &mut [bf16]) {
-    for (d, &x) in dst.iter_mut().zip(src) {
-        *d = bf16::from_f32(x);
-    }
-}
-
-/// # Safety
-/// AVX-512F, AVX512_BF16, AVX512BW and AVX512VL must be available; `dst.len() == src.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
-unsafe fn round_to_bf16_avx512(src: &[f32], dst: &mut [bf16]) {
-    use std::arch::x86_64::*;
-    let n = src.len();
-    for i in (0..n).step_by(16) {
-        let mask = ((1u32 << (n - i).min(16)) - 1) as __mmask16;
-        // SAFETY: the lanes of `mask` lie inside both slices.
-        unsafe {
-            let x = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
-            let y: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
-            _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), mask, y);
-        }
-    }
-}
-
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
 
-    /// Whether this CPU runs the fused steps (AVX512_BF16, which the tiles' ISA and the dot
-    /// products' both have, and AVX512DQ); the tests of their kernels check nothing on other
+    /// Whether this CPU runs the fused steps (what the tiles' ISA and the dot products' both
+    /// have); the tests of their kernels check nothing on other
     /// CPUs, which never run them.
     fn fused_step_runs() -> bool {
-        Isa::Avx512Bf16.is_available() && std::arch::is_x86_feature_detected!("avx512dq")
-    }
-
-    #[test]
-    fn exp2_is_within_its_bound() {
-        if !fused_step_runs() {
-            crate::not_on_this_cpu("the fused steps of the bf16 products");
-            return;
-        }
-        /// The worst relative error of `2^t` by the polynomial `c` on every 2^-12 from −125
-        /// to 8 (544 769 values, 16 per call), against f64, the same with `HIDDEN`; and that
-        /// below −125 the result stays at 2^-125, clear of the subnormals, or with `HIDDEN` is
-        /// 0 (−∞ too), while NaN stays NaN.
-        fn worst<const N: usize>(c: [f32; N]) -> f64 {
-            let ts: Vec<f32> = (-8 * 4096..=125 * 4096)
-                .map(|i| -(i as f32) / 4096.0)
-                .collect();
-            let mut worst = 0.0f64;
-            for chunk in ts.chunks(16) {
-                let mut t = [0.0f32; 16];
-                t[..chunk.len()].copy_from_slice(chunk);
-                let (mut got, mut hidden) = ([0.0f32; 16], [0.0f32; 16]);
-                // SAFETY: the features are checked by the caller.
-                unsafe {
-                    use std::arch::x86_64::*;
-                    let t = _mm512_loadu_ps(t.as_ptr());
-                    _mm512_storeu_ps(got.as_mut_ptr(), exp2::<false, N>(t, c));
-                    _mm512_storeu_ps(hidden.as_mut_ptr(), exp2::<true, N>(t, c));
-                }
-                assert_eq!(got, hidden);
-                for (&t, &g) in chunk.iter().zip(&got) {
-                    let want = 2f64.powf(f64::from(t));
-                    worst = worst.max((f64::from(g) / want - 1.0).abs());
-                }
-            }
-            let (mut got, mut hidden) = ([0.0f32; 16], [0.0f32; 16]);
-            let t = [-1e4, f32::NEG_INFINITY, -125.5, f32::NAN].repeat(4);
-            // SAFETY: as above.
-            unsafe {
-                use std::arch::x86_64::*;
-                let t = _mm512_loadu_ps(t.as_ptr());
-                _mm512_storeu_ps(got.as_mut_ptr(), exp2::<false, N>(t, c));
-                _mm512_storeu_ps(hidden.as_mut_ptr(), exp2::<true, N>(t, c));
-            }
-            for ((&t, &g), &h) in t.iter().zip(&got).zip(&hidden) {
-                match t.is_nan() {
-                    true => assert!(g.is_nan() && h.is_nan(), "{t}: {g}, {h}"),
-                    false => assert!(g == 2f32.powi(-125) && h == 0.0, "{t}: {g}, {h}"),
-                }
-            }
-            worst
-        }
-        let (four, five) = (worst(EXP2_DEGREE_4), worst(EXP2_DEGREE_5));
-        assert!(four <= 3e-6, "degree 4: worst relative error {four:e}");
-        assert!(five <= 2e-7, "degree 5: worst relative error {five:e}");
+        Isa::Avx512Bf16.is_available()
     }
 
     /// The value of bf16 bits.
@@ -1450,7 +1216,7 @@ mod tests {
     #[test]
     fn weights_split_exactly_into_three_parts() {
         if !fused_step_runs() {
-            crate::not_on_this_cpu("the fused steps of the bf16 products");
+            crate::cpu::not_on_this_cpu("the fused steps of the bf16 products");
             return;
         }
         // Weights from 1 down to 2^-38, with full, short and arbitrary mantissas.
@@ -1472,7 +1238,7 @@ mod tests {
     #[test]
     fn fused_parts_step_matches_f64() {
         if !fused_step_runs() {
-            crate::not_on_this_cpu("the fused steps of the bf16 products");
+            crate::cpu::not_on_this_cpu("the fused steps of the bf16 products");
             return;
         }
         // Visible ranges inside one chunk, across chunks, at the ends, and empty; a running
@@ -1542,69 +1308,9 @@ mod tests {
     }
 
     #[test]
-    fn max_norm_finds_the_longest_row_and_keeps_nan() {
-        // Rows of 20 values (a 16-lane chunk and a tail); the longest is row 1.
-        let mut x = vec![0.0f32; 3 * 20];
-        x[3] = 3.0;
-        x[20 + 17] = -12.0;
-        x[20 + 2] = 5.0;
-        x[40 + 19] = 1.0;
-        assert_eq!(max_norm(&x, 20), 13.0);
-        assert_eq!(max_norm(&[], 20), 0.0);
-        // Rows whose squares underflow: still at least their norm.
-        for tiny in [1e-20f32, 1e-30, 1e-38, 1e-45] {
-            let y = vec![tiny; 3 * 20];
-            let norm = (20.0 * f64::from(tiny).powi(2)).sqrt();
-            assert!(f64::from(max_norm(&y, 20)) >= norm, "{tiny}");
-        }
-        // 37 rows, the longest in each place: first, last, and on either side of rows 16 and 32.
-        for width in [20, 64] {
-            let rows = 37;
-            let x: Vec<f32> = (0..rows * width)
-                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
-                .collect();
-            for longest in [0, 7, 15, 16, 31, 32, 36] {
-                let mut y = x.clone();
-                y[longest * width + width / 2] = 90.0;
-                let want = y
-                    .chunks_exact(width)
-                    .map(|row| {
-                        row.iter()
-                            .map(|&v| f64::from(v).powi(2))
-                            .sum::<f64>()
-                            .sqrt()
-                    })
-                    .fold(0.0, f64::max);
-                let got = f64::from(max_norm(&y, width));
-                assert!(
-                    (got - want).abs() <= 1e-6 * want,
-                    "width {width}, longest row {longest}: {got} for {want}"
-                );
-                // A NaN or ∞ anywhere, including rows no longer than the others.
-                for row in [longest, (longest + 9) % rows] {
-                    let at = row * width + width - 1;
-                    y[at] = f32::NAN;
-                    assert!(max_norm(&y, width).is_nan(), "NaN in row {row}");
-                    y[at] = f32::INFINITY;
-                    assert_eq!(max_norm(&y, width), f32::INFINITY, "∞ in row {row}");
-                    y[at] = x[at];
-                }
-            }
-        }
-        // In the first row, the longest and the last: a later finite row must not hide it.
-        for at in [0, 5, 25, 45] {
-            let mut y = x.clone();
-            y[at] = f32::NAN;
-            assert!(max_norm(&y, 20).is_nan(), "NaN at {at}");
-            y[at] = f32::INFINITY;
-            assert_eq!(max_norm(&y, 20), f32::INFINITY, "∞ at {at}");
-        }
-    }
-
-    #[test]
     fn fused_step_matches_f64() {
         if !fused_step_runs() {
-            crate::not_on_this_cpu("the fused steps of the bf16 products");
+            crate::cpu::not_on_this_cpu("the fused steps of the bf16 products");
             return;
         }
         // Lengths around the 32-value chunks and the 16-lane halves of the tail; a running

@@ -35,7 +35,7 @@
 //! NaN or ∞, f32 heads with fewer than 32 query rows or scores past the tiles' bound) run the
 //! AVX-512 kernels. On [`Isa::Avx512Bf16`] (AVX512_BF16 without AMX) bf16 inputs take the same
 //! path with `VDPBF16PS` dot products in place of the tiles, on the same packed operands
-//! (`crate::bf16dot`); f32 inputs run the AVX-512 kernels.
+//! (`crate::cpu::bf16dot`); f32 inputs run the AVX-512 kernels.
 //!
 //! A call with a few query rows per head (`FEW_ROWS`: a decoding step) reads each key and
 //! value once, so what the other calls do first costs more than the attention itself there:
@@ -49,44 +49,26 @@
 //! same run: 0.53× before, 1.1× after (f32); `docs/benchmarks.md` has the rest.
 
 mod amx;
-pub(crate) use amx::{F32_SCORE_BOUND, max_norm};
 mod input_bf16;
-mod isa;
-mod portable;
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2;
-#[cfg(target_arch = "x86_64")]
-use avx2 as avx2_or_portable;
-#[cfg(not(target_arch = "x86_64"))]
-use portable as avx2_or_portable;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512;
-#[cfg(target_arch = "x86_64")]
-use avx512 as avx512_or_portable;
-#[cfg(not(target_arch = "x86_64"))]
-use portable as avx512_or_portable;
-
-use amx::{AmxHead, with_amx_scratch};
+pub(crate) use amx::F32_SCORE_BOUND;
+use amx::{AmxHead, advance, with_amx_scratch};
 pub use input_bf16::AttnInputBf16;
-pub use isa::{Isa, MAX_THREADS, set_global_threads};
-
-/// The bf16 type of [`AttnInputBf16`] (from the `half` crate), for callers without that dependency.
-pub use half::bf16;
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
+use half::bf16;
 use rayon::prelude::*;
 
-use crate::aligned::Aligned;
+use crate::cpu::aligned::{Aligned, zeroed};
+use crate::cpu::{Element, FiniteBits, Isa, max_keeping_nan, portable, prefetch_page_starts};
+use crate::error::AttnError;
 use crate::mask::key_range;
-use crate::shape::{FiniteBits, check_overflow};
-use crate::{
-    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, Weights, WeightsRequest,
-    sdpa_reference,
-};
+use crate::options::{AttnOptions, WeightsRequest, check_overflow};
+use crate::reference::sdpa_reference;
+use crate::shape::{AttnInput, AttnOutput, AttnShape, Weights};
 
 /// Query rows per task.
 const BLOCK_Q: usize = 96;
@@ -103,6 +85,20 @@ const ALIGNED_V_MIN_ROWS: usize = 32;
 /// How far a row's recomputed weights may sum from 1 before the row is recomputed with its own
 /// max and sum (`Plan::weight_rows`).
 const WEIGHTS_SUM_TOL: f32 = 1e-4;
+
+/// Scaled dot-product attention: the fast path.
+///
+/// # Shapes
+/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
+/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
+/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
+/// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`
+///
+/// The fused kernel on the best instruction set of this CPU: O((seq_q + seq_kv) ·
+/// head_dim) memory, weights recomputed from the saved log-sum-exp only when asked for.
+pub fn sdpa(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
+    sdpa_with(Isa::best(), input, options)
+}
 
 /// Scaled dot-product attention through the fused kernels of `isa`.
 ///
@@ -175,55 +171,6 @@ pub fn sdpa_bf16_with(
             options,
         )
     })
-}
-
-/// An element type of the inputs, read as f32 (bf16 widened exactly).
-pub(crate) trait Element: Copy + Into<f32> {
-    /// The values from `p` of the lanes of `mask` (a prefix mask), as f32, the others 0.
-    ///
-    /// # Safety
-    /// AVX-512F must be available; the values of `mask`'s lanes readable from `p`.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(p: *const Self, mask: u16) -> std::arch::x86_64::__m512;
-
-    /// The first `lanes` values from `p` (`lanes ≤ 8`), as f32, the others 0.
-    ///
-    /// # Safety
-    /// AVX2 must be available; `lanes` values readable from `p`.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load8(p: *const Self, lanes: usize) -> std::arch::x86_64::__m256;
-}
-
-impl Element for f32 {
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(p: *const f32, mask: u16) -> std::arch::x86_64::__m512 {
-        // SAFETY: as the caller guarantees; masked-off lanes are not read.
-        unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(mask, p) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const f32, lanes: usize) -> std::arch::x86_64::__m256 {
-        // SAFETY: as the caller guarantees.
-        unsafe { avx2::load8_f32(p, lanes) }
-    }
-}
-
-impl Element for bf16 {
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(p: *const bf16, mask: u16) -> std::arch::x86_64::__m512 {
-        // SAFETY: as the caller guarantees.
-        unsafe { avx512::load16_bf16(p, mask) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const bf16, lanes: usize) -> std::arch::x86_64::__m256 {
-        // SAFETY: as the caller guarantees.
-        unsafe { avx2::load8_bf16(p, lanes) }
-    }
 }
 
 /// The inputs of one call, in their stored element type.
@@ -515,97 +462,6 @@ impl Keys {
     }
 }
 
-/// Transposes `src` (`[rows, width]`) block by block into `dst`: rows `jb·BLOCK_KV..` become
-/// block `jb`, `[width, keys]`, at `jb·BLOCK_KV·width`.
-fn transpose_blocks<T: Copy>(src: &[T], width: usize, dst: &mut [f32], widen: impl Fn(T) -> f32) {
-    for (src, dst) in src
-        .chunks(BLOCK_KV * width)
-        .zip(dst.chunks_mut(BLOCK_KV * width))
-    {
-        let keys = src.len() / width;
-        for (j, row) in src.chunks_exact(width).enumerate() {
-            for (p, &x) in row.iter().enumerate() {
-                dst[p * keys + j] = widen(x);
-            }
-        }
-    }
-}
-
-/// Asks for the first four 64-byte lines of each 4 KiB page that starts inside `x` to be
-/// brought into the caches ([`Plan::forward_streamed`], for the next key block). The hardware
-/// prefetchers follow a stream only within a page, and a decoding step reads each key and
-/// value once, so without this it waits at each page it enters. Measured at L = 1, S = 4096,
-/// H8, d64: with two lines per page, 21% faster on one thread, and at L = 2 8% on two; four
-/// lines, another 1–3%.
-fn page_starts<T>(x: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let p = x.as_ptr().cast::<i8>();
-        let bytes = std::mem::size_of_val(x);
-        for page in (p.align_offset(4096)..bytes).step_by(4096) {
-            for line in (page..bytes.min(page + 256)).step_by(64) {
-                // SAFETY: `line` lies inside `x`; a prefetch reads nothing the program sees.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(line)) };
-            }
-        }
-    }
-}
-
-/// A block of the output, zeroed: its pages fault in on the thread that computes it.
-fn zeroed(block: &mut [std::mem::MaybeUninit<f32>]) -> &mut [f32] {
-    block.fill(std::mem::MaybeUninit::new(0.0));
-    // SAFETY: every value was just written, and `MaybeUninit<f32>` has the layout of `f32`.
-    unsafe { &mut *(block as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }
-}
-
-/// [`transpose_blocks`] for f32 values, 16 × 16 tiles at a time where the CPU has AVX-512.
-fn transpose_blocks_f32(src: &[f32], width: usize, dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F is available (checked just above).
-        unsafe { transpose_blocks_avx512(src, width, dst) };
-        return;
-    }
-    transpose_blocks(src, width, dst, |x| x);
-}
-
-/// # Safety
-/// AVX-512F must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn transpose_blocks_avx512(src: &[f32], width: usize, dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    for (src, dst) in src
-        .chunks(BLOCK_KV * width)
-        .zip(dst.chunks_mut(BLOCK_KV * width))
-    {
-        let keys = src.len() / width;
-        let (whole_keys, whole_cols) = (keys / 16 * 16, width / 16 * 16);
-        for j in (0..whole_keys).step_by(16) {
-            for p in (0..whole_cols).step_by(16) {
-                let rows: [__m512i; 16] = std::array::from_fn(|r| {
-                    let row = &src[(j + r) * width + p..][..16];
-                    // SAFETY: 16 values of `row`.
-                    _mm512_castps_si512(unsafe { _mm512_loadu_ps(row.as_ptr()) })
-                });
-                for (c, col) in crate::bf16x::transpose_16x16(rows).into_iter().enumerate() {
-                    let dst = &mut dst[(p + c) * keys + j..][..16];
-                    // SAFETY: 16 values of `dst`.
-                    unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), col) };
-                }
-            }
-        }
-        // The columns past the whole tiles, then the keys past them.
-        for j in 0..keys {
-            let cols = if j < whole_keys { whole_cols } else { 0 };
-            for p in cols..width {
-                dst[p * keys + j] = src[j * width + p];
-            }
-        }
-    }
-}
-
 impl<'a> Plan<'a> {
     /// Copies query rows `rows` of head `(b, h)` into `s.q`, as f32.
     fn pack_q(&self, b: usize, h: usize, rows: &[usize], s: &mut Scratch) {
@@ -629,9 +485,13 @@ impl<'a> Plan<'a> {
         let mut packed = Aligned::default();
         let k_t = packed.get(s_n * d);
         match self.src {
-            Src::F32 { k, .. } => transpose_blocks_f32(&k[head * d..][..s_n * d], d, k_t),
+            Src::F32 { k, .. } => {
+                let k = &k[head * d..][..s_n * d];
+                self.isa.transpose_blocks(k, (d, BLOCK_KV), k_t)
+            }
             Src::Bf16 { k, .. } => {
-                transpose_blocks(&k[head * d..][..s_n * d], d, k_t, bf16::to_f32)
+                let k = &k[head * d..][..s_n * d];
+                portable::transpose_blocks(k, (d, BLOCK_KV), k_t, bf16::to_f32)
             }
         }
         Keys(packed)
@@ -736,7 +596,8 @@ impl<'a> Plan<'a> {
     /// of the reference's steps 1–5: hidden keys become `−∞`.
     fn finish_scores(&self, (b, h, i): (usize, usize, usize), j0: usize, row: &mut [f32]) {
         if self.extras {
-            self.opt.apply_rules((b, h, i), self.offset, j0, row);
+            self.opt
+                .apply_rules(self.isa, (b, h, i), self.offset, j0, row);
         }
         let (lo, hi) = key_range(
             self.opt.causal,
@@ -943,7 +804,7 @@ impl<'a> Plan<'a> {
         // row's output, as in the reference, and its running max stays NaN from then on, so
         // that the weights recomputed from it are NaN at its visible keys and 0 at the others:
         // `f32::max` would drop it, in this block or the next.
-        let m_new = crate::max_keeping_nan(*m, self.isa.max(row));
+        let m_new = max_keeping_nan(*m, self.isa.max(row));
         if m_new == f32::NEG_INFINITY {
             row.fill(0.0);
             return None;
@@ -1102,7 +963,7 @@ impl<'a> Plan<'a> {
         let block_sum = self.isa.exp_scaled_sum(&mut row[a..b], self.scale, m_new);
         row[..a].fill(0.0);
         row[b..].fill(0.0);
-        Some(amx::advance((m, sum), m_new, block_sum).flatten())
+        Some(advance((m, sum), m_new, block_sum).flatten())
     }
 
     /// The end of a block of query rows: each row of `dst.out` divided by its sum (`state`) and
@@ -1179,8 +1040,8 @@ impl<'a> Plan<'a> {
             let j0 = jb * BLOCK_KV;
             let keys = (s_n - j0).min(BLOCK_KV);
             let next = (j0 + keys, (s_n - j0 - keys).min(BLOCK_KV));
-            page_starts(&k[next.0 * d..][..next.1 * d]);
-            page_starts(&v[next.0 * dv..][..next.1 * dv]);
+            prefetch_page_starts(&k[next.0 * d..][..next.1 * d]);
+            prefetch_page_starts(&v[next.0 * dv..][..next.1 * dv]);
             let tile = s.tile.get(n * keys);
             self.raw_scores_against_rows(&s.q, &k[j0 * d..][..keys * d], (n, keys), tile);
             let rows = (b, |r| (h0 + r / l, r % l));
@@ -1406,195 +1267,5 @@ impl<'a> Plan<'a> {
             out[jb * BLOCK_KV..][..keys].copy_from_slice(row);
         }
         self.isa.scale(out, 1.0 / sum);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::available_isas as isas;
-
-    /// `n` values in [−1, 1) from `seed`.
-    fn values(seed: u32, n: usize) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (x >> 8) as f32 / (1 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-
-    fn bits(x: &[f32]) -> Vec<u32> {
-        x.iter().map(|x| x.to_bits()).collect()
-    }
-
-    /// `C (+)= A·B` within f32 rounding of f64 sums, on every ISA, on shapes that leave
-    /// partial row tiles and column groups, with strides past the rows, replacing and
-    /// accumulating, nothing written past `n` columns.
-    #[test]
-    fn gemm_matches_f64_sums() {
-        for isa in isas() {
-            for (m, n, k) in [
-                (1, 1, 1),
-                (7, 17, 5),
-                (13, 33, 64),
-                (96, 128, 64),
-                (25, 70, 129),
-                (6, 16, 0),
-            ] {
-                let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
-                let (a, b, c0) = (values(6, m * lda), values(7, k * ldb), values(8, m * ldc));
-                for accumulate in [false, true] {
-                    let mut c = c0.clone();
-                    isa.gemm_f32((m, n, k), &a, lda, &b, ldb, &mut c, ldc, accumulate);
-                    for r in 0..m {
-                        for j in n..ldc {
-                            let (got, was) = (c[r * ldc + j], c0[r * ldc + j]);
-                            assert_eq!(got, was, "{isa:?} ({m}, {n}, {k}): wrote past row {r}");
-                        }
-                        for j in 0..n {
-                            let start = if accumulate {
-                                f64::from(c0[r * ldc + j])
-                            } else {
-                                0.0
-                            };
-                            let products = (0..k)
-                                .map(|p| f64::from(a[r * lda + p]) * f64::from(b[p * ldb + j]));
-                            let (want, size) = products
-                                .fold((start, start.abs()), |(s, z), x| (s + x, z + x.abs()));
-                            let got = c[r * ldc + j];
-                            assert!(
-                                (f64::from(got) - want).abs() <= 1e-6 * size,
-                                "{isa:?} ({m}, {n}, {k}) [{r}][{j}]: {got} against {want}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// `A·Bᵀ` against `B`'s rows as they are: within f32 rounding of f64 dot products, on
-    /// every ISA, with strides past the rows and nothing written past `n` columns; bf16 `B`
-    /// gives what its values widened to f32 give, bit for bit.
-    #[test]
-    fn abt_gemm_matches_f64_dot_products() {
-        for isa in isas() {
-            for (m, n, k) in [
-                (1, 1, 1),
-                (1, 16, 64),
-                (3, 17, 40),
-                (8, 33, 80),
-                (2, 128, 128),
-                (5, 7, 8),
-                (1, 40, 17),
-                (2, 9, 13),
-                (3, 20, 23),
-                (2, 0, 5),
-                (0, 4, 5),
-            ] {
-                let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
-                let (a, b) = (values(1, m * lda), values(2, n * ldb));
-                let mut c = vec![f32::NAN; m * ldc];
-                isa.gemm_abt((m, n, k), &a, lda, &b, ldb, &mut c, ldc);
-                for r in 0..m {
-                    for j in n..ldc {
-                        assert!(
-                            c[r * ldc + j].is_nan(),
-                            "{isa:?} ({m}, {n}, {k}): wrote past row {r}"
-                        );
-                    }
-                    for j in 0..n {
-                        let products =
-                            (0..k).map(|p| f64::from(a[r * lda + p]) * f64::from(b[j * ldb + p]));
-                        let (want, size) =
-                            products.fold((0.0, 0.0), |(s, z), x| (s + x, z + x.abs()));
-                        let got = c[r * ldc + j];
-                        let err = (f64::from(got) - want).abs();
-                        assert!(
-                            err <= 1e-6 * size,
-                            "{isa:?} ({m}, {n}, {k}) [{r}][{j}]: {got} against {want}"
-                        );
-                    }
-                }
-                let b16: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
-                let wide: Vec<f32> = b16.iter().map(|x| x.to_f32()).collect();
-                let (mut got, mut want) = (vec![0.0; m * ldc], vec![0.0; m * ldc]);
-                isa.gemm_abt((m, n, k), &a, lda, &b16, ldb, &mut got, ldc);
-                isa.gemm_abt((m, n, k), &a, lda, &wide, ldb, &mut want, ldc);
-                assert_eq!(bits(&got), bits(&want), "{isa:?} ({m}, {n}, {k}): bf16");
-            }
-        }
-    }
-
-    /// The checked GEMM adds to `C` what the GEMM adds, bit for bit (f32 `B`, and bf16 `B`
-    /// against its values widened), on every ISA, and says whether every value of `B` is
-    /// below the bound: one value at it, past it, ∞ or NaN, anywhere in `B` (also with more
-    /// rows of `A` than one tile takes), says no; one just below it, yes.
-    #[test]
-    fn checked_gemm_is_the_gemm_and_checks_every_value() {
-        for isa in isas() {
-            for (m, n, k) in [
-                (1, 64, 128),
-                (3, 24, 7),
-                (6, 80, 33),
-                (9, 128, 1),
-                (4, 8, 200),
-                (5, 21, 9),
-                (2, 13, 3),
-            ] {
-                let (lda, ldb, ldc) = (k + 1, n + 5, n + 3);
-                let (a, b, c) = (values(3, m * lda), values(4, k * ldb), values(5, m * ldc));
-                let checked = |b: &[f32]| {
-                    let mut got = c.clone();
-                    let below = isa.gemm_checked((m, n, k), &a, lda, b, ldb, &mut got, ldc, 1);
-                    (below, got)
-                };
-                let mut want = c.clone();
-                isa.gemm_f32((m, n, k), &a, lda, &b, ldb, &mut want, ldc, true);
-                let (below, got) = checked(&b);
-                assert!(below, "{isa:?} ({m}, {n}, {k}): values under 1 are below 2");
-                assert_eq!(bits(&got), bits(&want), "{isa:?} ({m}, {n}, {k})");
-                let b16: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
-                let wide: Vec<f32> = b16.iter().map(|x| x.to_f32()).collect();
-                let (mut got, mut want) = (c.clone(), c.clone());
-                assert!(isa.gemm_checked((m, n, k), &a, lda, &b16, ldb, &mut got, ldc, 1));
-                isa.gemm_f32((m, n, k), &a, lda, &wide, ldb, &mut want, ldc, true);
-                assert_eq!(bits(&got), bits(&want), "{isa:?} ({m}, {n}, {k}): bf16");
-                let at = [0, (k - 1) * ldb + n - 1, (k / 2) * ldb + n / 2];
-                for (value, ok) in [
-                    (2.0, false),
-                    (-3.0, false),
-                    (f32::INFINITY, false),
-                    (f32::NAN, false),
-                    (1.999, true),
-                ] {
-                    for &at in &at {
-                        let mut b = b.clone();
-                        b[at] = value;
-                        assert_eq!(
-                            checked(&b).0,
-                            ok,
-                            "{isa:?} ({m}, {n}, {k}): {value} at {at}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// The tiled f32 transpose writes what the scalar one writes, on shapes with whole and
-    /// partial tiles and key blocks.
-    #[test]
-    fn f32_transpose_matches_the_scalar_one() {
-        for (keys, width) in [(1000, 64), (300, 80), (17, 40), (129, 8), (16, 16), (5, 3)] {
-            let src: Vec<f32> = (0..keys * width).map(|i| i as f32).collect();
-            let (mut want, mut got) = (vec![-1.0; keys * width], vec![-2.0; keys * width]);
-            transpose_blocks(&src, width, &mut want, |x| x);
-            transpose_blocks_f32(&src, width, &mut got);
-            assert!(want == got, "{keys} keys of {width}");
-        }
     }
 }

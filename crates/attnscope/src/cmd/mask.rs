@@ -3,7 +3,7 @@
 //! key in that column), computed by `attn-core`'s mask rules.
 
 use anyhow::ensure;
-use attn_core::mask::causal_matrix;
+use attn_core::causal_matrix;
 use attn_core::{Causal, KeyPadding};
 use attn_viz::bars::{display_width, pad_end, pad_start};
 

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail, ensure};
-use attn_core::mask::causal_matrix;
+use attn_core::causal_matrix;
 use attn_core::{
     AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, Weights, WeightsRequest, sdpa_reference,
 };

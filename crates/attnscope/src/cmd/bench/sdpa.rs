@@ -8,12 +8,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use attn_core::fused::{AttnInputBf16, Isa, bf16};
-use attn_core::shape::f32_bytes;
+use attn_core::f32_bytes;
 use attn_core::{
     AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, FloatMask, KeyPadding,
     WeightsRequest,
 };
+use attn_core::{AttnInputBf16, Isa, bf16};
 
 /// How long the untimed calls before the timed ones run (at least one call). After the inputs
 /// are made on one thread, the first calls can run on one: on a virtual machine an idle vCPU
@@ -139,7 +139,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_memory(&args, shape)?;
     options.validate(&shape)?;
     let numel = |dims: [usize; 4]| -> anyhow::Result<usize> {
-        attn_core::shape::checked_numel(&dims).context("the inputs' size overflows")
+        (dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)))
+            .context("the inputs' size overflows")
     };
     let (nq, nk) = (numel(shape.q_dims())?, numel(shape.k_dims())?);
     let mut rng = Rng(0x5eed);

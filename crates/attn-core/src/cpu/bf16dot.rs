@@ -1,9 +1,9 @@
-//! The 32 × 32 blocks of [`crate::amx::gemm_blocks`] on CPUs with AVX512_BF16 but no AMX
+//! The 32 × 32 blocks of [`crate::cpu::amx::gemm_blocks`] on CPUs with AVX512_BF16 but no AMX
 //! (AMD's Zen 4 and Zen 5): `C (+)= A·B` in `VDPBF16PS` dot products, reading the operands in
 //! the layouts the tiles read, so that a head packed once for the tiles runs here as it is.
 //!
 //! One `VDPBF16PS` adds, in each of its 16 f32 lanes, the two products of a lane's bf16 pair:
-//! 32 multiply-adds, twice an f32 FMA's. B's VNNI layout ([`crate::amx::PackedB`]) holds, per
+//! 32 multiply-adds, twice an f32 FMA's. B's VNNI layout ([`crate::cpu::amx::PackedB`]) holds, per
 //! depth pair and 16 columns, exactly one such vector; A's rows hold their pairs next to each
 //! other, so a pair is one 32-bit broadcast. Intel's definition (*SDM* vol. 2, `VDPBF16PS`)
 //! reads bf16 subnormals as zero and flushes subnormal results, rounding to nearest even, as
@@ -11,16 +11,16 @@
 
 use half::bf16;
 
-/// Proof that this CPU has what [`crate::fused::Isa::Avx512Bf16`] needs (AVX-512F, AVX512_BF16,
+/// Proof that this CPU has what [`super::isa::Isa::Avx512Bf16`] needs (AVX-512F, AVX512_BF16,
 /// AVX512BW, which `avx512bf16` implies for the compiler, and AVX512VL): only
 /// [`Bf16Dot::detect`] makes one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bf16Dot(());
 
 impl Bf16Dot {
-    /// `Some` where the CPU has what [`crate::fused::Isa::Avx512Bf16`] needs.
+    /// `Some` where the CPU has what [`super::isa::Isa::Avx512Bf16`] needs.
     pub(crate) fn detect() -> Option<Bf16Dot> {
-        crate::fused::Isa::Avx512Bf16
+        super::isa::Isa::Avx512Bf16
             .is_available()
             .then_some(Bf16Dot(()))
     }

@@ -2,7 +2,7 @@
 //! AVX2 and AVX-512 kernels in `avx2.rs` and `avx512.rs`; the compiler vectorises the inner
 //! loops for the baseline ISA.
 
-use super::Element;
+use super::element::Element;
 
 /// `C[m × n] (+)= A[m × k] · B[k × n]`, `B` in f32 or bf16 (row-major, strides `lda`, `ldb`,
 /// `ldc`).
@@ -77,9 +77,7 @@ pub(super) fn scale(x: &mut [f32], a: f32) {
 
 /// The largest value of `x` (`−∞` when empty; NaN when `x` holds one).
 pub(super) fn max(x: &[f32]) -> f32 {
-    x.iter()
-        .copied()
-        .fold(f32::NEG_INFINITY, crate::max_keeping_nan)
+    x.iter().copied().fold(f32::NEG_INFINITY, max_keeping_nan)
 }
 
 /// `x = e^(x − m)`, returning the sum of the new values.
@@ -90,4 +88,32 @@ pub(super) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
         sum += *v;
     }
     sum
+}
+
+/// Transposes `src` (`[rows, width]`) block by block into `dst`: rows `jb·block..` become block
+/// `jb`, `[width, n]` (`n` rows in the block), at `jb·block·width`.
+pub(crate) fn transpose_blocks<T: Copy>(
+    src: &[T],
+    (width, block): (usize, usize),
+    dst: &mut [f32],
+    widen: impl Fn(T) -> f32,
+) {
+    for (src, dst) in src.chunks(block * width).zip(dst.chunks_mut(block * width)) {
+        let keys = src.len() / width;
+        for (j, row) in src.chunks_exact(width).enumerate() {
+            for (p, &x) in row.iter().enumerate() {
+                dst[p * keys + j] = widen(x);
+            }
+        }
+    }
+}
+
+/// The larger of `a` and `b`, NaN when either is: `f32::max` skips a NaN, which would let a NaN
+/// score pass for a hidden one.
+pub(crate) fn max_keeping_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
 }

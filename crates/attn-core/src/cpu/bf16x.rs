@@ -26,7 +26,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::amx::{Tiles, chunk_loop, finish_2x2, start_2x2};
+use super::amx::{Tiles, chunk_loop, finish_2x2, start_2x2};
+use super::avx512::transpose_16x16;
 
 /// Depth of one tile product: 16 pairs of bf16.
 pub(crate) const TK: usize = 32;
@@ -46,7 +47,7 @@ unsafe fn widen(bits: __m256i) -> __m512 {
 /// Splits 16 f32 lanes (finite) into `P` parts, 16 bf16 bits each (module docs).
 ///
 /// # Safety
-/// The CPU must have what [`crate::fused::Isa::Amx`] needs (AVX-512F, BW, VL and BF16).
+/// The CPU must have what [`super::isa::Isa::Amx`] needs (AVX-512F, BW, VL and BF16).
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
 #[inline]
 pub(crate) unsafe fn split<const P: usize>(x: __m512) -> [__m256i; P] {
@@ -223,49 +224,6 @@ unsafe fn pack_b_paired<const P: usize>(
             }
         }
     }
-}
-
-/// Transposes 16 rows of 16 dwords: lane `j` of row `p` of the result is lane `p` of row `j`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(crate) fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
-    // Pairs, then quads of rows: within each 128-bit lane `L`, `u[4i + k]` holds column
-    // `4L + k` of rows `4i..4i + 4`.
-    let t: [__m512i; 16] = std::array::from_fn(|x| {
-        let (a, b) = (r[x / 2 * 2], r[x / 2 * 2 + 1]);
-        if x % 2 == 0 {
-            _mm512_unpacklo_epi32(a, b)
-        } else {
-            _mm512_unpackhi_epi32(a, b)
-        }
-    });
-    let u: [__m512i; 16] = std::array::from_fn(|x| {
-        let (i, k) = (x / 4, x % 4);
-        let (a, b) = (t[4 * i + k / 2], t[4 * i + k / 2 + 2]);
-        if k % 2 == 0 {
-            _mm512_unpacklo_epi64(a, b)
-        } else {
-            _mm512_unpackhi_epi64(a, b)
-        }
-    });
-    // Then a 4 × 4 transpose of the 128-bit lanes of `u[k]`, `u[4 + k]`, `u[8 + k]`, `u[12 + k]`.
-    let mut out = [_mm512_setzero_si512(); 16];
-    for k in 0..4 {
-        let (a, b, c, d) = (u[k], u[4 + k], u[8 + k], u[12 + k]);
-        let (ab_lo, ab_hi) = (
-            _mm512_shuffle_i32x4::<0x44>(a, b),
-            _mm512_shuffle_i32x4::<0xee>(a, b),
-        );
-        let (cd_lo, cd_hi) = (
-            _mm512_shuffle_i32x4::<0x44>(c, d),
-            _mm512_shuffle_i32x4::<0xee>(c, d),
-        );
-        out[k] = _mm512_shuffle_i32x4::<0x88>(ab_lo, cd_lo);
-        out[4 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_lo, cd_lo);
-        out[8 + k] = _mm512_shuffle_i32x4::<0x88>(ab_hi, cd_hi);
-        out[12 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_hi, cd_hi);
-    }
-    out
 }
 
 /// Writes the B layout (module docs) of `Xᵀ` `[k, n]`, for the row-major `X` `[n, k]` in `src`
@@ -589,8 +547,8 @@ pub(crate) mod tests {
     #[test]
     fn the_layouts_hold_every_value() {
         // `split` needs AVX512_BF16 (and AVX-512F, BW, VL), as the dot products' ISA does.
-        if !crate::fused::Isa::Avx512Bf16.is_available() {
-            crate::not_on_this_cpu("the packers of bf16 parts");
+        if !crate::cpu::Isa::Avx512Bf16.is_available() {
+            crate::cpu::not_on_this_cpu("the packers of bf16 parts");
             return;
         }
         layouts_hold_every_value::<2>();
@@ -671,9 +629,9 @@ pub(crate) mod tests {
 
     #[test]
     fn gemms_match_f64() {
-        let amx = crate::fused::Isa::Amx.is_available();
+        let amx = crate::cpu::Isa::Amx.is_available();
         let Some(tiles) = Tiles::configure().filter(|_| amx) else {
-            crate::not_on_this_cpu("AMX");
+            crate::cpu::not_on_this_cpu("AMX");
             return;
         };
         gemm_matches_f64::<2>(&tiles, 3.0 * 2f64.powi(-16), 1e-5);

@@ -5,10 +5,10 @@
 //! bf16 inputs are widened to f32 and take the same GEMM here. On an Intel Xeon with
 //! AVX512_BF16 `VDPBF16PS` measured 120 GFLOP/s per core against 222 for `VFMADD231PS` (there
 //! AMX takes bf16 inputs); on AMD's Zen 5 it measured 469 against 250, and
-//! [`super::Isa::Avx512Bf16`] takes them in dot products (`crate::bf16dot`).
+//! [`super::Isa::Avx512Bf16`] takes them in dot products (`crate::cpu::bf16dot`).
 //!
 //! Every function here is an `unsafe fn` with `#[target_feature]`: callers must have checked
-//! the CPU (see [`super::isa`]). Matrices are row-major slices with explicit row strides; the
+//! the CPU (see [`super::Isa`]). Matrices are row-major slices with explicit row strides; the
 //! last 16-lane group of a row is handled with masked loads and stores, so no kernel reads or
 //! writes past the columns it was given.
 //!
@@ -18,29 +18,35 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::Element;
+use super::element::Element;
+use super::exp::{CEPHES_EXP2, EXP2_DEGREE_5, LOG2_E_HI, LOG2_E_LO};
+use super::gemm::Lhs;
 
-/// f32 register tile: 6 rows × 4 vectors (64 columns), 24 accumulators, 4 loads and 6
-/// broadcasts per 24 FMAs.
-const MR_F32: usize = 6;
-const NV_F32: usize = 4;
+/// The lane mask of the 16 values from `at` of an `n`-value row: those before `n`.
+#[inline]
+pub(crate) fn lanes(at: usize, n: usize) -> __mmask16 {
+    ((1u32 << n.saturating_sub(at).min(16)) - 1) as __mmask16
+}
 
 /// The lane masks of the `V` vectors covering columns `col..col + 16·V` of an `n`-column row.
 fn tile_masks<const V: usize>(col: usize, n: usize) -> [__mmask16; V] {
-    std::array::from_fn(|v| {
-        let start = col + v * 16;
-        let lanes = n.saturating_sub(start).min(16);
-        ((1u32 << lanes) - 1) as __mmask16
-    })
+    std::array::from_fn(|v| lanes(col + v * 16, n))
 }
+
+/// f32 register tile: 6 rows ([`super::gemm::MR`]) × 4 vectors (64 columns), 24 accumulators, 4 loads and 6
+/// broadcasts per 24 FMAs.
+const MR_F32: usize = super::gemm::MR;
+const NV_F32: usize = 4;
 
 /// One `R × 16·V` tile of `C (+)= A · B` in f32, `B` in f32 or bf16 (widened as it is read);
 /// with `CHECK`, the magnitudes' bits of the values of `B` it reads are folded into `largest`
-/// (lane by lane: NaN's pass ∞'s).
+/// (lane by lane: NaN's pass ∞'s). `A` is `R` rows `lda` apart, or with `PANEL` one panel of
+/// `R` rows (`[k, R]`: element `(r, p)` at `p·R + r`, [`Lhs::Panels`]).
 ///
 /// # Safety
-/// AVX-512F must be available; `a` holds `R` rows of `k` values at stride `lda`, `b` holds `k`
-/// rows at stride `ldb` with the masked columns in bounds, and `c` holds `R` rows at stride `ldc`.
+/// AVX-512F must be available; `a` holds `R` rows of `k` values at stride `lda` (or the panel),
+/// `b` holds `k` rows at stride `ldb` with the masked columns in bounds, and `c` holds `R` rows
+/// at stride `ldc`.
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
@@ -50,6 +56,7 @@ unsafe fn tile_f32<
     const V: usize,
     const FULL: bool,
     const CHECK: bool,
+    const PANEL: bool,
 >(
     k: usize,
     a: *const f32,
@@ -87,7 +94,7 @@ unsafe fn tile_f32<
                 }
             }
             for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*a.add(r * lda + p));
+                let av = _mm512_set1_ps(*a.add(if PANEL { p * R + r } else { r * lda + p }));
                 for (x, &bx) in row.iter_mut().zip(&bv) {
                     *x = _mm512_fmadd_ps(av, bx, *x);
                 }
@@ -119,8 +126,35 @@ pub(super) unsafe fn gemm_f32<T: Element>(
     ldc: usize,
     accumulate: bool,
 ) {
+    let (m, n, k) = mnk;
+    debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
+    debug_assert!(k == 0 || b.len() >= (k - 1) * ldb + n);
+    debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
+    let (a, b, c) = (
+        (a.as_ptr(), Lhs::Rows(lda)),
+        (b.as_ptr(), ldb),
+        (c.as_mut_ptr(), ldc),
+    );
     // SAFETY: as the caller guarantees.
-    unsafe { gemm_tiles::<T, false>(mnk, (a, lda), (b, ldb), (c, ldc), accumulate) };
+    unsafe { gemm_tiles::<T, false>(mnk, a, b, c, accumulate) };
+}
+
+/// `C[m × n] (+)= A[m × k] · B[k × n]` in f32, `A` laid out as `lhs` says (row-major, or in
+/// panels as the backward pass packs it), `B` and `C` row-major with strides `ldb`, `ldc`.
+///
+/// # Safety
+/// AVX-512F must be available; `a`, `b` and `c` must hold the elements the layouts and strides
+/// describe.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn gemm_strided(
+    mnk: (usize, usize, usize),
+    a: (*const f32, Lhs),
+    b: (*const f32, usize),
+    c: (*mut f32, usize),
+    accumulate: bool,
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe { gemm_tiles::<f32, false>(mnk, a, b, c, accumulate) };
 }
 
 /// [`gemm_f32`] with `accumulate`, returning whether every value of `B` is below
@@ -142,28 +176,33 @@ pub(super) unsafe fn gemm_checked<T: Element>(
     ldc: usize,
     bound_exp: i32,
 ) -> bool {
-    // SAFETY: as the caller guarantees.
-    let largest = unsafe { gemm_tiles::<T, true>(mnk, (a, lda), (b, ldb), (c, ldc), true) };
-    _mm512_reduce_max_epu32(largest) < ((127 + bound_exp) as u32) << 23
-}
-
-/// The tiles of [`gemm_f32`]; with `CHECK`, those of the first rows fold the magnitudes' bits
-/// of every value of `B` into the returned vector ([`tile_f32`]).
-///
-/// # Safety
-/// As [`gemm_f32`].
-#[target_feature(enable = "avx512f")]
-unsafe fn gemm_tiles<T: Element, const CHECK: bool>(
-    (m, n, k): (usize, usize, usize),
-    (a, lda): (&[f32], usize),
-    (b, ldb): (&[T], usize),
-    (c, ldc): (&mut [f32], usize),
-    accumulate: bool,
-) -> __m512i {
+    let (m, n, k) = mnk;
     debug_assert!(m == 0 || a.len() >= (m - 1) * lda + k);
     debug_assert!(k == 0 || b.len() >= (k - 1) * ldb + n);
     debug_assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
-    let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    let (a, b, c) = (
+        (a.as_ptr(), Lhs::Rows(lda)),
+        (b.as_ptr(), ldb),
+        (c.as_mut_ptr(), ldc),
+    );
+    // SAFETY: as the caller guarantees.
+    let largest = unsafe { gemm_tiles::<T, true>(mnk, a, b, c, true) };
+    _mm512_reduce_max_epu32(largest) < ((127 + bound_exp) as u32) << 23
+}
+
+/// The tiles of [`gemm_f32`] and [`gemm_strided`]; with `CHECK`, those of the first rows fold
+/// the magnitudes' bits of every value of `B` into the returned vector ([`tile_f32`]).
+///
+/// # Safety
+/// As [`gemm_strided`].
+#[target_feature(enable = "avx512f")]
+unsafe fn gemm_tiles<T: Element, const CHECK: bool>(
+    (m, n, k): (usize, usize, usize),
+    (a, lhs): (*const f32, Lhs),
+    (b, ldb): (*const T, usize),
+    (c, ldc): (*mut f32, usize),
+    accumulate: bool,
+) -> __m512i {
     let mut largest = _mm512_setzero_si512();
     for col in (0..n).step_by(16 * NV_F32) {
         let masks = tile_masks::<NV_F32>(col, n);
@@ -171,16 +210,27 @@ unsafe fn gemm_tiles<T: Element, const CHECK: bool>(
         let mut row = 0;
         while row < m {
             let rows = (m - row).min(MR_F32);
-            // SAFETY: AVX-512F is available (caller); the tile lies inside the checked slices.
+            // SAFETY: AVX-512F is available (caller); the tile lies inside the operands.
             unsafe {
-                let (a, b, c) = (a.add(row * lda), b.add(col), c.add(row * ldc + col));
+                // A panel starts at `row · k`, as row `row` does at `row · lda`.
+                let (a, lda, panel) = match lhs {
+                    Lhs::Rows(lda) => (a.add(row * lda), lda, false),
+                    Lhs::Panels => (a.add(row * k), 0, true),
+                };
+                let (b, c) = (b.add(col), c.add(row * ldc + col));
                 let tile = (k, (a, lda), (b, ldb), (c, ldc), masks, accumulate);
-                // The values are checked once, with the first rows.
-                match (full, CHECK && row == 0) {
-                    (true, true) => tile_rows::<T, true, true>(rows, tile, &mut largest),
-                    (true, false) => tile_rows::<T, true, false>(rows, tile, &mut largest),
-                    (false, true) => tile_rows::<T, false, true>(rows, tile, &mut largest),
-                    (false, false) => tile_rows::<T, false, false>(rows, tile, &mut largest),
+                let largest = &mut largest;
+                // The values are checked once, with the first rows (row-major `A` only).
+                debug_assert!(!(CHECK && panel));
+                match (full, CHECK && row == 0, panel) {
+                    (true, true, _) => tile_rows::<T, true, true, false>(rows, tile, largest),
+                    (true, false, false) => tile_rows::<T, true, false, false>(rows, tile, largest),
+                    (false, true, _) => tile_rows::<T, false, true, false>(rows, tile, largest),
+                    (false, false, false) => {
+                        tile_rows::<T, false, false, false>(rows, tile, largest)
+                    }
+                    (true, false, true) => tile_rows::<T, true, false, true>(rows, tile, largest),
+                    (false, false, true) => tile_rows::<T, false, false, true>(rows, tile, largest),
                 }
             }
             row += rows;
@@ -196,7 +246,7 @@ unsafe fn gemm_tiles<T: Element, const CHECK: bool>(
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::type_complexity)]
-unsafe fn tile_rows<T: Element, const FULL: bool, const CHECK: bool>(
+unsafe fn tile_rows<T: Element, const FULL: bool, const CHECK: bool, const PANEL: bool>(
     rows: usize,
     (k, (a, lda), (b, ldb), (c, ldc), masks, accumulate): (
         usize,
@@ -212,12 +262,12 @@ unsafe fn tile_rows<T: Element, const FULL: bool, const CHECK: bool>(
     // SAFETY: as the caller guarantees.
     unsafe {
         match rows {
-            6 => call_tile::<T, 6, FULL, CHECK>(args, largest),
-            5 => call_tile::<T, 5, FULL, CHECK>(args, largest),
-            4 => call_tile::<T, 4, FULL, CHECK>(args, largest),
-            3 => call_tile::<T, 3, FULL, CHECK>(args, largest),
-            2 => call_tile::<T, 2, FULL, CHECK>(args, largest),
-            _ => call_tile::<T, 1, FULL, CHECK>(args, largest),
+            6 => call_tile::<T, 6, FULL, CHECK, PANEL>(args, largest),
+            5 => call_tile::<T, 5, FULL, CHECK, PANEL>(args, largest),
+            4 => call_tile::<T, 4, FULL, CHECK, PANEL>(args, largest),
+            3 => call_tile::<T, 3, FULL, CHECK, PANEL>(args, largest),
+            2 => call_tile::<T, 2, FULL, CHECK, PANEL>(args, largest),
+            _ => call_tile::<T, 1, FULL, CHECK, PANEL>(args, largest),
         }
     }
 }
@@ -229,7 +279,13 @@ unsafe fn tile_rows<T: Element, const FULL: bool, const CHECK: bool>(
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::type_complexity)]
-unsafe fn call_tile<T: Element, const R: usize, const FULL: bool, const CHECK: bool>(
+unsafe fn call_tile<
+    T: Element,
+    const R: usize,
+    const FULL: bool,
+    const CHECK: bool,
+    const PANEL: bool,
+>(
     (k, a, lda, b, ldb, c, ldc, masks, accumulate): (
         usize,
         *const f32,
@@ -245,7 +301,9 @@ unsafe fn call_tile<T: Element, const R: usize, const FULL: bool, const CHECK: b
 ) {
     // SAFETY: as the caller guarantees.
     unsafe {
-        tile_f32::<T, R, NV_F32, FULL, CHECK>(k, a, lda, b, ldb, c, ldc, masks, accumulate, largest)
+        tile_f32::<T, R, NV_F32, FULL, CHECK, PANEL>(
+            k, a, lda, b, ldb, c, ldc, masks, accumulate, largest,
+        )
     }
 }
 
@@ -309,31 +367,6 @@ pub(super) unsafe fn gemm_abt<T: Element>(
     }
 }
 
-/// The values from `p` of the lanes of `mask` (the first few: a prefix mask), the others 0;
-/// bf16 values widened to f32 (exactly).
-///
-/// # Safety
-/// AVX-512F must be available; the values of `mask`'s lanes readable from `p`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) unsafe fn load16_bf16(p: *const bf16, mask: __mmask16) -> __m512 {
-    let bits = match mask {
-        // SAFETY: 16 values readable (caller).
-        0xffff => unsafe { _mm256_loadu_si256(p.cast()) },
-        0 => _mm256_setzero_si256(),
-        // A masked 16-bit load needs AVX512BW: the rest of a row goes through a copy.
-        _ => {
-            let mut rest = [bf16::ZERO; 16];
-            // SAFETY: the values of `mask`'s lanes readable (caller), and `rest` holds 16.
-            unsafe {
-                std::ptr::copy_nonoverlapping(p, rest.as_mut_ptr(), mask.count_ones() as usize);
-                _mm256_loadu_si256(rest.as_ptr().cast())
-            }
-        }
-    };
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
-}
-
 /// The sums of the lanes of 16 vectors: lane `t` of the result is the sum of `x[t]`'s lanes,
 /// in a tree (pairs within 128-bit lanes, then across them).
 ///
@@ -364,21 +397,6 @@ unsafe fn sum_lanes(x: [__m512; 16]) -> __m512 {
     };
     across(across(u[0], u[1]), across(u[2], u[3]))
 }
-
-/// `log₂e` as the nearest f32 and what that misses.
-pub(super) const LOG2_E_HI: f32 = std::f32::consts::LOG2_E;
-pub(super) const LOG2_E_LO: f32 =
-    (std::f64::consts::LOG2_E - std::f32::consts::LOG2_E as f64) as f32;
-
-/// Cephes' `exp2f` polynomial, highest power first: `2^f ≈ 1 + f·P(f)` on `[−½, ½]`.
-pub(super) const EXP2_P: [f32; 6] = [
-    1.535_336_2e-4,
-    1.339_887_4e-3,
-    9.618_437e-3,
-    5.550_332_5e-2,
-    2.402_264_8e-1,
-    6.931_472e-1,
-];
 
 /// `e^x` for 16 lanes and the `x ≤ 5.5` the softmax feeds it (the weights of rows whose saved
 /// max is the AMX path's running one, up to 5.5 below the row's largest score, are up to
@@ -414,19 +432,13 @@ pub(crate) unsafe fn exp(x: __m512) -> __m512 {
         _mm512_sub_ps(_mm512_setzero_ps(), n),
     );
     let f = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2_E_LO), f);
-    let mut p = _mm512_set1_ps(EXP2_P[0]);
-    for &c in &EXP2_P[1..] {
+    let mut p = _mm512_set1_ps(CEPHES_EXP2[0]);
+    for &c in &CEPHES_EXP2[1..] {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
     // 2^f = 1 + f·P(f)
     let p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
     _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n))
-}
-
-/// The lane mask of the 16 values at `i` of an `n`-value row.
-fn lane_mask(i: usize, n: usize) -> __mmask16 {
-    let lanes = (n - i).min(16);
-    ((1u32 << lanes) - 1) as __mmask16
 }
 
 /// `x *= a`.
@@ -439,7 +451,7 @@ pub(super) unsafe fn scale(x: &mut [f32], a: f32) {
     let n = x.len();
     let p = x.as_mut_ptr();
     for i in (0..n).step_by(16) {
-        let m = lane_mask(i, n);
+        let m = lanes(i, n);
         // SAFETY: lanes of `m` lie inside `x`.
         unsafe {
             let v = _mm512_maskz_loadu_ps(m, p.add(i));
@@ -459,7 +471,7 @@ pub(super) unsafe fn max(x: &[f32]) -> f32 {
     let mut nan: __mmask16 = 0;
     let n = x.len();
     for i in (0..n).step_by(16) {
-        let m = lane_mask(i, n);
+        let m = lanes(i, n);
         // SAFETY: lanes of `m` lie inside `x`.
         let v = unsafe { _mm512_mask_loadu_ps(ninf, m, x.as_ptr().add(i)) };
         nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
@@ -482,7 +494,7 @@ pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
     let n = x.len();
     let p = x.as_mut_ptr();
     for i in (0..n).step_by(16) {
-        let k = lane_mask(i, n);
+        let k = lanes(i, n);
         // SAFETY: lanes of `k` lie inside `x`; AVX-512F is available.
         unsafe {
             let e = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p.add(i)), mv));
@@ -499,7 +511,7 @@ pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
 /// round it: `m`, the rounded `scale·max x`, is then exactly the largest, where with one
 /// rounding of `scale·x − m` the largest exponent is what the product's rounding lost (up to
 /// 512 for scores near 1e10, and `e^512` overflows). `e^` is `2^` of the degree-5 polynomial
-/// (`super::amx::exp2`, relative error ≤ 2e-7), results below 2^-125 (and `−∞`) 0, NaN NaN.
+/// ([`exp2`], relative error ≤ 2e-7), results below 2^-125 (and `−∞`) 0, NaN NaN.
 ///
 /// # Safety
 /// AVX-512F and AVX512DQ must be available.
@@ -511,12 +523,12 @@ pub(super) unsafe fn exp_scaled_sum(x: &mut [f32], scale: f32, m: f32) -> f32 {
     let n = x.len();
     let p = x.as_mut_ptr();
     for i in (0..n).step_by(16) {
-        let k = lane_mask(i, n);
+        let k = lanes(i, n);
         // SAFETY: lanes of `k` lie inside `x`; AVX-512F and AVX512DQ are available.
         unsafe {
             let s = _mm512_maskz_loadu_ps(k, p.add(i));
             let t = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s, c), mc), log2e);
-            let e = super::amx::exp2::<true, 5>(t, super::amx::EXP2_DEGREE_5);
+            let e = exp2::<true, 5>(t, EXP2_DEGREE_5);
             _mm512_mask_storeu_ps(p.add(i), k, e);
             sum = _mm512_mask_add_ps(sum, k, sum, e);
         }
@@ -524,14 +536,258 @@ pub(super) unsafe fn exp_scaled_sum(x: &mut [f32], scale: f32, m: f32) -> f32 {
     _mm512_reduce_add_ps(sum)
 }
 
+/// `2^t` for 16 lanes and `t ≤ 8` (`MAX_HEADROOM·log₂e` is 7.9; a block's pass that is redone
+/// may overflow to ∞) with the polynomial `c` (`EXP2_DEGREE_4`: relative error ≤ 3e-6,
+/// `EXP2_DEGREE_5`: ≤ 2e-7, from [`super::exp`], both checked for `−125 ≤ t ≤ 8` in the tests): `t = n + f` with
+/// `n = ⌊t⌋` and `f ∈ [0, 1)` (`VREDUCEPS`), `2^f` by the polynomial, times `2^n`
+/// (`VSCALEFPS`, which takes `⌊t⌋` itself). The row's sum, and so the
+/// log-sum-exp, moves by at most the same relative error.
+///
+/// Below −125 the result is 2^-125 (not 0): rows with no hidden keys take it, as a weight of
+/// 2^-125 ≈ 2e-38 is 0 to every tolerance while staying clear of subnormals, which cost a
+/// microcode assist each. With `HIDDEN` (rows whose masks hide keys inside their range: −∞)
+/// it is 0, at one compare more.
+///
+/// # Safety
+/// AVX-512F and AVX512DQ must be available.
+#[target_feature(enable = "avx512f,avx512dq")]
+#[inline]
+pub(crate) unsafe fn exp2<const HIDDEN: bool, const N: usize>(t: __m512, c: [f32; N]) -> __m512 {
+    let floor = _mm512_set1_ps(-125.0);
+    // Lanes that stay: all, or with `HIDDEN` those not below −125 (NaN stays, to be found).
+    let keep = match HIDDEN {
+        true => _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(t, floor),
+        false => !0,
+    };
+    let t = _mm512_max_ps(floor, t);
+    // imm8 = 0x09: keep 0 fraction bits, round down, no precision exception.
+    let f = _mm512_reduce_ps::<0x09>(t);
+    let mut p = _mm512_set1_ps(c[0]);
+    for &c in &c[1..] {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    }
+    let p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0));
+    _mm512_maskz_scalef_ps(keep, p, t)
+}
+
+/// The largest value of `row` (`−∞` when empty). A NaN may be lost, or returned.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn row_max(row: &[f32]) -> f32 {
+    let n = row.len();
+    let whole = n / 32 * 32;
+    let (lo, hi) = (lanes(whole, n), lanes(whole + 16, n));
+    let row = row.as_ptr();
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    // SAFETY: whole 32-value chunks lie inside `row`, the tail's lanes are masked to what is
+    // left of it.
+    let (mut max0, mut max1) = unsafe {
+        (
+            _mm512_mask_loadu_ps(ninf, lo, row.add(whole)),
+            _mm512_mask_loadu_ps(ninf, hi, row.add(whole + 16)),
+        )
+    };
+    for i in (0..whole).step_by(32) {
+        unsafe {
+            max0 = _mm512_max_ps(max0, _mm512_loadu_ps(row.add(i)));
+            max1 = _mm512_max_ps(max1, _mm512_loadu_ps(row.add(i + 16)));
+        }
+    }
+    _mm512_reduce_max_ps(_mm512_max_ps(max0, max1))
+}
+
+/// The largest sum of squares of the rows of `x` (`[rows, width]`, at least one); NaN or ∞ when
+/// `x` holds NaN or ∞.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn max_square_sum(x: &[f32], width: usize) -> f32 {
+    let mut max = 0.0f32;
+    let tail = lanes(0, width % 16);
+    for row in x.chunks_exact(width) {
+        let mut sq = _mm512_setzero_ps();
+        let mut chunks = row.chunks_exact(16);
+        for chunk in &mut chunks {
+            // SAFETY: 16 values of `row`.
+            let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+            sq = _mm512_fmadd_ps(v, v, sq);
+        }
+        // SAFETY: the lanes of `tail` lie inside the remainder.
+        let v = unsafe { _mm512_maskz_loadu_ps(tail, chunks.remainder().as_ptr()) };
+        let sq = _mm512_reduce_add_ps(_mm512_fmadd_ps(v, v, sq));
+        // `f32::max` would drop a NaN.
+        if sq.is_nan() {
+            return sq;
+        }
+        max = max.max(sq);
+    }
+    max
+}
+
+/// `dst = src` rounded to bf16, nearest even.
+///
+/// # Safety
+/// AVX-512F, AVX512_BF16, AVX512BW and AVX512VL must be available; `dst.len() == src.len()`.
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+pub(crate) unsafe fn round_to_bf16(src: &[f32], dst: &mut [bf16]) {
+    let n = src.len();
+    for i in (0..n).step_by(16) {
+        let mask = lanes(i, n);
+        // SAFETY: the lanes of `mask` lie inside both slices.
+        unsafe {
+            let x = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
+            let y: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+            _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), mask, y);
+        }
+    }
+}
+
+/// Transposes 16 rows of 16 dwords: lane `j` of row `p` of the result is lane `p` of row `j`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+    // Pairs, then quads of rows: within each 128-bit lane `L`, `u[4i + k]` holds column
+    // `4L + k` of rows `4i..4i + 4`.
+    let t: [__m512i; 16] = std::array::from_fn(|x| {
+        let (a, b) = (r[x / 2 * 2], r[x / 2 * 2 + 1]);
+        if x % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    let u: [__m512i; 16] = std::array::from_fn(|x| {
+        let (i, k) = (x / 4, x % 4);
+        let (a, b) = (t[4 * i + k / 2], t[4 * i + k / 2 + 2]);
+        if k % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    // Then a 4 × 4 transpose of the 128-bit lanes of `u[k]`, `u[4 + k]`, `u[8 + k]`, `u[12 + k]`.
+    let mut out = [_mm512_setzero_si512(); 16];
+    for k in 0..4 {
+        let (a, b, c, d) = (u[k], u[4 + k], u[8 + k], u[12 + k]);
+        let (ab_lo, ab_hi) = (
+            _mm512_shuffle_i32x4::<0x44>(a, b),
+            _mm512_shuffle_i32x4::<0xee>(a, b),
+        );
+        let (cd_lo, cd_hi) = (
+            _mm512_shuffle_i32x4::<0x44>(c, d),
+            _mm512_shuffle_i32x4::<0xee>(c, d),
+        );
+        out[k] = _mm512_shuffle_i32x4::<0x88>(ab_lo, cd_lo);
+        out[4 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_lo, cd_lo);
+        out[8 + k] = _mm512_shuffle_i32x4::<0x88>(ab_hi, cd_hi);
+        out[12 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_hi, cd_hi);
+    }
+    out
+}
+
+/// [`super::portable::transpose_blocks`] for f32 values, 16 × 16 tiles at a time.
+///
+/// # Safety
+/// AVX-512F must be available.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn transpose_blocks(
+    src: &[f32],
+    (width, block): (usize, usize),
+    dst: &mut [f32],
+) {
+    for (src, dst) in src.chunks(block * width).zip(dst.chunks_mut(block * width)) {
+        let keys = src.len() / width;
+        let (whole_keys, whole_cols) = (keys / 16 * 16, width / 16 * 16);
+        for j in (0..whole_keys).step_by(16) {
+            for p in (0..whole_cols).step_by(16) {
+                let rows: [__m512i; 16] = std::array::from_fn(|r| {
+                    let row = &src[(j + r) * width + p..][..16];
+                    // SAFETY: 16 values of `row`.
+                    _mm512_castps_si512(unsafe { _mm512_loadu_ps(row.as_ptr()) })
+                });
+                for (c, col) in transpose_16x16(rows).into_iter().enumerate() {
+                    let dst = &mut dst[(p + c) * keys + j..][..16];
+                    // SAFETY: 16 values of `dst`.
+                    unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), col) };
+                }
+            }
+        }
+        // The columns past the whole tiles, then the keys past them.
+        for j in 0..keys {
+            let cols = if j < whole_keys { whole_cols } else { 0 };
+            for p in cols..width {
+                dst[p * keys + j] = src[j * width + p];
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::exp::EXP2_DEGREE_4;
+
+    #[test]
+    fn exp2_is_within_its_bound() {
+        if !std::arch::is_x86_feature_detected!("avx512dq") {
+            crate::cpu::not_on_this_cpu("AVX512DQ");
+            return;
+        }
+        /// The worst relative error of `2^t` by the polynomial `c` on every 2^-12 from −125
+        /// to 8 (544 769 values, 16 per call), against f64, the same with `HIDDEN`; and that
+        /// below −125 the result stays at 2^-125, clear of the subnormals, or with `HIDDEN` is
+        /// 0 (−∞ too), while NaN stays NaN.
+        fn worst<const N: usize>(c: [f32; N]) -> f64 {
+            let ts: Vec<f32> = (-8 * 4096..=125 * 4096)
+                .map(|i| -(i as f32) / 4096.0)
+                .collect();
+            let mut worst = 0.0f64;
+            for chunk in ts.chunks(16) {
+                let mut t = [0.0f32; 16];
+                t[..chunk.len()].copy_from_slice(chunk);
+                let (mut got, mut hidden) = ([0.0f32; 16], [0.0f32; 16]);
+                // SAFETY: the features are checked by the caller.
+                unsafe {
+                    use std::arch::x86_64::*;
+                    let t = _mm512_loadu_ps(t.as_ptr());
+                    _mm512_storeu_ps(got.as_mut_ptr(), exp2::<false, N>(t, c));
+                    _mm512_storeu_ps(hidden.as_mut_ptr(), exp2::<true, N>(t, c));
+                }
+                assert_eq!(got, hidden);
+                for (&t, &g) in chunk.iter().zip(&got) {
+                    let want = 2f64.powf(f64::from(t));
+                    worst = worst.max((f64::from(g) / want - 1.0).abs());
+                }
+            }
+            let (mut got, mut hidden) = ([0.0f32; 16], [0.0f32; 16]);
+            let t = [-1e4, f32::NEG_INFINITY, -125.5, f32::NAN].repeat(4);
+            // SAFETY: as above.
+            unsafe {
+                use std::arch::x86_64::*;
+                let t = _mm512_loadu_ps(t.as_ptr());
+                _mm512_storeu_ps(got.as_mut_ptr(), exp2::<false, N>(t, c));
+                _mm512_storeu_ps(hidden.as_mut_ptr(), exp2::<true, N>(t, c));
+            }
+            for ((&t, &g), &h) in t.iter().zip(&got).zip(&hidden) {
+                match t.is_nan() {
+                    true => assert!(g.is_nan() && h.is_nan(), "{t}: {g}, {h}"),
+                    false => assert!(g == 2f32.powi(-125) && h == 0.0, "{t}: {g}, {h}"),
+                }
+            }
+            worst
+        }
+        let (four, five) = (worst(EXP2_DEGREE_4), worst(EXP2_DEGREE_5));
+        assert!(four <= 3e-6, "degree 4: worst relative error {four:e}");
+        assert!(five <= 2e-7, "degree 5: worst relative error {five:e}");
+    }
 
     #[test]
     fn exp_is_within_its_bound() {
         if !std::arch::is_x86_feature_detected!("avx512f") {
-            crate::not_on_this_cpu("AVX-512");
+            crate::cpu::not_on_this_cpu("AVX-512");
             return;
         }
         // Every 2^-10 from −86 (above 2^-125) to 5.5, the largest `x` the softmax gives it.

@@ -5,51 +5,19 @@
 //! a decoding step, and the row operations of the online softmax with a vectorised `exp`.
 //!
 //! Every function here is an `unsafe fn` with `#[target_feature]`: callers must have checked
-//! the CPU (see [`super::isa`]). Matrices are row-major slices with explicit row strides; the
+//! the CPU (see [`super::Isa`]). Matrices are row-major slices with explicit row strides; the
 //! last partial 8-lane group of a row is read and written with `vmaskmovps` (or through a copy,
 //! for bf16), so no kernel reads or writes past the columns it was given.
 
 use std::arch::x86_64::*;
 
-use half::bf16;
+use super::element::{Element, load8_f32, prefix_mask};
+use super::exp::{CEPHES_EXP2, LOG2_E_HI, LOG2_E_LO};
+use super::gemm::{Lhs, MR};
 
-use super::Element;
-use super::avx512::{EXP2_P, LOG2_E_HI, LOG2_E_LO};
-
-/// Rows of `C` per register tile (and rows per panel of an `A` in [`Lhs::Panels`]).
-pub(crate) const MR: usize = 6;
 /// 8-lane vectors of `C` per register tile row: 6 × 2 accumulators, 2 loads of `B` and a
 /// broadcast of `A` take 15 of the 16 registers.
 const NV: usize = 2;
-
-/// The lane mask of the first `lanes` of 8 lanes (`lanes ≤ 8`), as `vmaskmovps` reads it.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn prefix_mask(lanes: usize) -> __m256i {
-    _mm256_cmpgt_epi32(
-        _mm256_set1_epi32(lanes as i32),
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-    )
-}
-
-/// The first `lanes` f32 values from `p` (`lanes ≤ 8`), the others 0: a masked load
-/// (`vmaskmovps`) for a partial group, none for an empty one (AMD leaves a fault at a
-/// masked-off lane to the implementation).
-///
-/// # Safety
-/// AVX2 must be available; `lanes` values readable from `p`.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(super) unsafe fn load8_f32(p: *const f32, lanes: usize) -> __m256 {
-    // SAFETY: as the caller guarantees; masked-off lanes are not read.
-    unsafe {
-        match lanes {
-            8 => _mm256_loadu_ps(p),
-            0 => _mm256_setzero_ps(),
-            _ => _mm256_maskload_ps(p, prefix_mask(lanes)),
-        }
-    }
-}
 
 /// Stores the first `lanes` lanes of `x` at `p` (`lanes ≤ 8`). A masked store
 /// (`vmaskmovps`) takes a dozen cycles on AMD's cores, so only a partial group takes one.
@@ -67,30 +35,6 @@ unsafe fn store8(p: *mut f32, lanes: usize, x: __m256) {
             _ => _mm256_maskstore_ps(p, prefix_mask(lanes), x),
         }
     }
-}
-
-/// The first `lanes` bf16 values from `p` (`lanes ≤ 8`) widened to f32 (exactly), the others 0
-/// (none read when `lanes` is 0).
-///
-/// # Safety
-/// AVX2 must be available; `lanes` values readable from `p`.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(super) unsafe fn load8_bf16(p: *const bf16, lanes: usize) -> __m256 {
-    let bits = match lanes {
-        // SAFETY: 8 values readable (caller).
-        8 => unsafe { _mm_loadu_si128(p.cast()) },
-        // There is no masked 16-bit load: the rest of a row goes through a copy.
-        _ => {
-            let mut rest = [bf16::ZERO; 8];
-            // SAFETY: `lanes` values readable (caller), and `rest` holds 8.
-            unsafe {
-                std::ptr::copy_nonoverlapping(p, rest.as_mut_ptr(), lanes);
-                _mm_loadu_si128(rest.as_ptr().cast())
-            }
-        }
-    };
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
 }
 
 /// Where one register tile reads and writes: `R` rows of `A` (element `(r, p)` at
@@ -184,16 +128,6 @@ unsafe fn tile_rows<T: Element, const FULL: bool, const CHECK: bool>(
             _ => tile::<T, 1, FULL, CHECK>(t, largest),
         }
     }
-}
-
-/// How the `A` of a GEMM is laid out.
-#[derive(Clone, Copy)]
-pub(crate) enum Lhs {
-    /// Row-major, rows this far apart.
-    Rows(usize),
-    /// In panels of [`MR`] rows (the last may hold fewer), as the backward pass packs them:
-    /// the panel of rows `r0..` starts at `r0 · k` and holds `[k, panel rows]`.
-    Panels,
 }
 
 /// `C[m × n] (+)= A[m × k] · B[k × n]`, `A` laid out as `lhs` says, `B` in f32 or bf16; with
@@ -396,7 +330,7 @@ fn sum_lanes(x: [__m256; 8]) -> __m256 {
     )
 }
 
-/// `e^x` for 8 lanes: [`super::avx512::exp`]'s algorithm (Cephes' `exp2f` polynomial, `x·log₂e`
+/// `e^x` for 8 lanes: `avx512::exp`'s algorithm (Cephes' `exp2f` polynomial, `x·log₂e`
 /// in two pieces), relative error ≤ 2.5e-7 for `x ≤ 5.5`; results below 2^-125 (and `−∞`)
 /// give 0, NaN gives NaN, and past 2^127 the result is `+∞` (AVX-512's gives NaN for `+∞`;
 /// the softmax never passes it more than 5.5). `2^n` is built in the exponent
@@ -420,8 +354,8 @@ pub(crate) fn exp(x: __m256) -> __m256 {
         _mm256_sub_ps(_mm256_setzero_ps(), n),
     );
     let f = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2_E_LO), f);
-    let mut p = _mm256_set1_ps(EXP2_P[0]);
-    for &c in &EXP2_P[1..] {
+    let mut p = _mm256_set1_ps(CEPHES_EXP2[0]);
+    for &c in &CEPHES_EXP2[1..] {
         p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
     }
     // 2^f = 1 + f·P(f); 2^n for n in −125..=127 from its exponent bits.
@@ -514,7 +448,7 @@ mod tests {
     #[test]
     fn exp_is_within_its_bound() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            crate::not_on_this_cpu("AVX2");
+            crate::cpu::not_on_this_cpu("AVX2");
             return;
         }
         // Every 2^-10 from −86 (above 2^-125) to 5.5, the largest `x` the softmax gives it.
