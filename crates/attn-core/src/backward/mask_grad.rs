@@ -14,11 +14,11 @@
 
 use rayon::prelude::*;
 
+use super::grads::{LSE_BOUND, refuse_mask_overflow, row_deltas, validate};
 use super::kernels::Kernels;
-use super::{LSE_BOUND, row_deltas, validate};
-use crate::cpu::{FiniteBits, Isa, max_keeping_nan};
+use crate::cpu::{Isa, max_keeping_nan};
 use crate::error::AttnError;
-use crate::mask::{FloatMask, key_range};
+use crate::mask::key_range;
 use crate::options::AttnOptions;
 use crate::shape::AttnInput;
 
@@ -95,7 +95,7 @@ pub fn sdpa_backward_float_mask_with(
     dout: &[f32],
 ) -> Result<Vec<f32>, AttnError> {
     validate(input, options, Some((out, lse)), dout)?;
-    let mask = float_mask(options)?;
+    let mask = super::grads::float_mask(options)?;
     isa.require()?;
     let sh = input.shape;
     let [mb, mh, ml, ms] = mask.dims();
@@ -145,38 +145,7 @@ pub fn sdpa_backward_float_mask_with(
                 .for_each(|(u, sums)| pass.block(head, ROWS * u, dims, sums));
         }
     });
-    refuse_overflow(dmask, input)
-}
-
-/// The float mask whose gradient is asked for, or the error that there is none.
-pub(super) fn float_mask(options: &AttnOptions) -> Result<&FloatMask, AttnError> {
-    options
-        .float_mask
-        .as_ref()
-        .ok_or_else(|| AttnError::InvalidOption {
-            option: "float_mask",
-            reason: "is not given, so there is no mask gradient to compute".into(),
-        })
-}
-
-/// Refuses a mask gradient holding NaN or ±∞ when `input` is finite, as
-/// [`super::Grads`] are refused: only an overflow gives them then.
-pub(super) fn refuse_overflow(
-    dmask: Vec<f32>,
-    input: &AttnInput<'_>,
-) -> Result<Vec<f32>, AttnError> {
-    let finite = |x: &[f32]| x.par_chunks(1 << 14).all(f32::all_finite);
-    if !finite(&dmask) && [input.q, input.k, input.v].iter().all(|x| finite(x)) {
-        let index = dmask
-            .iter()
-            .position(|x| !x.is_finite())
-            .unwrap_or_default();
-        return Err(AttnError::GradientOverflow {
-            tensor: "float_mask",
-            index,
-        });
-    }
-    Ok(dmask)
+    refuse_mask_overflow(dmask, input)
 }
 
 /// What every block reads.

@@ -2,7 +2,7 @@
 //! saved state, every rule of the [crate docs](crate) in order. Slow and simple, to check
 //! the fast path against.
 
-use super::{Grads, validate};
+use super::grads::{Grads, float_mask, refuse_mask_overflow, validate};
 use crate::mask::key_range;
 use crate::reference::{dot, score};
 use crate::{AttnError, AttnInput, AttnOptions};
@@ -45,12 +45,12 @@ pub fn sdpa_backward_float_mask_reference(
     dout: &[f32],
 ) -> Result<Vec<f32>, AttnError> {
     validate(input, options, None, dout)?;
-    let mask = super::mask_grad::float_mask(options)?;
+    let mask = float_mask(options)?;
     let mut g = zero_grads(input);
     let mut dmask = vec![0.0; mask.data().len()];
     let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
     add_rows(input, options, dout, 0..rows, (&mut g, Some(&mut dmask)));
-    super::mask_grad::refuse_overflow(dmask, input)
+    refuse_mask_overflow(dmask, input)
 }
 
 /// Zero gradients shaped like `input`'s q, k and v.

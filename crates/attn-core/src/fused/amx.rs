@@ -64,7 +64,7 @@ use std::mem::MaybeUninit;
 
 use half::bf16;
 
-use super::{BlockOut, Plan, Src, ValueScale};
+use super::plan::{BlockOut, Plan, Src, ValueScale, advance};
 use crate::cpu::Isa;
 use crate::cpu::aligned::Aligned;
 use crate::cpu::amx::{self, BLOCK, PackedB, Products, Tiles};
@@ -910,27 +910,6 @@ fn softmax_step_plain(
         let _ = (row, raw_max, scale, hidden, state, p);
         None
     }
-}
-
-/// The end of a fused step: the row's running max and sum move to `m_new` and on by
-/// `block_sum`; returns the factor `e^(m − m')` the accumulator must be scaled by, when the max
-/// changed. `None` (nothing changed) when `block_sum` is NaN: a NaN score the max lost.
-pub(super) fn advance(
-    (m, sum): (&mut f32, &mut f32),
-    m_new: f32,
-    block_sum: f32,
-) -> Option<Option<f32>> {
-    if block_sum.is_nan() {
-        return None;
-    }
-    if m_new == *m {
-        *sum += block_sum;
-        return Some(None);
-    }
-    let alpha = (*m - m_new).exp();
-    *sum = *sum * alpha + block_sum;
-    *m = m_new;
-    Some(Some(alpha))
 }
 
 /// The pass of [`softmax_step_plain`] with the offset `m`: `p = e^(scale·s − m)` as bf16;
