@@ -20,7 +20,7 @@
 //! against. [`MultiheadAttention`] builds multi-head attention (projections, masks, weights) on
 //! top.
 //!
-//! Tensors are row-major `f32` slices (`bf16` for [`sdpa_bf16`]) with their dims in an
+//! Tensors are row-major `f32` (or `bf16`) slices with their dims in an
 //! [`AttnShape`]: q is `[batch, n_heads, seq_q, head_dim]`, k and v `[batch, n_kv_heads,
 //! seq_kv, _]`, the output `[batch, n_heads, seq_q, value_dim]`. Indices count from 0.
 //!
@@ -58,14 +58,14 @@
 //!
 //! | what | items |
 //! |---|---|
-//! | one call | [`sdpa`], [`sdpa_reference`]; bf16 inputs: [`sdpa_bf16`], [`AttnInputBf16`], [`bf16`] |
+//! | one call | [`sdpa`], [`sdpa_reference`], on f32 or [`bf16`] inputs ([`AttnElement`]) |
 //! | its tensors | [`AttnShape`], [`AttnInput`], [`AttnOutput`], [`Weights`] |
 //! | its options | [`AttnOptions`], [`WeightsRequest`], [`Dropout`] |
 //! | masks | [`Causal`], [`Window`], [`BoolMask`], [`FloatMask`] (both a [`Broadcast`]), [`KeyPadding`], [`causal_matrix`] |
-//! | gradients | [`sdpa_backward`], [`sdpa_backward_reference`], [`Grads`]; of a float mask: [`sdpa_backward_float_mask`], [`sdpa_backward_float_mask_reference`] |
+//! | gradients | [`sdpa_backward`], [`sdpa_backward_reference`], [`Grads`] (a float mask's with [`AttnOptions::float_mask_grad`]) |
 //! | packed batches | [`sdpa_varlen`], [`sdpa_varlen_backward`], [`PackedInput`], [`PackedDims`], [`PackedOutput`] |
 //! | `nn.MultiheadAttention` | [`MultiheadAttention`], [`MhaConfig`], [`MhaInput`], [`MhaOutput`], [`MhaGrads`], [`Linear`], [`LinearGrads`], [`StateDict`] |
-//! | the CPU | [`Isa`] (forced with [`sdpa_with`], [`sdpa_bf16_with`], [`sdpa_backward_with`], [`sdpa_backward_float_mask_with`]), [`set_global_threads`], [`MAX_THREADS`] |
+//! | the CPU | [`Isa`] (forced with [`AttnOptions::isa`]), [`set_global_threads`], [`MAX_THREADS`] |
 //! | limits and errors | [`AttnError`], [`MAX_WEIGHTS_BYTES`], [`MAX_EMPTY_HEAD_SCORES`], [`f32_bytes`] |
 
 #![warn(missing_docs)]
@@ -74,6 +74,7 @@ mod backward;
 mod cpu;
 mod error;
 mod fused;
+mod input;
 mod mask;
 mod mha;
 mod options;
@@ -81,15 +82,14 @@ mod reference;
 mod shape;
 mod varlen;
 
-pub use backward::{
-    Grads, sdpa_backward, sdpa_backward_float_mask, sdpa_backward_float_mask_reference,
-    sdpa_backward_float_mask_with, sdpa_backward_reference, sdpa_backward_with,
-};
+pub use backward::{Grads, sdpa_backward, sdpa_backward_reference};
 pub use cpu::{Isa, MAX_THREADS, set_global_threads};
 pub use error::AttnError;
-pub use fused::{AttnInputBf16, sdpa, sdpa_bf16, sdpa_bf16_with, sdpa_with};
-/// The bf16 type of [`AttnInputBf16`] (from the `half` crate), for callers without that dependency.
+pub use fused::sdpa;
+/// The bf16 type of [`AttnInput`]s in bf16 (from the `half` crate), for callers without that
+/// dependency.
 pub use half::bf16;
+pub use input::{AttnElement, AttnInput};
 pub use mask::{BoolMask, Broadcast, Causal, FloatMask, KeyPadding, Window, causal_matrix};
 pub use mha::{
     Linear, LinearGrads, MhaConfig, MhaGrads, MhaInput, MhaOutput, MultiheadAttention, StateDict,
@@ -97,6 +97,6 @@ pub use mha::{
 pub use options::{AttnOptions, Dropout, WeightsRequest};
 pub use reference::sdpa_reference;
 pub use shape::{
-    AttnInput, AttnOutput, AttnShape, MAX_EMPTY_HEAD_SCORES, MAX_WEIGHTS_BYTES, Weights, f32_bytes,
+    AttnOutput, AttnShape, MAX_EMPTY_HEAD_SCORES, MAX_WEIGHTS_BYTES, Weights, f32_bytes,
 };
 pub use varlen::{PackedDims, PackedInput, PackedOutput, sdpa_varlen, sdpa_varlen_backward};

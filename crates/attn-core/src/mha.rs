@@ -540,7 +540,7 @@ impl MultiheadAttention {
         // Back through out = merged·W_outᵀ + b_out, then attention, then the projections.
         let (out_proj, d_merged) = self.out_proj.backward(&merged, dout);
         let d_attn = split_heads(&d_merged, b, l, h, hd);
-        let g = sdpa_backward(&attn_input, &options, &attn.out, &attn.lse, &d_attn)?;
+        let g = sdpa_backward(&attn_input, &options, &attn, &d_attn)?;
         let (q_proj, query) = self
             .q_proj
             .backward(input.query, &merge_heads(&g.dq, b, l, h, hd));

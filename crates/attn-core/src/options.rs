@@ -103,6 +103,12 @@ pub struct AttnOptions {
     pub dropout: Option<Dropout>,
     /// Which weights to return besides the output (none by default).
     pub weights: WeightsRequest,
+    /// The kernels to run: `None` for [`Isa::best`], else these (an ISA this CPU lacks is an
+    /// error), to check one against another. The reference twins ignore it.
+    pub isa: Option<Isa>,
+    /// Backward passes only: with a float mask, also its gradient ([`crate::Grads::dmask`],
+    /// PyTorch's `attn_mask.grad`), which takes about as long again.
+    pub float_mask_grad: bool,
 }
 
 impl AttnOptions {
@@ -219,6 +225,11 @@ impl AttnOptions {
         }
     }
 
+    /// The kernels a call with these options runs on ([`AttnOptions::isa`], else the best).
+    pub(crate) fn chosen_isa(&self) -> Isa {
+        self.isa.unwrap_or_else(Isa::best)
+    }
+
     /// The scale in effect for `shape`.
     pub fn scale_for(&self, shape: &AttnShape) -> f32 {
         self.scale.unwrap_or(1.0 / (shape.head_dim as f32).sqrt())
@@ -227,6 +238,15 @@ impl AttnOptions {
     /// Checks every option against the call's shape. Both kernels call this first.
     pub fn validate(&self, shape: &AttnShape) -> Result<(), AttnError> {
         shape.validate()?;
+        if let Some(isa) = self.isa {
+            isa.require()?;
+        }
+        if self.float_mask_grad && self.float_mask.is_none() {
+            return Err(AttnError::InvalidOption {
+                option: "float_mask_grad",
+                reason: "asks for the float mask's gradient, but no float mask is given".into(),
+            });
+        }
         if let Some(scale) = self.scale
             && !scale.is_finite()
         {

@@ -1,11 +1,15 @@
 //! The reference twin: plain, readable attention, one query row at a time, every rule of the
 //! [crate docs](crate) written out in order. The fast path is tested against it.
 
+use crate::error::AttnError;
+use crate::input::{AttnElement, AttnInput};
 use crate::mask::key_range;
 use crate::options::check_overflow;
-use crate::{AttnError, AttnInput, AttnOptions, AttnOutput, Weights, WeightsRequest};
+use crate::options::{AttnOptions, WeightsRequest};
+use crate::shape::{AttnOutput, Weights};
 
-/// Scaled dot-product attention, computed the plain way (O(seq_kv) scratch per row).
+/// Scaled dot-product attention, computed the plain way (O(seq_kv) scratch per row), on f32 or
+/// bf16 inputs (widened to f32 exactly).
 ///
 /// # Shapes
 /// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
@@ -13,7 +17,15 @@ use crate::{AttnError, AttnInput, AttnOptions, AttnOutput, Weights, WeightsReque
 /// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
 /// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`,
 ///   weights as [`WeightsRequest`] says.
-pub fn sdpa_reference(
+pub fn sdpa_reference<T: AttnElement>(
+    input: &AttnInput<'_, T>,
+    options: &AttnOptions,
+) -> Result<AttnOutput, AttnError> {
+    T::sdpa_reference(input, options)
+}
+
+/// [`sdpa_reference`] on f32 inputs: the twin itself.
+pub(crate) fn sdpa_f32(
     input: &AttnInput<'_>,
     options: &AttnOptions,
 ) -> Result<AttnOutput, AttnError> {

@@ -107,7 +107,7 @@ impl AttnShape {
 
     /// Checks the head grouping, that the per-row state and the output fit, and that a call
     /// whose queries and keys are empty declares few scores; element counts are checked by
-    /// [`AttnInput::new`].
+    /// [`crate::AttnInput::new`].
     ///
     /// The kernels keep an f32 per query row (the log-sum-exp) and per key (scores), even when
     /// `head_dim` or `value_dim` is 0 and every tensor is empty. Without this check an empty case
@@ -221,26 +221,6 @@ pub(crate) fn check_len(tensor: &'static str, dims: &[usize], got: usize) -> Res
     Ok(())
 }
 
-/// Borrowed, contiguous, row-major f32 inputs of one attention call.
-///
-/// # Shapes
-/// - `q`: `[batch, n_heads, seq_q, head_dim]`
-/// - `k`: `[batch, n_kv_heads, seq_kv, head_dim]`
-/// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
-#[derive(Debug, Clone, Copy)]
-pub struct AttnInput<'a> {
-    /// Queries, `[batch, n_heads, seq_q, head_dim]`.
-    pub q: &'a [f32],
-    /// Keys, `[batch, n_kv_heads, seq_kv, head_dim]`.
-    pub k: &'a [f32],
-    /// Values, `[batch, n_kv_heads, seq_kv, value_dim]`.
-    pub v: &'a [f32],
-    /// The dims the slices are read with. Every call checks the slices' lengths against it,
-    /// so an input built without [`AttnInput::new`] gets [`AttnError::LengthMismatch`], not a
-    /// panic.
-    pub shape: AttnShape,
-}
-
 /// The first NaN or infinity in `data`, as [`AttnError::NonFinite`] naming `tensor`.
 pub(crate) fn check_finite<T: FiniteBits>(tensor: &'static str, data: &[T]) -> Result<(), AttnError>
 where
@@ -257,93 +237,6 @@ where
             index,
             value: f32::from(data[index]),
         }),
-    }
-}
-
-impl<'a> AttnInput<'a> {
-    /// Checks the head grouping, every slice's length against `shape`, and that every value is
-    /// finite: a NaN or infinity in `q`, `k` or `v` is [`AttnError::NonFinite`] naming the
-    /// tensor and the first bad index.
-    ///
-    /// # Shapes
-    /// - `q`: `[batch, n_heads, seq_q, head_dim]`
-    /// - `k`: `[batch, n_kv_heads, seq_kv, head_dim]`
-    /// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
-    pub fn new(
-        q: &'a [f32],
-        k: &'a [f32],
-        v: &'a [f32],
-        shape: AttnShape,
-    ) -> Result<Self, AttnError> {
-        let input = Self::allowing_non_finite(q, k, v, shape)?;
-        check_finite("q", q)?;
-        check_finite("k", k)?;
-        check_finite("v", v)?;
-        Ok(input)
-    }
-
-    /// Like [`AttnInput::new`] without the finiteness check, for callers that want NaN and
-    /// infinity to flow through. A non-finite query element then reaches only its own output
-    /// row; a non-finite key or value only the rows that can see it.
-    ///
-    /// # Shapes
-    /// As [`AttnInput::new`].
-    pub fn allowing_non_finite(
-        q: &'a [f32],
-        k: &'a [f32],
-        v: &'a [f32],
-        shape: AttnShape,
-    ) -> Result<Self, AttnError> {
-        shape.check_lens(q.len(), k.len(), v.len())?;
-        Ok(AttnInput { q, k, v, shape })
-    }
-
-    /// Builds the input from tensors given with their own dims, checking that they agree and
-    /// that every value is finite (as [`AttnInput::new`]).
-    ///
-    /// # Shapes
-    /// - `q`: `[batch, n_heads, seq_q, head_dim]`
-    /// - `k`: `[batch, n_kv_heads, seq_kv, head_dim]`
-    /// - `v`: `[batch, n_kv_heads, seq_kv, value_dim]`
-    pub fn from_dims(
-        q: (&'a [f32], &[usize]),
-        k: (&'a [f32], &[usize]),
-        v: (&'a [f32], &[usize]),
-    ) -> Result<Self, AttnError> {
-        let rank4 = |tensor: &'static str, dims: &[usize]| -> Result<[usize; 4], AttnError> {
-            <[usize; 4]>::try_from(dims).map_err(|_| AttnError::RankMismatch {
-                tensor,
-                expected: 4,
-                got: dims.to_vec(),
-            })
-        };
-        let [b, hq, l, d] = rank4("q", q.1)?;
-        let [kb, hkv, s, kd] = rank4("k", k.1)?;
-        let vdims = rank4("v", v.1)?;
-        if kb != b || kd != d {
-            return Err(AttnError::ShapeMismatch {
-                tensor: "k",
-                expected: vec![b, hkv, s, d],
-                got: k.1.to_vec(),
-            });
-        }
-        if vdims[0] != b || vdims[1] != hkv || vdims[2] != s {
-            return Err(AttnError::ShapeMismatch {
-                tensor: "v",
-                expected: vec![b, hkv, s, vdims[3]],
-                got: v.1.to_vec(),
-            });
-        }
-        let shape = AttnShape {
-            batch: b,
-            n_heads: hq,
-            n_kv_heads: hkv,
-            seq_q: l,
-            seq_kv: s,
-            head_dim: d,
-            value_dim: vdims[3],
-        };
-        Self::new(q.0, k.0, v.0, shape)
     }
 }
 

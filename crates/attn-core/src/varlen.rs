@@ -15,7 +15,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::backward::check_saved_lse;
-use crate::shape::{check_finite, check_len};
+use crate::shape::{AttnOutput, check_finite, check_len};
 use crate::{
     AttnError, AttnInput, AttnOptions, AttnShape, Dropout, Grads, WeightsRequest, sdpa,
     sdpa_backward,
@@ -438,11 +438,15 @@ pub fn sdpa_varlen_backward(
                         .copied()
                 })
                 .collect();
+            let forward = AttnOutput {
+                out: tokens(&fwd.out),
+                lse,
+                weights: None,
+            };
             sdpa_backward(
                 &AttnInput::allowing_non_finite(&q, &k, &v, input.shape_of(b))?,
                 &options_for(options, b),
-                &tokens(&fwd.out),
-                &lse,
+                &forward,
                 &tokens(dout),
             )
             .map_err(|e| in_sequence(e, b, input))
@@ -452,6 +456,7 @@ pub fn sdpa_varlen_backward(
         dq: vec![0.0; total_q * n_heads * head_dim],
         dk: vec![0.0; total_kv * n_kv_heads * head_dim],
         dv: vec![0.0; total_kv * n_kv_heads * value_dim],
+        dmask: None,
     };
     for (b, r) in results.iter().enumerate() {
         let (rq, rkv) = input.ranges(b);

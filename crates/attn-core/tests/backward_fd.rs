@@ -9,14 +9,13 @@
 mod common;
 
 use attn_core::Isa;
-use attn_core::sdpa_backward_with;
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, Grads,
     KeyPadding, Window, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference,
 };
 
 use common::rng::Rng;
-use common::{isas, not_on_this_cpu};
+use common::{backward_on, isas, not_on_this_cpu};
 
 struct Inputs {
     q: Vec<f32>,
@@ -57,6 +56,7 @@ fn finite_differences(sh: AttnShape, opt: &AttnOptions, x: &Inputs) -> Grads {
         dq: vec![0.0; x.q.len()],
         dk: vec![0.0; x.k.len()],
         dv: vec![0.0; x.v.len()],
+        dmask: None,
     };
     for which in 0..3 {
         let n = [x.q.len(), x.k.len(), x.v.len()][which];
@@ -110,7 +110,7 @@ fn check_against_fd(case: &str, sh: AttnShape, opt: AttnOptions, seed: u64) {
     let fd = finite_differences(sh, &opt, &x);
     let reference = sdpa_backward_reference(&input, &opt, &x.dout).unwrap();
     let fwd = sdpa(&input, &opt).unwrap();
-    let fast = sdpa_backward(&input, &opt, &fwd.out, &fwd.lse, &x.dout).unwrap();
+    let fast = sdpa_backward(&input, &opt, &fwd, &x.dout).unwrap();
     // The gradients are of order 1; 2e-3 is ~50× the finite differences' own error and far
     // below what a missing term (a chain-rule factor, a dropout factor, a GQA sum) changes.
     assert_grads_close(&format!("{case} (reference vs fd)"), &reference, &fd, 2e-3);
@@ -340,12 +340,12 @@ fn dropout_of_one_drops_every_weight() {
             .collect::<Vec<_>>()
     };
     let (qb, kb, vb) = (bf16(&x.q), bf16(&x.k), bf16(&x.v));
-    let input_bf16 = attn_core::AttnInputBf16::new(&qb, &kb, &vb, sh).unwrap();
-    let got = attn_core::sdpa_bf16(&input_bf16, &all_dropped).unwrap();
+    let input_bf16 = attn_core::AttnInput::new(&qb, &kb, &vb, sh).unwrap();
+    let got = attn_core::sdpa(&input_bf16, &all_dropped).unwrap();
     assert!(got.out.iter().all(|&o| o == 0.0), "bf16: out");
 
     let fwd = sdpa(&input, &all_dropped).unwrap();
-    let fast = sdpa_backward(&input, &all_dropped, &fwd.out, &fwd.lse, &x.dout).unwrap();
+    let fast = sdpa_backward(&input, &all_dropped, &fwd, &x.dout).unwrap();
     let slow = sdpa_backward_reference(&input, &all_dropped, &x.dout).unwrap();
     for (kernel, g) in [("fast", fast), ("reference", slow)] {
         for (name, grad) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
@@ -359,7 +359,7 @@ fn check_twin(case: &str, sh: AttnShape, opt: &AttnOptions, seed: u64) {
     let x = random_inputs(sh, seed);
     let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
     let fwd = sdpa(&input, opt).unwrap();
-    let fast = sdpa_backward(&input, opt, &fwd.out, &fwd.lse, &x.dout).unwrap();
+    let fast = sdpa_backward(&input, opt, &fwd, &x.dout).unwrap();
     let reference = sdpa_backward_reference(&input, opt, &x.dout).unwrap();
     assert_grads_close(case, &fast, &reference, 1e-4);
 }
@@ -492,7 +492,7 @@ fn the_portable_build_matches_the_best_one() {
         let x = random_inputs(sh, l as u64);
         let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
         let fwd = sdpa(&input, &opt).unwrap();
-        let run = |isa| sdpa_backward_with(isa, &input, &opt, &fwd.out, &fwd.lse, &x.dout).unwrap();
+        let run = |isa| backward_on(isa, &input, &opt, (&fwd.out, &fwd.lse), &x.dout).unwrap();
         let best = run(Isa::best());
         assert_grads_close(
             &format!("portable L{l} S{s}"),
@@ -621,7 +621,7 @@ fn the_amx_build_matches_the_fma_build_and_the_twin() {
         let x = random_inputs(sh, l as u64);
         let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
         let fwd = sdpa(&input, &opt).unwrap();
-        let run = |isa| sdpa_backward_with(isa, &input, &opt, &fwd.out, &fwd.lse, &x.dout);
+        let run = |isa| backward_on(isa, &input, &opt, (&fwd.out, &fwd.lse), &x.dout);
         if !Isa::Amx.is_available() {
             // This CPU cannot check the AMX build; asking for it is an error.
             let err = run(Isa::Amx).unwrap_err();
@@ -652,7 +652,12 @@ fn errors_of(sh: AttnShape, f: impl Fn(&mut Inputs, &mut Vec<f32>, &mut Vec<f32>
     let (mut out, mut lse) = (fwd.out, fwd.lse);
     f(&mut x, &mut out, &mut lse);
     let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
-    sdpa_backward(&input, &AttnOptions::default(), &out, &lse, &x.dout).unwrap_err()
+    let forward = attn_core::AttnOutput {
+        out,
+        lse,
+        weights: None,
+    };
+    sdpa_backward(&input, &AttnOptions::default(), &forward, &x.dout).unwrap_err()
 }
 
 #[test]
@@ -803,7 +808,7 @@ fn scores_near_the_tile_bound_keep_the_amx_lane_exact() {
     let options = AttnOptions::default();
     let fwd = sdpa(&input, &options).unwrap();
     let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
-    let got = sdpa_backward_with(Isa::Amx, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+    let got = backward_on(Isa::Amx, &input, &options, (&fwd.out, &fwd.lse), &dout).unwrap();
     assert_within_of_largest("amx", &got, &want, 3.5e-5);
 }
 
@@ -835,7 +840,7 @@ fn a_large_scale_keeps_the_amx_lanes_gradients_exact() {
     };
     let fwd = sdpa(&input, &options).unwrap();
     let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
-    let got = sdpa_backward_with(Isa::Amx, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+    let got = backward_on(Isa::Amx, &input, &options, (&fwd.out, &fwd.lse), &dout).unwrap();
     // The golden files' metric and gradient tolerance: |got − want| / max(1, |want|) ≤ 1e-4.
     for (name, got, want) in [
         ("dq", &got.dq, &want.dq),
@@ -891,7 +896,7 @@ fn large_scores_leave_the_amx_lane() {
     let input = AttnInput::new(&q, &k, &v, shape).unwrap();
     let fwd = sdpa(&input, &options).unwrap();
     let want = sdpa_backward_reference(&input, &options, &dout).unwrap();
-    let run = |isa| sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+    let run = |isa| backward_on(isa, &input, &options, (&fwd.out, &fwd.lse), &dout).unwrap();
     for isa in isas().into_iter().filter(|&isa| isa != Isa::Portable) {
         assert_within_of_largest(&format!("{isa:?}"), &run(isa), &want, 1e-3);
     }
@@ -970,7 +975,7 @@ fn extreme_scales_give_the_references_gradients() {
         let fwd = sdpa_reference(&input, &options).unwrap();
         let want = sdpa_backward_reference(&input, &options, &dout);
         for isa in isas() {
-            let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout);
+            let got = backward_on(isa, &input, &options, (&fwd.out, &fwd.lse), &dout);
             let (got, want) = match (got, &want) {
                 (Ok(got), Ok(want)) => (got, want),
                 (got, want) => {
@@ -1042,7 +1047,7 @@ fn a_large_float_mask_on_a_whole_row_gives_the_references_gradients() {
             want.dv
         );
         for isa in isas() {
-            let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &dout).unwrap();
+            let got = backward_on(isa, &input, &options, (&fwd.out, &fwd.lse), &dout).unwrap();
             let worst = worst_difference(&got, &want);
             assert!(worst <= 1e-6, "mask {offset:e}, {isa:?}: off by {worst:e}");
         }
@@ -1069,7 +1074,7 @@ fn a_large_float_mask_on_a_whole_row_gives_the_references_gradients() {
     assert!(fwd.lse[0] < -1e38 && fwd.lse[10].abs() < 10.0);
     let want = sdpa_backward_reference(&input, &options, &x.dout).unwrap();
     for isa in isas() {
-        let got = sdpa_backward_with(isa, &input, &options, &fwd.out, &fwd.lse, &x.dout).unwrap();
+        let got = backward_on(isa, &input, &options, (&fwd.out, &fwd.lse), &x.dout).unwrap();
         let worst = worst_difference(&got, &want);
         assert!(worst <= 2e-5, "left padding, {isa:?}: off by {worst:e}");
     }

@@ -7,7 +7,11 @@ use attn_core::{
     WeightsRequest, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference, sdpa_varlen,
     sdpa_varlen_backward,
 };
-use attn_core::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with};
+use attn_core::{Isa, bf16};
+
+mod common;
+
+use common::sdpa_on;
 
 /// A valid 1×2×3×4 call (batch 1, 2 heads, 3 queries, 4 keys, head_dim 2).
 fn shape() -> AttnShape {
@@ -100,7 +104,7 @@ fn length_mismatch_when_a_slice_disagrees_with_its_shape() {
     };
     let bf = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
     let (qb, kb, vb) = (bf(&q), bf(&k), bf(&v[1..]));
-    let short_bf16 = AttnInputBf16 {
+    let short_bf16 = AttnInput {
         q: &qb,
         k: &kb,
         v: &vb,
@@ -110,8 +114,8 @@ fn length_mismatch_when_a_slice_disagrees_with_its_shape() {
     let mut results = vec![sdpa_reference(&short, &options), sdpa(&short, &options)];
     for isa in Isa::ALL {
         if isa.is_available() {
-            results.push(sdpa_with(isa, &short, &options));
-            results.push(sdpa_bf16_with(isa, &short_bf16, &options));
+            results.push(sdpa_on(isa, &short, &options));
+            results.push(sdpa_on(isa, &short_bf16, &options));
         }
     }
     for result in results {
@@ -568,7 +572,7 @@ fn too_large_weights_are_refused_before_allocating() {
     // Dims whose product overflows usize.
     let huge = AttnShape::new(usize::MAX, 2, 1, 1, 1);
     assert!(matches!(
-        AttnInput::new(&[], &[], &[], huge),
+        AttnInput::<f32>::new(&[], &[], &[], huge),
         Err(AttnError::TooLarge { .. })
     ));
 }
@@ -586,14 +590,14 @@ fn shapes_the_inputs_do_not_bound_are_refused() {
         (1 << 15, 1 << 15, 1, 1),
     ] {
         let sh = AttnShape::new(b, h, l, s, 0);
-        let err = AttnInput::new(&[], &[], &[], sh).unwrap_err();
+        let err = AttnInput::<f32>::new(&[], &[], &[], sh).unwrap_err();
         assert!(
             matches!(&err, AttnError::EmptyHeadTooLarge { shape, .. } if shape == &[b, h, l, s]),
             "{err:?}"
         );
         assert!(err.to_string().contains("head_dim is 0"), "{err}");
         // A hand-built input is caught by the kernels' own validation.
-        let input = AttnInput {
+        let input = AttnInput::<f32> {
             q: &[],
             k: &[],
             v: &[],
@@ -754,7 +758,7 @@ fn a_gradient_that_overflows_is_refused_naming_it() {
     for (path, err) in [
         (
             "fast",
-            sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &dout).unwrap_err(),
+            sdpa_backward(&input, &options, &fwd, &dout).unwrap_err(),
         ),
         (
             "reference",
@@ -769,7 +773,7 @@ fn a_gradient_that_overflows_is_refused_naming_it() {
     }
     // Half that dout gives finite gradients.
     let half = vec![1e38f32; 2];
-    let g = sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &half).unwrap();
+    let g = sdpa_backward(&input, &options, &fwd, &half).unwrap();
     assert!(g.dq.iter().chain(&g.dk).chain(&g.dv).all(|x| x.is_finite()));
 }
 
@@ -832,7 +836,7 @@ fn a_call_without_rows_returns_at_once_whatever_its_head_count() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let sh = AttnShape::new(1, 1 << 40, 0, 0, 8);
-        let input = AttnInput::new(&[], &[], &[], sh).unwrap();
+        let input = AttnInput::<f32>::new(&[], &[], &[], sh).unwrap();
         let fwd = sdpa_reference(&input, &AttnOptions::default()).unwrap();
         let grads = sdpa_backward_reference(&input, &AttnOptions::default(), &[]).unwrap();
         tx.send((fwd.out.len(), grads.dq.len())).unwrap();

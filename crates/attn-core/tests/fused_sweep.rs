@@ -9,8 +9,8 @@ use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
     KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
 };
-use attn_core::{AttnInputBf16, Isa, bf16, sdpa_bf16_with, sdpa_with, set_global_threads};
-use common::{assert_close, golden_files, isas, load_case, not_on_this_cpu};
+use attn_core::{Isa, bf16, set_global_threads};
+use common::{assert_close, golden_files, isas, load_case, not_on_this_cpu, sdpa_on};
 
 use common::rng::Rng;
 
@@ -235,6 +235,8 @@ fn options_for(which: usize, shape: &AttnShape, rng: &mut Rng) -> (&'static str,
                 key_padding: Some(padding(rng)),
                 dropout: Some(Dropout { p: 0.2, seed: 3 }),
                 weights: WeightsRequest::None,
+                isa: None,
+                float_mask_grad: false,
             },
         ),
     }
@@ -330,7 +332,7 @@ fn sweep(
                 (q, k, v) = (widen(&qb), widen(&kb), widen(&vb));
             }
             let input = AttnInput::new(&q, &k, &v, shape).unwrap();
-            let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+            let input_bf16 = AttnInput::new(&qb, &kb, &vb, shape).unwrap();
             for which in options(si * head_dims.len() + di) {
                 let (label, mut opts) = options_for(which, &shape, &mut rng);
                 opts.weights = weights_for((which + di) % 3, seq_q);
@@ -338,10 +340,10 @@ fn sweep(
                 for isa in isas() {
                     let name = format!("{label} {shape:?} {:?} on {isa:?}", opts.weights);
                     if bf16_inputs {
-                        let got = sdpa_bf16_with(isa, &input_bf16, &opts).unwrap();
+                        let got = sdpa_on(isa, &input_bf16, &opts).unwrap();
                         assert_same_bf16(&name, &got, &want, bf16_out_tol(isa, &opts, &v));
                     } else {
-                        let got = sdpa_with(isa, &input, &opts).unwrap();
+                        let got = sdpa_on(isa, &input, &opts).unwrap();
                         assert_same(&name, &got, &want, TOL);
                     }
                     cases += 1;
@@ -451,7 +453,7 @@ fn huge_logits_stay_finite() {
         let max_lse = want.lse.iter().fold(0.0f32, |a, &x| a.max(x.abs()));
         assert!(max_lse > 1e3, "the inputs should give huge logits");
         for isa in isas() {
-            let got = sdpa_with(isa, &input, &opts).unwrap();
+            let got = sdpa_on(isa, &input, &opts).unwrap();
             assert!(got.out.iter().chain(&got.lse).all(|x| x.is_finite()));
             assert_same(
                 &format!("huge logits {causal:?} on {isa:?}"),
@@ -483,7 +485,7 @@ fn fully_masked_rows_give_zero_and_minus_infinity() {
         // A row that sees nothing must get its zeros written, not find them: free a block of
         // NaN of the output's size first, which the allocator hands back for the output.
         drop(std::hint::black_box(vec![f32::NAN; 70 * 8]));
-        let got = sdpa_with(isa, &input, &opts).unwrap();
+        let got = sdpa_on(isa, &input, &opts).unwrap();
         for i in 0..67 {
             assert_eq!(got.lse[i], f32::NEG_INFINITY, "row {i} on {isa:?}");
             assert!(got.out[i * 8..][..8].iter().all(|&x| x == 0.0));
@@ -512,7 +514,7 @@ fn no_query_heads_give_empty_outputs() {
     let kv = Rng(8).vec(shape.k_dims().iter().product(), 1.0);
     let kv_bf16 = round(&kv);
     let input = AttnInput::new(&[], &kv, &kv, shape).unwrap();
-    let input_bf16 = AttnInputBf16::new(&[], &kv_bf16, &kv_bf16, shape).unwrap();
+    let input_bf16 = AttnInput::new(&[], &kv_bf16, &kv_bf16, shape).unwrap();
     for which in 0..3 {
         let opts = AttnOptions {
             weights: weights_for(which, shape.seq_q),
@@ -522,8 +524,8 @@ fn no_query_heads_give_empty_outputs() {
         assert!(want.out.is_empty() && want.lse.is_empty());
         for isa in isas() {
             let name = format!("no heads, {:?} on {isa:?}", opts.weights);
-            assert_same(&name, &sdpa_with(isa, &input, &opts).unwrap(), &want, TOL);
-            let got = sdpa_bf16_with(isa, &input_bf16, &opts).unwrap();
+            assert_same(&name, &sdpa_on(isa, &input, &opts).unwrap(), &want, TOL);
+            let got = sdpa_on(isa, &input_bf16, &opts).unwrap();
             assert_same(&name, &got, &want, TOL);
         }
     }
@@ -568,12 +570,12 @@ fn on_f32_and_bf16(
         for isa in isas() {
             let got = if bf16 {
                 let input = match checked {
-                    true => AttnInputBf16::new(&qb, &kb, &vb, shape),
-                    false => AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape),
+                    true => AttnInput::new(&qb, &kb, &vb, shape),
+                    false => AttnInput::allowing_non_finite(&qb, &kb, &vb, shape),
                 };
-                sdpa_bf16_with(isa, &input.unwrap(), opts).unwrap()
+                sdpa_on(isa, &input.unwrap(), opts).unwrap()
             } else {
-                sdpa_with(isa, &input, opts).unwrap()
+                sdpa_on(isa, &input, opts).unwrap()
             };
             let name = format!("bf16 {bf16}, {isa:?}");
             check(&name, &Run { isa, bf16 }, &got, &want, v);
@@ -636,7 +638,7 @@ fn decoding_steps_read_each_key_once_and_give_what_the_other_passes_give() {
             let (qb, kb, vb) = (round(&q), round(&k), round(&v));
             let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
             let input = AttnInput::allowing_non_finite(&q, &k, &v, shape).unwrap();
-            let input_bf16 = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
+            let input_bf16 = AttnInput::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
             let widened = AttnInput::allowing_non_finite(&qw, &kw, &vw, shape).unwrap();
             let which = match values {
                 // The NaN sits at the last key: causal top-left rows (all but the last) and
@@ -651,10 +653,9 @@ fn decoding_steps_read_each_key_once_and_give_what_the_other_passes_give() {
                 for isa in isas() {
                     let name = format!("{label}, {name}, {shape:?}, {:?} on {isa:?}", opts.weights);
                     let f32_runs =
-                        |threads| on_threads(threads, || sdpa_with(isa, &input, &opts).unwrap());
-                    let bf16_runs = |threads| {
-                        on_threads(threads, || sdpa_bf16_with(isa, &input_bf16, &opts).unwrap())
-                    };
+                        |threads| on_threads(threads, || sdpa_on(isa, &input, &opts).unwrap());
+                    let bf16_runs =
+                        |threads| on_threads(threads, || sdpa_on(isa, &input_bf16, &opts).unwrap());
                     for (dtype, (streamed, each_head), reference) in [
                         ("f32", (f32_runs(2), f32_runs(32)), &input),
                         ("bf16", (bf16_runs(2), bf16_runs(32)), &widened),
@@ -743,7 +744,7 @@ fn decoding_steps_check_the_values_no_row_visits() {
         let input = AttnInput::allowing_non_finite(q, k, v, shape).unwrap();
         let want = sdpa_reference(&input, &opts).unwrap();
         for isa in isas() {
-            let run = |threads| on_threads(threads, || sdpa_with(isa, &input, &opts).unwrap());
+            let run = |threads| on_threads(threads, || sdpa_on(isa, &input, &opts).unwrap());
             let (streamed, each_head) = (run(1), run(4));
             let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let name = format!("{label} where no row looks, on {isa:?}");
@@ -1222,7 +1223,7 @@ fn golden_cases_on_every_isa() {
             ..case.options.clone()
         };
         for isa in isas() {
-            let got = sdpa_with(isa, &input, &opts).unwrap();
+            let got = sdpa_on(isa, &input, &opts).unwrap();
             let (tol, name) = (case.tolerance, format!("{} on {isa:?}", case.name));
             assert_close("out", &name, &got.out, &case.expected_out, tol);
             assert_close("lse", &name, &got.lse, &case.expected_lse, 1e-4);
@@ -1253,10 +1254,10 @@ fn bf16_default_entry_uses_the_best_isa() {
         .into_iter()
         .map(bf16::from_f32)
         .collect();
-    let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
+    let input = AttnInput::new(&q, &k, &v, shape).unwrap();
     let opts = AttnOptions::default();
-    let got = attn_core::sdpa_bf16(&input, &opts).unwrap();
-    assert_eq!(got, sdpa_bf16_with(Isa::best(), &input, &opts).unwrap());
+    let got = attn_core::sdpa(&input, &opts).unwrap();
+    assert_eq!(got, sdpa_on(Isa::best(), &input, &opts).unwrap());
     // The equality above tells which ISA the entry took only where another gives other bits.
     let others: Vec<Isa> = isas()
         .into_iter()
@@ -1266,13 +1267,13 @@ fn bf16_default_entry_uses_the_best_isa() {
         not_on_this_cpu("a second ISA to tell the default entry's from");
     }
     for isa in others {
-        let other = sdpa_bf16_with(isa, &input, &opts).unwrap();
+        let other = sdpa_on(isa, &input, &opts).unwrap();
         assert_ne!(
             got, other,
             "{isa:?} gives the best ISA's bits: no ISA check here"
         );
     }
-    let want = sdpa_bf16_with(Isa::Portable, &input, &opts).unwrap();
+    let want = sdpa_on(Isa::Portable, &input, &opts).unwrap();
     let vf: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
     assert_same_bf16(
         "bf16 default",
@@ -1281,7 +1282,7 @@ fn bf16_default_entry_uses_the_best_isa() {
         bf16_out_tol(Isa::best(), &opts, &vf),
     );
     assert!(matches!(
-        AttnInputBf16::new(&q[1..], &k, &v, shape),
+        AttnInput::new(&q[1..], &k, &v, shape),
         Err(AttnError::LengthMismatch { tensor: "q", .. })
     ));
 }
@@ -1305,17 +1306,17 @@ fn bf16_products_take_bf16_heads_or_are_refused() {
 
 fn bf16_products_of(isa: Isa, shape: AttnShape, (q, k, v): (&[bf16], &[bf16], &[bf16])) {
     let opts = AttnOptions::default();
-    let input = AttnInputBf16::new(q, k, v, shape).unwrap();
+    let input = AttnInput::new(q, k, v, shape).unwrap();
     if !isa.is_available() {
         assert!(matches!(
-            sdpa_bf16_with(isa, &input, &opts),
+            sdpa_on(isa, &input, &opts),
             Err(AttnError::InvalidOption { option: "isa", .. })
         ));
         not_on_this_cpu(&format!("{isa:?}'s bf16 products"));
         return;
     }
-    let amx = sdpa_bf16_with(isa, &input, &opts).unwrap();
-    let fma = sdpa_bf16_with(Isa::Avx512, &input, &opts).unwrap();
+    let amx = sdpa_on(isa, &input, &opts).unwrap();
+    let fma = sdpa_on(Isa::Avx512, &input, &opts).unwrap();
     let diff = amx
         .out
         .iter()
@@ -1335,16 +1336,16 @@ fn bf16_products_of(isa: Isa, shape: AttnShape, (q, k, v): (&[bf16], &[bf16], &[
     let mut v = v.to_vec();
     v[300 * 64 + 5] = bf16::NAN;
     assert!(matches!(
-        AttnInputBf16::new(q, k, &v, shape),
+        AttnInput::new(q, k, &v, shape),
         Err(AttnError::NonFinite {
             tensor: "v",
             index: 19205,
             ..
         })
     ));
-    let input = AttnInputBf16::allowing_non_finite(q, k, &v, shape).unwrap();
-    let amx_nan = sdpa_bf16_with(isa, &input, &opts).unwrap();
-    let fma_nan = sdpa_bf16_with(Isa::Avx512, &input, &opts).unwrap();
+    let input = AttnInput::allowing_non_finite(q, k, &v, shape).unwrap();
+    let amx_nan = sdpa_on(isa, &input, &opts).unwrap();
+    let fma_nan = sdpa_on(Isa::Avx512, &input, &opts).unwrap();
     let head = 100 * 64;
     assert_eq!(amx_nan.out[..head], amx.out[..head]);
     let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
@@ -1354,8 +1355,8 @@ fn bf16_products_of(isa: Isa, shape: AttnShape, (q, k, v): (&[bf16], &[bf16], &[
     // is untouched.
     let mut k_nan = k.to_vec();
     k_nan[7 * 64 + 3] = bf16::NAN;
-    let input = AttnInputBf16::allowing_non_finite(q, &k_nan, &v, shape).unwrap();
-    let amx_k = sdpa_bf16_with(isa, &input, &opts).unwrap();
+    let input = AttnInput::allowing_non_finite(q, &k_nan, &v, shape).unwrap();
+    let amx_k = sdpa_on(isa, &input, &opts).unwrap();
     assert!(amx_k.out[..head].iter().all(|x| x.is_nan()));
     assert!(amx_k.lse[..100].iter().all(|x| x.is_nan()));
     assert!(same_bits(&amx_k.out[head..], &amx_nan.out[head..]));
@@ -1382,8 +1383,8 @@ fn avx512_bf16_runs_f32_inputs_as_avx512_does() {
         ..AttnOptions::default()
     };
     let input = AttnInput::new(&q, &k, &v, shape).unwrap();
-    let dot = sdpa_with(Isa::Avx512Bf16, &input, &opts).unwrap();
-    let fma = sdpa_with(Isa::Avx512, &input, &opts).unwrap();
+    let dot = sdpa_on(Isa::Avx512Bf16, &input, &opts).unwrap();
+    let fma = sdpa_on(Isa::Avx512, &input, &opts).unwrap();
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&dot.out), bits(&fma.out));
     assert_eq!(bits(&dot.lse), bits(&fma.lse));
@@ -1434,8 +1435,8 @@ fn amx_takes_the_tiles_for_f32_heads_that_allow_them() {
         }
         let input = AttnInput::new(&q, &k, &v, shape).unwrap();
         let want = sdpa_reference(&input, &opts).unwrap();
-        let amx = sdpa_with(Isa::Amx, &input, &opts).unwrap();
-        let fma = sdpa_with(Isa::Avx512, &input, &opts).unwrap();
+        let amx = sdpa_on(Isa::Amx, &input, &opts).unwrap();
+        let fma = sdpa_on(Isa::Avx512, &input, &opts).unwrap();
         let name = format!("f32 on AMX, {shape:?} {:?}", opts.weights);
         assert_same(&name, &amx, &want, TOL);
         let head = seq_q * 64;
@@ -1472,7 +1473,7 @@ fn many_rows_of_weights_take_a_pass_of_their_own() {
     let (qw, kw, vw) = (widen(&qb), widen(&kb), widen(&vb));
     let input = AttnInput::new(&q, &k, &v, shape).unwrap();
     let widened = AttnInput::new(&qw, &kw, &vw, shape).unwrap();
-    let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+    let input_bf16 = AttnInput::new(&qb, &kb, &vb, shape).unwrap();
     let rows: Vec<usize> = (0..200).rev().step_by(2).chain([7, 7, 150]).collect();
     assert!(rows.len() > 96);
     for causal in [None, Some(Causal::BottomRight)] {
@@ -1485,8 +1486,8 @@ fn many_rows_of_weights_take_a_pass_of_their_own() {
         let want_bf16 = sdpa_reference(&widened, &opts).unwrap();
         for isa in isas() {
             let name = format!("{} rows, {causal:?} on {isa:?}", rows.len());
-            assert_same(&name, &sdpa_with(isa, &input, &opts).unwrap(), &want, TOL);
-            let got = sdpa_bf16_with(isa, &input_bf16, &opts).unwrap();
+            assert_same(&name, &sdpa_on(isa, &input, &opts).unwrap(), &want, TOL);
+            let got = sdpa_on(isa, &input_bf16, &opts).unwrap();
             assert_same_bf16(&name, &got, &want_bf16, bf16_out_tol(isa, &opts, &vw));
         }
     }
@@ -1537,7 +1538,7 @@ fn bad_input_is_rejected_like_the_reference() {
         let want = sdpa_reference(&input, opts).unwrap_err();
         for isa in isas() {
             // Compared as text: a NaN inside an error is never `==` to itself.
-            let got = sdpa_with(isa, &input, opts).unwrap_err();
+            let got = sdpa_on(isa, &input, opts).unwrap_err();
             assert_eq!(format!("{got:?}"), format!("{want:?}"));
         }
     }
@@ -1624,12 +1625,12 @@ fn non_finite_values_reach_only_the_rows_that_see_them() {
         ..AttnOptions::default()
     };
     for isa in isas() {
-        let clean = sdpa_with(isa, &AttnInput::new(&q, &k, &v, shape).unwrap(), &opts).unwrap();
+        let clean = sdpa_on(isa, &AttnInput::new(&q, &k, &v, shape).unwrap(), &opts).unwrap();
         for bad in [f32::NAN, f32::INFINITY] {
             let mut v_bad = v.clone();
             v_bad[70 * 16 + 3] = bad;
             let input = AttnInput::allowing_non_finite(&q, &k, &v_bad, shape).unwrap();
-            let got = sdpa_with(isa, &input, &opts).unwrap();
+            let got = sdpa_on(isa, &input, &opts).unwrap();
             for i in 0..100 {
                 let (g, c) = (&got.out[i * 16..][..16], &clean.out[i * 16..][..16]);
                 if i < 70 {
@@ -1663,7 +1664,7 @@ fn weights_of_tied_logits_near_the_f32_limit_share_exactly() {
         ..AttnOptions::default()
     };
     for isa in isas() {
-        let got = sdpa_with(isa, &input, &opts).unwrap();
+        let got = sdpa_on(isa, &input, &opts).unwrap();
         let Some(Weights::All(w)) = &got.weights else {
             panic!("no weights")
         };
@@ -1710,7 +1711,7 @@ fn window_sides_wider_than_isize_reach_every_key() {
             };
             run(&|o| sdpa_reference(&input, o).unwrap());
             for isa in isas() {
-                run(&|o| sdpa_with(isa, &input, o).unwrap());
+                run(&|o| sdpa_on(isa, &input, o).unwrap());
             }
         }
     }
@@ -1736,7 +1737,7 @@ fn the_scale_multiplies_the_dot_product_not_the_queries() {
         let want = sdpa_reference(&input, &options).unwrap();
         assert_eq!(want.out, vec![1.0; rows], "reference");
         for isa in isas() {
-            let got = sdpa_with(isa, &input, &options).unwrap();
+            let got = sdpa_on(isa, &input, &options).unwrap();
             let case = format!("{isa:?}, {rows} rows");
             assert_eq!(got.out, vec![1.0; rows], "{case}: out");
             assert_eq!(got.lse, vec![1e10; rows], "{case}: lse");
@@ -1747,13 +1748,13 @@ fn the_scale_multiplies_the_dot_product_not_the_queries() {
         // so the largest weight is exactly 1 (one rounding of `scale·s − m` had left it
         // `e^` of what the scale's product lost, up to `e^512` here: ∞).
         let (q, k, v) = (round(&q), round(&k), round(&v));
-        let input = AttnInputBf16::new(&q, &k, &v, shape).unwrap();
+        let input = AttnInput::new(&q, &k, &v, shape).unwrap();
         let (qw, kw, vw) = (widen(&q), widen(&k), widen(&v));
         let widened = AttnInput::new(&qw, &kw, &vw, shape).unwrap();
         let want = sdpa_reference(&widened, &options).unwrap();
         assert_eq!(want.out, vec![1.0; rows], "bf16 reference");
         for isa in isas() {
-            let got = sdpa_bf16_with(isa, &input, &options).unwrap();
+            let got = sdpa_on(isa, &input, &options).unwrap();
             let case = format!("bf16 on {isa:?}, {rows} rows");
             assert_eq!(got.out, want.out, "{case}: out");
             assert_eq!(got.lse, want.lse, "{case}: lse");
@@ -1792,10 +1793,10 @@ fn rows_with_a_non_finite_score_weigh_hidden_keys_0() {
             // The same inputs in bf16 (all exact in bf16), which take the tiles on AMX.
             let bf = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
             let (qb, kb, vb) = (bf(&q), bf(&k), bf(&v));
-            let input_bf16 = AttnInputBf16::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
+            let input_bf16 = AttnInput::allowing_non_finite(&qb, &kb, &vb, shape).unwrap();
             for isa in isas() {
-                let f32_run = sdpa_with(isa, &input, &options);
-                let bf16_run = sdpa_bf16_with(isa, &input_bf16, &options);
+                let f32_run = sdpa_on(isa, &input, &options);
+                let bf16_run = sdpa_on(isa, &input_bf16, &options);
                 for (dtype, run) in [("f32", f32_run), ("bf16", bf16_run)] {
                     let got = run.unwrap().weights.unwrap();
                     // NaN and 0 where the reference has them, the others within rounding.
@@ -1826,7 +1827,7 @@ fn degenerate_bf16_calls_keep_the_inputs_opt_out() {
     };
     let v = [1.0, 2.0, f32::NAN, 4.0, 5.0, 6.0];
     let vb: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
-    let input = AttnInputBf16::allowing_non_finite(&[], &[], &vb, shape).unwrap();
+    let input = AttnInput::allowing_non_finite(&[], &[], &vb, shape).unwrap();
     let f32_input = AttnInput::allowing_non_finite(&[], &[], &v, shape).unwrap();
     let options = AttnOptions {
         scale: Some(1.0),
@@ -1834,8 +1835,8 @@ fn degenerate_bf16_calls_keep_the_inputs_opt_out() {
     };
     for isa in isas() {
         for (dtype, got) in [
-            ("bf16", sdpa_bf16_with(isa, &input, &options).unwrap()),
-            ("f32", sdpa_with(isa, &f32_input, &options).unwrap()),
+            ("bf16", sdpa_on(isa, &input, &options).unwrap()),
+            ("f32", sdpa_on(isa, &f32_input, &options).unwrap()),
         ] {
             assert_eq!(got.lse, vec![3f32.ln(); 2], "{isa:?} {dtype}");
             let (nan, fours) = (got.out.iter().step_by(2), got.out.iter().skip(1).step_by(2));
@@ -1898,8 +1899,8 @@ fn plain_rows_give_what_the_general_step_gives() {
             for isa in isas() {
                 let name = format!("{isa:?} {bad:?} {:?} {:?}", plain.causal, plain.window);
                 let (got, want) = (
-                    sdpa_with(isa, &input, plain).unwrap(),
-                    sdpa_with(isa, &input, &general).unwrap(),
+                    sdpa_on(isa, &input, plain).unwrap(),
+                    sdpa_on(isa, &input, &general).unwrap(),
                 );
                 for (what, got, want) in
                     [("out", &got.out, &want.out), ("lse", &got.lse, &want.lse)]

@@ -7,13 +7,60 @@
 mod common;
 
 use attn_core::Isa;
-use attn_core::sdpa_backward_float_mask_with;
 use attn_core::{
-    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, KeyPadding,
-    Window, sdpa, sdpa_backward_float_mask, sdpa_backward_float_mask_reference, sdpa_reference,
+    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
+    KeyPadding, Window, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference,
 };
 
+use common::on;
 use common::rng::Rng;
+
+/// `options` asking the backward pass for the float mask's gradient.
+fn asking(options: &AttnOptions) -> AttnOptions {
+    AttnOptions {
+        float_mask_grad: true,
+        ..options.clone()
+    }
+}
+
+/// The fast path's gradient of the float mask, from a forward pass's `out` and `lse`.
+fn mask_grad(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> Result<Vec<f32>, AttnError> {
+    let forward = AttnOutput {
+        out: out.to_vec(),
+        lse: lse.to_vec(),
+        weights: None,
+    };
+    let grads = sdpa_backward(input, &asking(options), &forward, dout)?;
+    Ok(grads.dmask.expect("asked for"))
+}
+
+/// [`mask_grad`] on the kernels of `isa`.
+fn mask_grad_on(
+    isa: Isa,
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> Result<Vec<f32>, AttnError> {
+    mask_grad(input, &on(isa, options), out, lse, dout)
+}
+
+/// The twin's gradient of the float mask.
+fn mask_grad_reference(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    dout: &[f32],
+) -> Result<Vec<f32>, AttnError> {
+    let grads = sdpa_backward_reference(input, &asking(options), dout)?;
+    Ok(grads.dmask.expect("asked for"))
+}
 
 struct Case {
     q: Vec<f32>,
@@ -54,12 +101,12 @@ fn loss(sh: AttnShape, x: &Case, options: &AttnOptions) -> f64 {
 fn fast(isa: Isa, sh: AttnShape, x: &Case, options: &AttnOptions) -> Vec<f32> {
     let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
     let fwd = sdpa(&input, options).unwrap();
-    sdpa_backward_float_mask_with(isa, &input, options, &fwd.out, &fwd.lse, &x.dout).unwrap()
+    mask_grad_on(isa, &input, options, &fwd.out, &fwd.lse, &x.dout).unwrap()
 }
 
 fn twin(sh: AttnShape, x: &Case, options: &AttnOptions) -> Vec<f32> {
     let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
-    sdpa_backward_float_mask_reference(&input, options, &x.dout).unwrap()
+    mask_grad_reference(&input, options, &x.dout).unwrap()
 }
 
 /// Asserts `got` is within `tol · max(1, |expected|)` of `expected`, naming the worst entry.
@@ -267,21 +314,16 @@ fn a_call_without_a_float_mask_or_with_bad_tensors_is_refused() {
     let x = case(sh, 1);
     let input = AttnInput::new(&x.q, &x.k, &x.v, sh).unwrap();
     let fwd = sdpa(&input, &AttnOptions::default()).unwrap();
-    let err =
-        sdpa_backward_float_mask(&input, &AttnOptions::default(), &fwd.out, &fwd.lse, &x.dout)
-            .unwrap_err();
+    let err = mask_grad(&input, &AttnOptions::default(), &fwd.out, &fwd.lse, &x.dout).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "float_mask: is not given, so there is no mask gradient to compute"
+        "float_mask_grad: asks for the float mask's gradient, but no float mask is given"
     );
-    let twin_err =
-        sdpa_backward_float_mask_reference(&input, &AttnOptions::default(), &x.dout).unwrap_err();
+    let twin_err = mask_grad_reference(&input, &AttnOptions::default(), &x.dout).unwrap_err();
     assert_eq!(twin_err.to_string(), err.to_string());
     let options = with_mask(&AttnOptions::default(), vec![0.0; 7], &[7]);
-    let err =
-        sdpa_backward_float_mask(&input, &options, &fwd.out, &fwd.lse, &x.dout[1..]).unwrap_err();
+    let err = mask_grad(&input, &options, &fwd.out, &fwd.lse, &x.dout[1..]).unwrap_err();
     assert!(matches!(err, AttnError::LengthMismatch { .. }), "{err:?}");
-    let err =
-        sdpa_backward_float_mask(&input, &options, &fwd.out, &fwd.lse[1..], &x.dout).unwrap_err();
+    let err = mask_grad(&input, &options, &fwd.out, &fwd.lse[1..], &x.dout).unwrap_err();
     assert!(err.to_string().contains("lse"), "{err}");
 }

@@ -6,11 +6,11 @@
 //! Visibility is recomputed here from the rules of `tests/data/README.md` (step 5), not taken
 //! from the crate, so the mask properties test the kernels' masking against an independent oracle.
 
+use attn_core::bf16;
 use attn_core::{
     AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, FloatMask,
     KeyPadding, Weights, WeightsRequest, Window, sdpa, sdpa_reference,
 };
-use attn_core::{AttnInputBf16, bf16, sdpa_bf16};
 use proptest::prelude::*;
 
 /// Query, key and value data of one call.
@@ -712,7 +712,7 @@ fn empty_tensors_declaring_a_trillion_rows_are_refused_not_allocated() {
         ("query rows", AttnShape::new(1, 1, trillion, 1, 0)),
         ("key rows", AttnShape::new(1, 1, 1, trillion, 0)),
     ] {
-        let err = AttnInput::new(&[], &[], &[], shape).unwrap_err();
+        let err = AttnInput::<f32>::new(&[], &[], &[], shape).unwrap_err();
         assert!(
             matches!(err, AttnError::TooLarge { what: w, bytes, .. } if w == what && bytes == 4 * trillion as u128),
             "{err:?}"
@@ -752,8 +752,8 @@ fn finite_inputs_whose_scores_overflow_are_refused_naming_the_row() {
     assert_eq!(sdpa(&input, &options).unwrap_err(), overflow);
     let to_bf16 = |x: &[f32]| x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>();
     let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
-    let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
-    assert_eq!(sdpa_bf16(&input_bf16, &options).unwrap_err(), overflow);
+    let input_bf16 = AttnInput::new(&qb, &kb, &vb, shape).unwrap();
+    assert_eq!(sdpa(&input_bf16, &options).unwrap_err(), overflow);
     let message = overflow.to_string();
     assert!(
         message.contains("query row 2") && message.contains("overflow"),
@@ -777,12 +777,12 @@ fn scores_that_all_overflow_to_minus_infinity_are_refused_naming_the_row() {
     let to_bf16 = |x: &[f32]| x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>();
     let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
     let input = AttnInput::new(&q, &k, &v, shape).unwrap();
-    let input_bf16 = AttnInputBf16::new(&qb, &kb, &vb, shape).unwrap();
+    let input_bf16 = AttnInput::new(&qb, &kb, &vb, shape).unwrap();
     let run = |options: &AttnOptions| {
         [
             sdpa_reference(&input, options),
             sdpa(&input, options),
-            sdpa_bf16(&input_bf16, options),
+            sdpa(&input_bf16, options),
         ]
     };
     let plain = AttnOptions {

@@ -5,9 +5,10 @@ use rayon::prelude::*;
 
 use crate::cpu::FiniteBits;
 use crate::error::AttnError;
+use crate::input::AttnInput;
 use crate::mask::FloatMask;
 use crate::options::AttnOptions;
-use crate::shape::{AttnInput, check_finite, check_len};
+use crate::shape::{check_finite, check_len};
 
 /// The largest `|lse|` the fast path recomputes `P = e^(S − lse)` from. The saved f32 `lse` of
 /// a row holds `ln(Σ e^(s − max))` only to `|lse|·2⁻²⁴`, which `P` takes as a relative error:
@@ -30,6 +31,10 @@ pub struct Grads {
     pub dk: Vec<f32>,
     /// `[batch, n_kv_heads, seq_kv, value_dim]`, summed over the query heads of each group.
     pub dv: Vec<f32>,
+    /// The float mask's, shaped as it is ([`crate::FloatMask::dims`]), each entry summed over
+    /// everything it is broadcast to, as PyTorch sums `attn_mask.grad`: present when
+    /// [`AttnOptions::float_mask_grad`] asked for it.
+    pub dmask: Option<Vec<f32>>,
 }
 
 impl Grads {

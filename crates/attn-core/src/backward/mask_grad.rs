@@ -18,85 +18,32 @@ use super::grads::{LSE_BOUND, refuse_mask_overflow, row_deltas, validate};
 use super::kernels::Kernels;
 use crate::cpu::{Isa, max_keeping_nan};
 use crate::error::AttnError;
+use crate::input::AttnInput;
 use crate::mask::key_range;
 use crate::options::AttnOptions;
-use crate::shape::AttnInput;
 
 /// Query rows per block: few enough for [`Isa::gemm_abt`]'s kernel, which reads the keys as
 /// they are stored.
 const ROWS: usize = 16;
 
-/// Runs of blocks whose sums a mask of one row for all queries keeps apart (see
-/// [`sdpa_backward_float_mask_with`]): enough for the threads of a large machine, each run's
+/// Runs of blocks whose sums a mask of one row for all queries keeps apart (see [`dmask`]): enough for the threads of a large machine, each run's
 /// row `seq_kv` floats.
 const GROUPS: usize = 32;
 
-/// The gradient of `sum(out · dout)` with respect to `options.float_mask`, shaped as the mask
-/// ([`crate::FloatMask::dims`]): each entry summed over everything it is broadcast to, as
-/// PyTorch sums `attn_mask.grad`. `out` and `lse` are what [`crate::sdpa`] returned for the
-/// same `input` and `options`.
+/// The gradient of `sum(out · dout)` with respect to `options.float_mask` ([`Grads::dmask`],
+/// asked for by [`AttnOptions::float_mask_grad`]), on the kernels of `isa`. It takes about as
+/// long as the gradients of `q`, `k` and `v` with the same mask.
 ///
-/// The mask comes after the scale, softcap and ALiBi, so what query `i`'s score of key `j`
-/// adds is the softmax backward's `dS_ij = P_ij·(Z_ij·dP_ij − D_i)` (`Z` the dropout factor,
-/// `dP = dout·Vᵀ`, `D = rowsum(dout ∘ out)`). Keys another rule hides, or the mask's own −∞,
-/// add 0. It takes about as long as [`super::sdpa_backward`] with the same mask (measured in
-/// the repository's `docs/benchmarks.md`).
-///
-/// # Shapes
-/// As [`super::sdpa_backward`]; returns `float_mask.dims()` values.
-///
-/// # Errors
-/// As [`super::sdpa_backward`], and options without a float mask.
-///
-/// ```
-/// use attn_core::{AttnInput, AttnOptions, AttnShape, FloatMask};
-/// use attn_core::{sdpa, sdpa_backward, sdpa_backward_float_mask};
-///
-/// // A learned bias per head and (query, key) pair, shared by the batch, as T5's relative
-/// // positions are: [heads, seq_q, seq_kv] broadcast over the batch of 2.
-/// let shape = AttnShape::new(2, 4, 5, 5, 8);
-/// let x: Vec<f32> = (0..2 * 4 * 5 * 8).map(|i| (i as f32 * 0.37).sin()).collect();
-/// let bias: Vec<f32> = (0..4 * 5 * 5).map(|i| (i as f32 * 0.11).cos()).collect();
-/// let options = AttnOptions {
-///     float_mask: Some(FloatMask::from_vec(bias, &[4, 5, 5])?),
-///     ..AttnOptions::default()
-/// };
-/// let input = AttnInput::new(&x, &x, &x, shape)?;
-/// let fwd = sdpa(&input, &options)?;
-/// let dout = vec![1.0; fwd.out.len()];
-/// let grads = sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &dout)?;
-/// let dbias = sdpa_backward_float_mask(&input, &options, &fwd.out, &fwd.lse, &dout)?;
-/// assert_eq!((grads.dq.len(), dbias.len()), (x.len(), 4 * 5 * 5));
-/// # Ok::<(), attn_core::AttnError>(())
-/// ```
-pub fn sdpa_backward_float_mask(
-    input: &AttnInput<'_>,
-    options: &AttnOptions,
-    out: &[f32],
-    lse: &[f32],
-    dout: &[f32],
-) -> Result<Vec<f32>, AttnError> {
-    sdpa_backward_float_mask_with(Isa::best(), input, options, out, lse, dout)
-}
-
-/// [`sdpa_backward_float_mask`] through the kernels of `isa`.
-///
-/// # Shapes
-/// As [`sdpa_backward_float_mask`].
-///
-/// # Errors
-/// As [`sdpa_backward_float_mask`], and an `isa` this CPU lacks.
-pub fn sdpa_backward_float_mask_with(
+/// [`Grads::dmask`]: super::Grads::dmask
+pub(super) fn dmask(
     isa: Isa,
     input: &AttnInput<'_>,
     options: &AttnOptions,
-    out: &[f32],
-    lse: &[f32],
+    (out, lse): (&[f32], &[f32]),
     dout: &[f32],
 ) -> Result<Vec<f32>, AttnError> {
     validate(input, options, Some((out, lse)), dout)?;
     let mask = super::grads::float_mask(options)?;
-    isa.require()?;
     let sh = input.shape;
     let [mb, mh, ml, ms] = mask.dims();
     let delta = row_deltas(dout, out, sh.value_dim, lse.len());

@@ -58,8 +58,7 @@ mod reference;
 pub use grads::Grads;
 pub(crate) use grads::check_saved_lse;
 use grads::{LSE_BOUND, row_deltas, validate};
-pub use mask_grad::{sdpa_backward_float_mask, sdpa_backward_float_mask_with};
-pub use reference::{sdpa_backward_float_mask_reference, sdpa_backward_reference};
+pub use reference::sdpa_backward_reference;
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -72,9 +71,10 @@ use crate::cpu::bf16x;
 use crate::cpu::{Isa, max_keeping_nan};
 use crate::error::AttnError;
 use crate::fused::F32_SCORE_BOUND;
+use crate::input::AttnInput;
 use crate::mask::key_range;
 use crate::options::AttnOptions;
-use crate::shape::{AttnInput, AttnShape};
+use crate::shape::{AttnOutput, AttnShape};
 #[cfg(target_arch = "x86_64")]
 use amx::{PARTS, PARTS_X3};
 use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
@@ -204,54 +204,78 @@ impl Norms {
 /// The largest `|scale|·max(‖q‖, ‖k‖)` at which `dK` and `dQ` take bf16x3 ([`Norms::narrow_grads`]).
 const NARROW_GRAD_BOUND: f32 = 8.0;
 
-/// Gradients of `sum(out · dout)` with respect to `q`, `k` and `v`: the fast path.
+/// Gradients of `sum(out · dout)` with respect to `q`, `k` and `v`, and with
+/// [`AttnOptions::float_mask_grad`] the float mask: the fast path.
 ///
-/// `out` and `lse` are what the forward pass ([`crate::sdpa`] or [`crate::sdpa_reference`])
-/// returned for the same `input` and `options`; `options.weights` is ignored.
+/// `forward` is what [`crate::sdpa`] (or [`crate::sdpa_reference`]) returned for the same
+/// `input` and `options` (its `out` and `lse`; `options.weights` is ignored). The float mask
+/// comes after the scale, softcap and ALiBi, so what query `i`'s score of key `j` adds to it is
+/// the softmax backward's `dS_ij = P_ij·(Z_ij·dP_ij − D_i)` (`Z` the dropout factor,
+/// `dP = dout·Vᵀ`, `D = rowsum(dout ∘ out)`); keys another rule hides, or the mask's own −∞,
+/// add 0.
 ///
 /// # Shapes
 /// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
 /// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
 /// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
-/// - `out`, `dout`: `[batch, n_heads, seq_q, value_dim]`; `lse`: `[batch, n_heads, seq_q]`
-/// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`.
+/// - `forward.out`, `dout`: `[batch, n_heads, seq_q, value_dim]`; `forward.lse`:
+///   `[batch, n_heads, seq_q]`
+/// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`, and `dmask` like the float mask.
 ///
 /// # Errors
 /// Whatever [`AttnOptions::validate`] rejects, a tensor of the wrong length, a non-finite
 /// `dout` or `out`, a NaN or `+∞` in `lse`, and gradients that overflow f32 from finite
 /// inputs ([`AttnError::GradientOverflow`]).
+///
+/// ```
+/// use attn_core::{AttnInput, AttnOptions, AttnShape, FloatMask, sdpa, sdpa_backward};
+///
+/// // A learned bias per head and (query, key) pair, shared by the batch, as T5's relative
+/// // positions are: [heads, seq_q, seq_kv] broadcast over the batch of 2.
+/// let shape = AttnShape::new(2, 4, 5, 5, 8);
+/// let x: Vec<f32> = (0..2 * 4 * 5 * 8).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let bias: Vec<f32> = (0..4 * 5 * 5).map(|i| (i as f32 * 0.11).cos()).collect();
+/// let options = AttnOptions {
+///     float_mask: Some(FloatMask::from_vec(bias, &[4, 5, 5])?),
+///     float_mask_grad: true,
+///     ..AttnOptions::default()
+/// };
+/// let input = AttnInput::new(&x, &x, &x, shape)?;
+/// let fwd = sdpa(&input, &options)?;
+/// let dout = vec![1.0; fwd.out.len()];
+/// let grads = sdpa_backward(&input, &options, &fwd, &dout)?;
+/// assert_eq!(grads.dq.len(), x.len());
+/// assert_eq!(grads.dmask.map(|d| d.len()), Some(4 * 5 * 5));
+/// # Ok::<(), attn_core::AttnError>(())
+/// ```
 pub fn sdpa_backward(
     input: &AttnInput<'_>,
     options: &AttnOptions,
-    out: &[f32],
-    lse: &[f32],
+    forward: &AttnOutput,
     dout: &[f32],
 ) -> Result<Grads, AttnError> {
-    sdpa_backward_with(Isa::best(), input, options, out, lse, dout)
+    let (out, lse) = (&forward.out[..], &forward.lse[..]);
+    let isa = options.chosen_isa();
+    let mut grads = qkv_grads(isa, input, options, (out, lse), dout)?;
+    if options.float_mask_grad {
+        grads.dmask = Some(mask_grad::dmask(isa, input, options, (out, lse), dout)?);
+    }
+    Ok(grads)
 }
 
-/// [`sdpa_backward`] through the kernels of `isa` (tests force [`Isa::Portable`] to check the
-/// fallback on a machine that has AVX-512).
-///
-/// # Shapes
-/// As [`sdpa_backward`].
-///
-/// # Errors
-/// As [`sdpa_backward`], and an `isa` this CPU lacks.
-pub fn sdpa_backward_with(
+/// The fast path's `dq`, `dk` and `dv` on the kernels of `isa`.
+fn qkv_grads(
     isa: Isa,
     input: &AttnInput<'_>,
     options: &AttnOptions,
-    out: &[f32],
-    lse: &[f32],
+    (out, lse): (&[f32], &[f32]),
     dout: &[f32],
 ) -> Result<Grads, AttnError> {
     validate(input, options, Some((out, lse)), dout)?;
-    isa.require()?;
     let sh = input.shape;
     let (scale, norms) = (options.scale_for(&sh), Norms::of(isa, input, dout));
     if !norms.moderate(scale) {
-        return sdpa_backward_reference(input, options, dout);
+        return reference::qkv_grads(input, options, dout);
     }
     // Rows whose lse cannot hold their sum take the reference's row loop; the fast path sees
     // them as rows that saw no key (lse −∞: P = 0, so they add nothing there).
@@ -306,6 +330,7 @@ pub fn sdpa_backward_with(
         dq: zeros_written(input.q.len()),
         dk: zeros_written(input.k.len()),
         dv: zeros_written(input.v.len()),
+        dmask: None,
     };
     let heads = sh.batch * sh.n_kv_heads;
     let key_blocks = sh.seq_kv.div_ceil(BLOCK_KV);
@@ -344,6 +369,7 @@ pub fn sdpa_backward_with(
                     dq: zeros_written(lens.0),
                     dk: zeros_written(lens.1),
                     dv: zeros_written(lens.2),
+                    dmask: None,
                 };
                 with_scratch(retain, |s| {
                     let grads = (&mut g.dq[..], &mut g.dk[..], &mut g.dv[..]);

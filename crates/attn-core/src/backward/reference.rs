@@ -3,23 +3,47 @@
 //! the fast path against.
 
 use super::grads::{Grads, float_mask, refuse_mask_overflow, validate};
+use crate::error::AttnError;
+use crate::input::AttnInput;
 use crate::mask::key_range;
+use crate::options::AttnOptions;
 use crate::reference::{dot, score};
-use crate::{AttnError, AttnInput, AttnOptions};
 
 /// Gradients of `sum(out · dout)` computed the plain way: one query row at a time, with its
-/// own softmax (no saved `out` or `lse`), every rule of the [crate docs](crate) in order.
+/// own softmax (no saved `out` or `lse`), every rule of the [crate docs](crate) in order; the
+/// float mask's too with [`AttnOptions::float_mask_grad`].
 ///
 /// # Shapes
 /// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
 /// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
 /// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
 /// - `dout`: `[batch, n_heads, seq_q, value_dim]`
-/// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`.
+/// - returns `dq`, `dk`, `dv` shaped like `q`, `k`, `v`, and `dmask` like the float mask.
 ///
 /// # Errors
 /// As [`super::sdpa_backward`].
 pub fn sdpa_backward_reference(
+    input: &AttnInput<'_>,
+    options: &AttnOptions,
+    dout: &[f32],
+) -> Result<Grads, AttnError> {
+    validate(input, options, None, dout)?;
+    let mut g = zero_grads(input);
+    let mut dmask = match options.float_mask_grad {
+        true => Some(vec![0.0; float_mask(options)?.data().len()]),
+        false => None,
+    };
+    let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
+    add_rows(input, options, dout, 0..rows, (&mut g, dmask.as_mut()));
+    let dmask = dmask.map(|d| refuse_mask_overflow(d, input)).transpose()?;
+    Ok(Grads {
+        dmask,
+        ..g.refuse_overflow(input)?
+    })
+}
+
+/// [`sdpa_backward_reference`]'s `dq`, `dk` and `dv`, for calls the fast path hands over.
+pub(super) fn qkv_grads(
     input: &AttnInput<'_>,
     options: &AttnOptions,
     dout: &[f32],
@@ -31,34 +55,13 @@ pub fn sdpa_backward_reference(
     g.refuse_overflow(input)
 }
 
-/// The gradient with respect to `options.float_mask` computed the plain way, each query row
-/// with its own softmax: the twin of [`super::sdpa_backward_float_mask`].
-///
-/// # Shapes
-/// As [`sdpa_backward_reference`]; returns `float_mask.dims()` values.
-///
-/// # Errors
-/// As [`super::sdpa_backward_float_mask`].
-pub fn sdpa_backward_float_mask_reference(
-    input: &AttnInput<'_>,
-    options: &AttnOptions,
-    dout: &[f32],
-) -> Result<Vec<f32>, AttnError> {
-    validate(input, options, None, dout)?;
-    let mask = float_mask(options)?;
-    let mut g = zero_grads(input);
-    let mut dmask = vec![0.0; mask.data().len()];
-    let rows = input.shape.batch * input.shape.n_heads * input.shape.seq_q;
-    add_rows(input, options, dout, 0..rows, (&mut g, Some(&mut dmask)));
-    refuse_mask_overflow(dmask, input)
-}
-
 /// Zero gradients shaped like `input`'s q, k and v.
 fn zero_grads(input: &AttnInput<'_>) -> Grads {
     Grads {
         dq: vec![0.0; input.q.len()],
         dk: vec![0.0; input.k.len()],
         dv: vec![0.0; input.v.len()],
+        dmask: None,
     }
 }
 

@@ -49,12 +49,10 @@
 //! same run: 0.53× before, 1.1× after (f32); `docs/benchmarks.md` has the rest.
 
 mod amx;
-mod input_bf16;
 mod plan;
 
 pub(crate) use amx::F32_SCORE_BOUND;
 use amx::{AmxHead, with_amx_scratch};
-pub use input_bf16::AttnInputBf16;
 use plan::{BlockOut, Plan, Src, ValueScale, advance, pow2};
 
 use std::mem::MaybeUninit;
@@ -66,10 +64,12 @@ use rayon::prelude::*;
 use crate::cpu::aligned::{Aligned, zeroed};
 use crate::cpu::{Element, FiniteBits, Isa, portable, prefetch_page_starts};
 use crate::error::AttnError;
+use crate::input::sealed::Sealed;
+use crate::input::{AttnElement, AttnInput};
 use crate::mask::key_range;
 use crate::options::{AttnOptions, WeightsRequest, check_overflow};
-use crate::reference::sdpa_reference;
-use crate::shape::{AttnInput, AttnOutput, AttnShape, Weights};
+use crate::reference::{self, sdpa_reference};
+use crate::shape::{AttnOutput, AttnShape, Weights, check_finite};
 
 /// Query rows per task.
 const BLOCK_Q: usize = 96;
@@ -81,21 +81,7 @@ const ALIGNED_V_MIN_ROWS: usize = 32;
 /// max and sum (`Plan::weight_rows`).
 const WEIGHTS_SUM_TOL: f32 = 1e-4;
 
-/// Scaled dot-product attention: the fast path.
-///
-/// # Shapes
-/// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
-/// - `input.k`: `[batch, n_kv_heads, seq_kv, head_dim]`
-/// - `input.v`: `[batch, n_kv_heads, seq_kv, value_dim]`
-/// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`
-///
-/// The fused kernel on the best instruction set of this CPU: O((seq_q + seq_kv) ·
-/// head_dim) memory, weights recomputed from the saved log-sum-exp only when asked for.
-pub fn sdpa(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
-    sdpa_with(Isa::best(), input, options)
-}
-
-/// Scaled dot-product attention through the fused kernels of `isa`.
+/// Scaled dot-product attention: the fast path, on f32 or bf16 inputs.
 ///
 /// # Shapes
 /// - `input.q`: `[batch, n_heads, seq_q, head_dim]`
@@ -104,74 +90,84 @@ pub fn sdpa(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, 
 /// - output `out`: `[batch, n_heads, seq_q, value_dim]`, `lse`: `[batch, n_heads, seq_q]`,
 ///   weights as [`WeightsRequest`] says.
 ///
+/// The fused kernel on the best instruction set of this CPU (or [`AttnOptions::isa`]), in
+/// O((seq_q + seq_kv) · head_dim) memory, weights recomputed from the saved log-sum-exp only
+/// when asked for.
+///
+/// bf16 inputs accumulate in f32. On [`Isa::Amx`] both products run on AMX tiles, and on
+/// [`Isa::Avx512Bf16`] in AVX512_BF16 dot products, and the weights are rounded to bf16 before
+/// `P·V`, so `out` is within about `2^-8 · max |v|` of the f32 call on the widened inputs, `lse`
+/// within 3e-6 and the weights within 3e-6 relative (the bounds and their derivation are in
+/// `fused/amx.rs`); on the other ISAs, and for calls of at most 6 query rows per head on every
+/// ISA, inputs are widened to f32 (exactly) as they are read and the result equals the f32
+/// call on the widened inputs up to f32 rounding of the sums.
+///
 /// # Errors
-/// Whatever [`AttnOptions::validate`] rejects, and an `isa` this CPU lacks.
-pub fn sdpa_with(
-    isa: Isa,
-    input: &AttnInput<'_>,
+/// Whatever [`AttnOptions::validate`] rejects (an [`AttnOptions::isa`] this CPU lacks
+/// included).
+pub fn sdpa<T: AttnElement>(
+    input: &AttnInput<'_, T>,
     options: &AttnOptions,
 ) -> Result<AttnOutput, AttnError> {
-    let src = Src::F32 {
-        q: input.q,
-        k: input.k,
-        v: input.v,
-    };
-    run(isa, src, input.shape, options, || {
-        sdpa_reference(input, options)
-    })
+    T::sdpa(input, options)
 }
 
-/// Scaled dot-product attention on bf16 inputs, accumulated in f32 on the best [`Isa`] of this
-/// CPU. On [`Isa::Amx`] both products run on AMX tiles, and on [`Isa::Avx512Bf16`] in
-/// AVX512_BF16 dot products, and the weights are rounded to bf16 before `P·V`, so `out` is
-/// within about `2^-8 · max |v|` of [`crate::sdpa`] on the widened inputs, `lse` within 3e-6 and the weights within 3e-6 relative (the bounds and their
-/// derivation are in `amx.rs`); on the other ISAs, and for calls of at most 6 query rows per
-/// head on every ISA, inputs are widened to f32 (exactly) as they are read and the result
-/// equals [`crate::sdpa`] on the widened inputs up to f32 rounding of the sums.
-///
-/// # Shapes
-/// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
-///
-/// # Errors
-/// Whatever [`AttnOptions::validate`] rejects.
-pub fn sdpa_bf16(
-    input: &AttnInputBf16<'_>,
-    options: &AttnOptions,
-) -> Result<AttnOutput, AttnError> {
-    sdpa_bf16_with(Isa::best(), input, options)
+impl Sealed for f32 {
+    fn check_finite(tensor: &'static str, data: &[f32]) -> Result<(), AttnError> {
+        check_finite(tensor, data)
+    }
+
+    fn sdpa(input: &AttnInput<'_>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
+        let src = Src::F32 {
+            q: input.q,
+            k: input.k,
+            v: input.v,
+        };
+        run(src, input.shape, options, || sdpa_reference(input, options))
+    }
+
+    fn sdpa_reference(
+        input: &AttnInput<'_>,
+        options: &AttnOptions,
+    ) -> Result<AttnOutput, AttnError> {
+        reference::sdpa_f32(input, options)
+    }
 }
 
-/// [`sdpa_bf16`] through the kernels of `isa`.
-///
-/// # Shapes
-/// As [`sdpa_with`]; the inputs are bf16, the outputs f32.
-///
-/// # Errors
-/// Whatever [`AttnOptions::validate`] rejects, and an `isa` this CPU lacks.
-pub fn sdpa_bf16_with(
-    isa: Isa,
-    input: &AttnInputBf16<'_>,
-    options: &AttnOptions,
-) -> Result<AttnOutput, AttnError> {
-    let src = Src::Bf16 {
-        q: input.q,
-        k: input.k,
-        v: input.v,
-    };
-    run(isa, src, input.shape, options, || {
+impl Sealed for bf16 {
+    fn check_finite(tensor: &'static str, data: &[bf16]) -> Result<(), AttnError> {
+        check_finite(tensor, data)
+    }
+
+    fn sdpa(input: &AttnInput<'_, bf16>, options: &AttnOptions) -> Result<AttnOutput, AttnError> {
+        let src = Src::Bf16 {
+            q: input.q,
+            k: input.k,
+            v: input.v,
+        };
+        run(src, input.shape, options, || sdpa_reference(input, options))
+    }
+
+    /// The twin on the inputs widened to f32 (exactly).
+    fn sdpa_reference(
+        input: &AttnInput<'_, bf16>,
+        options: &AttnOptions,
+    ) -> Result<AttnOutput, AttnError> {
+        input
+            .shape
+            .check_lens(input.q.len(), input.k.len(), input.v.len())?;
         let widen = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
         let (q, k, v) = (widen(input.q), widen(input.k), widen(input.v));
-        sdpa_reference(
+        reference::sdpa_f32(
             &AttnInput::allowing_non_finite(&q, &k, &v, input.shape)?,
             options,
         )
-    })
+    }
 }
 
 /// Validates, then runs the fused kernels; degenerate shapes (`head_dim` or `value_dim` 0),
 /// where there is nothing to fuse, go to `degenerate`.
 fn run(
-    isa: Isa,
     src: Src<'_>,
     shape: AttnShape,
     options: &AttnOptions,
@@ -185,7 +181,7 @@ fn run(
     };
     shape.check_lens(q, k, v)?;
     options.validate(&shape)?;
-    isa.require()?;
+    let isa = options.chosen_isa();
     if shape.head_dim == 0 || shape.value_dim == 0 {
         return degenerate();
     }

@@ -237,3 +237,36 @@ pub fn load_tensors(
         .collect();
     (tensors, md)
 }
+
+/// `options` with the kernels of `isa` forced ([`AttnOptions::isa`]).
+pub fn on(isa: Isa, options: &AttnOptions) -> AttnOptions {
+    AttnOptions {
+        isa: Some(isa),
+        ..options.clone()
+    }
+}
+
+/// [`attn_core::sdpa`] on the kernels of `isa`.
+pub fn sdpa_on<T: attn_core::AttnElement>(
+    isa: Isa,
+    input: &attn_core::AttnInput<'_, T>,
+    options: &AttnOptions,
+) -> Result<attn_core::AttnOutput, attn_core::AttnError> {
+    attn_core::sdpa(input, &on(isa, options))
+}
+
+/// [`attn_core::sdpa_backward`] on the kernels of `isa`, from a forward pass's `out` and `lse`.
+pub fn backward_on(
+    isa: Isa,
+    input: &attn_core::AttnInput<'_>,
+    options: &AttnOptions,
+    (out, lse): (&[f32], &[f32]),
+    dout: &[f32],
+) -> Result<attn_core::Grads, attn_core::AttnError> {
+    let forward = attn_core::AttnOutput {
+        out: out.to_vec(),
+        lse: lse.to_vec(),
+        weights: None,
+    };
+    attn_core::sdpa_backward(input, &on(isa, options), &forward, dout)
+}

@@ -12,10 +12,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail, ensure};
 use attn_core::{
-    AttnError, AttnInput, AttnInputBf16, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal,
-    Dropout, FloatMask, Grads, KeyPadding, Weights, WeightsRequest, Window, bf16, sdpa,
-    sdpa_backward, sdpa_backward_float_mask, sdpa_backward_float_mask_reference,
-    sdpa_backward_reference, sdpa_bf16, sdpa_reference,
+    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
+    Grads, KeyPadding, Weights, WeightsRequest, Window, bf16, sdpa, sdpa_backward,
+    sdpa_backward_reference, sdpa_reference,
 };
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -159,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 t.data.iter().map(|&x| bf16::from_f32(x)).collect()
             };
             let (q, k, v) = (narrow(&case.q), narrow(&case.k), narrow(&case.v));
-            AttnInputBf16::new(&q, &k, &v, case.shape).and_then(|input| sdpa_bf16(&input, &options))
+            AttnInput::new(&q, &k, &v, case.shape).and_then(|input| sdpa(&input, &options))
         }
     }
     .with_context(|| format!("{}", args.case.display()))?;
@@ -690,16 +689,15 @@ fn gradients(
     reference: bool,
 ) -> Result<Gradients, AttnError> {
     let dout = &bw.dout.data;
-    let (out, lse) = (&result.out[..], &result.lse[..]);
-    let grads = match reference {
-        true => sdpa_backward_reference(input, options, dout)?,
-        false => sdpa_backward(input, options, out, lse, dout)?,
+    let options = AttnOptions {
+        float_mask_grad: bw.mask_dims.is_some(),
+        ..options.clone()
     };
-    let dmask = match (&bw.mask_dims, reference) {
-        (None, _) => None,
-        (Some(_), true) => Some(sdpa_backward_float_mask_reference(input, options, dout)?),
-        (Some(_), false) => Some(sdpa_backward_float_mask(input, options, out, lse, dout)?),
+    let mut grads = match reference {
+        true => sdpa_backward_reference(input, &options, dout)?,
+        false => sdpa_backward(input, &options, result, dout)?,
     };
+    let dmask = grads.dmask.take();
     Ok(Gradients { grads, dmask })
 }
 

@@ -1,5 +1,5 @@
 //! `attnscope bench sdpa`: times the fused attention kernel on random inputs (made, and checked
-//! by `AttnInput::new` or `AttnInputBf16::new`, before the timed calls) and prints the median
+//! by `AttnInput::new`, before the timed calls) and prints the median
 //! time and GFLOP/s (FLOPs = 4·batch·n_heads·seq_q·seq_kv·head_dim, halved when causal — the
 //! count `shared/bench/sdpa_torch.py` uses, times 3.5 with `--backward`), plus the process's
 //! peak memory. `--backward` times the forward pass plus [`attn_core::sdpa_backward`] (f32 only);
@@ -13,7 +13,7 @@ use attn_core::{
     AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, FloatMask, KeyPadding,
     WeightsRequest,
 };
-use attn_core::{AttnInputBf16, Isa, bf16};
+use attn_core::{Isa, bf16};
 
 /// How long the untimed calls before the timed ones run (at least one call). After the inputs
 /// are made on one thread, the first calls can run on one: on a virtual machine an idle vCPU
@@ -179,7 +179,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .collect();
             Box::new(move || {
                 let fwd = attn_core::sdpa(&input, &options)?;
-                let grads = attn_core::sdpa_backward(&input, &options, &fwd.out, &fwd.lse, &dout)?;
+                let grads = attn_core::sdpa_backward(&input, &options, &fwd, &dout)?;
                 drop(grads);
                 Ok(fwd)
             })
@@ -189,8 +189,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Box::new(move || Ok(attn_core::sdpa(&input, &options)?))
         }
         Dtype::Bf16 => {
-            let input = AttnInputBf16::new(&qb, &kb, &vb, shape)?;
-            Box::new(move || Ok(attn_core::sdpa_bf16(&input, &options)?))
+            let input = AttnInput::new(&qb, &kb, &vb, shape)?;
+            Box::new(move || Ok(attn_core::sdpa(&input, &options)?))
         }
     };
     let warm_up = Instant::now();
