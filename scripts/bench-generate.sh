@@ -52,7 +52,7 @@ printf '%-22s %5s %11s %11s %7s %5s %9s %9s %9s\n' "model (threads=$THREADS)" "n
 compare() {
   local dir=$1 n=$2 r o t o_s=() t_s=() same=yes
   for ((r = 0; r < ROUNDS; r++)); do
-    o=$("$ours" bench generate --model "$dir" --prompt "$PROMPT" --new-tokens "$n" --threads "$THREADS" --reps "$reps" --json)
+    o=$("$ours" bench generate --model "$dir" --prompt "$PROMPT" --max-new-tokens "$n" --threads "$THREADS" --reps "$reps" --json)
     t=$("$PYTHON" "$ref" "$dir" --prompt "$PROMPT" --new-tokens "$n" --threads "$THREADS" --reps "$reps" 2>/dev/null)
     o_s+=("$(field tokens_per_s "$o")")
     t_s+=("$(field tokens_per_s "$t")")
@@ -69,7 +69,7 @@ compare() {
 
 for dir in "${models[@]}"; do
   n_positions=$(sed -nE 's/.*"n_positions": ?([0-9]+).*/\1/p' "$dir/config.json")
-  prompt_tokens=$(field prompt_tokens "$("$ours" bench generate --model "$dir" --prompt "$PROMPT" --new-tokens 1 --reps 1 --json)")
+  prompt_tokens=$(field prompt_tokens "$("$ours" bench generate --model "$dir" --prompt "$PROMPT" --max-new-tokens 1 --reps 1 --json)")
   long=$((n_positions - prompt_tokens + 1))
   [[ -z "${LONG:-}" ]] || ((LONG > long)) || long=$LONG
   reps=5 compare "$dir" "$SHORT"
@@ -97,7 +97,7 @@ per_run() {
 echo
 printf '%-22s %5s %11s %11s %7s\n' "one thread, CPU ms/gen" "new" "ours" "hf" "hf/ours"
 for dir in "${models[@]}"; do
-  o=$(per_run "$ours" bench generate --model "$dir" --prompt "$PROMPT" --new-tokens "$SHORT" --threads 1)
+  o=$(per_run "$ours" bench generate --model "$dir" --prompt "$PROMPT" --max-new-tokens "$SHORT" --threads 1)
   t=$(per_run "$PYTHON" "$ref" "$dir" --prompt "$PROMPT" --new-tokens "$SHORT" --threads 1 --no-prefill)
   printf '%-22s %5d %11.3f %11.1f %6.2fx\n' "$(basename "$dir")" "$SHORT" "$o" "$t" \
     "$(awk -v o="$o" -v t="$t" 'BEGIN {print t / o}')"

@@ -122,17 +122,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// The model arguments of a command that runs a model.
+fn model_args(command: &Command) -> Option<&attnscope::maps::ModelArgs> {
+    match command {
+        Command::Attention(args) => Some(&args.model),
+        Command::Embed(args) => Some(&args.model),
+        Command::Generate(args) => Some(&args.model),
+        Command::Lookup(args) => Some(&args.model),
+        Command::Serve(args) => Some(&args.model),
+        Command::Explain(args) => Some(&args.source.model),
+        Command::Heatmap(args) => Some(&args.source.model),
+        Command::Html(args) => Some(&args.source.model),
+        Command::Heads(args) => Some(&args.source.model),
+        _ => None,
+    }
+}
+
 /// `RAYON_NUM_THREADS` sizes the thread pool of a command run without `--threads` (the
 /// benchmarks always set theirs): the same limit as `--threads` (1 to 1024; 0, empty or unset
-/// is rayon's "every core"), checked before any work. 100000 spent minutes starting threads.
+/// is rayon's "every core"), checked before any work, as a pool of 100000 threads takes minutes
+/// to start.
 fn check_rayon_threads(command: &Command) -> anyhow::Result<()> {
-    let given = match command {
-        Command::Attention(args) => args.threads.is_some(),
-        Command::Embed(args) => args.threads.is_some(),
-        Command::Generate(args) => args.threads.is_some(),
-        Command::Bench(_) => true,
-        _ => false,
-    };
+    let given = matches!(command, Command::Bench(_))
+        || model_args(command).is_some_and(|m| m.threads.is_some());
     let Some(value) = std::env::var_os("RAYON_NUM_THREADS").filter(|v| !v.is_empty() && !given)
     else {
         return Ok(());

@@ -11,21 +11,49 @@ use attn_models::{Model, QueryKey, RunOptions};
 use attn_viz::{AttentionMaps, Token};
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Which model to run, or which saved maps to read.
-#[derive(clap::Args, Debug, Clone)]
+/// Which model to run and on how many threads: the arguments of every command that runs one.
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct ModelArgs {
+    /// Model directory, or id in the Hugging Face cache [default: all-MiniLM-L6-v2]
+    ///
     /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
     /// model id in the Hugging Face cache (`gpt2`, `org/name@revision`) [default:
     /// $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
+    /// Threads for the model [default: $RAYON_NUM_THREADS, else every core]
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 impl ModelArgs {
-    /// Loads the model (fetching the default one on first use).
+    /// Sizes the thread pool, then loads the model (fetching the default one on first use).
     pub fn load(&self) -> anyhow::Result<Model> {
-        crate::cmd::attention::load_model(self.model.as_deref(), None)
+        load_model(self.model.as_deref(), self.threads)
     }
+}
+
+/// The model in `dir` (a directory or a Hugging Face cache id, [`attn_models::hub`]), else the
+/// default one (`$ATTNSCOPE_MODEL`, else fetched on first use, with progress on stderr).
+pub fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<Model> {
+    if let Some(n) = threads {
+        set_threads(n)?;
+    }
+    let dir = match dir {
+        Some(dir) => dir.to_path_buf(),
+        None => attn_models::fetch::default_model_dir(true).context("finding the default model")?,
+    };
+    let dir = attn_models::hub::resolve(&dir)?;
+    Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
+}
+
+/// Sizes the thread pool every model and kernel call runs on; an invalid count names the
+/// `--threads` flag.
+pub fn set_threads(threads: usize) -> anyhow::Result<()> {
+    attn_models::set_threads(threads).map_err(|e| match e {
+        attn_models::ModelError::Threads { reason } => anyhow::anyhow!("--threads: {reason}"),
+        other => other.into(),
+    })
 }
 
 /// `err` as the command line says it: a layer or head out of range names its flag, as

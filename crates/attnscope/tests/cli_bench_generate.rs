@@ -24,7 +24,7 @@ fn json_reports_consistent_timings_and_the_greedy_ids() {
         &model,
         "--prompt",
         prompt,
-        "--new-tokens",
+        "--max-new-tokens",
         "9",
         "--reps",
         "3",
@@ -79,7 +79,7 @@ fn json_reports_consistent_timings_and_the_greedy_ids() {
         "generate",
         "--model",
         &model,
-        "--new-tokens",
+        "--max-new-tokens",
         "1",
         "--reps",
         "1",
@@ -98,7 +98,7 @@ fn plain_output_names_the_model_and_the_rates() {
         "generate",
         "--model",
         tiny_gpt2().to_str().unwrap(),
-        "--new-tokens",
+        "--max-new-tokens",
         "5",
         "--reps",
         "1",
@@ -119,7 +119,7 @@ fn plain_output_names_the_model_and_the_rates() {
 fn bad_models_and_options_are_clear_errors() {
     let model = tiny_gpt2().to_str().unwrap().to_string();
     fails_with(
-        &["bench", "generate", "--new-tokens", "4"],
+        &["bench", "generate", "--max-new-tokens", "4"],
         "bench generate needs --model DIR (or ATTNSCOPE_MODEL), a GPT-2-family checkpoint",
     );
     // `ATTNSCOPE_MODEL` stands in for `--model`, as in every other command.
@@ -127,7 +127,7 @@ fn bad_models_and_options_are_clear_errors() {
         .args([
             "bench",
             "generate",
-            "--new-tokens",
+            "--max-new-tokens",
             "2",
             "--reps",
             "1",
@@ -150,7 +150,11 @@ fn bad_models_and_options_are_clear_errors() {
         "/nonexistent/model",
     );
     for (flag, value, says) in [
-        ("--new-tokens", "0", "--new-tokens must be at least 1"),
+        (
+            "--max-new-tokens",
+            "0",
+            "--max-new-tokens must be at least 1",
+        ),
         ("--reps", "0", "--reps must be between 1 and 1000000, not 0"),
     ] {
         fails_with(&["bench", "generate", "--model", &model, flag, value], says);
@@ -178,7 +182,7 @@ fn bad_models_and_options_are_clear_errors() {
             &model,
             "--prompt",
             "Hi",
-            "--new-tokens",
+            "--max-new-tokens",
             &over,
         ],
         "the KV cache holds 64 positions and 65 are needed",

@@ -915,7 +915,7 @@ fn walkthrough_takes_a_users_matrices() {
     )
     .unwrap();
     let p = path.to_str().unwrap();
-    let stdout = ok(&["walkthrough", "--input", p]);
+    let stdout = ok(&["walkthrough", "--file", p]);
     assert!(
         stdout.contains("a: 33% to itself, 33% to b, 33% to c"),
         "{stdout}"
@@ -923,7 +923,7 @@ fn walkthrough_takes_a_users_matrices() {
     assert!(!stdout.contains("ILLUSTRATIVE"));
     let stdout = ok(&[
         "walkthrough",
-        "--input",
+        "--file",
         p,
         "--mask",
         "causal",
@@ -948,7 +948,7 @@ fn walkthrough_takes_a_users_matrices() {
     )
     .unwrap();
     let r = repeated.to_str().unwrap();
-    let args = ["walkthrough", "--input", r, "--mask", "causal", "--word"];
+    let args = ["walkthrough", "--file", r, "--mask", "causal", "--word"];
     let stdout = ok(&[&args[..], &["B#2"]].concat());
     assert!(stdout.contains("= [3.000, 4.000]"), "{stdout}");
     assert!(stdout.contains("output[2] = "), "{stdout}");
@@ -974,7 +974,7 @@ fn walkthrough_takes_a_users_matrices() {
     assert!(stdout.contains("output[2] = "), "{stdout}");
     assert!(stdout.contains("= [3.000, 4.000]"), "{stdout}");
     // All words padding: no row sees anything, outputs are 0.
-    let stdout = ok(&["walkthrough", "--input", p, "--mask", "padding:3"]);
+    let stdout = ok(&["walkthrough", "--file", p, "--mask", "padding:3"]);
     assert!(stdout.contains("a: sees no word"), "{stdout}");
     assert!(stdout.contains("a row that sees none is 0"), "{stdout}");
     assert!(!stdout.contains("(each row sums to 1)"), "{stdout}");
@@ -1031,7 +1031,7 @@ fn walkthrough_rejects_bad_input() {
     ];
     for (name, text, needles) in cases {
         let p = write(&format!("{name}.json"), &text);
-        fails_with(&["walkthrough", "--input", &p], &needles);
+        fails_with(&["walkthrough", "--file", &p], &needles);
     }
     fails_with(
         &["walkthrough", "--mask", "diagonal"],
@@ -1047,7 +1047,7 @@ fn walkthrough_rejects_bad_input() {
         &["\"dog\" is not one of the words: The, cat, sat"],
     );
     fails_with(
-        &["walkthrough", "--input", "/nonexistent/x.json"],
+        &["walkthrough", "--file", "/nonexistent/x.json"],
         &["cannot read /nonexistent/x.json"],
     );
 }

@@ -544,12 +544,12 @@ fn cases(root: &Path) -> Vec<Case> {
         // debug ones.
         case(
             "bench",
-            "generate --new-tokens usize::MAX",
+            "generate --max-new-tokens usize::MAX",
             &[
                 "generate",
                 "--model",
                 tiny,
-                "--new-tokens",
+                "--max-new-tokens",
                 "18446744073709551615",
             ],
             &["18446744073709551615 are needed", "64 positions"],
@@ -668,8 +668,8 @@ fn cases(root: &Path) -> Vec<Case> {
         ),
         case(
             "walkthrough",
-            "--input /dev/zero",
-            &["--input", "/dev/zero"],
+            "--file /dev/zero",
+            &["--file", "/dev/zero"],
             &["/dev/zero", "64 MiB"],
         ),
         case(
@@ -986,19 +986,19 @@ fn cases(root: &Path) -> Vec<Case> {
         case(
             "walkthrough",
             "a word with an escape sequence",
-            &["--input", &walk_escape],
+            &["--file", &walk_escape],
             &["walk-escape.json", "words[0]", "control character"],
         ),
         case(
             "walkthrough",
             "ragged x",
-            &["--input", &walk_bad],
+            &["--file", &walk_bad],
             &["walk.json"],
         ),
         case(
             "walkthrough",
             "value beyond f32",
-            &["--input", &walk_nan],
+            &["--file", &walk_nan],
             &["walk-nan.json"],
         ),
         case(

@@ -4,6 +4,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::maps::ModelArgs;
 use anyhow::{Context, bail};
 use attn_models::{Encoding, Model, RunOptions};
 use attn_viz::VizError;
@@ -25,11 +26,8 @@ pub struct Args {
     /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT")]
     pub pair: Option<String>,
-    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
-    /// model id in the Hugging Face cache (`gpt2`, `org/name@revision`) [default:
-    /// $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Cut a text longer than the model's positions instead of refusing it.
     #[arg(long)]
     pub truncate: bool,
@@ -47,9 +45,6 @@ pub struct Args {
     /// Readable form: show this head instead of the average over heads (0-based).
     #[arg(long, value_name = "H", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub head: Option<usize>,
-    /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
 }
 
 /// The most bytes a text file (or standard input) may hold: far more than any model reads
@@ -94,29 +89,6 @@ pub(crate) fn read_text_file(path: &Path) -> anyhow::Result<String> {
     })
 }
 
-/// The model in `dir` (a directory or a Hugging Face cache id, [`attn_models::hub`]), else the
-/// default one (`$ATTNSCOPE_MODEL`, else fetched on first use, with progress on stderr).
-pub(crate) fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<Model> {
-    if let Some(n) = threads {
-        set_threads(n)?;
-    }
-    let dir = match dir {
-        Some(dir) => dir.to_path_buf(),
-        None => attn_models::fetch::default_model_dir(true).context("finding the default model")?,
-    };
-    let dir = attn_models::hub::resolve(&dir)?;
-    Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
-}
-
-/// Sizes the thread pool every model and kernel call runs on; an invalid count names the
-/// `--threads` flag.
-pub(crate) fn set_threads(threads: usize) -> anyhow::Result<()> {
-    attn_models::set_threads(threads).map_err(|e| match e {
-        attn_models::ModelError::Threads { reason } => anyhow::anyhow!("--threads: {reason}"),
-        other => other.into(),
-    })
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     let text = match (&args.text, &args.file) {
         (Some(text), _) => text.clone(),
@@ -126,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.save_maps {
         crate::maps::check_output(path)?;
     }
-    let model = load_model(args.model.as_deref(), args.threads)?;
+    let model = args.model.load()?;
     if let Some(layer) = args.layer.filter(|&l| l >= model.n_layers()) {
         let n_layers = model.n_layers();
         return Err(name_the_flag(VizError::LayerOutOfRange { layer, n_layers }));

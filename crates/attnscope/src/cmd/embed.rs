@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use anyhow::bail;
 use attn_models::Model;
 
-use super::attention::{load_model, read_text_file};
+use super::attention::read_text_file;
+use crate::maps::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,11 +19,8 @@ pub struct Args {
     /// Read the texts from this UTF-8 file, one per non-empty line ("-" reads standard input).
     #[arg(long, value_name = "FILE", conflicts_with = "texts")]
     pub file: Option<PathBuf>,
-    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
-    /// model id in the Hugging Face cache (`gpt2`, `org/name@revision`) [default:
-    /// $ATTNSCOPE_MODEL, else all-MiniLM-L6-v2 from the cache, fetched on first use].
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Cut texts longer than the model embeds (sentence-transformers' max_seq_length, else its
     /// positions) instead of refusing them, as sentence-transformers does.
     #[arg(long)]
@@ -31,9 +29,6 @@ pub struct Args {
     /// similarity of every pair of texts).
     #[arg(long)]
     pub json: bool,
-    /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
 }
 
 /// Says on stderr which of `texts` `--truncate` cut for an embedding, and how long each was,
@@ -71,7 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(i) = texts.iter().position(|t| t.trim().is_empty()) {
         bail!("text {i} is empty");
     }
-    let model = load_model(args.model.as_deref(), args.threads)?;
+    let model = args.model.load()?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let embeddings = model.embed_with(&refs, args.truncate).map_err(|e| {
         let what = match (e.text(), &args.file) {

@@ -3,14 +3,13 @@
 
 use std::io::Write;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 
 use anyhow::Context;
 use attn_models::ModelError;
 use attn_models::generate::{GenerateOptions, Sampling, Temperature, generate};
 use attn_viz::words::{byte_label, byte_level_bytes};
 
-use super::attention::load_model;
+use crate::maps::ModelArgs;
 
 /// How many attended words `--explain` lists per generated token.
 const EXPLAIN_TOP: usize = 3;
@@ -20,11 +19,9 @@ const EXPLAIN_TOP: usize = 3;
 pub struct Args {
     /// The prompt to continue.
     pub prompt: String,
-    /// GPT-2-family model directory in Hugging Face layout, or its model id in the Hugging
-    /// Face cache (`gpt2`) [default: $ATTNSCOPE_MODEL, else the default model, which is BERT
-    /// and cannot generate].
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
+    /// A GPT-2-family model (`--model gpt2`): the default one is BERT, which cannot generate.
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// How many tokens to generate (all of them: the end-of-text token does not stop early).
     #[arg(long, value_name = "N")]
     pub max_new_tokens: usize,
@@ -51,9 +48,6 @@ pub struct Args {
     /// complete a character as "<0xF0>", as --explain names them.
     #[arg(long)]
     pub json: bool,
-    /// Threads for the model [default: $RAYON_NUM_THREADS, else every core].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -76,7 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seed: args.seed,
         },
     };
-    let model = load_model(args.model.as_deref(), args.threads)?;
+    let model = args.model.load()?;
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         sampling,

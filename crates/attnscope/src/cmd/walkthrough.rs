@@ -17,7 +17,7 @@ use super::mask::render;
 
 #[derive(clap::Args)]
 #[command(after_help = "\
---input FILE.json holds your own example:
+--file FILE.json holds your own example:
   {\"words\": [\"The\", \"cat\", \"sat\"],         (optional; one per row of x)
    \"x\":   [[...], ...],   embeddings       [n_words, d_model]
    \"w_q\": [[...], ...],   query weights    [d_model, d_k]
@@ -27,7 +27,7 @@ Q = X·W_q, K = X·W_k, V = X·W_v, as in the notes. Each matrix has 1 to 64 row
 pub struct Args {
     /// Your own words, embeddings and weight matrices (JSON; see below).
     #[arg(long, value_name = "FILE.json")]
-    input: Option<PathBuf>,
+    file: Option<PathBuf>,
     /// Show the masked version: `causal` (each word sees itself and the words before it) or
     /// `padding:N` (the last N words are padding that no word attends to) [default: no mask].
     #[arg(long, value_name = "causal|padding:N")]
@@ -269,7 +269,7 @@ fn parse_mask(spec: &str, n_words: usize) -> anyhow::Result<MaskKind> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let ex = match &args.input {
+    let ex = match &args.file {
         None => Example::notes(),
         Some(path) => {
             let text = super::attention::read_text_file(path)?;
@@ -283,7 +283,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(w) => find_word(&ex.words, w)?,
     };
     let text = walkthrough(&ex, mask.as_ref(), focus);
-    let text = match &args.input {
+    let text = match &args.file {
         Some(path) => text.with_context(|| format!("{}", path.display()))?,
         None => text?,
     };

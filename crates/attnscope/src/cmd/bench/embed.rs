@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::bail;
 use attn_models::ops::GemmKernel;
 
-use crate::cmd::attention::load_model;
+use crate::maps::load_model;
 
 #[derive(clap::Args)]
 pub struct Args {

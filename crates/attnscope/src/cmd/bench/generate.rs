@@ -13,7 +13,7 @@ use attn_models::generate::greedy;
 use attn_models::kv_cache::KvCache;
 use attn_models::{Model, ModelError};
 
-use crate::cmd::attention::load_model;
+use crate::maps::load_model;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,7 +26,7 @@ pub struct Args {
     #[arg(long, default_value = "The cat sat on the mat because it was tired")]
     pub prompt: String,
     /// Tokens generated per run (the end-of-text token does not stop early).
-    #[arg(long, value_name = "N", default_value_t = 32)]
+    #[arg(long = "max-new-tokens", value_name = "N", default_value_t = 32)]
     pub new_tokens: usize,
     /// Threads for the model.
     #[arg(long, default_value_t = 2)]
@@ -111,7 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     super::check_reps(args.reps)?;
     if args.new_tokens == 0 {
-        bail!("--new-tokens must be at least 1");
+        bail!("--max-new-tokens must be at least 1");
     }
     let model = load_model(Some(dir), Some(args.threads))?;
     // An encoder is refused here, before its tokenizer sees the prompt.
@@ -120,7 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let generate = || {
         run_once(&model, &prompt, args.new_tokens).with_context(|| {
             format!(
-                "--new-tokens {} after a {}-token prompt",
+                "--max-new-tokens {} after a {}-token prompt",
                 args.new_tokens,
                 prompt.len()
             )

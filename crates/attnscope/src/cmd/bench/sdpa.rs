@@ -119,7 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.backward && args.dtype != Dtype::F32 {
         bail!("--backward needs --dtype f32");
     }
-    crate::cmd::attention::set_threads(args.threads)?;
+    crate::maps::set_threads(args.threads)?;
     let seq_kv = args.seq_kv.unwrap_or(args.seq);
     let shape = AttnShape {
         n_kv_heads: kv_heads,
