@@ -145,9 +145,8 @@ impl AttnOptions {
     /// `j0..` (`offset` the diagonal's): ALiBi, the float mask, then the boolean mask and key
     /// padding (a hidden key's score becomes −∞). One rule at a time, in loops that vectorise
     /// (16 lanes on the AVX-512 ISAs), each key seeing the rules in the reference's
-    /// order, so the scores are the same. Key by key, with every rule tested at each key, a
-    /// float mask made a fused call at L = S = 2048 (H8) take twice as long (bf16: four
-    /// times).
+    /// order, so the scores are the same. Key by key, with every rule tested at each key, the
+    /// loops would not vectorise and masked calls would be much slower.
     pub(crate) fn apply_extras(
         &self,
         isa: Isa,

@@ -68,7 +68,7 @@ pub(crate) fn sdpa_f32(
     let mut scores = vec![0.0f32; s_n];
     let mut visible = vec![false; s_n];
 
-    // Without query rows there is nothing to visit: 2^40 heads of none took minutes.
+    // Without query rows there is nothing to visit, however many heads the call declares.
     for b in 0..b_n * usize::from(l_n > 0) {
         for h in 0..h_n {
             let kvh = sh.kv_head(h);

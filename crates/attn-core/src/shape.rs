@@ -189,7 +189,7 @@ pub(crate) fn check_empty_head_scores(shape: &[usize], count: u128) -> Result<()
 
 /// The most scores a call with `head_dim` 0 may declare ([`AttnShape::validate`]): its queries
 /// and keys hold nothing, so the inputs bound neither its work nor its per-row state. 2^26
-/// scores take under a second.
+/// scores keep such a call short.
 pub const MAX_EMPTY_HEAD_SCORES: usize = 1 << 26;
 
 /// Bytes of an f32 tensor of shape `dims`, saturating at `u128::MAX`: a size to compare with a

@@ -26,8 +26,8 @@
 //! key padding and masks that every query shares on the transposed scores themselves
 //! (`Plan::key_rules`), a causal or window edge, ALiBi and masks with a row per query on a
 //! transposed copy with the forward pass's row rules (`Plan::mask_block`). Under a softcap or
-//! dropout blocks take the general lane, which adds those. (Until the fast lane took masked
-//! blocks, a float mask [L, S] made f32 forward + backward at L = S = 2048 1.04× PyTorch.)
+//! dropout blocks take the general lane, which adds those. (Masked blocks take the fast lane
+//! because in the general lane a float mask cost masked calls most of their lead over PyTorch.)
 //!
 //! Work is split over `batch × n_kv_heads`: a task owns its head's `dK`, `dV` and the `dQ` of
 //! the query heads that read it, and writes them in place, so nothing is shared between
@@ -194,8 +194,8 @@ impl Norms {
     /// Up to [`NARROW_GRAD_BOUND`] `dq` stays within 5.6e-5 of float64 on queries near 0 (where
     /// every term of the sum cancels); at 16 it was 1.3e-4 and at 80 (scale 10; 64 causal queries, 128
     /// keys) 4.5e-4, where
-    /// PyTorch's own fused backward gives 9.1e-5 and bf16x6 1.6e-4. bf16x6 costs the whole
-    /// forward + backward 5–16% (L = S = 512 and 2048, H8, d64, 2 threads).
+    /// PyTorch's own fused backward gives 9.1e-5 and bf16x6 1.6e-4. bf16x6 is slower, so only
+    /// the scales that need it take it.
     fn narrow_grads(&self, scale: f32) -> bool {
         scale.abs() * self.q.max(self.k) <= NARROW_GRAD_BOUND
     }
@@ -431,10 +431,9 @@ thread_local! {
 
 /// Runs `f` on this thread's [`Scratch`], which it keeps afterwards when `retain` holds.
 ///
-/// Fresh buffers in every task cost a page fault per 4 KiB: about 24 000 of them, a sixth of
-/// the time, in a forward and backward pass at seq 2048, 8 heads, head_dim 64. A task that
-/// runs inside another (rayon steals work while a task waits) finds the cell empty and starts
-/// from fresh buffers.
+/// Fresh buffers in every task cost a page fault per 4 KiB, which add up over a call's many
+/// tasks. A task that runs inside another (rayon steals work while a task waits) finds the
+/// cell empty and starts from fresh buffers.
 fn with_scratch<R>(retain: bool, f: impl FnOnce(&mut Scratch) -> R) -> R {
     let mut scratch = SCRATCH.take();
     let result = f(&mut scratch);

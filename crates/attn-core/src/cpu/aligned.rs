@@ -1,6 +1,6 @@
 //! Buffers that start on a cache line, for the GEMM operands the kernels load 16 values at a
-//! time: a 64-value row then never splits across two lines (measured here: 8–10% of a
-//! register-tiled f32 GEMM when every B row did).
+//! time: a 64-value row then never splits across two lines, which would slow every load of
+//! it.
 
 /// A growable buffer whose first element sits on a 64-byte boundary (a cache line), so that
 /// rows of 64 bytes load without splitting lines. Growing it may move the contents: callers
@@ -80,8 +80,7 @@ impl<T: Copy + Default + std::fmt::Debug> std::fmt::Debug for Aligned<T> {
 ///
 /// `vec![0.0; n]` maps a large buffer to the kernel's shared zero page: a read maps that page
 /// and the first write then takes a copy-on-write fault whose TLB flush interrupts every other
-/// core (measured at about 15% of a 2048-token backward pass). Writing the zeros takes plain
-/// first-touch faults instead.
+/// core. Writing the zeros takes plain first-touch faults instead.
 pub(crate) fn zeros_written(n: usize) -> Vec<f32> {
     let mut buf = Vec::with_capacity(n);
     buf.resize(n, 0.0);

@@ -3,7 +3,7 @@
 //! `C += A·B` with f32 accumulation.
 //!
 //! One `TDPBF16PS` multiplies a 16 × 32 bf16 tile by a 32 × 16 bf16 tile into a 16 × 16 f32
-//! tile (8192 multiply-adds), about fifteen times the work of an AVX-512 FMA per cycle. Intel's
+//! tile (8192 multiply-adds), many times the work of an AVX-512 FMA per cycle. Intel's
 //! reference: *Intel 64 and IA-32 Architectures Software Developer's Manual*, vol. 1 ch. 18
 //! ("Programming with Intel AMX") and vol. 2 (`LDTILECFG`, `TILELOADD`, `TDPBF16PS`); the Linux
 //! side is `Documentation/arch/x86/xstate.rst` (the `ARCH_REQ_XCOMP_PERM` request, without which
@@ -274,8 +274,8 @@ pub(crate) struct PackedB {
     k: usize,
     n: usize,
     k_chunks: usize,
-    /// On a cache line: off it, each 64-byte tile row would span two lines (a `TILELOADD`
-    /// measured 44 cycles against 6.7).
+    /// On a cache line: off it, each 64-byte tile row would span two lines, and every
+    /// `TILELOADD` of it would be much slower.
     data: Aligned<bf16>,
 }
 

@@ -20,7 +20,7 @@ use super::gemm::{Lhs, MR};
 const NV: usize = 2;
 
 /// Stores the first `lanes` lanes of `x` at `p` (`lanes ≤ 8`). A masked store
-/// (`vmaskmovps`) takes a dozen cycles on AMD's cores, so only a partial group takes one.
+/// (`vmaskmovps`) is slow on AMD's cores, so only a partial group takes one.
 ///
 /// # Safety
 /// AVX2 must be available; `lanes` values writable at `p`.

@@ -3,9 +3,9 @@
 //! values it reads), and the row operations of the online softmax with a vectorised `exp`.
 //!
 //! bf16 inputs are widened to f32 and take the same GEMM here. On an Intel Xeon with
-//! AVX512_BF16 `VDPBF16PS` measured 120 GFLOP/s per core against 222 for `VFMADD231PS` (there
-//! AMX takes bf16 inputs); on AMD's Zen 5 it measured 469 against 250, and
-//! [`super::Isa::Avx512Bf16`] takes them in dot products (`crate::cpu::bf16dot`).
+//! AVX512_BF16 `VDPBF16PS` is slower than `VFMADD231PS` (there AMX takes bf16 inputs); on
+//! AMD's Zen 5 it is faster, and [`super::Isa::Avx512Bf16`] takes them in dot products
+//! (`crate::cpu::bf16dot`).
 //!
 //! Every function here is an `unsafe fn` with `#[target_feature]`: callers must have checked
 //! the CPU (see [`super::Isa`]). Matrices are row-major slices with explicit row strides; the
@@ -414,8 +414,8 @@ unsafe fn sum_lanes(x: [__m512; 16]) -> __m512 {
 #[inline]
 pub(crate) unsafe fn exp(x: __m512) -> __m512 {
     // Results below 2^-125 are flushed to 0 by a mask rather than left to underflow: subnormal
-    // results take a microcode assist (~100 cycles) on Intel cores, and masked scores (−∞) are
-    // common on causal diagonals. The clamp keeps −∞ out of the arithmetic.
+    // results take a slow microcode assist on Intel cores, and masked scores (−∞) are common
+    // on causal diagonals. The clamp keeps −∞ out of the arithmetic.
     // NaN passes through: the mask keeps it (unordered is "not less than") and `vmaxps`
     // returns its second operand when one is NaN.
     let t = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));

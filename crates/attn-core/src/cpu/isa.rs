@@ -91,9 +91,9 @@ impl Isa {
 
     /// The fastest instruction set this CPU supports (detected once, then cached). Where it has
     /// AVX512_BF16 but no AMX, that is [`Isa::Avx512Bf16`] on AMD's CPUs, whose `VDPBF16PS` does
-    /// twice an FMA's multiply-adds a cycle (a Zen 5 core: 452–469 GFLOP/s against 244–250),
-    /// and [`Isa::Avx512`] on others (Intel's without usable AMX: on a Xeon `VDPBF16PS`
-    /// measured 120 against the FMA's 222); every available one can still be asked for.
+    /// twice an FMA's multiply-adds a cycle, and [`Isa::Avx512`] on others (Intel's without
+    /// usable AMX, where `VDPBF16PS` is slower than the f32 FMA); every available one can still
+    /// be asked for.
     pub fn best() -> Isa {
         let f = Features::get();
         if f.amx {

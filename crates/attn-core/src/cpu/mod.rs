@@ -317,9 +317,8 @@ impl FiniteBits for bf16 {
 /// Asks for the first four 64-byte lines of each 4 KiB page that starts inside `x` to be
 /// brought into the caches (a decoding step's next key block). The hardware
 /// prefetchers follow a stream only within a page, and a decoding step reads each key and
-/// value once, so without this it waits at each page it enters. Measured at L = 1, S = 4096,
-/// H8, d64: with two lines per page, 21% faster on one thread, and at L = 2 8% on two; four
-/// lines, another 1–3%.
+/// value once, so without this it waits at each page it enters. Two lines per page hide most
+/// of that wait, four a little more.
 pub(crate) fn prefetch_page_starts<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -355,7 +354,7 @@ pub(crate) fn prefetch_l2<T>(data: &[T], at: usize, len: usize) {
 }
 
 /// The most workers [`set_global_threads`] starts: more than the cores of any machine this
-/// runs on. Ten thousand took minutes to start (a 2-core virtual machine).
+/// runs on, and few enough to start quickly.
 pub const MAX_THREADS: usize = 1024;
 
 /// Sizes rayon's global pool, which the fused kernels run on, to `threads` workers. Call it once,

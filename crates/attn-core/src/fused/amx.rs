@@ -7,9 +7,8 @@
 //!
 //! bf16 inputs multiply as they are. f32 inputs multiply in three bf16 parts each ("bf16x6",
 //! [`crate::cpu::bf16x`]): six tile products per product, within `5·2⁻²⁴|ab|` (a few f32
-//! roundings), at about twice the speed of the FMA kernels; heads whose scores could be large
-//! enough for that to move a weight by more than 2e-5 take the FMA kernels
-//! ([`F32_SCORE_BOUND`]).
+//! roundings), faster than the FMA kernels; heads whose scores could be large enough for that
+//! to move a weight by more than 2e-5 take the FMA kernels ([`F32_SCORE_BOUND`]).
 //!
 //! Each key/value head is packed once for all the query blocks of its query heads, keys as the
 //! B operand of `S = Q·Kᵀ` and values as the B operand of `O += P·V` (VNNI pairs, [`PackedB`],
@@ -21,11 +20,9 @@
 //! 1. `S = Q·Kᵀ` on tiles, times the scale in f32. Products of bf16 values (bf16 inputs, or the
 //!    parts of f32 ones) are exact in f32 and the sums are f32 sums. The next key block's `S` is
 //!    computed a column block at a time between the rows of step 2, so the tiles work while
-//!    the vector units run the exponentials. For bf16 inputs that is worth 6% of a call
-//!    (computing each block's `S` just before its rows: 20.2 against 19.0 ms at L = 2048, 1
-//!    thread); for f32 ones, whose column blocks take six times the tile products, nothing
-//!    measurable (50.8 against 50.5 ms): there the products and the vector work do not
-//!    overlap;
+//!    the vector units run the exponentials. That helps bf16 inputs; f32 ones, whose column
+//!    blocks take six times the tile products, gain nothing from it, as there the products
+//!    and the vector work do not overlap;
 //! 2. every rule of the reference and the online-softmax step in f32: rows take a fused step
 //!    over their visible keys (with masks, softcap or ALiBi, on scores those rules finished
 //!    first, a hidden key's −∞ weighing 0); rows under dropout, or with a NaN or ±∞ score,
@@ -34,10 +31,8 @@
 //!    `softmax_step_plain`, or `softmax_step_parts` for f32 inputs, for each: no row waits on
 //!    its own max), and its later blocks in one,
 //!    offset by the row's running max, which moves only when a block's scores pass it by more
-//!    than a headroom ([`lazy_step`]). Measured against two passes for every block, 4
-//!    alternating pairs: bf16 at L = 2048 7.3–7.9 against 7.6–8.0 ms (2 threads) and 15.0–15.7
-//!    against 15.8–16.4 (1 thread), bf16 causal 3.7–4.3 against 4.2–5.0, f32 21.6–24.4
-//!    against 22.7–24.3;
+//!    than a headroom ([`lazy_step`]), so most later blocks read their scores once, not
+//!    twice;
 //! 3. `P` rounded to bf16 (nearest even, `VCVTNE2PS2BF16`), or split in three parts for f32
 //!    inputs, and `acc += P·V` on tiles.
 //!
@@ -78,22 +73,18 @@ use crate::cpu::bf16x::{self, TILE, TK};
 use crate::cpu::exp::{EXP2_DEGREE_4, EXP2_DEGREE_5};
 
 /// Keys per score tile (32 rows × 256 keys of f32 scores, 32 KiB; their bf16 weights, 16 KiB):
-/// longer blocks mean fewer loads and stores of the accumulator tiles per `P·V` product.
-/// Measured at L = 2048, d = 64 with two score tiles (1 thread, kernel only): 128 keys took
-/// 15% longer, 512 the same.
+/// longer blocks mean fewer loads and stores of the accumulator tiles per `P·V` product, and
+/// 256 keys take that as far as it goes (shorter blocks are slower, longer ones no faster).
 const AMX_BLOCK_KV: usize = 256;
 
-/// Query rows computed together against each key block: 32 keeps their scores in the L1
-/// cache (measured at L = 2048, d = 64: 96 rows against 128-key blocks took 20% longer; 64
-/// rows, which read each key and value tile from the L2 cache for twice the rows, took 10–18%
-/// longer with 256-key blocks and 15–20% with 128, at L = 2048 and 512, 1 thread).
+/// Query rows computed together against each key block: 32 keep their scores in the L1
+/// cache; larger groups are slower, even though each key and value tile they read from the L2
+/// cache then serves more rows.
 const GROUP: usize = BLOCK;
 
 /// Bytes of packed keys and values a query block reads in one pass over its groups (a key
 /// chunk): 1.5 MiB stays in a 2 MiB L2 cache next to a group's scores, so every group of the
-/// block reads the chunk from there. Measured at L = S = 8192, H2, d64: reading keys and values
-/// from a window of 2048 keys (1.5 MiB) instead of all of them took 12–14% less time (1 thread);
-/// these chunks, 8% (1 thread) and 12% (2 threads).
+/// block reads the chunk from there rather than from memory.
 const KV_CHUNK_BYTES: usize = 3 << 19;
 
 /// Query rows from which f32 heads take the tiles: splitting every key and value in three
@@ -143,9 +134,8 @@ pub(super) enum AmxHead<'a> {
 /// zeros).
 ///
 /// Each starts on a cache line ([`Aligned`]): tile rows are 64 bytes, and one that starts off
-/// a line touches two per load and store. Measured here on 1 KiB tiles in the L1 cache:
-/// `TILELOADD` 6.7 cycles aligned, 44 off by 16 bytes; `TILESTORED` 13 and 26; the 2 × 2
-/// block of `Q·Kᵀ` at `head_dim = 64` 160 and 500.
+/// a line touches two per load and store, which makes every `TILELOADD` and `TILESTORED` of
+/// it much slower.
 #[derive(Default)]
 pub(super) struct AmxScratch {
     /// Query rows, `[rows, head_dim]`.
@@ -175,7 +165,7 @@ thread_local! {
 /// Bytes up to which a thread keeps an f32 head's packed keys or values for the next head:
 /// 1 MiB holds `seq_kv · head_dim` up to 170 Ki values (2048 keys at 64, 1024 at 128), so a
 /// thread holds at most 2 MiB of them between calls. Fresh buffers cost a zero fill and a page
-/// fault per 4 KiB, about 10% of a call at L = S = 512; longer heads amortise them.
+/// fault per 4 KiB, which short heads feel most; longer heads amortise them.
 const RETAINED_HEAD_BUFFER: usize = 1 << 20;
 
 /// Runs `f` on this thread's [`AmxScratch`]. A task that runs inside another (rayon steals
@@ -188,7 +178,7 @@ pub(super) fn with_amx_scratch<R>(f: impl FnOnce(&mut AmxScratch) -> R) -> R {
 }
 
 /// Query rows per task when a head's keys take more than one chunk: a block reads each chunk
-/// from memory once, so longer blocks read them less often (at L = S = 8192 as fast as 512).
+/// from memory once, so longer blocks read them less often.
 const CHUNKED_BLOCK_Q: usize = 256;
 
 impl AmxHead<'_> {
@@ -1129,8 +1119,8 @@ unsafe fn split_weights_avx512(row: &[f32], parts: &mut [u16]) {
 /// Stores 32 weights (`x0`: values 0..16, `x1`: 16..32) as three bf16 parts each at `dst`, one
 /// 32-value chunk of the A layout (part `q` at `32q`) in the halves order `0, 16, 1, 17, …`,
 /// which the values' layout matches ([`bf16x::pack_b_halves`]): a shift and a blend per part,
-/// where the plain order takes a conversion (`VCVTNE2PS2BF16`) per part, which made the whole
-/// fused step 12% slower (10.4 against 9.2 ns per 32 keys, on one row in the L1 cache).
+/// where the plain order takes a conversion (`VCVTNE2PS2BF16`) per part, which slows the whole
+/// fused step.
 ///
 /// The split is by truncation: part 0 is `x` with its low 16 bits cleared, part 1 the same of
 /// `x − part 0`, and part 2 `x − part 0 − part 1`, which has at most 8 significant bits (its

@@ -45,8 +45,7 @@
 //! at least one key/value head per thread, each key/value head takes one pass for all its
 //! query heads' rows (`Plan::forward_streamed`), checking its values block by block as it
 //! multiplies them (and those of blocks no row visits, as the other passes check every value
-//! of a head). Measured at L = 1, S = 4096, H8, d64 on 2 threads against PyTorch in the
-//! same run: 0.53× before, 1.1× after (f32); `docs/benchmarks.md` has the rest.
+//! of a head). `docs/benchmarks.md` has what this gained.
 
 mod amx;
 mod plan;

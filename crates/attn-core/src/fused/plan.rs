@@ -11,10 +11,9 @@ use crate::options::AttnOptions;
 use crate::shape::AttnShape;
 
 /// Query rows per head up to which the scores are taken against the keys as the inputs hold
-/// them ([`Plan::few_rows`]), for f32 and for bf16 inputs. Measured at S = 4096, H8, d64, 2
-/// threads, against the other passes: f32 2.2× as fast at 1 row, 1.4× at 8, 1.13× at 16, the
-/// same at 24 and 0.86× at 31 (from 32 rows the tiles take f32); bf16 2.3× at 1 row, 1.5× at
-/// 4, 1.06× at 6 and 0.89× at 8 (against the tiles).
+/// them ([`Plan::few_rows`]), for f32 and for bf16 inputs: up to these counts that beats the
+/// other passes, which first transpose or split each head's keys; bf16 inputs, whose other
+/// pass is the tiles without a split, lose that lead after fewer rows.
 pub(super) const FEW_ROWS: (usize, usize) = (16, 6);
 
 /// The inputs of one call, in their stored element type.
