@@ -22,10 +22,9 @@
 use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 use rayon::prelude::*;
 
+use crate::block::Buffers;
 use crate::model::parallelism;
-use crate::ops::{
-    Epilogue, Gemm, Linear, WeightLayout, bias_activation, gemm_bt, residual_bias_add,
-};
+use crate::ops::{Epilogue, Gemm, Linear, WeightLayout, gemm_bt};
 use crate::{Model, ModelError, ModelKind};
 
 /// Keys and values of every layer of one model for the tokens fed so far.
@@ -163,55 +162,53 @@ impl<'m> KvCache<'m> {
         let n_layers = weights.layers.len();
         let mut last_layer_attention = None;
 
-        // `y = x·W` (no bias) and `y = act(x·W + b)` for the fed rows, on the model's kernel.
+        // One fed token multiplies one row: each weight is streamed once (`matvec`).
         let gemm = Gemm {
             par,
             kernel: self.model.gemm_kernel(),
         };
-        let linear = |layer: &Linear, x: &[f32], y: &mut [f32]| {
+        let multiply = |layer: &Linear, x: &[f32], y: &mut [f32], epilogue: Epilogue| {
             if new == 1 {
                 matvec(layer, x, y);
+                epilogue.apply(y, &layer.bias, 0..layer.n_out);
             } else {
-                layer.forward(x, y, Epilogue::None, gemm);
-            }
-        };
-        let linear_activation = |layer: &Linear, x: &[f32], y: &mut [f32]| {
-            if new == 1 {
-                matvec(layer, x, y);
-                bias_activation(y, &layer.bias, Some(c.activation));
-            } else {
-                layer.forward(x, y, Epilogue::BiasActivation(c.activation), gemm);
+                layer.forward(x, y, epilogue, gemm);
             }
         };
         for (l, layer) in weights.layers.iter().enumerate() {
-            layer.norm_attn.apply_into(&hidden, &mut normed);
-            linear(&layer.qkv, &normed, &mut qkv);
-            bias_activation(&mut qkv, &layer.qkv.bias, None);
-            let kv = [&mut self.keys[l][..], &mut self.values[l][..]];
-            scatter_qkv(&qkv, (new, n_heads, d), &mut q, kv, (past, self.capacity));
+            let (keys, values) = (&mut self.keys[l], &mut self.values[l]);
             let want_weights = attention && l + 1 == n_layers;
-            let attended = attend_per_head(
-                &q,
-                (&self.keys[l], &self.values[l]),
-                (new, total, self.capacity),
-                (l, n_heads, d),
-                want_weights,
-            )?;
-            for (head, (out, _)) in attended.iter().enumerate() {
-                for (dst, src) in context.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
-                    dst[head * d..][..d].copy_from_slice(src);
+            let last = &mut last_layer_attention;
+            let q = &mut q;
+            let attend = |qkv: &[f32], context: &mut [f32]| {
+                let kv = [&mut keys[..], &mut values[..]];
+                scatter_qkv(qkv, (new, n_heads, d), q, kv, (past, self.capacity));
+                let attended = attend_per_head(
+                    q,
+                    (keys, values),
+                    (new, total, self.capacity),
+                    (l, n_heads, d),
+                    want_weights,
+                )?;
+                for (head, (out, _)) in attended.iter().enumerate() {
+                    for (dst, src) in context.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
+                        dst[head * d..][..d].copy_from_slice(src);
+                    }
                 }
-            }
-            if want_weights {
-                last_layer_attention = Some(head_average(&attended, new * total));
-            }
-            linear(&layer.attn_out, &context, &mut sublayer);
-            residual_bias_add(&mut hidden, &sublayer, &layer.attn_out.bias);
-
-            layer.norm_ff.apply_into(&hidden, &mut normed);
-            linear_activation(&layer.ff_in, &normed, &mut intermediate);
-            linear(&layer.ff_out, &intermediate, &mut sublayer);
-            residual_bias_add(&mut hidden, &sublayer, &layer.ff_out.bias);
+                if want_weights {
+                    *last = Some(head_average(&attended, new * total));
+                }
+                Ok(())
+            };
+            let buffers = Buffers {
+                normed: &mut normed,
+                qkv: &mut qkv,
+                context: &mut context,
+                sublayer: &mut sublayer,
+                intermediate: &mut intermediate,
+            };
+            let kind = (ModelKind::Gpt2, c.activation);
+            layer.forward(kind, &mut hidden, buffers, &multiply, attend)?;
         }
         if let Some(norm) = &weights.final_norm {
             norm.apply(&mut hidden);

@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod bf16x3;
+mod block;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -12,8 +12,9 @@ use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRe
 use faer::Par;
 use rayon::prelude::*;
 
+use crate::block::Buffers;
 use crate::checkpoint::Checkpoint;
-use crate::ops::{Epilogue, Gemm, GemmKernel, gemm_bt, residual_bias_add};
+use crate::ops::{Gemm, GemmKernel, Linear, gemm_bt};
 use crate::pooling::Pooling;
 use crate::tokenize::{Encoding, Limit, TextTokenizer};
 use crate::weights::Weights;
@@ -482,15 +483,10 @@ impl Model {
         })
     }
 
-    /// The layers of a forward pass, the final hidden state `[batch, seq_len, hidden]` left in
-    /// `ws.hidden`.
-    fn run_layers(
-        &self,
-        encs: &[Encoding],
-        options: &RunOptions,
-        par: Par,
-        ws: &mut Workspace,
-    ) -> Result<LayersOutput, ModelError> {
+    /// The lengths of a batch's texts and the longest, once every text is one the model can
+    /// read: some tokens, no more than its positions, ids in its vocabulary, one segment per
+    /// token and no segment past its token types.
+    fn check_batch(&self, encs: &[Encoding]) -> Result<(Vec<usize>, usize), ModelError> {
         let c = &self.config;
         if encs.is_empty() {
             return Err(ModelError::EmptyBatch);
@@ -539,7 +535,20 @@ impl Model {
                 });
             }
         }
+        Ok((lengths, seq_len))
+    }
 
+    /// The layers of a forward pass, the final hidden state `[batch, seq_len, hidden]` left in
+    /// `ws.hidden`.
+    fn run_layers(
+        &self,
+        encs: &[Encoding],
+        options: &RunOptions,
+        par: Par,
+        ws: &mut Workspace,
+    ) -> Result<LayersOutput, ModelError> {
+        let c = &self.config;
+        let (lengths, seq_len) = self.check_batch(encs)?;
         let (batch, h, n_heads, d) = (encs.len(), c.hidden_size, c.n_heads, c.head_dim());
         let n_layers = c.n_layers;
         let rows = batch * seq_len;
@@ -585,74 +594,50 @@ impl Model {
             ..AttnOptions::default()
         };
 
+        let multiply = |layer: &Linear, x: &[f32], y: &mut [f32], epilogue| {
+            layer.forward(x, y, epilogue, gemm)
+        };
         for (l, layer) in self.weights.layers.iter().enumerate() {
-            // Attention sublayer: BERT projects the residual stream, GPT-2 its ln_1.
-            let x = match c.kind() {
-                ModelKind::Bert => &ws.hidden,
-                ModelKind::Gpt2 => {
-                    layer.norm_attn.apply_into(&ws.hidden, &mut ws.normed);
-                    &ws.normed
+            let Workspace {
+                hidden,
+                normed,
+                qkv,
+                q,
+                k,
+                v,
+                context,
+                sublayer,
+                intermediate,
+            } = &mut *ws;
+            let attend = |qkv: &[f32], context: &mut [f32]| {
+                split_heads(qkv, batch, seq_len, n_heads, d, [&mut *q, &mut *k, &mut *v]);
+                if let Some(qk) = &mut qk {
+                    copy_per_layer(q, &mut qk.q, batch, l, n_layers);
+                    copy_per_layer(k, &mut qk.k, batch, l, n_layers);
                 }
-            };
-            layer.qkv.forward(x, &mut ws.qkv, Epilogue::Bias, gemm);
-            split_heads(
-                &ws.qkv,
-                batch,
-                seq_len,
-                n_heads,
-                d,
-                [&mut ws.q, &mut ws.k, &mut ws.v],
-            );
-            if let Some(qk) = &mut qk {
-                copy_per_layer(&ws.q, &mut qk.q, batch, l, n_layers);
-                copy_per_layer(&ws.k, &mut qk.k, batch, l, n_layers);
-            }
-            // Unchecked: scanning q, k and v for NaN every layer costs more than the one scan
-            // of the final hidden state below, which any non-finite value reaches.
-            let input = AttnInput::allowing_non_finite(&ws.q, &ws.k, &ws.v, shape)?;
-            let out =
-                attn_core::sdpa(&input, &attn_options).map_err(|error| ModelError::Attention {
-                    layer: Some(l),
-                    error,
+                // Unchecked: scanning q, k and v for NaN every layer costs more than the one
+                // scan of the final hidden state below, which any non-finite value reaches.
+                let input = AttnInput::allowing_non_finite(q, k, v, shape)?;
+                let out = attn_core::sdpa(&input, &attn_options).map_err(|error| {
+                    ModelError::Attention {
+                        layer: Some(l),
+                        error,
+                    }
                 })?;
-            if let (Some(all), Some(w)) = (&mut attentions, &out.weights) {
-                copy_per_layer(w.data(), all, batch, l, n_layers);
-            }
-            merge_heads(&out.out, batch, seq_len, n_heads, d, &mut ws.context);
-            let sublayer = &mut ws.sublayer;
-            layer
-                .attn_out
-                .forward(&ws.context, sublayer, Epilogue::None, gemm);
-            match c.kind() {
-                ModelKind::Bert => layer.norm_attn.residual_bias_apply(
-                    &mut ws.hidden,
-                    &ws.sublayer,
-                    &layer.attn_out.bias,
-                ),
-                ModelKind::Gpt2 => {
-                    residual_bias_add(&mut ws.hidden, &ws.sublayer, &layer.attn_out.bias)
+                if let (Some(all), Some(w)) = (&mut attentions, &out.weights) {
+                    copy_per_layer(w.data(), all, batch, l, n_layers);
                 }
-            }
-
-            // Feed-forward sublayer.
-            let x = match c.kind() {
-                ModelKind::Bert => &ws.hidden,
-                ModelKind::Gpt2 => {
-                    layer.norm_ff.apply_into(&ws.hidden, &mut ws.normed);
-                    &ws.normed
-                }
+                merge_heads(&out.out, batch, seq_len, n_heads, d, context);
+                Ok(())
             };
-            let act = Epilogue::BiasActivation(c.activation);
-            layer.ff_in.forward(x, &mut ws.intermediate, act, gemm);
-            let sublayer = &mut ws.sublayer;
-            layer
-                .ff_out
-                .forward(&ws.intermediate, sublayer, Epilogue::None, gemm);
-            let (hidden, out, bias) = (&mut ws.hidden, &ws.sublayer, &layer.ff_out.bias);
-            match c.kind() {
-                ModelKind::Bert => layer.norm_ff.residual_bias_apply(hidden, out, bias),
-                ModelKind::Gpt2 => residual_bias_add(hidden, out, bias),
-            }
+            let buffers = Buffers {
+                normed,
+                qkv,
+                context,
+                sublayer,
+                intermediate,
+            };
+            layer.forward((c.kind(), c.activation), hidden, buffers, &multiply, attend)?;
             if l + 1 < n_layers || self.weights.final_norm.is_none() {
                 save_hidden(&mut hidden_states, l + 1, &ws.hidden);
             }

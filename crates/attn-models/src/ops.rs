@@ -65,7 +65,7 @@ impl Epilogue {
     ///
     /// # Shapes
     /// - `y`: `[rows, bias.len()]`
-    fn apply(self, y: &mut [f32], bias: &[f32], cols: std::ops::Range<usize>) {
+    pub(crate) fn apply(self, y: &mut [f32], bias: &[f32], cols: std::ops::Range<usize>) {
         let act = match self {
             Epilogue::None => return,
             Epilogue::Bias => None,

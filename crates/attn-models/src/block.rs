@@ -1,0 +1,90 @@
+//! One transformer block's dense parts around its attention: the full pass
+//! ([`crate::Model::forward`]) and the cached decoding step ([`crate::kv_cache::KvCache::feed`])
+//! run the same code, each with its own multiply (GEMMs, or one row's matrix-vector products)
+//! and its own attention (the padded batch, or the new rows against the cache).
+//!
+//! BERT's block is post-norm (transformers' `BertLayer`: the LayerNorm after each residual), GPT-2's
+//! pre-norm (`GPT2Block`: `ln_1` and `ln_2` before each sublayer).
+
+use crate::ModelError;
+use crate::ops::{Epilogue, Linear, residual_bias_add};
+use crate::weights::Layer;
+use crate::{Activation, ModelKind};
+
+/// `y = epilogue(x·W)` for a layer `W`: how a block multiplies.
+pub(crate) type Multiply<'m> = dyn Fn(&Linear, &[f32], &mut [f32], Epilogue) + Sync + 'm;
+
+/// The buffers a block writes besides the residual stream, each `[rows, …]`.
+pub(crate) struct Buffers<'a> {
+    /// GPT-2's normed input of a sublayer, `[rows, hidden]` (unused by BERT).
+    pub(crate) normed: &'a mut [f32],
+    /// `[rows, 3·hidden]`: q | k | v, each head's `head_dim` values side by side.
+    pub(crate) qkv: &'a mut [f32],
+    /// The attention output with the heads merged, `[rows, hidden]`.
+    pub(crate) context: &'a mut [f32],
+    /// A sublayer's output before its bias and residual, `[rows, hidden]`.
+    pub(crate) sublayer: &'a mut [f32],
+    /// `[rows, intermediate]`
+    pub(crate) intermediate: &'a mut [f32],
+}
+
+impl Layer {
+    /// This block of a `kind` model on the residual stream `hidden` (`[rows, hidden]`), in
+    /// place: the attention sublayer, whose `attend` turns the projected `qkv` into the merged
+    /// `context`, then the feed-forward sublayer with `act`.
+    pub(crate) fn forward(
+        &self,
+        (kind, act): (ModelKind, Activation),
+        hidden: &mut [f32],
+        buf: Buffers<'_>,
+        multiply: &Multiply<'_>,
+        attend: impl FnOnce(&[f32], &mut [f32]) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let Buffers {
+            normed,
+            qkv,
+            context,
+            sublayer,
+            intermediate,
+        } = buf;
+        // Attention: BERT projects the residual stream, GPT-2 its ln_1.
+        let x: &[f32] = match kind {
+            ModelKind::Bert => hidden,
+            ModelKind::Gpt2 => {
+                self.norm_attn.apply_into(hidden, normed);
+                normed
+            }
+        };
+        multiply(&self.qkv, x, qkv, Epilogue::Bias);
+        attend(qkv, context)?;
+        multiply(&self.attn_out, context, sublayer, Epilogue::None);
+        self.end_sublayer(kind, (hidden, sublayer), (&self.attn_out, true));
+        // Feed-forward: the same input for each family.
+        let x: &[f32] = match kind {
+            ModelKind::Bert => hidden,
+            ModelKind::Gpt2 => {
+                self.norm_ff.apply_into(hidden, normed);
+                normed
+            }
+        };
+        multiply(&self.ff_in, x, intermediate, Epilogue::BiasActivation(act));
+        multiply(&self.ff_out, intermediate, sublayer, Epilogue::None);
+        self.end_sublayer(kind, (hidden, sublayer), (&self.ff_out, false));
+        Ok(())
+    }
+
+    /// A sublayer's end: `hidden += y + bias` (`proj`'s), then for BERT the LayerNorm after the
+    /// attention sublayer (`attention`) or after the feed-forward one.
+    fn end_sublayer(
+        &self,
+        kind: ModelKind,
+        (hidden, y): (&mut [f32], &[f32]),
+        (proj, attention): (&Linear, bool),
+    ) {
+        match (kind, attention) {
+            (ModelKind::Bert, true) => self.norm_attn.residual_bias_apply(hidden, y, &proj.bias),
+            (ModelKind::Bert, false) => self.norm_ff.residual_bias_apply(hidden, y, &proj.bias),
+            (ModelKind::Gpt2, _) => residual_bias_add(hidden, y, &proj.bias),
+        }
+    }
+}
