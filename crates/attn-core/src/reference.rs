@@ -6,7 +6,7 @@ use crate::input::{AttnElement, AttnInput};
 use crate::mask::key_range;
 use crate::options::check_overflow;
 use crate::options::{AttnOptions, WeightsRequest};
-use crate::shape::{AttnOutput, Weights};
+use crate::shape::{AttnOutput, AttnShape, Weights};
 
 /// Scaled dot-product attention, computed the plain way (O(seq_kv) scratch per row), on f32 or
 /// bf16 inputs (widened to f32 exactly).
@@ -34,127 +34,189 @@ pub(crate) fn sdpa_f32(
     // shape.
     sh.check_lens(input.q.len(), input.k.len(), input.v.len())?;
     options.validate(&sh)?;
-    let (b_n, h_n, l_n, s_n, d, dv) = (
-        sh.batch,
-        sh.n_heads,
-        sh.seq_q,
-        sh.seq_kv,
-        sh.head_dim,
-        sh.value_dim,
-    );
-    let scale = options.scale_for(&sh);
-    let offset = options.offset(l_n, s_n);
-
-    let mut out = vec![0.0f32; b_n * h_n * l_n * dv];
-    let mut lse = vec![f32::NEG_INFINITY; b_n * h_n * l_n];
-    // The weights asked for, and no more: every row's, the rows asked for (`at`: each asked-for
-    // row with its place in the list, which may name a row more than once, sorted by row), or
-    // each batch's sum over heads.
-    let mut kept = vec![
-        0.0f32;
-        match &options.weights {
-            WeightsRequest::None => 0,
-            WeightsRequest::All => b_n * h_n * l_n * s_n,
-            WeightsRequest::Rows(rows) => b_n * h_n * rows.len() * s_n,
-            WeightsRequest::HeadAverage => b_n * l_n * s_n,
-        }
-    ];
-    let mut at: Vec<(usize, usize)> = match &options.weights {
-        WeightsRequest::Rows(rows) => rows.iter().enumerate().map(|(p, &i)| (i, p)).collect(),
-        _ => Vec::new(),
-    };
-    at.sort_unstable();
-    let mut w_row = vec![0.0f32; s_n];
-    let mut scores = vec![0.0f32; s_n];
-    let mut visible = vec![false; s_n];
-
+    let (l_n, dv) = (sh.seq_q, sh.value_dim);
+    let mut out = vec![0.0f32; sh.batch * sh.n_heads * l_n * dv];
+    let mut lse = vec![f32::NEG_INFINITY; sh.batch * sh.n_heads * l_n];
+    let mut kept = Kept::new(&options.weights, &sh);
+    let mut row = Row::new(sh.seq_kv);
     // Without query rows there is nothing to visit, however many heads the call declares.
-    for b in 0..b_n * usize::from(l_n > 0) {
-        for h in 0..h_n {
-            let kvh = sh.kv_head(h);
-            let k_head = &input.k[(b * sh.n_kv_heads + kvh) * s_n * d..][..s_n * d];
-            let v_head = &input.v[(b * sh.n_kv_heads + kvh) * s_n * dv..][..s_n * dv];
+    for b in 0..sh.batch * usize::from(l_n > 0) {
+        for h in 0..sh.n_heads {
             for i in 0..l_n {
-                let row = (b * h_n + h) * l_n + i;
-                let q_row = &input.q[row * d..][..d];
-                let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
-                for j in 0..s_n {
-                    // 1–4. scale · q·k, softcap, ALiBi, float mask
-                    let qk = dot(q_row, &k_head[j * d..][..d]);
-                    scores[j] = score(options, (scale, offset), qk, (b, h, i, j)).0;
-                    // 5. visibility
-                    visible[j] = j >= lo && j < hi && options.masks_allow(b, h, i, j);
-                }
-                // 6. softmax over visible keys; -inf scores (from a float mask) weigh 0. The max
-                // is NaN when any visible score is (`f32::max` would skip it), so a NaN input
-                // poisons exactly the rows that read it instead of passing for a masked row.
-                let max = (0..s_n)
-                    .filter(|&j| visible[j])
-                    .map(|j| scores[j])
-                    .fold(f32::NEG_INFINITY, crate::cpu::max_keeping_nan);
-                if max == f32::NEG_INFINITY {
-                    continue; // nothing visible: output 0, weights 0, lse -inf
-                }
-                let sum: f32 = (0..s_n)
-                    .filter(|&j| visible[j])
-                    .map(|j| (scores[j] - max).exp())
-                    .sum();
-                lse[row] = max + sum.ln();
-                for j in 0..s_n {
-                    w_row[j] = if visible[j] {
-                        (scores[j] - max).exp() / sum
-                    } else {
-                        0.0
-                    };
-                }
-                match &options.weights {
-                    WeightsRequest::None => {}
-                    WeightsRequest::All => kept[row * s_n..][..s_n].copy_from_slice(&w_row),
-                    WeightsRequest::Rows(rows) => {
-                        let first = at.partition_point(|&(r, _)| r < i);
-                        for &(_, p) in at[first..].iter().take_while(|&&(r, _)| r == i) {
-                            let dst = ((b * h_n + h) * rows.len() + p) * s_n;
-                            kept[dst..][..s_n].copy_from_slice(&w_row);
-                        }
-                    }
-                    WeightsRequest::HeadAverage => {
-                        let sum = &mut kept[(b * l_n + i) * s_n..][..s_n];
-                        sum.iter_mut().zip(&w_row).for_each(|(a, &w)| *a += w);
-                    }
-                }
-                let o_row = &mut out[row * dv..][..dv];
-                for (j, &w) in w_row.iter().enumerate() {
-                    // A NaN weight (a row that met a NaN score) stays NaN where dropout drops
-                    // it, as PyTorch's `weight · mask` keeps it and the fused kernel's NaN sum
-                    // does: the row's output is NaN whichever keys are dropped.
-                    let w = match options.dropout {
-                        Some(d) if !w.is_nan() => d.apply(w, b, h, i, j),
-                        _ => w,
-                    };
-                    if w != 0.0 {
-                        for (o, &x) in o_row.iter_mut().zip(&v_head[j * dv..][..dv]) {
-                            *o += w * x;
-                        }
-                    }
+                let at = (b * sh.n_heads + h) * l_n + i;
+                // Nothing visible: output 0, weights 0, lse −∞.
+                let Some(row_lse) = row.softmax(input, options, (b, h, i)) else {
+                    continue;
+                };
+                lse[at] = row_lse;
+                kept.add((b, h, i), &row.weights);
+                row.weigh_values(input, options, (b, h, i), &mut out[at * dv..][..dv]);
+            }
+        }
+    }
+    check_overflow(&lse, &sh, options, [input.q, input.k, input.v])?;
+    let weights = kept.finish();
+    Ok(AttnOutput { out, lse, weights })
+}
+
+/// One query row's scores, visibility and weights over the `seq_kv` keys.
+struct Row {
+    scores: Vec<f32>,
+    visible: Vec<bool>,
+    weights: Vec<f32>,
+}
+
+impl Row {
+    fn new(seq_kv: usize) -> Row {
+        Row {
+            scores: vec![0.0; seq_kv],
+            visible: vec![false; seq_kv],
+            weights: vec![0.0; seq_kv],
+        }
+    }
+
+    /// The rules' steps 1–6 for query `i` of head `h` in batch `b`: its weights, and its
+    /// log-sum-exp (`None` when it sees no key).
+    fn softmax(
+        &mut self,
+        input: &AttnInput<'_>,
+        options: &AttnOptions,
+        (b, h, i): (usize, usize, usize),
+    ) -> Option<f32> {
+        let sh = input.shape;
+        let (s_n, d) = (sh.seq_kv, sh.head_dim);
+        let (scale, offset) = (options.scale_for(&sh), options.offset(sh.seq_q, s_n));
+        let q_row = &input.q[((b * sh.n_heads + h) * sh.seq_q + i) * d..][..d];
+        let k_head = &input.k[(b * sh.n_kv_heads + sh.kv_head(h)) * s_n * d..][..s_n * d];
+        let (lo, hi) = key_range(options.causal, options.window, offset, i, s_n);
+        for j in 0..s_n {
+            // 1–4. scale · q·k, softcap, ALiBi, float mask
+            let qk = dot(q_row, &k_head[j * d..][..d]);
+            self.scores[j] = score(options, (scale, offset), qk, (b, h, i, j)).0;
+            // 5. visibility
+            self.visible[j] = j >= lo && j < hi && options.masks_allow(b, h, i, j);
+        }
+        // 6. softmax over visible keys; -inf scores (from a float mask) weigh 0. The max is NaN
+        // when any visible score is (`f32::max` would skip it), so a NaN input poisons exactly
+        // the rows that read it instead of passing for a masked row.
+        let visible = || (0..s_n).filter(|&j| self.visible[j]);
+        let max = visible()
+            .map(|j| self.scores[j])
+            .fold(f32::NEG_INFINITY, crate::cpu::max_keeping_nan);
+        if max == f32::NEG_INFINITY {
+            return None;
+        }
+        let sum: f32 = visible().map(|j| (self.scores[j] - max).exp()).sum();
+        for j in 0..s_n {
+            self.weights[j] = match self.visible[j] {
+                true => (self.scores[j] - max).exp() / sum,
+                false => 0.0,
+            };
+        }
+        Some(max + sum.ln())
+    }
+
+    /// `out_row = Σ_j w_j · v_j` over this row's weights (after dropout) of query `i` of head `h`
+    /// in batch `b`.
+    fn weigh_values(
+        &self,
+        input: &AttnInput<'_>,
+        options: &AttnOptions,
+        (b, h, i): (usize, usize, usize),
+        out_row: &mut [f32],
+    ) {
+        let sh = input.shape;
+        let (s_n, dv) = (sh.seq_kv, sh.value_dim);
+        let v_head = &input.v[(b * sh.n_kv_heads + sh.kv_head(h)) * s_n * dv..][..s_n * dv];
+        for (j, &w) in self.weights.iter().enumerate() {
+            // A NaN weight (a row that met a NaN score) stays NaN where dropout drops it, as
+            // PyTorch's `weight · mask` keeps it and the fused kernel's NaN sum does: the row's
+            // output is NaN whichever keys are dropped.
+            let w = match options.dropout {
+                Some(d) if !w.is_nan() => d.apply(w, b, h, i, j),
+                _ => w,
+            };
+            if w != 0.0 {
+                for (o, &x) in out_row.iter_mut().zip(&v_head[j * dv..][..dv]) {
+                    *o += w * x;
                 }
             }
         }
     }
+}
 
-    check_overflow(&lse, &sh, options, [input.q, input.k, input.v])?;
-    let weights = match &options.weights {
-        WeightsRequest::None => None,
-        WeightsRequest::All => Some(Weights::All(kept)),
-        WeightsRequest::Rows(rows) => Some(Weights::Rows {
-            rows: rows.clone(),
-            data: kept,
-        }),
-        WeightsRequest::HeadAverage => {
-            kept.iter_mut().for_each(|a| *a /= h_n as f32);
-            Some(Weights::HeadAverage(kept))
+/// The weights asked for, and no more: every row's, the rows asked for, or each batch's sum
+/// over heads.
+struct Kept<'r> {
+    request: &'r WeightsRequest,
+    data: Vec<f32>,
+    /// Each asked-for row with its place in the list (which may name a row more than once),
+    /// sorted by row.
+    at: Vec<(usize, usize)>,
+    /// `[n_heads, seq_q, seq_kv]` of the call.
+    dims: [usize; 3],
+}
+
+impl<'r> Kept<'r> {
+    fn new(request: &'r WeightsRequest, sh: &AttnShape) -> Kept<'r> {
+        let (b, h, l, s) = (sh.batch, sh.n_heads, sh.seq_q, sh.seq_kv);
+        let len = match request {
+            WeightsRequest::None => 0,
+            WeightsRequest::All => b * h * l * s,
+            WeightsRequest::Rows(rows) => b * h * rows.len() * s,
+            WeightsRequest::HeadAverage => b * l * s,
+        };
+        let mut at: Vec<(usize, usize)> = match request {
+            WeightsRequest::Rows(rows) => rows.iter().enumerate().map(|(p, &i)| (i, p)).collect(),
+            _ => Vec::new(),
+        };
+        at.sort_unstable();
+        Kept {
+            request,
+            data: vec![0.0; len],
+            at,
+            dims: [h, l, s],
         }
-    };
-    Ok(AttnOutput { out, lse, weights })
+    }
+
+    /// Keeps what the request asks of query `i`'s weights `w` (head `h`, batch `b`).
+    fn add(&mut self, (b, h, i): (usize, usize, usize), w: &[f32]) {
+        let [h_n, l_n, s_n] = self.dims;
+        match self.request {
+            WeightsRequest::None => {}
+            WeightsRequest::All => {
+                self.data[((b * h_n + h) * l_n + i) * s_n..][..s_n].copy_from_slice(w);
+            }
+            WeightsRequest::Rows(rows) => {
+                let first = self.at.partition_point(|&(r, _)| r < i);
+                for &(_, p) in self.at[first..].iter().take_while(|&&(r, _)| r == i) {
+                    let dst = ((b * h_n + h) * rows.len() + p) * s_n;
+                    self.data[dst..][..s_n].copy_from_slice(w);
+                }
+            }
+            WeightsRequest::HeadAverage => {
+                let sum = &mut self.data[(b * l_n + i) * s_n..][..s_n];
+                sum.iter_mut().zip(w).for_each(|(a, &x)| *a += x);
+            }
+        }
+    }
+
+    /// The weights as the request asked for them.
+    fn finish(mut self) -> Option<Weights> {
+        match self.request {
+            WeightsRequest::None => None,
+            WeightsRequest::All => Some(Weights::All(self.data)),
+            WeightsRequest::Rows(rows) => Some(Weights::Rows {
+                rows: rows.clone(),
+                data: self.data,
+            }),
+            WeightsRequest::HeadAverage => {
+                let heads = self.dims[0] as f32;
+                self.data.iter_mut().for_each(|a| *a /= heads);
+                Some(Weights::HeadAverage(self.data))
+            }
+        }
+    }
 }
 
 /// Steps 1–4 of the rules for query `i` of head `h` in batch `b` and key `j`, from `q·k`:

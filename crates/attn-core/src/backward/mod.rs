@@ -839,9 +839,8 @@ impl Plan<'_> {
         scratch: &mut Scratch,
     ) {
         let sh = self.sh;
-        let (d, dv, l_n, s_n) = (sh.head_dim, sh.value_dim, sh.seq_q, sh.seq_kv);
-        let (rows, j0) = ((l_n - i0).min(BLOCK_Q), jb * BLOCK_KV);
-        let keys = (s_n - j0).min(BLOCK_KV);
+        let (rows, j0) = ((sh.seq_q - i0).min(BLOCK_Q), jb * BLOCK_KV);
+        let keys = (sh.seq_kv - j0).min(BLOCK_KV);
         let visible = self.visible(i0, rows, j0, keys);
         // A block of keys the padding hides whole adds nothing (its weights are 0).
         let padded = (self.opt.key_padding.as_ref())
@@ -862,15 +861,30 @@ impl Plan<'_> {
                 || self.opt.dropout.is_some(),
         };
         let tiles = tiles.filter(|_| rows == BLOCK_Q && keys == BLOCK_KV);
-        let row0 = (b * sh.n_heads + h) * l_n + i0;
-        let kern = self.kernels;
+        self.block_products(&blk, tiles, scratch);
+        let packed = self.block_lanes(&blk, tiles, scratch);
+        self.block_grads(&blk, (tiles, packed), scratch);
+    }
+
+    /// A block's first two products into `scratch.t`: `Sᵀ = K · (scale·Q)ᵀ` and
+    /// `dPᵀ = V · dOᵀ`, on the tiles when there are some.
+    fn block_products(
+        &self,
+        blk: &Block,
+        tiles: Option<&crate::cpu::amx::Tiles>,
+        scratch: &mut Scratch,
+    ) {
+        let Block {
+            i0, rows, j0, keys, ..
+        } = *blk;
+        let (d, dv, l_n, s_n) = (
+            self.sh.head_dim,
+            self.sh.value_dim,
+            self.sh.seq_q,
+            self.sh.seq_kv,
+        );
         let n = rows * keys;
         let Scratch { qh, kh, t, .. } = scratch;
-        let k_blk = Lhs::Panels(Panels::new(&kh.k.view(s_n * d)[j0 * d..], keys, d));
-        let v_blk = Lhs::Panels(Panels::new(&kh.v.view(s_n * dv)[j0 * dv..], keys, dv));
-        let kt_blk = Lhs::Panels(Panels::new(&kh.kt.view(s_n * d)[j0 * d..], d, keys));
-
-        // Sᵀ = K · (scale·Q)ᵀ;  dPᵀ = V · dOᵀ
         match tiles {
             #[cfg(target_arch = "x86_64")]
             Some(tiles) => {
@@ -888,56 +902,103 @@ impl Plan<'_> {
                 amx::gemm::<PARTS>(tiles, ds, vv, dot, (keys, rows, dv), false);
             }
             _ => {
+                let k_blk = Lhs::Panels(Panels::new(&kh.k.view(s_n * d)[j0 * d..], keys, d));
+                let v_blk = Lhs::Panels(Panels::new(&kh.v.view(s_n * dv)[j0 * dv..], keys, dv));
                 let qt = Mat::packed(&qh.qt.view(l_n * d)[i0 * d..], d, rows);
+                let kern = self.kernels;
                 kern.gemm(MatMut::packed(t.p.get(n), keys, rows), k_blk, qt, false);
                 let dot = Mat::packed(&qh.dot.view(l_n * dv)[i0 * dv..], dv, rows);
                 kern.gemm(MatMut::packed(t.ds.get(n), keys, rows), v_blk, dot, false);
             }
         }
+    }
 
+    /// The rules and the elementwise steps of a block, from its `Sᵀ` and `dPᵀ` to `P` (times
+    /// the dropout factors) and `dS`; returns whether the AMX fast lane wrote them straight
+    /// into the tiles' layouts (`scratch.bf`) instead of `scratch.t`.
+    fn block_lanes(
+        &self,
+        blk: &Block,
+        tiles: Option<&crate::cpu::amx::Tiles>,
+        scratch: &mut Scratch,
+    ) -> bool {
+        let Block {
+            b,
+            h,
+            i0,
+            rows,
+            j0,
+            keys,
+            general,
+        } = *blk;
+        let n = rows * keys;
+        let row0 = (b * self.sh.n_heads + h) * self.sh.seq_q + i0;
+        let Scratch { qh, t, .. } = scratch;
         let lse = &qh.lse[i0..][..rows];
         let delta = &self.delta[row0..][..rows];
         // The rules: on the transposed scores when every query shares them, else a row per
         // query (`mask_block`). Without a softcap or dropout the block then keeps the fast lane.
         let plain = self.opt.softcap.is_none() && self.opt.dropout.is_none();
-        if self.extras && !blk.general {
+        if self.extras && !general {
             self.key_rules((b, h), j0, (keys, rows), t.p.get(n));
-        } else if blk.general && plain {
-            self.mask_block(&blk, t);
+        } else if general && plain {
+            self.mask_block(blk, t);
         }
-        // The AMX fast lane writes P and dS packed for the next products, not in `t`.
-        let fused = tiles.is_some() && plain;
         if !plain {
-            self.general_lane(&blk, lse, delta, t);
-        } else if fused {
-            #[cfg(target_arch = "x86_64")]
-            {
-                let bf = &mut scratch.bf;
-                let tiles = (t.p.view(n), t.ds.view(n));
-                let packed = (
-                    bf.p.get(PARTS * n),
-                    bf.ds_a.get(PARTS * n),
-                    bf.ds_b.get(PARTS * n),
-                );
-                let sums = (&mut bf.ds_rows[i0..][..rows], &mut bf.ds_keys[j0..][..keys]);
-                let shape = (keys, rows);
-                // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
-                unsafe {
-                    with_grad_parts!(self.grad_parts, G => {
-                        amx::probs_and_grads_packed::<G>(tiles, shape, (lse, delta), packed, sums)
-                    })
-                };
-            }
-        } else {
-            let (p, ds) = (t.p.get(n), t.ds.get(n));
-            for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
-                kern.probs_and_grads(p, ds, lse, delta);
-            }
+            self.general_lane(blk, lse, delta, t);
+            return false;
         }
-        let p = if self.opt.dropout.is_some() {
-            t.pz.view(n)
-        } else {
-            t.p.view(n)
+        #[cfg(target_arch = "x86_64")]
+        if tiles.is_some() {
+            let bf = &mut scratch.bf;
+            let products = (t.p.view(n), t.ds.view(n));
+            let packed = (
+                bf.p.get(PARTS * n),
+                bf.ds_a.get(PARTS * n),
+                bf.ds_b.get(PARTS * n),
+            );
+            let sums = (&mut bf.ds_rows[i0..][..rows], &mut bf.ds_keys[j0..][..keys]);
+            let shape = (keys, rows);
+            // SAFETY: `plan.amx` is only set with `Isa::Amx`, which has what `bf16x.rs` needs.
+            unsafe {
+                with_grad_parts!(self.grad_parts, G => {
+                    amx::probs_and_grads_packed::<G>(products, shape, (lse, delta), packed, sums)
+                })
+            };
+            return true;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = tiles;
+        let (p, ds) = (t.p.get(n), t.ds.get(n));
+        for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
+            self.kernels.probs_and_grads(p, ds, lse, delta);
+        }
+        false
+    }
+
+    /// A block's last three products, added to the sums in `scratch`: `dV += (P∘Z)ᵀ · dO`,
+    /// `dK += dSᵀ · (scale·Q)`, `dQᵀ += Kᵀ · dSᵀ`; on the tiles when there are some, from the
+    /// layouts the fast lane wrote when `packed`, else packing `scratch.t`'s first.
+    fn block_grads(
+        &self,
+        blk: &Block,
+        (tiles, packed): (Option<&crate::cpu::amx::Tiles>, bool),
+        scratch: &mut Scratch,
+    ) {
+        let Block {
+            i0, rows, j0, keys, ..
+        } = *blk;
+        let (d, dv, l_n, s_n) = (
+            self.sh.head_dim,
+            self.sh.value_dim,
+            self.sh.seq_q,
+            self.sh.seq_kv,
+        );
+        let n = rows * keys;
+        let Scratch { qh, kh, t, .. } = scratch;
+        let p = match self.opt.dropout.is_some() {
+            true => t.pz.view(n),
+            false => t.p.view(n),
         };
         let ds = t.ds.view(n);
         let dv_acc = &mut kh.dv.get(s_n * dv)[j0 * dv..][..keys * dv];
@@ -947,7 +1008,7 @@ impl Plan<'_> {
             #[cfg(target_arch = "x86_64")]
             Some(tiles) => {
                 let bf = &mut scratch.bf;
-                if !fused {
+                if !packed {
                     let row_sums = &mut bf.ds_rows[i0..][..rows];
                     let key_sums = &mut bf.ds_keys[j0..][..keys];
                     for (ds_row, key_sum) in ds.chunks_exact(rows).zip(key_sums) {
@@ -979,6 +1040,8 @@ impl Plan<'_> {
                 });
             }
             _ => {
+                let _ = packed;
+                let kern = self.kernels;
                 let ds = Mat::packed(ds, keys, rows);
                 // dV += (P∘Z)ᵀ · dO
                 let dout = Mat::packed(&qh.dout.view(l_n * dv)[i0 * dv..], rows, dv);
@@ -988,6 +1051,7 @@ impl Plan<'_> {
                 let q = Mat::packed(&qh.q.view(l_n * d)[i0 * d..], rows, d);
                 kern.gemm(MatMut::packed(dk_acc, keys, d), Lhs::Rows(ds), q, true);
                 // dQᵀ += Kᵀ · dSᵀ (the scale comes when it is transposed back)
+                let kt_blk = Lhs::Panels(Panels::new(&kh.kt.view(s_n * d)[j0 * d..], d, keys));
                 kern.gemm(MatMut::packed(dqt, d, rows), kt_blk, ds, true);
             }
         }
