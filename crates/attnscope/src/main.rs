@@ -42,6 +42,8 @@ enum Command {
     Heads(cmd::heads::Args),
     /// Attention as a soft database lookup over real sentence embeddings.
     Lookup(cmd::lookup::Args),
+    /// Continue a prompt with a GPT-2-family model
+    ///
     /// Continue a prompt with a GPT-2-family model; --explain shows the tokens the attention that chose each new token weighed most.
     Generate(cmd::generate::Args),
     /// Benchmarks: attention kernels and model throughput.

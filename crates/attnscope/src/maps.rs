@@ -78,6 +78,8 @@ pub fn name_the_flag(err: attn_viz::VizError) -> anyhow::Error {
 pub struct SourceArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Read attention maps saved by `attention --save-maps` instead of running a model
+    ///
     /// Read attention maps saved by `attnscope attention TEXT --save-maps FILE.json` (an
     /// `AttentionMaps`: model, text, pair, tokens, n_layers, n_heads, weights) instead of
     /// running a model.

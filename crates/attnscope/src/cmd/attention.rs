@@ -22,6 +22,8 @@ pub struct Args {
     /// Read the text from this UTF-8 file instead ("-" reads standard input).
     #[arg(long, value_name = "FILE", conflicts_with = "text")]
     pub file: Option<PathBuf>,
+    /// A second text, run as a sentence pair with TEXT
+    ///
     /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
     /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT")]
@@ -34,6 +36,8 @@ pub struct Args {
     /// Print {"model", "tokens", "attentions": [layers][heads][T][T]} (row = query token).
     #[arg(long, conflicts_with_all = ["layer", "head"])]
     pub json: bool,
+    /// Save the maps to this file instead of printing them (for --maps)
+    ///
     /// Save the maps to this file instead of printing them, for `explain`, `heatmap`, `heads`
     /// and `html --maps FILE.json` (an `AttentionMaps`: the text, its tokens with their spans,
     /// every layer's and head's weights).

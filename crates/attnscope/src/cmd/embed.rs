@@ -21,10 +21,14 @@ pub struct Args {
     pub file: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Cut texts longer than the model embeds instead of refusing them
+    ///
     /// Cut texts longer than the model embeds (sentence-transformers' max_seq_length, else its
     /// positions) instead of refusing them, as sentence-transformers does.
     #[arg(long)]
     pub truncate: bool,
+    /// Print the embeddings and their cosine similarities as JSON
+    ///
     /// Print {"model", "texts", "embeddings": [[...], ...], "cosine": [[...], ...]} (the cosine
     /// similarity of every pair of texts).
     #[arg(long)]

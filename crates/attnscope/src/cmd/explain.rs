@@ -28,6 +28,8 @@ pub struct Args {
         conflicts_with_all = ["question", "maps"]
     )]
     pub text: Option<String>,
+    /// A second text, run as a sentence pair with TEXT
+    ///
     /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
     /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT", conflicts_with_all = ["question", "maps"])]
@@ -43,16 +45,22 @@ pub struct Args {
     /// The context the question's words attend to (with --question).
     #[arg(long, value_name = "TEXT", requires = "question")]
     pub context: Option<String>,
+    /// With --pair: show only the words of the other text
+    ///
     /// With --pair: show only the words of the text the focus word is not in (e.g. which
     /// English words a French word attends to). The pair is one input to one model here: an
     /// encoder's self-attention across two texts, not a translation model's cross-attention.
     #[arg(long, conflicts_with = "question")]
     pub across: bool,
+    /// The word to look from ("the#2": the second "the") [default: every word averaged]
+    ///
     /// The word to look from ("the#2" for the second "the"); default: every word averaged. A
     /// word is as the model's tokenizer splits the text at spaces and punctuation: BERT reads
     /// "don't" as the words "don", "'" and "t" (an unknown word's error lists them).
     #[arg(long, value_name = "WORD")]
     pub focus: Option<String>,
+    /// A word to look at: its weight from --focus in each layer and head (repeatable)
+    ///
     /// A word to look at: print the weight from --focus (or every word averaged) to it in
     /// every layer and head, as a table, and name up to five heads that give it at least 1.5 ×
     /// even attention: where a relation between two words lives. A head whose words shown got
@@ -70,6 +78,8 @@ pub struct Args {
     /// One head (0-based) of --layer.
     #[arg(long, value_name = "H", requires = "layer", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub head: Option<usize>,
+    /// Attention rollout through every layer (Abnar & Zuidema 2020)
+    ///
     /// Attention rollout through every layer (Abnar & Zuidema 2020): per layer the heads
     /// averaged, 0.5·A + 0.5·I for the residual, rows renormalised; layers multiplied from the
     /// input up.

@@ -25,24 +25,34 @@ pub struct Args {
     /// How many tokens to generate (all of them: the end-of-text token does not stop early).
     #[arg(long, value_name = "N")]
     pub max_new_tokens: usize,
+    /// Sample from softmax(logits / T) instead of taking the most likely token
+    ///
     /// Sample from softmax(logits / T) instead of taking the most likely token [default: greedy].
     /// Over the whole vocabulary unless --top-k cuts it (transformers' generate also keeps its
     /// default top_k of 50 when sampling).
     #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
+    /// Sample only among the K most likely tokens [default: every token]
+    ///
     /// Sample only among the K most likely tokens (samples at temperature 1 when --temperature
     /// is not given) [default: every token].
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
+    /// Seed of the sampler (needs --temperature or --top-k)
+    ///
     /// Seed of the sampler: the same seed, prompt and thread count give the same text (another
     /// thread count sums the logits in another order, which can tip a near tie). Needs
     /// --temperature or --top-k (without them decoding is greedy and has nothing to seed).
     #[arg(long, value_name = "S", default_value_t = 0, requires = "sampling")]
     pub seed: u64,
+    /// For each new token, print the tokens the attention that chose it weighed most
+    ///
     /// For each generated token, print the tokens the attention that chose it weighed most (its
     /// query is the token before it; last layer, heads averaged, top 3).
     #[arg(long)]
     pub explain: bool,
+    /// Print {"model", "prompt", "ids", "pieces", "labels", "text"} as JSON
+    ///
     /// Print {"model", "prompt", "ids", "pieces", "labels", "text"} (with --explain, "explain"
     /// too): "pieces" each new token decoded alone, "labels" the same with a byte that does not
     /// complete a character as "<0xF0>", as --explain names them.

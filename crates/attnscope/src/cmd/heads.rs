@@ -30,6 +30,8 @@ pub struct Args {
     /// The text to look at.
     #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
+    /// A second text, run as a sentence pair with TEXT
+    ///
     /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
     /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT", conflicts_with = "maps")]

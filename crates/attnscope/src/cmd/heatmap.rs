@@ -25,6 +25,8 @@ pub struct Args {
     /// The text to look at.
     #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
+    /// A second text, run as a sentence pair with TEXT
+    ///
     /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
     /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
@@ -38,6 +40,8 @@ pub struct Args {
     /// One head (0-based) of --layer.
     #[arg(long, value_name = "H", requires = "layer", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub head: Option<usize>,
+    /// Attention rollout through every layer (as `explain --rollout`)
+    ///
     /// Attention rollout through every layer (as `explain --rollout`: heads averaged,
     /// 0.5·A + 0.5·I, rows renormalised, layers multiplied from the input up).
     #[arg(long, conflicts_with_all = ["layer", "head"])]
@@ -45,6 +49,8 @@ pub struct Args {
     /// Every layer × head as small multiples in one picture.
     #[arg(long, conflicts_with_all = ["layer", "head", "rollout"])]
     pub grid: bool,
+    /// Raw tokens instead of words
+    ///
     /// Raw tokens instead of words. A word's column is the sum of its tokens' columns, its row
     /// the mean of their rows (as `explain` shows it); with [CLS]/[SEP] hidden, each row is
     /// renormalised over the words shown.

@@ -19,6 +19,8 @@ pub struct Args {
     /// The text to look at.
     #[arg(required_unless_present = "maps", conflicts_with = "maps")]
     pub text: Option<String>,
+    /// A second text, run as a sentence pair with TEXT
+    ///
     /// A second text, run as a sentence pair with TEXT (an encoder's segment B; a causal model
     /// reads it after TEXT, which cannot see it); the page can then show attention from A to B
     /// and from B to A.
@@ -27,6 +29,8 @@ pub struct Args {
     /// Where to write the page (a .html or .htm file).
     #[arg(short, long, value_name = "FILE.html")]
     pub output: PathBuf,
+    /// The layer whose queries and keys the neuron view gets first [default: the last]
+    ///
     /// The layer whose queries and keys the neuron view gets first [default: the last]; nearby
     /// layers are added while the file stays small. (Saved maps hold no queries or keys: a page
     /// from --maps has no neuron view.)

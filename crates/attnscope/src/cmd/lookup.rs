@@ -28,6 +28,8 @@ pub struct Args {
     /// A file of entries, one KEY=VALUE a line (blank lines and lines starting with # skipped).
     #[arg(long = "entries", value_name = "FILE")]
     pub entries_file: Option<PathBuf>,
+    /// Softmax temperature: weights = softmax(cosine / T)
+    ///
     /// Softmax temperature: weights = softmax(cosine / T). The default, 0.05, is the scale
     /// all-MiniLM-L6-v2 was trained with.
     #[arg(long, value_name = "T", default_value_t = DEFAULT_TEMPERATURE)]

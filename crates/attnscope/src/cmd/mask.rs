@@ -22,11 +22,15 @@ enum Kind {
         /// Number of key tokens, 1 to 512 (default: as many as queries).
         #[arg(long)]
         seq_kv: Option<usize>,
+        /// Where the diagonal sits when the lengths differ: top-left or bottom-right
+        ///
         /// Where the diagonal sits when the lengths differ: top-left (PyTorch is_causal) or
         /// bottom-right (FlashAttention, decoding with a cache: the last query sees every key).
         #[arg(long, value_enum, default_value_t = Align::TopLeft)]
         align: Align,
     },
+    /// Padding mask of a sentence, from its <PAD> or [PAD] tokens
+    ///
     /// Padding mask of a sentence: tokens written <PAD> or [PAD] (any case) are padding no one
     /// attends to.
     Padding {

@@ -62,10 +62,14 @@ pub struct Args {
     /// Also write the attention weights.
     #[arg(long)]
     weights: bool,
+    /// Run the plain reference twin instead of the fast path
+    ///
     /// Run the plain reference twin instead of the fast path (for a BF16 case, in f32 on the
     /// BF16 values).
     #[arg(long)]
     reference: bool,
+    /// Also compute and write the gradients of q, k and v (and of a float mask)
+    ///
     /// Also compute the gradients of q, k and v (and of a float mask) for the case's dout; write
     /// dq, dk, dv (and dmask).
     #[arg(long)]
@@ -266,215 +270,31 @@ struct Gradients {
 }
 
 impl Case {
+    /// Reads and checks every tensor and option of a case, in the order its errors are reported.
     fn parse(bytes: &[u8], backward: bool) -> anyhow::Result<Case> {
-        let invalid = |e: safetensors::SafeTensorError| {
-            anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}")
-        };
-        // The reader keeps one of a repeated key's entries (or reports a tensor named twice as
-        // a bad offset): a case must mean one thing. A header too short or too long to read is
-        // the reader's to report.
-        let header_len = bytes.first_chunk::<8>().map(|n| u64::from_le_bytes(*n));
-        let header_json = header_len
-            .and_then(|n| bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?))
-            .and_then(|json| std::str::from_utf8(json).ok());
-        if let Some(key) = header_json.and_then(attn_models::checkpoint::repeated_header_key) {
-            bail!("the header names {key} twice");
-        }
-        let (_, header) = SafeTensors::read_metadata(bytes).map_err(invalid)?;
-        let st = SafeTensors::deserialize(bytes).map_err(invalid)?;
-        let mut names = st.names();
-        names.sort();
-        if let Some(name) = names.iter().find(|n| !KNOWN_TENSORS.contains(n)) {
-            bail!(
-                "unknown tensor {name:?}; a case holds {}",
-                KNOWN_TENSORS.join(", ")
-            );
-        }
-        let meta = parse_metadata(header.metadata().clone().unwrap_or_default())?;
-
-        let q = read_f32(&st, "q", Some("[batch, n_heads, seq_q, head_dim]"))?;
-        let k = read_f32(&st, "k", Some("[batch, n_kv_heads, seq_kv, head_dim]"))?;
-        let v = read_f32(&st, "v", Some("[batch, n_kv_heads, seq_kv, value_dim]"))?;
+        let (st, meta) = open_case(bytes)?;
+        let (q, k, v) = read_inputs(&st, backward)?;
         let is_bf16 = q.bf16;
-        for t in [("k", &k), ("v", &v)] {
-            ensure!(
-                t.1.bf16 == is_bf16,
-                "q is {} but {} is {}: q, k and v share one dtype (F32, or BF16 for the bf16 \
-                 kernels)",
-                if is_bf16 { "BF16" } else { "F32" },
-                t.0,
-                if t.1.bf16 { "BF16" } else { "F32" }
-            );
-        }
-        ensure!(
-            !(is_bf16 && backward),
-            "--backward takes F32 cases: the backward pass has no bf16 kernels (save q, k and v \
-             as float32)"
-        );
-        let (qd, kd, vd) = (&q.dims, &k.dims, &v.dims);
-        ensure!(
-            kd[0] == qd[0] && kd[3] == qd[3],
-            "k has shape {kd:?} but q has shape {qd:?}: batch and head_dim must agree \
-             (q [batch, n_heads, seq_q, head_dim], k [batch, n_kv_heads, seq_kv, head_dim])"
-        );
-        ensure!(
-            vd[..3] == kd[..3],
-            "v has shape {vd:?} but k has shape {kd:?}: batch, n_kv_heads and seq_kv must agree \
-             (v [batch, n_kv_heads, seq_kv, value_dim])"
-        );
-        let gqa = meta.bool("gqa")?.unwrap_or(false);
-        ensure!(
-            gqa || kd[1] == qd[1],
-            "k has {} heads but q has {} (shapes {kd:?} and {qd:?}); set metadata gqa to true \
-             for grouped-query attention",
-            kd[1],
-            qd[1]
-        );
-        let shape = AttnShape {
-            batch: qd[0],
-            n_heads: qd[1],
-            n_kv_heads: kd[1],
-            seq_q: qd[2],
-            seq_kv: kd[2],
-            head_dim: qd[3],
-            value_dim: vd[3],
-        };
-        shape.validate()?;
-
+        let shape = check_shapes(&q, &k, &v, &meta)?;
+        let mut options = read_options(&meta)?;
         // The float mask's dims as stored: its gradient's.
-        let mut float_mask_dims = None;
-        let mut options = AttnOptions {
-            scale: meta.f32("scale")?,
-            softcap: meta.f32("softcap")?,
-            alibi: meta.f32_list("alibi")?,
-            causal: meta.alignment("causal")?,
-            window: meta.window()?,
-            align: meta.alignment("align")?,
-            ..AttnOptions::default()
-        };
-        if let Some(p) = meta.f32("dropout_p")? {
-            let seed = meta.u64("seed")?.unwrap_or(0);
-            options.dropout = Some(Dropout { p, seed });
-        } else if meta.get("seed").is_some() {
-            bail!("metadata seed is given without dropout_p");
-        }
-        match st.tensor("mask").ok().map(|t| t.dtype()) {
-            None => {}
-            Some(Dtype::BOOL) => {
-                let (dims, data) = read_bool(&st, "mask")?;
-                ensure!(
-                    (1..=4).contains(&dims.len()),
-                    "mask has shape {dims:?}: expected 1 to 4 dims broadcastable to \
-                     [batch, n_heads, seq_q, seq_kv] = {:?}",
-                    shape.score_dims()
-                );
-                options.bool_mask = Some(BoolMask::from_vec(data, &dims)?);
-            }
-            Some(Dtype::F32 | Dtype::BF16) => {
-                let m = read_f32(&st, "mask", None)?;
-                ensure!(
-                    (1..=4).contains(&m.dims.len()),
-                    "mask has shape {:?}: expected 1 to 4 dims broadcastable to \
-                     [batch, n_heads, seq_q, seq_kv] = {:?}",
-                    m.dims,
-                    shape.score_dims()
-                );
-                float_mask_dims = Some(m.dims.clone());
-                options.float_mask = Some(FloatMask::from_vec(m.data, &m.dims)?);
-            }
-            Some(other) => bail!("mask has dtype {other}; expected BOOL, F32 or BF16"),
-        }
-        if st.tensor("key_padding").is_ok() {
-            let (dims, data) = read_bool(&st, "key_padding")?;
-            ensure!(
-                dims == [shape.batch, shape.seq_kv],
-                "key_padding has shape {dims:?}; expected [batch, seq_kv] = [{}, {}]",
-                shape.batch,
-                shape.seq_kv
-            );
-            options.key_padding = Some(KeyPadding::from_vec(data, dims[0], dims[1])?);
-        }
+        let float_mask_dims = read_mask(&st, &shape, &mut options)?;
+        options.key_padding = read_key_padding(&st, &shape)?;
         options.validate(&shape).map_err(named_as_in_the_case)?;
         for t in [(&q, "q"), (&k, "k"), (&v, "v")] {
             check_finite(t.1, t.0)?;
         }
-
-        let expected = |name: &str, dims: Vec<usize>| -> anyhow::Result<Option<F32Tensor>> {
-            if st.tensor(name).is_err() {
-                return Ok(None);
-            }
-            let t = read_f32(&st, name, None)?;
-            ensure!(
-                t.dims == dims,
-                "{name} has shape {:?}; the results have shape {dims:?}",
-                t.dims
-            );
-            Ok(Some(t))
+        let backward = match backward {
+            true => Some(read_backward(&st, &shape, float_mask_dims)?),
+            false => None,
         };
-        let backward = if backward {
-            let dout = st
-                .tensor("dout")
-                .is_ok()
-                .then(|| read_f32(&st, "dout", None));
-            let dout = dout.transpose()?.with_context(|| {
-                "missing tensor dout [batch, n_heads, seq_q, value_dim]: --backward needs the \
-                 gradient arriving at the output"
-            })?;
-            ensure!(
-                dout.dims == shape.out_dims(),
-                "dout has shape {:?}; expected the output's shape \
-                 [batch, n_heads, seq_q, value_dim] = {:?}",
-                dout.dims,
-                shape.out_dims()
-            );
-            check_finite("dout", &dout)?;
-            // Gradients are compared at 1e-4 absolute, finer than bf16 holds them.
-            let expected_grad = |name: &str, dims: Vec<usize>| {
-                let t = expected(name, dims)?;
-                if let Some(t) = &t {
-                    ensure!(
-                        !t.bf16,
-                        "{name} is BF16; the gradients are compared at {GRAD_TOLERANCE:e} \
-                         absolute, finer than bf16 holds them: save it as float32"
-                    );
-                }
-                Ok(t)
-            };
-            let expected_dmask = match &float_mask_dims {
-                Some(dims) => expected_grad("expected_dmask", dims.clone())?,
-                None => {
-                    ensure!(
-                        st.tensor("expected_dmask").is_err(),
-                        "expected_dmask is given but the case has no float mask to take the \
-                         gradient of"
-                    );
-                    None
-                }
-            };
-            Some(Backward {
-                dout,
-                expected_dq: expected_grad("expected_dq", shape.q_dims().to_vec())?,
-                expected_dk: expected_grad("expected_dk", shape.k_dims().to_vec())?,
-                expected_dv: expected_grad("expected_dv", shape.v_dims().to_vec())?,
-                mask_dims: float_mask_dims,
-                expected_dmask,
-            })
-        } else {
-            None
-        };
-        // bf16 rounds P and, on PyTorch's side, the output to 8 bits.
-        let tolerance =
-            (meta.f32("tolerance")?).unwrap_or(if is_bf16 { BF16_TOLERANCE } else { 1e-5 });
-        ensure!(
-            tolerance.is_finite() && tolerance >= 0.0,
-            "metadata tolerance is {tolerance}; it must be a finite number ≥ 0"
-        );
+        let tolerance = read_tolerance(&meta, is_bf16)?;
         Ok(Case {
             bf16: is_bf16,
             backward,
-            expected_out: expected("expected_out", shape.out_dims().to_vec())?,
-            expected_lse: expected("expected_lse", shape.out_dims()[..3].to_vec())?,
-            expected_weights: expected("expected_weights", shape.score_dims().to_vec())?,
+            expected_out: read_expected(&st, "expected_out", shape.out_dims().to_vec())?,
+            expected_lse: read_expected(&st, "expected_lse", shape.out_dims()[..3].to_vec())?,
+            expected_weights: read_expected(&st, "expected_weights", shape.score_dims().to_vec())?,
             tolerance,
             shape,
             q,
@@ -483,6 +303,266 @@ impl Case {
             options,
         })
     }
+}
+
+/// Reads the case's header: refuses a repeated key, a malformed file, an unknown tensor and an
+/// unknown or non-JSON metadata value.
+fn open_case(bytes: &[u8]) -> anyhow::Result<(SafeTensors<'_>, Metadata)> {
+    let invalid = |e: safetensors::SafeTensorError| {
+        anyhow::anyhow!("not a valid safetensors file (truncated or malformed): {e}")
+    };
+    // The reader keeps one of a repeated key's entries (or reports a tensor named twice as
+    // a bad offset): a case must mean one thing. A header too short or too long to read is
+    // the reader's to report.
+    let header_len = bytes.first_chunk::<8>().map(|n| u64::from_le_bytes(*n));
+    let header_json = header_len
+        .and_then(|n| bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?))
+        .and_then(|json| std::str::from_utf8(json).ok());
+    if let Some(key) = header_json.and_then(attn_models::checkpoint::repeated_header_key) {
+        bail!("the header names {key} twice");
+    }
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(invalid)?;
+    let st = SafeTensors::deserialize(bytes).map_err(invalid)?;
+    let mut names = st.names();
+    names.sort();
+    if let Some(name) = names.iter().find(|n| !KNOWN_TENSORS.contains(n)) {
+        bail!(
+            "unknown tensor {name:?}; a case holds {}",
+            KNOWN_TENSORS.join(", ")
+        );
+    }
+    let meta = parse_metadata(header.metadata().clone().unwrap_or_default())?;
+    Ok((st, meta))
+}
+
+/// Reads q, k and v, which must share one dtype (and be F32 for `--backward`).
+fn read_inputs(
+    st: &SafeTensors<'_>,
+    backward: bool,
+) -> anyhow::Result<(F32Tensor, F32Tensor, F32Tensor)> {
+    let q = read_f32(st, "q", Some("[batch, n_heads, seq_q, head_dim]"))?;
+    let k = read_f32(st, "k", Some("[batch, n_kv_heads, seq_kv, head_dim]"))?;
+    let v = read_f32(st, "v", Some("[batch, n_kv_heads, seq_kv, value_dim]"))?;
+    let is_bf16 = q.bf16;
+    for t in [("k", &k), ("v", &v)] {
+        ensure!(
+            t.1.bf16 == is_bf16,
+            "q is {} but {} is {}: q, k and v share one dtype (F32, or BF16 for the bf16 \
+             kernels)",
+            if is_bf16 { "BF16" } else { "F32" },
+            t.0,
+            if t.1.bf16 { "BF16" } else { "F32" }
+        );
+    }
+    ensure!(
+        !(is_bf16 && backward),
+        "--backward takes F32 cases: the backward pass has no bf16 kernels (save q, k and v \
+         as float32)"
+    );
+    Ok((q, k, v))
+}
+
+/// The call's shape from q, k and v, once their dims agree (different head counts only with
+/// metadata `gqa`).
+fn check_shapes(
+    q: &F32Tensor,
+    k: &F32Tensor,
+    v: &F32Tensor,
+    meta: &Metadata,
+) -> anyhow::Result<AttnShape> {
+    let (qd, kd, vd) = (&q.dims, &k.dims, &v.dims);
+    ensure!(
+        kd[0] == qd[0] && kd[3] == qd[3],
+        "k has shape {kd:?} but q has shape {qd:?}: batch and head_dim must agree \
+         (q [batch, n_heads, seq_q, head_dim], k [batch, n_kv_heads, seq_kv, head_dim])"
+    );
+    ensure!(
+        vd[..3] == kd[..3],
+        "v has shape {vd:?} but k has shape {kd:?}: batch, n_kv_heads and seq_kv must agree \
+         (v [batch, n_kv_heads, seq_kv, value_dim])"
+    );
+    let gqa = meta.bool("gqa")?.unwrap_or(false);
+    ensure!(
+        gqa || kd[1] == qd[1],
+        "k has {} heads but q has {} (shapes {kd:?} and {qd:?}); set metadata gqa to true \
+         for grouped-query attention",
+        kd[1],
+        qd[1]
+    );
+    let shape = AttnShape {
+        batch: qd[0],
+        n_heads: qd[1],
+        n_kv_heads: kd[1],
+        seq_q: qd[2],
+        seq_kv: kd[2],
+        head_dim: qd[3],
+        value_dim: vd[3],
+    };
+    shape.validate()?;
+    Ok(shape)
+}
+
+/// The options the metadata sets: scale, softcap, ALiBi, causal, window, align and dropout.
+fn read_options(meta: &Metadata) -> anyhow::Result<AttnOptions> {
+    let mut options = AttnOptions {
+        scale: meta.f32("scale")?,
+        softcap: meta.f32("softcap")?,
+        alibi: meta.f32_list("alibi")?,
+        causal: meta.alignment("causal")?,
+        window: meta.window()?,
+        align: meta.alignment("align")?,
+        ..AttnOptions::default()
+    };
+    if let Some(p) = meta.f32("dropout_p")? {
+        let seed = meta.u64("seed")?.unwrap_or(0);
+        options.dropout = Some(Dropout { p, seed });
+    } else if meta.get("seed").is_some() {
+        bail!("metadata seed is given without dropout_p");
+    }
+    Ok(options)
+}
+
+/// Sets the case's `mask` (BOOL, or F32 or BF16 added to the scores) in `options`; returns a
+/// float mask's dims as stored.
+fn read_mask(
+    st: &SafeTensors<'_>,
+    shape: &AttnShape,
+    options: &mut AttnOptions,
+) -> anyhow::Result<Option<Vec<usize>>> {
+    match st.tensor("mask").ok().map(|t| t.dtype()) {
+        None => Ok(None),
+        Some(Dtype::BOOL) => {
+            let (dims, data) = read_bool(st, "mask")?;
+            ensure!(
+                (1..=4).contains(&dims.len()),
+                "mask has shape {dims:?}: expected 1 to 4 dims broadcastable to \
+                 [batch, n_heads, seq_q, seq_kv] = {:?}",
+                shape.score_dims()
+            );
+            options.bool_mask = Some(BoolMask::from_vec(data, &dims)?);
+            Ok(None)
+        }
+        Some(Dtype::F32 | Dtype::BF16) => {
+            let m = read_f32(st, "mask", None)?;
+            ensure!(
+                (1..=4).contains(&m.dims.len()),
+                "mask has shape {:?}: expected 1 to 4 dims broadcastable to \
+                 [batch, n_heads, seq_q, seq_kv] = {:?}",
+                m.dims,
+                shape.score_dims()
+            );
+            let dims = m.dims.clone();
+            options.float_mask = Some(FloatMask::from_vec(m.data, &m.dims)?);
+            Ok(Some(dims))
+        }
+        Some(other) => bail!("mask has dtype {other}; expected BOOL, F32 or BF16"),
+    }
+}
+
+/// The case's `key_padding`, when it has one: BOOL `[batch, seq_kv]`.
+fn read_key_padding(st: &SafeTensors<'_>, shape: &AttnShape) -> anyhow::Result<Option<KeyPadding>> {
+    if st.tensor("key_padding").is_err() {
+        return Ok(None);
+    }
+    let (dims, data) = read_bool(st, "key_padding")?;
+    ensure!(
+        dims == [shape.batch, shape.seq_kv],
+        "key_padding has shape {dims:?}; expected [batch, seq_kv] = [{}, {}]",
+        shape.batch,
+        shape.seq_kv
+    );
+    Ok(Some(KeyPadding::from_vec(data, dims[0], dims[1])?))
+}
+
+/// An `expected_*` tensor, when the case has it: it must have the results' `dims`.
+fn read_expected(
+    st: &SafeTensors<'_>,
+    name: &str,
+    dims: Vec<usize>,
+) -> anyhow::Result<Option<F32Tensor>> {
+    if st.tensor(name).is_err() {
+        return Ok(None);
+    }
+    let t = read_f32(st, name, None)?;
+    ensure!(
+        t.dims == dims,
+        "{name} has shape {:?}; the results have shape {dims:?}",
+        t.dims
+    );
+    Ok(Some(t))
+}
+
+/// An `expected_d*` gradient, when the case has it: F32, as gradients are compared at
+/// [`GRAD_TOLERANCE`] absolute, finer than bf16 holds them.
+fn read_expected_grad(
+    st: &SafeTensors<'_>,
+    name: &str,
+    dims: Vec<usize>,
+) -> anyhow::Result<Option<F32Tensor>> {
+    let t = read_expected(st, name, dims)?;
+    if let Some(t) = &t {
+        ensure!(
+            !t.bf16,
+            "{name} is BF16; the gradients are compared at {GRAD_TOLERANCE:e} \
+             absolute, finer than bf16 holds them: save it as float32"
+        );
+    }
+    Ok(t)
+}
+
+/// What `--backward` reads: `dout` (required, the output's shape, finite) and the expected
+/// gradients, `expected_dmask` only for a case with a float mask (of `float_mask_dims`).
+fn read_backward(
+    st: &SafeTensors<'_>,
+    shape: &AttnShape,
+    float_mask_dims: Option<Vec<usize>>,
+) -> anyhow::Result<Backward> {
+    let dout = st
+        .tensor("dout")
+        .is_ok()
+        .then(|| read_f32(st, "dout", None));
+    let dout = dout.transpose()?.with_context(|| {
+        "missing tensor dout [batch, n_heads, seq_q, value_dim]: --backward needs the \
+         gradient arriving at the output"
+    })?;
+    ensure!(
+        dout.dims == shape.out_dims(),
+        "dout has shape {:?}; expected the output's shape \
+         [batch, n_heads, seq_q, value_dim] = {:?}",
+        dout.dims,
+        shape.out_dims()
+    );
+    check_finite("dout", &dout)?;
+    let expected_dmask = match &float_mask_dims {
+        Some(dims) => read_expected_grad(st, "expected_dmask", dims.clone())?,
+        None => {
+            ensure!(
+                st.tensor("expected_dmask").is_err(),
+                "expected_dmask is given but the case has no float mask to take the \
+                 gradient of"
+            );
+            None
+        }
+    };
+    Ok(Backward {
+        dout,
+        expected_dq: read_expected_grad(st, "expected_dq", shape.q_dims().to_vec())?,
+        expected_dk: read_expected_grad(st, "expected_dk", shape.k_dims().to_vec())?,
+        expected_dv: read_expected_grad(st, "expected_dv", shape.v_dims().to_vec())?,
+        mask_dims: float_mask_dims,
+        expected_dmask,
+    })
+}
+
+/// Metadata `tolerance` (a finite number ≥ 0), else the default for the case's dtype.
+fn read_tolerance(meta: &Metadata, is_bf16: bool) -> anyhow::Result<f32> {
+    // bf16 rounds P and, on PyTorch's side, the output to 8 bits.
+    let tolerance = (meta.f32("tolerance")?).unwrap_or(if is_bf16 { BF16_TOLERANCE } else { 1e-5 });
+    ensure!(
+        tolerance.is_finite() && tolerance >= 0.0,
+        "metadata tolerance is {tolerance}; it must be a finite number ≥ 0"
+    );
+    Ok(tolerance)
 }
 
 /// Reads an F32 tensor; `rank4` names the dims it must have when it is an input.

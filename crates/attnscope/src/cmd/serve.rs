@@ -59,10 +59,14 @@ pub struct Args {
     /// Port to listen on (0: any free port; the address is printed).
     #[arg(long, default_value_t = 7878)]
     pub port: u16,
+    /// Address to bind (an IP address, or localhost for 127.0.0.1)
+    ///
     /// Address to bind (an IP address, or localhost for 127.0.0.1). Anything but 127.0.0.1 /
     /// ::1 exposes the app to your network.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST), value_parser = parse_host)]
     pub host: IpAddr,
+    /// Seconds a client may take to send a request's headers, and then its body
+    ///
     /// Seconds a client may take to send a request's headers, and then its body; an idle or
     /// slower connection is closed (with 408 for a late body).
     #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = parse_timeout)]

@@ -23,15 +23,19 @@ use super::mask::render;
    \"w_q\": [[...], ...],   query weights    [d_model, d_k]
    \"w_k\": [[...], ...],   key weights      [d_model, d_k]
    \"w_v\": [[...], ...]}   value weights    [d_model, d_v]
-Q = X·W_q, K = X·W_k, V = X·W_v, as in the notes. Each matrix has 1 to 64 rows and columns.")]
+Q = X·W_q, K = X·W_k, V = X·W_v, as in the textbook example. Each matrix has 1 to 64 rows and columns.")]
 pub struct Args {
     /// Your own words, embeddings and weight matrices (JSON; see below).
     #[arg(long, value_name = "FILE.json")]
     file: Option<PathBuf>,
+    /// Show the masked version: `causal` or `padding:N` [default: no mask]
+    ///
     /// Show the masked version: `causal` (each word sees itself and the words before it) or
     /// `padding:N` (the last N words are padding that no word attends to) [default: no mask].
     #[arg(long, value_name = "causal|padding:N")]
     mask: Option<String>,
+    /// The word whose output is shown as a weighted sum of V rows [default: the second]
+    ///
     /// The word whose output is written out as a weighted sum of V rows (default: the second);
     /// any case, and "the#2" for the second "the".
     #[arg(long)]

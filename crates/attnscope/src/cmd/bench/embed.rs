@@ -23,14 +23,20 @@ pub struct Args {
     /// Timed repetitions after one warm-up; the median counts.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
+    /// Model directory, or id in the Hugging Face cache [default: all-MiniLM-L6-v2]
+    ///
     /// Model directory, or a model id in the Hugging Face cache [default: $ATTNSCOPE_MODEL,
     /// else the cached default model].
     #[arg(long, value_name = "DIR")]
     pub model: Option<std::path::PathBuf>,
+    /// The multiply of the linear layers: auto, f32 (faer) or bf16x3 (AMX)
+    ///
     /// The multiply of the linear layers: auto (bf16x3 on AMX tiles where the CPU has them and
     /// the batch is large, else f32), f32 (faer), or bf16x3 (AMX whenever present).
     #[arg(long, value_enum, default_value_t = Gemm::Auto)]
     pub gemm: Gemm,
+    /// Print one JSON line instead of text
+    ///
     /// Print one JSON line: {"engine", "model", "threads", "batch", "sentences", "gemm",
     /// "sentences_per_s"}.
     #[arg(long)]

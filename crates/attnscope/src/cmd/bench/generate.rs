@@ -17,6 +17,8 @@ use crate::maps::load_model;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// GPT-2-family model directory or Hugging Face cache id [default: $ATTNSCOPE_MODEL]
+    ///
     /// GPT-2-family model directory in Hugging Face layout, or its model id in the Hugging
     /// Face cache [default: $ATTNSCOPE_MODEL; one of the two is required: the default model is
     /// an encoder, which cannot generate].
@@ -34,6 +36,8 @@ pub struct Args {
     /// Timed runs after one warm-up; the median counts.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
+    /// Print one JSON line instead of text
+    ///
     /// Print one JSON line: {"engine", "model", "threads", "prompt_tokens", "new_tokens",
     /// "prefill_ms", "per_token_ms", "per_token_ms_first_quarter", "per_token_ms_last_quarter",
     /// "tokens_per_s", "decode_tokens_per_s", "ids"} (per-token fields are null for one token).

@@ -62,6 +62,8 @@ pub struct Args {
     /// Query heads.
     #[arg(long)]
     heads: usize,
+    /// Key/value heads for grouped-query attention [default: as many as --heads]
+    ///
     /// Key/value heads, each shared by `heads / kv_heads` query heads (grouped-query attention;
     /// default: as many as --heads).
     #[arg(long)]
@@ -95,7 +97,45 @@ pub struct Args {
     json: bool,
 }
 
+/// Checks the flags, makes the inputs, times the calls and prints the result.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let kv_heads = check_flags(&args)?;
+    crate::maps::set_threads(args.threads)?;
+    let seq_kv = args.seq_kv.unwrap_or(args.seq);
+    let shape = AttnShape {
+        n_kv_heads: kv_heads,
+        ..AttnShape::new(args.batch, args.heads, args.seq, seq_kv, args.head_dim)
+    };
+    let mut options = AttnOptions {
+        causal: args.causal.then_some(Causal::BottomRight),
+        weights: match args.weights {
+            WeightsArg::None => WeightsRequest::None,
+            WeightsArg::Row => WeightsRequest::Rows(vec![args.seq / 2]),
+            WeightsArg::All => WeightsRequest::All,
+        },
+        ..AttnOptions::default()
+    };
+    // Refuse impossible requests before allocating the inputs: first what this machine cannot
+    // hold, in the flags' words, then what no call may ask for.
+    check_memory(&args, shape)?;
+    options.validate(&shape)?;
+    let (nq, nk) = (numel(shape.q_dims())?, numel(shape.k_dims())?);
+    let mut rng = Rng(0x5eed);
+    add_mask(&args, seq_kv, &mut rng, &mut options)?;
+    let inputs = Inputs::random(nq, nk, args.dtype, &mut rng);
+    let call = make_call(&args, shape, options, &inputs, &mut rng)?;
+    let (median, out_bytes) = time_calls(call, args.reps)?;
+    let figures = Figures::new(&args, seq_kv, (nq, nk), median, out_bytes);
+    if args.json {
+        print_json(&args, shape, &figures)
+    } else {
+        print_line(&args, shape, &figures)
+    }
+}
+
+/// Refuses a zero size, heads that do not divide into key/value heads and a bf16
+/// `--backward`; returns the key/value heads.
+fn check_flags(args: &Args) -> anyhow::Result<usize> {
     super::check_reps(args.reps)?;
     let kv_heads = args.kv_heads.unwrap_or(args.heads);
     for (flag, value) in [
@@ -119,31 +159,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.backward && args.dtype != Dtype::F32 {
         bail!("--backward needs --dtype f32");
     }
-    crate::maps::set_threads(args.threads)?;
-    let seq_kv = args.seq_kv.unwrap_or(args.seq);
-    let shape = AttnShape {
-        n_kv_heads: kv_heads,
-        ..AttnShape::new(args.batch, args.heads, args.seq, seq_kv, args.head_dim)
-    };
-    let mut options = AttnOptions {
-        causal: args.causal.then_some(Causal::BottomRight),
-        weights: match args.weights {
-            WeightsArg::None => WeightsRequest::None,
-            WeightsArg::Row => WeightsRequest::Rows(vec![args.seq / 2]),
-            WeightsArg::All => WeightsRequest::All,
-        },
-        ..AttnOptions::default()
-    };
-    // Refuse impossible requests before allocating the inputs: first what this machine cannot
-    // hold, in the flags' words, then what no call may ask for.
-    check_memory(&args, shape)?;
-    options.validate(&shape)?;
-    let numel = |dims: [usize; 4]| -> anyhow::Result<usize> {
-        (dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)))
-            .context("the inputs' size overflows")
-    };
-    let (nq, nk) = (numel(shape.q_dims())?, numel(shape.k_dims())?);
-    let mut rng = Rng(0x5eed);
+    Ok(kv_heads)
+}
+
+/// The number of elements of a tensor of `dims`, refusing one that overflows.
+fn numel(dims: [usize; 4]) -> anyhow::Result<usize> {
+    (dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))).context("the inputs' size overflows")
+}
+
+/// Adds the `--mask` to `options`, its random values drawn from `rng`.
+fn add_mask(
+    args: &Args,
+    seq_kv: usize,
+    rng: &mut Rng,
+    options: &mut AttnOptions,
+) -> anyhow::Result<()> {
     let scores = args.seq * seq_kv;
     match args.mask {
         MaskArg::None => {}
@@ -162,18 +192,66 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             options.key_padding = Some(KeyPadding::from_lengths(&lengths, seq_kv)?);
         }
     }
-    let q: Vec<f32> = (0..nq).map(|_| rng.normal()).collect();
-    let k: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
-    let v: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
-    // Both dtypes make (and check) their inputs once, before the calls that are timed.
-    let to_bf16 = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
-    let (qb, kb, vb) = match args.dtype {
-        Dtype::Bf16 => (to_bf16(&q), to_bf16(&k), to_bf16(&v)),
-        Dtype::F32 => Default::default(),
-    };
-    let mut call: Box<dyn FnMut() -> anyhow::Result<AttnOutput>> = match args.dtype {
+    Ok(())
+}
+
+/// The random q, k and v, and for `--dtype bf16` their bf16 copies.
+struct Inputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Empty for `--dtype f32`.
+    qb: Vec<bf16>,
+    kb: Vec<bf16>,
+    vb: Vec<bf16>,
+}
+
+impl Inputs {
+    /// Draws `nq` query and `nk` key and value elements from `rng`.
+    fn random(nq: usize, nk: usize, dtype: Dtype, rng: &mut Rng) -> Inputs {
+        let q: Vec<f32> = (0..nq).map(|_| rng.normal()).collect();
+        let k: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
+        let v: Vec<f32> = (0..nk).map(|_| rng.normal()).collect();
+        // Both dtypes make (and check) their inputs once, before the calls that are timed.
+        let to_bf16 = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+        let (qb, kb, vb) = match dtype {
+            Dtype::Bf16 => (to_bf16(&q), to_bf16(&k), to_bf16(&v)),
+            Dtype::F32 => Default::default(),
+        };
+        Inputs {
+            q,
+            k,
+            v,
+            qb,
+            kb,
+            vb,
+        }
+    }
+}
+
+/// One timed call: the forward pass on the dtype's inputs, and with `--backward` the backward
+/// pass for a random `dout` too.
+type Call<'a> = Box<dyn FnMut() -> anyhow::Result<AttnOutput> + 'a>;
+
+/// The call the benchmark times, its inputs checked (and `dout` drawn from `rng`) now.
+fn make_call<'a>(
+    args: &Args,
+    shape: AttnShape,
+    options: AttnOptions,
+    inputs: &'a Inputs,
+    rng: &mut Rng,
+) -> anyhow::Result<Call<'a>> {
+    let Inputs {
+        q,
+        k,
+        v,
+        qb,
+        kb,
+        vb,
+    } = inputs;
+    Ok(match args.dtype {
         Dtype::F32 if args.backward => {
-            let input = AttnInput::new(&q, &k, &v, shape)?;
+            let input = AttnInput::new(q, k, v, shape)?;
             let dout: Vec<f32> = (0..numel(shape.out_dims())?)
                 .map(|_| rng.normal())
                 .collect();
@@ -185,14 +263,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })
         }
         Dtype::F32 => {
-            let input = AttnInput::new(&q, &k, &v, shape)?;
+            let input = AttnInput::new(q, k, v, shape)?;
             Box::new(move || Ok(attn_core::sdpa(&input, &options)?))
         }
         Dtype::Bf16 => {
-            let input = AttnInput::new(&qb, &kb, &vb, shape)?;
+            let input = AttnInput::new(qb, kb, vb, shape)?;
             Box::new(move || Ok(attn_core::sdpa(&input, &options)?))
         }
-    };
+    })
+}
+
+/// Runs `call` untimed for [`WARM_UP`], then `reps` timed times; returns the median time in
+/// seconds and the bytes of one call's outputs.
+fn time_calls(mut call: Call<'_>, reps: usize) -> anyhow::Result<(f64, usize)> {
     let warm_up = Instant::now();
     let first = call()?;
     let out_bytes = 4
@@ -203,86 +286,122 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     while warm_up.elapsed() < WARM_UP {
         drop(call()?);
     }
-    let mut times = Vec::with_capacity(args.reps);
-    for _ in 0..args.reps {
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
         let t = Instant::now();
         let out = call()?;
         times.push(t.elapsed().as_secs_f64());
         drop(out);
     }
     times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    let flops = 4.0
-        * (args.batch * args.heads) as f64
-        * args.seq as f64
-        * seq_kv as f64
-        * args.head_dim as f64
-        * if args.causal { 0.5 } else { 1.0 }
-        * if args.backward { 3.5 } else { 1.0 };
-    let gflops = flops / median / 1e9;
-    let elem = if args.dtype == Dtype::F32 { 4 } else { 2 };
-    let in_mib = (elem * (nq + 2 * nk)) as f64 / (1 << 20) as f64;
-    let out_mib = out_bytes as f64 / (1 << 20) as f64;
-    let peak_mib = peak_rss_mib();
-    if args.json {
-        let report = serde_json::json!({
-            "impl": "attnscope-fused",
-            "dtype": super::spelled(args.dtype),
-            "batch": args.batch,
-            "seq": args.seq,
-            "seq_kv": seq_kv,
-            "heads": args.heads,
-            "kv_heads": shape.n_kv_heads,
-            "head_dim": args.head_dim,
-            "causal": args.causal,
-            "backward": args.backward,
-            "mask": super::spelled(args.mask),
-            "threads": args.threads,
-            "weights": super::spelled(args.weights),
-            "isa": format!("{:?}", forward_isa(args.dtype, args.seq)),
-            "reps": args.reps,
-            "ms": median * 1e3,
-            "gflops": gflops,
-            "inputs_mib": in_mib,
-            "outputs_mib": out_mib,
-            "peak_rss_mib": peak_mib,
-        });
-        crate::outln!("{report}")?;
-    } else {
-        crate::outln!(
-            "sdpa{} {} B{} H{}{} L{} S{} d{}{}{} weights={} threads={}: {:.3} ms (median of {}), \
-             {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
-            if args.backward {
-                " forward+backward"
-            } else {
-                ""
-            },
-            super::spelled(args.dtype),
-            args.batch,
-            args.heads,
-            if shape.n_kv_heads == args.heads {
-                String::new()
-            } else {
-                format!(" KV{}", shape.n_kv_heads)
-            },
-            args.seq,
+    Ok((times[times.len() / 2], out_bytes))
+}
+
+/// What the benchmark reports besides the flags.
+struct Figures {
+    seq_kv: usize,
+    /// The median time of a call, in seconds.
+    median: f64,
+    gflops: f64,
+    in_mib: f64,
+    out_mib: f64,
+    peak_mib: Option<f64>,
+}
+
+impl Figures {
+    /// The GFLOP/s of a call of `median` seconds, the inputs' (`nq` query and `nk` key
+    /// elements) and outputs' size, and the process's peak memory now.
+    fn new(
+        args: &Args,
+        seq_kv: usize,
+        (nq, nk): (usize, usize),
+        median: f64,
+        out_bytes: usize,
+    ) -> Figures {
+        let flops = 4.0
+            * (args.batch * args.heads) as f64
+            * args.seq as f64
+            * seq_kv as f64
+            * args.head_dim as f64
+            * if args.causal { 0.5 } else { 1.0 }
+            * if args.backward { 3.5 } else { 1.0 };
+        let elem = if args.dtype == Dtype::F32 { 4 } else { 2 };
+        Figures {
             seq_kv,
-            args.head_dim,
-            if args.causal { " causal" } else { "" },
-            match args.mask {
-                MaskArg::None => String::new(),
-                mask => format!(" mask={}", super::spelled(mask)),
-            },
-            super::spelled(args.weights),
-            args.threads,
-            median * 1e3,
-            super::runs(args.reps),
-            gflops,
-            in_mib,
-            out_mib,
-            peak_mib.map_or("unknown".into(), |m| format!("{m:.1} MiB")),
-        )?;
+            median,
+            gflops: flops / median / 1e9,
+            in_mib: (elem * (nq + 2 * nk)) as f64 / (1 << 20) as f64,
+            out_mib: out_bytes as f64 / (1 << 20) as f64,
+            peak_mib: peak_rss_mib(),
+        }
     }
+}
+
+/// Prints the result as one JSON object.
+fn print_json(args: &Args, shape: AttnShape, figures: &Figures) -> anyhow::Result<()> {
+    let report = serde_json::json!({
+        "impl": "attnscope-fused",
+        "dtype": super::spelled(args.dtype),
+        "batch": args.batch,
+        "seq": args.seq,
+        "seq_kv": figures.seq_kv,
+        "heads": args.heads,
+        "kv_heads": shape.n_kv_heads,
+        "head_dim": args.head_dim,
+        "causal": args.causal,
+        "backward": args.backward,
+        "mask": super::spelled(args.mask),
+        "threads": args.threads,
+        "weights": super::spelled(args.weights),
+        "isa": format!("{:?}", forward_isa(args.dtype, args.seq)),
+        "reps": args.reps,
+        "ms": figures.median * 1e3,
+        "gflops": figures.gflops,
+        "inputs_mib": figures.in_mib,
+        "outputs_mib": figures.out_mib,
+        "peak_rss_mib": figures.peak_mib,
+    });
+    crate::outln!("{report}")?;
+    Ok(())
+}
+
+/// Prints the result as one line of text.
+fn print_line(args: &Args, shape: AttnShape, figures: &Figures) -> anyhow::Result<()> {
+    crate::outln!(
+        "sdpa{} {} B{} H{}{} L{} S{} d{}{}{} weights={} threads={}: {:.3} ms (median of {}), \
+         {:.1} GFLOP/s; inputs {:.1} MiB, outputs {:.1} MiB, peak RSS {}",
+        if args.backward {
+            " forward+backward"
+        } else {
+            ""
+        },
+        super::spelled(args.dtype),
+        args.batch,
+        args.heads,
+        if shape.n_kv_heads == args.heads {
+            String::new()
+        } else {
+            format!(" KV{}", shape.n_kv_heads)
+        },
+        args.seq,
+        figures.seq_kv,
+        args.head_dim,
+        if args.causal { " causal" } else { "" },
+        match args.mask {
+            MaskArg::None => String::new(),
+            mask => format!(" mask={}", super::spelled(mask)),
+        },
+        super::spelled(args.weights),
+        args.threads,
+        figures.median * 1e3,
+        super::runs(args.reps),
+        figures.gflops,
+        figures.in_mib,
+        figures.out_mib,
+        figures
+            .peak_mib
+            .map_or("unknown".into(), |m| format!("{m:.1} MiB")),
+    )?;
     Ok(())
 }
 
