@@ -131,15 +131,29 @@ impl TextTokenizer {
         if pair.is_some_and(str::is_empty) {
             return Err(ModelError::EmptyText { which: "pair text" });
         }
-        let tokenizer_err = |e: tokenizers::Error| ModelError::Tokenizer {
-            reason: e.to_string(),
-        };
-        // A text of far more words than positions is read by its first words first: their
-        // tokens are the text's first tokens, so when they alone pass the limit the whole text
-        // does, and it is refused (or, a single text with `truncate`, cut from them) without
-        // tokenizing the rest (tens of megabytes take tens of seconds and gigabytes). Words a
-        // tokenizer drops (BERT drops zero-width and control characters) can leave the first
-        // words short of the limit: then the whole text is read.
+        let text = self.first_words_within(text, pair, (max, limit), truncate)?;
+        let enc = self.encode_to_fit(text, pair, (max, limit), truncate)?;
+        check_segments(&enc, text, pair)?;
+        to_encoding(&enc)
+    }
+
+    /// `text` as it is, or with `truncate` cut to its first words when they alone pass `max`
+    /// tokens; a text (or pair text) whose first words pass it is refused otherwise
+    /// ([`ModelError::TooManyWords`]).
+    ///
+    /// A text of far more words than positions is read by its first words first: their tokens
+    /// are the text's first tokens, so when they alone pass the limit the whole text does, and
+    /// it is refused (or, a single text with `truncate`, cut from them) without tokenizing the
+    /// rest (tens of megabytes take tens of seconds and gigabytes). Words a tokenizer drops
+    /// (BERT drops zero-width and control characters) can leave the first words short of the
+    /// limit: then the whole text is read.
+    fn first_words_within<'a>(
+        &self,
+        text: &'a str,
+        pair: Option<&'a str>,
+        (max, limit): (usize, Limit),
+        truncate: bool,
+    ) -> Result<&'a str, ModelError> {
         let budget = max.saturating_mul(WORDS_PER_POSITION);
         let past_the_limit = |s: &'a str| -> Result<Option<(&'a str, usize)>, ModelError> {
             let Some(first) = first_words(s, budget) else {
@@ -172,96 +186,128 @@ impl TextTokenizer {
                 });
             }
         }
+        Ok(text)
+    }
+
+    /// The tokenizer's encoding of `text` (and `pair`) with the special tokens, within `max`
+    /// tokens: longer is [`ModelError::TooLong`], or with `truncate` cut longest first.
+    fn encode_to_fit(
+        &self,
+        text: &str,
+        pair: Option<&str>,
+        (max, limit): (usize, Limit),
+        truncate: bool,
+    ) -> Result<tokenizers::Encoding, ModelError> {
         let encode = |tk: &Tokenizer| match pair {
             Some(p) => tk.encode((text, p), true),
             None => tk.encode(text, true),
         };
         let enc = encode(&self.inner).map_err(tokenizer_err)?;
-        let enc = if enc.len() <= max {
-            enc
-        } else if truncate {
-            // Each segment keeps at least one token next to the special ones (tokenizers
-            // panics on a limit below them).
-            let segments = if pair.is_some() { 2 } else { 1 };
-            let special = self
-                .inner
-                .get_post_processor()
-                .map_or(0, |p| p.added_tokens(pair.is_some()));
-            if max < special + segments {
-                return Err(ModelError::Tokenizer {
-                    reason: format!(
-                        "cannot cut the text to {max} tokens: the tokenizer adds {special} special \
-                         tokens, and each of the {segments} text(s) needs one more"
-                    ),
-                });
-            }
-            let mut tk = self.inner.clone();
-            tk.with_truncation(Some(TruncationParams {
-                max_length: max,
-                strategy: TruncationStrategy::LongestFirst,
-                ..TruncationParams::default()
-            }))
-            .map_err(tokenizer_err)?;
-            encode(&tk).map_err(tokenizer_err)?
-        } else {
+        if enc.len() <= max {
+            return Ok(enc);
+        }
+        if !truncate {
             return Err(ModelError::TooLong {
                 tokens: enc.len(),
                 max,
                 embedding: matches!(limit, Limit::Embedding(_)),
                 text: None,
             });
-        };
-        // Each text must give a token of its own: whitespace that BERT drops is an empty text,
-        // anything else the tokenizer dropped says so.
-        for (sequence, which, s) in [(0, "text", Some(text)), (1, "pair text", pair)] {
-            let Some(s) = s else { continue };
-            if !enc.get_sequence_ids().contains(&Some(sequence)) {
-                return Err(match s.trim().is_empty() {
-                    true => ModelError::EmptyText { which },
-                    false => ModelError::Tokenizer {
-                        reason: format!(
-                            "the tokenizer keeps no token of this {which} (tokenizer.json's \
-                             normalizer or pre-tokenizer removes all of it)"
-                        ),
-                    },
-                });
-            }
         }
-        let (ids, tokens, offsets, segments) = (
-            enc.get_ids().len(),
-            enc.get_tokens().len(),
-            enc.get_offsets().len(),
-            enc.get_type_ids().len(),
-        );
-        let special_marks = enc.get_special_tokens_mask().len();
-        if [tokens, offsets, segments, special_marks] != [ids; 4] {
-            return Err(ModelError::RaggedEncoding {
-                ids,
-                tokens,
-                offsets,
-                segments,
-                special_marks,
+        // Each segment keeps at least one token next to the special ones (tokenizers panics on
+        // a limit below them).
+        let segments = if pair.is_some() { 2 } else { 1 };
+        let special = self
+            .inner
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(pair.is_some()));
+        if max < special + segments {
+            return Err(ModelError::Tokenizer {
+                reason: format!(
+                    "cannot cut the text to {max} tokens: the tokenizer adds {special} special \
+                     tokens, and each of the {segments} text(s) needs one more"
+                ),
             });
         }
-        let special: Vec<bool> = enc
-            .get_special_tokens_mask()
-            .iter()
-            .map(|&m| m == 1)
-            .collect();
-        let spans = enc
-            .get_offsets()
-            .iter()
-            .zip(&special)
-            .map(|(&span, &s)| (!s).then_some(span))
-            .collect();
-        Ok(Encoding {
-            ids: enc.get_ids().to_vec(),
-            tokens: enc.get_tokens().to_vec(),
-            spans,
-            segments: enc.get_type_ids().iter().map(|&t| t as usize).collect(),
-            special,
-        })
+        let mut tk = self.inner.clone();
+        tk.with_truncation(Some(TruncationParams {
+            max_length: max,
+            strategy: TruncationStrategy::LongestFirst,
+            ..TruncationParams::default()
+        }))
+        .map_err(tokenizer_err)?;
+        encode(&tk).map_err(tokenizer_err)
     }
+}
+
+/// A tokenizers error as the model's.
+fn tokenizer_err(e: tokenizers::Error) -> ModelError {
+    ModelError::Tokenizer {
+        reason: e.to_string(),
+    }
+}
+
+/// Refuses an encoding in which `text` (or `pair`) gave no token of its own: whitespace that
+/// BERT drops is an empty text, anything else the tokenizer dropped says so.
+fn check_segments(
+    enc: &tokenizers::Encoding,
+    text: &str,
+    pair: Option<&str>,
+) -> Result<(), ModelError> {
+    for (sequence, which, s) in [(0, "text", Some(text)), (1, "pair text", pair)] {
+        let Some(s) = s else { continue };
+        if !enc.get_sequence_ids().contains(&Some(sequence)) {
+            return Err(match s.trim().is_empty() {
+                true => ModelError::EmptyText { which },
+                false => ModelError::Tokenizer {
+                    reason: format!(
+                        "the tokenizer keeps no token of this {which} (tokenizer.json's \
+                         normalizer or pre-tokenizer removes all of it)"
+                    ),
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The tokenizer's encoding as an [`Encoding`]; one whose lists disagree in length is
+/// [`ModelError::RaggedEncoding`].
+fn to_encoding(enc: &tokenizers::Encoding) -> Result<Encoding, ModelError> {
+    let (ids, tokens, offsets, segments) = (
+        enc.get_ids().len(),
+        enc.get_tokens().len(),
+        enc.get_offsets().len(),
+        enc.get_type_ids().len(),
+    );
+    let special_marks = enc.get_special_tokens_mask().len();
+    if [tokens, offsets, segments, special_marks] != [ids; 4] {
+        return Err(ModelError::RaggedEncoding {
+            ids,
+            tokens,
+            offsets,
+            segments,
+            special_marks,
+        });
+    }
+    let special: Vec<bool> = enc
+        .get_special_tokens_mask()
+        .iter()
+        .map(|&m| m == 1)
+        .collect();
+    let spans = enc
+        .get_offsets()
+        .iter()
+        .zip(&special)
+        .map(|(&span, &s)| (!s).then_some(span))
+        .collect();
+    Ok(Encoding {
+        ids: enc.get_ids().to_vec(),
+        tokens: enc.get_tokens().to_vec(),
+        spans,
+        segments: enc.get_type_ids().iter().map(|&t| t as usize).collect(),
+        special,
+    })
 }
 
 /// Words per position from which a text is refused, or cut, before tokenizing
