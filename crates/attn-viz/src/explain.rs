@@ -144,21 +144,7 @@ pub fn explain(
     let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
     let shown = renormalised(&raw);
     let causal = sees_only_earlier_keys(maps);
-    let even = match options.method {
-        // Rollout and flow carry the residual's 0.5·I and, under a causal mask, compound it:
-        // even attention does not come out even through them. Their baseline is the same
-        // computation on even attention, shown as the row is.
-        Method::Attention {
-            selection: Selection::Rollout,
-        }
-        | Method::Flow => {
-            let even_maps = even_attention(maps, causal);
-            let even_row = method_row(&even_maps, options.method, &from, |_, _| {})?;
-            let even_units = row_to_units(&even_row, &units);
-            renormalised(&targets.iter().map(|&u| even_units[u]).collect::<Vec<_>>())
-        }
-        Method::Attention { .. } => even_shares(&units, &from, &targets, causal),
-    };
+    let even = even_row(maps, options.method, (&units, &from, &targets), causal)?;
     let mut rows: Vec<Row> = (targets.iter().enumerate())
         .map(|(k, &u)| Row {
             word: units[u].label.clone(),
@@ -172,91 +158,12 @@ pub fn explain(
         .collect();
     // One word the query sees gets everything: nothing to stand out from.
     let compared = rows.iter().filter(|r| !r.masked).count() >= 2;
-    // With --top: what the rows left out hold, said below; masked words come last.
-    let mut left_out = None;
-    if let Some(k) = options.top {
-        rows.sort_by(|a, b| a.masked.cmp(&b.masked).then(b.weight.total_cmp(&a.weight)));
-        if rows.len() > k {
-            let rest: f32 = rows[k..].iter().map(|r| r.weight).sum();
-            left_out = Some((rows.len(), rest));
-        }
-        rows.truncate(k);
-    }
-    // Punctuation keeps its bar but is not named as what the model "focuses on"; and a word is
-    // named only when it stands out from even attention on its own (flat rows named three
-    // words at 0.34 against 0.33, and a word of three tokens at 0.17 where even attention
-    // gives it 0.25).
-    let stands_out = |r: &Row| compared && r.weight >= STANDS_OUT * r.even;
-    let sees_only = match compared {
-        true => None,
-        false => (rows.iter()).find(|r| !r.masked).map(|r| r.word.clone()),
-    };
-    let named: Vec<f32> = (rows.iter())
-        .map(|r| match r.nameable() && stands_out(r) {
-            true => r.weight,
-            false => 0.0,
-        })
-        .collect();
-    let spread = compared
-        && named.iter().all(|&w| w <= 0.0)
-        && rows.iter().any(|r| r.nameable() && r.weight > 0.0);
-    let mut focuses_on = Vec::new();
-    for i in bars::heavy(&named) {
-        rows[i].heavy = true;
-        focuses_on.push(rows[i].word.clone());
-    }
+    let left_out = keep_top(&mut rows, options.top);
+    let (focuses_on, spread, sees_only) = name_standouts(&mut rows, compared);
     let total: f32 = unit_row.iter().sum();
     let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0) / total.max(f32::MIN_POSITIVE);
-    // With --top the weights are renormalised before the lightest words are dropped.
-    let over = match (options.top, left_out) {
-        (Some(k), Some(_)) => format!("over every word (the {k} heaviest shown)"),
-        _ => "over the words shown".to_string(),
-    };
-    let through = match options.method {
-        Method::Flow => Some("flow"),
-        Method::Attention {
-            selection: Selection::Rollout,
-        } => Some("rollout"),
-        Method::Attention { .. } => None,
-    };
-    if let Some(through) = through {
-        notes.push(format!(
-            "even attention here is the {through} of even attention in every layer: the residual \
-             it adds favours each word itself"
-        ));
-    }
-    match options.method {
-        Method::Flow => notes.push(format!(
-            "attention flow (max-flow through the layers, Abnar & Zuidema 2020); flows overlap, so \
-             they are scaled to sum to 1 {over}"
-        )),
-        Method::Attention { .. } if hidden_share > 0.0005 => {
-            let (what, shows) = hidden_and_hint(options, &units);
-            notes.push(if raw.iter().sum::<f32>() > 0.0 {
-                format!(
-                    "{what} took {:.0}% of this attention; the weights shown are renormalised to \
-                     sum to 1 {over}{shows}",
-                    100.0 * hidden_share
-                )
-            } else {
-                // A causal model's first text cannot see its pair: nothing to renormalise.
-                format!("{what} took all of this attention: the words shown got none{shows}")
-            })
-        }
-        Method::Attention { .. } => {}
-    }
-    if let (Some(k), Some((n, rest))) = (options.top, left_out) {
-        let unit = match options.level {
-            Level::Words => "words",
-            Level::Tokens => "tokens",
-        };
-        notes.push(format!(
-            "showing the {k} heaviest of {n} {unit}: the other {} {} {:.0}% of the weight",
-            n - k,
-            if n - k == 1 { "holds" } else { "hold" },
-            100.0 * rest
-        ));
-    }
+    let seen = raw.iter().sum::<f32>() > 0.0;
+    push_method_notes(&mut notes, options, &units, (hidden_share, seen), left_out);
     if rows.iter().any(|r| r.masked) {
         notes.push(format!(
             "masked: the model is causal, so {} sees only what comes before it; the words \
@@ -296,6 +203,130 @@ pub fn explain(
         hidden_share,
         notes,
     })
+}
+
+/// The weights even attention gives the `targets` from `from`, as the row shows them. Rollout
+/// and flow carry the residual's 0.5·I and, under a causal mask, compound it: even attention
+/// does not come out even through them, so their baseline is the same computation on even
+/// attention.
+fn even_row(
+    maps: &AttentionMaps,
+    method: Method,
+    (units, from, targets): (&[Unit], &[(usize, f64)], &[usize]),
+    causal: bool,
+) -> Result<Vec<f32>, VizError> {
+    Ok(match method {
+        Method::Attention {
+            selection: Selection::Rollout,
+        }
+        | Method::Flow => {
+            let even_maps = even_attention(maps, causal);
+            let even_row = method_row(&even_maps, method, from, |_, _| {})?;
+            let even_units = row_to_units(&even_row, units);
+            renormalised(&targets.iter().map(|&u| even_units[u]).collect::<Vec<_>>())
+        }
+        Method::Attention { .. } => even_shares(units, from, targets, causal),
+    })
+}
+
+/// With `top`, the `top` heaviest rows, masked words last; returns how many rows there were and
+/// what the rows left out hold, when some were.
+fn keep_top(rows: &mut Vec<Row>, top: Option<usize>) -> Option<(usize, f32)> {
+    let k = top?;
+    rows.sort_by(|a, b| a.masked.cmp(&b.masked).then(b.weight.total_cmp(&a.weight)));
+    let left_out = (rows.len() > k).then(|| (rows.len(), rows[k..].iter().map(|r| r.weight).sum()));
+    rows.truncate(k);
+    left_out
+}
+
+/// Marks the rows the model "focuses on" (heavy) and returns their words, whether the weight
+/// is spread with none standing out, and the one word a query that sees one sees. Punctuation
+/// keeps its bar but is not named; and a word is named only when it stands out from even
+/// attention on its own (flat rows named three words at 0.34 against 0.33, and a word of three
+/// tokens at 0.17 where even attention gives it 0.25).
+fn name_standouts(rows: &mut [Row], compared: bool) -> (Vec<String>, bool, Option<String>) {
+    let stands_out = |r: &Row| compared && r.weight >= STANDS_OUT * r.even;
+    let sees_only = match compared {
+        true => None,
+        false => (rows.iter()).find(|r| !r.masked).map(|r| r.word.clone()),
+    };
+    let named: Vec<f32> = (rows.iter())
+        .map(|r| match r.nameable() && stands_out(r) {
+            true => r.weight,
+            false => 0.0,
+        })
+        .collect();
+    let spread = compared
+        && named.iter().all(|&w| w <= 0.0)
+        && rows.iter().any(|r| r.nameable() && r.weight > 0.0);
+    let mut focuses_on = Vec::new();
+    for i in bars::heavy(&named) {
+        rows[i].heavy = true;
+        focuses_on.push(rows[i].word.clone());
+    }
+    (focuses_on, spread, sees_only)
+}
+
+/// The notes on what the method and the selection of rows did: rollout's and flow's baseline,
+/// flow's scaling, the share of the attention hidden words took (`hidden_share`; `seen` when the
+/// words shown got some), and what `--top` left out.
+fn push_method_notes(
+    notes: &mut Vec<String>,
+    options: &ExplainOptions,
+    units: &[Unit],
+    (hidden_share, seen): (f32, bool),
+    left_out: Option<(usize, f32)>,
+) {
+    // With --top the weights are renormalised before the lightest words are dropped.
+    let over = match (options.top, left_out) {
+        (Some(k), Some(_)) => format!("over every word (the {k} heaviest shown)"),
+        _ => "over the words shown".to_string(),
+    };
+    let through = match options.method {
+        Method::Flow => Some("flow"),
+        Method::Attention {
+            selection: Selection::Rollout,
+        } => Some("rollout"),
+        Method::Attention { .. } => None,
+    };
+    if let Some(through) = through {
+        notes.push(format!(
+            "even attention here is the {through} of even attention in every layer: the residual \
+             it adds favours each word itself"
+        ));
+    }
+    match options.method {
+        Method::Flow => notes.push(format!(
+            "attention flow (max-flow through the layers, Abnar & Zuidema 2020); flows overlap, so \
+             they are scaled to sum to 1 {over}"
+        )),
+        Method::Attention { .. } if hidden_share > 0.0005 => {
+            let (what, shows) = hidden_and_hint(options, units);
+            notes.push(if seen {
+                format!(
+                    "{what} took {:.0}% of this attention; the weights shown are renormalised to \
+                     sum to 1 {over}{shows}",
+                    100.0 * hidden_share
+                )
+            } else {
+                // A causal model's first text cannot see its pair: nothing to renormalise.
+                format!("{what} took all of this attention: the words shown got none{shows}")
+            })
+        }
+        Method::Attention { .. } => {}
+    }
+    if let (Some(k), Some((n, rest))) = (options.top, left_out) {
+        let unit = match options.level {
+            Level::Words => "words",
+            Level::Tokens => "tokens",
+        };
+        notes.push(format!(
+            "showing the {k} heaviest of {n} {unit}: the other {} {} {:.0}% of the weight",
+            n - k,
+            if n - k == 1 { "holds" } else { "hold" },
+            100.0 * rest
+        ));
+    }
 }
 
 /// What a row of attention is made of: the units shown, the query tokens looked from (each
