@@ -43,6 +43,27 @@ use half::bf16;
 
 use crate::error::AttnError;
 
+/// Panics unless the slices hold the rows their strides describe for `C[m × n] = A[m × k] · B`,
+/// `B` being `rows × cols` (`k × n`, or `n × k` when transposed).
+#[inline]
+fn assert_fits(
+    (m, n, k): (usize, usize, usize),
+    (a_len, lda): (usize, usize),
+    (b_len, ldb, (rows, cols)): (usize, usize, (usize, usize)),
+    (c_len, ldc): (usize, usize),
+) {
+    assert!(
+        n <= ldc && cols <= ldb && k <= lda,
+        "gemm strides too small"
+    );
+    assert!(m == 0 || a_len >= (m - 1) * lda + k, "gemm: A too short");
+    assert!(
+        rows == 0 || b_len >= (rows - 1) * ldb + cols,
+        "gemm: B too short"
+    );
+    assert!(m == 0 || c_len >= (m - 1) * ldc + n, "gemm: C too short");
+}
+
 impl Isa {
     /// `C[m × n] (+)= A[m × k] · B[k × n]` in f32 (row-major, strides `lda`, `ldb`, `ldc`).
     #[allow(clippy::too_many_arguments)]
@@ -59,11 +80,8 @@ impl Isa {
     ) {
         // The AVX-512 kernel indexes with raw pointers: these checks (three compares per GEMM
         // call) keep this safe function sound whatever its caller passes.
-        let (m, n, k) = mnk;
-        assert!(n <= ldc && n <= ldb && k <= lda, "gemm strides too small");
-        assert!(m == 0 || a.len() >= (m - 1) * lda + k, "gemm: A too short");
-        assert!(k == 0 || b.len() >= (k - 1) * ldb + n, "gemm: B too short");
-        assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
+        let (_, n, k) = mnk;
+        assert_fits(mnk, (a.len(), lda), (b.len(), ldb, (k, n)), (c.len(), ldc));
         match self {
             // SAFETY: an `Isa::Avx512`, `Isa::Avx512Bf16` or `Isa::Amx` (the last two imply
             // AVX-512F) only reaches the kernels after `is_available` said yes; the slices hold
@@ -93,11 +111,8 @@ impl Isa {
         ldc: usize,
     ) {
         // As in `gemm_f32`: the AVX-512 kernel indexes with raw pointers.
-        let (m, n, k) = mnk;
-        assert!(n <= ldc && k <= ldb && k <= lda, "gemm strides too small");
-        assert!(m == 0 || a.len() >= (m - 1) * lda + k, "gemm: A too short");
-        assert!(n == 0 || b.len() >= (n - 1) * ldb + k, "gemm: B too short");
-        assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
+        let (_, n, k) = mnk;
+        assert_fits(mnk, (a.len(), lda), (b.len(), ldb, (n, k)), (c.len(), ldc));
         match self {
             // SAFETY: see `gemm_f32`; the slices hold what the strides describe (checked
             // above).
@@ -127,10 +142,7 @@ impl Isa {
     ) -> bool {
         // As in `gemm_f32`: the AVX-512 kernel indexes with raw pointers.
         let (m, n, k) = mnk;
-        assert!(n <= ldc && n <= ldb && k <= lda, "gemm strides too small");
-        assert!(m == 0 || a.len() >= (m - 1) * lda + k, "gemm: A too short");
-        assert!(k == 0 || b.len() >= (k - 1) * ldb + n, "gemm: B too short");
-        assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
+        assert_fits(mnk, (a.len(), lda), (b.len(), ldb, (k, n)), (c.len(), ldc));
         assert!(
             (-126..=127).contains(&bound_exp),
             "gemm: bound past f32's exponents"
