@@ -8,8 +8,8 @@ mod common;
 
 use attn_core::Isa;
 use attn_core::{
-    AttnError, AttnInput, AttnOptions, AttnOutput, AttnShape, BoolMask, Causal, Dropout, FloatMask,
-    KeyPadding, Window, sdpa, sdpa_backward, sdpa_backward_reference, sdpa_reference,
+    AttnError, AttnInput, AttnOptions, AttnShape, BoolMask, Causal, Dropout, FloatMask, KeyPadding,
+    Window, sdpa, sdpa_backward_reference, sdpa_reference,
 };
 
 use common::on;
@@ -31,12 +31,7 @@ fn mask_grad(
     lse: &[f32],
     dout: &[f32],
 ) -> Result<Vec<f32>, AttnError> {
-    let forward = AttnOutput {
-        out: out.to_vec(),
-        lse: lse.to_vec(),
-        weights: None,
-    };
-    let grads = sdpa_backward(input, &asking(options), &forward, dout)?;
+    let grads = common::backward(input, &asking(options), (out, lse), dout)?;
     Ok(grads.dmask.expect("asked for"))
 }
 

@@ -255,9 +255,8 @@ pub fn sdpa_on<T: attn_core::AttnElement>(
     attn_core::sdpa(input, &on(isa, options))
 }
 
-/// [`attn_core::sdpa_backward`] on the kernels of `isa`, from a forward pass's `out` and `lse`.
-pub fn backward_on(
-    isa: Isa,
+/// [`attn_core::sdpa_backward`] from a forward pass's `out` and `lse`.
+pub fn backward(
     input: &attn_core::AttnInput<'_>,
     options: &AttnOptions,
     (out, lse): (&[f32], &[f32]),
@@ -268,5 +267,16 @@ pub fn backward_on(
         lse: lse.to_vec(),
         weights: None,
     };
-    attn_core::sdpa_backward(input, &on(isa, options), &forward, dout)
+    attn_core::sdpa_backward(input, options, &forward, dout)
+}
+
+/// [`backward`] on the kernels of `isa`.
+pub fn backward_on(
+    isa: Isa,
+    input: &attn_core::AttnInput<'_>,
+    options: &AttnOptions,
+    out_lse: (&[f32], &[f32]),
+    dout: &[f32],
+) -> Result<attn_core::Grads, attn_core::AttnError> {
+    backward(input, &on(isa, options), out_lse, dout)
 }
