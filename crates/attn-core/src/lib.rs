@@ -83,7 +83,7 @@ mod shape;
 mod varlen;
 
 pub use backward::{Grads, sdpa_backward, sdpa_backward_reference};
-pub use cpu::{Isa, MAX_THREADS, set_global_threads};
+pub use cpu::{Bf16x3Weight, Isa, MAX_THREADS, set_global_threads};
 pub use error::AttnError;
 pub use fused::sdpa;
 /// The bf16 type of [`AttnInput`]s in bf16 (from the `half` crate), for callers without that

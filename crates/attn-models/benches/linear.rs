@@ -11,7 +11,10 @@ use faer::Par;
 
 fn main() {
     let rows = 800;
-    println!("AMX tiles available: {}", attn_models::bf16x3::available());
+    println!(
+        "AMX tiles available: {}",
+        attn_core::Bf16x3Weight::available()
+    );
     for (name, n_in, n_out, epilogue) in [
         ("qkv", 384, 1152, Epilogue::Bias),
         ("attn_out", 384, 384, Epilogue::None),

@@ -395,15 +395,9 @@ fn dot_rows(w: &[f32], x: &[f32], y: &mut [f32]) {
         .for_each(|(y, w)| dot_band(y, w, x));
 }
 
-/// Whether this CPU runs the AVX-512 builds of the matrix-vector loops (detected once).
+/// Whether this CPU runs the AVX-512 builds of the matrix-vector loops.
 fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX512.get_or_init(|| is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    attn_core::Isa::best().avx512()
 }
 
 /// `acc += Σᵢ x[i]·W[i, :]`, on the widest vectors of this CPU.

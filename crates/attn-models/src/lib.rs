@@ -32,7 +32,6 @@
 
 #![warn(missing_docs)]
 
-pub mod bf16x3;
 mod block;
 pub mod checkpoint;
 pub mod config;

@@ -1,14 +1,14 @@
 //! The dense pieces of a transformer layer besides attention: linear layers (faer GEMMs, or
-//! [`crate::bf16x3`] AMX tiles on weights packed once), bias + activation in one pass,
+//! [`attn_core::Bf16x3Weight`] AMX tiles on weights packed once), bias + activation in one pass,
 //! residual + bias + LayerNorm in one pass, and the GELU variants with a vectorisable `erf`.
 
 use std::sync::OnceLock;
 
+use attn_core::{Bf16x3Weight, Isa};
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 
 use crate::Activation;
-use crate::bf16x3::{self, PackedWeight};
 use crate::checkpoint::F32Data;
 
 /// Which multiply the linear layers run on.
@@ -21,7 +21,7 @@ pub enum GemmKernel {
     /// f32 GEMMs (faer) on the checkpoint's weights.
     F32,
     /// bf16x3 on AMX tiles whenever the CPU has them (about 2⁻¹⁶ relative per product, see
-    /// [`crate::bf16x3`]); f32 on CPUs without AMX.
+    /// [`attn_core::Bf16x3Weight`]); f32 on CPUs without AMX.
     Bf16x3,
 }
 
@@ -34,8 +34,8 @@ impl GemmKernel {
     pub fn uses_tiles(self, rows: usize) -> bool {
         match self {
             GemmKernel::F32 => false,
-            GemmKernel::Auto => rows >= AUTO_MIN_ROWS && bf16x3::available(),
-            GemmKernel::Bf16x3 => bf16x3::available(),
+            GemmKernel::Auto => rows >= AUTO_MIN_ROWS && Bf16x3Weight::available(),
+            GemmKernel::Bf16x3 => Bf16x3Weight::available(),
         }
     }
 }
@@ -109,8 +109,8 @@ pub struct Linear {
     /// Sum of the parts' `n_out`.
     pub n_out: usize,
     /// `W` packed for AMX tiles, made on the first product that runs on them; `None` when `W`
-    /// holds values the tiles cannot take ([`bf16x3::fits`]).
-    packed: OnceLock<Option<PackedWeight>>,
+    /// holds values the tiles cannot take ([`Bf16x3Weight::fits`]).
+    packed: OnceLock<Option<Bf16x3Weight>>,
 }
 
 impl Linear {
@@ -162,10 +162,10 @@ impl Linear {
         debug_assert_eq!(y.len(), rows * self.n_out);
         if gemm.kernel.uses_tiles(rows)
             && let Some(packed) = self.packed()
-            && bf16x3::fits(x)
+            && Bf16x3Weight::fits(x)
         {
             let parallel = !matches!(gemm.par, Par::Seq);
-            bf16x3::matmul(packed, x, y, parallel, |rows, cols| {
+            packed.matmul(x, y, parallel, |rows, cols| {
                 epilogue.apply(rows, &self.bias, cols)
             });
             return;
@@ -189,18 +189,18 @@ impl Linear {
     /// deadlock, seen in `embed_path`'s batches). Several threads may pack the weight at the
     /// same time (one per thread, in a batch's first layer): the first to finish keeps it, the
     /// others' work is lost.
-    fn packed(&self) -> Option<&PackedWeight> {
+    fn packed(&self) -> Option<&Bf16x3Weight> {
         if let Some(packed) = self.packed.get() {
             return packed.as_ref();
         }
-        let fits = self.parts.iter().all(|p| bf16x3::fits(&p.data));
+        let fits = self.parts.iter().all(|p| Bf16x3Weight::fits(&p.data));
         // Refused (and dropped) when another thread set it first.
         let _ = self.packed.set(fits.then(|| self.pack()));
         self.packed.get().and_then(Option::as_ref)
     }
 
     /// `W` split and laid out in tiles.
-    fn pack(&self) -> PackedWeight {
+    fn pack(&self) -> Bf16x3Weight {
         let mut start = 0;
         let parts: Vec<(usize, &Weight, &[f32])> = self
             .parts
@@ -211,7 +211,7 @@ impl Linear {
             })
             .collect();
         let n_in = self.n_in;
-        PackedWeight::pack(n_in, self.n_out, |k, n| {
+        Bf16x3Weight::pack(n_in, self.n_out, |k, n| {
             let (col, part, data) = parts
                 .iter()
                 .rev()
@@ -324,51 +324,19 @@ pub fn bias_activation_block(
     bias: &[f32],
     act: Option<Activation>,
 ) {
-    match Isa::detect() {
+    match Isa::best() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `detect` saw AVX-512F and FMA on this CPU.
-        Isa::Avx512 => unsafe { bias_activation_avx512(y, row_stride, col, bias, act) },
+        // SAFETY: `Isa::best` is an ISA this CPU runs, and it runs AVX-512F.
+        isa if isa.avx512() => unsafe { bias_activation_avx512(y, row_stride, col, bias, act) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `detect` saw AVX2 and FMA on this CPU.
+        // SAFETY: `Isa::best` is an ISA this CPU runs: AVX2 and FMA.
         Isa::Avx2 => unsafe { bias_activation_avx2(y, row_stride, col, bias, act) },
-        Isa::Scalar => bias_activation_body(y, row_stride, col, bias, act),
-    }
-}
-
-/// The instruction sets the element-wise loops are compiled for, detected once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    /// AVX-512F.
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    /// AVX2 and FMA.
-    Avx2,
-    /// Plain Rust, on every CPU.
-    Scalar,
-}
-
-impl Isa {
-    /// The best instruction set of this CPU (cached after the first call).
-    pub fn detect() -> Isa {
-        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-                    return Isa::Avx512;
-                }
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                    return Isa::Avx2;
-                }
-            }
-            Isa::Scalar
-        })
+        _ => bias_activation_body(y, row_stride, col, bias, act),
     }
 }
 
 /// # Safety
-/// The CPU must support AVX-512F and FMA.
+/// The CPU must support AVX-512F (which brings FMA).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn bias_activation_avx512(
@@ -463,20 +431,20 @@ impl LayerNorm {
     }
 
     fn dispatch(&self, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
-        match Isa::detect() {
+        match Isa::best() {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `detect` saw AVX-512F and FMA on this CPU.
-            Isa::Avx512 => unsafe { layer_norm_avx512(self, x, add) },
+            // SAFETY: `Isa::best` is an ISA this CPU runs, and it runs AVX-512F.
+            isa if isa.avx512() => unsafe { layer_norm_avx512(self, x, add) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `detect` saw AVX2 and FMA on this CPU.
+            // SAFETY: `Isa::best` is an ISA this CPU runs: AVX2 and FMA.
             Isa::Avx2 => unsafe { layer_norm_avx2(self, x, add) },
-            Isa::Scalar => layer_norm_body(self, x, add),
+            _ => layer_norm_body(self, x, add),
         }
     }
 }
 
 /// # Safety
-/// The CPU must support AVX-512F and FMA.
+/// The CPU must support AVX-512F (which brings FMA).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn layer_norm_avx512(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
@@ -824,8 +792,8 @@ mod tests {
                 };
                 lin.forward(&x, &mut got, Epilogue::None, tiles);
                 let mut want = vec![0.0; rows * n_out];
-                if bf16x3::available() {
-                    bf16x3::matmul_reference(lin.packed().unwrap(), &x, &mut want);
+                if Bf16x3Weight::available() {
+                    lin.packed().unwrap().matmul_reference(&x, &mut want);
                     let (worst, at) = max_relative_error(&got, &want);
                     // The tiles add in f32, the reference in f64: n_in roundings at most.
                     assert!(

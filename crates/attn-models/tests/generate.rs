@@ -449,7 +449,7 @@ fn the_cache_runs_the_models_gemm_kernel() {
     };
     let (tiles, f32) = (prefill(GemmKernel::Bf16x3), prefill(GemmKernel::F32));
     // bf16x3 rounds differently from f32 GEMMs; without AMX it is f32.
-    let available = attn_models::bf16x3::available();
+    let available = attn_core::Bf16x3Weight::available();
     assert_eq!(
         tiles != f32,
         available,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use attn_models::bf16x3;
+use attn_core::Bf16x3Weight;
 use attn_models::fetch::default_model_dir;
 use attn_models::ops::GemmKernel;
 use attn_models::{Model, RunOptions};
@@ -31,11 +31,11 @@ fn minilm(kernel: GemmKernel) -> Model {
 #[test]
 fn the_forced_kernel_is_the_one_that_runs() {
     // Even one row runs on tiles when bf16x3 is forced and the CPU has AMX; never with f32.
-    assert_eq!(GemmKernel::Bf16x3.uses_tiles(1), bf16x3::available());
+    assert_eq!(GemmKernel::Bf16x3.uses_tiles(1), Bf16x3Weight::available());
     assert!(!GemmKernel::F32.uses_tiles(1 << 20));
     // Auto keeps short inputs (one sentence) on f32.
     assert!(!GemmKernel::Auto.uses_tiles(8));
-    assert_eq!(GemmKernel::Auto.uses_tiles(4096), bf16x3::available());
+    assert_eq!(GemmKernel::Auto.uses_tiles(4096), Bf16x3Weight::available());
 }
 
 #[test]

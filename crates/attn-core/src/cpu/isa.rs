@@ -109,8 +109,9 @@ impl Isa {
         }
     }
 
-    /// Whether `self` runs the AVX-512 kernels (with or without the bf16 products).
-    pub(crate) fn avx512(self) -> bool {
+    /// Whether `self` runs the AVX-512 kernels (with or without the bf16 products): a CPU that
+    /// runs `self` then has AVX-512F, for other crates' loops compiled for it.
+    pub fn avx512(self) -> bool {
         matches!(self, Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx)
     }
 

@@ -7,11 +7,13 @@
 //! `portable.rs` (plain Rust), `avx2.rs`, `avx512.rs` (GEMM microkernels, the row operations of
 //! the softmax, their exponentials), `amx.rs` (tiles, the VNNI packing, the 32 × 32 bf16 block
 //! products), `bf16dot.rs` (the same blocks in `VDPBF16PS` dot products), `bf16x.rs` (f32
-//! products from bf16 parts on the tiles); `exp.rs` holds the exponentials' coefficient tables,
+//! products from bf16 parts on the tiles), `amx_linear.rs` (linear layers' f32 weights as
+//! bf16 parts on the tiles, for `attn-models`); `exp.rs` holds the exponentials' coefficient tables,
 //! `aligned.rs` the cache-line-aligned buffers.
 
 pub(crate) mod aligned;
 pub(crate) mod amx;
+mod amx_linear;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -25,6 +27,7 @@ pub(crate) mod gemm;
 mod isa;
 pub(crate) mod portable;
 
+pub use amx_linear::Bf16x3Weight;
 pub(crate) use element::Element;
 pub(crate) use isa::Features;
 pub use isa::Isa;

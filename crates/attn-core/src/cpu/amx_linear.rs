@@ -8,19 +8,21 @@
 //! (Henry, Tang & Heinecke, "Leveraging the bfloat16 Artificial Intelligence Datatype For
 //! Higher-Precision Computations", ARITH 2019, <https://arxiv.org/abs/1904.06376>).
 //!
-//! Weights are split and packed into tile order once ([`PackedWeight`]); activations are split
+//! Weights are split and packed into tile order once ([`Bf16x3Weight`]); activations are split
 //! as the tiles need them, 32 rows by one block of k at a time.
-//! [`matmul_reference`] computes the same sums in plain Rust, so the numerics can be checked on
-//! any CPU.
+//! [`Bf16x3Weight::matmul_reference`] computes the same sums in plain Rust, so the numerics can
+//! be checked on any CPU.
 //!
 //! Tile instructions (Intel SDM vol. 1 ch. 18, "Intel AMX"): `tdpbf16ps C, A, B` adds
 //! `A[16 rows, 32 bf16] · B` to `C[16 rows, 16 f32]`, with `B` stored in pairs of k
 //! ("VNNI" layout: tile row `r` holds, for each of 16 columns, the values at k = 2r and 2r + 1).
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
 use rayon::prelude::*;
+
+use super::amx::Tiles;
+use super::isa::Features;
 
 /// Rows of a tile; also the f32 columns of an output tile.
 const TILE_ROWS: usize = 16;
@@ -66,49 +68,50 @@ fn split(x: f32) -> (u16, u16) {
     (hi, bf16_bits(x - bf16_value(hi)))
 }
 
-/// The largest magnitude the tiles take. bf16's largest finite value is 3.39e38, so `bf16(x)`
-/// of a larger f32 is ∞ and its product NaN; past 2¹²⁶ the products run in f32 instead. At the
-/// other end the tiles flush bf16 subnormals to 0: parts below 2⁻¹²⁶ (a `lo` part of values
-/// below about 2⁻¹¹⁷ ≈ 6e-36) are lost, an absolute error under 1e-35 per product.
-pub const MAX_ABS: f32 = 8.507_059e37;
-
-/// Whether every value of `values` is within [`MAX_ABS`] (NaN is not).
-pub fn fits(values: &[f32]) -> bool {
-    values.iter().all(|v| v.abs() <= MAX_ABS)
-}
-
-/// Whether this CPU and OS run AMX bf16 tiles ([`attn_core::Isa::Amx`]: checked, and on Linux
-/// the tile state requested for the process, once).
-pub fn available() -> bool {
-    attn_core::Isa::Amx.is_available()
-}
-
 /// A weight `W` `[n_in, n_out]` split into bf16 `hi` and `lo` and laid out in B tiles: for each
 /// block of 32 output columns, for each step of 32 along k, the `hi` tiles of columns 0‥16 and
 /// 16‥32, then their `lo` tiles. k and the output columns are padded with zeros to whole blocks.
 #[derive(Clone)]
-pub struct PackedWeight {
+pub struct Bf16x3Weight {
     lines: Vec<Line>,
     n_in: usize,
     n_out: usize,
     k_steps: usize,
 }
 
-impl std::fmt::Debug for PackedWeight {
+impl std::fmt::Debug for Bf16x3Weight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PackedWeight")
+        f.debug_struct("Bf16x3Weight")
             .field("n_in", &self.n_in)
             .field("n_out", &self.n_out)
             .finish_non_exhaustive()
     }
 }
 
-impl PackedWeight {
+impl Bf16x3Weight {
+    /// The largest magnitude the tiles take. bf16's largest finite value is 3.39e38, so
+    /// `bf16(x)` of a larger f32 is ∞ and its product NaN; past 2¹²⁶ the products run in f32
+    /// instead. At the other end the tiles flush bf16 subnormals to 0: parts below 2⁻¹²⁶ (a `lo`
+    /// part of values below about 2⁻¹¹⁷ ≈ 6e-36) are lost, an absolute error under 1e-35 per
+    /// product.
+    pub const MAX_ABS: f32 = 8.507_059e37;
+
+    /// Whether every value of `values` is within [`Bf16x3Weight::MAX_ABS`] (NaN is not).
+    pub fn fits(values: &[f32]) -> bool {
+        values.iter().all(|v| v.abs() <= Self::MAX_ABS)
+    }
+
+    /// Whether this CPU and OS run AMX bf16 tiles ([`crate::Isa::Amx`]: checked, and on Linux
+    /// the tile state requested for the process, once).
+    pub fn available() -> bool {
+        Features::get().amx
+    }
+
     /// Packs the weight whose element at input `k`, output `n` is `w(k, n)`.
     ///
     /// # Shapes
     /// - `w`: `[n_in, n_out]` as a function of `(k, n)`
-    pub fn pack(n_in: usize, n_out: usize, w: impl Fn(usize, usize) -> f32 + Sync) -> PackedWeight {
+    pub fn pack(n_in: usize, n_out: usize, w: impl Fn(usize, usize) -> f32 + Sync) -> Self {
         let k_steps = n_in.div_ceil(TILE_K);
         let panel_lines = k_steps * STEP_LINES;
         let mut lines = vec![ZERO_LINE; n_out.div_ceil(BLOCK) * panel_lines];
@@ -130,11 +133,83 @@ impl PackedWeight {
                     }
                 }
             });
-        PackedWeight {
+        Bf16x3Weight {
             lines,
             n_in,
             n_out,
             k_steps,
+        }
+    }
+
+    /// `y = x·W` on AMX tiles, then `epilogue(rows, cols)` on each finished block of `y` (while it
+    /// is still in cache): `rows` is a `[r ≤ 32, n_out]` slice of `y`, `cols` the finished columns.
+    /// With `parallel`, the rows are shared out among rayon's threads.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
+    ///
+    /// # Panics
+    /// If [`Bf16x3Weight::available`] is false.
+    pub fn matmul(
+        &self,
+        x: &[f32],
+        y: &mut [f32],
+        parallel: bool,
+        epilogue: impl Fn(&mut [f32], Range<usize>) + Sync,
+    ) {
+        assert!(Self::available(), "Bf16x3Weight::matmul needs AMX tiles");
+        let w = self;
+        let (n_in, n_out) = (w.n_in, w.n_out);
+        let rows = x.len() / n_in;
+        debug_assert_eq!(x.len(), rows * n_in);
+        debug_assert_eq!(y.len(), rows * n_out);
+        // SAFETY: `available` saw AMX-BF16 and the OS granted the tile state; `x` and `y` have
+        // the same rows.
+        let run = |(x, y): (&[f32], &mut [f32])| unsafe { multiply_rows(w, x, y, &epilogue) };
+        let threads = if parallel {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        // Whole row blocks per thread.
+        let share = rows.div_ceil(threads).div_ceil(BLOCK).max(1) * BLOCK;
+        let parts = x.chunks(share * n_in).zip(y.chunks_mut(share * n_out));
+        if threads > 1 && rows > share {
+            parts.par_bridge().for_each(run);
+        } else {
+            parts.for_each(run);
+        }
+    }
+
+    /// The sums [`Bf16x3Weight::matmul`] computes, in plain Rust on any CPU: `y[m, n] = Σ_k hi(x)·hi(w) +
+    /// hi(x)·lo(w) + lo(x)·hi(w)`, each product exact and the sum in f64 (the tiles add in f32, so
+    /// the two differ by f32 rounding of the sum only).
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
+    pub fn matmul_reference(&self, x: &[f32], y: &mut [f32]) {
+        let w = self;
+        let (n_in, n_out) = (w.n_in, w.n_out);
+        for (xr, yr) in x.chunks_exact(n_in).zip(y.chunks_exact_mut(n_out)) {
+            let xs: Vec<(f64, f64)> = xr
+                .iter()
+                .map(|&v| {
+                    let (h, l) = split(v);
+                    (f64::from(bf16_value(h)), f64::from(bf16_value(l)))
+                })
+                .collect();
+            for (n, out) in yr.iter_mut().enumerate() {
+                let sum: f64 = xs
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &(xh, xl))| {
+                        let (h, l) = w.get(k, n);
+                        let (wh, wl) = (f64::from(bf16_value(h)), f64::from(bf16_value(l)));
+                        xh * wh + xh * wl + xl * wh
+                    })
+                    .sum();
+                *out = sum as f32;
+            }
         }
     }
 
@@ -169,8 +244,8 @@ impl PackedWeight {
 /// beyond `n_in` are zero.
 fn pack_block(x: &[f32], n_in: usize, steps: Range<usize>, out: &mut [Line]) {
     #[cfg(target_arch = "x86_64")]
-    if avx512_bf16() {
-        // SAFETY: the CPU has AVX-512F/BW/VL and AVX512-BF16.
+    if Features::get().avx512_bf16 {
+        // SAFETY: the CPU has AVX-512F/BW/VL and AVX512-BF16 (every AMX CPU has).
         unsafe { pack_block_avx512(x, n_in, steps, out) };
         return;
     }
@@ -237,21 +312,9 @@ fn prefetch_rows(x: &[f32], n_in: usize, steps: Range<usize>) {
     let _ = (x, n_in, steps);
 }
 
-/// Whether the CPU converts f32 to bf16 in AVX-512 registers (every AMX CPU does).
-#[cfg(target_arch = "x86_64")]
-fn avx512_bf16() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512bf16")
-    })
-}
-
-/// Splits up to 32 values into a `hi` and a `lo` line (zeros after them), 16 at a time:
-/// `vcvtneps2bf16` rounds to nearest even like [`split`] (and flushes subnormals, as the tiles
-/// do anyway).
+/// Splits up to 32 values into a `hi` and a `lo` line (zeros after them), 16 at a time
+/// ([`super::bf16x::split`]: nearest even like [`split`], subnormals flushed as the tiles do
+/// anyway).
 ///
 /// # Safety
 /// The CPU must have AVX-512F/BW/VL and AVX512-BF16.
@@ -263,77 +326,16 @@ unsafe fn split_line_avx512(x: &[f32], hi: &mut Line, lo: &mut Line) {
         let n = x.len().saturating_sub(half * 16).min(16);
         let mask = (((1u32 << n) - 1) & 0xffff) as __mmask16;
         // SAFETY: the mask reads only `n` values, all inside `x` (none when `n` is 0); the
-        // stores write 16 u16 into the 32-value lines at offset 0 or 16.
+        // stores write 16 u16 into the 32-value lines at offset 0 or 16; the CPU has what
+        // `split` needs (caller).
         unsafe {
             let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().wrapping_add(half * 16));
-            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
-            let back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
+            let [h, l] = super::bf16x::split::<2>(v);
             _mm256_storeu_si256(hi.0.as_mut_ptr().add(half * 16).cast(), h);
             _mm256_storeu_si256(lo.0.as_mut_ptr().add(half * 16).cast(), l);
         }
     }
 }
-
-/// `y = x·W` on AMX tiles, then `epilogue(rows, cols)` on each finished block of `y` (while it
-/// is still in cache): `rows` is a `[r ≤ 32, n_out]` slice of `y`, `cols` the finished columns.
-/// With `parallel`, the rows are shared out among rayon's threads.
-///
-/// # Shapes
-/// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
-///
-/// # Panics
-/// If [`available`] is false.
-pub fn matmul(
-    w: &PackedWeight,
-    x: &[f32],
-    y: &mut [f32],
-    parallel: bool,
-    epilogue: impl Fn(&mut [f32], Range<usize>) + Sync,
-) {
-    assert!(available(), "bf16x3::matmul needs AMX tiles");
-    let (n_in, n_out) = (w.n_in, w.n_out);
-    let rows = x.len() / n_in;
-    debug_assert_eq!(x.len(), rows * n_in);
-    debug_assert_eq!(y.len(), rows * n_out);
-    // SAFETY: `available` saw AMX-BF16 and the OS granted the tile state; `x` and `y` have
-    // the same rows.
-    let run = |(x, y): (&[f32], &mut [f32])| unsafe { multiply_rows(w, x, y, &epilogue) };
-    let threads = if parallel {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    // Whole row blocks per thread.
-    let share = rows.div_ceil(threads).div_ceil(BLOCK).max(1) * BLOCK;
-    let parts = x.chunks(share * n_in).zip(y.chunks_mut(share * n_out));
-    if threads > 1 && rows > share {
-        parts.par_bridge().for_each(run);
-    } else {
-        parts.for_each(run);
-    }
-}
-
-/// The tile configuration of the kernel (palette 1): eight tiles of 16 rows × 64 bytes —
-/// tmm0‥tmm3 the 2 × 2 C tiles, tmm4, tmm5 two A tiles, tmm6, tmm7 two B tiles.
-#[repr(C, align(64))]
-struct TileConfig([u8; 64]);
-
-impl TileConfig {
-    const fn uniform() -> TileConfig {
-        let mut cfg = [0u8; 64];
-        cfg[0] = 1;
-        let mut t = 0;
-        while t < 8 {
-            cfg[16 + 2 * t] = (TILE_K * 2) as u8;
-            cfg[48 + t] = TILE_ROWS as u8;
-            t += 1;
-        }
-        TileConfig(cfg)
-    }
-}
-
-static TILE_CONFIG: TileConfig = TileConfig::uniform();
 
 /// `y = x·W`, block by block of the weight (k steps × columns kept in L2), splitting each 32
 /// rows' share of `x` just before use and calling `epilogue` on each block of rows and columns
@@ -344,12 +346,11 @@ static TILE_CONFIG: TileConfig = TileConfig::uniform();
 /// `[rows, n_out]`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn multiply_rows(
-    w: &PackedWeight,
+    w: &Bf16x3Weight,
     x: &[f32],
     y: &mut [f32],
     epilogue: &impl Fn(&mut [f32], Range<usize>),
 ) {
-    use std::arch::asm;
     let (n_in, n_out) = (w.n_in, w.n_out);
     let rows = y.len() / n_out;
     debug_assert_eq!(x.len(), rows * n_in);
@@ -359,8 +360,7 @@ unsafe fn multiply_rows(
     let nc_blocks = (WEIGHT_BLOCK_BYTES / (kc_steps * STEP_LINES * 64)).max(1);
     let mut a_block = vec![ZERO_LINE; kc_steps * STEP_LINES];
     let mut edge = [0.0f32; BLOCK * BLOCK];
-    // SAFETY: the caller guarantees AMX; the config is a valid palette-1 configuration.
-    unsafe { asm!("ldtilecfg [{}]", in(reg) TILE_CONFIG.0.as_ptr(), options(nostack)) };
+    let _tiles = Tiles::configure().expect("the caller saw AMX available");
     for nc in (0..n_blocks).step_by(nc_blocks) {
         let nbs = nc..n_blocks.min(nc + nc_blocks);
         let cols = nc * BLOCK..n_out.min(nbs.end * BLOCK);
@@ -416,8 +416,6 @@ unsafe fn multiply_rows(
             }
         }
     }
-    // SAFETY: returns the tile state to its initial state (cheaper context switches).
-    unsafe { asm!("tilerelease", options(nostack)) };
 }
 
 /// `C (+)= A·W` for one 32 × 32 block over `steps` k steps.
@@ -426,7 +424,7 @@ unsafe fn multiply_rows(
 /// W `hi` replaces W `lo` for `hi·hi`; A `lo` replaces A `hi` for `lo·hi`.
 ///
 /// # Safety
-/// The tiles must be configured with [`TILE_CONFIG`]; `a` and `b` must point at `steps` × 4
+/// The tiles must be configured ([`Tiles`]: 16 rows × 64 bytes each); `a` and `b` must point at `steps` × 4
 /// tiles of 1 KiB, `c` at 32 rows of 32 f32 `c_stride` bytes apart.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -497,43 +495,12 @@ unsafe fn kernel(
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn multiply_rows(
-    _: &PackedWeight,
+    _: &Bf16x3Weight,
     _: &[f32],
     _: &mut [f32],
     _: &impl Fn(&mut [f32], Range<usize>),
 ) {
     unreachable!("AMX is x86-64 only: `available` is false elsewhere")
-}
-
-/// The sums [`matmul`] computes, in plain Rust on any CPU: `y[m, n] = Σ_k hi(x)·hi(w) +
-/// hi(x)·lo(w) + lo(x)·hi(w)`, each product exact and the sum in f64 (the tiles add in f32, so
-/// the two differ by f32 rounding of the sum only).
-///
-/// # Shapes
-/// - `x`: `[rows, n_in]`, `y`: `[rows, n_out]`
-pub fn matmul_reference(w: &PackedWeight, x: &[f32], y: &mut [f32]) {
-    let (n_in, n_out) = (w.n_in, w.n_out);
-    for (xr, yr) in x.chunks_exact(n_in).zip(y.chunks_exact_mut(n_out)) {
-        let xs: Vec<(f64, f64)> = xr
-            .iter()
-            .map(|&v| {
-                let (h, l) = split(v);
-                (f64::from(bf16_value(h)), f64::from(bf16_value(l)))
-            })
-            .collect();
-        for (n, out) in yr.iter_mut().enumerate() {
-            let sum: f64 = xs
-                .iter()
-                .enumerate()
-                .map(|(k, &(xh, xl))| {
-                    let (h, l) = w.get(k, n);
-                    let (wh, wl) = (f64::from(bf16_value(h)), f64::from(bf16_value(l)));
-                    xh * wh + xh * wl + xl * wh
-                })
-                .sum();
-            *out = sum as f32;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -566,7 +533,7 @@ mod tests {
         // Awkward sizes: k = 37 (one full step and a partial one), 21 outputs (a partial block).
         let (n_in, n_out) = (37, 21);
         let w = |k: usize, n: usize| (k * 31 + n * 7) as f32 / 13.0 - 40.0;
-        let packed = PackedWeight::pack(n_in, n_out, w);
+        let packed = Bf16x3Weight::pack(n_in, n_out, w);
         for k in 0..n_in {
             for n in 0..n_out {
                 assert_eq!(packed.get(k, n), split(w(k, n)), "W[{k}, {n}]");
@@ -580,9 +547,9 @@ mod tests {
         let (rows, n_in, n_out) = (3, 70, 5);
         let x: Vec<f32> = (0..rows * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
         let w = |k: usize, n: usize| ((k * n_out + n) as f32 * 0.11).cos();
-        let packed = PackedWeight::pack(n_in, n_out, w);
+        let packed = Bf16x3Weight::pack(n_in, n_out, w);
         let mut y = vec![0.0; rows * n_out];
-        matmul_reference(&packed, &x, &mut y);
+        packed.matmul_reference(&x, &mut y);
         for r in 0..rows {
             for n in 0..n_out {
                 let (exact, scale) = (0..n_in).fold((0.0f64, 0.0f64), |(s, a), k| {
