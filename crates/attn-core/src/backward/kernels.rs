@@ -1,12 +1,10 @@
 //! The kernels of the backward pass: `C (+)= A·B` on row-major blocks (with `A` row-major or
 //! packed in panels of [`MR`] rows), and the elementwise steps. Each has a portable build, an
 //! AVX2 one and an AVX-512 one (the forward pass's GEMMs, `cpu/avx2.rs` and `cpu/avx512.rs`),
-//! picked per call by [`Kernels`].
+//! picked per call by the call's [`Isa`].
 
-use crate::cpu::Isa;
 use crate::cpu::exp::exp_approx;
-#[cfg(target_arch = "x86_64")]
-use crate::cpu::{avx2, avx512, gemm};
+use crate::cpu::{Isa, gemm};
 
 /// Rows of `C` per register tile of the AVX-512 and AVX2 GEMMs, and rows per panel of a [`Panels`].
 pub(super) use crate::cpu::gemm::MR;
@@ -131,88 +129,47 @@ impl<'a> MatMut<'a> {
     }
 }
 
-/// Which build of the kernels runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kernels {
-    /// Plain Rust, for any CPU.
-    Portable,
-    /// AVX2 and FMA: only for an [`Isa`] this CPU runs.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512F: only for an [`Isa`] this CPU runs.
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
+/// `C (+)= A · B` on the GEMM of `isa`, which the caller made sure this CPU runs
+/// (`Isa::require`).
+///
+/// # Shapes
+/// `a`: `[m, k]`, `b`: `[k, n]`, `c`: `[m, n]`.
+///
+/// # Panics
+/// When the shapes disagree (a bug in the caller).
+pub(super) fn gemm(isa: Isa, c: MatMut<'_>, a: Lhs<'_>, b: Mat<'_>, accumulate: bool) {
+    let (m, k) = a.shape();
+    assert!(
+        m == c.rows && b.cols == c.cols && k == b.rows,
+        "gemm shapes disagree"
+    );
+    let a = match a {
+        Lhs::Rows(a) => (a.data, gemm::Lhs::Rows(a.ld)),
+        Lhs::Panels(a) => (a.data, gemm::Lhs::Panels),
+    };
+    isa.gemm_lhs(
+        (m, c.cols, k),
+        a,
+        (b.data, b.ld),
+        (c.data, c.ld),
+        accumulate,
+    );
 }
 
-impl Kernels {
-    /// The kernels of `isa` (the bf16 products' ISAs run the AVX-512 ones), which the caller
-    /// made sure this CPU runs (`Isa::require`).
-    pub(super) fn for_isa(isa: Isa) -> Kernels {
-        match isa {
-            Isa::Portable => Kernels::Portable,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Kernels::Avx2,
-            #[cfg(target_arch = "x86_64")]
-            _ => Kernels::Avx512,
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => Kernels::Portable,
-        }
-    }
-
-    /// `C (+)= A · B`.
-    ///
-    /// # Shapes
-    /// `a`: `[m, k]`, `b`: `[k, n]`, `c`: `[m, n]`.
-    ///
-    /// # Panics
-    /// When the shapes disagree (a bug in the caller).
-    pub(super) fn gemm(self, c: MatMut<'_>, a: Lhs<'_>, b: Mat<'_>, accumulate: bool) {
-        let (m, k) = a.shape();
-        assert!(
-            m == c.rows && b.cols == c.cols && k == b.rows,
-            "gemm shapes disagree"
-        );
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx512` is only built after the CPU was checked; the views were
-            // bounds-checked when made and their shapes agree (above).
-            Kernels::Avx512 | Kernels::Avx2 => {
-                let a = match a {
-                    Lhs::Rows(a) => (a.data.as_ptr(), gemm::Lhs::Rows(a.ld)),
-                    Lhs::Panels(a) => (a.data.as_ptr(), gemm::Lhs::Panels),
-                };
-                let n = c.cols;
-                let (b, c) = ((b.data.as_ptr(), b.ld), (c.data.as_mut_ptr(), c.ld));
-                // SAFETY: the kernels are only built for an ISA this CPU runs; the views were
-                // bounds-checked when made and their shapes agree (above).
-                unsafe {
-                    match self {
-                        Kernels::Avx512 => avx512::gemm_strided((m, n, k), a, b, c, accumulate),
-                        _ => {
-                            avx2::gemm_strided::<f32, false>((m, n, k), a, b, c, accumulate);
-                        }
-                    }
-                }
-            }
-            Kernels::Portable => gemm_portable(c, a, b, accumulate),
-        }
-    }
-
-    /// One row of the transposed tiles (one key against a run of queries): `s ← P = e^(s − lse)`
-    /// and `dp ← dS = P ∘ (dp − delta)`.
-    ///
-    /// # Shapes
-    /// All four slices: `[queries]`.
-    pub(super) fn probs_and_grads(self, s: &mut [f32], dp: &mut [f32], lse: &[f32], delta: &[f32]) {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: see `gemm`.
-            Kernels::Avx512 => unsafe { probs_and_grads_avx512(s, dp, lse, delta) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: see `gemm`.
-            Kernels::Avx2 => unsafe { probs_and_grads_avx2(s, dp, lse, delta) },
-            Kernels::Portable => probs_and_grads_body(s, dp, lse, delta),
-        }
+/// One row of the transposed tiles (one key against a run of queries): `s ← P = e^(s − lse)`
+/// and `dp ← dS = P ∘ (dp − delta)`, on the vectors of `isa` (which this CPU runs).
+///
+/// # Shapes
+/// All four slices: `[queries]`.
+pub(super) fn probs_and_grads(isa: Isa, s: &mut [f32], dp: &mut [f32], lse: &[f32], delta: &[f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller made sure this CPU runs `isa`, and with it AVX-512F.
+        isa if isa.avx512() => unsafe { probs_and_grads_avx512(s, dp, lse, delta) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller made sure this CPU runs AVX2 and FMA.
+        Isa::Avx2 => unsafe { probs_and_grads_avx2(s, dp, lse, delta) },
+        _ => probs_and_grads_body(s, dp, lse, delta),
     }
 }
 
@@ -236,31 +193,7 @@ unsafe fn probs_and_grads_avx2(s: &mut [f32], dp: &mut [f32], lse: &[f32], delta
     probs_and_grads_body(s, dp, lse, delta);
 }
 
-/// `C (+)= A · B`, one row of `C` at a time.
-fn gemm_portable(c: MatMut<'_>, a: Lhs<'_>, b: Mat<'_>, accumulate: bool) {
-    let n = c.cols;
-    let k = b.rows;
-    for r in 0..c.rows {
-        let c_row = &mut c.data[r * c.ld..][..n];
-        if !accumulate {
-            c_row.fill(0.0);
-        }
-        for p in 0..k {
-            let x = match a {
-                Lhs::Rows(a) => a.data[r * a.ld + p],
-                Lhs::Panels(a) => {
-                    let r0 = r - r % MR;
-                    a.data[r0 * k + p * (a.rows - r0).min(MR) + r % MR]
-                }
-            };
-            for (cv, &bv) in c_row.iter_mut().zip(&b.data[p * b.ld..][..n]) {
-                *cv += x * bv;
-            }
-        }
-    }
-}
-
-/// The body of [`Kernels::probs_and_grads`], written so the compiler vectorises it (the
+/// The body of [`probs_and_grads`], written so the compiler vectorises it (the
 /// AVX-512 build compiles the same body with the feature on).
 #[inline(always)]
 pub(super) fn probs_and_grads_body(s: &mut [f32], dp: &mut [f32], lse: &[f32], delta: &[f32]) {
@@ -281,9 +214,7 @@ mod tests {
     /// tiles, with strides wider than the rows, replacing and accumulating.
     #[test]
     fn gemm_builds_match_f64() {
-        let builds: Vec<Kernels> = (crate::cpu::available_isas().into_iter())
-            .map(Kernels::for_isa)
-            .collect();
+        let builds = crate::cpu::available_isas();
         for (m, n, k) in [
             (1, 1, 1),
             (7, 70, 5),
@@ -303,7 +234,7 @@ mod tests {
                 Lhs::Panels(Panels::new(&panels, m, k)),
             ];
             let runs = builds.iter().flat_map(|&b| lhs.map(|l| (b, l)));
-            for (accumulate, (kern, lhs)) in runs.flat_map(|r| [(false, r), (true, r)]) {
+            for (accumulate, (isa, lhs)) in runs.flat_map(|r| [(false, r), (true, r)]) {
                 let mut c = c0.clone();
                 let cm = MatMut {
                     data: &mut c,
@@ -311,12 +242,12 @@ mod tests {
                     cols: n,
                     ld: ldc,
                 };
-                kern.gemm(cm, lhs, Mat::new(&b, k, n, ldb), accumulate);
+                gemm(isa, cm, lhs, Mat::new(&b, k, n, ldb), accumulate);
                 for r in 0..m {
                     for col in 0..ldc {
                         let got = c[r * ldc + col];
                         if col >= n {
-                            assert_eq!(got, c0[r * ldc + col], "{kern:?} wrote past the row");
+                            assert_eq!(got, c0[r * ldc + col], "{isa:?} wrote past the row");
                             continue;
                         }
                         let mut want = if accumulate {
@@ -331,7 +262,7 @@ mod tests {
                         let tol = 1e-6 * (k as f64 + 1.0);
                         assert!(
                             (f64::from(got) - want).abs() <= tol,
-                            "{kern:?} {m}×{n}×{k} at ({r}, {col}): got {got}, want {want}"
+                            "{isa:?} {m}×{n}×{k} at ({r}, {col}): got {got}, want {want}"
                         );
                     }
                 }
@@ -347,12 +278,12 @@ mod tests {
         let mut lse: Vec<f32> = (0..37).map(|i| i as f32 * 0.01).collect();
         lse[5] = f32::INFINITY;
         let delta: Vec<f32> = (0..37).map(|i| (i as f32).cos()).collect();
-        let run = |kern: Kernels| {
+        let run = |isa: Isa| {
             let (mut s, mut dp) = (s0.clone(), dp0.clone());
-            kern.probs_and_grads(&mut s, &mut dp, &lse, &delta);
+            probs_and_grads(isa, &mut s, &mut dp, &lse, &delta);
             (s, dp)
         };
-        let (p, ds) = run(Kernels::Portable);
+        let (p, ds) = run(Isa::Portable);
         for c in 0..37 {
             let want = f64::from(s0[c] - lse[c]).exp();
             assert!((f64::from(p[c]) - want).abs() <= 1e-6 * want, "P at {c}");
@@ -360,12 +291,9 @@ mod tests {
             assert!((f64::from(ds[c]) - want_ds).abs() <= 1e-6, "dS at {c}");
         }
         assert_eq!((p[5], ds[5]), (0.0, 0.0), "lse +∞ gives P = 0");
-        for kern in crate::cpu::available_isas()
-            .into_iter()
-            .map(Kernels::for_isa)
-        {
+        for isa in crate::cpu::available_isas() {
             assert_eq!(
-                run(kern),
+                run(isa),
                 (p.clone(), ds.clone()),
                 "same arithmetic in every build"
             );

@@ -15,7 +15,7 @@
 use rayon::prelude::*;
 
 use super::grads::{LSE_BOUND, refuse_mask_overflow, row_deltas, validate};
-use super::kernels::Kernels;
+use super::kernels::probs_and_grads;
 use crate::cpu::{Isa, max_keeping_nan};
 use crate::error::AttnError;
 use crate::input::AttnInput;
@@ -56,7 +56,6 @@ pub(super) fn dmask(
     let blocks = sh.seq_q.div_ceil(ROWS);
     let pass = Pass {
         isa,
-        kernels: Kernels::for_isa(isa),
         input,
         options,
         lse,
@@ -98,7 +97,6 @@ pub(super) fn dmask(
 /// What every block reads.
 struct Pass<'a> {
     isa: Isa,
-    kernels: Kernels,
     input: &'a AttnInput<'a>,
     options: &'a AttnOptions,
     lse: &'a [f32],
@@ -121,7 +119,7 @@ impl Pass<'_> {
         let (s_n, d, dv) = (sh.seq_kv, sh.head_dim, sh.value_dim);
         let n = ROWS.min(sh.seq_q - i0);
         let (mut s, mut dp) = (vec![0.0; n * s_n], vec![0.0; n * s_n]);
-        // A row's lse and D, once per key (as `Kernels::probs_and_grads` takes them).
+        // A row's lse and D, once per key (as `probs_and_grads` takes them).
         let mut saved = (vec![0.0; s_n], vec![0.0; s_n]);
         // The (batch, head) pairs the mask head is broadcast to.
         let batches = if mb == 1 { 0..sh.batch } else { bm..bm + 1 };
@@ -181,7 +179,7 @@ impl Pass<'_> {
         // `P = e^(s − lse)`, `dS = P ∘ (dP − D)` in place. The saved lse holds the row's sum
         // only to `|lse|·2⁻²⁴` ([`LSE_BOUND`]): past it the row takes its own max and sum.
         if lse.abs() <= LSE_BOUND {
-            self.kernels.probs_and_grads(p, ds, lse_row, delta_row);
+            probs_and_grads(self.isa, p, ds, lse_row, delta_row);
         } else {
             let max = p.iter().copied().fold(f32::NEG_INFINITY, max_keeping_nan);
             let sum: f32 = p.iter().map(|&x| (x - max).exp()).sum();

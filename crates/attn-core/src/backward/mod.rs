@@ -77,7 +77,7 @@ use crate::options::AttnOptions;
 use crate::shape::{AttnOutput, AttnShape};
 #[cfg(target_arch = "x86_64")]
 use amx::{PARTS, PARTS_X3};
-use kernels::{Kernels, Lhs, Mat, MatMut, Panels, pack_panels};
+use kernels::{Lhs, Mat, MatMut, Panels, gemm, pack_panels, probs_and_grads};
 
 /// Runs `$body` with the const `$p` set to `$parts`, the bf16 parts of `dK`'s and `dQ`'s
 /// products (`Plan::grad_parts`: [`PARTS_X3`] or [`PARTS`]), which the tile functions take as
@@ -288,7 +288,6 @@ fn qkv_grads(
         Cow::Owned(lse)
     };
     let lse = &lse_fast[..];
-    let kernels = Kernels::for_isa(isa);
     let dv = sh.value_dim;
     let delta = row_deltas(dout, out, dv, lse.len());
     let plan = Plan {
@@ -303,10 +302,8 @@ fn qkv_grads(
             && (options.float_mask.as_ref()).is_none_or(|m| m.dims()[2] == 1)
             && (options.bool_mask.as_ref()).is_none_or(|m| m.dims()[2] == 1),
         isa,
-        kernels,
         amx: cfg!(target_arch = "x86_64")
             && isa == Isa::Amx
-            && kernels != Kernels::Portable
             && sh.head_dim.is_multiple_of(32)
             && sh.value_dim.is_multiple_of(32)
             && sh.head_dim > 0
@@ -405,7 +402,6 @@ struct Plan<'a> {
     /// queries, no ALiBi): whole blocks then keep the fast lane ([`Plan::key_rules`]).
     by_key: bool,
     isa: Isa,
-    kernels: Kernels,
     /// Whether whole blocks take the AMX products (`amx.rs`).
     amx: bool,
     /// The bf16 parts of the AMX products of `dK` and `dQ` (`PARTS_X3` or `PARTS`).
@@ -905,10 +901,22 @@ impl Plan<'_> {
                 let k_blk = Lhs::Panels(Panels::new(&kh.k.view(s_n * d)[j0 * d..], keys, d));
                 let v_blk = Lhs::Panels(Panels::new(&kh.v.view(s_n * dv)[j0 * dv..], keys, dv));
                 let qt = Mat::packed(&qh.qt.view(l_n * d)[i0 * d..], d, rows);
-                let kern = self.kernels;
-                kern.gemm(MatMut::packed(t.p.get(n), keys, rows), k_blk, qt, false);
+                let isa = self.isa;
+                gemm(
+                    isa,
+                    MatMut::packed(t.p.get(n), keys, rows),
+                    k_blk,
+                    qt,
+                    false,
+                );
                 let dot = Mat::packed(&qh.dot.view(l_n * dv)[i0 * dv..], dv, rows);
-                kern.gemm(MatMut::packed(t.ds.get(n), keys, rows), v_blk, dot, false);
+                gemm(
+                    isa,
+                    MatMut::packed(t.ds.get(n), keys, rows),
+                    v_blk,
+                    dot,
+                    false,
+                );
             }
         }
     }
@@ -971,7 +979,7 @@ impl Plan<'_> {
         let _ = tiles;
         let (p, ds) = (t.p.get(n), t.ds.get(n));
         for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
-            self.kernels.probs_and_grads(p, ds, lse, delta);
+            probs_and_grads(self.isa, p, ds, lse, delta);
         }
         false
     }
@@ -1041,18 +1049,18 @@ impl Plan<'_> {
             }
             _ => {
                 let _ = packed;
-                let kern = self.kernels;
+                let isa = self.isa;
                 let ds = Mat::packed(ds, keys, rows);
                 // dV += (P∘Z)ᵀ · dO
                 let dout = Mat::packed(&qh.dout.view(l_n * dv)[i0 * dv..], rows, dv);
                 let p = Lhs::Rows(Mat::packed(p, keys, rows));
-                kern.gemm(MatMut::packed(dv_acc, keys, dv), p, dout, true);
+                gemm(isa, MatMut::packed(dv_acc, keys, dv), p, dout, true);
                 // dK += dSᵀ · (scale·Q)
                 let q = Mat::packed(&qh.q.view(l_n * d)[i0 * d..], rows, d);
-                kern.gemm(MatMut::packed(dk_acc, keys, d), Lhs::Rows(ds), q, true);
+                gemm(isa, MatMut::packed(dk_acc, keys, d), Lhs::Rows(ds), q, true);
                 // dQᵀ += Kᵀ · dSᵀ (the scale comes when it is transposed back)
                 let kt_blk = Lhs::Panels(Panels::new(&kh.kt.view(s_n * d)[j0 * d..], d, keys));
-                kern.gemm(MatMut::packed(dqt, d, rows), kt_blk, ds, true);
+                gemm(isa, MatMut::packed(dqt, d, rows), kt_blk, ds, true);
             }
         }
     }
@@ -1092,7 +1100,7 @@ impl Plan<'_> {
             ds.iter_mut().zip(&t.z).for_each(|(g, &z)| *g *= z);
         }
         for (p, ds) in p.chunks_exact_mut(rows).zip(ds.chunks_exact_mut(rows)) {
-            self.kernels.probs_and_grads(p, ds, lse, delta);
+            probs_and_grads(self.isa, p, ds, lse, delta);
         }
         if self.opt.softcap.is_some() {
             ds.iter_mut().zip(&t.dcap).for_each(|(g, &c)| *g *= c);

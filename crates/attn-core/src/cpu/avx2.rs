@@ -138,7 +138,7 @@ unsafe fn tile_rows<T: Element, const FULL: bool, const CHECK: bool>(
 /// AVX2 and FMA must be available; `a`, `b` and `c` must hold the elements the layouts and
 /// strides describe.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn gemm_strided<T: Element, const CHECK: bool>(
+unsafe fn gemm_strided<T: Element, const CHECK: bool>(
     (m, n, k): (usize, usize, usize),
     (a, lhs): (*const f32, Lhs),
     (b, ldb): (*const T, usize),
@@ -183,6 +183,25 @@ pub(crate) unsafe fn gemm_strided<T: Element, const CHECK: bool>(
         }
     }
     largest
+}
+
+/// `C[m × n] (+)= A[m × k] · B[k × n]` in f32, `A` laid out as `lhs` says (row-major, or in
+/// panels as the backward pass packs it), `B` and `C` row-major with strides `ldb`, `ldc`.
+///
+/// # Safety
+/// AVX2 and FMA must be available. The slices must hold the elements the layouts and strides
+/// describe.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn gemm_lhs(
+    mnk: (usize, usize, usize),
+    (a, lhs): (&[f32], Lhs),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
+    accumulate: bool,
+) {
+    let (a, b, c) = ((a.as_ptr(), lhs), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc));
+    // SAFETY: as the caller guarantees.
+    unsafe { gemm_strided::<f32, false>(mnk, a, b, c, accumulate) };
 }
 
 /// `C[m × n] (+)= A[m × k] · B[k × n]` in f32, `B` in f32 or bf16 (row-major, strides

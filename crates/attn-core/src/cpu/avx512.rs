@@ -143,16 +143,17 @@ pub(super) unsafe fn gemm_f32<T: Element>(
 /// panels as the backward pass packs it), `B` and `C` row-major with strides `ldb`, `ldc`.
 ///
 /// # Safety
-/// AVX-512F must be available; `a`, `b` and `c` must hold the elements the layouts and strides
+/// AVX-512F must be available. The slices must hold the elements the layouts and strides
 /// describe.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn gemm_strided(
+pub(super) unsafe fn gemm_lhs(
     mnk: (usize, usize, usize),
-    a: (*const f32, Lhs),
-    b: (*const f32, usize),
-    c: (*mut f32, usize),
+    (a, lhs): (&[f32], Lhs),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
     accumulate: bool,
 ) {
+    let (a, b, c) = ((a.as_ptr(), lhs), (b.as_ptr(), ldb), (c.as_mut_ptr(), ldc));
     // SAFETY: as the caller guarantees.
     unsafe { gemm_tiles::<f32, false>(mnk, a, b, c, accumulate) };
 }

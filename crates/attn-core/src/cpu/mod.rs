@@ -100,6 +100,37 @@ impl Isa {
         }
     }
 
+    /// `C[m × n] (+)= A[m × k] · B[k × n]` in f32: `A` row-major or in panels of
+    /// [`gemm::MR`] rows ([`gemm::Lhs`]), `B` and `C` row-major with strides `ldb`, `ldc`.
+    pub(crate) fn gemm_lhs(
+        self,
+        mnk: (usize, usize, usize),
+        (a, lhs): (&[f32], gemm::Lhs),
+        (b, ldb): (&[f32], usize),
+        (c, ldc): (&mut [f32], usize),
+        accumulate: bool,
+    ) {
+        // As in `gemm_f32`: the AVX-512 kernel indexes with raw pointers. Panels of `m` rows
+        // hold `m · k` values, as rows `k` apart do.
+        let (_, n, k) = mnk;
+        let lda = match lhs {
+            gemm::Lhs::Rows(lda) => lda,
+            gemm::Lhs::Panels => k,
+        };
+        assert_fits(mnk, (a.len(), lda), (b.len(), ldb, (k, n)), (c.len(), ldc));
+        let (a, b, c) = ((a, lhs), (b, ldb), (c, ldc));
+        match self {
+            // SAFETY: see `gemm_f32`; the slices hold what the layouts describe (checked
+            // above).
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => unsafe {
+                avx512_or_portable::gemm_lhs(mnk, a, b, c, accumulate)
+            },
+            // SAFETY: see `gemm_f32`.
+            Isa::Avx2 => unsafe { avx2_or_portable::gemm_lhs(mnk, a, b, c, accumulate) },
+            Isa::Portable => portable::gemm_lhs(mnk, a, b, c, accumulate),
+        }
+    }
+
     /// `C[m × n] = A[m × k] · B[n × k]ᵀ` in f32, `B` in f32 or bf16 (row-major, strides `lda`,
     /// `ldb`, `ldc`).
     #[allow(clippy::too_many_arguments)]

@@ -3,12 +3,13 @@
 //! loops for the baseline ISA.
 
 use super::element::Element;
+use super::gemm::{Lhs, MR};
 
 /// `C[m × n] (+)= A[m × k] · B[k × n]`, `B` in f32 or bf16 (row-major, strides `lda`, `ldb`,
 /// `ldc`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_f32<T: Element>(
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     a: &[f32],
     lda: usize,
     b: &[T],
@@ -17,12 +18,32 @@ pub(super) fn gemm_f32<T: Element>(
     ldc: usize,
     accumulate: bool,
 ) {
+    gemm_lhs(mnk, (a, Lhs::Rows(lda)), (b, ldb), (c, ldc), accumulate);
+}
+
+/// `C[m × n] (+)= A[m × k] · B[k × n]`, `A` laid out as `lhs` says (row-major, or in panels as
+/// the backward pass packs it), `B` in f32 or bf16, `B` and `C` row-major with strides `ldb`,
+/// `ldc`; one row of `C` at a time.
+pub(super) fn gemm_lhs<T: Element>(
+    (m, n, k): (usize, usize, usize),
+    (a, lhs): (&[f32], Lhs),
+    (b, ldb): (&[T], usize),
+    (c, ldc): (&mut [f32], usize),
+    accumulate: bool,
+) {
     for r in 0..m {
         let c_row = &mut c[r * ldc..][..n];
         if !accumulate {
             c_row.fill(0.0);
         }
-        for (p, &x) in a[r * lda..][..k].iter().enumerate() {
+        for p in 0..k {
+            let x = match lhs {
+                Lhs::Rows(lda) => a[r * lda + p],
+                Lhs::Panels => {
+                    let r0 = r - r % MR;
+                    a[r0 * k + p * (m - r0).min(MR) + r % MR]
+                }
+            };
             for (cv, &bv) in c_row.iter_mut().zip(&b[p * ldb..][..n]) {
                 *cv += x * bv.into();
             }
