@@ -44,7 +44,7 @@
 //! };
 //! let fast = sdpa(&input, &options)?;
 //! let weights = fast.weights.as_ref().expect("asked for");
-//! let row = weights.row(&shape, 0, 1, 2).expect("row 2 was asked for"); // batch 0, head 1
+//! let row = weights.row(0, 1, 2).expect("row 2 was asked for"); // batch 0, head 1
 //! assert_eq!(row[3], 0.0); // query 2 does not see key 3
 //! assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
 //!

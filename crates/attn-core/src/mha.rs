@@ -592,7 +592,7 @@ fn bias_name(name: &'static str) -> &'static str {
 fn dropped(w: Weights, d: Dropout, shape: &AttnShape, asked: &WeightsRequest) -> Weights {
     let (b, h, l, s) = (shape.batch, shape.n_heads, shape.seq_q, shape.seq_kv);
     match w {
-        Weights::All(mut data) => {
+        Weights::All { dims, mut data } => {
             for (n, w) in data.iter_mut().enumerate() {
                 let ((b, h, i), j) = (shape.query_row(n / s), n % s);
                 *w = d.apply(*w, b, h, i, j);
@@ -606,19 +606,23 @@ fn dropped(w: Weights, d: Dropout, shape: &AttnShape, asked: &WeightsRequest) ->
                         mean[batch * per_batch + at] += w;
                     }
                     mean.iter_mut().for_each(|m| *m /= h as f32);
-                    Weights::HeadAverage(mean)
+                    Weights::head_average(shape, mean)
                 }
-                _ => Weights::All(data),
+                _ => Weights::All { dims, data },
             }
         }
-        Weights::Rows { rows, mut data } => {
+        Weights::Rows {
+            rows,
+            dims,
+            mut data,
+        } => {
             let n_rows = rows.len();
             for (n, w) in data.iter_mut().enumerate() {
                 let (row, j) = (n / s, n % s);
                 let i = rows[row % n_rows];
                 *w = d.apply(*w, row / (h * n_rows), row / n_rows % h, i, j);
             }
-            Weights::Rows { rows, data }
+            Weights::Rows { rows, dims, data }
         }
         average => average,
     }

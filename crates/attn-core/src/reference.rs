@@ -153,8 +153,8 @@ struct Kept<'r> {
     /// Each asked-for row with its place in the list (which may name a row more than once),
     /// sorted by row.
     at: Vec<(usize, usize)>,
-    /// `[n_heads, seq_q, seq_kv]` of the call.
-    dims: [usize; 3],
+    /// The call's shape.
+    shape: AttnShape,
 }
 
 impl<'r> Kept<'r> {
@@ -175,13 +175,13 @@ impl<'r> Kept<'r> {
             request,
             data: vec![0.0; len],
             at,
-            dims: [h, l, s],
+            shape: *sh,
         }
     }
 
     /// Keeps what the request asks of query `i`'s weights `w` (head `h`, batch `b`).
     fn add(&mut self, (b, h, i): (usize, usize, usize), w: &[f32]) {
-        let [h_n, l_n, s_n] = self.dims;
+        let (h_n, l_n, s_n) = (self.shape.n_heads, self.shape.seq_q, self.shape.seq_kv);
         match self.request {
             WeightsRequest::None => {}
             WeightsRequest::All => {
@@ -205,15 +205,12 @@ impl<'r> Kept<'r> {
     fn finish(mut self) -> Option<Weights> {
         match self.request {
             WeightsRequest::None => None,
-            WeightsRequest::All => Some(Weights::All(self.data)),
-            WeightsRequest::Rows(rows) => Some(Weights::Rows {
-                rows: rows.clone(),
-                data: self.data,
-            }),
+            WeightsRequest::All => Some(Weights::all(&self.shape, self.data)),
+            WeightsRequest::Rows(rows) => Some(Weights::rows(&self.shape, rows.clone(), self.data)),
             WeightsRequest::HeadAverage => {
-                let heads = self.dims[0] as f32;
+                let heads = self.shape.n_heads as f32;
                 self.data.iter_mut().for_each(|a| *a /= heads);
-                Some(Weights::HeadAverage(self.data))
+                Some(Weights::head_average(&self.shape, self.data))
             }
         }
     }

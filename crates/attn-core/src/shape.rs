@@ -240,65 +240,105 @@ where
     }
 }
 
-/// Attention weights, as asked for by [`crate::WeightsRequest`].
+/// Attention weights, as asked for by [`crate::WeightsRequest`], with their dims.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Weights {
-    /// Every row: `[batch, n_heads, seq_q, seq_kv]`.
-    All(Vec<f32>),
-    /// The chosen query rows, in the order asked: `[batch, n_heads, rows.len(), seq_kv]`.
+    /// Every row.
+    All {
+        /// `[batch, n_heads, seq_q, seq_kv]`
+        dims: [usize; 4],
+        /// Row-major, as `dims` says.
+        data: Vec<f32>,
+    },
+    /// The chosen query rows, in the order asked.
     Rows {
         /// The query rows, in the order asked.
         rows: Vec<usize>,
-        /// Their weights.
+        /// `[batch, n_heads, rows.len(), seq_kv]`
+        dims: [usize; 4],
+        /// Row-major, as `dims` says.
         data: Vec<f32>,
     },
-    /// Averaged over heads: `[batch, seq_q, seq_kv]`.
-    HeadAverage(Vec<f32>),
+    /// Averaged over heads.
+    HeadAverage {
+        /// `[batch, seq_q, seq_kv]`
+        dims: [usize; 3],
+        /// Row-major, as `dims` says.
+        data: Vec<f32>,
+    },
 }
 
 impl Weights {
+    /// Every row's weights of a call of `shape`.
+    pub(crate) fn all(shape: &AttnShape, data: Vec<f32>) -> Weights {
+        let dims = [shape.batch, shape.n_heads, shape.seq_q, shape.seq_kv];
+        Weights::All { dims, data }
+    }
+
+    /// The weights of query rows `rows` of a call of `shape`.
+    pub(crate) fn rows(shape: &AttnShape, rows: Vec<usize>, data: Vec<f32>) -> Weights {
+        let dims = [shape.batch, shape.n_heads, rows.len(), shape.seq_kv];
+        Weights::Rows { rows, dims, data }
+    }
+
+    /// The heads' average weights of a call of `shape`.
+    pub(crate) fn head_average(shape: &AttnShape, data: Vec<f32>) -> Weights {
+        let dims = [shape.batch, shape.seq_q, shape.seq_kv];
+        Weights::HeadAverage { dims, data }
+    }
+
     /// The weights' values, whatever was asked for.
     pub fn data(&self) -> &[f32] {
         match self {
-            Weights::All(d) | Weights::HeadAverage(d) | Weights::Rows { data: d, .. } => d,
+            Weights::All { data, .. }
+            | Weights::Rows { data, .. }
+            | Weights::HeadAverage { data, .. } => data,
         }
     }
 
-    /// Query `i`'s weights over the `seq_kv` keys, in batch `b`, head `h` of a call of
-    /// `shape`: from [`Weights::All`], or from [`Weights::Rows`] when `i` is one of its rows.
-    /// `None` when the weights do not hold that row, an index is out of range, or the weights
-    /// are not of a call of `shape` (their length disagrees); the head average's rows are
-    /// [`Weights::average_row`].
-    pub fn row(&self, shape: &AttnShape, b: usize, h: usize, i: usize) -> Option<&[f32]> {
-        if b >= shape.batch || h >= shape.n_heads || i >= shape.seq_q {
+    /// The dims of [`Weights::data`].
+    pub fn dims(&self) -> &[usize] {
+        match self {
+            Weights::All { dims, .. } | Weights::Rows { dims, .. } => dims,
+            Weights::HeadAverage { dims, .. } => dims,
+        }
+    }
+
+    /// Query `i`'s weights over the keys in batch `b`, head `h`: from [`Weights::All`], or
+    /// from [`Weights::Rows`] when `i` is one of its rows. `None` when the weights do not hold
+    /// that row, an index is out of range, or `data` disagrees with `dims`; the head
+    /// average's rows are [`Weights::average_row`].
+    pub fn row(&self, b: usize, h: usize, i: usize) -> Option<&[f32]> {
+        let (r, dims, data) = match self {
+            Weights::All { dims, data } => (i, dims, data),
+            Weights::Rows { rows, dims, data } => {
+                (rows.iter().position(|&row| row == i)?, dims, data)
+            }
+            Weights::HeadAverage { .. } => return None,
+        };
+        let [batch, heads, n_rows, seq_kv] = *dims;
+        if b >= batch || h >= heads || r >= n_rows {
             return None;
         }
-        let (rows, r, data) = match self {
-            Weights::All(data) => (shape.seq_q, i, data),
-            Weights::Rows { rows, data } => {
-                (rows.len(), rows.iter().position(|&row| row == i)?, data)
-            }
-            Weights::HeadAverage(_) => return None,
-        };
-        let dims = [shape.batch, shape.n_heads, rows, shape.seq_kv];
-        (checked_numel(&dims)? == data.len()).then_some(())?;
-        let start = ((b * shape.n_heads + h) * rows + r) * shape.seq_kv;
-        data.get(start..start + shape.seq_kv)
+        (checked_numel(dims)? == data.len()).then_some(())?;
+        let start = ((b * heads + h) * n_rows + r) * seq_kv;
+        data.get(start..start + seq_kv)
     }
 
     /// Query `i`'s weights over the keys, averaged over the heads, in batch `b`: from
-    /// [`Weights::HeadAverage`]; `None` for the other kinds, an index out of range, or weights
-    /// not of a call of `shape`.
-    pub fn average_row(&self, shape: &AttnShape, b: usize, i: usize) -> Option<&[f32]> {
-        let Weights::HeadAverage(data) = self else {
+    /// [`Weights::HeadAverage`]; `None` for the other kinds, an index out of range, or `data`
+    /// that disagrees with `dims`.
+    pub fn average_row(&self, b: usize, i: usize) -> Option<&[f32]> {
+        let Weights::HeadAverage { dims, data } = self else {
             return None;
         };
-        if b >= shape.batch || i >= shape.seq_q {
+        let [batch, seq_q, seq_kv] = *dims;
+        if b >= batch || i >= seq_q {
             return None;
         }
-        (checked_numel(&[shape.batch, shape.seq_q, shape.seq_kv])? == data.len()).then_some(())?;
-        let start = (b * shape.seq_q + i) * shape.seq_kv;
-        data.get(start..start + shape.seq_kv)
+        (checked_numel(dims)? == data.len()).then_some(())?;
+        let start = (b * seq_q + i) * seq_kv;
+        data.get(start..start + seq_kv)
     }
 }
 

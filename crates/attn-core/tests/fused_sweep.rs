@@ -264,11 +264,19 @@ fn assert_same(name: &str, got: &AttnOutput, want: &AttnOutput, tol: f32) {
     assert_close("lse", name, &got.lse, &want.lse, tol);
     match (&got.weights, &want.weights) {
         (None, None) => {}
-        (Some(Weights::All(g)), Some(Weights::All(w)))
-        | (Some(Weights::HeadAverage(g)), Some(Weights::HeadAverage(w))) => {
-            assert_close("weights", name, g, w, tol)
-        }
-        (Some(Weights::Rows { rows: gr, data: g }), Some(Weights::Rows { rows: wr, data: w })) => {
+        (Some(Weights::All { data: g, .. }), Some(Weights::All { data: w, .. }))
+        | (
+            Some(Weights::HeadAverage { data: g, .. }),
+            Some(Weights::HeadAverage { data: w, .. }),
+        ) => assert_close("weights", name, g, w, tol),
+        (
+            Some(Weights::Rows {
+                rows: gr, data: g, ..
+            }),
+            Some(Weights::Rows {
+                rows: wr, data: w, ..
+            }),
+        ) => {
             assert_eq!(gr, wr, "{name}: rows");
             assert_close("weights", name, g, w, tol);
         }
@@ -491,7 +499,7 @@ fn fully_masked_rows_give_zero_and_minus_infinity() {
             assert!(got.out[i * 8..][..8].iter().all(|&x| x == 0.0));
         }
         assert!(got.lse[67..].iter().all(|x| x.is_finite()));
-        let Some(Weights::All(w)) = &got.weights else {
+        let Some(Weights::All { data: w, .. }) = &got.weights else {
             panic!("no weights")
         };
         assert!(w[..67 * 3].iter().all(|&x| x == 0.0));
@@ -1227,7 +1235,7 @@ fn golden_cases_on_every_isa() {
             let (tol, name) = (case.tolerance, format!("{} on {isa:?}", case.name));
             assert_close("out", &name, &got.out, &case.expected_out, tol);
             assert_close("lse", &name, &got.lse, &case.expected_lse, 1e-4);
-            let Some(Weights::All(w)) = got.weights else {
+            let Some(Weights::All { data: w, .. }) = got.weights else {
                 panic!("{name}: no weights")
             };
             assert_close("weights", &name, &w, &case.expected_weights, tol);
@@ -1665,7 +1673,7 @@ fn weights_of_tied_logits_near_the_f32_limit_share_exactly() {
     };
     for isa in isas() {
         let got = sdpa_on(isa, &input, &opts).unwrap();
-        let Some(Weights::All(w)) = &got.weights else {
+        let Some(Weights::All { data: w, .. }) = &got.weights else {
             panic!("no weights")
         };
         for (j, &x) in w.iter().enumerate() {

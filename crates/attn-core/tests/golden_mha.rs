@@ -79,7 +79,8 @@ fn every_golden_mha_case_matches_pytorch() {
         let got = mha.forward(&input, &options).unwrap();
         assert_close("out", &name, &got.out, &t["expected_out"].f32, 1e-5);
         let weights = match (got.weights, average) {
-            (Some(Weights::HeadAverage(w)), true) | (Some(Weights::All(w)), false) => w,
+            (Some(Weights::HeadAverage { data: w, .. }), true)
+            | (Some(Weights::All { data: w, .. }), false) => w,
             (other, _) => panic!("{name}: unexpected weights {other:?}"),
         };
         assert_close("weights", &name, &weights, &t["expected_weights"].f32, 1e-5);
@@ -158,7 +159,7 @@ fn causal_option_and_minus_infinity_mask_equal_the_golden_causal_mask() {
             };
             let got = mha.forward(&input, &options).unwrap();
             assert_close("out", &name, &got.out, &t["expected_out"].f32, 1e-5);
-            let Some(Weights::HeadAverage(w)) = got.weights else {
+            let Some(Weights::HeadAverage { data: w, .. }) = got.weights else {
                 panic!("{name}: no averaged weights")
             };
             assert_close("weights", &name, &w, &t["expected_weights"].f32, 1e-5);

@@ -28,7 +28,7 @@ fn check_all(kernel: Kernel) {
             case.tolerance,
         );
         assert_close("lse", &case.name, &got.lse, &case.expected_lse, 1e-4);
-        let Some(Weights::All(w)) = got.weights else {
+        let Some(Weights::All { data: w, .. }) = got.weights else {
             panic!("{}: no weights", case.name)
         };
         assert_close(

@@ -283,7 +283,7 @@ fn returned_weights_are_after_dropout() {
         .unwrap()
         .weights
     {
-        Some(Weights::All(w)) => w,
+        Some(Weights::All { data: w, .. }) => w,
         other => panic!("{other:?}"),
     };
     let average = two

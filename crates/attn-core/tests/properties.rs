@@ -98,7 +98,7 @@ impl Case {
 
 fn all_weights(out: &AttnOutput) -> &[f32] {
     match &out.weights {
-        Some(Weights::All(w)) => w,
+        Some(Weights::All { data: w, .. }) => w,
         other => panic!("asked for all weights, got {other:?}"),
     }
 }
@@ -539,7 +539,7 @@ fn subnormal_logits_and_values_give_finite_right_results() {
     for (name, kernel) in KERNELS {
         let got = kernel(&input, &options).unwrap();
         let w = match &got.weights {
-            Some(Weights::All(w)) => w.clone(),
+            Some(Weights::All { data: w, .. }) => w.clone(),
             _ => unreachable!("asked for all weights"),
         };
         assert_close(name, &w, &vec![1.0 / 33.0; w.len()], 1e-6);

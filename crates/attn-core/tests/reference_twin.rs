@@ -212,9 +212,9 @@ fn compare(label: &str, sh: AttnShape, got: &AttnOutput, twin: &Twin, request: &
         }
     };
     let data = match (&got.weights, request) {
-        (Some(Weights::All(w)), WeightsRequest::All)
-        | (Some(Weights::HeadAverage(w)), WeightsRequest::HeadAverage) => w,
-        (Some(Weights::Rows { rows, data }), WeightsRequest::Rows(asked)) => {
+        (Some(Weights::All { data: w, .. }), WeightsRequest::All)
+        | (Some(Weights::HeadAverage { data: w, .. }), WeightsRequest::HeadAverage) => w,
+        (Some(Weights::Rows { rows, data, .. }), WeightsRequest::Rows(asked)) => {
             assert_eq!(rows, asked, "{label}: rows echoed back");
             data
         }
@@ -398,7 +398,7 @@ fn assert_near(got: &[f32], want: &[f32]) {
 
 fn all_weights(out: &AttnOutput) -> &[f32] {
     match &out.weights {
-        Some(Weights::All(w)) => w,
+        Some(Weights::All { data: w, .. }) => w,
         other => panic!("weights {other:?}"),
     }
 }

@@ -207,10 +207,7 @@ fn run(
             let WeightsRequest::Rows(rows) = &options.weights else {
                 unreachable!("the forward pass computes rows' weights only when asked")
             };
-            Some(Weights::Rows {
-                rows: rows.clone(),
-                data,
-            })
+            Some(Weights::rows(&shape, rows.clone(), data))
         }
         None => plan.weights(&forward.stats),
     };
@@ -859,7 +856,7 @@ impl<'a> Plan<'a> {
                             self.weight_rows(bh, k, &rows, stats, dst, None, s);
                         });
                 });
-                Some(Weights::All(all))
+                Some(Weights::all(&sh, all))
             }
             WeightsRequest::Rows(rows) => {
                 let mut data = vec![0.0f32; heads * rows.len() * s_n];
@@ -875,10 +872,7 @@ impl<'a> Plan<'a> {
                             });
                     },
                 );
-                Some(Weights::Rows {
-                    rows: rows.clone(),
-                    data,
-                })
+                Some(Weights::rows(&sh, rows.clone(), data))
             }
             WeightsRequest::HeadAverage => {
                 let mut avg = vec![0.0f32; sh.batch * l * s_n];
@@ -897,7 +891,7 @@ impl<'a> Plan<'a> {
                         }
                     }
                 }
-                Some(Weights::HeadAverage(avg))
+                Some(Weights::head_average(&sh, avg))
             }
         }
     }

@@ -174,7 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     .with_context(|| format!("{}", args.case.display()))?;
 
     let weights = match &result.weights {
-        Some(Weights::All(w)) => Some(w.as_slice()),
+        Some(Weights::All { data: w, .. }) => Some(w.as_slice()),
         _ => None,
     };
     let mask_dims = case
@@ -793,7 +793,7 @@ fn write_results(
         ("out", shape.out_dims().to_vec(), bytes(&result.out)),
         ("lse", shape.out_dims()[..3].to_vec(), bytes(&result.lse)),
     ];
-    if with_weights && let Some(Weights::All(w)) = &result.weights {
+    if with_weights && let Some(Weights::All { data: w, .. }) = &result.weights {
         tensors.push(("weights", shape.score_dims().to_vec(), bytes(w)));
     }
     if let Some((Gradients { grads: g, dmask }, mask_dims)) = grads {

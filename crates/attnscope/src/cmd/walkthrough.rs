@@ -374,7 +374,7 @@ fn walkthrough(ex: &Example, mask: Option<&MaskKind>, focus: usize) -> anyhow::R
     };
     let input = AttnInput::new(&q.data, &k.data, &v.data, shape)?;
     let result = sdpa_reference(&input, &options)?;
-    let Some(Weights::All(weights)) = &result.weights else {
+    let Some(Weights::All { data: weights, .. }) = &result.weights else {
         bail!("attn-core returned no weights");
     };
     let scale = options.scale_for(&shape);
