@@ -3,7 +3,7 @@
 //! every tensor with exactly `numel` values, the same bytes the `safetensors` crate sees.
 #![no_main]
 
-use attn_models::checkpoint::Checkpoint;
+use attn_models::Checkpoint;
 use attnscope_fuzz::scratch_file;
 use libfuzzer_sys::fuzz_target;
 

@@ -11,10 +11,10 @@ pub fn golden() -> PathBuf {
 
 /// all-MiniLM-L6-v2 in the model cache, when it has been fetched.
 pub fn cached_minilm() -> Option<PathBuf> {
-    let dir = attn_models::fetch::cache_dir()
+    let dir = attn_models::cache_dir()
         .ok()?
         .join("all-MiniLM-L6-v2");
-    attn_models::fetch::is_complete(&dir).then_some(dir)
+    attn_models::is_complete(&dir).then_some(dir)
 }
 
 /// A directory private to this process, in memory (`/dev/shm`) when there is one, so that

@@ -26,7 +26,7 @@ use crate::error::ModelError;
 /// # Errors
 /// [`ModelError::HubCache`] when `spec` is a model id that the cache does not hold (or holds
 /// unreadably), naming where it looked and the revisions it has.
-pub fn resolve(spec: &Path) -> Result<PathBuf, ModelError> {
+pub fn resolve_model(spec: &Path) -> Result<PathBuf, ModelError> {
     resolve_in(spec, hub_cache(crate::fetch::env_path).as_deref())
 }
 

@@ -3,14 +3,14 @@
 //! and sentence-transformers embeddings — reproducing transformers' outputs.
 //!
 //! A model is a directory with `config.json`, `model.safetensors` and `tokenizer.json`
-//! ([`Model::load`]); [`hub::resolve`] finds one that transformers left in the Hugging Face
-//! cache by its id, and [`fetch::default_model_dir`] gives all-MiniLM-L6-v2, fetched into the
+//! ([`Model::load`]); [`resolve_model`] finds one that transformers left in the Hugging Face
+//! cache by its id, and [`default_model_dir`] gives all-MiniLM-L6-v2, fetched into the
 //! cache on first use. Layers, heads and tokens count from 0.
 //!
 //! ```
 //! use attn_models::{Model, RunOptions};
 //!
-//! let model = Model::load(&attn_models::fetch::default_model_dir(false)?)?;
+//! let model = Model::load(&attn_models::default_model_dir(false)?)?;
 //! let enc = model.encode("The cat sat on the mat", None)?; // [CLS] the cat sat on the mat [SEP]
 //! let options = RunOptions { attentions: true, ..RunOptions::default() };
 //! let out = model.forward(&enc, &options)?;
@@ -33,20 +33,29 @@
 #![warn(missing_docs)]
 
 mod block;
-pub mod checkpoint;
-pub mod config;
-pub mod error;
-pub mod fetch;
-pub mod generate;
-pub mod hub;
-pub mod kv_cache;
-pub mod model;
-pub mod ops;
-pub mod pooling;
-pub mod tokenize;
-pub mod weights;
+mod checkpoint;
+mod config;
+mod error;
+mod fetch;
+mod generate;
+mod hub;
+mod kv_cache;
+mod model;
+mod ops;
+mod pooling;
+mod tokenize;
+mod weights;
 
+pub use checkpoint::{Checkpoint, F32Data, MAX_HEADER_BYTES, TensorInfo, repeated_header_key};
 pub use config::{Activation, Family, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES};
 pub use error::ModelError;
+pub use fetch::{
+    DEFAULT_SHA256, cache_dir, default_model_dir, is_complete, model_from_env, unpack_model,
+    verify_sha256,
+};
+pub use generate::{GenerateOptions, Generation, Sampling, Temperature, generate, greedy};
+pub use hub::resolve_model;
+pub use kv_cache::{KvCache, Step};
 pub use model::{EMBED_BATCH, Model, ModelOutput, QueryKey, RunOptions, set_threads};
-pub use tokenize::Encoding;
+pub use ops::{AUTO_MIN_ROWS, GemmKernel};
+pub use tokenize::{Encoding, Limit, TextTokenizer};

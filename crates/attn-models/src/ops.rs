@@ -305,14 +305,6 @@ pub fn gemm_bt(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, y: &mut [f32]
     matmul(y, Accum::Replace, a, b, 1.0f32, par);
 }
 
-/// `y = act(y + bias)` row by row, in one pass, with the widest SIMD the CPU has.
-///
-/// # Shapes
-/// - `y`: `[rows, n]`, `bias`: `[n]`
-pub fn bias_activation(y: &mut [f32], bias: &[f32], act: Option<Activation>) {
-    bias_activation_block(y, bias.len(), 0, bias, act);
-}
-
 /// `y[:, col..col + bias.len()] = act(… + bias)` on a block of columns of a row-major matrix.
 ///
 /// # Shapes
@@ -678,7 +670,7 @@ mod tests {
         );
         let mut y = [0.0; 3];
         torch.forward(&[1.0, 1.0], &mut y, Epilogue::None, SEQ_F32);
-        bias_activation(&mut y, &torch.bias, None);
+        bias_activation_block(&mut y, 3, 0, &torch.bias, None);
         assert_eq!(y, [3.5, 7.0, 10.0]);
         // The same weight as Conv1D [n_in=2, n_out=3] = [[1, 3, 5], [2, 4, 6]].
         let conv = Linear::new(
@@ -689,7 +681,7 @@ mod tests {
             3,
         );
         conv.forward(&[1.0, 1.0], &mut y, Epilogue::None, SEQ_F32);
-        bias_activation(&mut y, &conv.bias, None);
+        bias_activation_block(&mut y, 3, 0, &conv.bias, None);
         assert_eq!(y, [3.5, 7.0, 10.0]);
         // Split in two along the output: rows [1, 2] and [3, 4], [5, 6] of the PyTorch weight,
         // written side by side.
@@ -731,7 +723,7 @@ mod tests {
             let lin = Linear::new(F32Data::Owned(data), layout, bias.clone(), n_in, n_out);
             let mut want = vec![0.0; rows * n_out];
             lin.forward(&x, &mut want, Epilogue::None, SEQ_F32);
-            bias_activation(&mut want, &bias, Some(Activation::GeluErf));
+            bias_activation_block(&mut want, n_out, 0, &bias, Some(Activation::GeluErf));
             let mut got = vec![0.0; rows * n_out];
             lin.forward(
                 &x,

@@ -2,7 +2,7 @@
 //! caller can build or change by hand (an `Encoding`, a `ModelOutput` handed back to `pool`,
 //! ids to decode) refused with an error naming what disagrees, not a panic or a wrong answer.
 
-use attn_models::fetch::default_model_dir;
+use attn_models::default_model_dir;
 use attn_models::{Model, ModelError, RunOptions};
 
 fn minilm() -> Model {

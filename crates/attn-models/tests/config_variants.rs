@@ -7,9 +7,9 @@
 #[allow(dead_code)]
 mod common;
 
-use attn_models::fetch::default_model_dir;
-use attn_models::kv_cache::KvCache;
-use attn_models::tokenize::TextTokenizer;
+use attn_models::KvCache;
+use attn_models::TextTokenizer;
+use attn_models::default_model_dir;
 use attn_models::{Encoding, Model, RunOptions};
 use common::{RawTensor, edited_checkpoint, golden_dir};
 use safetensors::Dtype;

@@ -1,7 +1,7 @@
 //! The embedding path's own behaviour: the buffers a thread keeps between batches change no
 //! result, and a checkpoint whose weights hold NaN is an error rather than NaN embeddings.
 
-use attn_models::fetch::default_model_dir;
+use attn_models::default_model_dir;
 use attn_models::{Model, ModelError, RunOptions};
 
 #[allow(dead_code)]

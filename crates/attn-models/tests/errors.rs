@@ -5,9 +5,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use attn_models::checkpoint::{Checkpoint, F32Data};
-use attn_models::fetch::{unpack_model, verify_sha256};
+use attn_models::{Checkpoint, F32Data};
 use attn_models::{Model, ModelConfig, ModelError};
+use attn_models::{unpack_model, verify_sha256};
 
 fn tiny_gpt2() -> PathBuf {
     PathBuf::from(concat!(
@@ -898,7 +898,7 @@ fn checksum_mismatch_is_named() {
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
     )
     .unwrap();
-    let err = verify_sha256(&path, attn_models::fetch::DEFAULT_SHA256).unwrap_err();
+    let err = verify_sha256(&path, attn_models::DEFAULT_SHA256).unwrap_err();
     assert!(
         matches!(&err, ModelError::ChecksumMismatch { got, .. } if got.starts_with("ba7816bf")),
         "{err}"

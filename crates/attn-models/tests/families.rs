@@ -8,7 +8,7 @@
 
 mod common;
 
-use attn_models::fetch::default_model_dir;
+use attn_models::default_model_dir;
 use attn_models::{Family, Model, ModelConfig, ModelError, ModelKind, RunOptions};
 use common::{Golden, RawTensor, assert_close, cosine, edited_checkpoint, minilm_text_files};
 
@@ -184,7 +184,7 @@ fn minilm_as_distilbert_matches_transformers() {
     );
     assert_eq!(model.max_positions(), 512);
     matches_minilm_golden(&model, "distilbert");
-    let err = attn_models::kv_cache::KvCache::new(&model).err().unwrap();
+    let err = attn_models::KvCache::new(&model).err().unwrap();
     assert!(err.to_string().ends_with("is a distilbert model"), "{err}");
 }
 

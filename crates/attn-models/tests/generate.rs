@@ -6,12 +6,12 @@
 #[allow(dead_code)]
 mod common;
 
-use attn_models::fetch::default_model_dir;
+use attn_models::default_model_dir;
 use std::num::NonZeroUsize;
 
-use attn_models::generate::{GenerateOptions, Sampling, Temperature, generate, greedy};
-use attn_models::kv_cache::KvCache;
+use attn_models::KvCache;
 use attn_models::{Encoding, Model, ModelError, RunOptions};
+use attn_models::{GenerateOptions, Sampling, Temperature, generate, greedy};
 use common::{Golden, assert_close, golden_dir, tiny_gpt2_with_a_nan};
 
 fn tiny_gpt2() -> Model {
@@ -437,7 +437,7 @@ fn bad_prompts_and_lengths_are_errors() {
 
 #[test]
 fn the_cache_runs_the_models_gemm_kernel() {
-    use attn_models::ops::GemmKernel;
+    use attn_models::GemmKernel;
     let prefill = |kernel| {
         let mut model = tiny_gpt2();
         model.set_gemm_kernel(kernel);

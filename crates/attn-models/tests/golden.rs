@@ -4,7 +4,7 @@
 
 mod common;
 
-use attn_models::fetch::default_model_dir;
+use attn_models::default_model_dir;
 use attn_models::{Model, ModelKind, RunOptions};
 use common::{Golden, assert_close, cosine, golden_dir, minilm_text_files};
 

@@ -5,8 +5,8 @@
 mod common;
 
 use attn_core::Bf16x3Weight;
-use attn_models::fetch::default_model_dir;
-use attn_models::ops::GemmKernel;
+use attn_models::GemmKernel;
+use attn_models::default_model_dir;
 use attn_models::{Model, RunOptions};
 use common::{Golden, assert_close, cosine, golden_dir, minilm_text_files};
 

@@ -33,7 +33,7 @@ impl ModelArgs {
     }
 }
 
-/// The model in `dir` (a directory or a Hugging Face cache id, [`attn_models::hub`]), else the
+/// The model in `dir` (a directory or a Hugging Face cache id, [`attn_models::resolve_model`]), else the
 /// default one (`$ATTNSCOPE_MODEL`, else fetched on first use, with progress on stderr).
 pub fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<Model> {
     if let Some(n) = threads {
@@ -41,9 +41,9 @@ pub fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<
     }
     let dir = match dir {
         Some(dir) => dir.to_path_buf(),
-        None => attn_models::fetch::default_model_dir(true).context("finding the default model")?,
+        None => attn_models::default_model_dir(true).context("finding the default model")?,
     };
-    let dir = attn_models::hub::resolve(&dir)?;
+    let dir = attn_models::resolve_model(&dir)?;
     Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
 }
 

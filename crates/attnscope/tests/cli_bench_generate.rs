@@ -139,7 +139,7 @@ fn bad_models_and_options_are_clear_errors() {
     let stdout = String::from_utf8_lossy(&from_env.stdout);
     assert!(from_env.status.success(), "{from_env:?}");
     assert!(stdout.contains(r#""model":"tiny-gpt2""#), "{stdout}");
-    let bert = attn_models::fetch::default_model_dir(false)
+    let bert = attn_models::default_model_dir(false)
         .expect("the default model is cached or can be fetched");
     fails_with(
         &["bench", "generate", "--model", bert.to_str().unwrap()],

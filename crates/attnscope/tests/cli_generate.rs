@@ -223,7 +223,7 @@ fn bad_options_and_models_are_clear_errors() {
         ],
         "/nonexistent/model",
     );
-    let bert = attn_models::fetch::default_model_dir(false)
+    let bert = attn_models::default_model_dir(false)
         .expect("the default model is cached or can be fetched");
     fails_with(
         &[

@@ -134,7 +134,7 @@ fn real_model_page_matches_golden_and_neuron_view_agrees() {
     let golden_tensors = SafeTensors::deserialize(&bytes).unwrap();
     let expected = f32s(&golden_tensors, "attentions"); // [6, 12, 15, 15]
 
-    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let model = attn_models::default_model_dir(false).expect("the default model");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("minilm.html");
     let output = attnscope()
@@ -658,7 +658,7 @@ fn a_page_says_how_much_attention_rounds_to_zero() {
 /// 512 tokens (the default model's limit) stay under 5 MB, and the page still draws.
 #[test]
 fn a_512_token_page_is_small_and_renders() {
-    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let model = attn_models::default_model_dir(false).expect("the default model");
     let text = "The cat that ate the mouse that lived in the barn ran away. ".repeat(60);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("long.html");

@@ -16,8 +16,7 @@ fn golden() -> PathBuf {
 
 /// The default model's directory: the library fetches it when it is not cached yet.
 fn minilm() -> PathBuf {
-    attn_models::fetch::default_model_dir(false)
-        .expect("the default model is cached or can be fetched")
+    attn_models::default_model_dir(false).expect("the default model is cached or can be fetched")
 }
 
 fn ok_json(args: &[&str]) -> Value {
@@ -664,10 +663,10 @@ fn the_default_model_is_fetched_into_an_empty_cache() {
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["model"], "all-MiniLM-L6-v2");
     let model = cache.path().join("all-MiniLM-L6-v2");
-    assert!(attn_models::fetch::is_complete(&model));
-    attn_models::fetch::verify_sha256(
+    assert!(attn_models::is_complete(&model));
+    attn_models::verify_sha256(
         &model.join("model.safetensors"),
-        attn_models::fetch::DEFAULT_SHA256,
+        attn_models::DEFAULT_SHA256,
     )
     .unwrap();
     // Only the model is left: the temporary download directory is gone.

@@ -16,9 +16,7 @@ const CONTEXT: &str = "The Eiffel Tower is located in Paris, France.";
 /// The default model, fetched once for the whole test binary when it is not cached.
 fn model_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        attn_models::fetch::default_model_dir(false).expect("the default model can be had")
-    })
+    DIR.get_or_init(|| attn_models::default_model_dir(false).expect("the default model can be had"))
 }
 
 fn attnscope(args: &[&str]) -> Output {

@@ -8,7 +8,7 @@ mod cli_support;
 
 use std::path::Path;
 
-use attn_models::fetch::default_model_dir;
+use attn_models::default_model_dir;
 use attn_models::{Model, RunOptions};
 
 fn read(path: &str) -> String {

@@ -573,7 +573,7 @@ fn hostile_text_runs_no_script_in_the_app() {
 /// small and sends every weight to 3 decimals, with no floor.
 #[test]
 fn the_app_sends_every_weight_of_a_long_text() {
-    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let model = attn_models::default_model_dir(false).expect("the default model");
     let server = Server::start(&model);
     let text = "The cat that ate the mouse that lived in the barn ran away. ".repeat(36);
     let (status, body) = post(&server.api(), &json!({ "text": text }).to_string());
@@ -605,7 +605,7 @@ fn the_app_sends_every_weight_of_a_long_text() {
 /// answer as superseded: the old text stayed on screen under the new one's address.
 #[test]
 fn a_neuron_layer_asked_during_a_submit_does_not_supersede_it() {
-    let model = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let model = attn_models::default_model_dir(false).expect("the default model");
     let server = Server::start(&model);
     let browser = Browser::start();
     // 200 words: the answer holds the queries and keys of the last layers only.

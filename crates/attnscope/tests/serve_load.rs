@@ -362,7 +362,7 @@ fn the_body_limit_holds_for_chunked_and_cut_short_bodies() {
 #[cfg(target_os = "linux")]
 #[test]
 fn abandoned_requests_run_at_most_two_passes_at_once() {
-    let minilm = attn_models::fetch::default_model_dir(false).expect("the default model");
+    let minilm = attn_models::default_model_dir(false).expect("the default model");
     let command = Command::new(env!("CARGO_BIN_EXE_attnscope"));
     let server = Server::start_model(command, &minilm, &[]);
     let body = serde_json::json!({ "text": "word ".repeat(500) }).to_string();

@@ -6,7 +6,7 @@ use std::num::NonZeroUsize;
 
 use anyhow::Context;
 use attn_models::ModelError;
-use attn_models::generate::{GenerateOptions, Sampling, Temperature, generate};
+use attn_models::{GenerateOptions, Sampling, Temperature, generate};
 use attn_viz::words::{byte_label, byte_level_bytes};
 
 use crate::maps::ModelArgs;

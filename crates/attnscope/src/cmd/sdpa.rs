@@ -318,7 +318,7 @@ fn open_case(bytes: &[u8]) -> anyhow::Result<(SafeTensors<'_>, Metadata)> {
     let header_json = header_len
         .and_then(|n| bytes.get(8..8usize.checked_add(usize::try_from(n).ok()?)?))
         .and_then(|json| std::str::from_utf8(json).ok());
-    if let Some(key) = header_json.and_then(attn_models::checkpoint::repeated_header_key) {
+    if let Some(key) = header_json.and_then(attn_models::repeated_header_key) {
         bail!("the header names {key} twice");
     }
     let (_, header) = SafeTensors::read_metadata(bytes).map_err(invalid)?;

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::bail;
-use attn_models::ops::GemmKernel;
+use attn_models::GemmKernel;
 
 use crate::maps::load_model;
 

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use attn_models::generate::greedy;
-use attn_models::kv_cache::KvCache;
+use attn_models::KvCache;
+use attn_models::greedy;
 use attn_models::{Model, ModelError};
 
 use crate::maps::load_model;
@@ -106,7 +106,7 @@ fn run_once(model: &Model, prompt: &[u32], new_tokens: usize) -> Result<Run, Mod
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let from_env = attn_models::fetch::model_from_env();
+    let from_env = attn_models::model_from_env();
     let Some(dir) = args.model.as_ref().or(from_env.as_ref()) else {
         bail!(
             "bench generate needs --model DIR (or ATTNSCOPE_MODEL), a GPT-2-family checkpoint: \
