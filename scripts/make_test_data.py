@@ -2,9 +2,10 @@
 Hugging Face transformers (the modules in scripts/test_data/ say how each file is made).
 
     python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch transformers safetensors numpy
-    /tmp/ref/bin/python scripts/make_test_data.py [MINILM_DIR]
+    /tmp/ref/bin/python scripts/make_test_data.py [MINILM_DIR] [PART...]
 
-MINILM_DIR is a local all-MiniLM-L6-v2 in the Hugging Face layout; by default the copy
+PARTS are among sdpa, mha, grad, minilm, tiny-gpt2 and heads (all by default; heads reads
+tiny-gpt2's tokenizer and weights). MINILM_DIR is a local all-MiniLM-L6-v2 in the Hugging Face layout; by default the copy
 attnscope fetched into its cache ($ATTNSCOPE_CACHE, else $XDG_CACHE_HOME/attnscope, else
 ~/.cache/attnscope). The files are rewritten in place: new random inputs mean new expected
 values, so commit them together.
@@ -17,6 +18,9 @@ sys.path.insert(0, os.path.join(here, "test_data"))
 
 import golden  # noqa: E402
 import model_golden  # noqa: E402
+import task_heads  # noqa: E402
+
+PARTS = ["sdpa", "mha", "grad", "minilm", "tiny-gpt2", "heads"]
 
 
 def default_minilm():
@@ -26,18 +30,29 @@ def default_minilm():
 
 
 def main():
-    minilm_dir = sys.argv[1] if len(sys.argv) > 1 else default_minilm()
+    args = sys.argv[1:]
+    minilm_dir = args.pop(0) if args and args[0] not in PARTS else default_minilm()
+    parts = args or PARTS
+    if unknown := [p for p in parts if p not in PARTS]:
+        sys.exit(f"error: unknown part {unknown[0]!r} (parts: {', '.join(PARTS)})")
     if not os.path.isfile(os.path.join(minilm_dir, "model.safetensors")):
         sys.exit(f"error: {minilm_dir} holds no model.safetensors: run attnscope once to fetch "
                  "the default model, or give the directory of all-MiniLM-L6-v2")
     root = os.path.join(here, "..", "tests", "data")
-    print("sdpa", golden.sdpa_cases(os.path.join(root, "sdpa"), 0, []))
-    print("mha", golden.mha_cases(os.path.join(root, "mha"), 1))
-    print("grad", golden.grad_cases(os.path.join(root, "grad"), 2))
-    model_golden.minilm(minilm_dir, os.path.join(root, "minilm"), model_golden.SEED_TEXTS,
-                        [["The cat sat", "The cat that ate the mouse ran away", "Hello"]])
-    model_golden.tiny_gpt2(os.path.join(root, "tiny-gpt2"),
-                           ["The cat sat on the mat", "Where is the Eiffel Tower?"], 0)
+    if "sdpa" in parts:
+        print("sdpa", golden.sdpa_cases(os.path.join(root, "sdpa"), 0, []))
+    if "mha" in parts:
+        print("mha", golden.mha_cases(os.path.join(root, "mha"), 1))
+    if "grad" in parts:
+        print("grad", golden.grad_cases(os.path.join(root, "grad"), 2))
+    if "minilm" in parts:
+        model_golden.minilm(minilm_dir, os.path.join(root, "minilm"), model_golden.SEED_TEXTS,
+                            [["The cat sat", "The cat that ate the mouse ran away", "Hello"]])
+    if "tiny-gpt2" in parts:
+        model_golden.tiny_gpt2(os.path.join(root, "tiny-gpt2"),
+                               ["The cat sat on the mat", "Where is the Eiffel Tower?"], 0)
+    if "heads" in parts:
+        task_heads.heads(minilm_dir, os.path.join(root, "heads"), os.path.join(root, "tiny-gpt2"))
 
 
 if __name__ == "__main__":

@@ -128,6 +128,34 @@ pub enum ModelError {
     /// A tensor the model needs is not in the checkpoint.
     #[error("tensor {tensor} is missing from the checkpoint")]
     MissingTensor { tensor: String },
+    /// The command needs a task head the checkpoint does not have.
+    #[error(
+        "{model} has no {wanted}: its config.json names {}",
+        match architectures.is_empty() {
+            true => "no architectures (a bare encoder or decoder, no task head)".to_string(),
+            false => format!("the architectures {}", architectures.join(", ")),
+        }
+    )]
+    NoHead {
+        model: String,
+        wanted: &'static str,
+        architectures: Vec<String>,
+    },
+    /// A question that leaves its context no room in the model's window.
+    #[error(
+        "the question takes {tokens} tokens: with the {special} special tokens and the \
+         {stride}-token overlap between windows of the context, that leaves no room for the \
+         context in the model's {max}-token window; ask a shorter question"
+    )]
+    QuestionTooLong {
+        tokens: usize,
+        special: usize,
+        max: usize,
+        stride: usize,
+    },
+    /// The text of a masked-language-model prediction has no mask token.
+    #[error("the text has no {mask} token: write {mask} where the model is to fill in a word")]
+    NoMask { mask: String },
     /// A tensor's shape disagrees with the config.
     #[error("tensor {tensor}: config says shape {expected:?}, checkpoint has {got:?}")]
     TensorShape {

@@ -32,12 +32,14 @@
 
 #![warn(missing_docs)]
 
+mod answer;
 mod block;
 mod checkpoint;
 mod config;
 mod error;
 mod fetch;
 mod generate;
+mod heads;
 mod hub;
 mod kv_cache;
 mod model;
@@ -46,6 +48,7 @@ mod pooling;
 mod tokenize;
 mod weights;
 
+pub use answer::{Answer, Answered, MAX_ANSWER_TOKENS, MAX_WINDOW};
 pub use checkpoint::{Checkpoint, F32Data, MAX_HEADER_BYTES, TensorInfo, repeated_header_key};
 pub use config::{Activation, Family, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES};
 pub use error::ModelError;
@@ -54,6 +57,7 @@ pub use fetch::{
     verify_sha256,
 };
 pub use generate::{GenerateOptions, Generation, Sampling, Temperature, generate, greedy};
+pub use heads::{Classification, Prediction, Scoring, SpanLogits, Task, softmax};
 pub use hub::resolve_model;
 pub use kv_cache::{KvCache, Step};
 pub use model::{EMBED_BATCH, Model, ModelOutput, QueryKey, RunOptions, set_threads};

@@ -14,9 +14,12 @@ use rayon::prelude::*;
 
 use crate::block::Buffers;
 use crate::checkpoint::Checkpoint;
+use crate::heads::{
+    Classification, Head, HeadConfig, Prediction, SpanLogits, Task, span_logits, top_tokens,
+};
 use crate::ops::{Gemm, GemmKernel, Linear, gemm_bt};
 use crate::pooling::Pooling;
-use crate::tokenize::{Encoding, Limit, TextTokenizer};
+use crate::tokenize::{Encoding, Limit, TextTokenizer, TokenizerConfig};
 use crate::weights::Weights;
 use crate::{Family, ModelConfig, ModelError, ModelKind};
 
@@ -99,6 +102,9 @@ pub struct Model {
     tokenizer: TextTokenizer,
     weights: Weights,
     pooling: Pooling,
+    head: Head,
+    head_config: HeadConfig,
+    tokenizer_config: TokenizerConfig,
     gemm_kernel: GemmKernel,
 }
 
@@ -306,6 +312,8 @@ impl Model {
             Err(e) => return Err(ModelError::io(dir, "the model directory", e)),
         }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let head_config = HeadConfig::from_file(&dir.join("config.json"))?;
+        let tokenizer_config = TokenizerConfig::from_dir(dir)?;
         check_convertible(dir, &config)?;
         // Parsing tokenizer.json takes as long as mapping and checking the weights: do both at
         // once. A tokenizer error is reported first, as if they had run in turn.
@@ -313,8 +321,10 @@ impl Model {
             let tokenizer = scope.spawn(|| {
                 TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_tokens())
             });
-            let weights = Checkpoint::open(&dir.join("model.safetensors"))
-                .and_then(|checkpoint| Weights::load(&checkpoint, &config));
+            let weights = Checkpoint::open(&dir.join("model.safetensors")).and_then(|checkpoint| {
+                let weights = Weights::load(&checkpoint, &config)?;
+                Ok((weights, Head::load(&checkpoint, &config, &head_config)?))
+            });
             let tokenizer = tokenizer.join().unwrap_or_else(|_| {
                 Err(ModelError::Tokenizer {
                     reason: "loading tokenizer.json panicked".into(),
@@ -322,7 +332,7 @@ impl Model {
             });
             (tokenizer, weights)
         });
-        let (tokenizer, weights) = (tokenizer?, weights?);
+        let (tokenizer, (weights, head)) = (tokenizer?, weights?);
         let pooling = Pooling::from_dir(dir)?;
         // A snapshot of the Hugging Face cache is named by its model id and short commit.
         let name = crate::hub::repo_of(dir)
@@ -338,8 +348,147 @@ impl Model {
             tokenizer,
             weights,
             pooling,
+            head,
+            head_config,
+            tokenizer_config,
             gemm_kernel: GemmKernel::Auto,
         })
+    }
+
+    /// The task of the checkpoint's head: the first of `architectures` in `config.json`, when
+    /// attnscope runs it (`None` for a bare encoder such as all-MiniLM-L6-v2).
+    pub fn task(&self) -> Option<Task> {
+        match self.head {
+            Head::None => None,
+            Head::Classifier(_) => Some(Task::Classification),
+            Head::QuestionAnswering(_) => Some(Task::QuestionAnswering),
+            Head::MaskedLm(_) => Some(Task::MaskedLm),
+            Head::NextToken => Some(Task::NextToken),
+        }
+    }
+
+    /// [`ModelError::NoHead`] for a command that needs `task`.
+    pub(crate) fn no_head(&self, task: Task) -> ModelError {
+        ModelError::NoHead {
+            model: self.name.clone(),
+            wanted: task.describe(),
+            architectures: self.head_config.architectures.clone(),
+        }
+    }
+
+    /// The classifier's labels in id order.
+    pub fn labels(&self) -> Result<&[String], ModelError> {
+        match &self.head {
+            Head::Classifier(c) => Ok(c.labels()),
+            _ => Err(self.no_head(Task::Classification)),
+        }
+    }
+
+    /// The classifier's verdict on each text of `out`, a forward pass over `encs`.
+    pub fn classify(
+        &self,
+        out: &ModelOutput,
+        encs: &[Encoding],
+    ) -> Result<Vec<Classification>, ModelError> {
+        match &self.head {
+            Head::Classifier(c) => c.classify(out, encs),
+            _ => Err(self.no_head(Task::Classification)),
+        }
+    }
+
+    /// The question-answering head's start and end logits for each text of `out`.
+    pub fn span_logits(&self, out: &ModelOutput) -> Result<Vec<SpanLogits>, ModelError> {
+        match &self.head {
+            Head::QuestionAnswering(qa) => Ok(span_logits(qa, out)),
+            _ => Err(self.no_head(Task::QuestionAnswering)),
+        }
+    }
+
+    /// The masked-language-model head's vocabulary logits at token positions `at` of text `b`
+    /// of `out`: `[at.len()][vocab]`.
+    pub fn masked_logits(
+        &self,
+        out: &ModelOutput,
+        b: usize,
+        at: &[usize],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        match &self.head {
+            Head::MaskedLm(m) => m.logits(out, b, at, &self.weights.word_embeddings),
+            _ => Err(self.no_head(Task::MaskedLm)),
+        }
+    }
+
+    /// The `k` most likely tokens where the head predicts, for text `b` of `out` (a forward
+    /// pass over `encs`): for a masked language model at each mask token, for GPT-2 after the
+    /// last token.
+    pub fn predict(
+        &self,
+        out: &ModelOutput,
+        encs: &[Encoding],
+        b: usize,
+        k: usize,
+    ) -> Result<Vec<Prediction>, ModelError> {
+        let len = out.lengths[b];
+        match &self.head {
+            Head::MaskedLm(m) => {
+                let (mask, id) = self.mask_token().ok_or_else(|| ModelError::Tokenizer {
+                    reason: "the tokenizer has no mask token ([MASK] or <mask>)".into(),
+                })?;
+                let at: Vec<usize> = (0..len).filter(|&t| encs[b].ids[t] == id).collect();
+                if at.is_empty() {
+                    return Err(ModelError::NoMask { mask });
+                }
+                let logits = m.logits(out, b, &at, &self.weights.word_embeddings)?;
+                Ok((at.iter().zip(&logits))
+                    .map(|(&position, l)| Prediction {
+                        position,
+                        top: top_tokens(l, k),
+                    })
+                    .collect())
+            }
+            Head::NextToken | Head::None if self.kind() == ModelKind::Gpt2 => {
+                let logits = out.logits.as_ref().ok_or_else(|| ModelError::Tokenizer {
+                    reason: "the forward pass returned no logits".into(),
+                })?;
+                let v = self.config.vocab_size;
+                let row = &logits[(b * out.seq_len + len - 1) * v..][..v];
+                Ok(vec![Prediction {
+                    position: len - 1,
+                    top: top_tokens(row, k),
+                }])
+            }
+            _ => Err(ModelError::NoHead {
+                model: self.name.clone(),
+                wanted: "masked-language-model head (…ForMaskedLM) or language-model head \
+                         (GPT2LMHeadModel)",
+                architectures: self.head_config.architectures.clone(),
+            }),
+        }
+    }
+
+    /// The tokenizer.
+    pub(crate) fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// `model_max_length` of `tokenizer_config.json`, when it sets one.
+    pub(crate) fn model_max_length(&self) -> Option<usize> {
+        self.tokenizer_config.model_max_length
+    }
+
+    /// The id of the classification token (`cls_token` of `tokenizer_config.json`, else
+    /// `[CLS]` or `<s>`), if the vocabulary has it.
+    pub(crate) fn cls_token_id(&self) -> Option<u32> {
+        let named = self.tokenizer_config.cls_token.as_deref();
+        named
+            .into_iter()
+            .chain(["[CLS]", "<s>"])
+            .find_map(|t| self.tokenizer.token_id(t))
+    }
+
+    /// The tokenizer's mask token (`[MASK]`, `<mask>`) and its id, if it has one.
+    pub fn mask_token(&self) -> Option<(String, u32)> {
+        self.tokenizer.mask_token()
     }
 
     /// The model directory's name (`all-MiniLM-L6-v2`), or its model id and short commit for a

@@ -8,7 +8,9 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use tokenizers::{PostProcessor, Tokenizer, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
+};
 
 use crate::ModelError;
 use crate::config::read_text;
@@ -237,6 +239,137 @@ impl TextTokenizer {
         }))
         .map_err(tokenizer_err)?;
         encode(&tk).map_err(tokenizer_err)
+    }
+}
+
+/// What `tokenizer_config.json` says that `tokenizer.json` does not: how long a text the
+/// tokenizer was made for, and which token classifies.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TokenizerConfig {
+    pub(crate) model_max_length: Option<usize>,
+    pub(crate) cls_token: Option<String>,
+}
+
+impl TokenizerConfig {
+    /// `dir/tokenizer_config.json`, or nothing where the directory has none. transformers
+    /// writes "no limit" as a huge number (1e30), which counts as none.
+    pub(crate) fn from_dir(dir: &Path) -> Result<TokenizerConfig, ModelError> {
+        let path = dir.join("tokenizer_config.json");
+        if !crate::config::present(&path) {
+            return Ok(TokenizerConfig::default());
+        }
+        let text = read_text(&path, "the model's tokenizer_config.json")?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::Tokenizer {
+                reason: format!("{}: {e}", path.display()),
+            })?;
+        let model_max_length = json
+            .get("model_max_length")
+            .and_then(serde_json::Value::as_f64)
+            .filter(|n| (1.0..1e9).contains(n))
+            .map(|n| n as usize);
+        // A token is a string, or an AddedToken object with its text in "content".
+        let cls_token = json.get("cls_token").and_then(|t| {
+            t.as_str()
+                .or_else(|| t.get("content")?.as_str())
+                .map(str::to_string)
+        });
+        Ok(TokenizerConfig {
+            model_max_length,
+            cls_token,
+        })
+    }
+}
+
+/// One window of a question and its context, as transformers' question-answering pipeline
+/// cuts a long context.
+pub(crate) struct Window {
+    pub(crate) enc: Encoding,
+    /// Per token: `Some(0)` for the question, `Some(1)` for the context, `None` for the special
+    /// tokens.
+    pub(crate) sequence: Vec<Option<usize>>,
+    /// Per token: its word's index in its sequence.
+    pub(crate) words: Vec<Option<u32>>,
+    /// Per token: its byte span in its sequence's text.
+    pub(crate) offsets: Vec<(usize, usize)>,
+}
+
+impl TextTokenizer {
+    /// The id of `token` in the vocabulary, if it has it.
+    pub(crate) fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The mask token (`[MASK]`, `<mask>`) and its id, when the tokenizer has one of them as a
+    /// special token.
+    pub(crate) fn mask_token(&self) -> Option<(String, u32)> {
+        ["[MASK]", "<mask>"].into_iter().find_map(|t| {
+            let id = self.inner.token_to_id(t)?;
+            self.is_special(id).then(|| (t.to_string(), id))
+        })
+    }
+
+    /// `question` and `context` in windows of at most `max_len` tokens, the context cut into
+    /// pieces overlapping by `stride` tokens (tokenizers' `only_second` truncation with
+    /// overflowing tokens, as the pipeline asks for it).
+    pub(crate) fn encode_windows(
+        &self,
+        question: &str,
+        context: &str,
+        max_len: usize,
+        stride: usize,
+    ) -> Result<Vec<Window>, ModelError> {
+        for (which, s) in [("question", question), ("context", context)] {
+            if s.trim().is_empty() {
+                return Err(ModelError::EmptyText { which });
+            }
+        }
+        let whole = self
+            .inner
+            .encode((question, context), true)
+            .map_err(tokenizer_err)?;
+        let question_tokens = whole
+            .get_sequence_ids()
+            .iter()
+            .filter(|s| **s == Some(0))
+            .count();
+        let special = self
+            .inner
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(true));
+        // A context cut into windows must keep more of its tokens in each than the overlap.
+        if whole.len() > max_len && question_tokens + special + stride >= max_len {
+            return Err(ModelError::QuestionTooLong {
+                tokens: question_tokens,
+                special,
+                max: max_len,
+                stride,
+            });
+        }
+        check_segments(&whole, question, Some(context))?;
+        let mut tk = self.inner.clone();
+        tk.with_truncation(Some(TruncationParams {
+            direction: TruncationDirection::Right,
+            max_length: max_len,
+            strategy: TruncationStrategy::OnlySecond,
+            stride,
+        }))
+        .map_err(tokenizer_err)?;
+        let mut first = tk
+            .encode((question, context), true)
+            .map_err(tokenizer_err)?;
+        let rest = first.take_overflowing();
+        std::iter::once(first)
+            .chain(rest)
+            .map(|enc| {
+                Ok(Window {
+                    sequence: enc.get_sequence_ids(),
+                    words: enc.get_word_ids().to_vec(),
+                    offsets: enc.get_offsets().to_vec(),
+                    enc: to_encoding(&enc)?,
+                })
+            })
+            .collect()
     }
 }
 

@@ -11,6 +11,7 @@ pub fn golden_dir() -> PathBuf {
 }
 
 /// The seven single-text files of `tests/data/minilm` (`text*.safetensors`), sorted.
+#[allow(dead_code)] // for the MiniLM tests, not the task heads'
 pub fn minilm_text_files() -> Vec<PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(golden_dir().join("minilm"))
         .unwrap()
@@ -72,6 +73,7 @@ impl Golden {
         self.tensor(name).1.iter().map(|&v| v as u32).collect()
     }
 
+    #[allow(dead_code)] // for the MiniLM tests, not the task heads'
     pub fn text(&self, key: &str) -> Option<String> {
         self.meta
             .get(key)
@@ -123,6 +125,7 @@ pub fn assert_close(what: &str, got: &[f32], expected: &(Vec<usize>, Vec<f64>), 
 }
 
 /// Cosine similarity of two vectors.
+#[allow(dead_code)] // for the MiniLM tests, not the task heads'
 pub fn cosine(a: &[f32], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y).sum();
     let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
