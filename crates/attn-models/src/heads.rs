@@ -406,16 +406,18 @@ impl ClassifierHead {
         &self.labels
     }
 
-    /// The label ids' logits for the texts of `out`, read at each one's pooled token.
+    /// The verdicts on the texts `encs` whose last hidden states are `hidden`
+    /// (`[encs.len(), seq_len, h]`, `lengths` real tokens each), read at each one's pooled
+    /// token.
     pub(crate) fn classify(
         &self,
-        out: &ModelOutput,
+        (hidden, seq_len, lengths): (&[f32], usize, &[usize]),
         encs: &[Encoding],
     ) -> Result<Vec<Classification>, ModelError> {
         let h = self.out.n_in;
-        (0..out.batch)
+        (0..lengths.len())
             .map(|b| {
-                let len = out.lengths[b];
+                let len = lengths[b];
                 let at = match self.pooled {
                     Pooled::First => 0,
                     Pooled::LastNotPad(pad) => {
@@ -428,7 +430,7 @@ impl ClassifierHead {
                         }
                     }
                 };
-                let x = &out.last_hidden_state[(b * out.seq_len + at) * h..][..h];
+                let x = &hidden[(b * seq_len + at) * h..][..h];
                 let pooled = match &self.pre {
                     None => x.to_vec(),
                     Some((dense, act)) => {

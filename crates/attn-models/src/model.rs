@@ -367,6 +367,15 @@ impl Model {
         }
     }
 
+    /// `Ok` when the checkpoint's head does `task`, else [`ModelError::NoHead`] (naming the
+    /// architectures its config.json has).
+    pub fn require_task(&self, task: Task) -> Result<(), ModelError> {
+        match self.task() == Some(task) {
+            true => Ok(()),
+            false => Err(self.no_head(task)),
+        }
+    }
+
     /// [`ModelError::NoHead`] for a command that needs `task`.
     pub(crate) fn no_head(&self, task: Task) -> ModelError {
         ModelError::NoHead {
@@ -391,9 +400,47 @@ impl Model {
         encs: &[Encoding],
     ) -> Result<Vec<Classification>, ModelError> {
         match &self.head {
-            Head::Classifier(c) => c.classify(out, encs),
+            Head::Classifier(c) => {
+                c.classify((&out.last_hidden_state, out.seq_len, &out.lengths), encs)
+            }
             _ => Err(self.no_head(Task::Classification)),
         }
+    }
+
+    /// The classifier's verdict on each of `encs`, run for throughput as [`Model::embed`] runs
+    /// texts: batches of [`EMBED_BATCH`], each thread its share of a batch on its own.
+    pub fn classify_all(&self, encs: &[Encoding]) -> Result<Vec<Classification>, ModelError> {
+        let Head::Classifier(head) = &self.head else {
+            return Err(self.no_head(Task::Classification));
+        };
+        if encs.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
+        let threads = rayon::current_num_threads().max(1);
+        let mut out = Vec::with_capacity(encs.len());
+        for (c, chunk) in encs.chunks(EMBED_BATCH).enumerate() {
+            let share = chunk.len().div_ceil(threads);
+            let parts: Vec<Result<Vec<Classification>, ModelError>> = chunk
+                .par_chunks(share)
+                .enumerate()
+                .map(|(i, part)| {
+                    let mut ws = Workspace::take(part.len() * max_len(part), &self.config);
+                    let run = self.run_layers(part, &RunOptions::default(), Par::Seq, &mut ws);
+                    let verdicts = run.and_then(|run| {
+                        head.classify((&ws.hidden, run.seq_len, &run.lengths), part)
+                    });
+                    ws.keep();
+                    verdicts.map_err(|e| match e.text() {
+                        Some(t) => e.in_text(c * EMBED_BATCH + i * share + t),
+                        None => e,
+                    })
+                })
+                .collect();
+            for part in parts {
+                out.extend(part?);
+            }
+        }
+        Ok(out)
     }
 
     /// The question-answering head's start and end logits for each text of `out`.

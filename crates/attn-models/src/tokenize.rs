@@ -362,11 +362,20 @@ impl TextTokenizer {
         std::iter::once(first)
             .chain(rest)
             .map(|enc| {
+                let sequence = enc.get_sequence_ids();
+                let mut window = to_encoding(&enc)?;
+                // The question and the context as the segments, whatever the token types
+                // (RoBERTa's are all 0): a special token takes the segment it closes.
+                let mut last = 0;
+                for (segment, s) in window.segments.iter_mut().zip(&sequence) {
+                    last = s.unwrap_or(last);
+                    *segment = last;
+                }
                 Ok(Window {
-                    sequence: enc.get_sequence_ids(),
+                    sequence,
                     words: enc.get_word_ids().to_vec(),
                     offsets: enc.get_offsets().to_vec(),
-                    enc: to_encoding(&enc)?,
+                    enc: window,
                 })
             })
             .collect()

@@ -54,6 +54,13 @@ pub struct ExplainOptions {
     pub across: bool,
     /// Show only the `top` heaviest words, heaviest first.
     pub top: Option<usize>,
+    /// Token positions to look from instead of `focus`: the tokens a task head reads (a
+    /// classifier's `[CLS]`, an answer's span), special ones included; their words are averaged
+    /// as `focus`'s occurrences would be.
+    pub focus_tokens: Vec<usize>,
+    /// Show only the words of this segment (0: the text, 1: the pair), and the special tokens
+    /// with `special`.
+    pub only_segment: Option<usize>,
 }
 
 /// One word's weight.
@@ -390,6 +397,23 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
     }
     let mut notes = Vec::new();
     let (focus_units, focus, focus_is_default) = match &options.focus {
+        _ if !options.focus_tokens.is_empty() => {
+            let chosen: Vec<usize> = (0..units.len())
+                .filter(|&u| {
+                    units[u]
+                        .tokens
+                        .iter()
+                        .any(|t| options.focus_tokens.contains(t))
+                })
+                .collect();
+            if chosen.is_empty() {
+                return Err(nothing("tokens at the positions to look from"));
+            }
+            let label = (chosen.iter().map(|&u| units[u].label.as_str()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            (chosen, label, false)
+        }
         Some(asked) => {
             let place = match one_way {
                 true => "the question (--focus picks one of its words, which look at the context)",
@@ -410,7 +434,9 @@ fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizE
             (sources.clone(), what, true)
         }
     };
-    let target_segment = if one_way {
+    let target_segment = if options.only_segment.is_some() {
+        options.only_segment
+    } else if one_way {
         Some(1)
     } else if options.across {
         Some(1 - units[focus_units[0]].segment.min(1))

@@ -48,6 +48,8 @@ fn options(focus: Option<&str>) -> ExplainOptions {
         question: false,
         across: false,
         top: None,
+        focus_tokens: Vec::new(),
+        only_segment: None,
     }
 }
 

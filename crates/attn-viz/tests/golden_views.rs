@@ -86,6 +86,8 @@ fn the_eiffel_question_matches_a_brute_force_sum() {
         question: true,
         across: false,
         top: None,
+        focus_tokens: Vec::new(),
+        only_segment: None,
     };
     let e = explain(&maps, &options, |_, _| {}).unwrap();
     let got: Vec<f32> = e.rows.iter().map(|r| r.weight).collect();

@@ -46,6 +46,12 @@ enum Command {
     ///
     /// Continue a prompt with a GPT-2-family model; --explain shows the tokens the attention that chose each new token weighed most.
     Generate(cmd::generate::Args),
+    /// A sequence classifier's labels for a text (sentiment, topic, entailment).
+    Classify(cmd::classify::Args),
+    /// Answer a question from a context with an extractive question-answering model.
+    Answer(cmd::answer::Args),
+    /// The most likely next token (GPT-2) or [MASK] token (BERT, RoBERTa, DistilBERT).
+    Predict(cmd::predict::Args),
     /// Benchmarks: attention kernels and model throughput.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -96,6 +102,9 @@ fn main() -> ExitCode {
         Command::Heads(args) => cmd::heads::run(args),
         Command::Lookup(args) => cmd::lookup::run(args),
         Command::Generate(args) => cmd::generate::run(args),
+        Command::Classify(args) => cmd::classify::run(args),
+        Command::Answer(args) => cmd::answer::run(args),
+        Command::Predict(args) => cmd::predict::run(args),
         Command::Bench(command) => cmd::bench::run(command),
     });
     match result {
@@ -130,6 +139,9 @@ fn model_args(command: &Command) -> Option<&attnscope::maps::ModelArgs> {
         Command::Attention(args) => Some(&args.model),
         Command::Embed(args) => Some(&args.model),
         Command::Generate(args) => Some(&args.model),
+        Command::Classify(args) => Some(&args.model),
+        Command::Answer(args) => Some(&args.model),
+        Command::Predict(args) => Some(&args.model),
         Command::Lookup(args) => Some(&args.model),
         Command::Serve(args) => Some(&args.model),
         Command::Explain(args) => Some(&args.source.model),

@@ -228,6 +228,19 @@ pub fn run_model_with(
     let weights = out
         .attentions
         .context("the model returned no attention weights")?;
+    let maps = to_maps(model, text, pair, &enc, weights)?;
+    Ok((maps, out.qk))
+}
+
+/// The attention maps of `model` on `enc` (of `text` and `pair`): `weights` `[n_layers,
+/// n_heads, T, T]` from a forward pass over `enc` alone.
+pub fn to_maps(
+    model: &Model,
+    text: &str,
+    pair: Option<&str>,
+    enc: &attn_models::Encoding,
+    weights: Vec<f32>,
+) -> anyhow::Result<AttentionMaps> {
     let tokens = (0..enc.len())
         .map(|i| Token {
             text: enc.tokens[i].clone(),
@@ -247,7 +260,7 @@ pub fn run_model_with(
         weights,
     };
     maps.validate().context("the model's attention")?;
-    Ok((maps, out.qk))
+    Ok(maps)
 }
 
 /// Reads and checks an `AttentionMaps` JSON file.

@@ -141,6 +141,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         question: args.question.is_some(),
         across: args.across,
         top: args.top.map(|k| k as usize),
+        focus_tokens: Vec::new(),
+        only_segment: None,
     };
     if !args.to.is_empty() {
         let grids = (args.to.iter())

@@ -1,7 +1,9 @@
 //! One module per subcommand: its flags (`Args`) and its `run`.
 
+pub mod answer;
 pub mod attention;
 pub mod bench;
+pub mod classify;
 pub mod embed;
 pub mod explain;
 pub mod generate;
@@ -10,8 +12,10 @@ pub mod heatmap;
 pub mod html;
 pub mod lookup;
 pub mod mask;
+pub mod predict;
 pub mod sdpa;
 pub mod serve;
+pub mod task;
 pub mod walkthrough;
 
 /// A layer's or head's index for clap: a whole number from 0, and for `-1` (Python's last) a
