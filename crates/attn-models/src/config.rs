@@ -415,14 +415,21 @@ fn unsupported(field: &'static str, reason: impl Into<String>) -> ModelError {
 impl ModelConfig {
     /// Reads and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<ModelConfig, ModelError> {
+        Self::read_file(path).map(|(config, _)| config)
+    }
+
+    /// [`ModelConfig::from_file`], and the file's text for the other readers of its fields
+    /// (the task head's).
+    pub(crate) fn read_file(path: &Path) -> Result<(ModelConfig, String), ModelError> {
         let text = read_text(path, "the model's config.json")?;
-        Self::from_json(&text).map_err(|e| match e {
+        let config = Self::from_json(&text).map_err(|e| match e {
             ModelError::BadJson { reason, .. } => ModelError::BadJson {
                 path: path.to_path_buf(),
                 reason,
             },
             other => other,
-        })
+        })?;
+        Ok((config, text))
     }
 
     /// Parses and validates the text of a `config.json`.

@@ -15,13 +15,11 @@
 //! `.../gpt2/modeling_gpt2.py`.)
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use faer::Par;
 use serde::Deserialize;
 
 use crate::checkpoint::{Checkpoint, F32Data};
-use crate::config::read_text;
 use crate::ops::{Epilogue, Gemm, GemmKernel, LayerNorm, Linear, WeightLayout, gemm_bt, tanh};
 use crate::{Activation, Encoding, Family, ModelConfig, ModelError, ModelOutput};
 
@@ -164,13 +162,12 @@ pub(crate) struct HeadConfig {
 }
 
 impl HeadConfig {
-    pub(crate) fn from_file(path: &Path) -> Result<HeadConfig, ModelError> {
-        let text = read_text(path, "the model's config.json")?;
-        let json: HeadJson =
-            serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig {
-                field: "architectures",
-                reason: e.to_string(),
-            })?;
+    /// The head's fields of `text`, a `config.json` that [`ModelConfig`] read.
+    pub(crate) fn from_json(text: &str) -> Result<HeadConfig, ModelError> {
+        let json: HeadJson = serde_json::from_str(text).map_err(|e| ModelError::InvalidConfig {
+            field: "architectures",
+            reason: e.to_string(),
+        })?;
         Ok(HeadConfig {
             architectures: json.architectures.clone().unwrap_or_default(),
             json,
@@ -313,11 +310,13 @@ fn classifier(
         });
     }
     let pre = match config.family {
-        Family::Bert => Some((
-            linear(ckpt, "bert.pooler.dense", (h, h), true)
-                .or_else(|_| linear(ckpt, "pooler.dense", (h, h), true))?,
-            PreActivation::Tanh,
-        )),
+        Family::Bert => {
+            // Under the task prefix, or none (a checkpoint saved from the bare BertModel).
+            let probe = ["bert.pooler.dense.weight", "pooler.dense.weight"];
+            let name = first_present(ckpt, &probe).unwrap_or(probe[0]);
+            let name = name.trim_end_matches(".weight");
+            Some((linear(ckpt, name, (h, h), true)?, PreActivation::Tanh))
+        }
         Family::Roberta => Some((
             linear(ckpt, "classifier.dense", (h, h), true)?,
             PreActivation::Tanh,

@@ -311,8 +311,8 @@ impl Model {
             // Missing, a link to nothing, a link loop: each as itself.
             Err(e) => return Err(ModelError::io(dir, "the model directory", e)),
         }
-        let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        let head_config = HeadConfig::from_file(&dir.join("config.json"))?;
+        let (config, config_text) = ModelConfig::read_file(&dir.join("config.json"))?;
+        let head_config = HeadConfig::from_json(&config_text)?;
         let tokenizer_config = TokenizerConfig::from_dir(dir)?;
         check_convertible(dir, &config)?;
         // Parsing tokenizer.json takes as long as mapping and checking the weights: do both at
@@ -416,21 +416,34 @@ impl Model {
         if encs.is_empty() {
             return Err(ModelError::EmptyBatch);
         }
+        self.run_in_shares(encs, |hidden, run, part| {
+            head.classify((hidden, run.seq_len, &run.lengths), part)
+        })
+    }
+
+    /// `finish(last hidden states, run, texts)` of `encs` run in batches of [`EMBED_BATCH`],
+    /// each thread its share of a batch on its own: the GEMMs then need no synchronisation,
+    /// and each share pads only to its own longest text. An error names its text in `encs`.
+    fn run_in_shares<R: Send>(
+        &self,
+        encs: &[Encoding],
+        finish: impl Fn(&[f32], &LayersOutput, &[Encoding]) -> Result<Vec<R>, ModelError> + Sync,
+    ) -> Result<Vec<R>, ModelError> {
         let threads = rayon::current_num_threads().max(1);
         let mut out = Vec::with_capacity(encs.len());
         for (c, chunk) in encs.chunks(EMBED_BATCH).enumerate() {
             let share = chunk.len().div_ceil(threads);
-            let parts: Vec<Result<Vec<Classification>, ModelError>> = chunk
+            let parts: Vec<Result<Vec<R>, ModelError>> = chunk
                 .par_chunks(share)
                 .enumerate()
                 .map(|(i, part)| {
                     let mut ws = Workspace::take(part.len() * max_len(part), &self.config);
                     let run = self.run_layers(part, &RunOptions::default(), Par::Seq, &mut ws);
-                    let verdicts = run.and_then(|run| {
-                        head.classify((&ws.hidden, run.seq_len, &run.lengths), part)
-                    });
+                    let done = run.and_then(|run| finish(&ws.hidden, &run, part));
                     ws.keep();
-                    verdicts.map_err(|e| match e.text() {
+                    // An error names its text in `part`; the caller's texts count from the
+                    // chunk's and the part's start.
+                    done.map_err(|e| match e.text() {
                         Some(t) => e.in_text(c * EMBED_BATCH + i * share + t),
                         None => e,
                     })
@@ -911,33 +924,9 @@ impl Model {
                     .map_err(|e| e.in_text(i))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let threads = rayon::current_num_threads().max(1);
-        let mut out = Vec::with_capacity(texts.len());
-        for (c, chunk) in encs.chunks(EMBED_BATCH).enumerate() {
-            // Each thread runs its share of the batch on its own: the GEMMs then need no
-            // synchronisation, and each share pads only to its own longest text.
-            let share = chunk.len().div_ceil(threads);
-            let parts: Vec<Result<Vec<Vec<f32>>, ModelError>> = chunk
-                .par_chunks(share)
-                .enumerate()
-                .map(|(i, part)| {
-                    let mut ws = Workspace::take(part.len() * max_len(part), &self.config);
-                    let run = self.run_layers(part, &RunOptions::default(), Par::Seq, &mut ws);
-                    let pooled = run.map(|run| self.pool_states(&ws.hidden, &run.lengths));
-                    ws.keep();
-                    // An error names its text in `part`; the caller's texts count from the
-                    // chunk's and the part's start.
-                    pooled.map_err(|e| match e.text() {
-                        Some(t) => e.in_text(c * EMBED_BATCH + i * share + t),
-                        None => e,
-                    })
-                })
-                .collect();
-            for part in parts {
-                out.extend(part?);
-            }
-        }
-        Ok(out)
+        self.run_in_shares(&encs, |hidden, run, _| {
+            Ok(self.pool_states(hidden, &run.lengths))
+        })
     }
 
     /// Sentence embeddings of the texts of a forward pass (pooled over each text's real tokens).
