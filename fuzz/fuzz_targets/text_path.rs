@@ -72,6 +72,8 @@ fuzz_target!(|data: &[u8]| {
             question: question && pair.is_some(),
             across: false,
             top: Some(5),
+            focus_tokens: Vec::new(),
+            only_segment: None,
         };
         if let Ok(e) = explain(&maps, &options, |_, _| {}) {
             render(&e, BarStyle::default());
@@ -86,6 +88,8 @@ fuzz_target!(|data: &[u8]| {
             question: false,
             across: false,
             top: None,
+            focus_tokens: Vec::new(),
+            only_segment: None,
         };
         explain(&maps, &options, |_, _| {}).expect("flow over a short text");
     }

@@ -11,9 +11,7 @@ pub fn golden() -> PathBuf {
 
 /// all-MiniLM-L6-v2 in the model cache, when it has been fetched.
 pub fn cached_minilm() -> Option<PathBuf> {
-    let dir = attn_models::cache_dir()
-        .ok()?
-        .join("all-MiniLM-L6-v2");
+    let dir = attn_models::cache_dir().ok()?.join("all-MiniLM-L6-v2");
     attn_models::is_complete(&dir).then_some(dir)
 }
 
