@@ -19,7 +19,7 @@ pub enum ModelError {
         error: std::io::Error,
     },
     /// A model id (`gpt2`, `org/name@revision`) that is no directory and that the Hugging Face
-    /// cache does not hold ([`crate::hub`]).
+    /// cache does not hold ([`crate::resolve_model`]).
     #[error("{spec}: {reason}")]
     HubCache { spec: String, reason: String },
     /// The directory holds the weights or the tokenizer in a form this crate does not read (a

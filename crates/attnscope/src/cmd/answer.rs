@@ -12,6 +12,8 @@ use super::attention::read_text_file;
 use super::task::{ExplainArgs, render_bars, require, write_out};
 use crate::maps::ModelArgs;
 
+// The fields' docs are --help text, where [CLS] is a token, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope answer --question \"Who invented the transformer?\" --context \"The transformer architecture was invented by Vaswani et al. in 2017 at Google Brain.\" --model distilbert-base-cased-distilled-squad

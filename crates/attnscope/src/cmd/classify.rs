@@ -11,6 +11,8 @@ use super::attention::read_text_file;
 use super::task::{ExplainArgs, render_bars, require, write_out};
 use crate::maps::ModelArgs;
 
+// The fields' docs are --help text, where [CLS] is a token, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope classify \"The movie was good but the ending was terrible\" --model distilbert-base-uncased-finetuned-sst-2-english --explain

@@ -9,6 +9,8 @@ use attn_models::{ModelKind, Task};
 use super::task::{ExplainArgs, render_bars, write_out};
 use crate::maps::ModelArgs;
 
+// The fields' docs are --help text, where [CLS] is a token, not a link.
+#[allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope predict \"The cat that ate the mouse that lived in the barn\" --model gpt2 --explain

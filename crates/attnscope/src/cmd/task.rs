@@ -12,6 +12,8 @@ use attn_viz::select::Selection;
 use crate::maps::ColorChoice;
 
 /// `--explain` and the attention it shows.
+// The fields' docs are --help text, where [CLS] is a token, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExplainArgs {
     /// Also show which words the prediction's tokens attend to, as bars
