@@ -78,7 +78,10 @@ fn keep_freed_memory() {
 fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     keep_freed_memory();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage(&err),
+    };
     let truncates = matches!(
         cli.command,
         Command::Attention(_)
@@ -130,6 +133,16 @@ fn main() -> ExitCode {
             }
             ExitCode::from(1)
         }
+    }
+}
+
+/// Prints clap's answer to the command line: `--help` and `--version` succeed; a bad flag or
+/// value is bad input like any other, exit status 1 (clap's own default is 2).
+fn usage(err: &clap::Error) -> ExitCode {
+    let _ = err.print();
+    match err.use_stderr() {
+        true => ExitCode::from(1),
+        false => ExitCode::SUCCESS,
     }
 }
 

@@ -764,11 +764,17 @@ fn sdpa_rejects_each_bad_file_with_a_clear_message() {
         ],
         &["good.safetensors is not a folder"],
     );
-    // A missing -o is a usage error: exit code 2.
+    // A missing -o is a usage error: exit code 1, as for any bad input.
     assert_eq!(
         attnscope(&["sdpa", good.to_str().unwrap()]).status.code(),
-        Some(2)
+        Some(1)
     );
+    // Asking for help or the version is not an error.
+    for ask in [&["--help"][..], &["--version"], &["explain", "--help"]] {
+        let output = attnscope(ask);
+        assert_eq!(output.status.code(), Some(0), "{ask:?}");
+        assert!(!output.stdout.is_empty(), "{ask:?}");
+    }
 }
 
 /// The notes' embeddings and the walkthrough's documented illustrative matrices.
@@ -1129,7 +1135,7 @@ fn mask_matrices_match_the_notes() {
 
     fails_with(&["mask", "causal", "0"], &["seq_q is 0"]);
     fails_with(&["mask", "padding", "   "], &["no tokens"]);
-    assert_eq!(attnscope(&["mask", "causal", "-3"]).status.code(), Some(2));
+    assert_eq!(attnscope(&["mask", "causal", "-3"]).status.code(), Some(1));
 }
 
 #[test]

@@ -422,7 +422,7 @@ fn saved_maps_make_a_page_without_the_neuron_view() {
         &["--neuron-layer", "0"],
     ] {
         let output = html_from_maps(&saved, &out, extra);
-        assert_eq!(output.status.code(), Some(2), "{extra:?}");
+        assert_eq!(output.status.code(), Some(1), "{extra:?}");
         assert!(stderr(&output).contains("cannot be used"), "{extra:?}");
     }
 

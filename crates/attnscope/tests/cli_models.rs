@@ -615,8 +615,8 @@ fn bad_flags_are_errors() {
         ],
         "at least 1",
     );
-    // No text at all is a usage error (exit 2).
-    assert_eq!(attnscope(&["attention"]).status.code(), Some(2));
+    // No text at all is a usage error, exit code 1 as for any bad input.
+    assert_eq!(attnscope(&["attention"]).status.code(), Some(1));
 }
 
 #[test]

@@ -156,7 +156,7 @@ fn the_head_table_holds_each_heads_bar_for_the_word() {
         if other == "--layer" || other == "--top" {
             args.push("1");
         }
-        assert_eq!(attnscope(&args).status.code(), Some(2), "{other}");
+        assert_eq!(attnscope(&args).status.code(), Some(1), "{other}");
     }
     fails_with(
         &["explain", MAIN_JOB, "--focus", "ran", "--to", "dog"],
