@@ -1,10 +1,13 @@
 //! The element types the kernels read (f32, and bf16 widened exactly as it is read), and the
-//! loads of a row's last partial group of lanes, per instruction set.
+//! loads of a row's last partial group of lanes, per instruction set, and the check of their
+//! magnitudes by bits.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 use half::bf16;
+
+use super::isa::Features;
 
 /// An element type of the inputs, read as f32 (bf16 widened exactly).
 pub(crate) trait Element: Copy + Into<f32> {
@@ -135,4 +138,60 @@ pub(crate) unsafe fn load16_bf16(p: *const bf16, mask: __mmask16) -> __m512 {
         }
     };
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+}
+
+/// A float type whose values can be told finite from their bits.
+pub(crate) trait FiniteBits: Copy {
+    /// Positive infinity.
+    const INFINITY: Self;
+
+    /// Whether every value of `data` is below `bound` (positive) in magnitude, NaN never: the
+    /// largest magnitude (the bits without the sign) is below `bound`'s, a max over integers
+    /// that vectorises in the caller's instruction set (`#[inline(always)]`).
+    fn all_below_in(data: &[Self], bound: Self) -> bool;
+
+    /// [`FiniteBits::all_below_in`], 512 bits at a time where the CPU has AVX512BW (a check of
+    /// bits, the same on every ISA).
+    fn all_below(data: &[Self], bound: Self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if Features::get().avx512bw {
+            // SAFETY: AVX-512F and AVX512BW are available (checked just above).
+            return unsafe { all_below_avx512(data, bound) };
+        }
+        Self::all_below_in(data, bound)
+    }
+
+    /// Whether every value of `data` is finite, 512 bits at a time where the CPU has AVX512BW.
+    fn all_finite(data: &[Self]) -> bool {
+        Self::all_below(data, Self::INFINITY)
+    }
+}
+
+/// # Safety
+/// AVX-512F and AVX512BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn all_below_avx512<T: FiniteBits>(data: &[T], bound: T) -> bool {
+    T::all_below_in(data, bound)
+}
+
+impl FiniteBits for f32 {
+    const INFINITY: f32 = f32::INFINITY;
+
+    #[inline(always)]
+    fn all_below_in(data: &[f32], bound: f32) -> bool {
+        let magnitude = data.iter().map(|x| x.to_bits() & 0x7fff_ffff).max();
+        magnitude.unwrap_or(0) < bound.to_bits()
+    }
+}
+
+impl FiniteBits for bf16 {
+    const INFINITY: bf16 = bf16::INFINITY;
+
+    #[inline(always)]
+    fn all_below_in(data: &[bf16], bound: bf16) -> bool {
+        // Without the sign the bits fit an i16, whose max vectorises on every x86-64 (SSE2).
+        let magnitude = data.iter().map(|x| (x.to_bits() & 0x7fff) as i16).max();
+        magnitude.unwrap_or(0) < bound.to_bits() as i16
+    }
 }

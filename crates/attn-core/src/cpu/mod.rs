@@ -28,7 +28,7 @@ mod isa;
 pub(crate) mod portable;
 
 pub use amx_linear::Bf16x3Weight;
-pub(crate) use element::Element;
+pub(crate) use element::{Element, FiniteBits};
 pub(crate) use isa::Features;
 pub use isa::Isa;
 pub(crate) use portable::max_keeping_nan;
@@ -41,8 +41,6 @@ use avx512 as avx512_or_portable;
 use portable as avx2_or_portable;
 #[cfg(not(target_arch = "x86_64"))]
 use portable as avx512_or_portable;
-
-use half::bf16;
 
 use crate::error::AttnError;
 
@@ -304,62 +302,6 @@ impl Isa {
     }
 }
 
-/// A float type whose values can be told finite from their bits.
-pub(crate) trait FiniteBits: Copy {
-    /// Positive infinity.
-    const INFINITY: Self;
-
-    /// Whether every value of `data` is below `bound` (positive) in magnitude, NaN never: the
-    /// largest magnitude (the bits without the sign) is below `bound`'s, a max over integers
-    /// that vectorises in the caller's instruction set (`#[inline(always)]`).
-    fn all_below_in(data: &[Self], bound: Self) -> bool;
-
-    /// [`FiniteBits::all_below_in`], 512 bits at a time where the CPU has AVX512BW (a check of
-    /// bits, the same on every ISA).
-    fn all_below(data: &[Self], bound: Self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if Features::get().avx512bw {
-            // SAFETY: AVX-512F and AVX512BW are available (checked just above).
-            return unsafe { all_below_avx512(data, bound) };
-        }
-        Self::all_below_in(data, bound)
-    }
-
-    /// Whether every value of `data` is finite, 512 bits at a time where the CPU has AVX512BW.
-    fn all_finite(data: &[Self]) -> bool {
-        Self::all_below(data, Self::INFINITY)
-    }
-}
-
-/// # Safety
-/// AVX-512F and AVX512BW must be available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn all_below_avx512<T: FiniteBits>(data: &[T], bound: T) -> bool {
-    T::all_below_in(data, bound)
-}
-
-impl FiniteBits for f32 {
-    const INFINITY: f32 = f32::INFINITY;
-
-    #[inline(always)]
-    fn all_below_in(data: &[f32], bound: f32) -> bool {
-        let magnitude = data.iter().map(|x| x.to_bits() & 0x7fff_ffff).max();
-        magnitude.unwrap_or(0) < bound.to_bits()
-    }
-}
-
-impl FiniteBits for bf16 {
-    const INFINITY: bf16 = bf16::INFINITY;
-
-    #[inline(always)]
-    fn all_below_in(data: &[bf16], bound: bf16) -> bool {
-        // Without the sign the bits fit an i16, whose max vectorises on every x86-64 (SSE2).
-        let magnitude = data.iter().map(|x| (x.to_bits() & 0x7fff) as i16).max();
-        magnitude.unwrap_or(0) < bound.to_bits() as i16
-    }
-}
-
 /// Asks for the first four 64-byte lines of each 4 KiB page that starts inside `x` to be
 /// brought into the caches (a decoding step's next key block). The hardware
 /// prefetchers follow a stream only within a page, and a decoding step reads each key and
@@ -461,6 +403,8 @@ pub(crate) fn available_isas() -> Vec<Isa> {
 
 #[cfg(test)]
 mod tests {
+    use half::bf16;
+
     use super::*;
 
     use crate::cpu::available_isas as isas;
