@@ -121,19 +121,87 @@ impl Model {
         options: &RunOptions,
     ) -> Result<Answered, ModelError> {
         // The head is checked first: a bare encoder's run would be wasted.
-        if self.task() != Some(crate::Task::QuestionAnswering) {
-            return Err(self.no_head(crate::Task::QuestionAnswering));
-        }
-        let (max, stride) = self.answer_windows();
-        let windows = self
-            .tokenizer()
-            .encode_windows(question, context, max, stride)?;
+        let qa = self.qa_head()?;
+        let windows = self.windows(question, context)?;
         let encs: Vec<crate::Encoding> = windows.iter().map(|w| w.enc.clone()).collect();
         let output = self.forward_batch(&encs, options)?;
-        let logits = self.span_logits(&output)?;
+        let logits = crate::heads::span_logits(
+            qa,
+            (&output.last_hidden_state, output.seq_len, &output.lengths),
+        );
+        Ok(Answered {
+            answer: self.best_answer(context, &windows, &logits),
+            windows: encs,
+            output,
+            logits,
+        })
+    }
+
+    /// The answer to each `(question, context)`, their windows run together for throughput
+    /// as [`Model::classify_all`] runs texts. An error names its question's index.
+    pub fn answer_all(
+        &self,
+        questions: &[(&str, &str)],
+    ) -> Result<Vec<Option<Answer>>, ModelError> {
+        let qa = self.qa_head()?;
+        if questions.is_empty() {
+            return Err(ModelError::EmptyBatch);
+        }
+        let windows = (questions.iter().enumerate())
+            .map(|(i, (q, c))| {
+                (self.windows(q, c)).map_err(|e| ModelError::Input {
+                    index: i,
+                    error: Box::new(e),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let encs: Vec<crate::Encoding> = windows.iter().flatten().map(|w| w.enc.clone()).collect();
+        // Which question each window is of, to name it in an error.
+        let owner: Vec<usize> = (windows.iter().enumerate())
+            .flat_map(|(i, w)| std::iter::repeat_n(i, w.len()))
+            .collect();
+        let logits = self
+            .run_in_shares(
+                &encs,
+                |_| None,
+                |hidden, run, _| {
+                    Ok(crate::heads::span_logits(
+                        qa,
+                        (hidden, run.seq_len, &run.lengths),
+                    ))
+                },
+            )
+            .map_err(|e| match e.text() {
+                Some(w) => e.in_text(owner[w]),
+                None => e,
+            })?;
+        let mut logits = logits.as_slice();
+        Ok((questions.iter().zip(&windows))
+            .map(|((_, context), w)| {
+                let (these, rest) = logits.split_at(w.len());
+                logits = rest;
+                self.best_answer(context, w, these)
+            })
+            .collect())
+    }
+
+    /// `question` and `context` in the pipeline's windows.
+    fn windows(&self, question: &str, context: &str) -> Result<Vec<Window>, ModelError> {
+        let (max, stride) = self.answer_windows();
+        self.tokenizer()
+            .encode_windows(question, context, max, stride)
+    }
+
+    /// The best answer over every window's spans.
+    fn best_answer(
+        &self,
+        context: &str,
+        windows: &[Window],
+        logits: &[SpanLogits],
+    ) -> Option<Answer> {
         let cls = self.cls_token_id();
         let mut answers: Vec<Answer> = Vec::new();
-        for (n, (w, l)) in windows.iter().zip(&logits).enumerate() {
+        for (n, (w, l)) in windows.iter().zip(logits).enumerate() {
             let keep: Vec<bool> = (0..w.enc.len())
                 .map(|t| w.sequence[t] == Some(1) || Some(w.enc.ids[t]) == cls)
                 .collect();
@@ -158,11 +226,6 @@ impl Model {
         }
         // Python's sort is stable: equal scores keep the order they were found in.
         answers.sort_by(|a, b| b.score.total_cmp(&a.score));
-        Ok(Answered {
-            answer: answers.into_iter().next(),
-            windows: encs,
-            output,
-            logits,
-        })
+        answers.into_iter().next()
     }
 }

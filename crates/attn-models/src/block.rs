@@ -47,7 +47,28 @@ impl Layer {
             sublayer,
             intermediate,
         } = buf;
-        // Attention: BERT projects the residual stream, GPT-2 its ln_1.
+        self.project(kind, hidden, normed, qkv, multiply);
+        attend(qkv, context)?;
+        self.after_attention(
+            (kind, act),
+            hidden,
+            context,
+            (normed, sublayer, intermediate),
+            multiply,
+        );
+        Ok(())
+    }
+
+    /// The attention sublayer's projection of the residual stream `hidden` (BERT) or of its
+    /// ln_1 (GPT-2, into `normed`) into `qkv`.
+    pub(crate) fn project(
+        &self,
+        kind: ModelKind,
+        hidden: &[f32],
+        normed: &mut [f32],
+        qkv: &mut [f32],
+        multiply: &Multiply<'_>,
+    ) {
         let x: &[f32] = match kind {
             ModelKind::Bert => hidden,
             ModelKind::Gpt2 => {
@@ -56,7 +77,19 @@ impl Layer {
             }
         };
         multiply(&self.qkv, x, qkv, Epilogue::Bias);
-        attend(qkv, context)?;
+    }
+
+    /// The rest of the block once attention has written `context` for the rows of `hidden`
+    /// (`[rows, hidden]`, updated in place): the output projection and its residual, then the
+    /// feed-forward sublayer. `buf` is `(normed, sublayer, intermediate)` for those rows.
+    pub(crate) fn after_attention(
+        &self,
+        (kind, act): (ModelKind, Activation),
+        hidden: &mut [f32],
+        context: &[f32],
+        (normed, sublayer, intermediate): (&mut [f32], &mut [f32], &mut [f32]),
+        multiply: &Multiply<'_>,
+    ) {
         multiply(&self.attn_out, context, sublayer, Epilogue::None);
         self.end_sublayer(kind, (hidden, sublayer), (&self.attn_out, true));
         // Feed-forward: the same input for each family.
@@ -70,7 +103,6 @@ impl Layer {
         multiply(&self.ff_in, x, intermediate, Epilogue::BiasActivation(act));
         multiply(&self.ff_out, intermediate, sublayer, Epilogue::None);
         self.end_sublayer(kind, (hidden, sublayer), (&self.ff_out, false));
-        Ok(())
     }
 
     /// A sublayer's end: `hidden += y + bias` (`proj`'s), then for BERT the LayerNorm after the

@@ -166,6 +166,13 @@ pub enum ModelError {
     /// `tokenizer.json` could not be loaded or failed on the text.
     #[error("tokenizer: {reason}")]
     Tokenizer { reason: String },
+    /// One input of several run together ([`crate::Model::answer_all`]'s questions) failed
+    /// before the run: `error` says how, `index` which (0-based, as [`ModelError::text`] gives it).
+    #[error("{error}")]
+    Input {
+        index: usize,
+        error: Box<ModelError>,
+    },
     /// The text (or the text pair) is empty or only whitespace (every model here needs a word:
     /// BERT's tokenizer drops whitespace).
     #[error("the {which} is empty or only whitespace")]
@@ -329,6 +336,7 @@ impl ModelError {
                 ..
             } => Some(*batch),
             ModelError::NonFinite { text, .. } => Some(*text),
+            ModelError::Input { index, .. } => Some(*index),
             _ => None,
         }
     }
@@ -345,6 +353,7 @@ impl ModelError {
                 ..
             } => *batch = index,
             ModelError::NonFinite { text, .. } => *text = index,
+            ModelError::Input { index: at, .. } => *at = index,
             _ => {}
         }
         self

@@ -405,6 +405,17 @@ impl ClassifierHead {
         &self.labels
     }
 
+    /// The position of the token the classifier reads in a text of these `ids`.
+    pub(crate) fn pooled_at(&self, ids: &[u32]) -> usize {
+        match self.pooled {
+            Pooled::First => 0,
+            // transformers takes the argmax of position · (id ≠ pad): 0 when every token is
+            // the pad token.
+            Pooled::LastNotPad(Some(pad)) => ids.iter().rposition(|&id| id != pad).unwrap_or(0),
+            Pooled::LastNotPad(None) => ids.len().saturating_sub(1),
+        }
+    }
+
     /// The verdicts on the texts `encs` whose last hidden states are `hidden`
     /// (`[encs.len(), seq_len, h]`, `lengths` real tokens each), read at each one's pooled
     /// token.
@@ -416,19 +427,7 @@ impl ClassifierHead {
         let h = self.out.n_in;
         (0..lengths.len())
             .map(|b| {
-                let len = lengths[b];
-                let at = match self.pooled {
-                    Pooled::First => 0,
-                    Pooled::LastNotPad(pad) => {
-                        let ids = &encs[b].ids[..len];
-                        match pad {
-                            // transformers takes the argmax of position · (id ≠ pad): 0 when
-                            // every token is the pad token.
-                            Some(pad) => ids.iter().rposition(|&id| id != pad).unwrap_or(0),
-                            None => len - 1,
-                        }
-                    }
-                };
+                let at = self.pooled_at(&encs[b].ids[..lengths[b]]);
                 let x = &hidden[(b * seq_len + at) * h..][..h];
                 let pooled = match &self.pre {
                     None => x.to_vec(),
@@ -487,12 +486,14 @@ fn rank(labels: &[String], scores: &[f32]) -> Vec<(String, f32)> {
 }
 
 /// The question-answering head's logits for each text of `out`, over its real tokens.
-pub(crate) fn span_logits(qa: &Linear, out: &ModelOutput) -> Vec<SpanLogits> {
+pub(crate) fn span_logits(
+    qa: &Linear,
+    (hidden, seq_len, lengths): (&[f32], usize, &[usize]),
+) -> Vec<SpanLogits> {
     let h = qa.n_in;
-    (0..out.batch)
-        .map(|b| {
-            let len = out.lengths[b];
-            let x = &out.last_hidden_state[b * out.seq_len * h..][..len * h];
+    (lengths.iter().enumerate())
+        .map(|(b, &len)| {
+            let x = &hidden[b * seq_len * h..][..len * h];
             let mut y = vec![0.0; len * 2];
             qa.forward(x, &mut y, Epilogue::Bias, HEAD_GEMM);
             SpanLogits {

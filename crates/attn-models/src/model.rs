@@ -12,7 +12,7 @@ use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRe
 use faer::Par;
 use rayon::prelude::*;
 
-use crate::block::Buffers;
+use crate::block::{Buffers, Multiply};
 use crate::checkpoint::Checkpoint;
 use crate::heads::{
     Classification, Head, HeadConfig, Prediction, SpanLogits, Task, span_logits, top_tokens,
@@ -20,7 +20,7 @@ use crate::heads::{
 use crate::ops::{Gemm, GemmKernel, Linear, gemm_bt};
 use crate::pooling::Pooling;
 use crate::tokenize::{Encoding, Limit, TextTokenizer, TokenizerConfig};
-use crate::weights::Weights;
+use crate::weights::{Layer, Weights};
 use crate::{Family, ModelConfig, ModelError, ModelKind};
 
 /// How many texts [`Model::embed`] runs through the model at once.
@@ -197,9 +197,9 @@ impl Workspace {
 }
 
 /// What a forward pass returns besides the final hidden state (left in the workspace).
-struct LayersOutput {
-    seq_len: usize,
-    lengths: Vec<usize>,
+pub(crate) struct LayersOutput {
+    pub(crate) seq_len: usize,
+    pub(crate) lengths: Vec<usize>,
     attentions: Option<Vec<f32>>,
     qk: Option<QueryKey>,
     hidden_states: Option<Vec<f32>>,
@@ -416,20 +416,30 @@ impl Model {
         if encs.is_empty() {
             return Err(ModelError::EmptyBatch);
         }
-        self.run_in_shares(encs, |hidden, run, part| {
+        // The head reads one token of each text: the last layer runs for that row alone.
+        let rows = |part: &[Encoding]| Some(part.iter().map(|e| head.pooled_at(&e.ids)).collect());
+        self.run_in_shares(encs, rows, |hidden, run, part| {
             head.classify((hidden, run.seq_len, &run.lengths), part)
         })
     }
 
     /// `finish(last hidden states, run, texts)` of `encs` run in batches of [`EMBED_BATCH`],
     /// each thread its share of a batch on its own: the GEMMs then need no synchronisation,
-    /// and each share pads only to its own longest text. An error names its text in `encs`.
-    fn run_in_shares<R: Send>(
+    /// and each share pads only to its own longest text. With `rows(texts)` some, `finish`
+    /// reads only that row of each text's last hidden state (see [`Model::run_layers`]). An
+    /// error names its text in `encs`.
+    pub(crate) fn run_in_shares<R: Send>(
         &self,
         encs: &[Encoding],
+        rows: impl Fn(&[Encoding]) -> Option<Vec<usize>> + Sync,
         finish: impl Fn(&[f32], &LayersOutput, &[Encoding]) -> Result<Vec<R>, ModelError> + Sync,
     ) -> Result<Vec<R>, ModelError> {
         let threads = rayon::current_num_threads().max(1);
+        let first = &encs[..encs.len().min(EMBED_BATCH)];
+        let share_rows = first.len().div_ceil(threads) * max_len(first);
+        if self.gemm_kernel.uses_tiles(share_rows) {
+            self.weights.prepare_tiles();
+        }
         let mut out = Vec::with_capacity(encs.len());
         for (c, chunk) in encs.chunks(EMBED_BATCH).enumerate() {
             let share = chunk.len().div_ceil(threads);
@@ -438,7 +448,14 @@ impl Model {
                 .enumerate()
                 .map(|(i, part)| {
                     let mut ws = Workspace::take(part.len() * max_len(part), &self.config);
-                    let run = self.run_layers(part, &RunOptions::default(), Par::Seq, &mut ws);
+                    let at = rows(part);
+                    let run = self.run_layers(
+                        part,
+                        &RunOptions::default(),
+                        at.as_deref(),
+                        Par::Seq,
+                        &mut ws,
+                    );
                     let done = run.and_then(|run| finish(&ws.hidden, &run, part));
                     ws.keep();
                     // An error names its text in `part`; the caller's texts count from the
@@ -456,10 +473,21 @@ impl Model {
         Ok(out)
     }
 
+    /// The question-answering head, or the error that names the heads the model has.
+    pub(crate) fn qa_head(&self) -> Result<&Linear, ModelError> {
+        match &self.head {
+            Head::QuestionAnswering(qa) => Ok(qa),
+            _ => Err(self.no_head(Task::QuestionAnswering)),
+        }
+    }
+
     /// The question-answering head's start and end logits for each text of `out`.
     pub fn span_logits(&self, out: &ModelOutput) -> Result<Vec<SpanLogits>, ModelError> {
         match &self.head {
-            Head::QuestionAnswering(qa) => Ok(span_logits(qa, out)),
+            Head::QuestionAnswering(qa) => Ok(span_logits(
+                qa,
+                (&out.last_hidden_state, out.seq_len, &out.lengths),
+            )),
             _ => Err(self.no_head(Task::QuestionAnswering)),
         }
     }
@@ -665,7 +693,7 @@ impl Model {
         par: Par,
     ) -> Result<ModelOutput, ModelError> {
         let mut ws = Workspace::default();
-        let out = self.run_layers(encs, options, par, &mut ws)?;
+        let out = self.run_layers(encs, options, None, par, &mut ws)?;
         let c = &self.config;
         let rows = encs.len() * out.seq_len;
         let logits = (c.kind() == ModelKind::Gpt2).then(|| {
@@ -690,6 +718,84 @@ impl Model {
             last_hidden_state: ws.hidden,
             logits,
         })
+    }
+
+    /// The last layer for row `at[b]` of each text `b` alone, the one row a classifier reads:
+    /// keys and values of every token, the query, attention output and feed-forward of that
+    /// row. A causal model's row `t` sees keys `0..=t`, for one row the same as padding after
+    /// it. Only those rows of `ws.hidden` are written.
+    fn last_layer_at(
+        &self,
+        layer: &Layer,
+        at: &[usize],
+        (lengths, seq_len): (&[usize], usize),
+        ws: &mut Workspace,
+        multiply: &Multiply<'_>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (batch, h, n_heads, d) = (at.len(), c.hidden_size, c.n_heads, c.head_dim());
+        let Workspace {
+            hidden,
+            normed,
+            qkv,
+            q,
+            k,
+            v,
+            context,
+            sublayer,
+            intermediate,
+        } = ws;
+        layer.project(c.kind(), hidden, normed, qkv, multiply);
+        split_heads(qkv, batch, seq_len, n_heads, d, [&mut *q, &mut *k, &mut *v]);
+        let mut q_at = Vec::with_capacity(batch * h);
+        for (b, &t) in at.iter().enumerate() {
+            for head in 0..n_heads {
+                q_at.extend_from_slice(&q[((b * n_heads + head) * seq_len + t) * d..][..d]);
+            }
+        }
+        let seen: Vec<usize> = (at.iter().zip(lengths))
+            .map(|(&t, &len)| if c.causal { t + 1 } else { len })
+            .collect();
+        let attn_options = AttnOptions {
+            key_padding: match seen.iter().all(|&n| n == seq_len) {
+                true => None,
+                false => Some(KeyPadding::from_lengths(&seen, seq_len)?),
+            },
+            ..AttnOptions::default()
+        };
+        let shape = AttnShape::new(batch, n_heads, 1, seq_len, d);
+        let input = AttnInput::allowing_non_finite(&q_at, k, v, shape)?;
+        let out =
+            attn_core::sdpa(&input, &attn_options).map_err(|error| ModelError::Attention {
+                layer: Some(c.n_layers - 1),
+                error,
+            })?;
+        let rows = batch * h;
+        merge_heads(&out.out, batch, 1, n_heads, d, &mut context[..rows]);
+        let mut x: Vec<f32> = (at.iter().enumerate())
+            .flat_map(|(b, &t)| &hidden[(b * seq_len + t) * h..][..h])
+            .copied()
+            .collect();
+        let normed = match c.kind() {
+            ModelKind::Bert => &mut normed[..0],
+            ModelKind::Gpt2 => &mut normed[..rows],
+        };
+        let buf = (
+            normed,
+            &mut sublayer[..rows],
+            &mut intermediate[..batch * c.intermediate_size],
+        );
+        layer.after_attention(
+            (c.kind(), c.activation),
+            &mut x,
+            &context[..rows],
+            buf,
+            multiply,
+        );
+        for (b, &t) in at.iter().enumerate() {
+            hidden[(b * seq_len + t) * h..][..h].copy_from_slice(&x[b * h..][..h]);
+        }
+        Ok(())
     }
 
     /// The lengths of a batch's texts and the longest, once every text is one the model can
@@ -748,11 +854,14 @@ impl Model {
     }
 
     /// The layers of a forward pass, the final hidden state `[batch, seq_len, hidden]` left in
-    /// `ws.hidden`.
+    /// `ws.hidden`. With `last_rows` (one position per text, and nothing asked of `options`)
+    /// the last layer runs for those rows alone: the other rows of `ws.hidden` are then the
+    /// layer below's.
     fn run_layers(
         &self,
         encs: &[Encoding],
         options: &RunOptions,
+        last_rows: Option<&[usize]>,
         par: Par,
         ws: &mut Workspace,
     ) -> Result<LayersOutput, ModelError> {
@@ -806,7 +915,16 @@ impl Model {
         let multiply = |layer: &Linear, x: &[f32], y: &mut [f32], epilogue| {
             layer.forward(x, y, epilogue, gemm)
         };
+        let last_rows = last_rows.filter(|at| {
+            let asked = options.attentions || options.qk || options.hidden_states;
+            debug_assert!(!asked && at.len() == batch, "last_rows with {options:?}");
+            !asked && at.len() == batch
+        });
         for (l, layer) in self.weights.layers.iter().enumerate() {
+            if let Some(at) = last_rows.filter(|_| l + 1 == n_layers) {
+                self.last_layer_at(layer, at, (&lengths, seq_len), ws, &multiply)?;
+                continue;
+            }
             let Workspace {
                 hidden,
                 normed,
@@ -924,9 +1042,11 @@ impl Model {
                     .map_err(|e| e.in_text(i))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.run_in_shares(&encs, |hidden, run, _| {
-            Ok(self.pool_states(hidden, &run.lengths))
-        })
+        self.run_in_shares(
+            &encs,
+            |_| None,
+            |hidden, run, _| Ok(self.pool_states(hidden, &run.lengths)),
+        )
     }
 
     /// Sentence embeddings of the texts of a forward pass (pooled over each text's real tokens).

@@ -181,6 +181,11 @@ impl Linear {
         }
     }
 
+    /// Packs the weight for AMX tiles now, if it will be used there and is not packed yet.
+    pub fn prepare_tiles(&self) {
+        self.packed();
+    }
+
     /// The weight packed for AMX tiles (packed on first use), unless the tiles cannot take it.
     ///
     /// The packing is rayon work, so it runs outside the `OnceLock`'s initialisation: a thread

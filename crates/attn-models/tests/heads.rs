@@ -88,6 +88,55 @@ fn classifiers_match_transformers() {
     }
 }
 
+/// The batch path (`classify_all`, whose last layer runs for the pooled row alone) against
+/// transformers, and against the full forward pass where the row is not the last token.
+#[test]
+fn classify_all_runs_only_the_pooled_row_of_the_last_layer_exactly() {
+    for name in ["bert-cls", "distilbert-cls", "roberta-cls", "gpt2-cls"] {
+        let (model, g) = load(name);
+        let encs: Vec<_> = (inputs(&g).iter())
+            .map(|input| {
+                let text = input["text"].as_str().unwrap();
+                model.encode(text, input["pair"].as_str()).unwrap()
+            })
+            .collect();
+        // Every text several times, so that each thread's share is a padded batch.
+        let many: Vec<_> = (0..5).flat_map(|_| encs.iter().cloned()).collect();
+        for (n, c) in model.classify_all(&many).unwrap().iter().enumerate() {
+            let want = g.tensor(&format!("logits{}", n % encs.len()));
+            assert_close(&format!("{name} text {n}"), &c.logits, want, 1e-4);
+        }
+    }
+    // GPT-2 reads the last token that is not the pad token (id 0 here): with pad tokens at
+    // the end that row is not the last one, and sees only the keys up to it.
+    let (model, _) = load("gpt2-cls");
+    let mut enc = model.encode("The cat sat on the mat", None).unwrap();
+    for _ in 0..3 {
+        enc.ids.push(0);
+        enc.tokens.push("<pad>".into());
+        enc.spans.push(None);
+        enc.segments.push(0);
+        enc.special.push(false);
+    }
+    let short = model.encode("Hello", None).unwrap();
+    let encs = [enc.clone(), short.clone(), enc, short];
+    let full = model.forward_batch(&encs, &RunOptions::default()).unwrap();
+    let want = model.classify(&full, &encs).unwrap();
+    assert_eq!(want[0].pooled_token, encs[0].len() - 4);
+    for (n, (got, want)) in model
+        .classify_all(&encs)
+        .unwrap()
+        .iter()
+        .zip(&want)
+        .enumerate()
+    {
+        assert_eq!(got.pooled_token, want.pooled_token);
+        for (a, b) in got.logits.iter().zip(&want.logits) {
+            assert!((a - b).abs() <= 1e-5, "padded text {n}: {a} vs {b}");
+        }
+    }
+}
+
 #[test]
 fn masked_language_models_match_transformers() {
     for name in ["bert-mlm", "distilbert-mlm", "roberta-mlm"] {

@@ -7,7 +7,7 @@ mod cli_support;
 use std::path::PathBuf;
 
 use cli_support::{fails_with, ok, tiny_gpt2};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn heads(name: &str) -> String {
     PathBuf::from(concat!(
@@ -154,35 +154,66 @@ fn answer_gives_the_pipelines_answer() {
         "{bars}"
     );
     assert!(!bars.contains("  invented?"), "{bars}");
-    // Questions from a file of JSON lines.
+    // Questions from a file of JSON lines, their windows run together: each line's answer is
+    // the pipeline's, the long context's (several windows) among them.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("q.jsonl");
-    std::fs::write(
-        &file,
-        "{\"question\": \"Who?\", \"context\": \"Vaswani did it.\"}\n",
-    )
-    .unwrap();
-    let out = ok(&[
-        "answer",
-        "--file",
-        file.to_str().unwrap(),
-        "--model",
-        &heads("bert-qa"),
-        "--json",
-    ]);
-    let doc: Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(doc["question"], "Who?");
-    std::fs::write(&file, "{\"question\": \"Who?\"}\n").unwrap();
-    fails_with(
-        &[
+    for name in ["bert-qa", "roberta-qa"] {
+        let inputs = expected(name, "inputs");
+        let inputs = inputs.as_array().unwrap();
+        let lines: Vec<String> = (0..3)
+            .flat_map(|_| inputs.iter())
+            .map(|i| json!({"question": i["question"], "context": i["context"]}).to_string())
+            .collect();
+        std::fs::write(&file, lines.join("\n\n")).unwrap();
+        let out = ok(&[
             "answer",
             "--file",
             file.to_str().unwrap(),
             "--model",
-            &heads("bert-qa"),
-        ],
-        "line 1",
-    );
+            &heads(name),
+            "--json",
+        ]);
+        let docs: Vec<Value> = (out.lines())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(docs.len(), lines.len(), "{out}");
+        for (n, doc) in docs.iter().enumerate() {
+            let input = &inputs[n % inputs.len()];
+            let want = &input["answer"];
+            assert_eq!(doc["question"], input["question"]);
+            assert_eq!(
+                (&doc["answer"], &doc["start"], &doc["end"]),
+                (&want["answer"], &want["start"], &want["end"]),
+                "{name} line {n}"
+            );
+            let (g, w) = (
+                doc["score"].as_f64().unwrap(),
+                want["score"].as_f64().unwrap(),
+            );
+            assert!((g - w).abs() < 1e-4, "{name} line {n}: score {g} vs {w}");
+        }
+    }
+    // A bad line is named by its number, whether JSON or the question is at fault.
+    for (lines, at) in [
+        ("{\"question\": \"Who?\"}\n", "line 1: not a JSON object"),
+        (
+            "{\"question\": \"Who?\", \"context\": \"Vaswani.\"}\n\n{\"question\": \" \", \"context\": \"Vaswani.\"}\n",
+            "line 3: the question is empty",
+        ),
+    ] {
+        std::fs::write(&file, lines).unwrap();
+        fails_with(
+            &[
+                "answer",
+                "--file",
+                file.to_str().unwrap(),
+                "--model",
+                &heads("bert-qa"),
+            ],
+            at,
+        );
+    }
 }
 
 #[test]
@@ -255,10 +286,10 @@ fn bad_task_inputs_are_clear_errors() {
         &["predict", "The cat sat", "--model", &mlm],
         "the text has no [MASK] token",
     );
-    // A flag's value out of range is a usage error, exit code 2 as for every flag.
+    // A flag's value out of range is bad input: exit code 1, named by clap.
     let zero =
         cli_support::attnscope(&["predict", "The [MASK] sat", "--model", &mlm, "--top", "0"]);
-    assert_eq!(zero.status.code(), Some(2));
+    assert_eq!(zero.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&zero.stderr).contains("'--top <K>'"));
     fails_with(
         &[

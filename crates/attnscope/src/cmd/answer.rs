@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use attn_models::{Answered, Model, RunOptions, Task};
+use attn_models::{Answer, Model, RunOptions, Task};
 
 use super::attention::read_text_file;
 use super::task::{ExplainArgs, render_bars, require, write_out};
@@ -62,8 +62,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The answer as JSON (an empty answer at 0 when no span of the context could be one).
-fn to_json(model: &Model, answered: &Answered) -> serde_json::Value {
-    match &answered.answer {
+fn to_json(model: &Model, answer: Option<&Answer>) -> serde_json::Value {
+    match answer {
         Some(a) => serde_json::json!({
             "model": model.name(), "answer": a.text, "start": a.start, "end": a.end, "score": a.score
         }),
@@ -101,7 +101,7 @@ fn run_one(args: &Args, model: &Model) -> anyhow::Result<()> {
         _ => None,
     };
     if args.json {
-        let mut doc = to_json(model, &answered);
+        let mut doc = to_json(model, answered.answer.as_ref());
         if let Some((bars, _)) = &bars {
             doc["explain"] = serde_json::to_value(bars)?;
         }
@@ -140,43 +140,51 @@ struct Line {
 
 fn run_file(args: &Args, model: &Model, file: &std::path::Path) -> anyhow::Result<()> {
     let text = read_text_file(file)?;
-    let mut s = String::new();
-    let mut any = false;
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let at = || format!("{}, line {}", file.display(), n + 1);
+    let mut questions = Vec::new();
+    let mut lines = Vec::new();
+    for (n, line) in (text.lines().enumerate()).filter(|(_, l)| !l.trim().is_empty()) {
         let q: Line = serde_json::from_str(line).with_context(|| {
-            format!("{}: not a JSON object {{\"question\", \"context\"}}", at())
+            format!(
+                "{}, line {}: not a JSON object {{\"question\", \"context\"}}",
+                file.display(),
+                n + 1
+            )
         })?;
-        let answered = model
-            .answer(&q.question, &q.context, &RunOptions::default())
-            .with_context(at)?;
-        any = true;
+        questions.push(q);
+        lines.push(n + 1);
+    }
+    anyhow::ensure!(
+        !questions.is_empty(),
+        "{}: no question to answer (every line is empty)",
+        file.display()
+    );
+    let pairs: Vec<(&str, &str)> = (questions.iter())
+        .map(|q| (q.question.as_str(), q.context.as_str()))
+        .collect();
+    let answers = model.answer_all(&pairs).map_err(|e| {
+        let what = match e.text() {
+            Some(i) => format!("{}, line {}", file.display(), lines[i]),
+            None => file.display().to_string(),
+        };
+        anyhow::Error::new(e).context(what)
+    })?;
+    let mut s = String::new();
+    for ((q, line), answer) in questions.iter().zip(&lines).zip(&answers) {
         if args.json {
-            let mut doc = to_json(model, &answered);
+            let mut doc = to_json(model, answer.as_ref());
             doc["question"] = q.question.as_str().into();
             writeln!(s, "{}", serde_json::to_string(&doc)?)?;
         } else {
-            let (answer, score) = answered
-                .answer
+            let (text, score) = answer
                 .as_ref()
                 .map_or(("", 0.0), |a| (a.text.as_str(), a.score));
             writeln!(
                 s,
-                "{:>5}  {:?}  {score:.4}  {}",
-                n + 1,
-                crate::terminal_safe(answer),
+                "{line:>5}  {:?}  {score:.4}  {}",
+                crate::terminal_safe(text),
                 crate::terminal_safe(&q.question)
             )?;
         }
     }
-    anyhow::ensure!(
-        any,
-        "{}: no question to answer (every line is empty)",
-        file.display()
-    );
     write_out(&s)
 }
