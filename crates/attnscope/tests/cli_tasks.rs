@@ -331,3 +331,85 @@ fn bad_task_inputs_are_clear_errors() {
     );
     fails_with(&["classify", "", "--model", &cls], "empty");
 }
+
+/// Tensor `name` of a checkpoint's expected outputs (F32).
+fn expected_tensor(name: &str, tensor: &str) -> Vec<f32> {
+    let bytes = std::fs::read(PathBuf::from(heads(name)).join("expected.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let view = st.tensor(tensor).unwrap();
+    assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name} {tensor}");
+    (view.data().chunks_exact(4))
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// The views read the encoder under any head: `attention` gives transformers' attentions of
+/// the task models, and `explain`, `heatmap`, `heads` and `html` run on each kind of head.
+#[test]
+fn the_views_run_on_the_encoder_under_each_head() {
+    for name in ["bert-cls", "distilbert-cls", "roberta-mlm", "gpt2-cls"] {
+        let model = heads(name);
+        for (n, input) in expected(name, "inputs")
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            let mut args = vec!["attention", input["text"].as_str().unwrap()];
+            if let Some(pair) = input["pair"].as_str() {
+                args.extend(["--pair", pair]);
+            }
+            args.extend(["--model", &model, "--json"]);
+            let doc = json(&args);
+            let got: Vec<f64> = (doc["attentions"].as_array().unwrap().iter())
+                .flat_map(|l| l.as_array().unwrap())
+                .flat_map(|h| h.as_array().unwrap())
+                .flat_map(|r| r.as_array().unwrap())
+                .map(|w| w.as_f64().unwrap())
+                .collect();
+            let want = expected_tensor(name, &format!("attentions{n}"));
+            assert_eq!(got.len(), want.len(), "{name} input {n}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - f64::from(*w)).abs() < 1e-4,
+                    "{name} input {n}: {g} vs {w}"
+                );
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = "The movie was good but the ending was terrible";
+    for name in ["bert-cls", "distilbert-qa", "roberta-mlm", "gpt2-cls"] {
+        let model = heads(name);
+        let bars = ok(&["explain", text, "--focus", "movie", "--model", &model]);
+        assert!(bars.contains("terrible"), "{name}: {bars}");
+        let png = dir.path().join(format!("{name}.png"));
+        ok(&[
+            "heatmap",
+            text,
+            "--model",
+            &model,
+            "-o",
+            png.to_str().unwrap(),
+        ]);
+        assert!(
+            std::fs::read(&png).unwrap().starts_with(b"\x89PNG"),
+            "{name}"
+        );
+        let stats = ok(&["heads", text, "--model", &model]);
+        assert!(stats.contains("entropy"), "{name}: {stats}");
+        let page = dir.path().join(format!("{name}.html"));
+        ok(&[
+            "html",
+            text,
+            "--model",
+            &model,
+            "-o",
+            page.to_str().unwrap(),
+        ]);
+        assert!(
+            std::fs::read_to_string(&page).unwrap().contains("terrible"),
+            "{name}"
+        );
+    }
+}

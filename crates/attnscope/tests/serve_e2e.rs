@@ -646,3 +646,29 @@ fn a_neuron_layer_asked_during_a_submit_does_not_supersede_it() {
     );
     assert_eq!(intro, json!("\"[CLS]\""));
 }
+
+/// The app reads the encoder under a task head (a classifier here) as it reads any model.
+#[test]
+fn serve_runs_a_task_models_encoder() {
+    let model =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/heads/bert-cls");
+    let mut server = Server::start(&model);
+    let (status, body) = post(
+        &server.api(),
+        &json!({"text": "The movie was good"}).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let data: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(labels(&data)[0], "[CLS]");
+    let n = data["tokens"].as_array().unwrap().len();
+    let weights = unpack_weights(&data);
+    assert_eq!(weights.len(), 2 * 2 * n * n);
+    for row in weights.chunks(n) {
+        let sum: f32 = row.iter().sum();
+        assert!(
+            (sum - 1.0).abs() <= 0.0005 * n as f32 + 1e-6,
+            "row sums to {sum}"
+        );
+    }
+    assert!(server.alive());
+}
