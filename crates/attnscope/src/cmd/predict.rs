@@ -94,7 +94,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for &(id, probability) in &p.top {
             let bar = "█".repeat((probability * 40.0).round() as usize);
             let shown = crate::terminal_safe(&format!("{:?}", token(id)?));
-            writeln!(s, "  {probability:>7.4}  {shown:<16} (id {id})  {bar}")?;
+            let line = format!("  {probability:>7.4}  {shown:<16} (id {id})  {bar}");
+            writeln!(s, "{}", line.trim_end())?;
         }
         if let Some(b) = bars.get(n) {
             let what = format!(
