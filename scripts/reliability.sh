@@ -132,7 +132,7 @@ echo
 
 echo "## Bad input, command by command"
 echo
-echo "Command: \`cargo test -p attnscope --test hostile -- --show-output\` (exit 1 = a user error, 2 = a usage error; never a panic)"
+echo "Command: \`cargo test -p attnscope --test hostile -- --show-output\` (exit 1 for every bad input, a usage error included; never a panic)"
 echo
 run_tests "$logs/hostile.log" -p attnscope --test hostile
 # Shorten temporary paths and long messages so the table stays readable.

@@ -694,17 +694,17 @@ fn bad_flags_and_files_are_clear_errors() {
         1,
         "heads are 0..=0",
     );
-    fails_with(&["explain", "--maps", maps, "--top", "0"], 2, "--top");
+    fails_with(&["explain", "--maps", maps, "--top", "0"], 1, "--top");
     // Python's -1 for the last layer: indices count from 0, none from the end.
     fails_with(
         &["explain", "--maps", maps, "--layer", "-1"],
-        2,
+        1,
         "indices count from 0 (0 is the first) and none counts from the end",
     );
-    fails_with(&["explain", "--maps", maps, "--head", "0"], 2, "--layer");
+    fails_with(&["explain", "--maps", maps, "--head", "0"], 1, "--layer");
     fails_with(
         &["explain", "--maps", maps, "--rollout", "--flow"],
-        2,
+        1,
         "cannot be used",
     );
     fails_with(
@@ -717,7 +717,7 @@ fn bad_flags_and_files_are_clear_errors() {
             "--context",
             "c",
         ],
-        2,
+        1,
         "cannot be used",
     );
     // The maps hold their own text: a TEXT or --pair beside them would be silently ignored.
@@ -731,7 +731,7 @@ fn bad_flags_and_files_are_clear_errors() {
         &["heads", "The dog barked", "--maps", maps],
         &["heads", "--maps", maps, "--pair", "b"],
     ] {
-        fails_with(args, 2, "cannot be used");
+        fails_with(args, 1, "cannot be used");
     }
 
     let out = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
@@ -768,7 +768,7 @@ fn bad_flags_and_files_are_clear_errors() {
             "--grid",
             "--rollout",
         ],
-        2,
+        1,
         "cannot be used",
     );
 
