@@ -36,6 +36,7 @@ mod answer;
 mod block;
 mod checkpoint;
 mod config;
+mod contributions;
 mod error;
 mod fetch;
 mod generate;
@@ -51,6 +52,7 @@ mod weights;
 pub use answer::{Answer, Answered, MAX_ANSWER_TOKENS, MAX_WINDOW};
 pub use checkpoint::{Checkpoint, F32Data, MAX_HEADER_BYTES, TensorInfo, repeated_header_key};
 pub use config::{Activation, Family, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES};
+pub use contributions::Contributions;
 pub use error::ModelError;
 pub use fetch::{
     DEFAULT_SHA256, cache_dir, default_model_dir, is_complete, model_from_env, unpack_model,

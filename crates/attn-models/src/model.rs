@@ -385,6 +385,15 @@ impl Model {
         }
     }
 
+    /// The position of the token a classifier reads in `enc` (its first, or GPT-2's last that
+    /// is not the pad token); `None` for a model without a classifier.
+    pub fn pooled_token(&self, enc: &Encoding) -> Option<usize> {
+        match &self.head {
+            Head::Classifier(c) => Some(c.pooled_at(&enc.ids)),
+            _ => None,
+        }
+    }
+
     /// The classifier's labels in id order.
     pub fn labels(&self) -> Result<&[String], ModelError> {
         match &self.head {
@@ -471,6 +480,11 @@ impl Model {
             }
         }
         Ok(out)
+    }
+
+    /// The transformer blocks, from the input up.
+    pub(crate) fn layers(&self) -> &[Layer] {
+        &self.weights.layers
     }
 
     /// The question-answering head, or the error that names the heads the model has.

@@ -260,6 +260,39 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `y = x · W[inputs, :]`, no bias: the product of `x` (`[rows, inputs.len()]`, row stride
+    /// `ld`) with the weight's rows `inputs` (one head's rows of an attention output
+    /// projection), in f32. The weight must be one part.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, ld]`, its first `inputs.len()` columns read; `y`: `[rows, n_out]`
+    pub(crate) fn multiply_input_rows(
+        &self,
+        x: &[f32],
+        (rows, ld): (usize, usize),
+        inputs: std::ops::Range<usize>,
+        y: &mut [f32],
+    ) {
+        let part = &self.parts[0];
+        debug_assert_eq!(self.parts.len(), 1);
+        let (n_in, n_out, k) = (self.n_in, self.n_out, inputs.len());
+        let w = match part.layout {
+            WeightLayout::InOut => MatRef::from_row_major_slice(
+                &part.data[inputs.start * n_out..][..k * n_out],
+                k,
+                n_out,
+            ),
+            WeightLayout::OutIn => MatRef::from_row_major_slice(&part.data, n_out, n_in)
+                .transpose()
+                .subrows(inputs.start, k),
+        };
+        let x = MatRef::from_column_major_slice_with_stride(x, k, rows, ld).transpose();
+        let dst = MatMut::from_row_major_slice_mut(&mut y[..rows * n_out], rows, n_out);
+        matmul(dst, Accum::Replace, x, w, 1.0f32, Par::Seq);
+    }
+}
+
 /// Output columns per GEMM in [`Linear::matmul_f32_activation`]: a `[rows, 384]` block of the
 /// output (1.2 MiB for 800 rows) is still in L2 when its bias and activation are applied.
 const ACTIVATION_BLOCK_COLS: usize = 384;

@@ -134,6 +134,19 @@ pub fn rollout(maps: &AttentionMaps) -> Result<Vec<f32>, VizError> {
     Ok(rolled)
 }
 
+/// The product `C_L ··· C_1` of per-layer contribution matrices (ALTI's rollout: their rows
+/// already hold each token's own share, so no identity is added).
+///
+/// # Shapes
+/// `per_layer: [n_layers, T, T]` → `[T, T]`.
+pub fn rolled_out(per_layer: &[f32], t: usize) -> Vec<f32> {
+    let mut layers = per_layer.chunks_exact((t * t).max(1));
+    let Some(first) = layers.next() else {
+        return Vec::new();
+    };
+    layers.fold(first.to_vec(), |rolled, c| matmul(c, &rolled, t))
+}
+
 /// `a · b` for two `[n, n]` row-major matrices, accumulated in f64, rows in parallel. Zeros of
 /// `a` are skipped, and each row of `b` is read up to its last nonzero: a causal model's
 /// matrices are lower-triangular, which leaves about a third of the work (a rollout of

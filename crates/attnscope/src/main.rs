@@ -30,6 +30,8 @@ enum Command {
     Attention(cmd::attention::Args),
     /// Sentence embeddings of a real model.
     Embed(cmd::embed::Args),
+    /// What each token contributes, beyond raw weights: value-weighted norms, ALTI, rollout, flow.
+    Attribute(cmd::attribute::Args),
     /// Which words a word attends to, as bars in the terminal.
     Explain(cmd::explain::Args),
     /// Draw the attention matrix as a PNG or SVG heatmap.
@@ -98,6 +100,7 @@ fn main() -> ExitCode {
         Command::Mask(args) => cmd::mask::run(args),
         Command::Attention(args) => cmd::attention::run(args),
         Command::Embed(args) => cmd::embed::run(args),
+        Command::Attribute(args) => cmd::attribute::run(args),
         Command::Explain(args) => cmd::explain::run(args),
         Command::Heatmap(args) => cmd::heatmap::run(args),
         Command::Html(args) => cmd::html::run(args),
@@ -151,6 +154,7 @@ fn model_args(command: &Command) -> Option<&attnscope::maps::ModelArgs> {
     match command {
         Command::Attention(args) => Some(&args.model),
         Command::Embed(args) => Some(&args.model),
+        Command::Attribute(args) => Some(&args.model),
         Command::Generate(args) => Some(&args.model),
         Command::Classify(args) => Some(&args.model),
         Command::Answer(args) => Some(&args.model),

@@ -2,6 +2,7 @@
 
 pub mod answer;
 pub mod attention;
+pub mod attribute;
 pub mod bench;
 pub mod classify;
 pub mod embed;
