@@ -1068,7 +1068,128 @@ fn cases(root: &Path) -> Vec<Case> {
             &["1e-10", "from 0.1"],
         ),
     ]);
+    cases.extend(task_cases(root));
     cases
+}
+
+/// The task commands and `attribute`: a model without the head, bad files, bad flags.
+fn task_cases(root: &Path) -> Vec<Case> {
+    let heads = golden().join("heads");
+    let (cls, qa, mlm) = (
+        heads.join("bert-cls").to_str().unwrap().to_string(),
+        heads.join("bert-qa").to_str().unwrap().to_string(),
+        heads.join("bert-mlm").to_str().unwrap().to_string(),
+    );
+    let tiny = tiny_gpt2().to_str().unwrap().to_string();
+    let blank = write(root, "blank.txt", "\n  \n\n");
+    let binary = write(root, "binary.txt", [0xff, 0xfe, 0x00, 0x41]);
+    let not_json = write(
+        root,
+        "questions.jsonl",
+        "{\"question\": \"Who?\", \"context\": \"He.\"}\nnot json\n",
+    );
+    vec![
+        case(
+            "classify",
+            "a masked LM (no classifier)",
+            &["Hello", "--model", &mlm],
+            &["sequence-classification", "BertForMaskedLM"],
+        ),
+        case(
+            "classify",
+            "an empty text",
+            &["  ", "--model", &cls],
+            &["empty"],
+        ),
+        case(
+            "classify",
+            "--file of blank lines",
+            &["--file", &blank, "--model", &cls],
+            &["no text"],
+        ),
+        case(
+            "classify",
+            "--file not UTF-8",
+            &["--file", &binary, "--model", &cls],
+            &["binary.txt"],
+        ),
+        case(
+            "classify",
+            "--file missing",
+            &["--file", "/nonexistent/reviews.txt", "--model", &cls],
+            &["/nonexistent/reviews.txt"],
+        ),
+        case(
+            "answer",
+            "a classifier (no QA head)",
+            &["--question", "Who?", "--context", "He.", "--model", &cls],
+            &["question-answering", "BertForSequenceClassification"],
+        ),
+        case(
+            "answer",
+            "an empty context",
+            &["--question", "Who?", "--context", " ", "--model", &qa],
+            &["context", "empty"],
+        ),
+        case(
+            "answer",
+            "--file with a line not JSON",
+            &["--file", &not_json, "--model", &qa],
+            &["line 2"],
+        ),
+        case(
+            "predict",
+            "no [MASK] in the text",
+            &["The cat sat", "--model", &mlm],
+            &["[MASK]"],
+        ),
+        usage(
+            "predict",
+            "--top 0",
+            &["The [MASK] sat", "--model", &mlm, "--top", "0"],
+            &["--top"],
+        ),
+        case(
+            "predict",
+            "a classifier (no LM head)",
+            &["The [MASK] sat", "--model", &cls],
+            &["BertForSequenceClassification"],
+        ),
+        case(
+            "attribute",
+            "--position past the text",
+            &[
+                "hi",
+                "--method",
+                "alti",
+                "--model",
+                &tiny,
+                "--position",
+                "99",
+            ],
+            &["--position 99"],
+        ),
+        case(
+            "attribute",
+            "--focus a word not in the text",
+            &[
+                "The cat", "--method", "norm", "--model", &tiny, "--focus", "dog",
+            ],
+            &["dog"],
+        ),
+        usage(
+            "attribute",
+            "an unknown --method",
+            &["The cat", "--method", "shapley", "--model", &tiny],
+            &["shapley"],
+        ),
+        case(
+            "attribute",
+            "an empty text",
+            &["  ", "--method", "alti", "--model", &cls],
+            &["empty"],
+        ),
+    ]
 }
 
 #[test]
