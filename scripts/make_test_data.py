@@ -4,8 +4,9 @@ Hugging Face transformers (the modules in scripts/test_data/ say how each file i
     python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch transformers safetensors numpy
     /tmp/ref/bin/python scripts/make_test_data.py [MINILM_DIR] [PART...]
 
-PARTS are among sdpa, mha, grad, minilm, tiny-gpt2, heads and contributions (all by default;
-heads reads tiny-gpt2's tokenizer and weights, contributions the heads' checkpoints). MINILM_DIR is a local all-MiniLM-L6-v2 in the Hugging Face layout; by default the copy
+PARTS are among sdpa, mha, grad, minilm, tiny-gpt2, heads, contributions and gradients (all by
+default; heads reads tiny-gpt2's tokenizer and weights, contributions and gradients the heads'
+checkpoints). MINILM_DIR is a local all-MiniLM-L6-v2 in the Hugging Face layout; by default the copy
 attnscope fetched into its cache ($ATTNSCOPE_CACHE, else $XDG_CACHE_HOME/attnscope, else
 ~/.cache/attnscope). The files are rewritten in place: new random inputs mean new expected
 values, so commit them together.
@@ -19,9 +20,10 @@ sys.path.insert(0, os.path.join(here, "test_data"))
 import golden  # noqa: E402
 import model_golden  # noqa: E402
 import contributions  # noqa: E402
+import gradients  # noqa: E402
 import task_heads  # noqa: E402
 
-PARTS = ["sdpa", "mha", "grad", "minilm", "tiny-gpt2", "heads", "contributions"]
+PARTS = ["sdpa", "mha", "grad", "minilm", "tiny-gpt2", "heads", "contributions", "gradients"]
 
 
 def default_minilm():
@@ -56,6 +58,9 @@ def main():
         task_heads.heads(minilm_dir, os.path.join(root, "heads"), os.path.join(root, "tiny-gpt2"))
     if "contributions" in parts:
         contributions.all_models(minilm_dir, os.path.join(root, "heads"), os.path.join(root, "contributions"))
+    if "gradients" in parts:
+        gradients.all_models(minilm_dir, os.path.join(root, "heads"), os.path.join(root, "tiny-gpt2"),
+                             os.path.join(root, "gradients"))
 
 
 if __name__ == "__main__":

@@ -416,6 +416,46 @@ impl ClassifierHead {
         }
     }
 
+    /// Logit `label` of the pooled token's hidden state `x`, and its gradient with respect to
+    /// `x`: back through the output layer and the dense layer and activation before it.
+    pub(crate) fn logit_grad(&self, x: &[f32], label: usize) -> (f32, Vec<f32>) {
+        let h = self.out.n_in;
+        let (pooled, pre) = match &self.pre {
+            None => (x.to_vec(), None),
+            Some((dense, act)) => {
+                let mut z = vec![0.0; h];
+                dense.forward(x, &mut z, Epilogue::Bias, HEAD_GEMM);
+                let y: Vec<f32> = match act {
+                    PreActivation::Relu => z.iter().map(|v| v.max(0.0)).collect(),
+                    PreActivation::Tanh => z.iter().map(|&v| tanh(v)).collect(),
+                };
+                (y, Some((dense, act, z)))
+            }
+        };
+        let mut logits = vec![0.0; self.out.n_out];
+        self.out
+            .forward(&pooled, &mut logits, Epilogue::Bias, HEAD_GEMM);
+        let mut onehot = vec![0.0; self.out.n_out];
+        onehot[label] = 1.0;
+        let mut d_pooled = vec![0.0; h];
+        self.out.backward_input(&onehot, &mut d_pooled, HEAD_GEMM);
+        let dx = match pre {
+            None => d_pooled,
+            Some((dense, act, z)) => {
+                let dz: Vec<f32> = (d_pooled.iter().zip(&z).zip(&pooled))
+                    .map(|((g, &z), &y)| match act {
+                        PreActivation::Relu => g * f32::from(u8::from(z > 0.0)),
+                        PreActivation::Tanh => g * (1.0 - y * y),
+                    })
+                    .collect();
+                let mut dx = vec![0.0; h];
+                dense.backward_input(&dz, &mut dx, HEAD_GEMM);
+                dx
+            }
+        };
+        (logits[label], dx)
+    }
+
     /// The verdicts on the texts `encs` whose last hidden states are `hidden`
     /// (`[encs.len(), seq_len, h]`, `lengths` real tokens each), read at each one's pooled
     /// token.

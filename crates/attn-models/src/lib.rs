@@ -40,6 +40,7 @@ mod contributions;
 mod error;
 mod fetch;
 mod generate;
+mod gradients;
 mod heads;
 mod hub;
 mod kv_cache;
@@ -59,6 +60,7 @@ pub use fetch::{
     verify_sha256,
 };
 pub use generate::{GenerateOptions, Generation, Sampling, Temperature, generate, greedy};
+pub use gradients::{GradTarget, Gradients, IntegratedGradients, gauss_legendre};
 pub use heads::{Classification, Prediction, Scoring, SpanLogits, Task, softmax};
 pub use hub::resolve_model;
 pub use kv_cache::{KvCache, Step};

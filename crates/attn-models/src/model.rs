@@ -482,6 +482,18 @@ impl Model {
         Ok(out)
     }
 
+    /// The classifier's logit `label` of the pooled token's hidden state `x`, and its gradient.
+    pub(crate) fn classifier_logit_grad(
+        &self,
+        x: &[f32],
+        label: usize,
+    ) -> Result<(f32, Vec<f32>), ModelError> {
+        match &self.head {
+            Head::Classifier(c) => Ok(c.logit_grad(x, label)),
+            _ => Err(self.no_head(Task::Classification)),
+        }
+    }
+
     /// The transformer blocks, from the input up.
     pub(crate) fn layers(&self) -> &[Layer] {
         &self.weights.layers
@@ -569,7 +581,7 @@ impl Model {
     }
 
     /// The tokenizer.
-    pub(crate) fn tokenizer(&self) -> &TextTokenizer {
+    pub fn tokenizer(&self) -> &TextTokenizer {
         &self.tokenizer
     }
 
@@ -635,7 +647,7 @@ impl Model {
     pub fn gemm_kernel(&self) -> GemmKernel {
         self.gemm_kernel
     }
-    /// The loaded weights, for the incremental (KV-cached) decoder.
+    /// The loaded weights (the KV-cached decoder, gradients).
     pub(crate) fn weights(&self) -> &Weights {
         &self.weights
     }
@@ -815,7 +827,7 @@ impl Model {
     /// The lengths of a batch's texts and the longest, once every text is one the model can
     /// read: some tokens, no more than its positions, ids in its vocabulary, one segment per
     /// token and no segment past its token types.
-    fn check_batch(&self, encs: &[Encoding]) -> Result<(Vec<usize>, usize), ModelError> {
+    pub(crate) fn check_batch(&self, encs: &[Encoding]) -> Result<(Vec<usize>, usize), ModelError> {
         let c = &self.config;
         if encs.is_empty() {
             return Err(ModelError::EmptyBatch);

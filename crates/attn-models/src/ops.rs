@@ -111,6 +111,8 @@ pub struct Linear {
     /// `W` packed for AMX tiles, made on the first product that runs on them; `None` when `W`
     /// holds values the tiles cannot take ([`Bf16x3Weight::fits`]).
     packed: OnceLock<Option<Bf16x3Weight>>,
+    /// `Wᵀ` packed for AMX tiles, for the backward pass's `dy · Wᵀ`; made on first use.
+    packed_transpose: OnceLock<Option<Bf16x3Weight>>,
 }
 
 impl Linear {
@@ -149,6 +151,7 @@ impl Linear {
             n_in,
             n_out,
             packed: OnceLock::new(),
+            packed_transpose: OnceLock::new(),
         }
     }
 
@@ -261,6 +264,75 @@ impl Linear {
 }
 
 impl Linear {
+    /// `Wᵀ` packed for AMX tiles (on first use), unless the tiles cannot take it.
+    fn packed_transpose(&self) -> Option<&Bf16x3Weight> {
+        if let Some(packed) = self.packed_transpose.get() {
+            return packed.as_ref();
+        }
+        let fits = self.parts.iter().all(|p| Bf16x3Weight::fits(&p.data));
+        let pack = || {
+            // Each output column's values and their stride along the input.
+            let columns: Vec<(&[f32], usize)> = (self.parts.iter())
+                .flat_map(|p| {
+                    (0..p.n_out).map(move |c| match p.layout {
+                        WeightLayout::OutIn => (&p.data[c * self.n_in..], 1),
+                        WeightLayout::InOut => (&p.data[c..], p.n_out),
+                    })
+                })
+                .collect();
+            Bf16x3Weight::pack(self.n_out, self.n_in, |k, n| {
+                let (data, stride) = columns[k];
+                data[n * stride]
+            })
+        };
+        // Refused (and dropped) when another thread set it first.
+        let _ = self.packed_transpose.set(fits.then(pack));
+        self.packed_transpose.get().and_then(Option::as_ref)
+    }
+
+    /// `dx = dy · Wᵀ`: the gradient of the layer's input from its output's (no bias, no
+    /// weight gradient), on the kernel `gemm` picks for this many rows.
+    ///
+    /// # Shapes
+    /// - `dy`: `[rows, n_out]`, `dx`: `[rows, n_in]`
+    pub(crate) fn backward_input(&self, dy: &[f32], dx: &mut [f32], gemm: Gemm) {
+        let (n_in, n_out) = (self.n_in, self.n_out);
+        let rows = dy.len() / n_out;
+        if gemm.kernel.uses_tiles(rows)
+            && let Some(packed) = self.packed_transpose()
+            && Bf16x3Weight::fits(dy)
+        {
+            let parallel = !matches!(gemm.par, Par::Seq);
+            packed.matmul(dy, &mut dx[..rows * n_in], parallel, |_, _| {});
+            return;
+        }
+        let mut dst = MatMut::from_row_major_slice_mut(&mut dx[..rows * n_in], rows, n_in);
+        let mut col = 0;
+        for (p, part) in self.parts.iter().enumerate() {
+            // This part's columns of dy, [rows, part.n_out] with row stride n_out.
+            let g =
+                MatRef::from_column_major_slice_with_stride(&dy[col..], part.n_out, rows, n_out)
+                    .transpose();
+            // Wᵀ of the part: [part.n_out, n_in].
+            let wt = match part.layout {
+                WeightLayout::OutIn => MatRef::from_row_major_slice(&part.data, part.n_out, n_in),
+                WeightLayout::InOut => {
+                    MatRef::from_row_major_slice(&part.data, n_in, part.n_out).transpose()
+                }
+            };
+            let accum = if p == 0 { Accum::Replace } else { Accum::Add };
+            matmul(
+                dst.as_mut(),
+                accum,
+                g,
+                wt,
+                1.0f32,
+                crate::model::parallelism(),
+            );
+            col += part.n_out;
+        }
+    }
+
     /// `y = x · W[inputs, :]`, no bias: the product of `x` (`[rows, inputs.len()]`, row stride
     /// `ld`) with the weight's rows `inputs` (one head's rows of an attention output
     /// projection), in f32. The weight must be one part.

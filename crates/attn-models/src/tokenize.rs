@@ -83,6 +83,17 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The id of the vocabulary entry `token` (`"Ġcat"`, `"[MASK]"`), if there is one.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The ids of `word` alone, without special tokens.
+    pub fn word_ids(&self, word: &str) -> Result<Vec<u32>, ModelError> {
+        let enc = self.inner.encode(word, false).map_err(tokenizer_err)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// Whether `id` is one of the tokenizer's special tokens (`[CLS]`, `[PAD]`,
     /// `<|endoftext|>`), which a text may also write itself.
     pub fn is_special(&self, id: u32) -> bool {
@@ -295,11 +306,6 @@ pub(crate) struct Window {
 }
 
 impl TextTokenizer {
-    /// The id of `token` in the vocabulary, if it has it.
-    pub(crate) fn token_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
-    }
-
     /// The mask token (`[MASK]`, `<mask>`) and its id, when the tokenizer has one of them as a
     /// special token.
     pub(crate) fn mask_token(&self) -> Option<(String, u32)> {

@@ -30,7 +30,7 @@ enum Command {
     Attention(cmd::attention::Args),
     /// Sentence embeddings of a real model.
     Embed(cmd::embed::Args),
-    /// What each token contributes, beyond raw weights: value-weighted norms, ALTI, rollout, flow.
+    /// What each token contributes, beyond raw weights: norms, ALTI, rollout, flow, gradients.
     Attribute(cmd::attribute::Args),
     /// Which words a word attends to, as bars in the terminal.
     Explain(cmd::explain::Args),

@@ -183,12 +183,182 @@ fn bad_attribute_input_is_a_clear_error() {
         "--position 9: the text has 4 tokens",
     );
     fails_with(
-        &["attribute", "The cat", "--method", "ig"],
-        "invalid value 'ig'",
+        &["attribute", "The cat", "--method", "shapley"],
+        "invalid value 'shapley'",
     );
     fails_with(
         &["attribute", "The cat", "--method", "alti", "--focus", "dog"],
         "--focus \"dog\": no such word in the text (its words: The, cat)",
     );
     fails_with(&["attribute", "   ", "--method", "norm"], "empty");
+}
+
+/// `(label, token, target_text)` of a gradient reference's metadata, and the reference's path.
+fn gradient_reference(file: &str) -> (serde_json::Map<String, Value>, PathBuf) {
+    let path = data(&format!("gradients/{file}.safetensors"));
+    let bytes = std::fs::read(&path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = (meta.metadata().as_ref().unwrap().iter())
+        .map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap()))
+        .collect();
+    (meta, path)
+}
+
+fn tensor(path: &PathBuf, name: &str) -> Vec<f64> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    (st.tensor(name).unwrap().data().chunks_exact(4))
+        .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
+        .collect()
+}
+
+/// `max |got − want| ≤ tol · max(1, max |want|)`.
+fn close_relative(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    close(what, got, want, tol * scale);
+}
+
+#[test]
+fn the_gradient_methods_give_the_references_scores() {
+    for (file, model, extra) in [
+        ("bert-cls", Some(data("heads/bert-cls")), vec![]),
+        ("gpt2-cls", Some(data("heads/gpt2-cls")), vec![]),
+        ("tiny-gpt2", Some(data("tiny-gpt2")), vec![]),
+        (
+            "minilm",
+            None,
+            vec!["--target-text", "A dog lay on the rug"],
+        ),
+    ] {
+        let (meta, path) = gradient_reference(file);
+        let text = meta["text"].as_str().unwrap();
+        let dir = model.map(|d| d.to_str().unwrap().to_string());
+        let run = |method: &str| -> Value {
+            let mut args = vec!["attribute", text, "--method", method, "--json"];
+            args.extend(&extra);
+            if let Some(dir) = &dir {
+                args.extend(["--model", dir.as_str()]);
+            }
+            serde_json::from_str(&ok(&args)).unwrap()
+        };
+        // Input × gradient: ‖e_j ⊙ ∂y/∂e_j‖₂ from the reference's own e and gradient.
+        let doc = run("grad-input");
+        let (e, g) = (
+            tensor(&path, "embeddings"),
+            tensor(&path, "d_embeddings1.0"),
+        );
+        let t = doc["tokens"].as_array().unwrap().len();
+        let d = e.len() / t;
+        let want: Vec<f64> = (0..t)
+            .map(|j| {
+                (0..d)
+                    .map(|k| (e[j * d + k] * g[j * d + k]).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .collect();
+        close_relative(
+            &format!("{file} grad-input"),
+            &flat(&doc["scores"]),
+            &want,
+            1e-4,
+        );
+        match meta.get("label") {
+            Some(label) => {
+                let labels = ["negative", "neutral", "positive"];
+                assert_eq!(
+                    doc["target"]["label"],
+                    labels[label.as_u64().unwrap() as usize]
+                );
+            }
+            None if meta.contains_key("token") => assert_eq!(doc["target"]["id"], meta["token"]),
+            None => assert_eq!(doc["target"]["target_text"], "A dog lay on the rug"),
+        }
+        // Integrated gradients at the default 50 steps, and its completeness.
+        let doc = run("ig");
+        let want = tensor(&path, "ig50");
+        close_relative(&format!("{file} ig"), &flat(&doc["scores"]), &want, 1e-3);
+        let gap = doc["completeness_gap"].as_f64().unwrap();
+        let change: f64 = want.iter().sum::<f64>().abs();
+        assert!(
+            gap <= 0.01 * change.max(1e-6),
+            "{file}: gap {gap} of {change}"
+        );
+        // Attention × gradient: the row of its rolled-out matrix, which holds I + ….
+        let doc = run("attn-grad");
+        let matrix = flat(&doc["matrix"]);
+        for i in 0..t {
+            assert!(
+                matrix[i * t + i] >= 1.0,
+                "{file}: R[{i}][{i}] = {}",
+                matrix[i * t + i]
+            );
+        }
+        let scores = flat(&doc["scores"]);
+        let rows: Vec<usize> = match doc["target"]["position"].as_u64() {
+            Some(p) => vec![p as usize],
+            None => (0..t).collect(),
+        };
+        let want: Vec<f64> = (0..t)
+            .map(|j| rows.iter().map(|&i| matrix[i * t + j]).sum::<f64>() / rows.len() as f64)
+            .collect();
+        close(&format!("{file} attn-grad row"), &scores, &want, 1e-5);
+    }
+}
+
+#[test]
+fn gradient_targets_that_do_not_apply_are_clear_errors() {
+    let (cls, qa, gpt2) = (
+        data("heads/bert-cls"),
+        data("heads/bert-qa"),
+        data("tiny-gpt2"),
+    );
+    let (cls, qa, gpt2) = (
+        cls.to_str().unwrap(),
+        qa.to_str().unwrap(),
+        gpt2.to_str().unwrap(),
+    );
+    let text = "The cat sat on the mat";
+    for (args, needle) in [
+        (
+            vec!["--method", "ig", "--label", "positive"],
+            "--label is for a classifier",
+        ),
+        (vec!["--method", "ig"], "give --target-text T"),
+        (
+            vec!["--method", "ig", "--model", cls, "--label", "happy"],
+            "has the labels negative, neutral, positive",
+        ),
+        (
+            vec!["--method", "ig", "--model", cls, "--token", "the"],
+            "--token is for a causal language model",
+        ),
+        (
+            vec!["--method", "ig", "--model", gpt2, "--target-text", "x"],
+            "--target-text is for an embedding model",
+        ),
+        (
+            vec![
+                "--method",
+                "ig",
+                "--model",
+                gpt2,
+                "--token",
+                "extraordinarily",
+            ],
+            "tokenizes to",
+        ),
+        (
+            vec!["--method", "grad-input", "--model", qa],
+            "has a question-answering head",
+        ),
+        (
+            vec!["--method", "ig", "--model", cls, "--steps", "0"],
+            "--steps",
+        ),
+    ] {
+        let mut all = vec!["attribute", text];
+        all.extend(&args);
+        fails_with(&all, needle);
+    }
 }

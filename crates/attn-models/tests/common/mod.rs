@@ -81,6 +81,7 @@ impl Golden {
             .map(str::to_string)
     }
 
+    #[allow(dead_code)] // for the tests that read lists of texts, not the gradients'
     pub fn strings(&self, key: &str) -> Vec<String> {
         self.meta[key]
             .as_array()

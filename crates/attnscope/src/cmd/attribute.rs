@@ -6,9 +6,10 @@
 use std::fmt::Write as _;
 
 use anyhow::Context;
-use attn_models::{Model, RunOptions};
+use attn_models::{GradTarget, Model, RunOptions, Task};
 use attn_viz::bars::{BarStyle, render_bars};
 use attn_viz::words::{Unit, renormalised, row_to_units, words};
+use serde_json::json;
 
 use super::task::write_out;
 use crate::maps::{ColorChoice, ModelArgs};
@@ -26,6 +27,12 @@ pub enum AttributionMethod {
     Rollout,
     /// Attention flow: max-flow through rollout's graph (up to 64 tokens)
     Flow,
+    /// Input × gradient: ‖e_j ⊙ ∂y/∂e_j‖₂ of each token's word embedding
+    GradInput,
+    /// Integrated gradients from no word embeddings, --steps Gauss–Legendre points
+    Ig,
+    /// Attention × gradient (Chefer et al. 2021): mean_h (∇_A y ⊙ A)⁺ per layer, rolled out
+    AttnGrad,
 }
 
 impl AttributionMethod {
@@ -35,7 +42,18 @@ impl AttributionMethod {
             AttributionMethod::Alti => "alti",
             AttributionMethod::Rollout => "rollout",
             AttributionMethod::Flow => "flow",
+            AttributionMethod::GradInput => "grad-input",
+            AttributionMethod::Ig => "ig",
+            AttributionMethod::AttnGrad => "attn-grad",
         }
+    }
+
+    /// Whether the method takes gradients of a target.
+    fn needs_target(self) -> bool {
+        matches!(
+            self,
+            AttributionMethod::GradInput | AttributionMethod::Ig | AttributionMethod::AttnGrad
+        )
     }
 
     fn describe(self) -> &'static str {
@@ -44,6 +62,9 @@ impl AttributionMethod {
             AttributionMethod::Alti => "ALTI, every layer rolled out",
             AttributionMethod::Rollout => "Attention rollout",
             AttributionMethod::Flow => "Attention flow",
+            AttributionMethod::GradInput => "Input × gradient",
+            AttributionMethod::Ig => "Integrated gradients",
+            AttributionMethod::AttnGrad => "Attention × gradient, rolled out",
         }
     }
 }
@@ -70,6 +91,20 @@ pub struct Args {
     /// The word whose sources are scored (its tokens' rows averaged; the first such word)
     #[arg(long, value_name = "WORD", conflicts_with = "position")]
     pub focus: Option<String>,
+    /// The gradient methods' target: this label's logit [default: the predicted label]
+    #[arg(long, value_name = "NAME")]
+    pub label: Option<String>,
+    /// The gradient methods' target on a causal LM: this next token's logit [default: the most
+    /// likely]; a vocabulary entry, else a word that is one token
+    #[arg(long, value_name = "W")]
+    pub token: Option<String>,
+    /// The gradient methods' target on an embedding model: the cosine with this text's
+    /// sentence embedding
+    #[arg(long, value_name = "T")]
+    pub target_text: Option<String>,
+    /// Integrated gradients' Gauss–Legendre points on [0, 1].
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub steps: u32,
     /// Print JSON: {"model", "method", "target", "tokens", "scores", "per_layer" | "matrix"}
     ///
     /// Print {"model", "method", "target": {"position"}, {"word", "positions"} or {"rows":
@@ -164,6 +199,110 @@ impl Target {
     }
 }
 
+/// The scalar the gradient methods differentiate, and how JSON names it: a classifier's logit,
+/// a causal language model's next-token logit at the last position, an embedding model's cosine
+/// with `--target-text`'s embedding.
+fn gradient_target(
+    model: &Model,
+    enc: &attn_models::Encoding,
+    args: &Args,
+) -> anyhow::Result<(GradTarget, serde_json::Value)> {
+    let causal_lm = model.config().causal && model.task().is_none_or(|t| t == Task::NextToken);
+    let classifier = model.task() == Some(Task::Classification);
+    let embedding = model.task().is_none() && !model.config().causal;
+    let refuse = |flag: &str, what: &str| {
+        anyhow::anyhow!("{flag} is for {what}; {} is not one", model.name())
+    };
+    if args.label.is_some() && !classifier {
+        return Err(refuse("--label", "a classifier"));
+    }
+    if args.token.is_some() && !causal_lm {
+        return Err(refuse("--token", "a causal language model"));
+    }
+    if args.target_text.is_some() && !embedding {
+        return Err(refuse("--target-text", "an embedding model"));
+    }
+    if classifier {
+        let labels = model.labels()?;
+        let label = match &args.label {
+            Some(name) => labels.iter().position(|l| l == name).with_context(|| {
+                format!(
+                    "--label {name:?}: {} has the labels {}",
+                    model.name(),
+                    labels.join(", ")
+                )
+            })?,
+            None => {
+                let out = model.forward(enc, &RunOptions::default())?;
+                let verdict = model.classify(&out, std::slice::from_ref(enc))?.remove(0);
+                let best = verdict
+                    .logits
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1));
+                best.map_or(0, |(i, _)| i)
+            }
+        };
+        return Ok((GradTarget::Logit(label), json!({ "label": labels[label] })));
+    }
+    if causal_lm {
+        let id = match &args.token {
+            Some(w) => match model.tokenizer().token_id(w) {
+                Some(id) => id,
+                None => match model.tokenizer().word_ids(w)?.as_slice() {
+                    [id] => *id,
+                    ids => anyhow::bail!(
+                        "--token {w:?}: not a vocabulary entry, and it tokenizes to {} tokens, not one",
+                        ids.len()
+                    ),
+                },
+            },
+            None => {
+                let out = model.forward(enc, &RunOptions::default())?;
+                let top = model.predict(&out, std::slice::from_ref(enc), 0, 1)?;
+                top[0].top[0].0
+            }
+        };
+        let token = model.token(id).unwrap_or_default();
+        return Ok((
+            GradTarget::NextToken(id),
+            json!({ "token": token, "id": id }),
+        ));
+    }
+    if embedding {
+        let text = args.target_text.as_deref().with_context(|| {
+            format!(
+                "{} is an embedding model: give --target-text T, whose cosine with the text's \
+                 embedding the gradient methods differentiate",
+                model.name()
+            )
+        })?;
+        let v = model.embed(&[text])?.remove(0);
+        return Ok((GradTarget::Cosine(v), json!({ "target_text": text })));
+    }
+    let head = model.task().map_or("no head", Task::describe);
+    anyhow::bail!(
+        "the gradient methods take a classifier's logit, a causal language model's next token or \
+         an embedding model's cosine; {} has a {head}",
+        model.name()
+    )
+}
+
+/// The gradient target in words: `the logit of "negative"`.
+fn describe_target(what: &serde_json::Value) -> String {
+    if let Some(label) = what["label"].as_str() {
+        format!("the logit of {:?}", crate::terminal_safe(label))
+    } else if let Some(token) = what["token"].as_str() {
+        format!(
+            "the logit of the next token {:?}",
+            crate::terminal_safe(token)
+        )
+    } else {
+        let text = what["target_text"].as_str().unwrap_or_default();
+        format!("the cosine with {:?}", crate::terminal_safe(text))
+    }
+}
+
 /// `[n, T, T]` as nested rows.
 fn nested(matrices: &[f32], t: usize) -> Vec<Vec<Vec<f32>>> {
     (matrices.chunks_exact((t * t).max(1)))
@@ -188,7 +327,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             (c.attentions, Some(per_layer), matrix)
         }
-        AttributionMethod::Rollout | AttributionMethod::Flow => {
+        _ => {
             let options = RunOptions {
                 attentions: true,
                 ..RunOptions::default()
@@ -203,7 +342,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let maps = crate::maps::to_maps(&model, text, pair, &enc, attentions)?;
     let units = words(&maps)?;
     let target = Target::of(&model, &enc, &args, &units)?;
+    let gradient = match args.method.needs_target() {
+        true => Some(gradient_target(&model, &enc, &args)?),
+        false => None,
+    };
+    let mut gap = None;
     let (scores, matrix) = match (args.method, matrix, &per_layer) {
+        (
+            AttributionMethod::GradInput | AttributionMethod::Ig | AttributionMethod::AttnGrad,
+            _,
+            _,
+        ) => {
+            let (y, _) = gradient
+                .as_ref()
+                .context("a gradient method without a target")?;
+            match args.method {
+                AttributionMethod::GradInput => (model.grad_input(&enc, y)?.0, None),
+                AttributionMethod::Ig => {
+                    let ig = model.integrated_gradients(&enc, y, args.steps as usize)?;
+                    gap = Some((ig.completeness_gap, ig.value - ig.baseline));
+                    (ig.scores, None)
+                }
+                _ => {
+                    let (r, _) = model.attention_gradient_rollout(&enc, y)?;
+                    (target.row(&r, t), Some(r))
+                }
+            }
+        }
         (AttributionMethod::Norm, _, Some(per_layer)) => {
             let last = &per_layer[per_layer.len() - t * t..];
             (target.row(last, t), None)
@@ -226,13 +391,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => anyhow::bail!("{}: no scores computed", args.method.name()),
     };
     if args.json {
+        let mut target_json = target.json();
+        if let Some((_, what)) = &gradient {
+            match args.method {
+                // Their scores are of the embeddings, not of a row.
+                AttributionMethod::GradInput | AttributionMethod::Ig => target_json = what.clone(),
+                _ => {
+                    let (Some(a), Some(b)) = (target_json.as_object_mut(), what.as_object()) else {
+                        anyhow::bail!("a target that is not a JSON object");
+                    };
+                    a.extend(b.clone());
+                }
+            }
+        }
         let mut doc = serde_json::json!({
             "model": model.name(),
             "method": args.method.name(),
-            "target": target.json(),
+            "target": target_json,
             "tokens": enc.tokens,
             "scores": scores,
         });
+        if let Some((gap, _)) = gap {
+            doc["completeness_gap"] = gap.into();
+        }
         if let Some(per_layer) = &per_layer {
             doc["per_layer"] = serde_json::to_value(nested(per_layer, t))?;
         }
@@ -241,7 +422,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return write_out(&format!("{}\n", serde_json::to_string(&doc)?));
     }
-    let merged = row_to_units(&scores, &units);
+    // Integrated gradients' scores are signed: the bars show their magnitudes.
+    let signed = scores.iter().any(|&v| v < 0.0);
+    let magnitudes: Vec<f32> = scores.iter().map(|v| v.abs()).collect();
+    let merged = row_to_units(&magnitudes, &units);
     let shown: Vec<usize> = (0..units.len())
         .filter(|&u| args.special || !units[u].special)
         .collect();
@@ -260,10 +444,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Target::Word(word, _) => format!("{:?}", crate::terminal_safe(word)),
         Target::Mean => "every token (averaged)".to_string(),
     };
+    let of = gradient.as_ref().map(|(_, what)| describe_target(what));
+    let to = match (args.method, &of) {
+        (AttributionMethod::GradInput | AttributionMethod::Ig, Some(of)) => format!("to {of}"),
+        (_, Some(of)) => format!("to {whose}, for {of}"),
+        (_, None) => format!("to {whose}"),
+    };
     let mut s = String::new();
     writeln!(
         s,
-        "{}: how much each word contributes to {whose} — {}:",
+        "{}: how much each word contributes {to} — {}:",
         args.method.describe(),
         model.name()
     )?;
@@ -277,6 +467,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
     } else {
         writeln!(s, "note: the scores shown are renormalised to sum to 1")?;
+    }
+    if signed {
+        writeln!(
+            s,
+            "note: the bars show the scores' magnitudes (--json gives the signed scores)"
+        )?;
+    }
+    if let Some((gap, change)) = gap {
+        writeln!(
+            s,
+            "note: completeness: the scores add up to y(text) − y(baseline) = {change:.4} within \
+             {gap:.2e} ({} steps)",
+            args.steps
+        )?;
     }
     writeln!(
         s,
