@@ -21,7 +21,7 @@ use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
 use crate::model::parallelism;
-use crate::ops::{Epilogue, Gemm};
+use crate::ops::{Epilogue, Gemm, lanes, lanes2, lanes3};
 use crate::weights::Layer;
 use crate::{Encoding, Model, ModelError, ModelKind, RunOptions};
 
@@ -214,54 +214,4 @@ fn layer_contributions(
         }
     }
     (norm, alti)
-}
-
-/// `Σ_k f(a[k])` in 16 interleaved sums, which the compiler turns into vector adds: a plain
-/// `f32` sum is one chain of dependent additions, and was most of ALTI's time at 100 tokens.
-fn lanes(a: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let mut blocks = a.chunks_exact(16);
-    for block in &mut blocks {
-        for (s, &v) in acc.iter_mut().zip(block) {
-            *s += f(v);
-        }
-    }
-    acc.iter().sum::<f32>() + blocks.remainder().iter().map(|&v| f(v)).sum::<f32>()
-}
-
-/// `Σ_k f(a[k], b[k])`, in lanes.
-fn lanes2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (mut xa, mut xb) = (a.chunks_exact(16), b.chunks_exact(16));
-    for (ba, bb) in (&mut xa).zip(&mut xb) {
-        for ((s, &u), &v) in acc.iter_mut().zip(ba).zip(bb) {
-            *s += f(u, v);
-        }
-    }
-    let rest: f32 = xa
-        .remainder()
-        .iter()
-        .zip(xb.remainder())
-        .map(|(&u, &v)| f(u, v))
-        .sum();
-    acc.iter().sum::<f32>() + rest
-}
-
-/// `Σ_k f(a[k], b[k], c[k])`, in lanes.
-fn lanes3(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (mut xa, mut xb, mut xc) = (a.chunks_exact(16), b.chunks_exact(16), c.chunks_exact(16));
-    for ((ba, bb), bc) in (&mut xa).zip(&mut xb).zip(&mut xc) {
-        for (((s, &u), &v), &w) in acc.iter_mut().zip(ba).zip(bb).zip(bc) {
-            *s += f(u, v, w);
-        }
-    }
-    let rest = (xa
-        .remainder()
-        .iter()
-        .zip(xb.remainder())
-        .zip(xc.remainder()))
-    .map(|((&u, &v), &w)| f(u, v, w))
-    .sum::<f32>();
-    acc.iter().sum::<f32>() + rest
 }

@@ -15,7 +15,11 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef};
 
 use crate::model::{merge_heads, parallelism, split_heads};
-use crate::ops::{Epilogue, Gemm, LayerNorm, Linear, bias_activation_block, erf, tanh};
+use rayon::prelude::*;
+
+use crate::ops::{
+    Epilogue, Gemm, LayerNorm, Linear, bias_activation_block, erf, lanes, lanes2, lanes3, tanh,
+};
 use crate::{Activation, Encoding, Model, ModelError, ModelKind, Task};
 
 /// The scalar a gradient is taken of.
@@ -52,52 +56,51 @@ struct NormState {
     inv_sigma: Vec<f32>,
 }
 
-/// `y = LayerNorm(x)` row by row (biased variance, as PyTorch), keeping `x̂` and `1/σ`.
+/// Rows per task of the row-wise loops: fewer would cost more in scheduling than they save.
+const ROWS_PER_TASK: usize = 64;
+
+/// `y = LayerNorm(x)` row by row (biased variance, as PyTorch), keeping `x̂` and `1/σ`; rows
+/// in parallel.
 fn norm_forward(ln: &LayerNorm, x: &[f32], y: &mut [f32]) -> NormState {
     let d = ln.gamma.len();
-    let rows = x.len() / d;
     let mut normalised = vec![0.0f32; x.len()];
-    let mut inv_sigma = vec![0.0f32; rows];
-    for r in 0..rows {
-        let row = &x[r * d..][..d];
-        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64;
-        let var = row
-            .iter()
-            .map(|&v| (f64::from(v) - mean).powi(2))
-            .sum::<f64>()
-            / d as f64;
-        let inv = (1.0 / (var + f64::from(ln.eps)).sqrt()) as f32;
-        inv_sigma[r] = inv;
-        for k in 0..d {
-            let n = (row[k] - mean as f32) * inv;
-            normalised[r * d + k] = n;
-            y[r * d + k] = n * ln.gamma[k] + ln.beta[k];
-        }
-    }
+    let mut inv_sigma = vec![0.0f32; x.len() / d];
+    (x.par_chunks_exact(d).zip(y.par_chunks_exact_mut(d)))
+        .zip(
+            normalised
+                .par_chunks_exact_mut(d)
+                .zip(inv_sigma.par_iter_mut()),
+        )
+        .for_each(|((row, y), (n, inv))| {
+            let mean = lanes(row, |v| v) / d as f32;
+            let var = lanes(row, |v| (v - mean) * (v - mean)) / d as f32;
+            *inv = 1.0 / (var + ln.eps).sqrt();
+            for k in 0..d {
+                n[k] = (row[k] - mean) * *inv;
+                y[k] = n[k] * ln.gamma[k] + ln.beta[k];
+            }
+        });
     NormState {
         normalised,
         inv_sigma,
     }
 }
 
-/// `dx` of a LayerNorm from `dy`: `(1/σ)(g − mean(g) − x̂·mean(g·x̂))` with `g = dy ⊙ γ`.
+/// `dx` of a LayerNorm from `dy`: `(1/σ)(g − mean(g) − x̂·mean(g·x̂))` with `g = dy ⊙ γ`; rows
+/// in parallel.
 fn norm_backward(ln: &LayerNorm, s: &NormState, dy: &[f32]) -> Vec<f32> {
     let d = ln.gamma.len();
     let mut dx = vec![0.0f32; dy.len()];
-    for (r, (dx, dy)) in dx.chunks_exact_mut(d).zip(dy.chunks_exact(d)).enumerate() {
-        let n = &s.normalised[r * d..][..d];
-        let g: Vec<f32> = dy.iter().zip(&ln.gamma).map(|(a, b)| a * b).collect();
-        let mean_g = g.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64;
-        let mean_gn = g
-            .iter()
-            .zip(n)
-            .map(|(&a, &b)| f64::from(a * b))
-            .sum::<f64>()
-            / d as f64;
-        for k in 0..d {
-            dx[k] = s.inv_sigma[r] * (g[k] - mean_g as f32 - n[k] * mean_gn as f32);
-        }
-    }
+    (dx.par_chunks_exact_mut(d).zip(dy.par_chunks_exact(d)))
+        .zip(s.normalised.par_chunks_exact(d).zip(s.inv_sigma.par_iter()))
+        .with_min_len(ROWS_PER_TASK)
+        .for_each(|((dx, dy), (n, &inv))| {
+            let mean_g = lanes2(dy, &ln.gamma, |a, g| a * g) / d as f32;
+            let mean_gn = lanes3(dy, &ln.gamma, n, |a, g, n| a * g * n) / d as f32;
+            for k in 0..d {
+                dx[k] = inv * (dy[k] * ln.gamma[k] - mean_g - n[k] * mean_gn);
+            }
+        });
     dx
 }
 
@@ -316,9 +319,16 @@ impl Model {
             };
             let inter = layer.ff_in.n_out;
             let mut d_act = linear_backward(&layer.ff_out, &d_ff_in, rows, gemm);
-            for ((g, &z), &a) in d_act.iter_mut().zip(&s.pre_act).zip(&s.act) {
-                *g *= activation_grad(c.activation, z, a);
-            }
+            (d_act
+                .par_chunks_mut(inter)
+                .zip(s.pre_act.par_chunks(inter))
+                .zip(s.act.par_chunks(inter)))
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(|((g, z), a)| {
+                for ((g, &z), &a) in g.iter_mut().zip(z).zip(a) {
+                    *g *= activation_grad(c.activation, z, a);
+                }
+            });
             debug_assert_eq!(d_act.len(), rows * inter);
             let d_ffx = linear_backward(&layer.ff_in, &d_act, rows, gemm);
             // The gradient of the residual stream after attention (before BERT's LayerNorm).
