@@ -362,3 +362,68 @@ fn gradient_targets_that_do_not_apply_are_clear_errors() {
         fails_with(&all, needle);
     }
 }
+
+/// `explain --method M` gives `attribute --method M`'s bars and JSON; "the#2" is the second "the".
+#[test]
+fn explain_method_is_attribute() {
+    let text = "The cat and the dog";
+    for method in ["alti", "grad-input"] {
+        let mut a = vec!["attribute", text, "--method", method, "--focus", "the#2"];
+        let mut e = vec!["explain", text, "--method", method, "--focus", "the#2"];
+        if method == "grad-input" {
+            a.extend(["--target-text", "A bird"]);
+            e.extend(["--target-text", "A bird"]);
+        }
+        assert_eq!(ok(&a), ok(&e), "{method}");
+    }
+    let doc: Value = serde_json::from_str(&ok(&[
+        "explain", text, "--method", "alti", "--focus", "the#2", "--json",
+    ]))
+    .unwrap();
+    assert_eq!(doc["target"]["positions"], serde_json::json!([4]));
+    fails_with(
+        &["explain", text, "--method", "alti", "--layer", "1"],
+        "cannot be used",
+    );
+    fails_with(&["explain", text, "--label", "x"], "--method");
+}
+
+/// `heatmap --method M` draws each matrix method's matrix; the per-token methods are refused.
+#[test]
+fn heatmap_method_draws_the_matrix_methods() {
+    let dir = tempfile::tempdir().unwrap();
+    let cls = data("heads/bert-cls");
+    let cls = cls.to_str().unwrap();
+    for method in ["norm", "alti", "rollout", "flow", "attn-grad"] {
+        let out = dir.path().join(format!("{method}.svg"));
+        let out = out.to_str().unwrap();
+        ok(&[
+            "heatmap",
+            "The movie was good",
+            "--method",
+            method,
+            "--model",
+            cls,
+            "-o",
+            out,
+        ]);
+        let svg = std::fs::read_to_string(out).unwrap();
+        assert!(
+            svg.contains("movie") && svg.contains("bert-cls"),
+            "{method}"
+        );
+    }
+    let png = dir.path().join("ig.png");
+    fails_with(
+        &[
+            "heatmap",
+            "The cat",
+            "--method",
+            "ig",
+            "-o",
+            png.to_str().unwrap(),
+        ],
+        "one score per token, not a matrix",
+    );
+    assert!(!png.exists());
+}

@@ -36,7 +36,7 @@ pub enum AttributionMethod {
 }
 
 impl AttributionMethod {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             AttributionMethod::Norm => "norm",
             AttributionMethod::Alti => "alti",
@@ -56,7 +56,7 @@ impl AttributionMethod {
         )
     }
 
-    fn describe(self) -> &'static str {
+    pub fn describe(self) -> &'static str {
         match self {
             AttributionMethod::Norm => "Norms of what the last layer's attention passes on",
             AttributionMethod::Alti => "ALTI, every layer rolled out",
@@ -88,23 +88,11 @@ pub struct Args {
     /// a causal model's last token, else every token averaged]
     #[arg(long, value_name = "T", value_parser = crate::cmd::index, allow_negative_numbers = true)]
     pub position: Option<usize>,
-    /// The word whose sources are scored (its tokens' rows averaged; the first such word)
+    /// The word whose sources are scored (its tokens' rows averaged; "the#2": the second "the")
     #[arg(long, value_name = "WORD", conflicts_with = "position")]
     pub focus: Option<String>,
-    /// The gradient methods' target: this label's logit [default: the predicted label]
-    #[arg(long, value_name = "NAME")]
-    pub label: Option<String>,
-    /// The gradient methods' target on a causal LM: this next token's logit [default: the most
-    /// likely]; a vocabulary entry, else a word that is one token
-    #[arg(long, value_name = "W")]
-    pub token: Option<String>,
-    /// The gradient methods' target on an embedding model: the cosine with this text's
-    /// sentence embedding
-    #[arg(long, value_name = "T")]
-    pub target_text: Option<String>,
-    /// Integrated gradients' Gauss–Legendre points on [0, 1].
-    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub steps: u32,
+    #[command(flatten)]
+    pub target: TargetArgs,
     /// Print JSON: {"model", "method", "target", "tokens", "scores", "per_layer" | "matrix"}
     ///
     /// Print {"model", "method", "target": {"position"}, {"word", "positions"} or {"rows":
@@ -121,6 +109,26 @@ pub struct Args {
     pub color: ColorChoice,
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// The gradient methods' target and integrated gradients' steps (`attribute`, and
+/// `explain --method`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct TargetArgs {
+    /// The gradient methods' target: this label's logit [default: the predicted label]
+    #[arg(long, value_name = "NAME", requires = "method")]
+    pub label: Option<String>,
+    /// The gradient methods' target on a causal LM: this next token's logit [default: the most
+    /// likely]; a vocabulary entry, else a word that is one token
+    #[arg(long, value_name = "W", requires = "method")]
+    pub token: Option<String>,
+    /// The gradient methods' target on an embedding model: the cosine with this text's
+    /// sentence embedding
+    #[arg(long, value_name = "T", requires = "method")]
+    pub target_text: Option<String>,
+    /// Integrated gradients' Gauss–Legendre points on [0, 1].
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub steps: u32,
 }
 
 /// Which rows of a `[T, T]` matrix the scores come from.
@@ -148,15 +156,23 @@ impl Target {
             );
             return Ok(Target::Position(p));
         }
-        if let Some(word) = &args.focus {
+        if let Some(focus) = &args.focus {
+            // "the#2": the second "the".
+            let (word, nth) = match focus.rsplit_once('#') {
+                Some((w, n)) if !w.is_empty() && n.parse::<usize>().is_ok_and(|n| n >= 1) => {
+                    (w, n.parse::<usize>().unwrap_or(1))
+                }
+                _ => (focus.as_str(), 1),
+            };
             let unit = (units.iter())
-                .find(|u| !u.special && u.label.to_lowercase() == word.to_lowercase())
+                .filter(|u| !u.special && u.label.to_lowercase() == word.to_lowercase())
+                .nth(nth - 1)
                 .with_context(|| {
                     let words: Vec<&str> = (units.iter().filter(|u| !u.special))
                         .map(|u| u.label.as_str())
                         .collect();
                     format!(
-                        "--focus {word:?}: no such word in the text (its words: {})",
+                        "--focus {focus:?}: no such word in the text (its words: {})",
                         words.join(", ")
                     )
                 })?;
@@ -205,7 +221,7 @@ impl Target {
 fn gradient_target(
     model: &Model,
     enc: &attn_models::Encoding,
-    args: &Args,
+    args: &TargetArgs,
 ) -> anyhow::Result<(GradTarget, serde_json::Value)> {
     let causal_lm = model.config().causal && model.task().is_none_or(|t| t == Task::NextToken);
     let classifier = model.task() == Some(Task::Classification);
@@ -310,6 +326,62 @@ fn nested(matrices: &[f32], t: usize) -> Vec<Vec<Vec<f32>>> {
         .collect()
 }
 
+/// A `[T, T]` matrix of `method` for a heatmap, with the maps of the same run: ALTI and
+/// attention × gradient rolled out, the last layer's norms, rollout, flow (every row).
+pub fn matrix(
+    model_args: &ModelArgs,
+    (text, pair): (&str, Option<&str>),
+    method: AttributionMethod,
+    target: &TargetArgs,
+) -> anyhow::Result<(attn_viz::AttentionMaps, Vec<f32>)> {
+    let model = model_args.load()?;
+    let enc = crate::maps::encode(&model, text, pair, false)?;
+    let t = enc.len();
+    let (attentions, matrix) = match method {
+        AttributionMethod::Norm | AttributionMethod::Alti => {
+            let c = model.contributions(&enc)?;
+            let matrix = match method {
+                AttributionMethod::Norm => c.norm[c.norm.len() - t * t..].to_vec(),
+                _ => attn_viz::select::rolled_out(&c.alti, t),
+            };
+            (c.attentions, Some(matrix))
+        }
+        AttributionMethod::GradInput | AttributionMethod::Ig => anyhow::bail!(
+            "--method {} gives one score per token, not a matrix: `explain --method {}` shows them",
+            method.name(),
+            method.name()
+        ),
+        _ => {
+            let options = RunOptions {
+                attentions: true,
+                ..RunOptions::default()
+            };
+            let out = model.forward(&enc, &options)?;
+            let weights = out
+                .attentions
+                .context("the model returned no attention weights")?;
+            let matrix = match method {
+                AttributionMethod::AttnGrad => {
+                    let (y, _) = gradient_target(&model, &enc, target)?;
+                    Some(model.attention_gradient_rollout(&enc, &y)?.0)
+                }
+                _ => None,
+            };
+            (weights, matrix)
+        }
+    };
+    let maps = crate::maps::to_maps(&model, text, pair, &enc, attentions)?;
+    let matrix = match (method, matrix) {
+        (_, Some(matrix)) => matrix,
+        (AttributionMethod::Rollout, None) => attn_viz::select::rollout(&maps)?,
+        _ => {
+            let sources: Vec<usize> = (0..t).collect();
+            attn_viz::flow::attention_flow(&maps, &sources, |_, _| {})?
+        }
+    };
+    Ok((maps, matrix))
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let model = args.model.load()?;
     let (text, pair) = (args.text.as_str(), args.pair.as_deref());
@@ -343,7 +415,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let units = words(&maps)?;
     let target = Target::of(&model, &enc, &args, &units)?;
     let gradient = match args.method.needs_target() {
-        true => Some(gradient_target(&model, &enc, &args)?),
+        true => Some(gradient_target(&model, &enc, &args.target)?),
         false => None,
     };
     let mut gap = None;
@@ -359,7 +431,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             match args.method {
                 AttributionMethod::GradInput => (model.grad_input(&enc, y)?.0, None),
                 AttributionMethod::Ig => {
-                    let ig = model.integrated_gradients(&enc, y, args.steps as usize)?;
+                    let ig = model.integrated_gradients(&enc, y, args.target.steps as usize)?;
                     gap = Some((ig.completeness_gap, ig.value - ig.baseline));
                     (ig.scores, None)
                 }
@@ -475,11 +547,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
     }
     if let Some((gap, change)) = gap {
+        // As a power of ten: the gap's own digits are rounding, different on each CPU.
+        let within = match gap > 0.0 {
+            true => format!("within 1e{}", gap.log10().ceil()),
+            false => "exactly".to_string(),
+        };
         writeln!(
             s,
-            "note: completeness: the scores add up to y(text) − y(baseline) = {change:.4} within \
-             {gap:.2e} ({} steps)",
-            args.steps
+            "note: completeness: the scores add up to y(text) − y(baseline) = {change:.4} {within} \
+             ({} steps; --json gives the gap)",
+            args.target.steps
         )?;
     }
     writeln!(

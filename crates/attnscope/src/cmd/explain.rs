@@ -88,6 +88,15 @@ pub struct Args {
     /// Attention flow (max-flow through the layers, Abnar & Zuidema 2020); up to 64 tokens.
     #[arg(long, conflicts_with_all = ["layer", "head", "rollout"])]
     pub flow: bool,
+    /// Bars of another measure than raw weights (as `attnscope attribute --method`)
+    ///
+    /// Bars of another measure than raw weights, as `attnscope attribute --method` gives them:
+    /// norm, alti, rollout, flow, grad-input, ig, attn-grad (from --focus, else the model's
+    /// default row; the gradient methods' target from --label, --token or --target-text).
+    #[arg(long, value_enum, conflicts_with_all = ["to", "layer", "head", "rollout", "flow", "question", "across", "tokens", "top", "maps", "truncate"])]
+    pub method: Option<crate::cmd::attribute::AttributionMethod>,
+    #[command(flatten)]
+    pub attribution: crate::cmd::attribute::TargetArgs,
     /// Raw tokens instead of words.
     #[arg(long)]
     pub tokens: bool,
@@ -108,6 +117,21 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(method) = args.method {
+        let text = args.text.context("--method needs a TEXT")?;
+        return crate::cmd::attribute::run(crate::cmd::attribute::Args {
+            text,
+            pair: args.pair,
+            method,
+            position: None,
+            focus: args.focus,
+            target: args.attribution,
+            json: args.json,
+            special: args.special,
+            color: args.color,
+            model: args.source.model,
+        });
+    }
     // The tokenizer would call them "the text" and "the pair text".
     for (flag, value) in [("--question", &args.question), ("--context", &args.context)] {
         if value.as_deref().is_some_and(|v| v.trim().is_empty()) {

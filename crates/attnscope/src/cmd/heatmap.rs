@@ -49,6 +49,16 @@ pub struct Args {
     /// Every layer × head as small multiples in one picture.
     #[arg(long, conflicts_with_all = ["layer", "head", "rollout"])]
     pub grid: bool,
+    /// The matrix of another measure than raw weights: norm, alti, attn-grad, rollout, flow
+    ///
+    /// The matrix of another measure than raw weights, as `attnscope attribute --method`
+    /// computes it: norm (the last layer's), alti and attn-grad (rolled out), rollout, flow
+    /// (up to 64 tokens); rows renormalised as the picture shows them. The gradient methods'
+    /// target comes from --label, --token or --target-text.
+    #[arg(long, value_enum, conflicts_with_all = ["layer", "head", "rollout", "grid", "maps", "truncate"])]
+    pub method: Option<crate::cmd::attribute::AttributionMethod>,
+    #[command(flatten)]
+    pub attribution: crate::cmd::attribute::TargetArgs,
     /// Raw tokens instead of words
     ///
     /// Raw tokens instead of words. A word's column is the sum of its tokens' columns, its row
@@ -66,9 +76,23 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     check_output(&args.output)?;
     let format = ImageFormat::from_path(&args.output)?;
-    let maps = args
-        .source
-        .maps(args.text.as_deref(), args.pair.as_deref())?;
+    let (maps, measured) = match args.method {
+        Some(method) => {
+            let text = args.text.as_deref().context("--method needs a TEXT")?;
+            let (text, pair) = (text, args.pair.as_deref());
+            let (maps, matrix) = crate::cmd::attribute::matrix(
+                &args.source.model,
+                (text, pair),
+                method,
+                &args.attribution,
+            )?;
+            (maps, Some((method, matrix)))
+        }
+        None => {
+            let maps = (args.source).maps(args.text.as_deref(), args.pair.as_deref())?;
+            (maps, None)
+        }
+    };
     let units = if args.tokens {
         words::tokens(&maps)
     } else {
@@ -178,13 +202,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ if args.rollout => Selection::Rollout,
             _ => Selection::All,
         };
-        let selected = select(&maps, selection).map_err(crate::maps::name_the_flag)?;
+        let (selected, what) = match measured {
+            Some((method, matrix)) => (matrix, method.describe().to_string()),
+            None => {
+                let selected = select(&maps, selection).map_err(crate::maps::name_the_flag)?;
+                (selected, selection.describe(&maps))
+            }
+        };
         // Merged once: the picture keeps the shown units, the title weighs the hidden ones.
         let merged = view.units_of(&selected);
         let matrix = view.keep(&merged);
         let title = format!(
-            "{texts} — {} — {} — {level}{}",
-            selection.describe(&maps),
+            "{texts} — {what} — {} — {level}{}",
             maps.model,
             hidden(Some(&merged))
         );
