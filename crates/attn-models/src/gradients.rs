@@ -86,6 +86,15 @@ fn norm_forward(ln: &LayerNorm, x: &[f32], y: &mut [f32]) -> NormState {
     }
 }
 
+/// `x ← LayerNorm(x)` where the model has this LayerNorm, keeping its state.
+fn norm_in_place(ln: Option<&LayerNorm>, x: &mut Vec<f32>) -> Option<NormState> {
+    let ln = ln?;
+    let mut y = vec![0.0f32; x.len()];
+    let s = norm_forward(ln, x, &mut y);
+    *x = y;
+    Some(s)
+}
+
 /// `dx` of a LayerNorm from `dy`: `(1/σ)(g − mean(g) − x̂·mean(g·x̂))` with `g = dy ⊙ γ`; rows
 /// in parallel.
 fn norm_backward(ln: &LayerNorm, s: &NormState, dy: &[f32]) -> Vec<f32> {
@@ -195,15 +204,7 @@ impl Model {
                 }
             }
         }
-        let embed_norm = match &w.embed_norm {
-            Some(ln) => {
-                let mut y = vec![0.0f32; x.len()];
-                let s = norm_forward(ln, &x, &mut y);
-                x = y;
-                Some(s)
-            }
-            None => None,
-        };
+        let embed_norm = norm_in_place(w.embed_norm.as_ref(), &mut x);
         let shape = AttnShape::new(batch, heads, t, t, dh);
         let options = AttnOptions {
             causal: c.causal.then_some(Causal::TopLeft),
@@ -285,15 +286,7 @@ impl Model {
             });
             x = out;
         }
-        let final_norm = match &w.final_norm {
-            Some(ln) => {
-                let mut y = vec![0.0f32; x.len()];
-                let s = norm_forward(ln, &x, &mut y);
-                x = y;
-                Some(s)
-            }
-            None => None,
-        };
+        let final_norm = norm_in_place(w.final_norm.as_ref(), &mut x);
         // The target and its gradient with respect to the last hidden state.
         let mut dx = vec![0.0f32; rows * d];
         let mut value = Vec::with_capacity(batch);

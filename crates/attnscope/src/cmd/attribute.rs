@@ -326,6 +326,17 @@ fn nested(matrices: &[f32], t: usize) -> Vec<Vec<Vec<f32>>> {
         .collect()
 }
 
+/// Every layer's and head's attention weights of `enc`, `[layers, heads, T, T]`.
+fn attention_weights(model: &Model, enc: &attn_models::Encoding) -> anyhow::Result<Vec<f32>> {
+    let options = RunOptions {
+        attentions: true,
+        ..RunOptions::default()
+    };
+    let out = model.forward(enc, &options)?;
+    out.attentions
+        .context("the model returned no attention weights")
+}
+
 /// A `[T, T]` matrix of `method` for a heatmap, with the maps of the same run: ALTI and
 /// attention × gradient rolled out, the last layer's norms, rollout, flow (every row).
 pub fn matrix(
@@ -352,14 +363,7 @@ pub fn matrix(
             method.name()
         ),
         _ => {
-            let options = RunOptions {
-                attentions: true,
-                ..RunOptions::default()
-            };
-            let out = model.forward(&enc, &options)?;
-            let weights = out
-                .attentions
-                .context("the model returned no attention weights")?;
+            let weights = attention_weights(&model, &enc)?;
             let matrix = match method {
                 AttributionMethod::AttnGrad => {
                     let (y, _) = gradient_target(&model, &enc, target)?;
@@ -399,17 +403,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             (c.attentions, Some(per_layer), matrix)
         }
-        _ => {
-            let options = RunOptions {
-                attentions: true,
-                ..RunOptions::default()
-            };
-            let out = model.forward(&enc, &options)?;
-            let weights = out
-                .attentions
-                .context("the model returned no attention weights")?;
-            (weights, None, None)
-        }
+        _ => (attention_weights(&model, &enc)?, None, None),
     };
     let maps = crate::maps::to_maps(&model, text, pair, &enc, attentions)?;
     let units = words(&maps)?;
