@@ -189,19 +189,7 @@ impl Model {
         for (b, &scale) in scales.iter().enumerate() {
             for (i, &p) in positions.iter().enumerate() {
                 let row = &mut x[(b * t + i) * d..][..d];
-                for k in 0..d {
-                    row[k] = scale * words[i * d + k] + w.position[p * d + k];
-                }
-                let token_type = match c.family {
-                    crate::Family::Bert => Some(enc.segments[i]),
-                    crate::Family::Roberta => Some(0),
-                    _ => None,
-                };
-                if let Some(ty) = token_type {
-                    row.iter_mut()
-                        .zip(&w.token_type[ty * d..][..d])
-                        .for_each(|(v, e)| *v += e);
-                }
+                self.embedding_row((&words[i * d..][..d], scale), p, enc.segments[i], row);
             }
         }
         let embed_norm = norm_in_place(w.embed_norm.as_ref(), &mut x);

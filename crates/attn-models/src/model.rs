@@ -1138,25 +1138,39 @@ impl Model {
                     None => (pad, 0),
                 };
                 let row = &mut hidden[(b * seq_len + t) * h..][..h];
-                let word = &words[id * h..][..h];
-                let pos = &self.weights.position[position * h..][..h];
-                row.iter_mut()
-                    .zip(word)
-                    .zip(pos)
-                    .for_each(|((v, w), p)| *v = w + p);
-                let token_type = match c.family {
-                    Family::Bert => Some(segment),
-                    Family::Roberta => Some(0),
-                    Family::DistilBert | Family::Gpt2 => None,
-                };
-                if let Some(ty) = token_type {
-                    let ty = &self.weights.token_type[ty * h..][..h];
-                    row.iter_mut().zip(ty).for_each(|(v, t)| *v += t);
-                }
+                self.embedding_row((&words[id * h..][..h], 1.0), position, segment, row);
             }
         }
         if let Some(norm) = &self.weights.embed_norm {
             norm.apply(hidden);
+        }
+    }
+
+    /// One token's input before the embedding LayerNorm: its word embedding times `scale`
+    /// (integrated gradients' path; 1 otherwise), its position's and, for BERT and RoBERTa, its
+    /// token type's.
+    pub(crate) fn embedding_row(
+        &self,
+        (word, scale): (&[f32], f32),
+        position: usize,
+        segment: usize,
+        row: &mut [f32],
+    ) {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let pos = &self.weights.position[position * h..][..h];
+        row.iter_mut()
+            .zip(word)
+            .zip(pos)
+            .for_each(|((v, w), p)| *v = scale * w + p);
+        let token_type = match c.family {
+            Family::Bert => Some(segment),
+            Family::Roberta => Some(0),
+            Family::DistilBert | Family::Gpt2 => None,
+        };
+        if let Some(ty) = token_type {
+            let ty = &self.weights.token_type[ty * h..][..h];
+            row.iter_mut().zip(ty).for_each(|(v, t)| *v += t);
         }
     }
 }

@@ -198,13 +198,23 @@ impl Linear {
     /// same time (one per thread, in a batch's first layer): the first to finish keeps it, the
     /// others' work is lost.
     fn packed(&self) -> Option<&Bf16x3Weight> {
-        if let Some(packed) = self.packed.get() {
+        self.packed_once(&self.packed, || self.pack())
+    }
+
+    /// `cell`'s packing of this weight, made by `pack` on first use, unless the tiles cannot
+    /// take the weight's values ([`Linear::packed`] says why this is not `get_or_init`).
+    fn packed_once<'a>(
+        &'a self,
+        cell: &'a OnceLock<Option<Bf16x3Weight>>,
+        pack: impl FnOnce() -> Bf16x3Weight,
+    ) -> Option<&'a Bf16x3Weight> {
+        if let Some(packed) = cell.get() {
             return packed.as_ref();
         }
         let fits = self.parts.iter().all(|p| Bf16x3Weight::fits(&p.data));
         // Refused (and dropped) when another thread set it first.
-        let _ = self.packed.set(fits.then(|| self.pack()));
-        self.packed.get().and_then(Option::as_ref)
+        let _ = cell.set(fits.then(pack));
+        cell.get().and_then(Option::as_ref)
     }
 
     /// `W` split and laid out in tiles.
@@ -266,11 +276,7 @@ impl Linear {
 impl Linear {
     /// `Wᵀ` packed for AMX tiles (on first use), unless the tiles cannot take it.
     fn packed_transpose(&self) -> Option<&Bf16x3Weight> {
-        if let Some(packed) = self.packed_transpose.get() {
-            return packed.as_ref();
-        }
-        let fits = self.parts.iter().all(|p| Bf16x3Weight::fits(&p.data));
-        let pack = || {
+        self.packed_once(&self.packed_transpose, || {
             // Each output column's values and their stride along the input.
             let columns: Vec<(&[f32], usize)> = (self.parts.iter())
                 .flat_map(|p| {
@@ -284,10 +290,7 @@ impl Linear {
                 let (data, stride) = columns[k];
                 data[n * stride]
             })
-        };
-        // Refused (and dropped) when another thread set it first.
-        let _ = self.packed_transpose.set(fits.then(pack));
-        self.packed_transpose.get().and_then(Option::as_ref)
+        })
     }
 
     /// `dx = dy · Wᵀ`: the gradient of the layer's input from its output's (no bias, no
