@@ -201,17 +201,23 @@ impl Model {
         let kind = c.kind();
         let mut saved = Vec::with_capacity(c.n_layers);
         for layer in self.layers() {
-            let input = x.clone();
-            let (xv, ln_attn) = match kind {
-                ModelKind::Bert => (input.clone(), None),
+            let input = &x[..];
+            // The value projection's input: the block's (BERT), its ln_1 (GPT-2).
+            let mut normed = Vec::new();
+            let ln_attn = match kind {
+                ModelKind::Bert => None,
                 ModelKind::Gpt2 => {
-                    let mut y = vec![0.0f32; rows * d];
-                    let s = norm_forward(&layer.norm_attn, &input, &mut y);
-                    (y, Some(s))
+                    normed = vec![0.0f32; rows * d];
+                    Some(norm_forward(&layer.norm_attn, input, &mut normed))
                 }
             };
+            let xv = if ln_attn.is_some() {
+                &normed[..]
+            } else {
+                input
+            };
             let mut qkv = vec![0.0f32; rows * 3 * d];
-            layer.qkv.forward(&xv, &mut qkv, Epilogue::Bias, gemm);
+            layer.qkv.forward(xv, &mut qkv, Epilogue::Bias, gemm);
             let (mut q, mut k, mut v) = (
                 vec![0.0; rows * d],
                 vec![0.0; rows * d],
