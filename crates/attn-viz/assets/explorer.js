@@ -4,7 +4,7 @@
 "use strict";
 
 (function () {
-  const FORMAT = 4;
+  const FORMAT = 5;
   const ROW = 18; // head-view row height in px, matches .tok in the CSS
   // matplotlib's tab10 and two more; purple and grey a shade darker, so that a head button's
   // label has 4.5:1 contrast (WCAG AA) in white or in the page's dark text.
@@ -15,8 +15,9 @@
   const $ = (id) => document.getElementById(id);
 
   // S: everything the views draw from. W is [L, H, T, T] weights * scale, row = query; R is
-  // the attention rollout and A every layer's and head's mean, [T, T] * scale each.
-  const S = { data: null, W: null, R: null, A: null, T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
+  // the attention rollout and A every layer's and head's mean, [T, T] * scale each; measures
+  // maps a method's name to its label and [layers, T, T] row shares * scale.
+  const S = { data: null, W: null, R: null, A: null, measures: new Map(), T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
     filter: "all", view: "head", neuron: new Map(), neuronLayers: [], renderId: 0 };
 
   function setState(state) { document.body.dataset.state = state; }
@@ -91,6 +92,10 @@
     const W = decodeWeights(await inflate(data.weights), L * H * T * T);
     const R = decodeWeights(await inflate(data.rollout), T * T);
     const A = decodeWeights(await inflate(data.all_layers), T * T);
+    const measures = new Map();
+    for (const m of data.measures) {
+      measures.set(m.name, { label: m.label, layers: m.layers, values: decodeWeights(await inflate(m.matrix), m.layers * T * T) });
+    }
     const neuron = new Map();
     if (data.neuron) {
       const q = decodeHalves(await inflate(data.neuron.q));
@@ -103,7 +108,7 @@
     const keepLayer = S.data && S.L === L ? S.layer : defaults(data).layer;
     // A pinned token stays pinned only on the same text.
     const sameText = S.data && S.T === T && S.data.text === data.text && S.data.pair === data.pair;
-    Object.assign(S, { data, W, R, A, T, L, H, scale: data.weight_scale, neuron, causal: data.causal,
+    Object.assign(S, { data, W, R, A, measures, T, L, H, scale: data.weight_scale, neuron, causal: data.causal,
       neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
     if (S.heads.length !== H) S.heads = new Array(H).fill(true);
     if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
@@ -121,6 +126,7 @@
     if (S.heads.some((on) => !on)) h.set("heads", S.heads.flatMap((on, k) => (on ? [k] : [])).join("."));
     if (S.filter !== "all") h.set("filter", S.filter);
     if (S.view === "heatmap") {
+      if ($("heatmap-method").value !== "weights") h.set("method", $("heatmap-method").value);
       h.set("matrix", $("heatmap-head").value);
       if ($("heatmap-scale").value !== "linear") h.set("scale", $("heatmap-scale").value);
     }
@@ -151,7 +157,7 @@
   // The selects the #fragment names, once the controls hold the data's options.
   function restoreSelects() {
     const h = new URLSearchParams(location.hash.slice(1));
-    for (const [key, id] of [["matrix", "heatmap-head"], ["scale", "heatmap-scale"], ["head", "neuron-head"], ["query", "neuron-query"]]) {
+    for (const [key, id] of [["method", "heatmap-method"], ["matrix", "heatmap-head"], ["scale", "heatmap-scale"], ["head", "neuron-head"], ["query", "neuron-query"]]) {
       const select = $(id);
       if (h.has(key) && [...select.options].some((o) => o.value === h.get(key))) select.value = h.get(key);
     }
@@ -535,7 +541,7 @@
     // The matrix shown: one head or the mean of a layer's heads, the mean of every layer's
     // heads, or the rollout (each [T, T] entry as a weight).
     const { which, at } = heatmapMatrix(choice);
-    const idle = "Point at a cell to read its weight (" + which + ")" + (S.causal ? "; grey cells are masked: a causal model's query cannot see later keys." : ".");
+    const idle = "Point at a cell to read its " + (chosenMeasure() ? "share" : "weight") + " (" + which + ")" + (S.causal ? "; grey cells are masked: a causal model's query cannot see later keys." : ".");
     const values = new Float32Array(rows.length * cols.length);
     let max = 0;
     rows.forEach((i, r) => cols.forEach((j, c) => {
@@ -664,7 +670,19 @@
     canvas.onblur = () => { cursor = null; show(null); };
   }
 
+  // The measure the Method select picks, or null for raw weights.
+  function chosenMeasure() {
+    const name = $("heatmap-method").value;
+    return name === "weights" ? null : S.measures.get(name) || null;
+  }
+
   function heatmapMatrix(choice) {
+    const measure = chosenMeasure();
+    if (measure) {
+      const layer = measure.layers > 1 ? Math.min(S.layer, measure.layers - 1) : 0;
+      return { which: measure.label + (measure.layers > 1 ? ", layer " + layer : "") + "; each row as shares of its sum",
+        at: (i, j) => measure.values[(layer * S.T + i) * S.T + j] / S.scale };
+    }
     if (choice === "rollout") {
       return { which: "rollout through all " + S.L + " layers: heads averaged, 0.5·A + 0.5·I per layer",
         at: (i, j) => S.R[i * S.T + j] / S.scale };
@@ -695,8 +713,9 @@
   }
 
   function heatmapFileName(ext) {
-    const choice = $("heatmap-head").value;
-    const what = choice === "rollout" || choice === "all" ? choice
+    const choice = $("heatmap-head").value, measure = chosenMeasure();
+    const what = measure ? $("heatmap-method").value + (measure.layers > 1 ? "-layer" + S.layer : "")
+      : choice === "rollout" || choice === "all" ? choice
       : "layer" + S.layer + "-" + (choice === "mean" ? "mean" : "head" + choice);
     return "attnscope-" + what + (S.filter === "all" ? "" : "-" + S.filter) + "." + ext;
   }
@@ -859,6 +878,10 @@
     document.title = "attnscope: " + S.data.text.slice(0, 60);
     fillSelect($("layer"), [...Array(S.L).keys()].map((l) => [l, String(l)]), S.layer);
     $("filter").value = S.filter;
+    const keepMethod = $("heatmap-method").value || "weights";
+    fillSelect($("heatmap-method"), [["weights", "attention weights"], ...[...S.measures].map(([name, m]) => [name, m.label])],
+      S.measures.has(keepMethod) ? keepMethod : "weights");
+    $("heatmap-method-control").hidden = S.measures.size === 0;
     const keepHead = $("heatmap-head").value || "mean";
     const named = ["mean", "all", "rollout"];
     fillSelect($("heatmap-head"), [["mean", "mean of heads"], ...[...Array(S.H).keys()].map((h) => [h, String(h)]),
@@ -915,9 +938,12 @@
     // The neuron view shows one query against every key: the A/B filter does not apply there.
     $("filter-control").hidden = S.view === "neuron" || !S.data.tokens.some((t) => t.segment === 1);
     $("head-toggles").hidden = S.view !== "head";
-    // The model view shows every layer at once, and so do the heatmap's all-layer matrices.
-    $("layer-control").hidden = S.view === "model" ||
-      (S.view === "heatmap" && ["all", "rollout"].includes($("heatmap-head").value));
+    // The model view shows every layer at once, and so do the heatmap's all-layer matrices;
+    // a measure has no heads, and one rolled out no layers.
+    const measure = chosenMeasure();
+    $("heatmap-head-control").hidden = measure !== null;
+    $("layer-control").hidden = S.view === "model" || (S.view === "heatmap" &&
+      (measure ? measure.layers === 1 : ["all", "rollout"].includes($("heatmap-head").value)));
     try {
       if (S.view === "head") renderHead();
       else if (S.view === "model") await renderModel(renderId);
@@ -940,7 +966,7 @@
     }
     $("layer").addEventListener("change", () => { S.layer = Number($("layer").value); render(); });
     $("filter").addEventListener("change", () => { S.filter = $("filter").value; render(); });
-    for (const id of ["heatmap-head", "heatmap-scale", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
+    for (const id of ["heatmap-method", "heatmap-head", "heatmap-scale", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
     $("heatmap-png").addEventListener("click", () => {
       // The canvas under a title that says what it shows.
       const { canvas } = S.heatmap, title = heatmapTitle();

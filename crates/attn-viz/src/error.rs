@@ -135,6 +135,26 @@ pub enum VizError {
     #[error("drawing the image failed: {message}")]
     Draw { message: String },
     #[error(
+        "the {name} matrices have {got} values; {layers} × {seq_len}² tokens need {} (at least one matrix)",
+        layers.saturating_mul(seq_len.saturating_mul(*seq_len))
+    )]
+    MeasureShape {
+        name: String,
+        layers: usize,
+        seq_len: usize,
+        got: usize,
+    },
+    #[error(
+        "the {name} value at matrix {layer}, row {row}, column {col} is {value}; it must be finite and not negative"
+    )]
+    BadMeasure {
+        name: String,
+        layer: usize,
+        row: usize,
+        col: usize,
+        value: f32,
+    },
+    #[error(
         "{tensor} has {got} values, expected [{n_layers}, {n_heads}, {n_tokens}, {head_dim}] (layers, heads, tokens, head_dim > 0)"
     )]
     QueryKeysShape {

@@ -211,10 +211,21 @@ pub fn run_model_with(
     qk: bool,
 ) -> anyhow::Result<(AttentionMaps, Option<QueryKey>)> {
     let enc = encode(model, text, pair, truncate)?;
+    run_encoded(model, text, pair, &enc, qk)
+}
+
+/// [`run_model_with`] on `enc`, an encoding of `text` and `pair`.
+pub fn run_encoded(
+    model: &Model,
+    text: &str,
+    pair: Option<&str>,
+    enc: &attn_models::Encoding,
+    qk: bool,
+) -> anyhow::Result<(AttentionMaps, Option<QueryKey>)> {
     let spinner = spinner(&format!("running {} on {} tokens", model.name(), enc.len()));
     let out = model
         .forward(
-            &enc,
+            enc,
             &RunOptions {
                 attentions: true,
                 qk,
@@ -228,7 +239,7 @@ pub fn run_model_with(
     let weights = out
         .attentions
         .context("the model returned no attention weights")?;
-    let maps = to_maps(model, text, pair, &enc, weights)?;
+    let maps = to_maps(model, text, pair, enc, weights)?;
     Ok((maps, out.qk))
 }
 

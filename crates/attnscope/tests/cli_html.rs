@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use explorer_support::{
-    Browser, attnscope, embedded_data, golden, label, tiny_gpt2, unpack_weights,
+    Browser, attnscope, embedded_data, golden, label, tiny_gpt2, unpack_matrix, unpack_weights,
 };
 use safetensors::SafeTensors;
 use serde_json::json;
@@ -803,4 +803,214 @@ fn the_address_keeps_what_is_shown_and_masked_cells_are_grey() {
         ),
         json!([false, "1"])
     );
+}
+
+/// The heatmap's Method select shows what `attnscope attribute` computes (norm per layer, ALTI,
+/// attention × gradient rolled out, flow), each row as shares of its sum; the layer select
+/// applies to norm alone, and the address and the saved file name say the method.
+#[test]
+fn the_heatmap_offers_the_attribution_methods() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("methods.html");
+    let text = "the cat that ate the mouse ran away";
+    let output = html(&[text, "--methods", "norm,alti,attn-grad,flow"], &out);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
+    let t = data["tokens"].as_array().unwrap().len();
+    // Independently: `attribute --json`'s matrices, each row divided by its sum.
+    let attribute_at = |method: &str, key: &str, extra: &[&str]| -> Vec<f32> {
+        let output = attnscope()
+            .args(["attribute", text, "--method", method, "--json", "--model"])
+            .arg(tiny_gpt2())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let mut flat = Vec::new();
+        let mut stack = vec![&json[key]];
+        while let Some(v) = stack.pop() {
+            match v {
+                serde_json::Value::Array(items) => stack.extend(items.iter().rev()),
+                v => flat.push(v.as_f64().unwrap() as f32),
+            }
+        }
+        flat
+    };
+    let shares = |values: Vec<f32>| -> Vec<f32> {
+        values
+            .chunks(t)
+            .flat_map(|row| {
+                let sum: f32 = row.iter().sum();
+                row.iter()
+                    .map(move |v| if sum > 0.0 { v / sum } else { 0.0 })
+            })
+            .collect()
+    };
+    // Flow's JSON holds the scored row alone: one run per position.
+    let flow: Vec<f32> = (0..t)
+        .flat_map(|p| attribute_at("flow", "scores", &["--position", &p.to_string()]))
+        .collect();
+    let expected = [
+        ("norm", 2, shares(attribute_at("norm", "per_layer", &[]))),
+        ("alti", 1, shares(attribute_at("alti", "matrix", &[]))),
+        (
+            "attn-grad",
+            1,
+            shares(attribute_at("attn-grad", "matrix", &[])),
+        ),
+        ("flow", 1, shares(flow)),
+    ];
+    let measures = data["measures"].as_array().unwrap();
+    assert_eq!(measures.len(), expected.len());
+    for ((name, layers, want), measure) in expected.iter().zip(measures) {
+        assert_eq!(measure["name"], *name);
+        assert_eq!(measure["layers"], *layers);
+        let got = unpack_matrix(&data, measure["matrix"].as_str().unwrap());
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 5.001e-4, "{name} [{k}]: {g} vs {w}");
+        }
+    }
+    assert!(
+        measures[2]["label"]
+            .as_str()
+            .unwrap()
+            .contains("the logit of the next token"),
+        "{}",
+        measures[2]["label"]
+    );
+
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    browser.exec(
+        "window.saved = []; window.names = [];
+         const make = URL.createObjectURL;
+         URL.createObjectURL = (blob) => { window.saved.push(blob); return make(blob); };
+         HTMLAnchorElement.prototype.click = function () { window.names.push(this.download); };
+         document.querySelector('#tabs button[data-view=heatmap]').click(); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    let choose = |id: &str, value: &str| {
+        browser.exec(
+            "const s = document.getElementById(arguments[0]); s.value = arguments[1];
+             s.dispatchEvent(new Event('change')); return null;",
+            json!([id, value]),
+        );
+        browser.expect_ready();
+    };
+    let shown = |method: &str, layer: usize, want: &[f32], name: &str| {
+        let controls = browser.exec(
+            "return [document.getElementById('layer-control').hidden,
+                     document.getElementById('heatmap-head-control').hidden,
+                     document.getElementById('heatmap-readout').textContent, location.hash];",
+            json!([]),
+        );
+        assert_eq!(controls[0], json!(method != "norm"), "{method}: {controls}");
+        assert_eq!(controls[1], json!(true), "{method}: a measure has no heads");
+        assert!(
+            controls[2].as_str().unwrap().contains("shares of its sum"),
+            "{controls}"
+        );
+        assert!(
+            controls[3]
+                .as_str()
+                .unwrap()
+                .contains(&format!("method={method}")),
+            "{controls}"
+        );
+        browser.exec(
+            "window.text = undefined; document.getElementById('heatmap-csv').click();
+             window.saved[window.saved.length - 1].text().then((t) => { window.text = t; }); return null;",
+            json!([]),
+        );
+        assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
+        let csv = browser.exec("return window.text;", json!([]));
+        let lines: Vec<&str> = csv.as_str().unwrap().split_terminator("\r\n").collect();
+        assert_eq!(lines.len(), 1 + t, "{csv}");
+        for (i, line) in lines[1..].iter().enumerate() {
+            let cells: Vec<&str> = line.rsplitn(t + 1, ',').collect();
+            for (j, cell) in cells[..t].iter().rev().enumerate() {
+                let got: f32 = cell.parse().unwrap();
+                let w = want[(layer * t + i) * t + j];
+                assert!(
+                    (got - w).abs() <= 5.001e-4,
+                    "{method} [{i}][{j}]: {got} vs {w}"
+                );
+            }
+        }
+        let names = browser.exec("return window.names;", json!([]));
+        assert_eq!(names.as_array().unwrap().last().unwrap(), name);
+    };
+    choose("heatmap-method", "norm");
+    choose("layer", "0");
+    shown("norm", 0, &expected[0].2, "attnscope-norm-layer0.csv");
+    choose("layer", "1");
+    shown("norm", 1, &expected[0].2, "attnscope-norm-layer1.csv");
+    for (name, _, want) in &expected[1..] {
+        choose("heatmap-method", name);
+        shown(name, 0, want, &format!("attnscope-{name}.csv"));
+    }
+    browser.screenshot(dir.path(), "html-methods.png");
+    // Back to raw weights: the Matrix select returns.
+    choose("heatmap-method", "weights");
+    let hidden = browser.exec(
+        "return document.getElementById('heatmap-head-control').hidden;",
+        json!([]),
+    );
+    assert_eq!(hidden, json!(false));
+}
+
+/// A page from saved maps has no measures (and says nothing of them); --methods on one, or a
+/// method the heatmap cannot show, is refused.
+#[test]
+fn methods_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bad.html");
+    for (args, message) in [
+        (
+            vec!["a cat", "--methods", "ig"],
+            "--method ig gives one score per token, not a matrix",
+        ),
+        (
+            vec!["a cat", "--methods", "rollout"],
+            "the heatmap always offers the rollout",
+        ),
+        (vec!["a cat", "--methods", "nope"], "invalid value 'nope'"),
+        (
+            vec!["a cat", "--label", "x"],
+            "the following required arguments were not provided",
+        ),
+        (
+            vec!["a cat", "--methods", "attn-grad", "--label", "x"],
+            "--label is for a classifier",
+        ),
+    ] {
+        let output = html(&args, &out);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(
+            stderr(&output).contains(message),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!out.exists(), "{args:?}");
+    }
+    let maps = dir.path().join("maps.json");
+    let saved = attnscope()
+        .args(["attention", "a cat", "--save-maps"])
+        .arg(&maps)
+        .arg("--model")
+        .arg(tiny_gpt2())
+        .output()
+        .unwrap();
+    assert!(saved.status.success(), "{}", stderr(&saved));
+    let output = html_from_maps(&maps, &out, &["--methods", "norm"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("--methods needs the model run on a TEXT"));
+    let output = html_from_maps(&maps, &out, &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(data["measures"], json!([]));
 }

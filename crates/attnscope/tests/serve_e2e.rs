@@ -672,3 +672,93 @@ fn serve_runs_a_task_models_encoder() {
     }
     assert!(server.alive());
 }
+
+/// Each answer carries the measures `--methods` names (norm and ALTI by default), and the
+/// app's heatmap offers them; a method that cannot run on the model stops the server at start.
+#[test]
+fn serve_offers_the_attribution_methods() {
+    let model =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/heads/bert-cls");
+    let mut server = Server::start_with(&model, &["--methods", "norm,alti,attn-grad"]);
+    let text = "The movie was good";
+    let (status, body) = post(&server.api(), &json!({ "text": text }).to_string());
+    assert_eq!(status, 200, "{body}");
+    let data: Value = serde_json::from_str(&body).unwrap();
+    let n = data["tokens"].as_array().unwrap().len();
+    let measures = data["measures"].as_array().unwrap();
+    let names: Vec<&str> = measures
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["norm", "alti", "attn-grad"]);
+    // ALTI's rows, rolled out, are the shares `attribute --method alti` gives.
+    let output = explorer_support::attnscope()
+        .args(["attribute", text, "--method", "alti", "--json", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let alti: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let got = explorer_support::unpack_matrix(&data, measures[1]["matrix"].as_str().unwrap());
+    assert_eq!(got.len(), n * n);
+    for (i, row) in alti["matrix"].as_array().unwrap().iter().enumerate() {
+        let row: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let sum: f64 = row.iter().sum();
+        for (j, v) in row.iter().enumerate() {
+            let want = v / sum;
+            assert!(
+                (f64::from(got[i * n + j]) - want).abs() <= 5.001e-4,
+                "[{i}][{j}]"
+            );
+        }
+    }
+    assert_eq!(measures[0]["layers"], 2);
+
+    let browser = Browser::start();
+    browser.goto(&server.url);
+    browser.type_into("#input-text", text);
+    browser.click("#input-submit");
+    browser.expect_ready();
+    browser.click("#tabs button[data-view=heatmap]");
+    browser.expect_ready();
+    browser.exec(
+        "const s = document.getElementById('heatmap-method'); s.value = 'attn-grad';
+         s.dispatchEvent(new Event('change')); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    let readout = browser.exec(
+        "return document.getElementById('heatmap-readout').textContent;",
+        json!([]),
+    );
+    assert!(
+        readout
+            .as_str()
+            .unwrap()
+            .contains("Attention × gradient of the logit of"),
+        "{readout}"
+    );
+    assert!(server.alive());
+
+    let output = explorer_support::attnscope()
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--methods",
+            "attn-grad",
+            "--label",
+            "nope",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--methods: --label \"nope\""), "{stderr}");
+}

@@ -13,7 +13,7 @@
 
 mod payload;
 
-pub use payload::{FORMAT, PageOptions, QueryKeys, WEIGHT_SCALE, payload_json};
+pub use payload::{FORMAT, Measure, PageOptions, QueryKeys, WEIGHT_SCALE, payload_json};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -50,12 +50,14 @@ pub fn script_json(json: &str) -> String {
 /// # Shapes
 /// - `maps.weights`: `[n_layers, n_heads, T, T]`
 /// - `qk.q`, `qk.k`: `[n_layers, n_heads, T, head_dim]`
+/// - each `measures[m].values`: `[measures[m].layers, T, T]`
 pub fn standalone_page(
     maps: &AttentionMaps,
     qk: Option<&QueryKeys>,
+    measures: &[Measure],
     options: &PageOptions,
 ) -> Result<String, VizError> {
-    let json = payload_json(maps, qk, options)?;
+    let json = payload_json(maps, qk, measures, options)?;
     Ok(render("file", &script_json(&json)))
 }
 
@@ -184,6 +186,7 @@ mod tests {
                 &["</script>", "<img src=x onerror=alert(1)>", "{{SCRIPT}}"],
             ),
             None,
+            &[],
             &PageOptions::default(),
         )
         .unwrap();
@@ -202,8 +205,13 @@ mod tests {
 
     #[test]
     fn page_is_self_contained() {
-        let page =
-            standalone_page(&maps("a b", &["a", "b"]), None, &PageOptions::default()).unwrap();
+        let page = standalone_page(
+            &maps("a b", &["a", "b"]),
+            None,
+            &[],
+            &PageOptions::default(),
+        )
+        .unwrap();
         let lower = page.to_ascii_lowercase();
         for attribute in ["src=", "href=", "url(", "@import", "fetch(\"http", "//cdn"] {
             for scheme in ["\"http", "'http", "http://", "https://"] {

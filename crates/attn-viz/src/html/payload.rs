@@ -15,7 +15,9 @@
 //! every view (a line's opacity is its weight).
 //!
 //! The attention rollout ([`crate::select::rollout`], `[T, T]`) and every layer's and head's
-//! weights averaged are packed the same way, always exact to 3 decimals, for the heatmap.
+//! weights averaged are packed the same way, always exact to 3 decimals, for the heatmap, and
+//! so is each [`Measure`] (norms, ALTI, attention × gradient, flow), its rows as shares of
+//! their sums.
 
 use std::io::Write;
 
@@ -34,7 +36,7 @@ use crate::{AttentionMaps, VizError};
 pub const WEIGHT_SCALE: u16 = 1000;
 
 /// Version of the payload layout; the page refuses any other.
-pub const FORMAT: u32 = 4;
+pub const FORMAT: u32 = 5;
 
 /// Queries and keys after projection, for the neuron view.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +50,22 @@ pub struct QueryKeys {
     pub q: Vec<f32>,
     /// `[n_layers, n_heads, T, head_dim]`
     pub k: Vec<f32>,
+}
+
+/// A measure of what each token contributes, other than raw weights (`attnscope attribute`'s
+/// matrices), for the heatmap's Method select.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measure {
+    /// The method as the command line names it (`norm`, `alti`, …).
+    pub name: String,
+    /// What the page calls it.
+    pub label: String,
+    /// How many `[T, T]` matrices `values` holds: one per layer (the layer select picks one),
+    /// or 1.
+    pub layers: usize,
+    /// `[layers, T, T]`, finite and not negative; row i says how much each token j gives to
+    /// token i. The page shows each row as shares of its sum.
+    pub values: Vec<f32>,
 }
 
 /// What goes into the page besides the attention itself.
@@ -101,7 +119,17 @@ struct Payload<'a> {
     /// Every layer's and head's weights averaged, packed `[T, T]`, exact to 3 decimals (the
     /// mean of the 3-decimal weights was up to 0.001 off).
     all_layers: String,
+    measures: Vec<PayloadMeasure>,
     neuron: Option<Neuron>,
+}
+
+#[derive(Serialize)]
+struct PayloadMeasure {
+    name: String,
+    label: String,
+    layers: usize,
+    /// Packed `[layers, T, T]`, each row as shares of its sum, exact to 3 decimals.
+    matrix: String,
 }
 
 #[derive(Serialize)]
@@ -125,14 +153,17 @@ struct Neuron {
     k: String,
 }
 
-/// The JSON the page renders: tokens, packed weights and, when given, packed queries and keys.
+/// The JSON the page renders: tokens, packed weights, the measures and, when given, packed
+/// queries and keys.
 ///
 /// # Shapes
 /// - `maps.weights`: `[n_layers, n_heads, T, T]`
 /// - `qk.q`, `qk.k`: `[n_layers, n_heads, T, head_dim]`
+/// - each `measures[m].values`: `[measures[m].layers, T, T]`
 pub fn payload_json(
     maps: &AttentionMaps,
     qk: Option<&QueryKeys>,
+    measures: &[Measure],
     options: &PageOptions,
 ) -> Result<String, VizError> {
     maps.validate()?;
@@ -165,6 +196,9 @@ pub fn payload_json(
         weights: String::new(),
         rollout: pack_floored(&quantise(&rollout(maps)?), 0)?,
         all_layers: pack_floored(&quantise(&select(maps, Selection::All)?), 0)?,
+        measures: (measures.iter())
+            .map(|m| pack_measure(m, n_tokens))
+            .collect::<Result<_, _>>()?,
         neuron,
     };
     let quantised = quantise(&maps.weights);
@@ -328,6 +362,45 @@ fn deflate_base64(bytes: &[u8], what: &'static str) -> Result<String, VizError> 
     Ok(BASE64.encode(compressed))
 }
 
+/// Checks a measure's shape and values, and packs its rows as shares of their sums (a row of
+/// zeros stays zeros).
+fn pack_measure(measure: &Measure, n_tokens: usize) -> Result<PayloadMeasure, VizError> {
+    let expected = (n_tokens * n_tokens).checked_mul(measure.layers);
+    if measure.layers == 0 || expected != Some(measure.values.len()) {
+        return Err(VizError::MeasureShape {
+            name: measure.name.clone(),
+            layers: measure.layers,
+            seq_len: n_tokens,
+            got: measure.values.len(),
+        });
+    }
+    if let Some(index) = (measure.values.iter()).position(|v| !(v.is_finite() && *v >= 0.0)) {
+        let per_layer = n_tokens * n_tokens;
+        return Err(VizError::BadMeasure {
+            name: measure.name.clone(),
+            layer: index / per_layer,
+            row: index % per_layer / n_tokens,
+            col: index % n_tokens,
+            value: measure.values[index],
+        });
+    }
+    let mut shares = measure.values.clone();
+    for row in shares.chunks_exact_mut(n_tokens) {
+        let sum: f64 = row.iter().map(|&v| f64::from(v)).sum();
+        if sum > 0.0 {
+            for v in row {
+                *v = (f64::from(*v) / sum) as f32;
+            }
+        }
+    }
+    Ok(PayloadMeasure {
+        name: measure.name.clone(),
+        label: measure.label.clone(),
+        layers: measure.layers,
+        matrix: pack_floored(&quantise(&shares), 0)?,
+    })
+}
+
 /// The layers whose queries and keys fit the budget: `first` always, then its neighbours,
 /// nearest first (below before above), while the packed bytes stay within the budget.
 fn neuron_layers(n_layers: usize, first: usize, layer_bytes: usize, budget: usize) -> Vec<usize> {
@@ -418,6 +491,7 @@ mod tests {
     use std::io::Read;
 
     use flate2::read::ZlibDecoder;
+    use serde_json::json;
 
     use super::*;
     use crate::{Token, VizError};
@@ -480,9 +554,10 @@ mod tests {
 
     #[test]
     fn weights_round_trip_to_three_decimals() {
-        let json: serde_json::Value =
-            serde_json::from_str(&payload_json(&maps(), None, &PageOptions::default()).unwrap())
-                .unwrap();
+        let json: serde_json::Value = serde_json::from_str(
+            &payload_json(&maps(), None, &[], &PageOptions::default()).unwrap(),
+        )
+        .unwrap();
         let values = decode_weights(&unpack(json["weights"].as_str().unwrap()));
         // round(w * 1000): 1.0 -> 1000, 0.1234 -> 123, 0.8766 -> 877.
         assert_eq!(values, [1000, 0, 250, 750, 123, 877, 500, 500]);
@@ -499,9 +574,10 @@ mod tests {
     /// `A'₁·A'₀` = [[0.5617, 0.4383], [0.25, 0.75]] · [[1, 0], [0.125, 0.875]].
     #[test]
     fn the_rollout_is_packed_to_three_decimals() {
-        let json: serde_json::Value =
-            serde_json::from_str(&payload_json(&maps(), None, &PageOptions::default()).unwrap())
-                .unwrap();
+        let json: serde_json::Value = serde_json::from_str(
+            &payload_json(&maps(), None, &[], &PageOptions::default()).unwrap(),
+        )
+        .unwrap();
         let values = decode_weights(&unpack(json["rollout"].as_str().unwrap()));
         // 0.6164875, 0.3835125, 0.34375, 0.65625.
         assert_eq!(values, [616, 384, 344, 656]);
@@ -569,7 +645,7 @@ mod tests {
                 size_budget_bytes: budget,
                 ..PageOptions::default()
             };
-            let json = payload_json(&maps, None, &options).unwrap();
+            let json = payload_json(&maps, None, &[], &options).unwrap();
             serde_json::from_str::<serde_json::Value>(&json).unwrap()
         };
         let exact = page(None);
@@ -617,7 +693,7 @@ mod tests {
             weights,
             ..maps()
         };
-        let json = payload_json(&maps, None, &PageOptions::default()).unwrap();
+        let json = payload_json(&maps, None, &[], &PageOptions::default()).unwrap();
         let page: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(page["weight_floor"], 0);
         let got = |field: &str| page[field].as_f64().unwrap();
@@ -704,7 +780,7 @@ mod tests {
             size_budget_bytes: None,
         };
         let json: serde_json::Value =
-            serde_json::from_str(&payload_json(&maps, Some(&qk), &options).unwrap()).unwrap();
+            serde_json::from_str(&payload_json(&maps, Some(&qk), &[], &options).unwrap()).unwrap();
         assert_eq!(json["neuron"]["layers"], serde_json::json!([1]));
         let q = unpack(json["neuron"]["q"].as_str().unwrap());
         let q: Vec<f32> = q
@@ -720,7 +796,7 @@ mod tests {
             size_budget_bytes: None,
         };
         let json: serde_json::Value =
-            serde_json::from_str(&payload_json(&maps, Some(&qk), &all).unwrap()).unwrap();
+            serde_json::from_str(&payload_json(&maps, Some(&qk), &[], &all).unwrap()).unwrap();
         assert_eq!(json["neuron"]["layers"], serde_json::json!([1, 0]));
     }
 
@@ -733,10 +809,73 @@ mod tests {
     }
 
     #[test]
+    fn measures_are_packed_as_shares_of_each_row() {
+        // Two layers of 2 × 2: rows (3, 1), (0, 0), (0.2, 0.6) and (5, 0).
+        let norm = Measure {
+            name: "norm".into(),
+            label: "Norms".into(),
+            layers: 2,
+            values: vec![3.0, 1.0, 0.0, 0.0, 0.2, 0.6, 5.0, 0.0],
+        };
+        let json: serde_json::Value = serde_json::from_str(
+            &payload_json(&maps(), None, &[norm], &PageOptions::default()).unwrap(),
+        )
+        .unwrap();
+        let measure = &json["measures"][0];
+        assert_eq!(
+            (&measure["name"], &measure["label"], &measure["layers"]),
+            (&json!("norm"), &json!("Norms"), &json!(2))
+        );
+        let values = decode_weights(&unpack(measure["matrix"].as_str().unwrap()));
+        assert_eq!(values, [750, 250, 0, 0, 250, 750, 1000, 0]);
+    }
+
+    #[test]
+    fn rejects_measures_of_the_wrong_shape_or_with_bad_values() {
+        let measure = |layers, values: Vec<f32>| Measure {
+            name: "alti".into(),
+            label: "ALTI".into(),
+            layers,
+            values,
+        };
+        for bad in [measure(1, vec![0.5; 3]), measure(0, vec![])] {
+            let err = payload_json(&maps(), None, &[bad], &PageOptions::default()).unwrap_err();
+            assert!(matches!(err, VizError::MeasureShape { .. }), "{err}");
+        }
+        for value in [f32::NAN, -1.0, f32::INFINITY] {
+            let mut values = vec![0.5; 8];
+            values[6] = value;
+            let err = payload_json(
+                &maps(),
+                None,
+                &[measure(2, values)],
+                &PageOptions::default(),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    VizError::BadMeasure {
+                        layer: 1,
+                        row: 1,
+                        col: 0,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+            assert!(
+                err.to_string()
+                    .starts_with("the alti value at matrix 1, row 1, column 0")
+            );
+        }
+    }
+
+    #[test]
     fn rejects_no_tokens() {
         let mut maps = maps();
         maps.tokens.clear();
-        let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
+        let err = payload_json(&maps, None, &[], &PageOptions::default()).unwrap_err();
         assert!(matches!(err, VizError::NoTokens), "{err}");
     }
 
@@ -744,7 +883,7 @@ mod tests {
     fn rejects_wrong_weight_count() {
         let mut maps = maps();
         maps.weights.pop();
-        let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
+        let err = payload_json(&maps, None, &[], &PageOptions::default()).unwrap_err();
         assert!(
             matches!(err, VizError::WeightsShape { got: 7, .. }),
             "{err}"
@@ -756,7 +895,7 @@ mod tests {
         for bad in [f32::NAN, -0.5, f32::INFINITY] {
             let mut maps = maps();
             maps.weights[6] = bad;
-            let err = payload_json(&maps, None, &PageOptions::default()).unwrap_err();
+            let err = payload_json(&maps, None, &[], &PageOptions::default()).unwrap_err();
             assert!(
                 matches!(
                     err,
@@ -779,7 +918,7 @@ mod tests {
         let options = PageOptions::default();
         let mut bad = qk(&maps, 3);
         bad.k.pop();
-        let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
+        let err = payload_json(&maps, Some(&bad), &[], &options).unwrap_err();
         assert!(
             matches!(err, VizError::QueryKeysShape { tensor: "k", .. }),
             "{err}"
@@ -787,7 +926,7 @@ mod tests {
 
         let mut bad = qk(&maps, 3);
         bad.q[4] = f32::INFINITY;
-        let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
+        let err = payload_json(&maps, Some(&bad), &[], &options).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -802,14 +941,14 @@ mod tests {
 
         let mut bad = qk(&maps, 3);
         bad.scale = 0.0;
-        let err = payload_json(&maps, Some(&bad), &options).unwrap_err();
+        let err = payload_json(&maps, Some(&bad), &[], &options).unwrap_err();
         assert!(matches!(err, VizError::BadScale { .. }), "{err}");
 
         let out_of_range = PageOptions {
             neuron_layer: Some(2),
             ..PageOptions::default()
         };
-        let err = payload_json(&maps, Some(&qk(&maps, 3)), &out_of_range).unwrap_err();
+        let err = payload_json(&maps, Some(&qk(&maps, 3)), &[], &out_of_range).unwrap_err();
         assert!(
             matches!(
                 err,

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 use attn_models::{GradTarget, Model, RunOptions, Task};
 use attn_viz::bars::{BarStyle, render_bars};
+use attn_viz::html::Measure;
 use attn_viz::words::{Unit, renormalised, row_to_units, words};
 use serde_json::json;
 
@@ -348,42 +349,112 @@ pub fn matrix(
     let model = model_args.load()?;
     let enc = crate::maps::encode(&model, text, pair, false)?;
     let t = enc.len();
-    let (attentions, matrix) = match method {
-        AttributionMethod::Norm | AttributionMethod::Alti => {
-            let c = model.contributions(&enc)?;
-            let matrix = match method {
-                AttributionMethod::Norm => c.norm[c.norm.len() - t * t..].to_vec(),
-                _ => attn_viz::select::rolled_out(&c.alti, t),
-            };
-            (c.attentions, Some(matrix))
-        }
-        AttributionMethod::GradInput | AttributionMethod::Ig => anyhow::bail!(
-            "--method {} gives one score per token, not a matrix: `explain --method {}` shows them",
-            method.name(),
-            method.name()
-        ),
+    let maps = crate::maps::to_maps(&model, text, pair, &enc, attention_weights(&model, &enc)?)?;
+    let matrix = match method {
+        AttributionMethod::Rollout => attn_viz::select::rollout(&maps)?,
         _ => {
-            let weights = attention_weights(&model, &enc)?;
-            let matrix = match method {
-                AttributionMethod::AttnGrad => {
-                    let (y, _) = gradient_target(&model, &enc, target)?;
-                    Some(model.attention_gradient_rollout(&enc, &y)?.0)
-                }
-                _ => None,
-            };
-            (weights, matrix)
-        }
-    };
-    let maps = crate::maps::to_maps(&model, text, pair, &enc, attentions)?;
-    let matrix = match (method, matrix) {
-        (_, Some(matrix)) => matrix,
-        (AttributionMethod::Rollout, None) => attn_viz::select::rollout(&maps)?,
-        _ => {
-            let sources: Vec<usize> = (0..t).collect();
-            attn_viz::flow::attention_flow(&maps, &sources, |_, _| {})?
+            let mut measured = measures(&model, &enc, &maps, &[method], target)?;
+            let values = measured.pop().map(|m| m.values).unwrap_or_default();
+            values[values.len().saturating_sub(t * t)..].to_vec()
         }
     };
     Ok((maps, matrix))
+}
+
+/// The measures the explorer's heatmap offers beside raw weights (`html`, `serve`), and the
+/// gradient target of attention × gradient.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PageMethods {
+    /// The measures the heatmap offers beside raw weights: norm, alti, attn-grad, flow
+    /// [default: norm,alti]
+    ///
+    /// The measures the heatmap offers beside raw weights, as `attnscope attribute --method`
+    /// computes them: norm (every layer's), alti and attn-grad (rolled out), flow (up to 64
+    /// tokens) [default: norm,alti]. attn-grad differentiates the target that --label, --token
+    /// or --target-text names (a classifier's predicted label and a causal model's next token
+    /// by default).
+    #[arg(
+        long = "methods",
+        id = "method",
+        value_name = "M,...",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub methods: Vec<AttributionMethod>,
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
+impl PageMethods {
+    /// The methods asked for, else norm and ALTI (cheap: 1.6 forward passes).
+    pub fn chosen(&self) -> Vec<AttributionMethod> {
+        if self.methods.is_empty() {
+            vec![AttributionMethod::Norm, AttributionMethod::Alti]
+        } else {
+            self.methods.clone()
+        }
+    }
+}
+
+/// The matrices of `methods` on `enc` for a page or a heatmap: norm `[L, T, T]`, the others
+/// `[1, T, T]` (ALTI and attention × gradient rolled out, flow from every token).
+pub fn measures(
+    model: &Model,
+    enc: &attn_models::Encoding,
+    maps: &attn_viz::AttentionMaps,
+    methods: &[AttributionMethod],
+    target: &TargetArgs,
+) -> anyhow::Result<Vec<Measure>> {
+    let t = enc.len();
+    let contributions = if (methods.iter())
+        .any(|m| matches!(m, AttributionMethod::Norm | AttributionMethod::Alti))
+    {
+        Some(model.contributions(enc)?)
+    } else {
+        None
+    };
+    let mut out = Vec::with_capacity(methods.len());
+    for &method in methods {
+        let one = |label: String, values: Vec<f32>| Measure {
+            name: method.name().to_string(),
+            label,
+            layers: values.len() / (t * t).max(1),
+            values,
+        };
+        out.push(match (method, &contributions) {
+            (AttributionMethod::Norm, Some(c)) => one(
+                "Norms of what each layer's attention passes on".into(),
+                c.norm.clone(),
+            ),
+            (AttributionMethod::Alti, Some(c)) => one(
+                method.describe().into(),
+                attn_viz::select::rolled_out(&c.alti, t),
+            ),
+            (AttributionMethod::AttnGrad, _) => {
+                let (y, what) = gradient_target(model, enc, target)?;
+                let (matrix, _) = model.attention_gradient_rollout(enc, &y)?;
+                let label = format!(
+                    "Attention × gradient of {}, rolled out",
+                    describe_target(&what)
+                );
+                one(label, matrix)
+            }
+            (AttributionMethod::Flow, _) => {
+                let sources: Vec<usize> = (0..t).collect();
+                let flow = attn_viz::flow::attention_flow(maps, &sources, |_, _| {})?;
+                one(method.describe().into(), flow)
+            }
+            (AttributionMethod::Rollout, _) => anyhow::bail!(
+                "the heatmap always offers the rollout; --methods takes norm, alti, attn-grad, flow"
+            ),
+            _ => anyhow::bail!(
+                "--method {} gives one score per token, not a matrix: `explain --method {}` shows them",
+                method.name(),
+                method.name()
+            ),
+        });
+    }
+    Ok(out)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use attn_models::{Model, ModelKind};
 use attn_viz::AttentionMaps;
-use attn_viz::html::{PageOptions, QueryKeys, standalone_page};
+use attn_viz::html::{Measure, PageOptions, QueryKeys, standalone_page};
 
-use crate::maps::{SourceArgs, check_output, read_maps, run_model_with};
+use crate::cmd::attribute::PageMethods;
+use crate::maps::{SourceArgs, check_output, read_maps, run_encoded};
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
@@ -43,6 +44,8 @@ pub struct Args {
     )]
     pub neuron_layer: Option<usize>,
     #[command(flatten)]
+    pub methods: PageMethods,
+    #[command(flatten)]
     pub source: SourceArgs,
 }
 
@@ -50,12 +53,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_extension(&args.output)?;
     check_output(&args.output)?;
     // Saved maps carry no queries and keys: the page then says the neuron view is unavailable.
-    let (maps, qk) = match (&args.source.maps, &args.text) {
-        (Some(path), _) => (read_maps(path)?, None),
+    let (maps, qk, measures) = match (&args.source.maps, &args.text) {
+        (Some(path), _) => {
+            if !args.methods.methods.is_empty() {
+                bail!(
+                    "--methods needs the model run on a TEXT; saved maps hold only attention weights"
+                );
+            }
+            (read_maps(path)?, None, Vec::new())
+        }
         (None, Some(text)) => {
             let model = args.source.model.load()?;
-            let (maps, qk) = analyse(&model, text, args.pair.as_deref(), args.source.truncate)?;
-            (maps, Some(qk))
+            let (maps, qk, measures) = analyse(
+                &model,
+                (text, args.pair.as_deref()),
+                args.source.truncate,
+                &args.methods,
+            )?;
+            (maps, Some(qk), measures)
         }
         (None, None) => bail!("give a TEXT to look at (or --maps FILE.json)"),
     };
@@ -66,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         neuron_layer: args.neuron_layer,
         ..PageOptions::default()
     };
-    let page = standalone_page(&maps, qk.as_ref(), &options)?;
+    let page = standalone_page(&maps, qk.as_ref(), &measures, &options)?;
     std::fs::write(&args.output, &page)
         .with_context(|| format!("cannot write {}", args.output.display()))?;
     crate::note!(
@@ -95,19 +110,22 @@ fn check_extension(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the model once and returns what the explorer shows: every head's attention and the
-/// queries and keys behind it.
+/// Runs the model and returns what the explorer shows: every head's attention, the queries and
+/// keys behind it, and the measures of `methods`.
 ///
 /// # Shapes
 /// - returned `maps.weights`: `[n_layers, n_heads, T, T]`
 /// - returned `qk.q`, `qk.k`: `[n_layers, n_heads, T, head_dim]`
 pub(crate) fn analyse(
     model: &Model,
-    text: &str,
-    pair: Option<&str>,
+    (text, pair): (&str, Option<&str>),
     truncate: bool,
-) -> anyhow::Result<(AttentionMaps, QueryKeys)> {
-    let (maps, qk) = run_model_with(model, text, pair, truncate, true)?;
+    methods: &PageMethods,
+) -> anyhow::Result<(AttentionMaps, QueryKeys, Vec<Measure>)> {
+    let enc = crate::maps::encode(model, text, pair, truncate)?;
+    let (maps, qk) = run_encoded(model, text, pair, &enc, true)?;
+    let measures =
+        crate::cmd::attribute::measures(model, &enc, &maps, &methods.chosen(), &methods.target)?;
     let qk = qk.context("the model returned no queries and keys")?;
     let head_dim = model.hidden_size() / model.n_heads();
     let qk = QueryKeys {
@@ -118,5 +136,5 @@ pub(crate) fn analyse(
         q: qk.q,
         k: qk.k,
     };
-    Ok((maps, qk))
+    Ok((maps, qk, measures))
 }

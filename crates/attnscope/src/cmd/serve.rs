@@ -40,6 +40,7 @@ use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
+use super::attribute::PageMethods;
 use super::html::analyse;
 use crate::maps::ModelArgs;
 
@@ -72,6 +73,8 @@ pub struct Args {
     #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = parse_timeout)]
     pub body_timeout: f64,
     #[command(flatten)]
+    pub methods: PageMethods,
+    #[command(flatten)]
     pub model: ModelArgs,
 }
 
@@ -99,6 +102,8 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
 
 struct App {
     model: Model,
+    /// What each answer's heatmap offers beside raw weights.
+    methods: PageMethods,
     /// Held by each forward pass, to its end: a client that goes away does not free its
     /// pass's place while the pass still runs.
     runs: Arc<Semaphore>,
@@ -119,6 +124,9 @@ struct AttentionRequest {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let model = args.model.load()?;
+    // A method that cannot run on this model (attn-grad without a target, say) is refused now,
+    // not on every text.
+    analyse(&model, ("attnscope", None), false, &args.methods).context("--methods")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_io()
@@ -128,6 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let body_timeout = Duration::from_secs_f64(args.body_timeout);
     let served = runtime.block_on(serve(
         model,
+        args.methods,
         SocketAddr::new(args.host, args.port),
         body_timeout,
     ));
@@ -145,7 +154,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// opens a new one for its next request.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 
-async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> anyhow::Result<()> {
+async fn serve(
+    model: Model,
+    methods: PageMethods,
+    address: SocketAddr,
+    body_timeout: Duration,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address}"))?;
@@ -154,6 +168,7 @@ async fn serve(model: Model, address: SocketAddr, body_timeout: Duration) -> any
         .context("cannot read the bound address")?;
     let app = Arc::new(App {
         model,
+        methods,
         runs: Arc::new(Semaphore::new(CONCURRENT_RUNS)),
         body_timeout,
     });
@@ -421,7 +436,8 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
     let result = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let pair = request.pair.as_deref().filter(|p| !p.is_empty());
-        let (maps, qk) = analyse(&worker.model, &request.text, pair, false)?;
+        let (maps, qk, measures) =
+            analyse(&worker.model, (&request.text, pair), false, &worker.methods)?;
         // Nothing to keep small on the machine's own loopback: every weight to 3 decimals (those
         // under 0.0005 round to 0), where a page file's floor hid up to 84% of a diffuse row at
         // 506 tokens.
@@ -430,7 +446,7 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
             size_budget_bytes: None,
             ..PageOptions::default()
         };
-        anyhow::Ok(payload_json(&maps, Some(&qk), &options)?)
+        anyhow::Ok(payload_json(&maps, Some(&qk), &measures, &options)?)
     })
     .await;
     match result {

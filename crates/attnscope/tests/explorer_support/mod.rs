@@ -51,7 +51,12 @@ pub fn embedded_data(page: &str) -> Value {
 /// The weights of a payload, unpacked as the page does: base64, zlib, then LEB128 varint
 /// tokens (`2v`: a weight of v thousandths; `2r + 1`: r zeros), / scale.
 pub fn unpack_weights(data: &Value) -> Vec<f32> {
-    let compressed = BASE64.decode(data["weights"].as_str().unwrap()).unwrap();
+    unpack_matrix(data, data["weights"].as_str().unwrap())
+}
+
+/// A packed matrix of a payload (its weights, rollout or a measure), unpacked as the page does.
+pub fn unpack_matrix(data: &Value, packed: &str) -> Vec<f32> {
+    let compressed = BASE64.decode(packed).unwrap();
     let mut bytes = Vec::new();
     flate2::read::ZlibDecoder::new(&compressed[..])
         .read_to_end(&mut bytes)
@@ -137,9 +142,15 @@ pub struct Server {
 
 impl Server {
     pub fn start(model: &Path) -> Server {
+        Server::start_with(model, &[])
+    }
+
+    /// `attnscope serve` with `extra` arguments.
+    pub fn start_with(model: &Path, extra: &[&str]) -> Server {
         let mut child = attnscope()
             .args(["serve", "--port", "0", "--model"])
             .arg(model)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
