@@ -21,3 +21,11 @@ if [ -z "${CHROME_BIN:-}" ]; then
 fi
 
 cargo test --workspace --no-fail-fast "$@"
+
+# The Python package (bindings/python): built and installed into a fresh virtual environment
+# with what its tests need, then its pytest suite. Its tests call the debug binary built above.
+venv=$(mktemp -d)/venv
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check numpy torch pytest
+"$venv/bin/pip" install -q --disable-pip-version-check ./bindings/python
+ATTNSCOPE_BIN="$PWD/target/debug/attnscope" "$venv/bin/python" -m pytest -q bindings/python/tests

@@ -116,7 +116,7 @@ fn check_extension(path: &Path) -> anyhow::Result<()> {
 /// # Shapes
 /// - returned `maps.weights`: `[n_layers, n_heads, T, T]`
 /// - returned `qk.q`, `qk.k`: `[n_layers, n_heads, T, head_dim]`
-pub(crate) fn analyse(
+pub fn analyse(
     model: &Model,
     (text, pair): (&str, Option<&str>),
     truncate: bool,
