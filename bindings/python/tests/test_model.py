@@ -92,3 +92,24 @@ def test_errors_are_value_errors(minilm, tmp_path):
         minilm.attentions("word " * 600)
     with pytest.raises(ValueError, match="head needs a layer"):
         minilm.explain("The cat", focus="cat", head=1)
+
+
+def test_the_inline_explorer_draws_in_a_browser(minilm, tmp_path):
+    from webdriver import Browser
+    att = minilm.attentions("The cat sat on the mat")
+    cell = tmp_path / "notebook.html"
+    # What a notebook does with _repr_html_: the markup inside the output cell's element.
+    cell.write_text(f"<!DOCTYPE html><html><body><div class='output'>{att._repr_html_()}</div></body></html>")
+    browser = Browser()
+    try:
+        browser.goto(cell.as_uri())
+        browser.frame(0)
+        assert browser.wait_for("return document.body.dataset.state === 'ready'"), browser.run(
+            "return [document.body.dataset.state, document.getElementById('error').textContent]")
+        shown = browser.run("return [...document.querySelectorAll('#view-head .tok')].map((t) => t.textContent)")
+        assert shown[:len(att.tokens)] == att.tokens
+        browser.run("document.querySelector('#tabs button[data-view=heatmap]').click()")
+        assert browser.wait_for("return document.body.dataset.state === 'ready' && "
+                                "!document.getElementById('view-heatmap').hidden")
+    finally:
+        browser.close()

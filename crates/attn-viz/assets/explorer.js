@@ -134,7 +134,12 @@
       h.set("head", $("neuron-head").value);
       h.set("query", $("neuron-query").value);
     }
-    history.replaceState(null, "", location.pathname + location.search + "#" + h.toString());
+    // A page in a sandboxed frame (Jupyter's inline view: about:srcdoc) has no address to keep.
+    try {
+      history.replaceState(null, "", location.pathname + location.search + "#" + h.toString());
+    } catch (_) {
+      return;
+    }
   }
 
   // The first data's view, layer, heads and filter from the #fragment (or ?view=), each only
