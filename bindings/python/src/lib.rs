@@ -55,6 +55,8 @@ struct Options<'py> {
     seed: u64,
     /// None, "all", "head_average", or the query rows.
     weights: Option<Bound<'py, PyAny>>,
+    /// The backward pass also gives the float mask's gradient.
+    float_mask_grad: bool,
 }
 
 fn causal(name: &str, option: &str) -> PyResult<Causal> {
@@ -136,6 +138,7 @@ impl Options<'_> {
                 seed: self.seed,
             }),
             weights,
+            float_mask_grad: self.float_mask_grad,
             ..AttnOptions::default()
         })
     }
@@ -150,6 +153,13 @@ fn array<'py>(
 }
 
 type Sdpa<'py> = (
+    Bound<'py, PyArrayDyn<f32>>,
+    Bound<'py, PyArrayDyn<f32>>,
+    Option<Bound<'py, PyArrayDyn<f32>>>,
+);
+
+type Grads<'py> = (
+    Bound<'py, PyArrayDyn<f32>>,
     Bound<'py, PyArrayDyn<f32>>,
     Bound<'py, PyArrayDyn<f32>>,
     Option<Bound<'py, PyArrayDyn<f32>>>,
@@ -223,7 +233,8 @@ fn sdpa<'py>(
     }
 }
 
-/// The gradients of `sdpa` (float32): (dq, dk, dv).
+/// The gradients of `sdpa` (float32): (dq, dk, dv, the float mask's when asked for, shaped as
+/// the mask).
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
 fn sdpa_backward<'py>(
@@ -235,7 +246,8 @@ fn sdpa_backward<'py>(
     lse: PyReadonlyArrayDyn<'py, f32>,
     dout: PyReadonlyArrayDyn<'py, f32>,
     options: Options<'py>,
-) -> PyResult<Sdpa<'py>> {
+) -> PyResult<Grads<'py>> {
+    let mask_dims = options.float_mask.as_ref().map(|m| m.shape().to_vec());
     let options = options.attn_options()?;
     let input = AttnInput::from_dims(
         (contiguous("query", &q)?, q.shape()),
@@ -253,10 +265,15 @@ fn sdpa_backward<'py>(
     let grads = py
         .detach(|| attn_core::sdpa_backward(&input, &options, &forward, dout))
         .map_err(value_error)?;
+    let dmask = match (grads.dmask, mask_dims) {
+        (Some(d), Some(dims)) => Some(array(py, d, &dims)?),
+        _ => None,
+    };
     Ok((
         array(py, grads.dq, &shape.q_dims())?,
         array(py, grads.dk, &shape.k_dims())?,
-        Some(array(py, grads.dv, &shape.v_dims())?),
+        array(py, grads.dv, &shape.v_dims())?,
+        dmask,
     ))
 }
 

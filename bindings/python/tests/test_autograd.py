@@ -65,3 +65,24 @@ def test_rejects_what_only_sdpa_returns():
         sdpa(q, q, q, return_lse=True)
     with pytest.raises(ValueError, match="unknown option"):
         sdpa(q, q, q, windw=(1, 1))
+
+
+@pytest.mark.parametrize("mask_shape", [(5, 7), (2, 1, 5, 7), (3, 5, 7)])
+def test_a_learned_float_mask_gets_torchs_gradient(mask_shape):
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 3, 7, 8, generator=g),
+               torch.randn(2, 3, 7, 8, generator=g))
+    bias = torch.randn(*mask_shape, generator=g)
+    dout = torch.randn(2, 3, 5, 8, generator=g)
+    b1 = bias.clone().requires_grad_()
+    (sdpa(q, k, v, b1) * dout).sum().backward()
+    b2 = bias.double().requires_grad_()
+    (F.scaled_dot_product_attention(q.double(), k.double(), v.double(), b2) * dout.double()).sum().backward()
+    assert b1.grad.shape == bias.shape
+    assert ((b1.grad.double() - b2.grad).abs().max()) <= 1e-5
+
+
+def test_bfloat16_inputs_get_bfloat16_gradients():
+    q = torch.randn(1, 2, 4, 8).bfloat16().requires_grad_()
+    sdpa(q, q, q).float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16

@@ -138,13 +138,14 @@ def _options(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, w
         "dropout_p": float(dropout_p),
         "seed": 0 if seed is None else int(seed),
         "weights": return_weights,
+        "float_mask_grad": False,
     }
 
 
 # The options of a call that sets none.
 _PLAIN = {"scale": None, "causal": None, "window": None, "align": None, "alibi": None,
           "softcap": None, "bool_mask": None, "float_mask": None, "key_real": None,
-          "dropout_p": 0.0, "seed": 0, "weights": None}
+          "dropout_p": 0.0, "seed": 0, "weights": None, "float_mask_grad": False}
 
 
 def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
