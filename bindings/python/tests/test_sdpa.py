@@ -175,6 +175,14 @@ BAD = [
     (lambda q, k, v: attnscope.sdpa(q * float("nan"), k, v), "finite"),
     (lambda q, k, v: attnscope.sdpa(q, k, v, is_causal=True, causal="bottom_right"), "is_causal"),
     (lambda q, k, v: attnscope.set_threads(0), "threads"),
+    (lambda q, k, v: attnscope.set_threads(-1), "threads"),
+    (lambda q, k, v: attnscope.sdpa(q, k, v, window=(-1, 0)), "window=(-1, 0)"),
+    (lambda q, k, v: attnscope.sdpa(q, k, v, window=(1, 2, 3)), "window"),
+    (lambda q, k, v: attnscope.sdpa(q, k, v, dropout_p=0.1, seed=-5), "seed"),
+    (lambda q, k, v: attnscope.sdpa(q, k, v, torch.ones(5, 5, dtype=torch.int64)), "dtype int64"),
+    (lambda q, k, v: attnscope.sdpa(q, k, v, torch.ones(2, 1, 2, 5, 5, dtype=torch.bool)), "does not broadcast"),
+    (lambda q, k, v: attnscope.sdpa(q, k, v, scale=float("nan")), "scale"),
+    (lambda q, k, v: attnscope.sdpa(q[..., :0], k[..., :0], v), "head_dim 0"),
 ]
 
 

@@ -24,6 +24,8 @@ __all__ = ["sdpa", "set_threads", "Model", "Attentions"]
 
 def set_threads(n: int) -> None:
     """Sizes the thread pool every kernel and model runs on (once, before the first call)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads: must be a whole number from 1, not {n!r}")
     _native.set_threads(n)
 
 
@@ -107,8 +109,10 @@ def _options(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, w
             m = m.reshape((batch,) + m.shape[-3:])
         if m.dtype == _np.bool_:
             bool_mask = _np.ascontiguousarray(m)
-        else:
+        elif m.dtype.kind == "f":
             float_mask = _np.ascontiguousarray(m, dtype=_np.float32)
+        else:
+            raise ValueError(f"attn_mask has dtype {m.dtype}; expected bool (True = may attend) or a float dtype (added to the scores)")
     key_real = None
     if key_padding_mask is not None:
         kp = _mask_array(key_padding_mask)
@@ -119,7 +123,13 @@ def _options(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, w
         key_real = _np.ascontiguousarray(~kp)
     if dropout_p > 0 and seed is None:
         seed = _random.getrandbits(64)
+    if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2 ** 64):
+        raise ValueError(f"seed={seed!r}: expected a whole number from 0 to 2**64 - 1")
     if window is not None:
+        if (len(window) != 2 or
+                not all(w is None or (isinstance(w, int) and w >= 0) for w in window)):
+            raise ValueError(f"window={window!r}: expected (left, right), each a whole number "
+                             "from 0 or None (unbounded)")
         window = (window[0], window[1])
     if alibi is not None:
         alibi = [float(s) for s in _np.asarray(_mask_array(alibi), dtype=_np.float64).reshape(-1)]
