@@ -98,7 +98,7 @@ fuzz_target!(|data: &[u8]| {
     notable_heads(&stats, &uniform, has_special_tokens(&maps));
     rollout(&maps).expect("rollout");
 
-    let page = standalone_page(&maps, None, &PageOptions::default()).expect("explorer page");
+    let page = standalone_page(&maps, None, &[], &PageOptions::default()).expect("explorer page");
     assert_eq!(
         page.matches("<script").count(),
         2,
