@@ -1,7 +1,7 @@
 //! `config.json`, `modules.json` and the pooling config of a model directory, and the
 //! model-to-config shape checks: the fuzzed files sit next to a real checkpoint and tokenizer
-//! (tiny-gpt2 from the golden data for GPT-2 configs, the cached all-MiniLM-L6-v2 for BERT
-//! configs) and go through [`Model::load`]. A model that loads must run a short text and
+//! (tiny-gpt2 and llm/llama from the golden data for GPT-2 and Llama-style configs, the cached
+//! all-MiniLM-L6-v2 for BERT configs) and go through [`Model::load`]. A model that loads must run a short text and
 //! return attention of the shape its config promises.
 //!
 //! Input: `config.json` NUL `modules.json` NUL `1_Pooling/config.json` (empty = absent).
@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let base = match config.kind() {
         ModelKind::Gpt2 => golden().join("tiny-gpt2"),
+        ModelKind::Llama => golden().join("llm/llama"),
         ModelKind::Bert => match cached_minilm() {
             Some(dir) => dir,
             None => return,

@@ -4,10 +4,11 @@
 //! and its own attention (the padded batch, or the new rows against the cache).
 //!
 //! BERT's block is post-norm (transformers' `BertLayer`: the LayerNorm after each residual), GPT-2's
-//! pre-norm (`GPT2Block`: `ln_1` and `ln_2` before each sublayer).
+//! pre-norm (`GPT2Block`: `ln_1` and `ln_2` before each sublayer), and so is Llama's
+//! (`LlamaDecoderLayer`: RMSNorms, then `down(silu(gate(x)) ⊙ up(x))` for the feed-forward).
 
 use crate::ModelError;
-use crate::ops::{Epilogue, Linear, residual_bias_add};
+use crate::ops::{Epilogue, Linear, residual_bias_add, swiglu_in_place};
 use crate::weights::Layer;
 use crate::{Activation, ModelKind};
 
@@ -16,15 +17,16 @@ pub(crate) type Multiply<'m> = dyn Fn(&Linear, &[f32], &mut [f32], Epilogue) + S
 
 /// The buffers a block writes besides the residual stream, each `[rows, …]`.
 pub(crate) struct Buffers<'a> {
-    /// GPT-2's normed input of a sublayer, `[rows, hidden]` (unused by BERT).
+    /// GPT-2's and Llama's normed input of a sublayer, `[rows, hidden]` (unused by BERT).
     pub(crate) normed: &'a mut [f32],
-    /// `[rows, 3·hidden]`: q | k | v, each head's `head_dim` values side by side.
+    /// `[rows, qkv_width]`: q | k | v, each head's `head_dim` values side by side.
     pub(crate) qkv: &'a mut [f32],
     /// The attention output with the heads merged, `[rows, hidden]`.
     pub(crate) context: &'a mut [f32],
     /// A sublayer's output before its bias and residual, `[rows, hidden]`.
     pub(crate) sublayer: &'a mut [f32],
-    /// `[rows, intermediate]`
+    /// `[rows, ff_width]`: Llama's gate | up, then its gated product in the first
+    /// `rows · intermediate` values.
     pub(crate) intermediate: &'a mut [f32],
 }
 
@@ -71,7 +73,7 @@ impl Layer {
     ) {
         let x: &[f32] = match kind {
             ModelKind::Bert => hidden,
-            ModelKind::Gpt2 => {
+            ModelKind::Gpt2 | ModelKind::Llama => {
                 self.norm_attn.apply_into(hidden, normed);
                 normed
             }
@@ -95,13 +97,24 @@ impl Layer {
         // Feed-forward: the same input for each family.
         let x: &[f32] = match kind {
             ModelKind::Bert => hidden,
-            ModelKind::Gpt2 => {
+            ModelKind::Gpt2 | ModelKind::Llama => {
                 self.norm_ff.apply_into(hidden, normed);
                 normed
             }
         };
-        multiply(&self.ff_in, x, intermediate, Epilogue::BiasActivation(act));
-        multiply(&self.ff_out, intermediate, sublayer, Epilogue::None);
+        let inner: &[f32] = match kind {
+            ModelKind::Llama => {
+                let n = self.ff_out.n_in;
+                multiply(&self.ff_in, x, intermediate, Epilogue::Bias);
+                swiglu_in_place(intermediate, n);
+                &intermediate[..intermediate.len() / 2]
+            }
+            _ => {
+                multiply(&self.ff_in, x, intermediate, Epilogue::BiasActivation(act));
+                intermediate
+            }
+        };
+        multiply(&self.ff_out, inner, sublayer, Epilogue::None);
         self.end_sublayer(kind, (hidden, sublayer), (&self.ff_out, false));
     }
 
@@ -116,7 +129,7 @@ impl Layer {
         match (kind, attention) {
             (ModelKind::Bert, true) => self.norm_attn.residual_bias_apply(hidden, y, &proj.bias),
             (ModelKind::Bert, false) => self.norm_ff.residual_bias_apply(hidden, y, &proj.bias),
-            (ModelKind::Gpt2, _) => residual_bias_add(hidden, y, &proj.bias),
+            (ModelKind::Gpt2 | ModelKind::Llama, _) => residual_bias_add(hidden, y, &proj.bias),
         }
     }
 }

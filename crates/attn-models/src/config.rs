@@ -22,6 +22,9 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "camembert",
     "distilbert",
     "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
 ];
 
 /// Which architecture a checkpoint is.
@@ -32,6 +35,9 @@ pub enum ModelKind {
     /// GPT-2 decoder: pre-LayerNorm, causal attention, a language-model head (tied to the word
     /// embeddings unless `tie_word_embeddings` is false).
     Gpt2,
+    /// Llama-style decoder (Llama, Mistral, Qwen2): pre-RMSNorm, rotary positions,
+    /// grouped-query attention, a gated SiLU feed-forward, a language-model head.
+    Llama,
 }
 
 /// Which member of a [`ModelKind`] a checkpoint is: the encoders share their layers and differ
@@ -49,6 +55,8 @@ pub enum Family {
     DistilBert,
     /// GPT-2.
     Gpt2,
+    /// Llama, Mistral and Qwen2: one block, differing in their biases, windows and ties.
+    Llama,
 }
 
 impl Family {
@@ -57,6 +65,7 @@ impl Family {
         match self {
             Family::Bert | Family::Roberta | Family::DistilBert => ModelKind::Bert,
             Family::Gpt2 => ModelKind::Gpt2,
+            Family::Llama => ModelKind::Llama,
         }
     }
 }
@@ -70,6 +79,8 @@ pub enum Activation {
     GeluTanh,
     /// `max(x, 0)`.
     Relu,
+    /// `x · sigmoid(x)`, gating the up projection (`silu(x·W_gate) ⊙ x·W_up`): Llama's.
+    Silu,
 }
 
 impl Activation {
@@ -82,7 +93,8 @@ impl Activation {
             other => Err(ModelError::InvalidConfig {
                 field,
                 reason: format!(
-                    "{other:?} is not supported (gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu)"
+                    "{other:?} is not supported (gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu; \
+                     silu for Llama-style decoders)"
                 ),
             }),
         }
@@ -118,6 +130,16 @@ const DISTILBERT_FIELDS: FieldNames = FieldNames {
     max_positions: "max_position_embeddings",
     layer_norm_eps: "layer_norm_eps",
     activation: "activation",
+};
+
+const LLAMA_FIELDS: FieldNames = FieldNames {
+    hidden_size: "hidden_size",
+    n_layers: "num_hidden_layers",
+    n_heads: "num_attention_heads",
+    intermediate_size: "intermediate_size",
+    max_positions: "max_position_embeddings",
+    layer_norm_eps: "rms_norm_eps",
+    activation: "hidden_act",
 };
 
 const GPT2_FIELDS: FieldNames = FieldNames {
@@ -184,6 +206,26 @@ pub struct ModelConfig {
     /// GPT-2's language-model head is the word embedding matrix (`tie_word_embeddings`, true by
     /// default); when false the checkpoint holds its own `lm_head.weight`.
     pub tied_lm_head: bool,
+    /// What a Llama-style decoder adds ([`Family::Llama`]); `None` for the other families.
+    pub decoder: Option<DecoderConfig>,
+}
+
+/// The parts of a Llama-style decoder the other families lack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderConfig {
+    /// Key/value heads, each shared by `n_heads / n_kv_heads` query heads.
+    pub n_kv_heads: usize,
+    /// The rotary embedding's inverse frequencies, `[head_dim / 2]`, scaled as `rope_scaling`
+    /// says.
+    pub inv_freq: Vec<f32>,
+    /// Mistral's window: a query sees itself and the `sliding_window − 1` keys before it.
+    pub sliding_window: Option<usize>,
+    /// Biases on the query, key and value projections (Qwen2; Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// A bias on the attention output projection (Llama's `attention_bias`).
+    pub out_bias: bool,
+    /// Biases on the feed-forward projections (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
 }
 
 #[derive(Deserialize)]
@@ -267,6 +309,137 @@ struct Gpt2Json {
     eos_token_id: Option<TokenIds>,
     #[serde(default = "yes")]
     tie_word_embeddings: bool,
+}
+
+/// `LlamaConfig`, `MistralConfig` and `Qwen2Config`'s fields, with their defaults.
+#[derive(Deserialize)]
+struct LlamaJson {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    #[serde(default = "silu")]
+    hidden_act: String,
+    max_position_embeddings: usize,
+    #[serde(default = "llama_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "rope_theta")]
+    rope_theta: f64,
+    #[serde(default)]
+    rope_scaling: Option<RopeScaling>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    #[serde(default)]
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    use_sliding_window: Option<bool>,
+    #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+    #[serde(default)]
+    pad_token_id: Option<u32>,
+    #[serde(default)]
+    eos_token_id: Option<TokenIds>,
+}
+
+/// `rope_scaling`: `rope_type` (or the older `type`) and its parameters.
+#[derive(Deserialize)]
+struct RopeScaling {
+    #[serde(default, alias = "type")]
+    rope_type: Option<String>,
+    #[serde(default)]
+    factor: Option<f64>,
+    #[serde(default)]
+    low_freq_factor: Option<f64>,
+    #[serde(default)]
+    high_freq_factor: Option<f64>,
+    #[serde(default)]
+    original_max_position_embeddings: Option<f64>,
+}
+
+/// transformers' `_compute_default_rope_parameters` and, for `rope_scaling`, `linear` and
+/// `llama3` (`modeling_rope_utils.py`): `1 / θ^(2i/d)`, in f64 then rounded.
+fn inv_freq(theta: f64, d: usize, scaling: Option<&RopeScaling>) -> Result<Vec<f32>, ModelError> {
+    if !(theta.is_finite() && theta > 1.0) {
+        return Err(unsupported(
+            "rope_theta",
+            format!("{theta} must be a finite number above 1"),
+        ));
+    }
+    // transformers rounds the base frequencies to f32 before scaling them.
+    let base: Vec<f64> = (0..d / 2)
+        .map(|i| f64::from((1.0 / theta.powf((2 * i) as f64 / d as f64)) as f32))
+        .collect();
+    let Some(s) = scaling else {
+        return Ok(base.iter().map(|&f| f as f32).collect());
+    };
+    let param = |name: &'static str, value: Option<f64>| {
+        value
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| unsupported("rope_scaling", format!("{name} must be a number above 0")))
+    };
+    let kind = s.rope_type.as_deref().unwrap_or("default");
+    let freqs: Vec<f64> = match kind {
+        "default" => base,
+        "linear" => {
+            let factor = param("factor", s.factor)?;
+            base.iter().map(|f| f / factor).collect()
+        }
+        "llama3" => {
+            let factor = param("factor", s.factor)?;
+            let low = param("low_freq_factor", s.low_freq_factor)?;
+            let high = param("high_freq_factor", s.high_freq_factor)?;
+            let old = param(
+                "original_max_position_embeddings",
+                s.original_max_position_embeddings,
+            )?;
+            if high <= low {
+                return Err(unsupported(
+                    "rope_scaling",
+                    format!("high_freq_factor {high} must be above low_freq_factor {low}"),
+                ));
+            }
+            let (low_wavelen, high_wavelen) = (old / low, old / high);
+            base.iter()
+                .map(|&f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                    let medium = (high_wavelen..=low_wavelen).contains(&wavelen);
+                    if medium {
+                        let smooth = (old / wavelen - low) / (high - low);
+                        (1.0 - smooth) * scaled / factor + smooth * scaled
+                    } else {
+                        scaled
+                    }
+                })
+                .collect()
+        }
+        other => {
+            return Err(unsupported(
+                "rope_scaling",
+                format!("rope_type {other:?} is not supported (default, linear, llama3)"),
+            ));
+        }
+    };
+    Ok(freqs.iter().map(|&f| f as f32).collect())
+}
+
+fn silu() -> String {
+    "silu".into()
+}
+fn llama_eps() -> f64 {
+    1e-6
+}
+fn rope_theta() -> f64 {
+    10_000.0
 }
 
 fn bert_act() -> String {
@@ -484,6 +657,7 @@ impl ModelConfig {
                     pad_token_id: c.pad_token_id.unwrap_or(default_pad),
                     causal: c.is_decoder,
                     tied_lm_head: true,
+                    decoder: None,
                 }
             }
             "distilbert" => {
@@ -505,6 +679,7 @@ impl ModelConfig {
                     pad_token_id: c.pad_token_id.unwrap_or(0),
                     causal: false,
                     tied_lm_head: true,
+                    decoder: None,
                 }
             }
             "gpt2" => {
@@ -551,6 +726,101 @@ impl ModelConfig {
                     pad_token_id: c.eos_token_id.and_then(|ids| ids.first()).unwrap_or(0),
                     causal: true,
                     tied_lm_head: c.tie_word_embeddings,
+                    decoder: None,
+                }
+            }
+            "llama" | "mistral" | "qwen2" => {
+                let c: LlamaJson = serde_json::from_str(text).map_err(bad)?;
+                if c.partial_rotary_factor.is_some_and(|f| f != 1.0) {
+                    return Err(unsupported(
+                        "partial_rotary_factor",
+                        "only 1 (rotary embeddings over the whole head) is supported",
+                    ));
+                }
+                if c.num_attention_heads == 0
+                    || !c.hidden_size.is_multiple_of(c.num_attention_heads)
+                {
+                    return Err(unsupported(
+                        "num_attention_heads",
+                        format!(
+                            "{} does not divide hidden_size {}",
+                            c.num_attention_heads, c.hidden_size
+                        ),
+                    ));
+                }
+                let d = c.hidden_size / c.num_attention_heads;
+                if let Some(h) = c.head_dim.filter(|&h| h != d) {
+                    return Err(unsupported(
+                        "head_dim",
+                        format!(
+                            "{h} is not hidden_size / num_attention_heads ({d}); only that is supported"
+                        ),
+                    ));
+                }
+                if !d.is_multiple_of(2) {
+                    return Err(unsupported(
+                        "hidden_size",
+                        format!("{d}-dimensional heads: rotary embeddings need an even head size"),
+                    ));
+                }
+                let n_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
+                if n_kv_heads == 0 || !c.num_attention_heads.is_multiple_of(n_kv_heads) {
+                    return Err(unsupported(
+                        "num_key_value_heads",
+                        format!(
+                            "{n_kv_heads} does not divide num_attention_heads {}",
+                            c.num_attention_heads
+                        ),
+                    ));
+                }
+                if c.hidden_act != "silu" {
+                    return Err(unsupported(
+                        "hidden_act",
+                        format!("{:?} is not supported (silu)", c.hidden_act),
+                    ));
+                }
+                // Qwen2 windows only with use_sliding_window (and then only some layers);
+                // Mistral's window applies to every layer.
+                let sliding_window = match model_type.as_str() {
+                    "mistral" => c.sliding_window,
+                    "qwen2" if c.use_sliding_window == Some(true) => {
+                        return Err(unsupported(
+                            "use_sliding_window",
+                            "Qwen2's per-layer sliding windows are not supported",
+                        ));
+                    }
+                    _ => None,
+                };
+                if sliding_window == Some(0) {
+                    return Err(unsupported("sliding_window", "must be at least 1"));
+                }
+                let qwen2 = model_type == "qwen2";
+                ModelConfig {
+                    family: Family::Llama,
+                    vocab_size: c.vocab_size,
+                    hidden_size: c.hidden_size,
+                    n_layers: c.num_hidden_layers,
+                    n_heads: c.num_attention_heads,
+                    intermediate_size: c.intermediate_size,
+                    max_positions: c.max_position_embeddings,
+                    type_vocab_size: 0,
+                    layer_norm_eps: layer_norm_eps(c.rms_norm_eps, LLAMA_FIELDS.layer_norm_eps)?,
+                    activation: Activation::Silu,
+                    pad_token_id: c
+                        .pad_token_id
+                        .or_else(|| c.eos_token_id.and_then(|ids| ids.first()))
+                        .unwrap_or(0),
+                    causal: true,
+                    tied_lm_head: c.tie_word_embeddings,
+                    decoder: Some(DecoderConfig {
+                        n_kv_heads,
+                        inv_freq: inv_freq(c.rope_theta, d, c.rope_scaling.as_ref())?,
+                        sliding_window,
+                        qkv_bias: qwen2 || c.attention_bias,
+                        out_bias: !qwen2 && c.attention_bias,
+                        mlp_bias: !qwen2 && c.mlp_bias,
+                    }),
+                    model_type,
                 }
             }
             _ => {
@@ -564,6 +834,7 @@ impl ModelConfig {
             Family::Bert | Family::Roberta => &BERT_FIELDS,
             Family::DistilBert => &DISTILBERT_FIELDS,
             Family::Gpt2 => &GPT2_FIELDS,
+            Family::Llama => &LLAMA_FIELDS,
         })?;
         Ok(config)
     }
@@ -575,7 +846,7 @@ impl ModelConfig {
             Family::Roberta => self
                 .max_positions
                 .saturating_sub(self.pad_token_id as usize + 1),
-            Family::Bert | Family::DistilBert | Family::Gpt2 => self.max_positions,
+            Family::Bert | Family::DistilBert | Family::Gpt2 | Family::Llama => self.max_positions,
         }
     }
 
@@ -596,7 +867,7 @@ impl ModelConfig {
                     })
                     .collect()
             }
-            Family::Bert | Family::DistilBert | Family::Gpt2 => (0..n).collect(),
+            Family::Bert | Family::DistilBert | Family::Gpt2 | Family::Llama => (0..n).collect(),
         }
     }
 
@@ -608,6 +879,24 @@ impl ModelConfig {
     /// Size of one head: `hidden_size / n_heads`.
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.n_heads
+    }
+
+    /// Key/value heads: the query heads' count but for grouped-query attention.
+    pub fn n_kv_heads(&self) -> usize {
+        self.decoder.as_ref().map_or(self.n_heads, |d| d.n_kv_heads)
+    }
+
+    /// Width of the fused query | key | value projection's output.
+    pub fn qkv_width(&self) -> usize {
+        self.hidden_size + 2 * self.n_kv_heads() * self.head_dim()
+    }
+
+    /// Width of the feed-forward layer's first output: gate | up for a gated one.
+    pub fn ff_width(&self) -> usize {
+        match self.activation {
+            Activation::Silu => 2 * self.intermediate_size,
+            _ => self.intermediate_size,
+        }
     }
 
     fn validate(&self, names: &FieldNames) -> Result<(), ModelError> {

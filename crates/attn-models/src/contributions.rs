@@ -46,6 +46,12 @@ impl Model {
     /// The norm-based and ALTI contributions of every layer for `enc`, from one forward pass
     /// (its attentions and hidden states) and each layer's value and output projections again.
     pub fn contributions(&self, enc: &Encoding) -> Result<Contributions, ModelError> {
+        if self.kind() == ModelKind::Llama {
+            return Err(ModelError::NotForFamily {
+                what: "norm and ALTI contributions",
+                model_type: self.config().model_type.clone(),
+            });
+        }
         let options = RunOptions {
             attentions: true,
             hidden_states: true,
@@ -73,7 +79,7 @@ impl Model {
             let x = &hidden[l * t * d..][..t * d];
             let xv: &[f32] = match c.kind() {
                 ModelKind::Bert => x,
-                ModelKind::Gpt2 => {
+                ModelKind::Gpt2 | ModelKind::Llama => {
                     layer.norm_attn.apply_into(x, &mut normed);
                     &normed
                 }
@@ -141,7 +147,7 @@ fn layer_contributions(
     // y_i, and for BERT the LayerNorm's σ_i (1 for GPT-2, whose 𝓛_i is the identity).
     let ln = &layer.norm_attn;
     let (y, sigma): (Vec<f32>, Vec<f32>) = match kind {
-        ModelKind::Gpt2 => (pre, vec![1.0; t]),
+        ModelKind::Gpt2 | ModelKind::Llama => (pre, vec![1.0; t]),
         ModelKind::Bert => {
             let mut y = Vec::with_capacity(t * d);
             let mut sigma = Vec::with_capacity(t);
@@ -185,7 +191,7 @@ fn layer_contributions(
                 }
                 let yi = &y[i * d..][..d];
                 let distance = match kind {
-                    ModelKind::Gpt2 => lanes2(yi, sij, |y, v| (y - v).abs()),
+                    ModelKind::Gpt2 | ModelKind::Llama => lanes2(yi, sij, |y, v| (y - v).abs()),
                     ModelKind::Bert => {
                         let mean = lanes(sij, |v| v) / d as f32;
                         let scale = 1.0 / sigma[i];

@@ -227,12 +227,25 @@ pub enum ModelError {
         segments: usize,
         special_marks: usize,
     },
-    /// Text generation (a KV cache) was asked of a model that is not a GPT-2-family decoder.
-    #[error("generating text needs a GPT-2-family decoder; {model} is a {model_type} model")]
+    /// Text generation (a KV cache) was asked of a model that is not a decoder.
+    #[error(
+        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2); {model} is a {model_type} model"
+    )]
     NotADecoder {
         /// The model directory's name.
         model: String,
         /// Its `config.json` `model_type`.
+        model_type: String,
+    },
+    /// A computation the model's family does not have yet (gradients and contributions run on
+    /// the BERT family and GPT-2).
+    #[error(
+        "{what}: not available for {model_type} models yet; it runs on BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT and GPT-2"
+    )]
+    NotForFamily {
+        /// What was asked.
+        what: &'static str,
+        /// The model's `config.json` `model_type`.
         model_type: String,
     },
     /// Decoding needs more positions than the KV cache holds: its capacity, at most the model's

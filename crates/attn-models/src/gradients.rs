@@ -117,6 +117,10 @@ fn norm_backward(ln: &LayerNorm, s: &NormState, dy: &[f32]) -> Vec<f32> {
 fn activation_grad(act: Activation, z: f32, a: f32) -> f32 {
     match act {
         Activation::Relu => f32::from(u8::from(z > 0.0)),
+        Activation::Silu => {
+            let s = 1.0 / (1.0 + (-z).exp());
+            s * (1.0 + z * (1.0 - s))
+        }
         Activation::GeluErf => {
             // Φ(z) = gelu(z)/z, which saves an erf, but where z is near 0 (or Φ underflows).
             let cdf = match z.abs() > 1e-3 && a != 0.0 {
@@ -167,6 +171,12 @@ impl Model {
         attentions: bool,
     ) -> Result<Gradients, ModelError> {
         let c = self.config();
+        if c.kind() == ModelKind::Llama {
+            return Err(ModelError::NotForFamily {
+                what: "the backward pass (gradient methods)",
+                model_type: c.model_type.clone(),
+            });
+        }
         let (t, d, heads, dh) = (enc.len(), c.hidden_size, c.n_heads, c.head_dim());
         let batch = scales.len();
         if batch == 0 {
@@ -206,7 +216,7 @@ impl Model {
             let mut normed = Vec::new();
             let ln_attn = match kind {
                 ModelKind::Bert => None,
-                ModelKind::Gpt2 => {
+                ModelKind::Gpt2 | ModelKind::Llama => {
                     normed = vec![0.0f32; rows * d];
                     Some(norm_forward(&layer.norm_attn, input, &mut normed))
                 }
@@ -223,7 +233,7 @@ impl Model {
                 vec![0.0; rows * d],
                 vec![0.0; rows * d],
             );
-            split_heads(&qkv, batch, t, heads, dh, [&mut q, &mut k, &mut v]);
+            split_heads(&qkv, batch, t, (heads, heads), dh, [&mut q, &mut k, &mut v]);
             let attn = {
                 let input = AttnInput::allowing_non_finite(&q, &k, &v, shape)?;
                 sdpa(&input, &options)
@@ -242,7 +252,7 @@ impl Model {
                     r = y.clone();
                     (s, y)
                 }
-                ModelKind::Gpt2 => {
+                ModelKind::Gpt2 | ModelKind::Llama => {
                     let mut y = vec![0.0f32; rows * d];
                     let s = norm_forward(&layer.norm_ff, &r, &mut y);
                     (s, y)
@@ -265,7 +275,7 @@ impl Model {
                     out = y;
                     Some(s)
                 }
-                ModelKind::Gpt2 => None,
+                ModelKind::Gpt2 | ModelKind::Llama => None,
             };
             saved.push(Saved {
                 ln_attn,
@@ -302,7 +312,7 @@ impl Model {
                     let d_out = norm_backward(&layer.norm_ff, s.ln_ff.as_ref().expect("BERT"), &dx);
                     (d_out.clone(), d_out)
                 }
-                ModelKind::Gpt2 => (dx.clone(), dx.clone()),
+                ModelKind::Gpt2 | ModelKind::Llama => (dx.clone(), dx.clone()),
             };
             let inter = layer.ff_in.n_out;
             let mut d_act = linear_backward(&layer.ff_out, &d_ff_in, rows, gemm);
@@ -324,7 +334,7 @@ impl Model {
                     let total: Vec<f32> = d_r.iter().zip(&d_ffx).map(|(a, b)| a + b).collect();
                     norm_backward(&layer.norm_attn, &s.after_attn, &total)
                 }
-                ModelKind::Gpt2 => {
+                ModelKind::Gpt2 | ModelKind::Llama => {
                     let through = norm_backward(&layer.norm_ff, &s.after_attn, &d_ffx);
                     d_r.iter().zip(&through).map(|(a, b)| a + b).collect()
                 }
@@ -348,7 +358,7 @@ impl Model {
             let d_xv = linear_backward(&layer.qkv, &d_qkv, rows, gemm);
             let d_input: Vec<f32> = match kind {
                 ModelKind::Bert => d_res.iter().zip(&d_xv).map(|(a, b)| a + b).collect(),
-                ModelKind::Gpt2 => {
+                ModelKind::Gpt2 | ModelKind::Llama => {
                     let ln = s.ln_attn.as_ref().expect("GPT-2");
                     let through = norm_backward(&layer.norm_attn, ln, &d_xv);
                     d_res.iter().zip(&through).map(|(a, b)| a + b).collect()

@@ -254,9 +254,17 @@ impl Head {
         match head.task() {
             None => Ok(Head::None),
             Some(Task::NextToken) => match config.family {
-                Family::Gpt2 => Ok(Head::NextToken),
+                Family::Gpt2 | Family::Llama => Ok(Head::NextToken),
                 _ => Ok(Head::None),
             },
+            Some(task) if config.family == Family::Llama => Err(ModelError::InvalidConfig {
+                field: "architectures",
+                reason: format!(
+                    "a {} of a {} model is not supported yet (its causal LM is)",
+                    task.describe(),
+                    config.model_type
+                ),
+            }),
             Some(Task::QuestionAnswering) => Ok(Head::QuestionAnswering(linear(
                 ckpt,
                 "qa_outputs",
@@ -277,7 +285,7 @@ fn classifier(
     let h = config.hidden_size;
     let out_name = match config.family {
         Family::Roberta => "classifier.out_proj",
-        Family::Gpt2 => "score",
+        Family::Gpt2 | Family::Llama => "score",
         Family::Bert | Family::DistilBert => "classifier",
     };
     // The output layer's rows are the labels: read them from the tensor, then check the config.
@@ -325,7 +333,7 @@ fn classifier(
             linear(ckpt, "pre_classifier", (h, h), true)?,
             PreActivation::Relu,
         )),
-        Family::Gpt2 => None,
+        Family::Gpt2 | Family::Llama => None,
     };
     Ok(ClassifierHead {
         pre,
@@ -368,10 +376,10 @@ fn masked_lm(ckpt: &Checkpoint, config: &ModelConfig) -> Result<MaskedLmHead, Mo
                 "lm_head.decoder.weight",
                 &["lm_head.bias", "lm_head.decoder.bias"],
             ),
-            Family::Gpt2 => {
+            Family::Gpt2 | Family::Llama => {
                 return Err(ModelError::InvalidConfig {
                     field: "architectures",
-                    reason: "GPT-2 has no masked-language-model head".into(),
+                    reason: format!("{} has no masked-language-model head", config.model_type),
                 });
             }
         };
@@ -385,6 +393,7 @@ fn masked_lm(ckpt: &Checkpoint, config: &ModelConfig) -> Result<MaskedLmHead, Mo
             gamma: ckpt.f32(&format!("{norm_name}.weight"), &[h])?,
             beta: ckpt.f32(&format!("{norm_name}.bias"), &[h])?,
             eps,
+            rms: false,
         },
         decoder: match ckpt.contains(decoder) {
             true => Some(ckpt.f32_data(decoder, &[v, h])?),

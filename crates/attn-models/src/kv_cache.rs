@@ -1,4 +1,4 @@
-//! Incremental GPT-2 decoding: a per-layer key/value cache that grows as tokens are fed, so
+//! Incremental decoding (GPT-2 and the Llama-style decoders): a per-layer key/value cache that grows as tokens are fed, so
 //! each new token costs one row per layer instead of a pass over the whole sequence.
 //!
 //! Each layer's keys and values live in one buffer allocated when the cache is made,
@@ -19,11 +19,11 @@
 //! The numbers are those of the full masked pass ([`Model::forward`]) up to floating-point
 //! summation order.
 
-use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
+use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest, Window};
 use rayon::prelude::*;
 
 use crate::block::Buffers;
-use crate::model::parallelism;
+use crate::model::{parallelism, rotate_rows};
 use crate::ops::{Epilogue, Gemm, Linear, WeightLayout, gemm_bt};
 use crate::{Model, ModelError, ModelKind};
 
@@ -34,9 +34,9 @@ pub struct KvCache<'m> {
     /// The most tokens the cache holds: its buffers' row count.
     capacity: usize,
     len: usize,
-    /// Per layer: `[n_heads, capacity, head_dim]`; rows `..len` of each head are filled.
+    /// Per layer: `[n_kv_heads, capacity, head_dim]`; rows `..len` of each head are filled.
     keys: Vec<Vec<f32>>,
-    /// Per layer: `[n_heads, capacity, head_dim]`; rows `..len` of each head are filled.
+    /// Per layer: `[n_kv_heads, capacity, head_dim]`; rows `..len` of each head are filled.
     values: Vec<Vec<f32>>,
 }
 
@@ -50,10 +50,10 @@ pub struct Step {
     pub last_layer_attention: Option<Vec<f32>>,
 }
 
-/// [`ModelError::NotADecoder`] unless `model` is a GPT-2-family model.
+/// [`ModelError::NotADecoder`] unless `model` is a decoder (GPT-2, Llama, Mistral, Qwen2).
 pub(crate) fn check_decoder(model: &Model) -> Result<(), ModelError> {
     match model.kind() {
-        ModelKind::Gpt2 => Ok(()),
+        ModelKind::Gpt2 | ModelKind::Llama => Ok(()),
         ModelKind::Bert => Err(ModelError::NotADecoder {
             model: model.name().to_string(),
             model_type: model.config().model_type.clone(),
@@ -62,8 +62,8 @@ pub(crate) fn check_decoder(model: &Model) -> Result<(), ModelError> {
 }
 
 impl<'m> KvCache<'m> {
-    /// An empty cache for `model`, which must be a GPT-2-family model, with room for all of its
-    /// `n_positions` tokens.
+    /// An empty cache for `model`, which must be a decoder (GPT-2, Llama, Mistral, Qwen2), with
+    /// room for all of its `max_position_embeddings` tokens.
     pub fn new(model: &'m Model) -> Result<KvCache<'m>, ModelError> {
         KvCache::with_capacity(model, model.max_positions())
     }
@@ -71,7 +71,7 @@ impl<'m> KvCache<'m> {
     /// An empty cache for `model` with room for `capacity` tokens (allocated now, for every
     /// layer: `2 · capacity · hidden` values each).
     ///
-    /// Errors: a model that is not a GPT-2-family decoder ([`ModelError::NotADecoder`]), or a
+    /// Errors: a model that is not a decoder ([`ModelError::NotADecoder`]), or a
     /// capacity above the model's `n_positions` ([`ModelError::CacheFull`]).
     pub fn with_capacity(model: &'m Model, capacity: usize) -> Result<KvCache<'m>, ModelError> {
         check_decoder(model)?;
@@ -83,7 +83,7 @@ impl<'m> KvCache<'m> {
                 n_positions: c.max_positions,
             });
         }
-        let per_layer = capacity * c.hidden_size;
+        let per_layer = capacity * c.n_kv_heads() * c.head_dim();
         Ok(KvCache {
             model,
             capacity,
@@ -123,6 +123,7 @@ impl<'m> KvCache<'m> {
         let model = self.model;
         let c = model.config();
         let (h, n_heads, d) = (c.hidden_size, c.n_heads, c.head_dim());
+        let n_kv = c.n_kv_heads();
         if ids.is_empty() {
             return Err(ModelError::NoTokens);
         }
@@ -147,18 +148,24 @@ impl<'m> KvCache<'m> {
         let mut hidden = vec![0.0f32; new * h];
         for (t, (&id, row)) in ids.iter().zip(hidden.chunks_exact_mut(h)).enumerate() {
             let word = &weights.word_embeddings[id as usize * h..][..h];
-            let pos = &weights.position[(past + t) * h..][..h];
-            row.iter_mut()
-                .zip(word)
-                .zip(pos)
-                .for_each(|((v, w), p)| *v = w + p);
+            match c.decoder {
+                // Rotary positions, applied to the queries and keys below.
+                Some(_) => row.copy_from_slice(word),
+                None => {
+                    let pos = &weights.position[(past + t) * h..][..h];
+                    row.iter_mut()
+                        .zip(word)
+                        .zip(pos)
+                        .for_each(|((v, w), p)| *v = w + p);
+                }
+            }
         }
         let mut normed = vec![0.0f32; new * h];
-        let mut qkv = vec![0.0f32; new * 3 * h];
+        let mut qkv = vec![0.0f32; new * c.qkv_width()];
         let mut q = vec![0.0f32; new * h];
         let mut context = vec![0.0f32; new * h];
         let mut sublayer = vec![0.0f32; new * h];
-        let mut intermediate = vec![0.0f32; new * c.intermediate_size];
+        let mut intermediate = vec![0.0f32; new * c.ff_width()];
         let n_layers = weights.layers.len();
         let mut last_layer_attention = None;
 
@@ -182,12 +189,21 @@ impl<'m> KvCache<'m> {
             let q = &mut q;
             let attend = |qkv: &[f32], context: &mut [f32]| {
                 let kv = [&mut keys[..], &mut values[..]];
-                scatter_qkv(qkv, (new, n_heads, d), q, kv, (past, self.capacity));
+                scatter_qkv(qkv, (new, (n_heads, n_kv), d), q, kv, (past, self.capacity));
+                if let Some(dec) = &c.decoder {
+                    for head in q.chunks_exact_mut(new * d) {
+                        rotate_rows(head, d, &dec.inv_freq, past);
+                    }
+                    for head in keys.chunks_exact_mut(self.capacity * d) {
+                        rotate_rows(&mut head[past * d..total * d], d, &dec.inv_freq, past);
+                    }
+                }
+                let window = c.decoder.as_ref().and_then(|dec| dec.sliding_window);
                 let attended = attend_per_head(
                     q,
                     (keys, values),
                     (new, total, self.capacity),
-                    (l, n_heads, d),
+                    ((l, n_heads, n_kv, d), window),
                     want_weights,
                 )?;
                 for (head, (out, _)) in attended.iter().enumerate() {
@@ -207,7 +223,7 @@ impl<'m> KvCache<'m> {
                 sublayer: &mut sublayer,
                 intermediate: &mut intermediate,
             };
-            let kind = (ModelKind::Gpt2, c.activation);
+            let kind = (c.kind(), c.activation);
             layer.forward(kind, &mut hidden, buffers, &multiply, attend)?;
         }
         if let Some(norm) = &weights.final_norm {
@@ -238,26 +254,26 @@ impl<'m> KvCache<'m> {
     }
 }
 
-/// Splits `qkv` (`[new, 3·hidden]`: q | k | v, each head's `head_dim` values side by side) into
-/// the queries `q` (`[n_heads, new, head_dim]`) and rows `past..past + new` of each head of the
-/// cache buffers `kv` (keys, values: `[n_heads, capacity, head_dim]` each).
+/// Splits `qkv` (`[new, (n_heads + 2·n_kv_heads)·head_dim]`: q | k | v, each head's `head_dim`
+/// values side by side) into the queries `q` (`[n_heads, new, head_dim]`) and rows
+/// `past..past + new` of each head of the cache buffers `kv` (keys, values: `[n_kv_heads,
+/// capacity, head_dim]` each).
 fn scatter_qkv(
     qkv: &[f32],
-    (new, n_heads, d): (usize, usize, usize),
+    (new, (n_heads, n_kv), d): (usize, (usize, usize), usize),
     q: &mut [f32],
     kv: [&mut [f32]; 2],
     (past, capacity): (usize, usize),
 ) {
-    let h = n_heads * d;
+    let (h, kv_width) = (n_heads * d, n_kv * d);
     for (part, dst) in [q].into_iter().chain(kv).enumerate() {
         // Queries hold `new` rows per head, the cache `capacity` rows from row `past`.
-        let (rows, first) = if part == 0 {
-            (new, 0)
-        } else {
-            (capacity, past)
+        let (rows, first, start, width) = match part {
+            0 => (new, 0, 0, h),
+            _ => (capacity, past, h + (part - 1) * kv_width, kv_width),
         };
-        for (t, row) in qkv.chunks_exact(3 * h).enumerate() {
-            for (head, vals) in row[part * h..][..h].chunks_exact(d).enumerate() {
+        for (t, row) in qkv.chunks_exact(h + 2 * kv_width).enumerate() {
+            for (head, vals) in row[start..][..width].chunks_exact(d).enumerate() {
                 dst[(head * rows + first + t) * d..][..d].copy_from_slice(vals);
             }
         }
@@ -268,12 +284,13 @@ fn scatter_qkv(
 type HeadResult = (Vec<f32>, Option<Vec<f32>>);
 
 /// Attention of the fed tokens' queries against the first `seq_kv` cached rows of each head, one
-/// call per head (the heads in parallel): bottom-right causal, so fed token `t` sees the
-/// cached tokens and the fed tokens up to itself.
+/// call per query head (the heads in parallel, each reading its key/value head): bottom-right
+/// causal, so fed token `t` sees the cached tokens and the fed tokens up to itself (within
+/// `window` tokens when there is one).
 ///
 /// # Shapes
 /// - `q`: `[n_heads, new, head_dim]`
-/// - `kv`: keys, values `[n_heads, capacity, head_dim]`, rows `..seq_kv` of each head filled
+/// - `kv`: keys, values `[n_kv_heads, capacity, head_dim]`, rows `..seq_kv` of each head filled
 /// - returns per head `[new, head_dim]` and, when `weights`, `[new, seq_kv]`
 ///
 /// An attention error names `layer` and the head.
@@ -281,11 +298,15 @@ fn attend_per_head(
     q: &[f32],
     (keys, values): (&[f32], &[f32]),
     (new, seq_kv, capacity): (usize, usize, usize),
-    (layer, n_heads, d): (usize, usize, usize),
+    ((layer, n_heads, n_kv, d), window): ((usize, usize, usize, usize), Option<usize>),
     weights: bool,
 ) -> Result<Vec<HeadResult>, ModelError> {
     let options = AttnOptions {
         causal: Some(Causal::BottomRight),
+        window: window.map(|w| Window {
+            left: Some(w - 1),
+            right: None,
+        }),
         weights: if weights {
             WeightsRequest::All
         } else {
@@ -297,7 +318,7 @@ fn attend_per_head(
     (0..n_heads)
         .into_par_iter()
         .map(|head| {
-            let (at, len) = (head * capacity * d, seq_kv * d);
+            let (at, len) = (head / (n_heads / n_kv) * capacity * d, seq_kv * d);
             let (k, v) = (&keys[at..][..len], &values[at..][..len]);
             // Unchecked: scanning the whole cache for NaN at every step would cost more than
             // the attention itself; `feed` checks the final hidden state, which any non-finite

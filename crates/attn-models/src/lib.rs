@@ -52,7 +52,9 @@ mod weights;
 
 pub use answer::{Answer, Answered, MAX_ANSWER_TOKENS, MAX_WINDOW};
 pub use checkpoint::{Checkpoint, F32Data, MAX_HEADER_BYTES, TensorInfo, repeated_header_key};
-pub use config::{Activation, Family, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES};
+pub use config::{
+    Activation, DecoderConfig, Family, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES,
+};
 pub use contributions::Contributions;
 pub use error::ModelError;
 pub use fetch::{

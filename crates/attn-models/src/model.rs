@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest};
+use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, KeyPadding, WeightsRequest, Window};
 use faer::Par;
 use rayon::prelude::*;
 
@@ -124,11 +124,11 @@ impl std::fmt::Debug for Model {
 struct Workspace {
     /// `[rows, hidden]`: the residual stream.
     hidden: Vec<f32>,
-    /// `[rows, hidden]`: GPT-2's normed input of a sublayer.
+    /// `[rows, hidden]`: GPT-2's and Llama's normed input of a sublayer.
     normed: Vec<f32>,
-    /// `[rows, 3·hidden]`
+    /// `[rows, qkv_width]`
     qkv: Vec<f32>,
-    /// `[batch, heads, seq_len, head_dim]` each.
+    /// `[batch, heads, seq_len, head_dim]`; k and v with the key/value heads.
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -136,7 +136,7 @@ struct Workspace {
     context: Vec<f32>,
     /// `[rows, hidden]`: a sublayer's output before bias and residual.
     sublayer: Vec<f32>,
-    /// `[rows, intermediate]`
+    /// `[rows, ff_width]`
     intermediate: Vec<f32>,
 }
 
@@ -154,17 +154,18 @@ impl Workspace {
     /// so reused memory needs no clearing.
     fn resize(&mut self, rows: usize, c: &ModelConfig) {
         let h = c.hidden_size;
-        let gpt2 = c.kind() == ModelKind::Gpt2;
+        let pre_norm = c.kind() != ModelKind::Bert;
+        let kv = c.n_kv_heads() * c.head_dim();
         for (buf, len) in [
             (&mut self.hidden, rows * h),
-            (&mut self.normed, if gpt2 { rows * h } else { 0 }),
-            (&mut self.qkv, rows * 3 * h),
+            (&mut self.normed, if pre_norm { rows * h } else { 0 }),
+            (&mut self.qkv, rows * c.qkv_width()),
             (&mut self.q, rows * h),
-            (&mut self.k, rows * h),
-            (&mut self.v, rows * h),
+            (&mut self.k, rows * kv),
+            (&mut self.v, rows * kv),
             (&mut self.context, rows * h),
             (&mut self.sublayer, rows * h),
-            (&mut self.intermediate, rows * c.intermediate_size),
+            (&mut self.intermediate, rows * c.ff_width()),
         ] {
             buf.truncate(len);
             buf.resize(len, 0.0);
@@ -259,7 +260,7 @@ const CONVERTIBLE: [(&str, &str, &str); 6] = [
 fn check_convertible(dir: &Path, config: &ModelConfig) -> Result<(), ModelError> {
     let model = match config.kind() {
         ModelKind::Bert => "AutoModel",
-        ModelKind::Gpt2 => "AutoModelForCausalLM",
+        ModelKind::Gpt2 | ModelKind::Llama => "AutoModelForCausalLM",
     };
     for (needed, found, how) in CONVERTIBLE {
         if !crate::config::present(&dir.join(needed)) && dir.join(found).exists() {
@@ -560,7 +561,7 @@ impl Model {
                     })
                     .collect())
             }
-            Head::NextToken | Head::None if self.kind() == ModelKind::Gpt2 => {
+            Head::NextToken | Head::None if self.kind() != ModelKind::Bert => {
                 let logits = out.logits.as_ref().ok_or_else(|| ModelError::Tokenizer {
                     reason: "the forward pass returned no logits".into(),
                 })?;
@@ -722,7 +723,7 @@ impl Model {
         let out = self.run_layers(encs, options, None, par, &mut ws)?;
         let c = &self.config;
         let rows = encs.len() * out.seq_len;
-        let logits = (c.kind() == ModelKind::Gpt2).then(|| {
+        let logits = (c.kind() != ModelKind::Bert).then(|| {
             let mut logits = vec![0.0f32; rows * c.vocab_size];
             let head = self.weights.lm_head();
             let h = c.hidden_size;
@@ -772,7 +773,14 @@ impl Model {
             intermediate,
         } = ws;
         layer.project(c.kind(), hidden, normed, qkv, multiply);
-        split_heads(qkv, batch, seq_len, n_heads, d, [&mut *q, &mut *k, &mut *v]);
+        split_heads(
+            qkv,
+            batch,
+            seq_len,
+            (n_heads, n_heads),
+            d,
+            [&mut *q, &mut *k, &mut *v],
+        );
         let mut q_at = Vec::with_capacity(batch * h);
         for (b, &t) in at.iter().enumerate() {
             for head in 0..n_heads {
@@ -804,12 +812,12 @@ impl Model {
             .collect();
         let normed = match c.kind() {
             ModelKind::Bert => &mut normed[..0],
-            ModelKind::Gpt2 => &mut normed[..rows],
+            ModelKind::Gpt2 | ModelKind::Llama => &mut normed[..rows],
         };
         let buf = (
             normed,
             &mut sublayer[..rows],
-            &mut intermediate[..batch * c.intermediate_size],
+            &mut intermediate[..batch * c.ff_width()],
         );
         layer.after_attention(
             (c.kind(), c.activation),
@@ -922,9 +930,15 @@ impl Model {
         };
         save_hidden(&mut hidden_states, 0, &ws.hidden);
 
-        let shape = AttnShape::new(batch, n_heads, seq_len, seq_len, d);
+        let n_kv = c.n_kv_heads();
+        let shape = AttnShape::new(batch, n_heads, seq_len, seq_len, d).with_kv_heads(n_kv);
+        let decoder = c.decoder.as_ref();
         let attn_options = AttnOptions {
             causal: c.causal.then_some(Causal::TopLeft),
+            window: decoder.and_then(|dec| dec.sliding_window).map(|w| Window {
+                left: Some(w - 1),
+                right: None,
+            }),
             key_padding: if lengths.iter().all(|&l| l == seq_len) {
                 None
             } else {
@@ -941,10 +955,11 @@ impl Model {
         let multiply = |layer: &Linear, x: &[f32], y: &mut [f32], epilogue| {
             layer.forward(x, y, epilogue, gemm)
         };
+        // Llama's classifiers are not read yet: its passes run every row of every layer.
         let last_rows = last_rows.filter(|at| {
             let asked = options.attentions || options.qk || options.hidden_states;
             debug_assert!(!asked && at.len() == batch, "last_rows with {options:?}");
-            !asked && at.len() == batch
+            !asked && at.len() == batch && c.kind() != ModelKind::Llama
         });
         for (l, layer) in self.weights.layers.iter().enumerate() {
             if let Some(at) = last_rows.filter(|_| l + 1 == n_layers) {
@@ -963,10 +978,27 @@ impl Model {
                 intermediate,
             } = &mut *ws;
             let attend = |qkv: &[f32], context: &mut [f32]| {
-                split_heads(qkv, batch, seq_len, n_heads, d, [&mut *q, &mut *k, &mut *v]);
+                split_heads(
+                    qkv,
+                    batch,
+                    seq_len,
+                    (n_heads, n_kv),
+                    d,
+                    [&mut *q, &mut *k, &mut *v],
+                );
+                if let Some(dec) = decoder {
+                    rotate_heads(q, seq_len, d, &dec.inv_freq);
+                    rotate_heads(k, seq_len, d, &dec.inv_freq);
+                }
                 if let Some(qk) = &mut qk {
                     copy_per_layer(q, &mut qk.q, batch, l, n_layers);
-                    copy_per_layer(k, &mut qk.k, batch, l, n_layers);
+                    match n_kv == n_heads {
+                        true => copy_per_layer(k, &mut qk.k, batch, l, n_layers),
+                        false => {
+                            let k = repeat_kv(k, batch, (n_heads, n_kv), seq_len * d);
+                            copy_per_layer(&k, &mut qk.k, batch, l, n_layers);
+                        }
+                    }
                 }
                 // Unchecked: scanning q, k and v for NaN every layer costs more than the one
                 // scan of the final hidden state below, which any non-finite value reaches.
@@ -1158,15 +1190,20 @@ impl Model {
     ) {
         let c = &self.config;
         let h = c.hidden_size;
-        let pos = &self.weights.position[position * h..][..h];
-        row.iter_mut()
-            .zip(word)
-            .zip(pos)
-            .for_each(|((v, w), p)| *v = scale * w + p);
+        if c.family == Family::Llama {
+            // Llama's positions are rotary, in the attention: no table.
+            row.iter_mut().zip(word).for_each(|(v, w)| *v = scale * w);
+        } else {
+            let pos = &self.weights.position[position * h..][..h];
+            row.iter_mut()
+                .zip(word)
+                .zip(pos)
+                .for_each(|((v, w), p)| *v = scale * w + p);
+        }
         let token_type = match c.family {
             Family::Bert => Some(segment),
             Family::Roberta => Some(0),
-            Family::DistilBert | Family::Gpt2 => None,
+            Family::DistilBert | Family::Gpt2 | Family::Llama => None,
         };
         if let Some(ty) = token_type {
             let ty = &self.weights.token_type[ty * h..][..h];
@@ -1180,28 +1217,77 @@ fn max_len(encs: &[Encoding]) -> usize {
     encs.iter().map(Encoding::len).max().unwrap_or(0)
 }
 
-/// `[rows, 3·hidden]` (q | k | v, each head's `head_dim` values side by side) into three
-/// `[batch, heads, seq_len, head_dim]` tensors.
+/// `[rows, (n_heads + 2·n_kv_heads)·head_dim]` (q | k | v, each head's `head_dim` values side
+/// by side) into q `[batch, n_heads, seq_len, head_dim]` and k, v `[batch, n_kv_heads, seq_len,
+/// head_dim]`.
 pub(crate) fn split_heads(
     qkv: &[f32],
     batch: usize,
     seq_len: usize,
-    n_heads: usize,
+    (n_heads, n_kv_heads): (usize, usize),
     d: usize,
     out: [&mut Vec<f32>; 3],
 ) {
-    let h = n_heads * d;
+    let (h, kv) = (n_heads * d, n_kv_heads * d);
+    let stride = h + 2 * kv;
     for (part, dst) in out.into_iter().enumerate() {
+        let (start, width, heads) = match part {
+            0 => (0, h, n_heads),
+            _ => (h + (part - 1) * kv, kv, n_kv_heads),
+        };
         for b in 0..batch {
             for t in 0..seq_len {
-                let src = &qkv[(b * seq_len + t) * 3 * h + part * h..][..h];
+                let src = &qkv[(b * seq_len + t) * stride + start..][..width];
                 for (head, vals) in src.chunks_exact(d).enumerate() {
-                    let at = ((b * n_heads + head) * seq_len + t) * d;
+                    let at = ((b * heads + head) * seq_len + t) * d;
                     copy_head_row(&mut dst[at..at + d], vals);
                 }
             }
         }
     }
+}
+
+/// Rotary position embeddings in place on `rows` (`[n, head_dim]`, positions `first..first +
+/// n`), as transformers' `apply_rotary_pos_emb` with `rotate_half`: dims `i` and `i + d/2`
+/// turn by `position · inv_freq[i]` (the angle in f32, its cosine and sine rounded from f64).
+pub(crate) fn rotate_rows(rows: &mut [f32], d: usize, inv_freq: &[f32], first: usize) {
+    let half = d / 2;
+    for (t, row) in rows.chunks_exact_mut(d).enumerate() {
+        let position = (first + t) as f32;
+        for (i, &f) in inv_freq.iter().enumerate().take(half) {
+            let angle = f64::from(position * f);
+            let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+            let (x1, x2) = (row[i], row[i + half]);
+            row[i] = x1 * cos - x2 * sin;
+            row[i + half] = x2 * cos + x1 * sin;
+        }
+    }
+}
+
+/// [`rotate_rows`] on every head of `[batch · heads, seq_len, head_dim]`, positions from 0.
+fn rotate_heads(x: &mut [f32], seq_len: usize, d: usize, inv_freq: &[f32]) {
+    for head in x.chunks_exact_mut(seq_len * d) {
+        rotate_rows(head, d, inv_freq, 0);
+    }
+}
+
+/// `[batch, n_kv_heads, T, d]` keys as `[batch, n_heads, T, d]`: each key/value head repeated
+/// for the query heads that share it.
+fn repeat_kv(
+    k: &[f32],
+    batch: usize,
+    (n_heads, n_kv_heads): (usize, usize),
+    per_head: usize,
+) -> Vec<f32> {
+    let group = n_heads / n_kv_heads;
+    let mut out = Vec::with_capacity(batch * n_heads * per_head);
+    for b in 0..batch {
+        for head in 0..n_heads {
+            let src = (b * n_kv_heads + head / group) * per_head;
+            out.extend_from_slice(&k[src..src + per_head]);
+        }
+    }
+    out
 }
 
 /// `[batch, heads, seq_len, head_dim]` into `[rows, hidden]`.

@@ -493,19 +493,26 @@ fn bias_activation_body(
                 .iter_mut()
                 .zip(bias)
                 .for_each(|(v, b)| *v = relu(*v + b)),
+            Some(Activation::Silu) => row
+                .iter_mut()
+                .zip(bias)
+                .for_each(|(v, b)| *v = silu(*v + b)),
         }
     }
 }
 
-/// LayerNorm parameters: `γ ⊙ (x − mean) / √(var + eps) + β` over the last dimension.
+/// LayerNorm parameters: `γ ⊙ (x − mean) / √(var + eps) + β` over the last dimension, or
+/// with `rms` Llama's RMSNorm, `γ ⊙ x / √(mean(x²) + eps)`.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
     /// `γ`, `[hidden]`.
     pub gamma: Vec<f32>,
-    /// `β`, `[hidden]`.
+    /// `β`, `[hidden]`; empty for an RMSNorm.
     pub beta: Vec<f32>,
     /// Added to the variance.
     pub eps: f32,
+    /// An RMSNorm: no mean taken away, no `β`.
+    pub rms: bool,
 }
 
 impl LayerNorm {
@@ -575,8 +582,16 @@ fn layer_norm_body(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>)
                 .zip(bias)
                 .for_each(|((r, y), b)| *r += y + b);
         }
-        // Two-pass mean and variance in f32, like PyTorch; summed in 16 lanes so it vectorises.
         let inv_n = 1.0 / n as f32;
+        if ln.rms {
+            // transformers' LlamaRMSNorm: x · rsqrt(mean(x²) + eps) in f32, then γ.
+            let inv = 1.0 / (lane_sum(row, |v| v * v) * inv_n + ln.eps).sqrt();
+            row.iter_mut()
+                .zip(&ln.gamma)
+                .for_each(|(v, g)| *v = *v * inv * g);
+            continue;
+        }
+        // Two-pass mean and variance in f32, like PyTorch; summed in 16 lanes so it vectorises.
         let mean = lane_sum(row, |v| v) * inv_n;
         let var = lane_sum(row, |v| (v - mean) * (v - mean)) * inv_n;
         // A variance past f32's range would scale the row by 0, to β, a made-up finite row
@@ -623,6 +638,26 @@ pub fn residual_bias_add(residual: &mut [f32], y: &[f32], bias: &[f32]) {
 #[inline(always)]
 pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `x · sigmoid(x)`, `torch.nn.functional.silu`.
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Llama's gated feed-forward in place: each row of `gate_up` (`[rows, 2·n]`, gate | up)
+/// becomes `silu(gate) ⊙ up`, packed into the first `rows · n` values. Row r's output lands at
+/// or before the values it reads, and after those of rows before it, so nothing is read after
+/// it is overwritten.
+pub(crate) fn swiglu_in_place(gate_up: &mut [f32], n: usize) {
+    let rows = gate_up.len() / (2 * n).max(1);
+    for r in 0..rows {
+        for j in 0..n {
+            let (g, u) = (gate_up[r * 2 * n + j], gate_up[r * 2 * n + n + j]);
+            gate_up[r * n + j] = silu(g) * u;
+        }
+    }
 }
 
 /// `max(x, 0)` keeping NaN, as `torch.relu` does (`f32::max` would turn NaN into 0).
@@ -1039,6 +1074,7 @@ mod tests {
             gamma: vec![2.0, 1.0],
             beta: vec![0.0, 1.0],
             eps: 1e-12,
+            rms: false,
         };
         let mut x = [1.0, 3.0];
         ln.apply(&mut x);

@@ -83,6 +83,7 @@ fn norm(ckpt: &Checkpoint, name: &str, n: usize, eps: f32) -> Result<LayerNorm, 
         gamma: ckpt.f32(&format!("{name}.weight"), &[n])?,
         beta: ckpt.f32(&format!("{name}.bias"), &[n])?,
         eps,
+        rms: false,
     })
 }
 
@@ -143,6 +144,7 @@ impl Weights {
             Family::Roberta => load_encoder(ckpt, config, &ROBERTA),
             Family::DistilBert => load_encoder(ckpt, config, &DISTILBERT),
             Family::Gpt2 => load_gpt2(ckpt, config),
+            Family::Llama => load_llama(ckpt, config),
         }
     }
 
@@ -314,5 +316,100 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
         embed_norm: None,
         layers,
         final_norm: Some(norm(ckpt, &format!("{p}ln_f"), h, eps)?),
+    })
+}
+
+/// `nn.Linear`s named `{prefix}{part}` (`weight` `[n_out, n_in]` each, a `bias` when `bias`,
+/// else zeros), writing side by side into one output: Llama's q | k | v and gate | up.
+fn torch_parts(
+    ckpt: &Checkpoint,
+    prefix: &str,
+    parts: &[(&str, usize)],
+    n_in: usize,
+    bias: bool,
+) -> Result<Linear, ModelError> {
+    let mut weights = Vec::with_capacity(parts.len());
+    let mut biases = Vec::new();
+    for &(part, n_out) in parts {
+        weights.push(Weight {
+            data: ckpt.f32_data(&format!("{prefix}{part}.weight"), &[n_out, n_in])?,
+            layout: WeightLayout::OutIn,
+            n_out,
+        });
+        match bias {
+            true => biases.extend(ckpt.f32(&format!("{prefix}{part}.bias"), &[n_out])?),
+            false => biases.extend(std::iter::repeat_n(0.0, n_out)),
+        }
+    }
+    Ok(Linear::from_parts(weights, biases, n_in))
+}
+
+fn rms_norm(ckpt: &Checkpoint, name: &str, n: usize, eps: f32) -> Result<LayerNorm, ModelError> {
+    Ok(LayerNorm {
+        gamma: ckpt.f32(&format!("{name}.weight"), &[n])?,
+        beta: Vec::new(),
+        eps,
+        rms: true,
+    })
+}
+
+/// transformers' `LlamaForCausalLM`, `MistralForCausalLM` and `Qwen2ForCausalLM` state dicts
+/// (`model.` before the decoder's tensors; none in a bare `LlamaModel`'s).
+fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
+    let dec = c
+        .decoder
+        .as_ref()
+        .ok_or_else(|| ModelError::InvalidConfig {
+            field: "model_type",
+            reason: "a Llama-style decoder without its decoder settings".into(),
+        })?;
+    let p = prefix_of(ckpt, &["model.", ""], "embed_tokens.weight")?;
+    let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+    let kv = dec.n_kv_heads * c.head_dim();
+    let word_embeddings = ckpt.f32_data(&format!("{p}embed_tokens.weight"), &[c.vocab_size, h])?;
+    let layers = (0..c.n_layers)
+        .map(|l| {
+            let lp = format!("{p}layers.{l}.");
+            no_layer_missing(ckpt, &lp, (l, c.n_layers))?;
+            let attn = format!("{lp}self_attn.");
+            let mlp = format!("{lp}mlp.");
+            Ok(Layer {
+                qkv: torch_parts(
+                    ckpt,
+                    &attn,
+                    &[("q_proj", h), ("k_proj", kv), ("v_proj", kv)],
+                    h,
+                    dec.qkv_bias,
+                )?,
+                attn_out: torch_parts(ckpt, &attn, &[("o_proj", h)], h, dec.out_bias)?,
+                norm_attn: rms_norm(ckpt, &format!("{lp}input_layernorm"), h, eps)?,
+                ff_in: torch_parts(
+                    ckpt,
+                    &mlp,
+                    &[("gate_proj", i), ("up_proj", i)],
+                    h,
+                    dec.mlp_bias,
+                )?,
+                ff_out: torch_parts(ckpt, &mlp, &[("down_proj", h)], i, dec.mlp_bias)?,
+                norm_ff: rms_norm(ckpt, &format!("{lp}post_attention_layernorm"), h, eps)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    no_layer_past(
+        ckpt,
+        format!("{p}layers.{}.input_layernorm.weight", c.n_layers),
+        c.n_layers,
+    )?;
+    Ok(Weights {
+        word_embeddings,
+        position: Vec::new(),
+        token_type: Vec::new(),
+        lm_head: match c.tied_lm_head {
+            true => None,
+            false => Some(ckpt.f32_data("lm_head.weight", &[c.vocab_size, h])?),
+        },
+        embed_norm: None,
+        layers,
+        final_norm: Some(rms_norm(ckpt, &format!("{p}norm"), h, eps)?),
     })
 }

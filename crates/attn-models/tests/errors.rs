@@ -520,13 +520,13 @@ fn shape_disagreeing_with_config_names_tensor_and_shapes() {
 
 #[test]
 fn bad_configs() {
-    let err = ModelConfig::from_json(r#"{"model_type": "llama"}"#).unwrap_err();
+    let err = ModelConfig::from_json(r#"{"model_type": "falcon"}"#).unwrap_err();
     assert!(
         matches!(err, ModelError::UnsupportedModelType { .. }),
         "{err}"
     );
     assert!(
-        err.to_string().contains("\"llama\"") && err.to_string().contains("bert, roberta"),
+        err.to_string().contains("\"falcon\"") && err.to_string().contains("bert, roberta"),
         "{err}"
     );
     let err = ModelConfig::from_json(r#"{"hidden_size": 8}"#).unwrap_err();

@@ -319,8 +319,9 @@ fn family_config_errors_name_their_fields() {
     );
     let err = ModelConfig::from_json(r#"{"model_type": "mpnet"}"#).unwrap_err();
     assert!(
-        err.to_string()
-            .contains("bert, roberta, xlm-roberta, camembert, distilbert, gpt2"),
+        err.to_string().contains(
+            "bert, roberta, xlm-roberta, camembert, distilbert, gpt2, llama, mistral, qwen2"
+        ),
         "{err}"
     );
 }

@@ -121,7 +121,9 @@ fn cases(root: &Path) -> Vec<Case> {
     let not_json = model_dir(root, "config-not-json", |d| {
         write(d, "config.json", "{ \"model_type\": ");
     });
-    let llama = model_dir(root, "llama", |d| config_with(d, "model_type", "\"llama\""));
+    let falcon = model_dir(root, "falcon", |d| {
+        config_with(d, "model_type", "\"falcon\"")
+    });
     let indivisible = model_dir(root, "indivisible", |d| config_with(d, "n_embd", "30"));
     let wider = model_dir(root, "wider-than-weights", |d| {
         config_with(d, "n_embd", "64")
@@ -365,7 +367,7 @@ fn cases(root: &Path) -> Vec<Case> {
     for (input, dir, needles) in [
         ("model dir does not exist", &missing, &["no-such-model"][..]),
         ("config.json not JSON", &not_json, &["config.json"]),
-        ("model_type llama", &llama, &["llama"]),
+        ("model_type falcon", &falcon, &["falcon"]),
         ("n_embd 30 with 4 heads", &indivisible, &["n_embd", "30"]),
         ("config wider than the weights", &wider, &["shape"]),
         ("n_positions 0", &zero_positions, &["n_positions"]),

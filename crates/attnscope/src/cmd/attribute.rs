@@ -386,12 +386,13 @@ pub struct PageMethods {
 }
 
 impl PageMethods {
-    /// The methods asked for, else norm and ALTI (cheap: 1.6 forward passes).
-    pub fn chosen(&self) -> Vec<AttributionMethod> {
-        if self.methods.is_empty() {
-            vec![AttributionMethod::Norm, AttributionMethod::Alti]
-        } else {
-            self.methods.clone()
+    /// The methods asked for, else norm and ALTI (cheap: 1.6 forward passes) where `model`'s
+    /// family has them.
+    pub fn chosen(&self, model: &Model) -> Vec<AttributionMethod> {
+        match self.methods.is_empty() {
+            true if model.kind() == attn_models::ModelKind::Llama => Vec::new(),
+            true => vec![AttributionMethod::Norm, AttributionMethod::Alti],
+            false => self.methods.clone(),
         }
     }
 }

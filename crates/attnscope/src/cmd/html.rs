@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use attn_models::{Model, ModelKind};
+use attn_models::Model;
 use attn_viz::AttentionMaps;
 use attn_viz::html::{Measure, PageOptions, QueryKeys, standalone_page};
 
@@ -124,15 +124,20 @@ pub fn analyse(
 ) -> anyhow::Result<(AttentionMaps, QueryKeys, Vec<Measure>)> {
     let enc = crate::maps::encode(model, text, pair, truncate)?;
     let (maps, qk) = run_encoded(model, text, pair, &enc, true)?;
-    let measures =
-        crate::cmd::attribute::measures(model, &enc, &maps, &methods.chosen(), &methods.target)?;
+    let measures = crate::cmd::attribute::measures(
+        model,
+        &enc,
+        &maps,
+        &methods.chosen(model),
+        &methods.target,
+    )?;
     let qk = qk.context("the model returned no queries and keys")?;
     let head_dim = model.hidden_size() / model.n_heads();
     let qk = QueryKeys {
         head_dim,
-        // Both BERT and GPT-2 (attn-models refuses other GPT-2 scalings) use 1/√head_dim.
+        // BERT, GPT-2 (attn-models refuses other GPT-2 scalings) and Llama use 1/√head_dim.
         scale: 1.0 / (head_dim as f32).sqrt(),
-        causal: model.kind() == ModelKind::Gpt2,
+        causal: model.config().causal,
         q: qk.q,
         k: qk.k,
     };

@@ -37,7 +37,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let model = args.model.load()?;
     // A causal model predicts the next token whatever its head; an encoder needs its MLM head.
-    if model.kind() != ModelKind::Gpt2 {
+    if model.kind() == ModelKind::Bert {
         super::task::require(&model, Task::MaskedLm, "predict")?;
     }
     // (Not maps::encode: its note on special tokens a text writes would flag every [MASK].)
@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return write_out(&format!("{}\n", serde_json::to_string_pretty(&doc)?));
     }
     let mut s = String::new();
-    let causal = model.kind() == ModelKind::Gpt2;
+    let causal = model.kind() != ModelKind::Bert;
     for (n, p) in predictions.iter().enumerate() {
         let title = match causal {
             true => format!("{}: the next token after {:?}", model.name(), args.text),

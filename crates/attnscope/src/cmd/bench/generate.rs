@@ -1,4 +1,5 @@
-//! `attnscope bench generate`: greedy decoding speed of a GPT-2-family model with the KV cache.
+//! `attnscope bench generate`: greedy decoding speed of a decoder (GPT-2, Llama, Mistral,
+//! Qwen2) with the KV cache.
 //! One run feeds the prompt in one pass (the prefill, which gives the first new token), then
 //! one token per step; tokens/s counts the whole run, as `scripts/generate_ref.py` times
 //! transformers' `generate`, so the two can be compared in the same run. The mean step time of
@@ -17,10 +18,11 @@ use crate::maps::load_model;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GPT-2-family model directory or Hugging Face cache id [default: $ATTNSCOPE_MODEL]
+    /// A decoder's directory (GPT-2, Llama, Mistral, Qwen2) or Hugging Face cache id [default:
+    /// $ATTNSCOPE_MODEL]
     ///
-    /// GPT-2-family model directory in Hugging Face layout, or its model id in the Hugging
-    /// Face cache [default: $ATTNSCOPE_MODEL; one of the two is required: the default model is
+    /// A decoder's directory (GPT-2, Llama, Mistral, Qwen2) in Hugging Face layout, or its model
+    /// id in the Hugging Face cache [default: $ATTNSCOPE_MODEL; one of the two is required: the default model is
     /// an encoder, which cannot generate].
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,

@@ -1,0 +1,215 @@
+//! The Llama-style decoders (Llama, Mistral, Qwen2) on the random checkpoints of
+//! `tests/data/llm` (scripts/test_data/decoders.py): token ids, logits and attentions against
+//! transformers, greedy generation against its `generate()`, cached decoding against the full
+//! pass at every prefix, and bad configs as errors.
+
+// Shared helpers: this test uses the golden reader and `assert_close`, not all of them.
+#[allow(dead_code)]
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use attn_models::{GenerateOptions, KvCache, Model, ModelError, RunOptions, Sampling, generate};
+use common::{Golden, golden_dir};
+
+const FAMILIES: [&str; 3] = ["llama", "mistral", "qwen2"];
+
+fn dir(name: &str) -> PathBuf {
+    golden_dir().join("llm").join(name)
+}
+
+/// `got` against `want` within `tol`, relative where |want| > 1.
+fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: value count");
+    let (worst, at) = (got.iter().zip(want).enumerate())
+        .map(|(i, (&g, &w))| ((f64::from(g) - w).abs() / w.abs().max(1.0), i))
+        .fold(
+            (0.0f64, 0),
+            |a, b| if b.0 > a.0 || b.0.is_nan() { b } else { a },
+        );
+    assert!(
+        worst <= tol,
+        "{what}: error {worst:.3e} > {tol:e} at {at} (got {}, expected {})",
+        got[at],
+        want[at]
+    );
+}
+
+fn widen(xs: &[f32]) -> Vec<f64> {
+    xs.iter().map(|&x| f64::from(x)).collect()
+}
+
+#[test]
+fn logits_and_attentions_match_transformers() {
+    for name in FAMILIES {
+        let model = Model::load(&dir(name)).unwrap();
+        let g = Golden::read(&dir(name).join("expected.safetensors"));
+        let texts = g.meta["texts"].as_array().unwrap();
+        for (n, text) in texts.iter().enumerate() {
+            let enc = model.encode(text.as_str().unwrap(), None).unwrap();
+            assert_eq!(enc.ids, g.ids(&format!("ids{n}")), "{name} text {n}: ids");
+            let options = RunOptions {
+                attentions: true,
+                ..RunOptions::default()
+            };
+            let out = model.forward(&enc, &options).unwrap();
+            let what = format!("{name} text {n}");
+            assert_close(
+                &format!("{what}: logits"),
+                out.logits.as_ref().unwrap(),
+                &g.tensor(&format!("logits{n}")).1,
+                1e-4,
+            );
+            assert_close(
+                &format!("{what}: attentions"),
+                out.attentions.as_ref().unwrap(),
+                &g.tensor(&format!("attentions{n}")).1,
+                1e-4,
+            );
+        }
+    }
+}
+
+#[test]
+fn mistral_attends_within_its_window() {
+    let model = Model::load(&dir("mistral")).unwrap();
+    let enc = model
+        .encode(
+            "The cat that ate the mouse that lived in the barn ran away",
+            None,
+        )
+        .unwrap();
+    let t = enc.len();
+    assert!(t > 5, "the text is longer than the window of 5");
+    let options = RunOptions {
+        attentions: true,
+        ..RunOptions::default()
+    };
+    let w = model.forward(&enc, &options).unwrap().attentions.unwrap();
+    for (k, &x) in w.iter().enumerate() {
+        let (i, j) = (k / t % t, k % t);
+        if j > i || i - j >= 5 {
+            assert_eq!(x, 0.0, "query {i} sees key {j}");
+        }
+    }
+}
+
+#[test]
+fn greedy_generation_matches_transformers() {
+    for name in FAMILIES {
+        let model = Model::load(&dir(name)).unwrap();
+        let g = Golden::read(&dir(name).join("expected.safetensors"));
+        let text = g.meta["texts"][0].as_str().unwrap();
+        let want = g.ids("generated");
+        assert_eq!(want.len(), 32);
+        let options = GenerateOptions {
+            max_new_tokens: want.len(),
+            sampling: Sampling::Greedy,
+            attention: false,
+        };
+        let got = generate(&model, text, &options).unwrap();
+        assert_eq!(got.ids, want, "{name}");
+    }
+}
+
+#[test]
+fn cached_decoding_matches_the_full_pass_at_every_prefix() {
+    for name in FAMILIES {
+        let model = Model::load(&dir(name)).unwrap();
+        let enc = model
+            .encode(
+                "The cat that ate the mouse that lived in the barn ran away",
+                None,
+            )
+            .unwrap();
+        let t = enc.len();
+        let full = model.forward(&enc, &RunOptions::default()).unwrap();
+        let full = full.logits.unwrap();
+        for prefix in 1..=t {
+            let mut cache = KvCache::new(&model).unwrap();
+            let mut logits = cache.feed(&enc.ids[..prefix], false).unwrap().logits;
+            for &id in &enc.ids[prefix..] {
+                logits.extend(cache.feed(&[id], false).unwrap().logits);
+            }
+            assert_close(
+                &format!("{name}: prefix {prefix}"),
+                &logits,
+                &widen(&full),
+                1e-4,
+            );
+        }
+    }
+}
+
+/// A change to a config.json.
+type ConfigEdit = fn(&mut serde_json::Value);
+
+/// A copy of the llama checkpoint with `edit` applied to its config.json.
+fn with_config(tmp: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let out = tmp.join("model");
+    std::fs::create_dir_all(&out).unwrap();
+    for file in std::fs::read_dir(dir("llama")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, out.join(file.file_name().unwrap())).unwrap();
+    }
+    let path = out.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    out
+}
+
+#[test]
+fn bad_configs_are_clear_errors() {
+    let cases: [(&str, ConfigEdit); 6] = [
+        ("num_key_value_heads", |c| {
+            c["num_key_value_heads"] = 3.into()
+        }),
+        ("num_attention_heads", |c| {
+            c["num_attention_heads"] = 5.into()
+        }),
+        ("rope_scaling", |c| {
+            c["rope_scaling"]["rope_type"] = "yarn".into()
+        }),
+        ("head_dim", |c| c["head_dim"] = 16.into()),
+        ("hidden_act", |c| c["hidden_act"] = "gelu".into()),
+        ("rope_theta", |c| c["rope_theta"] = (-1.0).into()),
+    ];
+    for (field, edit) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = match Model::load(&with_config(tmp.path(), edit)) {
+            Ok(_) => panic!("{field}: loaded"),
+            Err(err) => err,
+        };
+        let text = format!("{err:#}");
+        assert!(text.contains(field), "{field}: {text}");
+        assert!(
+            matches!(err, ModelError::InvalidConfig { .. }),
+            "{field}: {err:?}"
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let err = Model::load(&with_config(tmp.path(), |c| {
+        c["model_type"] = "falcon".into()
+    }))
+    .err()
+    .unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("falcon") && text.contains("llama, mistral, qwen2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_gradient_methods_say_which_families_have_them() {
+    let model = Model::load(&dir("llama")).unwrap();
+    let enc = model.encode("The cat sat", None).unwrap();
+    let err = model.contributions(&enc).err().unwrap();
+    assert!(
+        err.to_string()
+            .contains("not available for llama models yet; it runs on BERT"),
+        "{err}"
+    );
+}

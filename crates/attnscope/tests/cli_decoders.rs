@@ -1,0 +1,130 @@
+//! The commands on the Llama-style decoders (tests/data/llm: random Llama, Mistral and Qwen2
+//! checkpoints made with transformers): `attention --json` equals transformers' attentions,
+//! `generate --json` its greedy ids, and the views run; what the family lacks is a clear error.
+
+mod cli_support;
+
+use std::path::PathBuf;
+
+use cli_support::{fails_with, ok};
+use safetensors::SafeTensors;
+
+fn dir(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/llm")).join(name)
+}
+
+/// The expected tensor `name` of family `family`, as f64 (f32 or i64 in the file).
+fn expected(family: &str, name: &str) -> Vec<f64> {
+    let bytes = std::fs::read(dir(family).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let view = st.tensor(name).unwrap();
+    match view.dtype() {
+        safetensors::Dtype::F32 => (view.data().chunks_exact(4))
+            .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
+            .collect(),
+        _ => (view.data().chunks_exact(8))
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
+            .collect(),
+    }
+}
+
+fn flatten(v: &serde_json::Value, out: &mut Vec<f64>) {
+    match v {
+        serde_json::Value::Array(items) => items.iter().for_each(|x| flatten(x, out)),
+        x => out.push(x.as_f64().unwrap()),
+    }
+}
+
+const TEXT: &str = "The cat that ate the mouse that lived in the barn ran away";
+
+#[test]
+fn attention_and_generate_match_transformers() {
+    for family in ["llama", "mistral", "qwen2"] {
+        let model = dir(family);
+        let model = model.to_str().unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&ok(&["attention", TEXT, "--json", "--model", model])).unwrap();
+        let mut got = Vec::new();
+        flatten(&json["attentions"], &mut got);
+        let want = expected(family, "attentions1");
+        assert_eq!(got.len(), want.len(), "{family}");
+        let worst = (got.iter().zip(&want)).fold(0.0f64, |m, (g, w)| m.max((g - w).abs()));
+        assert!(worst <= 1e-4, "{family}: attentions off by {worst}");
+
+        let json: serde_json::Value = serde_json::from_str(&ok(&[
+            "generate",
+            "The cat sat on the mat",
+            "--max-new-tokens",
+            "32",
+            "--json",
+            "--model",
+            model,
+        ]))
+        .unwrap();
+        let ids: Vec<f64> = (json["ids"].as_array().unwrap().iter())
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(ids, expected(family, "generated"), "{family}");
+    }
+}
+
+#[test]
+fn the_views_run_on_a_decoder() {
+    let model = dir("llama");
+    let model = model.to_str().unwrap();
+    let bars = ok(&["explain", TEXT, "--focus", "ran", "--model", model]);
+    assert!(bars.contains("away") && bars.contains("masked"), "{bars}");
+    let heads = ok(&["heads", TEXT, "--model", model]);
+    assert!(heads.contains("8 heads of llama"), "{heads}");
+    let generated = ok(&[
+        "generate",
+        "The cat",
+        "--max-new-tokens",
+        "3",
+        "--explain",
+        "--model",
+        model,
+    ]);
+    assert!(
+        generated.contains("the attention that chose each new token"),
+        "{generated}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    for file in ["page.html", "map.png"] {
+        let out = tmp.path().join(file);
+        let command = if file.ends_with("html") {
+            "html"
+        } else {
+            "heatmap"
+        };
+        ok(&[command, TEXT, "-o", out.to_str().unwrap(), "--model", model]);
+        assert!(std::fs::metadata(&out).unwrap().len() > 1000, "{file}");
+    }
+}
+
+#[test]
+fn what_the_family_lacks_is_a_clear_error() {
+    let model = dir("qwen2");
+    let model = model.to_str().unwrap();
+    for method in ["alti", "grad-input"] {
+        fails_with(
+            &["attribute", TEXT, "--method", method, "--model", model],
+            "not available for qwen2 models yet; it runs on BERT",
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("page.html");
+    fails_with(
+        &[
+            "html",
+            TEXT,
+            "-o",
+            out.to_str().unwrap(),
+            "--methods",
+            "norm",
+            "--model",
+            model,
+        ],
+        "not available for qwen2 models yet",
+    );
+}

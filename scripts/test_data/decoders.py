@@ -1,0 +1,100 @@
+"""Small random checkpoints of today's decoder families, and what transformers makes of them.
+
+  llm/<name>/  one checkpoint per family in the Hugging Face layout: config.json,
+               model.safetensors (F32, 2 layers, width 32, 4 query heads of 8 dims),
+               tokenizer.json and tokenizer_config.json (a byte-level BPE trained on a few
+               sentences; llama and mistral put <s> first, as their tokenizers do), and
+               expected.safetensors: for each text its ids, logits [T, vocab] and attentions
+               [layers, heads, T, T] (eager attention), and `generated` (32 greedy new tokens
+               after the first text, EOS not stopping them).
+
+  llama    2 key/value heads (GQA ratio 2), rope_scaling llama3, untied head
+  mistral  1 key/value head (ratio 4), sliding_window 5, shorter than the longer texts
+  qwen2    4 key/value heads (ratio 1), q/k/v biases, tied embeddings, rope_theta 1e6
+"""
+import json, os
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+torch.set_num_threads(2)
+
+TEXTS = ["The cat sat on the mat", "The cat that ate the mouse that lived in the barn ran away",
+         "Hello"]
+CORPUS = TEXTS + ["Where is the Eiffel Tower? The Eiffel Tower is in Paris.",
+                  "I love machine learning", "The movie was good but the ending was terrible"]
+NEW_TOKENS = 32
+
+FAMILIES = {
+    "llama": dict(num_key_value_heads=2, tie_word_embeddings=False,
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                    high_freq_factor=4.0, original_max_position_embeddings=16)),
+    "mistral": dict(num_key_value_heads=1, sliding_window=5, tie_word_embeddings=False),
+    "qwen2": dict(num_key_value_heads=4, tie_word_embeddings=True, rope_theta=1e6),
+}
+
+
+def meta(d):
+    return {k: json.dumps(v) for k, v in d.items()}
+
+
+def tokenizer(out_dir, bos):
+    specials = ["<s>", "</s>"]
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(CORPUS * 3, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if bos:
+        bpe.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
+                                                           special_tokens=[("<s>", 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
+                                   model_max_length=128)
+    fast.save_pretrained(out_dir)
+    os.remove(os.path.join(out_dir, "special_tokens_map.json"))  # tokenizer_config.json says it all
+    return fast
+
+
+def make(root, name, seed):
+    out_dir = os.path.join(root, "llm", name)
+    os.makedirs(out_dir, exist_ok=True)
+    tok = tokenizer(out_dir, bos=name != "qwen2")
+    cfg = AutoConfig.for_model(name, vocab_size=len(tok), hidden_size=32, intermediate_size=48,
+                               num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
+                               bos_token_id=0, eos_token_id=1, attn_implementation="eager",
+                               architectures=[f"{type(AutoConfig.for_model(name)).__name__[:-6]}ForCausalLM"],
+                               **({"attention_bias": False} if name == "llama" else {}),
+                               **FAMILIES[name])
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # larger than the default init, so that every part matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    tensors = {}
+    for n, text in enumerate(TEXTS):
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            o = model(input_ids=ids, output_attentions=True)
+        tensors[f"ids{n}"] = ids[0].to(torch.int64)
+        tensors[f"logits{n}"] = o.logits[0].contiguous()
+        tensors[f"attentions{n}"] = torch.stack(o.attentions)[:, 0].contiguous()
+    model.generation_config.eos_token_id = None
+    ids = tok(TEXTS[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=1)
+    tensors["generated"] = out[0, ids.shape[1]:].to(torch.int64).contiguous()
+    save_file(tensors, os.path.join(out_dir, "expected.safetensors"),
+              metadata=meta(dict(texts=TEXTS, new_tokens=NEW_TOKENS)))
+
+
+def main(root):
+    for seed, name in enumerate(FAMILIES):
+        make(root, name, seed)
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data")
