@@ -11,6 +11,8 @@
   llama    2 key/value heads (GQA ratio 2), rope_scaling llama3, untied head
   mistral  1 key/value head (ratio 4), sliding_window 5, shorter than the longer texts
   qwen2    4 key/value heads (ratio 1), q/k/v biases, tied embeddings, rope_theta 1e6
+  qwen3    2 key/value heads of 16 dims (the query heads together twice the hidden size),
+           query and key RMSNorms, tied embeddings
 """
 import json, os
 import torch
@@ -32,6 +34,7 @@ FAMILIES = {
                                     high_freq_factor=4.0, original_max_position_embeddings=16)),
     "mistral": dict(num_key_value_heads=1, sliding_window=5, tie_word_embeddings=False),
     "qwen2": dict(num_key_value_heads=4, tie_word_embeddings=True, rope_theta=1e6),
+    "qwen3": dict(num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
 }
 
 
@@ -59,7 +62,7 @@ def tokenizer(out_dir, bos):
 def make(root, name, seed):
     out_dir = os.path.join(root, "llm", name)
     os.makedirs(out_dir, exist_ok=True)
-    tok = tokenizer(out_dir, bos=name != "qwen2")
+    tok = tokenizer(out_dir, bos=name in ("llama", "mistral"))
     cfg = AutoConfig.for_model(name, vocab_size=len(tok), hidden_size=32, intermediate_size=48,
                                num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
                                bos_token_id=0, eos_token_id=1, attn_implementation="eager",

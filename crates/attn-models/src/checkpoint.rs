@@ -37,12 +37,26 @@ pub struct TensorInfo {
     pub end: usize,
 }
 
-/// A safetensors file mapped into memory, with its header validated.
+/// A safetensors file mapped into memory, with its header validated, or the shards a
+/// `model.safetensors.index.json` names.
 pub struct Checkpoint {
     path: PathBuf,
+    /// The mapped files: one, or the shards an index names.
+    shards: Vec<Shard>,
+    /// Each tensor's shard and place in it.
+    tensors: BTreeMap<String, (usize, TensorInfo)>,
+}
+
+/// One mapped safetensors file.
+struct Shard {
     mmap: Arc<Mmap>,
     data_start: usize,
-    tensors: BTreeMap<String, TensorInfo>,
+}
+
+/// `model.safetensors.index.json`: which file holds each tensor.
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -65,19 +79,71 @@ fn dtype_size(dtype: &str) -> Option<u64> {
 impl Checkpoint {
     /// Maps `path` and validates its header against the file.
     pub fn open(path: &Path) -> Result<Checkpoint, ModelError> {
-        // Mapping a directory fails with a puzzling "No such device", and opening a named pipe
-        // blocks: say what is wrong instead.
-        regular_file(path, "the model weights")?;
-        let file = File::open(path).map_err(|e| ModelError::io(path, "the model weights", e))?;
-        // SAFETY: the map is read-only and private to this process; like every reader of
-        // safetensors files we assume nobody truncates the file while it is mapped.
-        let mmap = unsafe { Mmap::map(&file) }
-            .map_err(|e| ModelError::io(path, "the model weights", e))?;
-        let (data_start, tensors) = parse_header(path, &mmap)?;
+        let (shard, tensors) = open_shard(path)?;
         Ok(Checkpoint {
             path: path.to_path_buf(),
-            mmap: Arc::new(mmap),
-            data_start,
+            shards: vec![shard],
+            tensors: tensors.into_iter().map(|(k, v)| (k, (0, v))).collect(),
+        })
+    }
+
+    /// The checkpoint a `model.safetensors.index.json` spreads over shards in its directory:
+    /// every shard's header checked as [`Checkpoint::open`] checks one file's, then the index
+    /// against them. A missing shard, a file name that leaves the directory, a tensor the index
+    /// names twice or places in a shard that lacks it, and a tensor two shards hold are each an
+    /// error naming the file and the tensor.
+    pub fn open_sharded(index: &Path) -> Result<Checkpoint, ModelError> {
+        let text = crate::config::read_text(index, "the weights' shard index")?;
+        let bad = |reason: String| ModelError::BadHeader {
+            path: index.to_path_buf(),
+            reason,
+        };
+        if let Some(key) = repeated_header_key(&text) {
+            let key = (key.strip_prefix("key "))
+                .and_then(|k| k.strip_suffix(" of tensor \"weight_map\""))
+                .map_or(key.clone(), |k| format!("tensor {k}"));
+            return Err(bad(format!("it names {key} twice")));
+        }
+        let parsed: ShardIndex = serde_json::from_str(&text)
+            .map_err(|e| bad(format!("not a shard index with a weight_map: {e}")))?;
+        let dir = index.parent().unwrap_or(Path::new("."));
+        let mut files: Vec<&String> = parsed.weight_map.values().collect();
+        files.sort();
+        files.dedup();
+        let mut shards = Vec::with_capacity(files.len());
+        let mut tensors: BTreeMap<String, (usize, TensorInfo)> = BTreeMap::new();
+        for (n, file) in files.iter().enumerate() {
+            let plain = Path::new(file.as_str())
+                .file_name()
+                .is_some_and(|f| f == file.as_str());
+            if !plain || !file.ends_with(".safetensors") {
+                return Err(bad(format!(
+                    "shard {file:?} is not a .safetensors file name in the index's directory"
+                )));
+            }
+            let (shard, held) = open_shard(&dir.join(file.as_str()))?;
+            for (name, info) in held {
+                if let Some((other, _)) = tensors.get(&name) {
+                    return Err(bad(format!(
+                        "tensor {name} is in both {} and {file}",
+                        files[*other]
+                    )));
+                }
+                tensors.insert(name, (n, info));
+            }
+            shards.push(shard);
+        }
+        for (name, file) in &parsed.weight_map {
+            let n = files.binary_search(&file).unwrap_or(0);
+            if tensors.get(name).is_none_or(|(at, _)| *at != n) {
+                return Err(bad(format!(
+                    "it places tensor {name} in {file}, which does not hold it"
+                )));
+            }
+        }
+        Ok(Checkpoint {
+            path: index.to_path_buf(),
+            shards,
             tensors,
         })
     }
@@ -100,12 +166,12 @@ impl Checkpoint {
 
     /// The validated header entry of `name`.
     pub fn info(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensors.get(name)
+        self.tensors.get(name).map(|(_, info)| info)
     }
 
     /// The dtype and raw little-endian bytes of a tensor whose shape must be `shape`.
-    fn bytes(&self, name: &str, shape: &[usize]) -> Result<(&str, &[u8]), ModelError> {
-        let info = self
+    fn bytes(&self, name: &str, shape: &[usize]) -> Result<(&Shard, &str, &[u8]), ModelError> {
+        let (shard, info) = self
             .tensors
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor {
@@ -118,8 +184,9 @@ impl Checkpoint {
                 got: info.shape.clone(),
             });
         }
-        let bytes = &self.mmap[self.data_start + info.begin..self.data_start + info.end];
-        Ok((&info.dtype, bytes))
+        let shard = &self.shards[*shard];
+        let bytes = &shard.mmap[shard.data_start + info.begin..shard.data_start + info.end];
+        Ok((shard, &info.dtype, bytes))
     }
 
     /// A floating-point tensor checked to have `shape`, as f32. F32 is read in place from the
@@ -130,14 +197,14 @@ impl Checkpoint {
     /// # Shapes
     /// - returns `numel(shape)` values, row-major
     pub fn f32_data(&self, name: &str, shape: &[usize]) -> Result<F32Data, ModelError> {
-        let (dtype, bytes) = self.bytes(name, shape)?;
+        let (shard, dtype, bytes) = self.bytes(name, shape)?;
         let values = match dtype {
             "F32" => {
                 let aligned = bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok();
                 if cfg!(target_endian = "little") && aligned {
-                    let start = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
+                    let start = bytes.as_ptr() as usize - shard.mmap.as_ptr() as usize;
                     return Ok(F32Data::Mapped {
-                        map: Arc::clone(&self.mmap),
+                        map: Arc::clone(&shard.mmap),
                         start,
                         len: bytes.len() / 4,
                     });
@@ -173,6 +240,26 @@ impl Checkpoint {
             mapped => mapped.to_vec(),
         })
     }
+}
+
+/// Maps one safetensors file and reads its header.
+fn open_shard(path: &Path) -> Result<(Shard, BTreeMap<String, TensorInfo>), ModelError> {
+    // Mapping a directory fails with a puzzling "No such device", and opening a named pipe
+    // blocks: say what is wrong instead.
+    regular_file(path, "the model weights")?;
+    let file = File::open(path).map_err(|e| ModelError::io(path, "the model weights", e))?;
+    // SAFETY: the map is read-only and private to this process; like every reader of
+    // safetensors files we assume nobody truncates the file while it is mapped.
+    let mmap =
+        unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, "the model weights", e))?;
+    let (data_start, tensors) = parse_header(path, &mmap)?;
+    Ok((
+        Shard {
+            mmap: Arc::new(mmap),
+            data_start,
+        },
+        tensors,
+    ))
 }
 
 /// Little-endian f64 values as f32; a finite value beyond f32's range is an error naming it.

@@ -25,6 +25,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
     "mistral",
     "qwen2",
+    "qwen3",
 ];
 
 /// Which architecture a checkpoint is.
@@ -35,7 +36,7 @@ pub enum ModelKind {
     /// GPT-2 decoder: pre-LayerNorm, causal attention, a language-model head (tied to the word
     /// embeddings unless `tie_word_embeddings` is false).
     Gpt2,
-    /// Llama-style decoder (Llama, Mistral, Qwen2): pre-RMSNorm, rotary positions,
+    /// Llama-style decoder (Llama, Mistral, Qwen2, Qwen3): pre-RMSNorm, rotary positions,
     /// grouped-query attention, a gated SiLU feed-forward, a language-model head.
     Llama,
 }
@@ -55,7 +56,8 @@ pub enum Family {
     DistilBert,
     /// GPT-2.
     Gpt2,
-    /// Llama, Mistral and Qwen2: one block, differing in their biases, windows and ties.
+    /// Llama, Mistral, Qwen2 and Qwen3: one block, differing in their biases, windows, ties and
+    /// Qwen3's query and key norms.
     Llama,
 }
 
@@ -215,6 +217,11 @@ pub struct ModelConfig {
 pub struct DecoderConfig {
     /// Key/value heads, each shared by `n_heads / n_kv_heads` query heads.
     pub n_kv_heads: usize,
+    /// Each head's width, `head_dim` (`hidden_size / n_heads` unless the config says; Qwen3's
+    /// query heads together are wider than the hidden state).
+    pub head_dim: usize,
+    /// Qwen3's RMSNorm of each head's query and key before the rotation.
+    pub qk_norm: bool,
     /// The rotary embedding's inverse frequencies, `[head_dim / 2]`, scaled as `rope_scaling`
     /// says.
     pub inv_freq: Vec<f32>,
@@ -311,7 +318,8 @@ struct Gpt2Json {
     tie_word_embeddings: bool,
 }
 
-/// `LlamaConfig`, `MistralConfig` and `Qwen2Config`'s fields, with their defaults.
+/// `LlamaConfig`, `MistralConfig`, `Qwen2Config` and `Qwen3Config`'s fields, with their
+/// defaults (Qwen3's `head_dim` defaults to 128, the others' to `hidden_size / heads`).
 #[derive(Deserialize)]
 struct LlamaJson {
     vocab_size: usize,
@@ -729,7 +737,7 @@ impl ModelConfig {
                     decoder: None,
                 }
             }
-            "llama" | "mistral" | "qwen2" => {
+            "llama" | "mistral" | "qwen2" | "qwen3" => {
                 let c: LlamaJson = serde_json::from_str(text).map_err(bad)?;
                 if c.partial_rotary_factor.is_some_and(|f| f != 1.0) {
                     return Err(unsupported(
@@ -738,29 +746,28 @@ impl ModelConfig {
                     ));
                 }
                 if c.num_attention_heads == 0
-                    || !c.hidden_size.is_multiple_of(c.num_attention_heads)
+                    || (c.head_dim.is_none()
+                        && model_type != "qwen3"
+                        && !c.hidden_size.is_multiple_of(c.num_attention_heads))
                 {
                     return Err(unsupported(
                         "num_attention_heads",
                         format!(
-                            "{} does not divide hidden_size {}",
+                            "{} does not divide hidden_size {} (and no head_dim is given)",
                             c.num_attention_heads, c.hidden_size
                         ),
                     ));
                 }
-                let d = c.hidden_size / c.num_attention_heads;
-                if let Some(h) = c.head_dim.filter(|&h| h != d) {
+                let qwen3 = model_type == "qwen3";
+                let d = match (c.head_dim, qwen3) {
+                    (Some(d), _) => d,
+                    (None, true) => 128,
+                    (None, false) => c.hidden_size / c.num_attention_heads,
+                };
+                if d == 0 || !d.is_multiple_of(2) {
                     return Err(unsupported(
                         "head_dim",
-                        format!(
-                            "{h} is not hidden_size / num_attention_heads ({d}); only that is supported"
-                        ),
-                    ));
-                }
-                if !d.is_multiple_of(2) {
-                    return Err(unsupported(
-                        "hidden_size",
-                        format!("{d}-dimensional heads: rotary embeddings need an even head size"),
+                        format!("{d}: rotary embeddings need an even head size of at least 2"),
                     ));
                 }
                 let n_kv_heads = c.num_key_value_heads.unwrap_or(c.num_attention_heads);
@@ -779,14 +786,14 @@ impl ModelConfig {
                         format!("{:?} is not supported (silu)", c.hidden_act),
                     ));
                 }
-                // Qwen2 windows only with use_sliding_window (and then only some layers);
-                // Mistral's window applies to every layer.
+                // Qwen2 and Qwen3 window only with use_sliding_window (and then only some
+                // layers); Mistral's window applies to every layer.
                 let sliding_window = match model_type.as_str() {
                     "mistral" => c.sliding_window,
-                    "qwen2" if c.use_sliding_window == Some(true) => {
+                    "qwen2" | "qwen3" if c.use_sliding_window == Some(true) => {
                         return Err(unsupported(
                             "use_sliding_window",
-                            "Qwen2's per-layer sliding windows are not supported",
+                            "Qwen's per-layer sliding windows are not supported",
                         ));
                     }
                     _ => None,
@@ -814,6 +821,8 @@ impl ModelConfig {
                     tied_lm_head: c.tie_word_embeddings,
                     decoder: Some(DecoderConfig {
                         n_kv_heads,
+                        head_dim: d,
+                        qk_norm: qwen3,
                         inv_freq: inv_freq(c.rope_theta, d, c.rope_scaling.as_ref())?,
                         sliding_window,
                         qkv_bias: qwen2 || c.attention_bias,
@@ -876,9 +885,17 @@ impl ModelConfig {
         self.family.kind()
     }
 
-    /// Size of one head: `hidden_size / n_heads`.
+    /// Size of one head: `hidden_size / n_heads`, or a decoder's `head_dim`.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.n_heads
+        match &self.decoder {
+            Some(dec) => dec.head_dim,
+            None => self.hidden_size / self.n_heads,
+        }
+    }
+
+    /// Width of the query heads side by side (the hidden size but for Qwen3's wider heads).
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim()
     }
 
     /// Key/value heads: the query heads' count but for grouped-query attention.
@@ -888,7 +905,7 @@ impl ModelConfig {
 
     /// Width of the fused query | key | value projection's output.
     pub fn qkv_width(&self) -> usize {
-        self.hidden_size + 2 * self.n_kv_heads() * self.head_dim()
+        (self.n_heads + 2 * self.n_kv_heads()) * self.head_dim()
     }
 
     /// Width of the feed-forward layer's first output: gate | up for a gated one.
@@ -936,7 +953,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if !self.hidden_size.is_multiple_of(self.n_heads) {
+        if self.decoder.is_none() && !self.hidden_size.is_multiple_of(self.n_heads) {
             return Err(unsupported(
                 names.hidden_size,
                 format!(

@@ -50,7 +50,7 @@ pub struct Step {
     pub last_layer_attention: Option<Vec<f32>>,
 }
 
-/// [`ModelError::NotADecoder`] unless `model` is a decoder (GPT-2, Llama, Mistral, Qwen2).
+/// [`ModelError::NotADecoder`] unless `model` is a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3).
 pub(crate) fn check_decoder(model: &Model) -> Result<(), ModelError> {
     match model.kind() {
         ModelKind::Gpt2 | ModelKind::Llama => Ok(()),
@@ -62,8 +62,8 @@ pub(crate) fn check_decoder(model: &Model) -> Result<(), ModelError> {
 }
 
 impl<'m> KvCache<'m> {
-    /// An empty cache for `model`, which must be a decoder (GPT-2, Llama, Mistral, Qwen2), with
-    /// room for all of its `max_position_embeddings` tokens.
+    /// An empty cache for `model`, which must be a decoder (GPT-2, Llama, Mistral, Qwen2,
+    /// Qwen3), with room for all of its `max_position_embeddings` tokens.
     pub fn new(model: &'m Model) -> Result<KvCache<'m>, ModelError> {
         KvCache::with_capacity(model, model.max_positions())
     }
@@ -162,8 +162,8 @@ impl<'m> KvCache<'m> {
         }
         let mut normed = vec![0.0f32; new * h];
         let mut qkv = vec![0.0f32; new * c.qkv_width()];
-        let mut q = vec![0.0f32; new * h];
-        let mut context = vec![0.0f32; new * h];
+        let mut q = vec![0.0f32; new * c.q_width()];
+        let mut context = vec![0.0f32; new * c.q_width()];
         let mut sublayer = vec![0.0f32; new * h];
         let mut intermediate = vec![0.0f32; new * c.ff_width()];
         let n_layers = weights.layers.len();
@@ -190,6 +190,12 @@ impl<'m> KvCache<'m> {
             let attend = |qkv: &[f32], context: &mut [f32]| {
                 let kv = [&mut keys[..], &mut values[..]];
                 scatter_qkv(qkv, (new, (n_heads, n_kv), d), q, kv, (past, self.capacity));
+                if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                    q_norm.apply(q);
+                    for head in keys.chunks_exact_mut(self.capacity * d) {
+                        k_norm.apply(&mut head[past * d..total * d]);
+                    }
+                }
                 if let Some(dec) = &c.decoder {
                     for head in q.chunks_exact_mut(new * d) {
                         rotate_rows(head, d, &dec.inv_freq, past);
@@ -207,7 +213,9 @@ impl<'m> KvCache<'m> {
                     want_weights,
                 )?;
                 for (head, (out, _)) in attended.iter().enumerate() {
-                    for (dst, src) in context.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
+                    for (dst, src) in
+                        (context.chunks_exact_mut(n_heads * d)).zip(out.chunks_exact(d))
+                    {
                         dst[head * d..][..d].copy_from_slice(src);
                     }
                 }

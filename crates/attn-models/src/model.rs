@@ -132,7 +132,7 @@ struct Workspace {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    /// `[rows, hidden]`: attention output with heads merged.
+    /// `[rows, n_heads · head_dim]`: attention output with heads merged.
     context: Vec<f32>,
     /// `[rows, hidden]`: a sublayer's output before bias and residual.
     sublayer: Vec<f32>,
@@ -160,10 +160,10 @@ impl Workspace {
             (&mut self.hidden, rows * h),
             (&mut self.normed, if pre_norm { rows * h } else { 0 }),
             (&mut self.qkv, rows * c.qkv_width()),
-            (&mut self.q, rows * h),
+            (&mut self.q, rows * c.q_width()),
             (&mut self.k, rows * kv),
             (&mut self.v, rows * kv),
-            (&mut self.context, rows * h),
+            (&mut self.context, rows * c.q_width()),
             (&mut self.sublayer, rows * h),
             (&mut self.intermediate, rows * c.ff_width()),
         ] {
@@ -222,16 +222,11 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize) -> Result<(), ModelErro
 /// Files that Hugging Face directories hold in place of `model.safetensors` or
 /// `tokenizer.json`, and the transformers call that rewrites them as those (`MODEL` and `DIR`
 /// filled in by [`check_convertible`]).
-const CONVERTIBLE: [(&str, &str, &str); 6] = [
+const CONVERTIBLE: [(&str, &str, &str); 5] = [
     (
         "model.safetensors",
         "pytorch_model.bin",
         "MODEL.from_pretrained(DIR).save_pretrained(DIR)",
-    ),
-    (
-        "model.safetensors",
-        "model.safetensors.index.json",
-        "MODEL.from_pretrained(DIR).save_pretrained(DIR, max_shard_size=\"100GB\")",
     ),
     (
         "model.safetensors",
@@ -322,7 +317,15 @@ impl Model {
             let tokenizer = scope.spawn(|| {
                 TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_tokens())
             });
-            let weights = Checkpoint::open(&dir.join("model.safetensors")).and_then(|checkpoint| {
+            // One file, or shards named by their index (the file wins where both are).
+            let index = dir.join("model.safetensors.index.json");
+            let checkpoint = match crate::config::present(&dir.join("model.safetensors"))
+                || !crate::config::present(&index)
+            {
+                true => Checkpoint::open(&dir.join("model.safetensors")),
+                false => Checkpoint::open_sharded(&index),
+            };
+            let weights = checkpoint.and_then(|checkpoint| {
                 let weights = Weights::load(&checkpoint, &config)?;
                 Ok((weights, Head::load(&checkpoint, &config, &head_config)?))
             });
@@ -986,6 +989,10 @@ impl Model {
                     d,
                     [&mut *q, &mut *k, &mut *v],
                 );
+                if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                    q_norm.apply(q);
+                    k_norm.apply(k);
+                }
                 if let Some(dec) = decoder {
                     rotate_heads(q, seq_len, d, &dec.inv_freq);
                     rotate_heads(k, seq_len, d, &dec.inv_freq);

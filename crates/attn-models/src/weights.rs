@@ -28,6 +28,8 @@ pub struct Layer {
     pub ff_out: Linear,
     /// The LayerNorm around the feed-forward sublayer.
     pub norm_ff: LayerNorm,
+    /// Qwen3's RMSNorms of each query head and key head (`[head_dim]` each).
+    pub qk_norm: Option<(LayerNorm, LayerNorm)>,
 }
 
 /// Every tensor the forward pass reads. Large ones stay in the map (only the pages a run
@@ -230,6 +232,7 @@ fn load_encoder(
                 ff_in: torch_linear(ckpt, &format!("{lp}{}", names.ff_in), h, i)?,
                 ff_out: torch_linear(ckpt, &format!("{lp}{}", names.ff_out), i, h)?,
                 norm_ff: norm(ckpt, &format!("{lp}{}", names.norm_ff), h, eps)?,
+                qk_norm: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -300,6 +303,7 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
                 ff_in: conv1d(ckpt, &format!("{lp}mlp.c_fc"), h, i)?,
                 ff_out: conv1d(ckpt, &format!("{lp}mlp.c_proj"), i, h)?,
                 norm_ff: norm(ckpt, &format!("{lp}ln_2"), h, eps)?,
+                qk_norm: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -365,7 +369,7 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
         })?;
     let p = prefix_of(ckpt, &["model.", ""], "embed_tokens.weight")?;
     let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
-    let kv = dec.n_kv_heads * c.head_dim();
+    let (q, kv) = (c.q_width(), dec.n_kv_heads * c.head_dim());
     let word_embeddings = ckpt.f32_data(&format!("{p}embed_tokens.weight"), &[c.vocab_size, h])?;
     let layers = (0..c.n_layers)
         .map(|l| {
@@ -377,11 +381,11 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
                 qkv: torch_parts(
                     ckpt,
                     &attn,
-                    &[("q_proj", h), ("k_proj", kv), ("v_proj", kv)],
+                    &[("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
                     h,
                     dec.qkv_bias,
                 )?,
-                attn_out: torch_parts(ckpt, &attn, &[("o_proj", h)], h, dec.out_bias)?,
+                attn_out: torch_parts(ckpt, &attn, &[("o_proj", h)], q, dec.out_bias)?,
                 norm_attn: rms_norm(ckpt, &format!("{lp}input_layernorm"), h, eps)?,
                 ff_in: torch_parts(
                     ckpt,
@@ -392,6 +396,13 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
                 )?,
                 ff_out: torch_parts(ckpt, &mlp, &[("down_proj", h)], i, dec.mlp_bias)?,
                 norm_ff: rms_norm(ckpt, &format!("{lp}post_attention_layernorm"), h, eps)?,
+                qk_norm: match dec.qk_norm {
+                    true => Some((
+                        rms_norm(ckpt, &format!("{attn}q_norm"), c.head_dim(), eps)?,
+                        rms_norm(ckpt, &format!("{attn}k_norm"), c.head_dim(), eps)?,
+                    )),
+                    false => None,
+                },
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

@@ -1,4 +1,4 @@
-//! The Llama-style decoders (Llama, Mistral, Qwen2) on the random checkpoints of
+//! The Llama-style decoders (Llama, Mistral, Qwen2, Qwen3) on the random checkpoints of
 //! `tests/data/llm` (scripts/test_data/decoders.py): token ids, logits and attentions against
 //! transformers, greedy generation against its `generate()`, cached decoding against the full
 //! pass at every prefix, and bad configs as errors.
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use attn_models::{GenerateOptions, KvCache, Model, ModelError, RunOptions, Sampling, generate};
 use common::{Golden, golden_dir};
 
-const FAMILIES: [&str; 3] = ["llama", "mistral", "qwen2"];
+const FAMILIES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 
 fn dir(name: &str) -> PathBuf {
     golden_dir().join("llm").join(name)
@@ -172,7 +172,7 @@ fn bad_configs_are_clear_errors() {
         ("rope_scaling", |c| {
             c["rope_scaling"]["rope_type"] = "yarn".into()
         }),
-        ("head_dim", |c| c["head_dim"] = 16.into()),
+        ("head_dim", |c| c["head_dim"] = 7.into()),
         ("hidden_act", |c| c["hidden_act"] = "gelu".into()),
         ("rope_theta", |c| c["rope_theta"] = (-1.0).into()),
     ];
@@ -213,3 +213,98 @@ fn the_gradient_methods_say_which_families_have_them() {
         "{err}"
     );
 }
+
+/// The llama checkpoint written as two shards with `model.safetensors.index.json` (its tensors
+/// split in name order), after `edit` has had its say over the index and the shards' bytes.
+fn sharded(tmp: &Path, edit: impl FnOnce(&mut serde_json::Value, &mut [Vec<u8>; 2])) -> PathBuf {
+    let out = tmp.join("sharded");
+    std::fs::create_dir_all(&out).unwrap();
+    for file in std::fs::read_dir(dir("llama")).unwrap() {
+        let file = file.unwrap().path();
+        if file.file_name().unwrap() != "model.safetensors" {
+            std::fs::copy(&file, out.join(file.file_name().unwrap())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(dir("llama").join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = st.names();
+    names.sort();
+    let half = names.len() / 2;
+    let files = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    let mut weight_map = serde_json::Map::new();
+    let mut shards = [Vec::new(), Vec::new()];
+    for (n, part) in [&names[..half], &names[half..]].into_iter().enumerate() {
+        let views: Vec<(String, safetensors::tensor::TensorView)> = part
+            .iter()
+            .map(|name| ((*name).to_string(), st.tensor(name).unwrap()))
+            .collect();
+        shards[n] = safetensors::serialize(views, None).unwrap();
+        for name in part {
+            weight_map.insert((*name).to_string(), files[n].into());
+        }
+    }
+    let mut index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    edit(&mut index, &mut shards);
+    for (file, shard) in files.iter().zip(&shards) {
+        std::fs::write(out.join(file), shard).unwrap();
+    }
+    std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    out
+}
+
+#[test]
+fn sharded_weights_load_as_one_file_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = Model::load(&sharded(tmp.path(), |_, _| {})).unwrap();
+    let single = Model::load(&dir("llama")).unwrap();
+    let enc = single.encode("The cat sat on the mat", None).unwrap();
+    let got = model.forward(&enc, &RunOptions::default()).unwrap();
+    let want = single.forward(&enc, &RunOptions::default()).unwrap();
+    assert_eq!(got.logits, want.logits);
+}
+
+#[test]
+fn a_bad_shard_index_is_a_clear_error() {
+    let first = "model-00001-of-00002.safetensors";
+    let cases: [(&str, ShardEdit); 5] = [
+        ("model-00003-of-00002.safetensors", |index, _| {
+            index["weight_map"]["lm_head.weight"] = "model-00003-of-00002.safetensors".into();
+        }),
+        ("../model.safetensors", |index, _| {
+            index["weight_map"]["lm_head.weight"] = "../model.safetensors".into();
+        }),
+        ("which does not hold it", |index, _| {
+            index["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors".into();
+        }),
+        ("is in both", |_, shards| shards[1] = shards[0].clone()),
+        ("outside the", |_, shards| {
+            // The second shard's header claims more data than the file holds.
+            let n = shards[1].len();
+            shards[1].truncate(n - 4);
+        }),
+    ];
+    for (needle, edit) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = Model::load(&sharded(tmp.path(), edit)).err().unwrap();
+        let text = format!("{err:#}");
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    // A tensor named twice: the index's JSON repeats the key.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = sharded(tmp.path(), |_, _| {});
+    let index = path.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap().replacen(
+        "\"weight_map\":{",
+        &format!("\"weight_map\":{{\"lm_head.weight\":\"{first}\","),
+        1,
+    );
+    std::fs::write(&index, text).unwrap();
+    let err = Model::load(&path).err().unwrap().to_string();
+    assert!(err.contains("names tensor \"lm_head.weight\" twice"), "{err}");
+}
+
+/// A change to a shard index and the shards' bytes.
+type ShardEdit = fn(&mut serde_json::Value, &mut [Vec<u8>; 2]);

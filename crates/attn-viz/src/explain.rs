@@ -170,7 +170,13 @@ pub fn explain(
     let total: f32 = unit_row.iter().sum();
     let hidden_share = (total - raw.iter().sum::<f32>()).max(0.0) / total.max(f32::MIN_POSITIVE);
     let seen = raw.iter().sum::<f32>() > 0.0;
-    push_method_notes(&mut notes, options, &units, (hidden_share, seen), left_out);
+    push_method_notes(
+        &mut notes,
+        options,
+        (&units, causal),
+        (hidden_share, seen),
+        left_out,
+    );
     if rows.iter().any(|r| r.masked) {
         notes.push(format!(
             "masked: the model is causal, so {} sees only what comes before it; the words \
@@ -276,11 +282,12 @@ fn name_standouts(rows: &mut [Row], compared: bool) -> (Vec<String>, bool, Optio
 
 /// The notes on what the method and the selection of rows did: rollout's and flow's baseline,
 /// flow's scaling, the share of the attention hidden words took (`hidden_share`; `seen` when the
-/// words shown got some), and what `--top` left out.
+/// words shown got some; a causal model's first token, when it is the one hidden, named as the
+/// attention sink it is), and what `--top` left out.
 fn push_method_notes(
     notes: &mut Vec<String>,
     options: &ExplainOptions,
-    units: &[Unit],
+    (units, causal): (&[Unit], bool),
     (hidden_share, seen): (f32, bool),
     left_out: Option<(usize, f32)>,
 ) {
@@ -308,7 +315,21 @@ fn push_method_notes(
              they are scaled to sum to 1 {over}"
         )),
         Method::Attention { .. } if hidden_share > 0.0005 => {
-            let (what, shows) = hidden_and_hint(options, units);
+            let sink = causal
+                && !options.special
+                && !(options.question || options.across)
+                && units.first().is_some_and(|u| u.special)
+                && units.iter().filter(|u| u.special).count() == 1;
+            let (what, shows) = match sink {
+                true => (
+                    format!(
+                        "the first token {:?}, an attention sink,",
+                        Quoted(&units[0].label)
+                    ),
+                    " (--special shows it)".to_string(),
+                ),
+                false => hidden_and_hint(options, units),
+            };
             notes.push(if seen {
                 format!(
                     "{what} took {:.0}% of this attention; the weights shown are renormalised to \

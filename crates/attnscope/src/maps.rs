@@ -252,13 +252,16 @@ pub fn to_maps(
     enc: &attn_models::Encoding,
     weights: Vec<f32>,
 ) -> anyhow::Result<AttentionMaps> {
+    // A Llama-style decoder's first token is where its heads park attention (an attention
+    // sink, <s> or the first word): the views hide it as they hide [CLS], and say so.
+    let sink = model.kind() == attn_models::ModelKind::Llama;
     let tokens = (0..enc.len())
         .map(|i| Token {
             text: enc.tokens[i].clone(),
             id: enc.ids[i],
             span: enc.spans[i],
             segment: enc.segments[i],
-            special: enc.special[i],
+            special: enc.special[i] || (sink && i == 0),
         })
         .collect();
     let maps = AttentionMaps {

@@ -39,7 +39,7 @@ const TEXT: &str = "The cat that ate the mouse that lived in the barn ran away";
 
 #[test]
 fn attention_and_generate_match_transformers() {
-    for family in ["llama", "mistral", "qwen2"] {
+    for family in ["llama", "mistral", "qwen2", "qwen3"] {
         let model = dir(family);
         let model = model.to_str().unwrap();
         let json: serde_json::Value =
@@ -127,4 +127,42 @@ fn what_the_family_lacks_is_a_clear_error() {
         ],
         "not available for qwen2 models yet",
     );
+}
+
+/// A decoder's first token (Llama's `<s>`, Qwen's first word) is hidden as an attention sink,
+/// with the share it took; `--special` shows it.
+#[test]
+fn the_first_token_is_named_as_an_attention_sink() {
+    for (family, first) in [("llama", "<s>"), ("qwen2", "The")] {
+        let model = dir(family);
+        let model = model.to_str().unwrap();
+        let bars = ok(&["explain", TEXT, "--focus", "ran", "--model", model]);
+        let note = format!("note: the first token \"{first}\", an attention sink, took ");
+        assert!(bars.contains(&note), "{family}: {bars}");
+        assert!(bars.contains("(--special shows it)"), "{family}: {bars}");
+        let json: serde_json::Value = serde_json::from_str(&ok(&[
+            "explain", TEXT, "--focus", "ran", "--json", "--model", model,
+        ]))
+        .unwrap();
+        let share = json["hidden_share"].as_f64().unwrap();
+        assert!(share > 0.0 && share < 1.0, "{family}: {share}");
+        let shown = ok(&[
+            "explain",
+            TEXT,
+            "--focus",
+            "ran",
+            "--special",
+            "--model",
+            model,
+        ]);
+        assert!(
+            shown
+                .lines()
+                .nth(1)
+                .unwrap()
+                .trim_start()
+                .starts_with(first),
+            "{shown}"
+        );
+    }
 }

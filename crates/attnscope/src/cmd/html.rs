@@ -132,7 +132,7 @@ pub fn analyse(
         &methods.target,
     )?;
     let qk = qk.context("the model returned no queries and keys")?;
-    let head_dim = model.hidden_size() / model.n_heads();
+    let head_dim = model.config().head_dim();
     let qk = QueryKeys {
         head_dim,
         // BERT, GPT-2 (attn-models refuses other GPT-2 scalings) and Llama use 1/√head_dim.
