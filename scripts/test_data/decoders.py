@@ -13,6 +13,9 @@
   qwen2    4 key/value heads (ratio 1), q/k/v biases, tied embeddings, rope_theta 1e6
   qwen3    2 key/value heads of 16 dims (the query heads together twice the hidden size),
            query and key RMSNorms, tied embeddings
+  gemma2   2 key/value heads of 16 dims, query_pre_attn_scalar 12, a window of 5 on layer 0
+           (layer 1 full), attention and final logit softcaps of 5 and 3 (small enough to bite),
+           tied embeddings
 """
 import json, os
 import torch
@@ -35,6 +38,8 @@ FAMILIES = {
     "mistral": dict(num_key_value_heads=1, sliding_window=5, tie_word_embeddings=False),
     "qwen2": dict(num_key_value_heads=4, tie_word_embeddings=True, rope_theta=1e6),
     "qwen3": dict(num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    "gemma2": dict(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=12, sliding_window=5,
+                   attn_logit_softcapping=5.0, final_logit_softcapping=3.0, tie_word_embeddings=True),
 }
 
 
@@ -62,7 +67,7 @@ def tokenizer(out_dir, bos):
 def make(root, name, seed):
     out_dir = os.path.join(root, "llm", name)
     os.makedirs(out_dir, exist_ok=True)
-    tok = tokenizer(out_dir, bos=name in ("llama", "mistral"))
+    tok = tokenizer(out_dir, bos=name in ("llama", "mistral", "gemma2"))
     cfg = AutoConfig.for_model(name, vocab_size=len(tok), hidden_size=32, intermediate_size=48,
                                num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
                                bos_token_id=0, eos_token_id=1, attn_implementation="eager",

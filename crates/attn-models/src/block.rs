@@ -8,7 +8,7 @@
 //! (`LlamaDecoderLayer`: RMSNorms, then `down(silu(gate(x)) ⊙ up(x))` for the feed-forward).
 
 use crate::ModelError;
-use crate::ops::{Epilogue, Linear, residual_bias_add, swiglu_in_place};
+use crate::ops::{Epilogue, Linear, gated_in_place, residual_bias_add};
 use crate::weights::Layer;
 use crate::{Activation, ModelKind};
 
@@ -106,7 +106,7 @@ impl Layer {
             ModelKind::Llama => {
                 let n = self.ff_out.n_in;
                 multiply(&self.ff_in, x, intermediate, Epilogue::Bias);
-                swiglu_in_place(intermediate, n);
+                gated_in_place(intermediate, n, act);
                 &intermediate[..intermediate.len() / 2]
             }
             _ => {
@@ -126,10 +126,21 @@ impl Layer {
         (hidden, y): (&mut [f32], &[f32]),
         (proj, attention): (&Linear, bool),
     ) {
-        match (kind, attention) {
-            (ModelKind::Bert, true) => self.norm_attn.residual_bias_apply(hidden, y, &proj.bias),
-            (ModelKind::Bert, false) => self.norm_ff.residual_bias_apply(hidden, y, &proj.bias),
-            (ModelKind::Gpt2 | ModelKind::Llama, _) => residual_bias_add(hidden, y, &proj.bias),
+        match (kind, attention, &self.post_norms) {
+            (ModelKind::Bert, true, _) => self.norm_attn.residual_bias_apply(hidden, y, &proj.bias),
+            (ModelKind::Bert, false, _) => self.norm_ff.residual_bias_apply(hidden, y, &proj.bias),
+            (ModelKind::Llama, attention, Some((post_attn, post_ff))) => {
+                // Gemma 2: the sublayer's output is normed before the residual adds it.
+                let zero = vec![0.0; proj.bias.len()];
+                let mut y = y.to_vec();
+                residual_bias_add(&mut y, &zero, &proj.bias);
+                match attention {
+                    true => post_attn.apply(&mut y),
+                    false => post_ff.apply(&mut y),
+                }
+                residual_bias_add(hidden, &y, &zero);
+            }
+            (ModelKind::Gpt2 | ModelKind::Llama, _, _) => residual_bias_add(hidden, y, &proj.bias),
         }
     }
 }

@@ -26,6 +26,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mistral",
     "qwen2",
     "qwen3",
+    "gemma2",
 ];
 
 /// Which architecture a checkpoint is.
@@ -36,7 +37,7 @@ pub enum ModelKind {
     /// GPT-2 decoder: pre-LayerNorm, causal attention, a language-model head (tied to the word
     /// embeddings unless `tie_word_embeddings` is false).
     Gpt2,
-    /// Llama-style decoder (Llama, Mistral, Qwen2, Qwen3): pre-RMSNorm, rotary positions,
+    /// Llama-style decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 2): pre-RMSNorm, rotary positions,
     /// grouped-query attention, a gated SiLU feed-forward, a language-model head.
     Llama,
 }
@@ -225,8 +226,21 @@ pub struct DecoderConfig {
     /// The rotary embedding's inverse frequencies, `[head_dim / 2]`, scaled as `rope_scaling`
     /// says.
     pub inv_freq: Vec<f32>,
-    /// Mistral's window: a query sees itself and the `sliding_window − 1` keys before it.
-    pub sliding_window: Option<usize>,
+    /// Each layer's window (Mistral's every layer, Gemma 2's every other): a query sees itself
+    /// and the `window − 1` keys before it.
+    pub windows: Vec<Option<usize>>,
+    /// The scale of q·k when it is not `1/√head_dim` (Gemma 2's `query_pre_attn_scalar^-½`).
+    pub scale: Option<f32>,
+    /// Gemma 2's attention logit softcapping: `c · tanh(score / c)`.
+    pub softcap: Option<f32>,
+    /// Gemma 2's final logit softcapping.
+    pub final_softcap: Option<f32>,
+    /// Gemma 2's embeddings times `√hidden_size` (rounded to f32, as transformers does).
+    pub embed_scale: Option<f32>,
+    /// Gemma 2's norms of each sublayer's output, before the residual adds it.
+    pub post_norms: bool,
+    /// Gemma's RMSNorm weights are offsets from 1 (`x̂ · (1 + w)`).
+    pub norm_offset: f32,
     /// Biases on the query, key and value projections (Qwen2; Llama's `attention_bias`).
     pub qkv_bias: bool,
     /// A bias on the attention output projection (Llama's `attention_bias`).
@@ -333,6 +347,8 @@ struct LlamaJson {
     head_dim: Option<usize>,
     #[serde(default = "silu")]
     hidden_act: String,
+    #[serde(default)]
+    hidden_activation: Option<String>,
     max_position_embeddings: usize,
     #[serde(default = "llama_eps")]
     rms_norm_eps: f64,
@@ -341,7 +357,7 @@ struct LlamaJson {
     #[serde(default)]
     rope_scaling: Option<RopeScaling>,
     #[serde(default)]
-    tie_word_embeddings: bool,
+    tie_word_embeddings: Option<bool>,
     #[serde(default)]
     attention_bias: bool,
     #[serde(default)]
@@ -350,6 +366,14 @@ struct LlamaJson {
     sliding_window: Option<usize>,
     #[serde(default)]
     use_sliding_window: Option<bool>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    query_pre_attn_scalar: Option<f64>,
+    #[serde(default)]
+    attn_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    final_logit_softcapping: Option<f64>,
     #[serde(default)]
     partial_rotary_factor: Option<f64>,
     #[serde(default)]
@@ -371,6 +395,13 @@ struct RopeScaling {
     high_freq_factor: Option<f64>,
     #[serde(default)]
     original_max_position_embeddings: Option<f64>,
+}
+
+impl DecoderConfig {
+    /// Layer `layer`'s window, if it has one.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.windows.get(layer).copied().flatten()
+    }
 }
 
 /// transformers' `_compute_default_rope_parameters` and, for `rope_scaling`, `linear` and
@@ -737,7 +768,7 @@ impl ModelConfig {
                     decoder: None,
                 }
             }
-            "llama" | "mistral" | "qwen2" | "qwen3" => {
+            "llama" | "mistral" | "qwen2" | "qwen3" | "gemma2" => {
                 let c: LlamaJson = serde_json::from_str(text).map_err(bad)?;
                 if c.partial_rotary_factor.is_some_and(|f| f != 1.0) {
                     return Err(unsupported(
@@ -759,10 +790,12 @@ impl ModelConfig {
                     ));
                 }
                 let qwen3 = model_type == "qwen3";
-                let d = match (c.head_dim, qwen3) {
-                    (Some(d), _) => d,
-                    (None, true) => 128,
-                    (None, false) => c.hidden_size / c.num_attention_heads,
+                let gemma2 = model_type == "gemma2";
+                let d = match c.head_dim {
+                    Some(d) => d,
+                    None if gemma2 => 256,
+                    None if qwen3 => 128,
+                    None => c.hidden_size / c.num_attention_heads,
                 };
                 if d == 0 || !d.is_multiple_of(2) {
                     return Err(unsupported(
@@ -780,16 +813,37 @@ impl ModelConfig {
                         ),
                     ));
                 }
-                if c.hidden_act != "silu" {
-                    return Err(unsupported(
-                        "hidden_act",
-                        format!("{:?} is not supported (silu)", c.hidden_act),
-                    ));
-                }
+                // Gemma 2 gates with its hidden_activation (tanh GELU), the others with silu.
+                let activation = match gemma2 {
+                    true => {
+                        let name = c
+                            .hidden_activation
+                            .as_deref()
+                            .unwrap_or("gelu_pytorch_tanh");
+                        match Activation::parse(name, "hidden_activation")? {
+                            Activation::GeluTanh => Activation::GeluTanh,
+                            _ => {
+                                return Err(unsupported(
+                                    "hidden_activation",
+                                    format!("{name:?} is not supported (gelu_pytorch_tanh)"),
+                                ));
+                            }
+                        }
+                    }
+                    false if c.hidden_act == "silu" => Activation::Silu,
+                    false => {
+                        return Err(unsupported(
+                            "hidden_act",
+                            format!("{:?} is not supported (silu)", c.hidden_act),
+                        ));
+                    }
+                };
                 // Qwen2 and Qwen3 window only with use_sliding_window (and then only some
-                // layers); Mistral's window applies to every layer.
+                // layers); Mistral's window applies to every layer, Gemma 2's to the layers
+                // layer_types names sliding (by default the even ones).
                 let sliding_window = match model_type.as_str() {
                     "mistral" => c.sliding_window,
+                    "gemma2" => Some(c.sliding_window.unwrap_or(4096)),
                     "qwen2" | "qwen3" if c.use_sliding_window == Some(true) => {
                         return Err(unsupported(
                             "use_sliding_window",
@@ -801,6 +855,43 @@ impl ModelConfig {
                 if sliding_window == Some(0) {
                     return Err(unsupported("sliding_window", "must be at least 1"));
                 }
+                let windows = match (gemma2, &c.layer_types) {
+                    (_, Some(types)) if types.len() != c.num_hidden_layers => {
+                        return Err(unsupported(
+                            "layer_types",
+                            format!("{} entries for {} layers", types.len(), c.num_hidden_layers),
+                        ));
+                    }
+                    (true, Some(types)) => types
+                        .iter()
+                        .map(|t| match t.as_str() {
+                            "sliding_attention" => Ok(sliding_window),
+                            "full_attention" => Ok(None),
+                            other => Err(unsupported(
+                                "layer_types",
+                                format!("{other:?} (sliding_attention, full_attention)"),
+                            )),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    (true, None) => (0..c.num_hidden_layers)
+                        .map(|l| sliding_window.filter(|_| l % 2 == 0))
+                        .collect(),
+                    (false, _) => vec![sliding_window; c.num_hidden_layers],
+                };
+                let cap = |field: &'static str, value: Option<f64>| match value {
+                    Some(v) if !(v.is_finite() && v > 0.0) => {
+                        Err(unsupported(field, format!("{v} must be a number above 0")))
+                    }
+                    v => Ok(v.map(|v| v as f32)),
+                };
+                let scale = match gemma2 {
+                    true => {
+                        let q = c.query_pre_attn_scalar.unwrap_or(256.0);
+                        cap("query_pre_attn_scalar", Some(q))?;
+                        Some(q.powf(-0.5) as f32)
+                    }
+                    false => None,
+                };
                 let qwen2 = model_type == "qwen2";
                 ModelConfig {
                     family: Family::Llama,
@@ -812,19 +903,38 @@ impl ModelConfig {
                     max_positions: c.max_position_embeddings,
                     type_vocab_size: 0,
                     layer_norm_eps: layer_norm_eps(c.rms_norm_eps, LLAMA_FIELDS.layer_norm_eps)?,
-                    activation: Activation::Silu,
+                    activation,
                     pad_token_id: c
                         .pad_token_id
                         .or_else(|| c.eos_token_id.and_then(|ids| ids.first()))
                         .unwrap_or(0),
                     causal: true,
-                    tied_lm_head: c.tie_word_embeddings,
+                    // Gemma 2's head is its embeddings unless the config says not.
+                    tied_lm_head: c.tie_word_embeddings.unwrap_or(gemma2),
                     decoder: Some(DecoderConfig {
                         n_kv_heads,
                         head_dim: d,
                         qk_norm: qwen3,
                         inv_freq: inv_freq(c.rope_theta, d, c.rope_scaling.as_ref())?,
-                        sliding_window,
+                        windows,
+                        scale,
+                        softcap: match gemma2 {
+                            true => cap(
+                                "attn_logit_softcapping",
+                                c.attn_logit_softcapping.or(Some(50.0)),
+                            )?,
+                            false => None,
+                        },
+                        final_softcap: match gemma2 {
+                            true => cap(
+                                "final_logit_softcapping",
+                                c.final_logit_softcapping.or(Some(30.0)),
+                            )?,
+                            false => None,
+                        },
+                        embed_scale: gemma2.then(|| (c.hidden_size as f32).sqrt()),
+                        post_norms: gemma2,
+                        norm_offset: if gemma2 { 1.0 } else { 0.0 },
                         qkv_bias: qwen2 || c.attention_bias,
                         out_bias: !qwen2 && c.attention_bias,
                         mlp_bias: !qwen2 && c.mlp_bias,
@@ -908,11 +1018,11 @@ impl ModelConfig {
         (self.n_heads + 2 * self.n_kv_heads()) * self.head_dim()
     }
 
-    /// Width of the feed-forward layer's first output: gate | up for a gated one.
+    /// Width of the feed-forward layer's first output: gate | up for a decoder's gated one.
     pub fn ff_width(&self) -> usize {
-        match self.activation {
-            Activation::Silu => 2 * self.intermediate_size,
-            _ => self.intermediate_size,
+        match self.decoder {
+            Some(_) => 2 * self.intermediate_size,
+            None => self.intermediate_size,
         }
     }
 

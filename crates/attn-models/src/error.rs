@@ -229,7 +229,7 @@ pub enum ModelError {
     },
     /// Text generation (a KV cache) was asked of a model that is not a decoder.
     #[error(
-        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3); {model} is a {model_type} model"
+        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2); {model} is a {model_type} model"
     )]
     NotADecoder {
         /// The model directory's name.

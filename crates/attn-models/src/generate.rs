@@ -1,4 +1,4 @@
-//! Text generation with a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3): the prompt is fed once
+//! Text generation with a decoder (GPT-2 or a Llama-style one): the prompt is fed once
 //! into a [`KvCache`], then each new token is chosen from the last logits (greedy, or sampled
 //! with a temperature and an optional top-k cut, as transformers' `TemperatureLogitsWarper` and
 //! `TopKLogitsWarper` in <https://github.com/huggingface/transformers/blob/v4.44.0/src/transformers/generation/logits_process.py>)

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use crate::block::Buffers;
 use crate::model::{parallelism, rotate_rows};
 use crate::ops::{Epilogue, Gemm, Linear, WeightLayout, gemm_bt};
-use crate::{Model, ModelError, ModelKind};
+use crate::{DecoderConfig, Model, ModelError, ModelKind};
 
 /// Keys and values of every layer of one model for the tokens fed so far.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ pub struct Step {
     pub last_layer_attention: Option<Vec<f32>>,
 }
 
-/// [`ModelError::NotADecoder`] unless `model` is a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3).
+/// [`ModelError::NotADecoder`] unless `model` is a decoder (GPT-2 or a Llama-style one).
 pub(crate) fn check_decoder(model: &Model) -> Result<(), ModelError> {
     match model.kind() {
         ModelKind::Gpt2 | ModelKind::Llama => Ok(()),
@@ -148,9 +148,12 @@ impl<'m> KvCache<'m> {
         let mut hidden = vec![0.0f32; new * h];
         for (t, (&id, row)) in ids.iter().zip(hidden.chunks_exact_mut(h)).enumerate() {
             let word = &weights.word_embeddings[id as usize * h..][..h];
-            match c.decoder {
+            match &c.decoder {
                 // Rotary positions, applied to the queries and keys below.
-                Some(_) => row.copy_from_slice(word),
+                Some(dec) => {
+                    let embed = dec.embed_scale.unwrap_or(1.0);
+                    row.iter_mut().zip(word).for_each(|(v, w)| *v = w * embed);
+                }
                 None => {
                     let pos = &weights.position[(past + t) * h..][..h];
                     row.iter_mut()
@@ -204,12 +207,13 @@ impl<'m> KvCache<'m> {
                         rotate_rows(&mut head[past * d..total * d], d, &dec.inv_freq, past);
                     }
                 }
-                let window = c.decoder.as_ref().and_then(|dec| dec.sliding_window);
+                let window = c.decoder.as_ref().and_then(|dec| dec.window(l));
                 let attended = attend_per_head(
                     q,
                     (keys, values),
                     (new, total, self.capacity),
-                    ((l, n_heads, n_kv, d), window),
+                    (l, n_heads, n_kv, d),
+                    (window, c.decoder.as_ref()),
                     want_weights,
                 )?;
                 for (head, (out, _)) in attended.iter().enumerate() {
@@ -251,6 +255,7 @@ impl<'m> KvCache<'m> {
         } else {
             gemm_bt(&hidden, new, h, head, c.vocab_size, &mut logits, par);
         }
+        crate::model::softcap_logits(c, &mut logits);
         crate::model::check_logits(&logits, c.vocab_size)?;
 
         // Only now do the rows written past `len` count: an error above left them unread.
@@ -306,11 +311,14 @@ fn attend_per_head(
     q: &[f32],
     (keys, values): (&[f32], &[f32]),
     (new, seq_kv, capacity): (usize, usize, usize),
-    ((layer, n_heads, n_kv, d), window): ((usize, usize, usize, usize), Option<usize>),
+    (layer, n_heads, n_kv, d): (usize, usize, usize, usize),
+    (window, decoder): (Option<usize>, Option<&DecoderConfig>),
     weights: bool,
 ) -> Result<Vec<HeadResult>, ModelError> {
     let options = AttnOptions {
         causal: Some(Causal::BottomRight),
+        scale: decoder.and_then(|dec| dec.scale),
+        softcap: decoder.and_then(|dec| dec.softcap),
         window: window.map(|w| Window {
             left: Some(w - 1),
             right: None,

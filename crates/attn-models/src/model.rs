@@ -733,6 +733,10 @@ impl Model {
             gemm_bt(&ws.hidden, rows, h, head, c.vocab_size, &mut logits, par);
             logits
         });
+        let logits = logits.map(|mut l| {
+            softcap_logits(c, &mut l);
+            l
+        });
         if let Some(logits) = &logits {
             check_logits(logits, c.vocab_size)?;
         }
@@ -938,10 +942,8 @@ impl Model {
         let decoder = c.decoder.as_ref();
         let attn_options = AttnOptions {
             causal: c.causal.then_some(Causal::TopLeft),
-            window: decoder.and_then(|dec| dec.sliding_window).map(|w| Window {
-                left: Some(w - 1),
-                right: None,
-            }),
+            scale: decoder.and_then(|dec| dec.scale),
+            softcap: decoder.and_then(|dec| dec.softcap),
             key_padding: if lengths.iter().all(|&l| l == seq_len) {
                 None
             } else {
@@ -1010,7 +1012,18 @@ impl Model {
                 // Unchecked: scanning q, k and v for NaN every layer costs more than the one
                 // scan of the final hidden state below, which any non-finite value reaches.
                 let input = AttnInput::allowing_non_finite(q, k, v, shape)?;
-                let out = attn_core::sdpa(&input, &attn_options).map_err(|error| {
+                let window = decoder.and_then(|dec| dec.window(l));
+                let layer_options = match window {
+                    Some(w) => &AttnOptions {
+                        window: Some(Window {
+                            left: Some(w - 1),
+                            right: None,
+                        }),
+                        ..attn_options.clone()
+                    },
+                    None => &attn_options,
+                };
+                let out = attn_core::sdpa(&input, layer_options).map_err(|error| {
                     ModelError::Attention {
                         layer: Some(l),
                         error,
@@ -1197,9 +1210,13 @@ impl Model {
     ) {
         let c = &self.config;
         let h = c.hidden_size;
-        if c.family == Family::Llama {
-            // Llama's positions are rotary, in the attention: no table.
-            row.iter_mut().zip(word).for_each(|(v, w)| *v = scale * w);
+        if let Some(dec) = &c.decoder {
+            // Llama's positions are rotary, in the attention: no table. Gemma 2 scales its
+            // embeddings by √hidden.
+            let embed = dec.embed_scale.unwrap_or(1.0);
+            row.iter_mut()
+                .zip(word)
+                .for_each(|(v, w)| *v = scale * w * embed);
         } else {
             let pos = &self.weights.position[position * h..][..h];
             row.iter_mut()
@@ -1216,6 +1233,13 @@ impl Model {
             let ty = &self.weights.token_type[ty * h..][..h];
             row.iter_mut().zip(ty).for_each(|(v, t)| *v += t);
         }
+    }
+}
+
+/// Gemma 2's final logit softcapping, `c · tanh(logits / c)`, in place.
+pub(crate) fn softcap_logits(c: &ModelConfig, logits: &mut [f32]) {
+    if let Some(cap) = c.decoder.as_ref().and_then(|dec| dec.final_softcap) {
+        logits.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
     }
 }
 

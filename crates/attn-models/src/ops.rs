@@ -646,16 +646,22 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// Llama's gated feed-forward in place: each row of `gate_up` (`[rows, 2·n]`, gate | up)
-/// becomes `silu(gate) ⊙ up`, packed into the first `rows · n` values. Row r's output lands at
-/// or before the values it reads, and after those of rows before it, so nothing is read after
-/// it is overwritten.
-pub(crate) fn swiglu_in_place(gate_up: &mut [f32], n: usize) {
+/// A decoder's gated feed-forward in place: each row of `gate_up` (`[rows, 2·n]`, gate | up)
+/// becomes `act(gate) ⊙ up` (SiLU for Llama, tanh GELU for Gemma 2), packed into the first
+/// `rows · n` values. Row r's output lands at or before the values it reads, and after those
+/// of rows before it, so nothing is read after it is overwritten.
+pub(crate) fn gated_in_place(gate_up: &mut [f32], n: usize, act: Activation) {
+    let f: fn(f32) -> f32 = match act {
+        Activation::GeluTanh => gelu_tanh,
+        Activation::GeluErf => gelu_erf,
+        Activation::Relu => relu,
+        Activation::Silu => silu,
+    };
     let rows = gate_up.len() / (2 * n).max(1);
     for r in 0..rows {
         for j in 0..n {
             let (g, u) = (gate_up[r * 2 * n + j], gate_up[r * 2 * n + n + j]);
-            gate_up[r * n + j] = silu(g) * u;
+            gate_up[r * n + j] = f(g) * u;
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct Layer {
     pub norm_ff: LayerNorm,
     /// Qwen3's RMSNorms of each query head and key head (`[head_dim]` each).
     pub qk_norm: Option<(LayerNorm, LayerNorm)>,
+    /// Gemma 2's RMSNorms of the attention's and the feed-forward's output.
+    pub post_norms: Option<(LayerNorm, LayerNorm)>,
 }
 
 /// Every tensor the forward pass reads. Large ones stay in the map (only the pages a run
@@ -233,6 +235,7 @@ fn load_encoder(
                 ff_out: torch_linear(ckpt, &format!("{lp}{}", names.ff_out), i, h)?,
                 norm_ff: norm(ckpt, &format!("{lp}{}", names.norm_ff), h, eps)?,
                 qk_norm: None,
+                post_norms: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -304,6 +307,7 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
                 ff_out: conv1d(ckpt, &format!("{lp}mlp.c_proj"), i, h)?,
                 norm_ff: norm(ckpt, &format!("{lp}ln_2"), h, eps)?,
                 qk_norm: None,
+                post_norms: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -348,9 +352,19 @@ fn torch_parts(
     Ok(Linear::from_parts(weights, biases, n_in))
 }
 
-fn rms_norm(ckpt: &Checkpoint, name: &str, n: usize, eps: f32) -> Result<LayerNorm, ModelError> {
+/// An RMSNorm whose weight is `offset +` the stored one (Gemma stores `w` of `1 + w`).
+fn rms_norm(
+    ckpt: &Checkpoint,
+    name: &str,
+    n: usize,
+    (eps, offset): (f32, f32),
+) -> Result<LayerNorm, ModelError> {
+    let mut gamma = ckpt.f32(&format!("{name}.weight"), &[n])?;
+    if offset != 0.0 {
+        gamma.iter_mut().for_each(|g| *g += offset);
+    }
     Ok(LayerNorm {
-        gamma: ckpt.f32(&format!("{name}.weight"), &[n])?,
+        gamma,
         beta: Vec::new(),
         eps,
         rms: true,
@@ -368,7 +382,8 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
             reason: "a Llama-style decoder without its decoder settings".into(),
         })?;
     let p = prefix_of(ckpt, &["model.", ""], "embed_tokens.weight")?;
-    let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let eps = (c.layer_norm_eps, dec.norm_offset);
     let (q, kv) = (c.q_width(), dec.n_kv_heads * c.head_dim());
     let word_embeddings = ckpt.f32_data(&format!("{p}embed_tokens.weight"), &[c.vocab_size, h])?;
     let layers = (0..c.n_layers)
@@ -395,11 +410,23 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
                     dec.mlp_bias,
                 )?,
                 ff_out: torch_parts(ckpt, &mlp, &[("down_proj", h)], i, dec.mlp_bias)?,
-                norm_ff: rms_norm(ckpt, &format!("{lp}post_attention_layernorm"), h, eps)?,
+                // Gemma 2's post_attention_layernorm norms the attention's output; Llama's
+                // is the norm before the feed-forward.
+                norm_ff: match dec.post_norms {
+                    true => rms_norm(ckpt, &format!("{lp}pre_feedforward_layernorm"), h, eps)?,
+                    false => rms_norm(ckpt, &format!("{lp}post_attention_layernorm"), h, eps)?,
+                },
                 qk_norm: match dec.qk_norm {
                     true => Some((
                         rms_norm(ckpt, &format!("{attn}q_norm"), c.head_dim(), eps)?,
                         rms_norm(ckpt, &format!("{attn}k_norm"), c.head_dim(), eps)?,
+                    )),
+                    false => None,
+                },
+                post_norms: match dec.post_norms {
+                    true => Some((
+                        rms_norm(ckpt, &format!("{lp}post_attention_layernorm"), h, eps)?,
+                        rms_norm(ckpt, &format!("{lp}post_feedforward_layernorm"), h, eps)?,
                     )),
                     false => None,
                 },

@@ -1,4 +1,4 @@
-//! The Llama-style decoders (Llama, Mistral, Qwen2, Qwen3) on the random checkpoints of
+//! The Llama-style decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2) on the random checkpoints of
 //! `tests/data/llm` (scripts/test_data/decoders.py): token ids, logits and attentions against
 //! transformers, greedy generation against its `generate()`, cached decoding against the full
 //! pass at every prefix, and bad configs as errors.
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use attn_models::{GenerateOptions, KvCache, Model, ModelError, RunOptions, Sampling, generate};
 use common::{Golden, golden_dir};
 
-const FAMILIES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+const FAMILIES: [&str; 5] = ["llama", "mistral", "qwen2", "qwen3", "gemma2"];
 
 fn dir(name: &str) -> PathBuf {
     golden_dir().join("llm").join(name)
@@ -303,7 +303,10 @@ fn a_bad_shard_index_is_a_clear_error() {
     );
     std::fs::write(&index, text).unwrap();
     let err = Model::load(&path).err().unwrap().to_string();
-    assert!(err.contains("names tensor \"lm_head.weight\" twice"), "{err}");
+    assert!(
+        err.contains("names tensor \"lm_head.weight\" twice"),
+        "{err}"
+    );
 }
 
 /// A change to a shard index and the shards' bytes.

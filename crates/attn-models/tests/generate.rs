@@ -227,7 +227,7 @@ fn a_bert_model_cannot_generate() {
     assert!(is_not_a_decoder(&err), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3); all-MiniLM-L6-v2 is a bert model"
+        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2); all-MiniLM-L6-v2 is a bert model"
     );
     let err = KvCache::with_capacity(&bert, 4).unwrap_err();
     assert!(is_not_a_decoder(&err), "{err:?}");

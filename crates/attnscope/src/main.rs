@@ -44,9 +44,9 @@ enum Command {
     Heads(cmd::heads::Args),
     /// Attention as a soft database lookup over real sentence embeddings.
     Lookup(cmd::lookup::Args),
-    /// Continue a prompt with a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3)
+    /// Continue a prompt with a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2)
     ///
-    /// Continue a prompt with a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3); --explain shows the tokens the attention that chose each new token weighed most.
+    /// Continue a prompt with a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2); --explain shows the tokens the attention that chose each new token weighed most.
     Generate(cmd::generate::Args),
     /// A sequence classifier's labels for a text (sentiment, topic, entailment).
     Classify(cmd::classify::Args),

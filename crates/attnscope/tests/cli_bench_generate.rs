@@ -143,7 +143,7 @@ fn bad_models_and_options_are_clear_errors() {
         .expect("the default model is cached or can be fetched");
     fails_with(
         &["bench", "generate", "--model", bert.to_str().unwrap()],
-        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3); all-MiniLM-L6-v2 is a bert model",
+        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2); all-MiniLM-L6-v2 is a bert model",
     );
     fails_with(
         &["bench", "generate", "--model", "/nonexistent/model"],

@@ -39,7 +39,7 @@ const TEXT: &str = "The cat that ate the mouse that lived in the barn ran away";
 
 #[test]
 fn attention_and_generate_match_transformers() {
-    for family in ["llama", "mistral", "qwen2", "qwen3"] {
+    for family in ["llama", "mistral", "qwen2", "qwen3", "gemma2"] {
         let model = dir(family);
         let model = model.to_str().unwrap();
         let json: serde_json::Value =

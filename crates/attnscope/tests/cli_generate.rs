@@ -234,7 +234,7 @@ fn bad_options_and_models_are_clear_errors() {
             "--max-new-tokens",
             "3",
         ],
-        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3); all-MiniLM-L6-v2 is a bert model",
+        "generating text needs a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2); all-MiniLM-L6-v2 is a bert model",
     );
 }
 

@@ -1,4 +1,4 @@
-//! `attnscope generate`: continue a prompt with a decoder, GPT-2, Llama, Mistral, Qwen2 or Qwen3 (KV-cached decoding),
+//! `attnscope generate`: continue a prompt with a GPT-2 or Llama-style decoder (KV-cached decoding),
 //! greedy or sampled, and optionally show which words each generated token attended to.
 
 use std::io::Write;
@@ -19,7 +19,7 @@ const EXPLAIN_TOP: usize = 3;
 pub struct Args {
     /// The prompt to continue.
     pub prompt: String,
-    /// A decoder, GPT-2, Llama, Mistral, Qwen2 or Qwen3 (`--model gpt2`): the default one is BERT,
+    /// A decoder (GPT-2 or Llama-style) (`--model gpt2`): the default one is BERT,
     /// which cannot generate.
     #[command(flatten)]
     pub model: ModelArgs,

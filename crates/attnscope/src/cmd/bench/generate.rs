@@ -18,10 +18,10 @@ use crate::maps::load_model;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A decoder's directory (GPT-2, Llama, Mistral, Qwen2, Qwen3) or Hugging Face cache id [default:
+    /// A decoder's directory (GPT-2 or Llama-style) or Hugging Face cache id [default:
     /// $ATTNSCOPE_MODEL]
     ///
-    /// A decoder's directory (GPT-2, Llama, Mistral, Qwen2, Qwen3) in Hugging Face layout, or its model
+    /// A decoder's directory (GPT-2 or Llama-style) in Hugging Face layout, or its model
     /// id in the Hugging Face cache [default: $ATTNSCOPE_MODEL; one of the two is required: the default model is
     /// an encoder, which cannot generate].
     #[arg(long, value_name = "DIR")]

@@ -10,7 +10,7 @@ pub enum BenchCommand {
     Sdpa(sdpa::Args),
     /// Sentence embeddings per second of a real model (the shared/bench/minilm_ref.py workload).
     Embed(embed::Args),
-    /// Greedy decoding tokens/s of a decoder, GPT-2, Llama, Mistral, Qwen2 or Qwen3 (KV cache), with
+    /// Greedy decoding tokens/s of a decoder (GPT-2 or Llama-style) (KV cache), with
     /// prefill and per-token ms.
     Generate(generate::Args),
 }
