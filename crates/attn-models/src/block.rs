@@ -123,7 +123,7 @@ impl Layer {
     fn end_sublayer(
         &self,
         kind: ModelKind,
-        (hidden, y): (&mut [f32], &[f32]),
+        (hidden, y): (&mut [f32], &mut [f32]),
         (proj, attention): (&Linear, bool),
     ) {
         match (kind, attention, &self.post_norms) {
@@ -131,14 +131,12 @@ impl Layer {
             (ModelKind::Bert, false, _) => self.norm_ff.residual_bias_apply(hidden, y, &proj.bias),
             (ModelKind::Llama, attention, Some((post_attn, post_ff))) => {
                 // Gemma 2: the sublayer's output is normed before the residual adds it.
-                let zero = vec![0.0; proj.bias.len()];
-                let mut y = y.to_vec();
-                residual_bias_add(&mut y, &zero, &proj.bias);
+                Epilogue::Bias.apply(y, &proj.bias, 0..proj.bias.len());
                 match attention {
-                    true => post_attn.apply(&mut y),
-                    false => post_ff.apply(&mut y),
+                    true => post_attn.apply(y),
+                    false => post_ff.apply(y),
                 }
-                residual_bias_add(hidden, &y, &zero);
+                hidden.iter_mut().zip(&*y).for_each(|(h, y)| *h += y);
             }
             (ModelKind::Gpt2 | ModelKind::Llama, _, _) => residual_bias_add(hidden, y, &proj.bias),
         }

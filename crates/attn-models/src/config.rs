@@ -1008,6 +1008,12 @@ impl ModelConfig {
         self.n_heads * self.head_dim()
     }
 
+    /// Whether the backward pass and the contributions (norm, ALTI) run on this family: the
+    /// BERT family and GPT-2, not yet the Llama-style decoders.
+    pub fn has_attributions(&self) -> bool {
+        self.kind() != ModelKind::Llama
+    }
+
     /// Key/value heads: the query heads' count but for grouped-query attention.
     pub fn n_kv_heads(&self) -> usize {
         self.decoder.as_ref().map_or(self.n_heads, |d| d.n_kv_heads)

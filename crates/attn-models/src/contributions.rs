@@ -46,7 +46,7 @@ impl Model {
     /// The norm-based and ALTI contributions of every layer for `enc`, from one forward pass
     /// (its attentions and hidden states) and each layer's value and output projections again.
     pub fn contributions(&self, enc: &Encoding) -> Result<Contributions, ModelError> {
-        if self.kind() == ModelKind::Llama {
+        if !self.config().has_attributions() {
             return Err(ModelError::NotForFamily {
                 what: "norm and ALTI contributions",
                 model_type: self.config().model_type.clone(),

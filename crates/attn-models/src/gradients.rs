@@ -171,7 +171,7 @@ impl Model {
         attentions: bool,
     ) -> Result<Gradients, ModelError> {
         let c = self.config();
-        if c.kind() == ModelKind::Llama {
+        if !c.has_attributions() {
             return Err(ModelError::NotForFamily {
                 what: "the backward pass (gradient methods)",
                 model_type: c.model_type.clone(),

@@ -148,20 +148,7 @@ impl<'m> KvCache<'m> {
         let mut hidden = vec![0.0f32; new * h];
         for (t, (&id, row)) in ids.iter().zip(hidden.chunks_exact_mut(h)).enumerate() {
             let word = &weights.word_embeddings[id as usize * h..][..h];
-            match &c.decoder {
-                // Rotary positions, applied to the queries and keys below.
-                Some(dec) => {
-                    let embed = dec.embed_scale.unwrap_or(1.0);
-                    row.iter_mut().zip(word).for_each(|(v, w)| *v = w * embed);
-                }
-                None => {
-                    let pos = &weights.position[(past + t) * h..][..h];
-                    row.iter_mut()
-                        .zip(word)
-                        .zip(pos)
-                        .for_each(|((v, w), p)| *v = w + p);
-                }
-            }
+            model.embedding_row((word, 1.0), past + t, 0, row);
         }
         let mut normed = vec![0.0f32; new * h];
         let mut qkv = vec![0.0f32; new * c.qkv_width()];

@@ -116,17 +116,18 @@ fn torch_qkv(
     parts: [&str; 3],
     h: usize,
 ) -> Result<Linear, ModelError> {
-    let mut weights = Vec::with_capacity(3);
-    let mut bias = Vec::with_capacity(3 * h);
-    for part in parts {
-        weights.push(Weight {
-            data: ckpt.f32_data(&format!("{prefix}{part}.weight"), &[h, h])?,
-            layout: WeightLayout::OutIn,
-            n_out: h,
-        });
-        bias.extend(ckpt.f32(&format!("{prefix}{part}.bias"), &[h])?);
+    torch_parts(ckpt, prefix, &parts.map(|part| (part, h)), h, true)
+}
+
+/// The untied language-model head `lm_head.weight` (`[vocab, hidden]`) when
+/// `tie_word_embeddings` is false; a task head's own tensor, never under the model's prefix.
+fn untied_lm_head(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Option<F32Data>, ModelError> {
+    match c.tied_lm_head {
+        true => Ok(None),
+        false => Ok(Some(
+            ckpt.f32_data("lm_head.weight", &[c.vocab_size, c.hidden_size])?,
+        )),
     }
-    Ok(Linear::from_parts(weights, bias, h))
 }
 
 /// A GPT-2 `Conv1D` (`weight` `[n_in, n_out]`).
@@ -316,11 +317,7 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
         word_embeddings,
         position: ckpt.f32(&format!("{p}wpe.weight"), &[c.max_positions, h])?,
         token_type: Vec::new(),
-        // A task head's own tensor: never under the `transformer.` prefix.
-        lm_head: match c.tied_lm_head {
-            true => None,
-            false => Some(ckpt.f32_data("lm_head.weight", &[c.vocab_size, h])?),
-        },
+        lm_head: untied_lm_head(ckpt, c)?,
         embed_norm: None,
         layers,
         final_norm: Some(norm(ckpt, &format!("{p}ln_f"), h, eps)?),
@@ -442,10 +439,7 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
         word_embeddings,
         position: Vec::new(),
         token_type: Vec::new(),
-        lm_head: match c.tied_lm_head {
-            true => None,
-            false => Some(ckpt.f32_data("lm_head.weight", &[c.vocab_size, h])?),
-        },
+        lm_head: untied_lm_head(ckpt, c)?,
         embed_norm: None,
         layers,
         final_norm: Some(rms_norm(ckpt, &format!("{p}norm"), h, eps)?),

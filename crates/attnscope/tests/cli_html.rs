@@ -61,6 +61,56 @@ fn payload_labels(data: &serde_json::Value) -> Vec<&str> {
         .collect()
 }
 
+/// Chromium on the page `out`, its heatmap shown, each file it saves kept (blob and name in
+/// `window.saved` and `window.names`) instead of downloaded: saving goes through a blob link.
+fn heatmap_keeping_saves(out: &Path) -> Browser {
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    browser.exec(
+        "window.saved = []; window.names = [];
+         const make = URL.createObjectURL;
+         URL.createObjectURL = (blob) => { window.saved.push(blob); return make(blob); };
+         HTMLAnchorElement.prototype.click = function () { window.names.push(this.download); };
+         document.querySelector('#tabs button[data-view=heatmap]').click(); return null;",
+        json!([]),
+    );
+    browser.expect_ready();
+    browser
+}
+
+/// The CSV the heatmap's Save CSV button makes now.
+fn saved_csv(browser: &Browser) -> String {
+    browser.exec(
+        "window.text = undefined; document.getElementById('heatmap-csv').click();
+         window.saved[window.saved.length - 1].text().then((t) => { window.text = t; }); return null;",
+        json!([]),
+    );
+    assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
+    browser
+        .exec("return window.text;", json!([]))
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A saved heatmap's `t` rows of `t` values, row-major (its header line and each row's token
+/// field, which may hold commas, left out).
+fn csv_values(csv: &str, t: usize) -> Vec<f64> {
+    let lines: Vec<&str> = csv.split_terminator("\r\n").collect();
+    assert_eq!(lines.len(), 1 + t, "{csv}");
+    (lines[1..].iter())
+        .flat_map(|line| {
+            let cells: Vec<&str> = line.rsplitn(t + 1, ',').collect();
+            cells[..t]
+                .iter()
+                .rev()
+                .map(|c| c.parse().unwrap())
+                .collect::<Vec<f64>>()
+        })
+        .collect()
+}
+
 fn f32s(tensors: &SafeTensors, name: &str) -> Vec<f32> {
     tensors
         .tensor(name)
@@ -484,19 +534,7 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
             .collect();
     }
 
-    let browser = Browser::start();
-    browser.goto(&format!("file://{}", out.display()));
-    browser.expect_ready();
-    // Saving goes through a blob link; keep the blobs and names instead of downloading.
-    browser.exec(
-        "window.saved = []; window.names = [];
-         const make = URL.createObjectURL;
-         URL.createObjectURL = (blob) => { window.saved.push(blob); return make(blob); };
-         HTMLAnchorElement.prototype.click = function () { window.names.push(this.download); };
-         document.querySelector('#tabs button[data-view=heatmap]').click(); return null;",
-        json!([]),
-    );
-    browser.expect_ready();
+    let browser = heatmap_keeping_saves(&out);
     let csv_of = |choice: &str, expected: &[f64], name: &str| {
         browser.exec(
             "const s = document.getElementById('heatmap-head'); s.value = arguments[0];
@@ -525,30 +563,20 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
             }),
             "{readout}"
         );
-        browser.exec(
-            "window.text = undefined; document.getElementById('heatmap-csv').click();
-             window.saved[window.saved.length - 1].text().then((t) => { window.text = t; }); return null;",
-            json!([]),
-        );
-        assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
-        let csv = browser.exec("return window.text;", json!([]));
-        let lines: Vec<&str> = csv.as_str().unwrap().split_terminator("\r\n").collect();
+        let csv = saved_csv(&browser);
         assert_eq!(
-            lines[0], "query\\key,0:=x,\"1:a,b\",\"2:\"\"q\"\"\"",
+            csv.lines().next().unwrap(),
+            "query\\key,0:=x,\"1:a,b\",\"2:\"\"q\"\"\"",
             "{csv}"
         );
-        assert_eq!(lines.len(), 1 + t, "{csv}");
-        for (i, line) in lines[1..].iter().enumerate() {
-            let cells: Vec<&str> = line.rsplitn(t + 1, ',').collect();
-            for (j, cell) in cells[..t].iter().rev().enumerate() {
-                let got: f64 = cell.parse().unwrap();
-                // The page holds both exact to 3 decimals.
-                assert!(
-                    (got - expected[i * t + j]).abs() <= 5.001e-4,
-                    "{choice} [{i}][{j}]: {got} vs {}",
-                    expected[i * t + j]
-                );
-            }
+        for (k, got) in csv_values(&csv, t).into_iter().enumerate() {
+            // The page holds both exact to 3 decimals.
+            let (i, j) = (k / t, k % t);
+            assert!(
+                (got - expected[k]).abs() <= 5.001e-4,
+                "{choice} [{i}][{j}]: {got} vs {}",
+                expected[k]
+            );
         }
         let names = browser.exec("return window.names;", json!([]));
         assert_eq!(names.as_array().unwrap().last().unwrap(), name);
@@ -558,19 +586,17 @@ fn the_heatmap_shows_all_layers_and_rollout_and_saves_them() {
     // Filtered A → B: queries of the text, keys of the pair; the file's name says so.
     browser.exec(
         "const f = document.getElementById('filter'); f.value = 'AB';
-         f.dispatchEvent(new Event('change'));
-         window.text = undefined; document.getElementById('heatmap-csv').click();
-         window.saved[window.saved.length - 1].text().then((t) => { window.text = t; }); return null;",
+         f.dispatchEvent(new Event('change')); return null;",
         json!([]),
     );
-    assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
-    let csv = browser.exec("return window.text;", json!([]));
+    browser.expect_ready();
+    let csv = saved_csv(&browser);
     let want = format!(
         "query\\key,\"2:\"\"q\"\"\"\r\n0:=x,{:.3}\r\n\"1:a,b\",{:.3}\r\n",
         rollout[2],
         rollout[t + 2]
     );
-    assert_eq!(csv.as_str().unwrap(), want);
+    assert_eq!(csv, want);
     let names = browser.exec("return window.names;", json!([]));
     assert_eq!(
         names.as_array().unwrap().last().unwrap(),
@@ -881,18 +907,7 @@ fn the_heatmap_offers_the_attribution_methods() {
         measures[2]["label"]
     );
 
-    let browser = Browser::start();
-    browser.goto(&format!("file://{}", out.display()));
-    browser.expect_ready();
-    browser.exec(
-        "window.saved = []; window.names = [];
-         const make = URL.createObjectURL;
-         URL.createObjectURL = (blob) => { window.saved.push(blob); return make(blob); };
-         HTMLAnchorElement.prototype.click = function () { window.names.push(this.download); };
-         document.querySelector('#tabs button[data-view=heatmap]').click(); return null;",
-        json!([]),
-    );
-    browser.expect_ready();
+    let browser = heatmap_keeping_saves(&out);
     let choose = |id: &str, value: &str| {
         browser.exec(
             "const s = document.getElementById(arguments[0]); s.value = arguments[1];
@@ -921,25 +936,14 @@ fn the_heatmap_offers_the_attribution_methods() {
                 .contains(&format!("method={method}")),
             "{controls}"
         );
-        browser.exec(
-            "window.text = undefined; document.getElementById('heatmap-csv').click();
-             window.saved[window.saved.length - 1].text().then((t) => { window.text = t; }); return null;",
-            json!([]),
-        );
-        assert!(browser.wait_for("window.text !== undefined", Duration::from_secs(10)));
-        let csv = browser.exec("return window.text;", json!([]));
-        let lines: Vec<&str> = csv.as_str().unwrap().split_terminator("\r\n").collect();
-        assert_eq!(lines.len(), 1 + t, "{csv}");
-        for (i, line) in lines[1..].iter().enumerate() {
-            let cells: Vec<&str> = line.rsplitn(t + 1, ',').collect();
-            for (j, cell) in cells[..t].iter().rev().enumerate() {
-                let got: f32 = cell.parse().unwrap();
-                let w = want[(layer * t + i) * t + j];
-                assert!(
-                    (got - w).abs() <= 5.001e-4,
-                    "{method} [{i}][{j}]: {got} vs {w}"
-                );
-            }
+        let csv = saved_csv(&browser);
+        for (k, got) in csv_values(&csv, t).into_iter().enumerate() {
+            let (i, j) = (k / t, k % t);
+            let w = f64::from(want[layer * t * t + k]);
+            assert!(
+                (got - w).abs() <= 5.001e-4,
+                "{method} [{i}][{j}]: {got} vs {w}"
+            );
         }
         let names = browser.exec("return window.names;", json!([]));
         assert_eq!(names.as_array().unwrap().last().unwrap(), name);

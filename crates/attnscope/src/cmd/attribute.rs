@@ -390,7 +390,7 @@ impl PageMethods {
     /// family has them.
     pub fn chosen(&self, model: &Model) -> Vec<AttributionMethod> {
         match self.methods.is_empty() {
-            true if model.kind() == attn_models::ModelKind::Llama => Vec::new(),
+            true if !model.config().has_attributions() => Vec::new(),
             true => vec![AttributionMethod::Norm, AttributionMethod::Alti],
             false => self.methods.clone(),
         }
