@@ -16,6 +16,14 @@
   gemma2   2 key/value heads of 16 dims, query_pre_attn_scalar 12, a window of 5 on layer 0
            (layer 1 full), attention and final logit softcaps of 5 and 3 (small enough to bite),
            tied embeddings
+
+  chat-tokenizer: a tokenizer alone whose tokenizer_config.json adds chat tokens (see
+           `chat_tokenizer`).
+
+  llama-bf16, mistral-f16: the llama and mistral checkpoints stored in BF16 and F16 (their
+           weights rounded), expected.safetensors from transformers in f32 over those weights
+           (which widens them exactly), and, as `bf16_logits0`/`f16_logits0`, transformers'
+           own pass in that dtype, which rounds every activation too.
 """
 import json, os
 import torch
@@ -81,6 +89,12 @@ def make(root, name, seed):
             p.add_(torch.randn_like(p) * 0.3)
     model.save_pretrained(out_dir, safe_serialization=True)
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    save_file(expected(model, tok), os.path.join(out_dir, "expected.safetensors"),
+              metadata=meta(dict(texts=TEXTS, new_tokens=NEW_TOKENS)))
+
+
+def expected(model, tok):
+    """Each text's ids, logits and attentions, and the greedy continuation of the first."""
     tensors = {}
     for n, text in enumerate(TEXTS):
         ids = tok(text, return_tensors="pt")["input_ids"]
@@ -94,13 +108,71 @@ def make(root, name, seed):
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=1)
     tensors["generated"] = out[0, ids.shape[1]:].to(torch.int64).contiguous()
+    return tensors
+
+
+def stored_in(root, name, dtype):
+    """The checkpoint `name` saved in `dtype`, with what transformers makes of it."""
+    label = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    src, out_dir = os.path.join(root, "llm", name), os.path.join(root, "llm", f"{name}-{label}")
+    os.makedirs(out_dir, exist_ok=True)
+    AutoModelForCausalLM.from_pretrained(src, dtype=dtype).save_pretrained(out_dir, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(src, f)) as a, open(os.path.join(out_dir, f), "w") as b:
+            b.write(a.read())
+    tok = PreTrainedTokenizerFast.from_pretrained(out_dir)
+    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    tensors = expected(model, tok)
+    low = AutoModelForCausalLM.from_pretrained(out_dir, dtype=dtype, attn_implementation="eager").eval()
+    with torch.no_grad():
+        tensors[f"{label}_logits0"] = low(input_ids=tensors["ids0"][None]).logits[0].float().contiguous()
     save_file(tensors, os.path.join(out_dir, "expected.safetensors"),
               metadata=meta(dict(texts=TEXTS, new_tokens=NEW_TOKENS)))
+
+
+CHAT = ["<|im_start|>user\nThe cat sat on the mat<|im_end|>\n<|im_start|>assistant\n",
+        "Hello<|im_end|><|im_start|>", "<|im_start|> The mat zzq<|im_end|>"]
+
+
+def chat_tokenizer(root):
+    """llm/chat-tokenizer: qwen2's tokenizer.json, without chat tokens, and a
+    tokenizer_config.json that adds them as Qwen's does (<|im_start|>, <|im_end|> special, in
+    added_tokens_decoder and additional_special_tokens) and one plain added token, zzq; and
+    expected.json: transformers' ids for texts that use them, and its special ids."""
+    out_dir = os.path.join(root, "llm", "chat-tokenizer")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(root, "llm", "qwen2", "tokenizer.json")) as a:
+        tokenizer_json = json.load(a)
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as b:
+        json.dump(tokenizer_json, b, ensure_ascii=False)
+    n = len(tokenizer_json["model"]["vocab"])
+    token = lambda content, special: dict(content=content, lstrip=False, normalized=not special,
+                                          rstrip=False, single_word=False, special=special)
+    config = {
+        "added_tokens_decoder": {"0": token("<s>", True), "1": token("</s>", True),
+                                 str(n): token("<|im_start|>", True),
+                                 str(n + 1): token("<|im_end|>", True),
+                                 str(n + 2): token("zzq", False)},
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": None, "eos_token": "<|im_end|>",
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
+        "model_max_length": 128, "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    tok = PreTrainedTokenizerFast.from_pretrained(out_dir)
+    expected = dict(texts=CHAT, ids=[tok(t)["input_ids"] for t in CHAT],
+                    special_ids=sorted(tok.all_special_ids))
+    with open(os.path.join(out_dir, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1)
 
 
 def main(root):
     for seed, name in enumerate(FAMILIES):
         make(root, name, seed)
+    stored_in(root, "llama", torch.bfloat16)
+    stored_in(root, "mistral", torch.float16)
+    chat_tokenizer(root)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,27 @@ impl Checkpoint {
         Ok(F32Data::Owned(values))
     }
 
+    /// A weight matrix checked to have `shape`, kept in its stored dtype: BF16 and F16 read in
+    /// place from the map (half the memory of f32, widened as the GEMMs read them), other
+    /// dtypes as [`Checkpoint::f32_data`] reads them.
+    ///
+    /// # Shapes
+    /// - returns `numel(shape)` values, row-major
+    pub fn weight(&self, name: &str, shape: &[usize]) -> Result<WeightData, ModelError> {
+        let (shard, dtype, bytes) = self.bytes(name, shape)?;
+        let format = match dtype {
+            "BF16" => Half::Bf16,
+            "F16" => Half::F16,
+            _ => return self.f32_data(name, shape).map(WeightData::F32),
+        };
+        Ok(WeightData::Half {
+            map: Arc::clone(&shard.mmap),
+            start: bytes.as_ptr() as usize - shard.mmap.as_ptr() as usize,
+            len: bytes.len() / 2,
+            format,
+        })
+    }
+
     /// [`Checkpoint::f32_data`] copied out of the map.
     ///
     /// # Shapes
@@ -319,6 +340,133 @@ impl std::fmt::Debug for F32Data {
             F32Data::Mapped { .. } => "mapped",
         };
         write!(f, "F32Data({kind}, {} values)", self.len())
+    }
+}
+
+/// A 16-bit float format a checkpoint stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    /// bfloat16: f32's exponent, 8 significant bits.
+    Bf16,
+    /// IEEE binary16.
+    F16,
+}
+
+/// A weight matrix as the checkpoint stores it: f32 values, or 16-bit floats read in place
+/// from the map and widened to f32 (exactly) as they are read.
+#[derive(Clone)]
+pub enum WeightData {
+    /// f32 values (stored so, or converted from F64).
+    F32(F32Data),
+    /// `len` little-endian 16-bit values at byte `start` of the map.
+    Half {
+        /// The mapped checkpoint.
+        map: Arc<Mmap>,
+        /// Byte offset of the first value in the map.
+        start: usize,
+        /// Number of values.
+        len: usize,
+        /// Their format.
+        format: Half,
+    },
+}
+
+impl WeightData {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            WeightData::F32(data) => data.len(),
+            WeightData::Half { len, .. } => *len,
+        }
+    }
+
+    /// Whether there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values, when they are f32 already.
+    pub fn f32(&self) -> Option<&[f32]> {
+        match self {
+            WeightData::F32(data) => Some(data),
+            WeightData::Half { .. } => None,
+        }
+    }
+
+    /// The values as f32: borrowed when they are f32, else widened into a copy.
+    pub fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            WeightData::F32(data) => std::borrow::Cow::Borrowed(data),
+            WeightData::Half { .. } => {
+                let mut out = vec![0.0f32; self.len()];
+                self.widen(0, &mut out);
+                std::borrow::Cow::Owned(out)
+            }
+        }
+    }
+
+    /// Values `start..start + out.len()` as f32, into `out`.
+    pub fn widen(&self, start: usize, out: &mut [f32]) {
+        match self {
+            WeightData::F32(data) => out.copy_from_slice(&data[start..start + out.len()]),
+            WeightData::Half {
+                map,
+                start: at,
+                format,
+                ..
+            } => {
+                let bytes = &map[at + 2 * start..][..2 * out.len()];
+                match format {
+                    // In place when aligned: a loop the compiler vectorises.
+                    Half::Bf16 if cfg!(target_endian = "little") => {
+                        match bytemuck::try_cast_slice::<u8, u16>(bytes) {
+                            Ok(bits) => {
+                                for (o, &b) in out.iter_mut().zip(bits) {
+                                    *o = f32::from_bits(u32::from(b) << 16);
+                                }
+                            }
+                            Err(_) => widen_bf16_bytes(bytes, out),
+                        }
+                    }
+                    Half::Bf16 => widen_bf16_bytes(bytes, out),
+                    Half::F16 => {
+                        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                            *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Row `i` of a `[_, width]` matrix as f32: borrowed when the values are f32, else widened.
+    pub fn row(&self, i: usize, width: usize) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            WeightData::F32(data) => std::borrow::Cow::Borrowed(&data[i * width..][..width]),
+            WeightData::Half { .. } => {
+                let mut out = vec![0.0f32; width];
+                self.widen(i * width, &mut out);
+                std::borrow::Cow::Owned(out)
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for WeightData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightData::F32(data) => data.fmt(f),
+            WeightData::Half { len, format, .. } => {
+                write!(f, "WeightData({format:?}, {len} values)")
+            }
+        }
+    }
+}
+
+/// Little-endian BF16 values, at any alignment, as f32.
+fn widen_bf16_bytes(bytes: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
     }
 }
 

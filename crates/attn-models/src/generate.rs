@@ -109,9 +109,8 @@ pub fn generate(
     let mut attention = options.attention.then(Vec::new);
     let mut feed = enc.ids.clone();
     while ids.len() < options.max_new_tokens {
-        let step = cache.feed(&feed, options.attention)?;
-        let last = step.logits.len() / vocab - 1;
-        let logits = &step.logits[last * vocab..][..vocab];
+        let step = cache.feed_last(&feed, options.attention)?;
+        let logits = &step.logits[..vocab];
         let next = if unwritable.is_empty() {
             choose(logits, &options.sampling, &mut rng)
         } else {
@@ -123,7 +122,7 @@ pub fn generate(
         };
         if let (Some(all), Some(w)) = (&mut attention, &step.last_layer_attention) {
             let row = w.len() / feed.len();
-            all.push(w[last * row..][..row].to_vec());
+            all.push(w[(feed.len() - 1) * row..][..row].to_vec());
         }
         ids.push(next);
         feed = vec![next];

@@ -191,7 +191,7 @@ impl Model {
         };
         let w = self.weights();
         let words: Vec<f32> = (enc.ids.iter())
-            .flat_map(|&id| w.word_embeddings[id as usize * d..][..d].iter().copied())
+            .flat_map(|&id| w.word_embeddings.row(id as usize, d).into_owned())
             .collect();
         // Word embeddings scaled, plus position and token-type embeddings.
         let positions = c.positions(&enc.ids, t);
@@ -439,7 +439,7 @@ impl Model {
                 Ok(y)
             }
             GradTarget::NextToken(id) => {
-                let row = &self.weights().lm_head()[*id as usize * d..][..d];
+                let row = &*self.weights().lm_head().row(*id as usize, d);
                 let last = &states[(t - 1) * d..][..d];
                 grad[(t - 1) * d..][..d].copy_from_slice(row);
                 Ok(last.iter().zip(row).map(|(a, b)| a * b).sum())

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use faer::Par;
 use serde::Deserialize;
 
+use crate::checkpoint::WeightData;
 use crate::checkpoint::{Checkpoint, F32Data};
 use crate::ops::{Epilogue, Gemm, GemmKernel, LayerNorm, Linear, WeightLayout, gemm_bt, tanh};
 use crate::{Activation, Encoding, Family, ModelConfig, ModelError, ModelOutput};
@@ -229,7 +230,7 @@ fn linear(
         false => vec![0.0; n_out],
     };
     Ok(Linear::new(
-        ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?,
+        WeightData::F32(ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?),
         WeightLayout::OutIn,
         bias,
         n_in,

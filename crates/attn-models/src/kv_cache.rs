@@ -23,8 +23,9 @@ use attn_core::{AttnError, AttnInput, AttnOptions, AttnShape, Causal, WeightsReq
 use rayon::prelude::*;
 
 use crate::block::Buffers;
+use crate::checkpoint::WeightData;
 use crate::model::{parallelism, rotate_rows};
-use crate::ops::{Epilogue, Gemm, Linear, WeightLayout, gemm_bt};
+use crate::ops::{Epilogue, Gemm, Linear, WeightLayout, gemm_bt_weight};
 use crate::{DecoderConfig, Model, ModelError, ModelKind};
 
 /// Keys and values of every layer of one model for the tokens fed so far.
@@ -120,6 +121,18 @@ impl<'m> KvCache<'m> {
     /// # Shapes
     /// - `ids`: `[new]`; see [`Step`]
     pub fn feed(&mut self, ids: &[u32], attention: bool) -> Result<Step, ModelError> {
+        self.feed_rows(ids, attention, true)
+    }
+
+    /// [`KvCache::feed`] returning the logits after the last fed token only (`[1, vocab]`):
+    /// all a generation reads of a prompt, without a prompt's every row of the head (a third
+    /// of a 512-token prefill of a model with Qwen2's 151,936-token vocabulary).
+    pub fn feed_last(&mut self, ids: &[u32], attention: bool) -> Result<Step, ModelError> {
+        self.feed_rows(ids, attention, false)
+    }
+
+    /// [`KvCache::feed`], with the logits of every fed token or (`every` false) the last.
+    fn feed_rows(&mut self, ids: &[u32], attention: bool, every: bool) -> Result<Step, ModelError> {
         let model = self.model;
         let c = model.config();
         let (h, n_heads, d) = (c.hidden_size, c.n_heads, c.head_dim());
@@ -147,8 +160,8 @@ impl<'m> KvCache<'m> {
         let par = parallelism();
         let mut hidden = vec![0.0f32; new * h];
         for (t, (&id, row)) in ids.iter().zip(hidden.chunks_exact_mut(h)).enumerate() {
-            let word = &weights.word_embeddings[id as usize * h..][..h];
-            model.embedding_row((word, 1.0), past + t, 0, row);
+            let word = weights.word_embeddings.row(id as usize, h);
+            model.embedding_row((&word, 1.0), past + t, 0, row);
         }
         let mut normed = vec![0.0f32; new * h];
         let mut qkv = vec![0.0f32; new * c.qkv_width()];
@@ -235,15 +248,29 @@ impl<'m> KvCache<'m> {
                 value: hidden[index],
             });
         }
-        let mut logits = vec![0.0f32; new * c.vocab_size];
+        let rows = if every { new } else { 1 };
+        let mut logits = vec![0.0f32; rows * c.vocab_size];
         let head = weights.lm_head();
-        if new == 1 {
-            dot_rows(head, &hidden, &mut logits);
+        let hidden = &hidden[(new - rows) * h..];
+        if rows == 1 {
+            dot_rows_weight(head, hidden, &mut logits);
         } else {
-            gemm_bt(&hidden, new, h, head, c.vocab_size, &mut logits, par);
+            gemm_bt_weight(hidden, rows, h, head, c.vocab_size, &mut logits, par);
         }
         crate::model::softcap_logits(c, &mut logits);
-        crate::model::check_logits(&logits, c.vocab_size)?;
+        crate::model::check_logits(&logits, c.vocab_size).map_err(|e| match e {
+            // Counted from the first fed token, as `feed` counts them.
+            ModelError::NonFiniteLogit {
+                position,
+                token,
+                value,
+            } => ModelError::NonFiniteLogit {
+                position: position + new - rows,
+                token,
+                value,
+            },
+            e => e,
+        })?;
 
         // Only now do the rows written past `len` count: an error above left them unread.
         self.len = total;
@@ -375,8 +402,8 @@ fn matvec(linear: &Linear, x: &[f32], y: &mut [f32]) {
     for part in &linear.parts {
         let y = &mut y[col..col + part.n_out];
         match part.layout {
-            WeightLayout::InOut => axpy_rows(&part.data, x, y),
-            WeightLayout::OutIn => dot_rows(&part.data, x, y),
+            WeightLayout::InOut => axpy_rows(&part.data.to_f32(), x, y),
+            WeightLayout::OutIn => dot_rows_weight(&part.data, x, y),
         }
         col += part.n_out;
     }
@@ -406,6 +433,24 @@ fn axpy_rows(w: &[f32], x: &[f32], y: &mut [f32]) {
         Some(sum) => y.copy_from_slice(&sum),
         None => y.fill(0.0),
     }
+}
+
+/// [`dot_rows`] for `W` in its stored dtype: each task widens its band of 16-bit rows first.
+///
+/// # Shapes
+/// - `w`: `[y.len(), x.len()]`, `x`: `[n_in]`, `y`: `[n_out]`
+fn dot_rows_weight(w: &WeightData, x: &[f32], y: &mut [f32]) {
+    if let Some(w) = w.f32() {
+        return dot_rows(w, x, y);
+    }
+    let n_in = x.len().max(1);
+    y.par_chunks_mut(DOT_ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(task, y)| {
+            let mut band = vec![0.0f32; y.len() * n_in];
+            w.widen(task * DOT_ROWS_PER_TASK * n_in, &mut band);
+            dot_band(y, &band, x);
+        });
 }
 
 /// `y[j] = W[j, :]·x` for a row-major `W` `[n_out, n_in]`, rows split over the threads.

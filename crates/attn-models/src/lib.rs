@@ -51,7 +51,9 @@ mod tokenize;
 mod weights;
 
 pub use answer::{Answer, Answered, MAX_ANSWER_TOKENS, MAX_WINDOW};
-pub use checkpoint::{Checkpoint, F32Data, MAX_HEADER_BYTES, TensorInfo, repeated_header_key};
+pub use checkpoint::{
+    Checkpoint, F32Data, Half, MAX_HEADER_BYTES, TensorInfo, WeightData, repeated_header_key,
+};
 pub use config::{
     Activation, DecoderConfig, Family, ModelConfig, ModelKind, SUPPORTED_MODEL_TYPES,
 };

@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoint;
 use crate::heads::{
     Classification, Head, HeadConfig, Prediction, SpanLogits, Task, span_logits, top_tokens,
 };
-use crate::ops::{Gemm, GemmKernel, Linear, gemm_bt};
+use crate::ops::{Gemm, GemmKernel, Linear, gemm_bt_weight};
 use crate::pooling::Pooling;
 use crate::tokenize::{Encoding, Limit, TextTokenizer, TokenizerConfig};
 use crate::weights::{Layer, Weights};
@@ -315,7 +315,10 @@ impl Model {
         // once. A tokenizer error is reported first, as if they had run in turn.
         let (tokenizer, weights) = std::thread::scope(|scope| {
             let tokenizer = scope.spawn(|| {
-                TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_tokens())
+                let mut tokenizer =
+                    TextTokenizer::from_file(&dir.join("tokenizer.json"), config.max_tokens())?;
+                tokenizer.add_config_tokens(&tokenizer_config)?;
+                Ok::<_, ModelError>(tokenizer)
             });
             // One file, or shards named by their index (the file wins where both are).
             let index = dir.join("model.safetensors.index.json");
@@ -465,6 +468,7 @@ impl Model {
                     let run = self.run_layers(
                         part,
                         &RunOptions::default(),
+                        None,
                         at.as_deref(),
                         Par::Seq,
                         &mut ws,
@@ -531,7 +535,7 @@ impl Model {
         at: &[usize],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         match &self.head {
-            Head::MaskedLm(m) => m.logits(out, b, at, &self.weights.word_embeddings),
+            Head::MaskedLm(m) => m.logits(out, b, at, &self.weights.word_embeddings.to_f32()),
             _ => Err(self.no_head(Task::MaskedLm)),
         }
     }
@@ -556,7 +560,7 @@ impl Model {
                 if at.is_empty() {
                     return Err(ModelError::NoMask { mask });
                 }
-                let logits = m.logits(out, b, &at, &self.weights.word_embeddings)?;
+                let logits = m.logits(out, b, &at, &self.weights.word_embeddings.to_f32())?;
                 Ok((at.iter().zip(&logits))
                     .map(|(&position, l)| Prediction {
                         position,
@@ -702,6 +706,44 @@ impl Model {
         self.forward_batch(std::slice::from_ref(enc), options)
     }
 
+    /// Every layer's and head's attention from the query tokens `rows` (ascending) of `enc`,
+    /// and nothing else (no logits): the weights a view of a few words needs, in
+    /// O(layers · heads · rows · T) memory where every row would take O(layers · heads · T²),
+    /// 90 GB for 24 layers × 14 heads at 8,192 tokens. The rows come from the attention's
+    /// saved log-sum-exp, equal to those of [`RunOptions::attentions`].
+    ///
+    /// # Shapes
+    /// - `enc.ids`: `[T]`; returns `[layers, heads, rows.len(), T]`
+    pub fn attention_rows(&self, enc: &Encoding, rows: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let bad = |reason: String| ModelError::InvalidInput {
+            what: "attention rows",
+            reason,
+        };
+        if let Some(w) = rows.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(bad(format!(
+                "row {} follows row {}: rows must ascend",
+                w[1], w[0]
+            )));
+        }
+        if let Some(&row) = rows.iter().find(|&&r| r >= enc.len()) {
+            return Err(bad(format!(
+                "row {row} is past the text's {} tokens",
+                enc.len()
+            )));
+        }
+        let mut ws = Workspace::default();
+        let encs = std::slice::from_ref(enc);
+        let out = self.run_layers(
+            encs,
+            &RunOptions::default(),
+            Some(rows),
+            None,
+            parallelism(),
+            &mut ws,
+        )?;
+        Ok(out.attentions.unwrap_or_default())
+    }
+
     /// Runs several encoded texts padded together to the longest; padded keys are masked, so
     /// each text's results are those it gets alone.
     ///
@@ -723,14 +765,14 @@ impl Model {
         par: Par,
     ) -> Result<ModelOutput, ModelError> {
         let mut ws = Workspace::default();
-        let out = self.run_layers(encs, options, None, par, &mut ws)?;
+        let out = self.run_layers(encs, options, None, None, par, &mut ws)?;
         let c = &self.config;
         let rows = encs.len() * out.seq_len;
         let logits = (c.kind() != ModelKind::Bert).then(|| {
             let mut logits = vec![0.0f32; rows * c.vocab_size];
             let head = self.weights.lm_head();
             let h = c.hidden_size;
-            gemm_bt(&ws.hidden, rows, h, head, c.vocab_size, &mut logits, par);
+            gemm_bt_weight(&ws.hidden, rows, h, head, c.vocab_size, &mut logits, par);
             logits
         });
         let logits = logits.map(|mut l| {
@@ -902,6 +944,7 @@ impl Model {
         &self,
         encs: &[Encoding],
         options: &RunOptions,
+        attention_rows: Option<&[usize]>,
         last_rows: Option<&[usize]>,
         par: Par,
         ws: &mut Workspace,
@@ -919,7 +962,10 @@ impl Model {
         self.embed_tokens(encs, seq_len, &mut ws.hidden);
 
         let per_layer = |extra: usize| batch * n_layers * n_heads * seq_len * extra;
-        let mut attentions = options.attentions.then(|| vec![0.0f32; per_layer(seq_len)]);
+        let mut attentions = match attention_rows {
+            Some(rows) => Some(vec![0.0f32; per_layer(rows.len())]),
+            None => options.attentions.then(|| vec![0.0f32; per_layer(seq_len)]),
+        };
         let mut qk = options.qk.then(|| QueryKey {
             q: vec![0.0; per_layer(d)],
             k: vec![0.0; per_layer(d)],
@@ -949,10 +995,10 @@ impl Model {
             } else {
                 Some(KeyPadding::from_lengths(&lengths, seq_len)?)
             },
-            weights: if options.attentions {
-                WeightsRequest::All
-            } else {
-                WeightsRequest::None
+            weights: match attention_rows {
+                Some(rows) => WeightsRequest::Rows(rows.to_vec()),
+                None if options.attentions => WeightsRequest::All,
+                None => WeightsRequest::None,
             },
             ..AttnOptions::default()
         };
@@ -1190,7 +1236,7 @@ impl Model {
                     None => (pad, 0),
                 };
                 let row = &mut hidden[(b * seq_len + t) * h..][..h];
-                self.embedding_row((&words[id * h..][..h], 1.0), position, segment, row);
+                self.embedding_row((&words.row(id, h), 1.0), position, segment, row);
             }
         }
         if let Some(norm) = &self.weights.embed_norm {

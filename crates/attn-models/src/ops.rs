@@ -9,7 +9,7 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 
 use crate::Activation;
-use crate::checkpoint::F32Data;
+use crate::checkpoint::WeightData;
 
 /// Which multiply the linear layers run on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,12 +84,13 @@ pub enum WeightLayout {
     InOut,
 }
 
-/// One weight matrix in the checkpoint's own layout, read in place from the map when possible
-/// (the GEMM packs either layout as it goes, so nothing is copied or transposed at load).
+/// One weight matrix in the checkpoint's own layout and dtype, read in place from the map when
+/// possible (the GEMM packs either layout as it goes, so nothing is copied or transposed at
+/// load; 16-bit weights are widened a block at a time as they are multiplied).
 #[derive(Debug, Clone)]
 pub struct Weight {
     /// `[n_out, n_in]` or `[n_in, n_out]`, as `layout` says.
-    pub data: F32Data,
+    pub data: WeightData,
     /// Which of the two layouts `data` is stored in.
     pub layout: WeightLayout,
     /// Output width of this block of columns.
@@ -109,8 +110,11 @@ pub struct Linear {
     /// Sum of the parts' `n_out`.
     pub n_out: usize,
     /// `W` packed for AMX tiles, made on the first product that runs on them; `None` when `W`
-    /// holds values the tiles cannot take ([`Bf16x3Weight::fits`]).
+    /// holds values the tiles cannot take ([`Bf16x3Weight::fits`]). 16-bit weights are packed
+    /// for each product instead: kept, the packing would take twice their memory.
     packed: OnceLock<Option<Bf16x3Weight>>,
+    /// Whether every value of `W` fits the tiles, checked on first use.
+    fits: OnceLock<bool>,
     /// `Wᵀ` packed for AMX tiles, for the backward pass's `dy · Wᵀ`; made on first use.
     packed_transpose: OnceLock<Option<Bf16x3Weight>>,
 }
@@ -121,7 +125,7 @@ impl Linear {
     /// # Shapes
     /// - `data`: `[n_out, n_in]` or `[n_in, n_out]` by `layout`; `bias`: `[n_out]`
     pub fn new(
-        data: F32Data,
+        data: WeightData,
         layout: WeightLayout,
         bias: Vec<f32>,
         n_in: usize,
@@ -151,8 +155,21 @@ impl Linear {
             n_in,
             n_out,
             packed: OnceLock::new(),
+            fits: OnceLock::new(),
             packed_transpose: OnceLock::new(),
         }
+    }
+
+    /// Whether any part is stored in 16 bits.
+    fn is_half(&self) -> bool {
+        self.parts.iter().any(|p| p.data.f32().is_none())
+    }
+
+    /// Whether every value of `W` fits the tiles ([`Bf16x3Weight::fits`]).
+    fn weight_fits(&self) -> bool {
+        *self
+            .fits
+            .get_or_init(|| (self.parts.iter()).all(|p| Bf16x3Weight::fits(&p.data.to_f32())))
     }
 
     /// `y = epilogue(x·W)` on the kernel `gemm` picks for this many rows.
@@ -163,22 +180,24 @@ impl Linear {
         let rows = x.len() / self.n_in;
         debug_assert_eq!(x.len(), rows * self.n_in);
         debug_assert_eq!(y.len(), rows * self.n_out);
-        if gemm.kernel.uses_tiles(rows)
-            && let Some(packed) = self.packed()
-            && Bf16x3Weight::fits(x)
-        {
-            let parallel = !matches!(gemm.par, Par::Seq);
+        let parallel = !matches!(gemm.par, Par::Seq);
+        let on_tiles = gemm.kernel.uses_tiles(rows) && Bf16x3Weight::fits(x);
+        if on_tiles && self.is_half() && self.weight_fits() {
+            self.pack_half().matmul(x, y, parallel, |rows, cols| {
+                epilogue.apply(rows, &self.bias, cols)
+            });
+            return;
+        }
+        if on_tiles && let Some(packed) = self.packed() {
             packed.matmul(x, y, parallel, |rows, cols| {
                 epilogue.apply(rows, &self.bias, cols)
             });
             return;
         }
         match epilogue {
-            Epilogue::BiasActivation(act) if self.parts.len() == 1 => {
-                self.matmul_f32_activation(x, y, act, gemm.par)
-            }
+            Epilogue::BiasActivation(act) => self.matmul_f32(x, y, Some(act), gemm.par),
             _ => {
-                self.matmul_f32(x, y, gemm.par);
+                self.matmul_f32(x, y, None, gemm.par);
                 epilogue.apply(y, &self.bias, 0..self.n_out);
             }
         }
@@ -198,6 +217,9 @@ impl Linear {
     /// same time (one per thread, in a batch's first layer): the first to finish keeps it, the
     /// others' work is lost.
     fn packed(&self) -> Option<&Bf16x3Weight> {
+        if self.is_half() {
+            return None;
+        }
         self.packed_once(&self.packed, || self.pack())
     }
 
@@ -211,28 +233,68 @@ impl Linear {
         if let Some(packed) = cell.get() {
             return packed.as_ref();
         }
-        let fits = self.parts.iter().all(|p| Bf16x3Weight::fits(&p.data));
         // Refused (and dropped) when another thread set it first.
-        let _ = cell.set(fits.then(pack));
+        let _ = cell.set(self.weight_fits().then(pack));
         cell.get().and_then(Option::as_ref)
     }
 
-    /// `W` split and laid out in tiles.
+    /// `W` split and laid out in tiles; its parts must be f32.
     fn pack(&self) -> Bf16x3Weight {
+        let data: Vec<&[f32]> = (self.parts.iter())
+            .map(|p| p.data.f32().unwrap_or_default())
+            .collect();
+        self.pack_from(&data)
+    }
+
+    /// `W` of 16-bit parts split and laid out in tiles, each `[n_out, n_in]` part's rows
+    /// widened as they are packed (the other layout is widened whole first).
+    fn pack_half(&self) -> Bf16x3Weight {
+        if self.parts.iter().any(|p| p.layout == WeightLayout::InOut) {
+            let data: Vec<_> = self.parts.iter().map(|p| p.data.to_f32()).collect();
+            return self.pack_from(&data.iter().map(|d| &d[..]).collect::<Vec<_>>());
+        }
+        self.pack_rows(|part, start, column| part.data.widen(start, column))
+    }
+
+    /// `W` of `[n_out, n_in]` parts laid out in tiles, `read(part, start, out)` writing the
+    /// part's values `start..start + n_in` (one output column) into `out`.
+    fn pack_rows(&self, read: impl Fn(&Weight, usize, &mut [f32]) + Sync) -> Bf16x3Weight {
         let mut start = 0;
-        let parts: Vec<(usize, &Weight, &[f32])> = self
-            .parts
-            .iter()
+        let parts: Vec<(usize, &Weight)> = (self.parts.iter())
             .map(|p| {
                 start += p.n_out;
-                (start - p.n_out, p, &p.data[..])
+                (start - p.n_out, p)
+            })
+            .collect();
+        let n_in = self.n_in;
+        Bf16x3Weight::pack_columns(n_in, self.n_out, |n, column| {
+            let (col, part) = (parts.iter().rev())
+                .find(|(col, _)| *col <= n)
+                .copied()
+                .unwrap_or(parts[0]);
+            read(part, (n - col) * n_in, column);
+        })
+    }
+
+    /// `W` split and laid out in tiles, its parts' values `data` (f32, in their layouts).
+    fn pack_from(&self, data: &[&[f32]]) -> Bf16x3Weight {
+        if self.parts.iter().all(|p| p.layout == WeightLayout::OutIn) {
+            let index = |part: &Weight| (self.parts.iter()).position(|p| std::ptr::eq(p, part));
+            return self.pack_rows(|part, start, column| {
+                let data = data[index(part).unwrap_or_default()];
+                column.copy_from_slice(&data[start..start + column.len()]);
+            });
+        }
+        let mut start = 0;
+        let parts: Vec<(usize, &Weight, &[f32])> = (self.parts.iter().zip(data))
+            .map(|(p, &data)| {
+                start += p.n_out;
+                (start - p.n_out, p, data)
             })
             .collect();
         let n_in = self.n_in;
         Bf16x3Weight::pack(n_in, self.n_out, |k, n| {
-            let (col, part, data) = parts
-                .iter()
-                .rev()
+            let (col, part, data) = (parts.iter().rev())
                 .find(|(col, _, _)| *col <= n)
                 .copied()
                 .unwrap_or(parts[0]);
@@ -243,32 +305,80 @@ impl Linear {
         })
     }
 
-    /// `y = x·W` with faer.
-    fn matmul_f32(&self, x: &[f32], y: &mut [f32], par: Par) {
-        let rows = x.len() / self.n_in;
-        let x = MatRef::from_row_major_slice(x, rows, self.n_in);
-        let mut col = 0;
+    /// `y = x·W`, or with `act` `y = act(x·W + b)`, with faer. An f32 part without `act` is
+    /// one GEMM; otherwise the part is multiplied in blocks of [`ACTIVATION_BLOCK_COLS`]
+    /// output columns, each block getting its bias and activation while it is still in cache,
+    /// and a 16-bit part widened one block at a time.
+    fn matmul_f32(&self, x: &[f32], y: &mut [f32], act: Option<Activation>, par: Par) {
+        let (n_in, n_out) = (self.n_in, self.n_out);
+        let rows = x.len() / n_in;
+        let x = MatRef::from_row_major_slice(x, rows, n_in);
+        let mut scratch = Vec::new();
+        let mut start = 0;
         for part in &self.parts {
-            let w = match part.layout {
-                WeightLayout::InOut => {
-                    MatRef::from_row_major_slice(&part.data, self.n_in, part.n_out)
-                }
-                WeightLayout::OutIn => {
-                    MatRef::from_row_major_slice(&part.data, part.n_out, self.n_in).transpose()
-                }
+            let block = match (part.data.f32(), act) {
+                (Some(_), None) => part.n_out,
+                _ => ACTIVATION_BLOCK_COLS,
             };
-            // Row-major [rows, part.n_out] with row stride n_out, built as the transpose of a
-            // column-major view: faer 0.24's `from_row_major_slice_with_stride_mut` swaps the
-            // strides.
-            let dst = MatMut::from_column_major_slice_with_stride_mut(
-                &mut y[col..],
-                part.n_out,
-                rows,
-                self.n_out,
-            )
-            .transpose_mut();
-            matmul(dst, Accum::Replace, x, w, 1.0f32, par);
-            col += part.n_out;
+            for col in (0..part.n_out).step_by(block) {
+                let cols = block.min(part.n_out - col);
+                let w = part.columns(col, cols, n_in, &mut scratch);
+                // Row-major [rows, cols] with row stride n_out, built as the transpose of a
+                // column-major view: faer 0.24's `from_row_major_slice_with_stride_mut` swaps
+                // the strides.
+                let dst = MatMut::from_column_major_slice_with_stride_mut(
+                    &mut y[start + col..],
+                    cols,
+                    rows,
+                    n_out,
+                )
+                .transpose_mut();
+                matmul(dst, Accum::Replace, x, w, 1.0f32, par);
+                if let Some(act) = act {
+                    let at = start + col;
+                    bias_activation_block(y, n_out, at, &self.bias[at..at + cols], Some(act));
+                }
+            }
+            start += part.n_out;
+        }
+    }
+}
+
+impl Weight {
+    /// Output columns `col..col + cols` of the weight as an `[n_in, cols]` view: of the f32
+    /// values in place, or of 16-bit values widened into `scratch`.
+    fn columns<'a>(
+        &'a self,
+        col: usize,
+        cols: usize,
+        n_in: usize,
+        scratch: &'a mut Vec<f32>,
+    ) -> MatRef<'a, f32> {
+        let n_out = self.n_out;
+        match (self.data.f32(), self.layout) {
+            (Some(data), WeightLayout::OutIn) => {
+                MatRef::from_row_major_slice(&data[col * n_in..][..cols * n_in], cols, n_in)
+                    .transpose()
+            }
+            (Some(data), WeightLayout::InOut) => {
+                MatRef::from_column_major_slice_with_stride(&data[col..], cols, n_in, n_out)
+                    .transpose()
+            }
+            (None, layout) => {
+                scratch.resize(cols * n_in, 0.0);
+                match layout {
+                    WeightLayout::OutIn => {
+                        self.data.widen(col * n_in, scratch);
+                        MatRef::from_row_major_slice(scratch, cols, n_in).transpose()
+                    }
+                    WeightLayout::InOut => {
+                        for (k, row) in scratch.chunks_exact_mut(cols).enumerate() {
+                            self.data.widen(k * n_out + col, row);
+                        }
+                        MatRef::from_row_major_slice(scratch, n_in, cols)
+                    }
+                }
+            }
         }
     }
 }
@@ -277,12 +387,13 @@ impl Linear {
     /// `Wᵀ` packed for AMX tiles (on first use), unless the tiles cannot take it.
     fn packed_transpose(&self) -> Option<&Bf16x3Weight> {
         self.packed_once(&self.packed_transpose, || {
+            let data: Vec<_> = self.parts.iter().map(|p| p.data.to_f32()).collect();
             // Each output column's values and their stride along the input.
-            let columns: Vec<(&[f32], usize)> = (self.parts.iter())
-                .flat_map(|p| {
+            let columns: Vec<(&[f32], usize)> = (self.parts.iter().zip(&data))
+                .flat_map(|(p, data)| {
                     (0..p.n_out).map(move |c| match p.layout {
-                        WeightLayout::OutIn => (&p.data[c * self.n_in..], 1),
-                        WeightLayout::InOut => (&p.data[c..], p.n_out),
+                        WeightLayout::OutIn => (&data[c * self.n_in..], 1),
+                        WeightLayout::InOut => (&data[c..], p.n_out),
                     })
                 })
                 .collect();
@@ -317,10 +428,11 @@ impl Linear {
                 MatRef::from_column_major_slice_with_stride(&dy[col..], part.n_out, rows, n_out)
                     .transpose();
             // Wᵀ of the part: [part.n_out, n_in].
+            let data = part.data.to_f32();
             let wt = match part.layout {
-                WeightLayout::OutIn => MatRef::from_row_major_slice(&part.data, part.n_out, n_in),
+                WeightLayout::OutIn => MatRef::from_row_major_slice(&data, part.n_out, n_in),
                 WeightLayout::InOut => {
-                    MatRef::from_row_major_slice(&part.data, n_in, part.n_out).transpose()
+                    MatRef::from_row_major_slice(&data, n_in, part.n_out).transpose()
                 }
             };
             let accum = if p == 0 { Accum::Replace } else { Accum::Add };
@@ -352,13 +464,12 @@ impl Linear {
         let part = &self.parts[0];
         debug_assert_eq!(self.parts.len(), 1);
         let (n_in, n_out, k) = (self.n_in, self.n_out, inputs.len());
+        let data = part.data.to_f32();
         let w = match part.layout {
-            WeightLayout::InOut => MatRef::from_row_major_slice(
-                &part.data[inputs.start * n_out..][..k * n_out],
-                k,
-                n_out,
-            ),
-            WeightLayout::OutIn => MatRef::from_row_major_slice(&part.data, n_out, n_in)
+            WeightLayout::InOut => {
+                MatRef::from_row_major_slice(&data[inputs.start * n_out..][..k * n_out], k, n_out)
+            }
+            WeightLayout::OutIn => MatRef::from_row_major_slice(&data, n_out, n_in)
                 .transpose()
                 .subrows(inputs.start, k),
         };
@@ -368,44 +479,9 @@ impl Linear {
     }
 }
 
-/// Output columns per GEMM in [`Linear::matmul_f32_activation`]: a `[rows, 384]` block of the
+/// Output columns per GEMM in [`Linear::matmul_f32`]'s blocks: a `[rows, 384]` block of the
 /// output (1.2 MiB for 800 rows) is still in L2 when its bias and activation are applied.
 const ACTIVATION_BLOCK_COLS: usize = 384;
-
-impl Linear {
-    /// `y = act(x·W + b)` with faer for a one-part weight, computed in blocks of output columns
-    /// so that each block gets its bias and activation while it is still in cache.
-    fn matmul_f32_activation(&self, x: &[f32], y: &mut [f32], act: Activation, par: Par) {
-        let part = &self.parts[0];
-        let (n_in, n_out) = (self.n_in, self.n_out);
-        let rows = x.len() / n_in;
-        let x = MatRef::from_row_major_slice(x, rows, n_in);
-        for col in (0..n_out).step_by(ACTIVATION_BLOCK_COLS) {
-            let cols = ACTIVATION_BLOCK_COLS.min(n_out - col);
-            // Columns col..col + cols of W as an [n_in, cols] view.
-            let w = match part.layout {
-                WeightLayout::OutIn => MatRef::from_row_major_slice(
-                    &part.data[col * n_in..][..cols * n_in],
-                    cols,
-                    n_in,
-                )
-                .transpose(),
-                WeightLayout::InOut => MatRef::from_column_major_slice_with_stride(
-                    &part.data[col..],
-                    cols,
-                    n_in,
-                    n_out,
-                )
-                .transpose(),
-            };
-            let dst =
-                MatMut::from_column_major_slice_with_stride_mut(&mut y[col..], cols, rows, n_out)
-                    .transpose_mut();
-            matmul(dst, Accum::Replace, x, w, 1.0f32, par);
-            bias_activation_block(y, n_out, col, &self.bias[col..col + cols], Some(act));
-        }
-    }
-}
 
 /// `y = a·bᵀ` for row-major `a` `[m, k]` and `b` `[n, k]` (a tied output embedding).
 ///
@@ -416,6 +492,38 @@ pub fn gemm_bt(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, y: &mut [f32]
     let b = MatRef::from_row_major_slice(b, n, k).transpose();
     let y = MatMut::from_row_major_slice_mut(y, m, n);
     matmul(y, Accum::Replace, a, b, 1.0f32, par);
+}
+
+/// Rows of a 16-bit `b` widened per GEMM in [`gemm_bt_weight`] (3.5 MiB of f32 at k = 896).
+const WIDEN_BLOCK_ROWS: usize = 1024;
+
+/// [`gemm_bt`] for `b` in its stored dtype: 16-bit rows are widened a block at a time.
+///
+/// # Shapes
+/// - `a`: `[m, k]`, `b`: `[n, k]`, `y`: `[m, n]`
+pub fn gemm_bt_weight(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    b: &WeightData,
+    n: usize,
+    y: &mut [f32],
+    par: Par,
+) {
+    if let Some(b) = b.f32() {
+        return gemm_bt(a, m, k, b, n, y, par);
+    }
+    let a = MatRef::from_row_major_slice(a, m, k);
+    let mut scratch = vec![0.0f32; WIDEN_BLOCK_ROWS.min(n) * k];
+    for row in (0..n).step_by(WIDEN_BLOCK_ROWS) {
+        let rows = WIDEN_BLOCK_ROWS.min(n - row);
+        let block = &mut scratch[..rows * k];
+        b.widen(row * k, block);
+        let bt = MatRef::from_row_major_slice(block, rows, k).transpose();
+        let dst = MatMut::from_column_major_slice_with_stride_mut(&mut y[row..], rows, m, n)
+            .transpose_mut();
+        matmul(dst, Accum::Replace, a, bt, 1.0f32, par);
+    }
 }
 
 /// `y[:, col..col + bias.len()] = act(… + bias)` on a block of columns of a row-major matrix.
@@ -786,6 +894,7 @@ pub(crate) fn lanes3(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::F32Data;
 
     /// One thread, f32 GEMMs.
     const SEQ_F32: Gemm = Gemm {
@@ -866,7 +975,7 @@ mod tests {
     fn linear_layouts_agree() {
         // PyTorch weight [n_out=3, n_in=2] = [[1, 2], [3, 4], [5, 6]]; x = [1, 1] → [3, 7, 11] + b.
         let torch = Linear::new(
-            F32Data::Owned(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            WeightData::F32(F32Data::Owned(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])),
             WeightLayout::OutIn,
             vec![0.5, 0.0, -1.0],
             2,
@@ -878,7 +987,7 @@ mod tests {
         assert_eq!(y, [3.5, 7.0, 10.0]);
         // The same weight as Conv1D [n_in=2, n_out=3] = [[1, 3, 5], [2, 4, 6]].
         let conv = Linear::new(
-            F32Data::Owned(vec![1.0, 3.0, 5.0, 2.0, 4.0, 6.0]),
+            WeightData::F32(F32Data::Owned(vec![1.0, 3.0, 5.0, 2.0, 4.0, 6.0])),
             WeightLayout::InOut,
             vec![0.5, 0.0, -1.0],
             2,
@@ -892,12 +1001,12 @@ mod tests {
         let split = Linear::from_parts(
             vec![
                 Weight {
-                    data: F32Data::Owned(vec![1.0, 2.0]),
+                    data: WeightData::F32(F32Data::Owned(vec![1.0, 2.0])),
                     layout: WeightLayout::OutIn,
                     n_out: 1,
                 },
                 Weight {
-                    data: F32Data::Owned(vec![3.0, 5.0, 4.0, 6.0]),
+                    data: WeightData::F32(F32Data::Owned(vec![3.0, 5.0, 4.0, 6.0])),
                     layout: WeightLayout::InOut,
                     n_out: 2,
                 },
@@ -924,7 +1033,13 @@ mod tests {
         let bias: Vec<f32> = (0..n_out).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
         let x: Vec<f32> = (0..rows * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
         for (data, layout) in [(w, WeightLayout::OutIn), (w_t, WeightLayout::InOut)] {
-            let lin = Linear::new(F32Data::Owned(data), layout, bias.clone(), n_in, n_out);
+            let lin = Linear::new(
+                WeightData::F32(F32Data::Owned(data)),
+                layout,
+                bias.clone(),
+                n_in,
+                n_out,
+            );
             let mut want = vec![0.0; rows * n_out];
             lin.forward(&x, &mut want, Epilogue::None, SEQ_F32);
             bias_activation_block(&mut want, n_out, 0, &bias, Some(Activation::GeluErf));
@@ -956,12 +1071,12 @@ mod tests {
             .collect();
         let parts = vec![
             Weight {
-                data: F32Data::Owned(out_in),
+                data: WeightData::F32(F32Data::Owned(out_in)),
                 layout: WeightLayout::OutIn,
                 n_out: first,
             },
             Weight {
-                data: F32Data::Owned(in_out),
+                data: WeightData::F32(F32Data::Owned(in_out)),
                 layout: WeightLayout::InOut,
                 n_out: rest,
             },
@@ -1019,7 +1134,7 @@ mod tests {
             (-1e-3, f32::MAX, -1e-3 * f32::MAX),
         ] {
             let lin = Linear::new(
-                F32Data::Owned(vec![w, 0.0]),
+                WeightData::F32(F32Data::Owned(vec![w, 0.0])),
                 WeightLayout::OutIn,
                 vec![0.0],
                 n_in,

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use tokenizers::{
-    PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
+    AddedToken, PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
 };
 
 use crate::ModelError;
@@ -76,6 +76,57 @@ impl TextTokenizer {
             inner,
             max_positions,
         })
+    }
+
+    /// Loads `dir/tokenizer.json` with the added tokens `dir/tokenizer_config.json` names (a
+    /// chat template's `<|im_start|>`, where tokenizer.json lacks them), as transformers loads
+    /// the tokenizer; texts may use at most `max_positions` tokens.
+    pub fn from_dir(dir: &Path, max_positions: usize) -> Result<TextTokenizer, ModelError> {
+        let mut tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"), max_positions)?;
+        tokenizer.add_config_tokens(&TokenizerConfig::from_dir(dir)?)?;
+        Ok(tokenizer)
+    }
+
+    /// Adds the tokens of `config`'s `added_tokens_decoder` and `additional_special_tokens`
+    /// that the tokenizer lacks (or holds as plain tokens when they are special). An added
+    /// token must get the id the config gives it: one that would get another is an error.
+    pub(crate) fn add_config_tokens(&mut self, config: &TokenizerConfig) -> Result<(), ModelError> {
+        for (id, token) in &config.added_tokens {
+            let known = self.inner.get_added_tokens_decoder().get(id).cloned();
+            if known
+                .as_ref()
+                .is_some_and(|k| k.content == token.content && k.special == token.special)
+            {
+                continue;
+            }
+            match token.special {
+                true => self.inner.add_special_tokens(std::slice::from_ref(token)),
+                false => self.inner.add_tokens(std::slice::from_ref(token)),
+            };
+            let got = self.inner.token_to_id(&token.content);
+            if got != Some(*id) {
+                return Err(ModelError::Tokenizer {
+                    reason: format!(
+                        "tokenizer_config.json's added_tokens_decoder gives {:?} id {id}, and \
+                         tokenizer.json {}",
+                        token.content,
+                        match got {
+                            Some(other) => format!("gives it id {other}"),
+                            None => "cannot add it".to_string(),
+                        }
+                    ),
+                });
+            }
+        }
+        let missing: Vec<AddedToken> = (config.additional_special_tokens.iter())
+            .filter(|t| {
+                let id = self.inner.token_to_id(t);
+                !id.is_some_and(|id| self.is_special(id))
+            })
+            .map(|t| AddedToken::from(t.clone(), true))
+            .collect();
+        self.inner.add_special_tokens(&missing);
+        Ok(())
     }
 
     /// The tokenizer's own string for token `id` (`"Ġcat"`), if the vocabulary has it.
@@ -259,6 +310,10 @@ impl TextTokenizer {
 pub(crate) struct TokenizerConfig {
     pub(crate) model_max_length: Option<usize>,
     pub(crate) cls_token: Option<String>,
+    /// `added_tokens_decoder`: each added token's id and its settings.
+    pub(crate) added_tokens: Vec<(u32, AddedToken)>,
+    /// `additional_special_tokens` (a chat template's tokens, as Qwen lists them).
+    pub(crate) additional_special_tokens: Vec<String>,
 }
 
 impl TokenizerConfig {
@@ -285,9 +340,44 @@ impl TokenizerConfig {
                 .or_else(|| t.get("content")?.as_str())
                 .map(str::to_string)
         });
+        let bad = |what: String| ModelError::Tokenizer {
+            reason: format!("{}: {what}", path.display()),
+        };
+        let mut added_tokens = Vec::new();
+        if let Some(decoder) = json.get("added_tokens_decoder") {
+            let decoder = decoder
+                .as_object()
+                .ok_or_else(|| bad("added_tokens_decoder is not an object".into()))?;
+            for (id, token) in decoder {
+                let id: u32 = id
+                    .parse()
+                    .map_err(|_| bad(format!("added_tokens_decoder key {id:?} is not an id")))?;
+                let flag = |name: &str| token.get(name).and_then(serde_json::Value::as_bool);
+                let content = (token.get("content").and_then(serde_json::Value::as_str))
+                    .ok_or_else(|| bad(format!("added token {id} has no \"content\" string")))?;
+                let special = flag("special").unwrap_or(false);
+                let added = AddedToken::from(content.to_string(), special)
+                    .lstrip(flag("lstrip").unwrap_or(false))
+                    .rstrip(flag("rstrip").unwrap_or(false))
+                    .single_word(flag("single_word").unwrap_or(false))
+                    .normalized(flag("normalized").unwrap_or(!special));
+                added_tokens.push((id, added));
+            }
+        }
+        added_tokens.sort_by_key(|(id, _)| *id);
+        // Each a string, or an AddedToken object with its text in "content".
+        let additional_special_tokens = (json.get("additional_special_tokens"))
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.as_str().or_else(|| t.get("content")?.as_str()))
+            .map(str::to_string)
+            .collect();
         Ok(TokenizerConfig {
             model_max_length,
             cls_token,
+            added_tokens,
+            additional_special_tokens,
         })
     }
 }

@@ -8,7 +8,7 @@
 //! `.../models/gpt2/modeling_gpt2.py`), with or without the `bert.` / `roberta.` /
 //! `distilbert.` / `transformer.` prefix that task heads add.
 
-use crate::checkpoint::{Checkpoint, F32Data};
+use crate::checkpoint::{Checkpoint, WeightData};
 use crate::ops::{LayerNorm, Linear, Weight, WeightLayout};
 use crate::{Family, ModelConfig, ModelError};
 
@@ -38,10 +38,11 @@ pub struct Layer {
 /// touches are ever read).
 pub struct Weights {
     /// `[vocab, hidden]`; GPT-2's language-model head too, unless `lm_head` holds its own.
-    pub word_embeddings: F32Data,
+    /// In its stored dtype for the Llama-style decoders, else f32.
+    pub word_embeddings: WeightData,
     /// GPT-2's untied language-model head `lm_head.weight` (`[vocab, hidden]`), read when
     /// `tie_word_embeddings` is false.
-    pub lm_head: Option<F32Data>,
+    pub lm_head: Option<WeightData>,
     /// `[max_positions, hidden]`
     pub position: Vec<f32>,
     /// `[type_vocab_size, hidden]`; empty for DistilBERT and GPT-2.
@@ -99,7 +100,7 @@ fn torch_linear(
     n_out: usize,
 ) -> Result<Linear, ModelError> {
     Ok(Linear::new(
-        ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?,
+        WeightData::F32(ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?),
         WeightLayout::OutIn,
         ckpt.f32(&format!("{name}.bias"), &[n_out])?,
         n_in,
@@ -112,28 +113,42 @@ fn torch_linear(
 /// weights stay in the map.
 fn torch_qkv(
     ckpt: &Checkpoint,
+    c: &ModelConfig,
     prefix: &str,
     parts: [&str; 3],
     h: usize,
 ) -> Result<Linear, ModelError> {
-    torch_parts(ckpt, prefix, &parts.map(|part| (part, h)), h, true)
+    torch_parts(ckpt, c, prefix, &parts.map(|part| (part, h)), h, true)
 }
 
 /// The untied language-model head `lm_head.weight` (`[vocab, hidden]`) when
 /// `tie_word_embeddings` is false; a task head's own tensor, never under the model's prefix.
-fn untied_lm_head(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Option<F32Data>, ModelError> {
+fn untied_lm_head(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Option<WeightData>, ModelError> {
     match c.tied_lm_head {
         true => Ok(None),
-        false => Ok(Some(
-            ckpt.f32_data("lm_head.weight", &[c.vocab_size, c.hidden_size])?,
-        )),
+        false => matrix(ckpt, "lm_head.weight", &[c.vocab_size, c.hidden_size], c).map(Some),
+    }
+}
+
+/// A weight matrix as `c`'s family keeps it: in its stored dtype for the Llama-style decoders
+/// (their checkpoints are BF16, and their views need no gradients), else widened to f32, which
+/// the gradients and contributions read as it is.
+fn matrix(
+    ckpt: &Checkpoint,
+    name: &str,
+    shape: &[usize],
+    c: &ModelConfig,
+) -> Result<WeightData, ModelError> {
+    match c.family {
+        Family::Llama => ckpt.weight(name, shape),
+        _ => ckpt.f32_data(name, shape).map(WeightData::F32),
     }
 }
 
 /// A GPT-2 `Conv1D` (`weight` `[n_in, n_out]`).
 fn conv1d(ckpt: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Linear, ModelError> {
     Ok(Linear::new(
-        ckpt.f32_data(&format!("{name}.weight"), &[n_in, n_out])?,
+        WeightData::F32(ckpt.f32_data(&format!("{name}.weight"), &[n_in, n_out])?),
         WeightLayout::InOut,
         ckpt.f32(&format!("{name}.bias"), &[n_out])?,
         n_in,
@@ -154,8 +169,8 @@ impl Weights {
     }
 
     /// The language-model head's `[vocab, hidden]` matrix: logits = h·headᵀ.
-    pub fn lm_head(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.word_embeddings)
+    pub fn lm_head(&self) -> &WeightData {
+        self.lm_head.as_ref().unwrap_or(&self.word_embeddings)
     }
 }
 
@@ -229,7 +244,7 @@ fn load_encoder(
             let lp = format!("{p}{}.{l}.", names.layers);
             no_layer_missing(ckpt, &lp, (l, c.n_layers))?;
             Ok(Layer {
-                qkv: torch_qkv(ckpt, &lp, names.qkv, h)?,
+                qkv: torch_qkv(ckpt, c, &lp, names.qkv, h)?,
                 attn_out: torch_linear(ckpt, &format!("{lp}{}", names.attn_out), h, h)?,
                 norm_attn: norm(ckpt, &format!("{lp}{}", names.norm_attn), h, eps)?,
                 ff_in: torch_linear(ckpt, &format!("{lp}{}", names.ff_in), h, i)?,
@@ -246,7 +261,7 @@ fn load_encoder(
     );
     no_layer_past(ckpt, next, c.n_layers)?;
     Ok(Weights {
-        word_embeddings,
+        word_embeddings: WeightData::F32(word_embeddings),
         position: ckpt.f32(
             &format!("{p}embeddings.position_embeddings.weight"),
             &[c.max_positions, h],
@@ -295,7 +310,8 @@ fn no_layer_past(ckpt: &Checkpoint, tensor: String, n_layers: usize) -> Result<(
 fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> {
     let p = prefix_of(ckpt, &["", "transformer."], "wte.weight")?;
     let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
-    let word_embeddings = ckpt.f32_data(&format!("{p}wte.weight"), &[c.vocab_size, h])?;
+    let word_embeddings =
+        WeightData::F32(ckpt.f32_data(&format!("{p}wte.weight"), &[c.vocab_size, h])?);
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}h.{l}.");
@@ -328,6 +344,7 @@ fn load_gpt2(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError> 
 /// else zeros), writing side by side into one output: Llama's q | k | v and gate | up.
 fn torch_parts(
     ckpt: &Checkpoint,
+    c: &ModelConfig,
     prefix: &str,
     parts: &[(&str, usize)],
     n_in: usize,
@@ -337,7 +354,7 @@ fn torch_parts(
     let mut biases = Vec::new();
     for &(part, n_out) in parts {
         weights.push(Weight {
-            data: ckpt.f32_data(&format!("{prefix}{part}.weight"), &[n_out, n_in])?,
+            data: matrix(ckpt, &format!("{prefix}{part}.weight"), &[n_out, n_in], c)?,
             layout: WeightLayout::OutIn,
             n_out,
         });
@@ -382,7 +399,12 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
     let (h, i) = (c.hidden_size, c.intermediate_size);
     let eps = (c.layer_norm_eps, dec.norm_offset);
     let (q, kv) = (c.q_width(), dec.n_kv_heads * c.head_dim());
-    let word_embeddings = ckpt.f32_data(&format!("{p}embed_tokens.weight"), &[c.vocab_size, h])?;
+    let word_embeddings = matrix(
+        ckpt,
+        &format!("{p}embed_tokens.weight"),
+        &[c.vocab_size, h],
+        c,
+    )?;
     let layers = (0..c.n_layers)
         .map(|l| {
             let lp = format!("{p}layers.{l}.");
@@ -392,21 +414,23 @@ fn load_llama(ckpt: &Checkpoint, c: &ModelConfig) -> Result<Weights, ModelError>
             Ok(Layer {
                 qkv: torch_parts(
                     ckpt,
+                    c,
                     &attn,
                     &[("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
                     h,
                     dec.qkv_bias,
                 )?,
-                attn_out: torch_parts(ckpt, &attn, &[("o_proj", h)], q, dec.out_bias)?,
+                attn_out: torch_parts(ckpt, c, &attn, &[("o_proj", h)], q, dec.out_bias)?,
                 norm_attn: rms_norm(ckpt, &format!("{lp}input_layernorm"), h, eps)?,
                 ff_in: torch_parts(
                     ckpt,
+                    c,
                     &mlp,
                     &[("gate_proj", i), ("up_proj", i)],
                     h,
                     dec.mlp_bias,
                 )?,
-                ff_out: torch_parts(ckpt, &mlp, &[("down_proj", h)], i, dec.mlp_bias)?,
+                ff_out: torch_parts(ckpt, c, &mlp, &[("down_proj", h)], i, dec.mlp_bias)?,
                 // Gemma 2's post_attention_layernorm norms the attention's output; Llama's
                 // is the norm before the feed-forward.
                 norm_ff: match dec.post_norms {

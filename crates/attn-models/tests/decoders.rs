@@ -1,7 +1,9 @@
 //! The Llama-style decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2) on the random checkpoints of
 //! `tests/data/llm` (scripts/test_data/decoders.py): token ids, logits and attentions against
 //! transformers, greedy generation against its `generate()`, cached decoding against the full
-//! pass at every prefix, and bad configs as errors.
+//! pass at every prefix, and bad configs as errors. The BF16 and F16 checkpoints are read in
+//! their stored dtype, widened exactly as they are multiplied: they meet transformers' f32 pass
+//! over the same weights as closely as the f32 checkpoints do.
 
 // Shared helpers: this test uses the golden reader and `assert_close`, not all of them.
 #[allow(dead_code)]
@@ -12,7 +14,21 @@ use std::path::{Path, PathBuf};
 use attn_models::{GenerateOptions, KvCache, Model, ModelError, RunOptions, Sampling, generate};
 use common::{Golden, golden_dir};
 
-const FAMILIES: [&str; 5] = ["llama", "mistral", "qwen2", "qwen3", "gemma2"];
+const FAMILIES: [&str; 7] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "llama-bf16",
+    "mistral-f16",
+];
+
+/// The checkpoints stored in 16 bits, and the name of transformers' own pass in that dtype.
+const HALF: [(&str, &str); 2] = [
+    ("llama-bf16", "bf16_logits0"),
+    ("mistral-f16", "f16_logits0"),
+];
 
 fn dir(name: &str) -> PathBuf {
     golden_dir().join("llm").join(name)
@@ -66,6 +82,104 @@ fn logits_and_attentions_match_transformers() {
                 &g.tensor(&format!("attentions{n}")).1,
                 1e-4,
             );
+        }
+    }
+}
+
+/// Max |a − b| / max(1, |b|).
+fn worst(a: &[f64], b: &[f64]) -> f64 {
+    (a.iter().zip(b))
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn half_weights_on_amx_tiles_match_transformers() {
+    if !attn_core::Bf16x3Weight::available() {
+        println!(
+            "note: this CPU has no AMX tiles: the 16-bit weights were checked on f32 GEMMs only"
+        );
+        return;
+    }
+    for (name, _) in HALF {
+        let g = Golden::read(&dir(name).join("expected.safetensors"));
+        let text = g.meta["texts"][1].as_str().unwrap();
+        let logits = |kernel| {
+            let mut model = Model::load(&dir(name)).unwrap();
+            model.set_gemm_kernel(kernel);
+            let out = model.forward(&model.encode(text, None).unwrap(), &RunOptions::default());
+            out.unwrap().logits.unwrap()
+        };
+        let tiles = logits(attn_models::GemmKernel::Bf16x3);
+        assert_ne!(
+            tiles,
+            logits(attn_models::GemmKernel::F32),
+            "{name}: tiles ran"
+        );
+        // bf16x3 keeps 2⁻¹⁶ of each product: 1e-3 after two layers, as for f32 weights.
+        assert_close(
+            &format!("{name} on tiles: logits"),
+            &tiles,
+            &g.tensor("logits1").1,
+            1e-3,
+        );
+    }
+}
+
+#[test]
+fn half_weights_are_as_far_from_a_half_pass_as_f32_is() {
+    for (name, low) in HALF {
+        let model = Model::load(&dir(name)).unwrap();
+        let g = Golden::read(&dir(name).join("expected.safetensors"));
+        let text = g.meta["texts"][0].as_str().unwrap();
+        let out = model.forward(&model.encode(text, None).unwrap(), &RunOptions::default());
+        let ours = widen(out.unwrap().logits.as_ref().unwrap());
+        let (exact, low) = (&g.tensor("logits0").1, &g.tensor(low).1);
+        // transformers in 16 bits rounds every activation: its gap to the exact pass is the
+        // dtype's, and ours (exact products of the stored weights) is the same gap.
+        let (gap, ours_gap) = (worst(exact, low), worst(&ours, low));
+        println!(
+            "{name}: transformers' 16-bit pass is {gap:.2e} from its f32 pass, {ours_gap:.2e} from ours"
+        );
+        assert!(gap > 1e-4, "{name}: the 16-bit pass should round visibly");
+        assert!(
+            ours_gap <= gap + 1e-4,
+            "{name}: {ours_gap:e} > {gap:e} + 1e-4"
+        );
+    }
+}
+
+#[test]
+fn attention_rows_are_the_rows_of_every_attention() {
+    let text = "The cat that ate the mouse that lived in the barn ran away";
+    let dirs = FAMILIES.map(dir);
+    for dir in dirs.iter().chain([&golden_dir().join("tiny-gpt2")]) {
+        let model = Model::load(dir).unwrap();
+        let enc = model.encode(text, None).unwrap();
+        let t = enc.len();
+        let options = RunOptions {
+            attentions: true,
+            ..RunOptions::default()
+        };
+        let all = model.forward(&enc, &options).unwrap().attentions.unwrap();
+        let rows = [0, t / 2, t - 1];
+        let got = model.attention_rows(&enc, &rows).unwrap();
+        let want: Vec<f64> = (all.chunks_exact(t * t))
+            .flat_map(|head| rows.iter().flat_map(move |&i| &head[i * t..(i + 1) * t]))
+            .map(|&w| f64::from(w))
+            .collect();
+        assert_close(
+            &format!("{}: rows {rows:?}", dir.display()),
+            &got,
+            &want,
+            1e-6,
+        );
+        for (bad, says) in [
+            (vec![3, 1], "row 1 follows row 3"),
+            (vec![t], "past the text's"),
+        ] {
+            let err = model.attention_rows(&enc, &bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
         }
     }
 }
@@ -125,6 +239,11 @@ fn cached_decoding_matches_the_full_pass_at_every_prefix() {
         let t = enc.len();
         let full = model.forward(&enc, &RunOptions::default()).unwrap();
         let full = full.logits.unwrap();
+        let vocab = full.len() / t;
+        let mut cache = KvCache::new(&model).unwrap();
+        let last = cache.feed_last(&enc.ids, false).unwrap().logits;
+        let want = widen(&full[(t - 1) * vocab..]);
+        assert_close(&format!("{name}: feed_last"), &last, &want, 1e-5);
         for prefix in 1..=t {
             let mut cache = KvCache::new(&model).unwrap();
             let mut logits = cache.feed(&enc.ids[..prefix], false).unwrap().logits;
@@ -311,3 +430,52 @@ fn a_bad_shard_index_is_a_clear_error() {
 
 /// A change to a shard index and the shards' bytes.
 type ShardEdit = fn(&mut serde_json::Value, &mut [Vec<u8>; 2]);
+
+#[test]
+fn chat_tokens_from_tokenizer_config_match_transformers() {
+    use attn_models::TextTokenizer;
+    let dir = dir("chat-tokenizer");
+    let plain = TextTokenizer::from_file(&dir.join("tokenizer.json"), 128).unwrap();
+    assert_eq!(
+        plain.token_id("<|im_start|>"),
+        None,
+        "tokenizer.json alone lacks them"
+    );
+    let tokenizer = TextTokenizer::from_dir(&dir, 128).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let special: Vec<u64> = (expected["special_ids"].as_array().unwrap().iter())
+        .map(|id| id.as_u64().unwrap())
+        .collect();
+    let texts = expected["texts"].as_array().unwrap();
+    for (text, ids) in texts.iter().zip(expected["ids"].as_array().unwrap()) {
+        let text = text.as_str().unwrap();
+        let want: Vec<u32> = (ids.as_array().unwrap().iter())
+            .map(|id| id.as_u64().unwrap() as u32)
+            .collect();
+        let enc = tokenizer.encode(text, None, false).unwrap();
+        assert_eq!(enc.ids, want, "{text:?}");
+        for &id in &enc.ids {
+            let is = special.contains(&u64::from(id));
+            assert_eq!(tokenizer.is_special(id), is, "{text:?}: id {id}");
+        }
+    }
+    // An added token whose id tokenizer.json would not give it.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        dir.join("tokenizer.json"),
+        tmp.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap();
+    let config = config.replace("\"302\"", "\"303\"");
+    std::fs::write(tmp.path().join("tokenizer_config.json"), config).unwrap();
+    let err = TextTokenizer::from_dir(tmp.path(), 128)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("gives \"zzq\" id 303, and tokenizer.json gives it id 302"),
+        "{err}"
+    );
+}

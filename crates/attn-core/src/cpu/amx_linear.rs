@@ -116,6 +116,24 @@ impl Bf16x3Weight {
     /// # Shapes
     /// - `w`: `[n_in, n_out]` as a function of `(k, n)`
     pub fn pack(n_in: usize, n_out: usize, w: impl Fn(usize, usize) -> f32 + Sync) -> Self {
+        Self::pack_columns(n_in, n_out, |n, column| {
+            for (k, v) in column.iter_mut().enumerate() {
+                *v = w(k, n);
+            }
+        })
+    }
+
+    /// Packs the weight whose output column `n` `column(n, out)` writes into `out` (`[n_in]`):
+    /// one call per column, for weights whose columns are contiguous (a PyTorch `[n_out, n_in]`
+    /// weight, or one widened from 16 bits as it is read).
+    ///
+    /// # Shapes
+    /// - `out`: `[n_in]`
+    pub fn pack_columns(
+        n_in: usize,
+        n_out: usize,
+        column: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Self {
         let k_steps = n_in.div_ceil(TILE_K);
         let panel_lines = k_steps * STEP_LINES;
         let mut lines = vec![ZERO_LINE; n_out.div_ceil(BLOCK) * panel_lines];
@@ -127,14 +145,22 @@ impl Bf16x3Weight {
                 // contiguous loop that vectorises (splitting as they were gathered was a
                 // third of a cold `classify --file`'s packing).
                 let mut step = [[0.0f32; TILE_K]; 2 * TILE_ROWS];
+                let cols = BLOCK.min(n_out - nb * BLOCK);
+                let mut columns = vec![0.0f32; cols * n_in];
+                for (c, out) in columns.chunks_exact_mut(n_in.max(1)).enumerate() {
+                    column(nb * BLOCK + c, out);
+                }
                 for (ks, tiles) in panel.chunks_exact_mut(STEP_LINES).enumerate() {
                     let (hi, lo) = tiles.split_at_mut(2 * TILE_ROWS);
-                    // Along k within a column: a PyTorch `[n_out, n_in]` weight is read in order.
-                    for c in 0..BLOCK.min(n_out - nb * BLOCK) {
+                    let ks_k = ks * TILE_K..n_in.min((ks + 1) * TILE_K);
+                    for (c, column) in columns.chunks_exact(n_in.max(1)).enumerate() {
                         let lines = &mut step[(c / TILE_ROWS) * TILE_ROWS..][..TILE_ROWS];
                         let at = 2 * (c % TILE_ROWS);
-                        for k in ks * TILE_K..n_in.min((ks + 1) * TILE_K) {
-                            lines[(k % TILE_K) / 2][at + k % 2] = w(k, nb * BLOCK + c);
+                        // Line r holds k = 2r and 2r + 1 of each column side by side.
+                        for (line, pair) in lines.iter_mut().zip(column[ks_k.clone()].chunks(2)) {
+                            for (slot, &v) in line[at..].iter_mut().zip(pair) {
+                                *slot = v;
+                            }
                         }
                     }
                     for ((values, hi), lo) in step.iter_mut().zip(hi).zip(lo) {
