@@ -13,10 +13,10 @@ use std::sync::OnceLock;
 
 use attn_models::Model;
 use attn_viz::bars::BarStyle;
-use attn_viz::explain::{ExplainOptions, Level, Method, explain, render};
+use attn_viz::explain::{ExplainOptions, Level, Method, explain, query_rows, render};
 use attn_viz::html::{PageOptions, standalone_page};
 use attn_viz::select::{Selection, rollout};
-use attn_viz::stats::{has_special_tokens, head_stats, notable_heads, uniform_shares};
+use attn_viz::stats::{Leading, head_stats, notable_heads, uniform_shares};
 use attn_viz::words::words;
 use attnscope::maps;
 use attnscope_fuzz::{cached_minilm, golden};
@@ -79,6 +79,38 @@ fuzz_target!(|data: &[u8]| {
             render(&e, BarStyle::default());
         }
     }
+    // The rows of the last token alone give the bars every row gives.
+    let last = ExplainOptions {
+        method: Method::Attention {
+            selection: Selection::All,
+        },
+        level: Level::Words,
+        special: true,
+        focus: None,
+        question: false,
+        across: false,
+        top: None,
+        focus_tokens: vec![maps.seq_len() - 1],
+        only_segment: None,
+    };
+    let rows = maps::run_model_rows(model, (text, pair), truncate, |header| {
+        Ok(query_rows(header, &last)?)
+    })
+    .expect("the rows of a text the model ran on");
+    rows.validate_rows().expect("rows-only attention is valid");
+    let (a, b) = (
+        explain(&rows, &last, |_, _| {}).expect("explain from its rows"),
+        explain(&maps, &last, |_, _| {}).expect("explain from every row"),
+    );
+    for (x, y) in a.rows.iter().zip(&b.rows) {
+        assert!(
+            (x.weight - y.weight).abs() <= 1e-5,
+            "{} {} {}",
+            x.word,
+            x.weight,
+            y.weight
+        );
+    }
     if maps.seq_len() <= 16 {
         let options = ExplainOptions {
             method: Method::Flow,
@@ -95,7 +127,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let stats = head_stats(&maps).expect("head statistics");
     let uniform = uniform_shares(&maps).expect("even shares");
-    notable_heads(&stats, &uniform, has_special_tokens(&maps));
+    notable_heads(&stats, &uniform, Leading::of(&maps));
     rollout(&maps).expect("rollout");
 
     let page = standalone_page(&maps, None, &[], &PageOptions::default()).expect("explorer page");

@@ -25,6 +25,24 @@ pub enum VizError {
         got: usize,
     },
     #[error(
+        "attention weights have {got} values; {n_layers} layers × {n_heads} heads × {rows} rows × {seq_len} tokens need {}",
+        n_layers.saturating_mul(*n_heads).saturating_mul(rows.saturating_mul(*seq_len))
+    )]
+    RowsShape {
+        n_layers: usize,
+        n_heads: usize,
+        rows: usize,
+        seq_len: usize,
+        got: usize,
+    },
+    #[error("the attention maps' rows are wrong: {reason}")]
+    BadRows { reason: String },
+    #[error(
+        "the attention maps hold the weights of {held} of the {seq_len} query tokens, and this \
+         view needs every row"
+    )]
+    RowsOnly { held: usize, seq_len: usize },
+    #[error(
         "attention weight at layer {layer}, head {head}, row {row}, column {col} is {value}; weights must be finite and not negative"
     )]
     BadWeight {

@@ -372,18 +372,55 @@ struct Layout {
 
 /// Resolves the options against the input: the units, the focus, and the units shown.
 fn layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizError> {
-    maps.validate()?;
+    maps.validate_rows()?;
     if let Method::Attention { selection } = options.method {
         selection.check(maps)?;
     }
-    if (options.question || options.across) && maps.pair.is_none() {
-        return Err(VizError::NoPair);
-    }
     // A causal model reads the question first: it cannot see the context after it.
-    if options.question && sees_only_earlier_keys(maps) {
+    if options.question && maps.pair.is_some() && sees_only_earlier_keys(maps) {
         return Err(VizError::CausalQuestion {
             model: maps.model.clone(),
         });
+    }
+    let layout = token_layout(maps, options)?;
+    if let Some(&(i, _)) = layout
+        .from
+        .iter()
+        .find(|&&(i, _)| maps.row(0, 0, i).is_none())
+    {
+        return Err(VizError::BadRows {
+            reason: format!("the maps do not hold row {i}, which the view looks from"),
+        });
+    }
+    Ok(layout)
+}
+
+/// The query tokens whose weight rows [`explain`] and [`head_grid`] read with `options`: all
+/// they need of maps that hold some rows only ([`AttentionMaps::rows`]). `maps`' weights are
+/// not read: its tokens and texts say it all. Rollout and flow need every row.
+pub fn query_rows(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Vec<usize>, VizError> {
+    let mut rows: Vec<usize> = match options.method {
+        Method::Attention {
+            selection: Selection::Rollout,
+        }
+        | Method::Flow => (0..maps.seq_len()).collect(),
+        Method::Attention { .. } => (token_layout(maps, options)?.from)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect(),
+    };
+    rows.sort_unstable();
+    rows.dedup();
+    Ok(rows)
+}
+
+/// [`layout`] from the tokens alone: the units, the rows looked from and the units shown.
+fn token_layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout, VizError> {
+    if maps.seq_len() == 0 {
+        return Err(VizError::NoTokens);
+    }
+    if (options.question || options.across) && maps.pair.is_none() {
+        return Err(VizError::NoPair);
     }
     let units = match options.level {
         Level::Words => words::words(maps)?,
@@ -507,7 +544,19 @@ fn method_row(
 ) -> Result<Vec<f32>, VizError> {
     let t = maps.seq_len();
     Ok(match method {
-        Method::Attention { selection } => weighted_rows(&select(maps, selection)?, from, t),
+        Method::Attention {
+            selection: Selection::Rollout,
+        } => weighted_rows(&select(maps, Selection::Rollout)?, from, t),
+        Method::Attention { selection } => {
+            let heads: Vec<(usize, usize)> = match selection {
+                Selection::Head { layer, head } => vec![(layer, head)],
+                Selection::Layer { layer } => (0..maps.n_heads).map(|h| (layer, h)).collect(),
+                _ => (0..maps.n_layers)
+                    .flat_map(|l| (0..maps.n_heads).map(move |h| (l, h)))
+                    .collect(),
+            };
+            heads_row(maps, &heads, from)?
+        }
         Method::Flow => {
             // Flows come back one row per source token, in `from`'s order.
             let sources: Vec<usize> = from.iter().map(|&(i, _)| i).collect();
@@ -531,6 +580,7 @@ fn even_attention(maps: &AttentionMaps, causal: bool) -> AttentionMaps {
         n_layers: maps.n_layers,
         n_heads: 1,
         weights: layer.repeat(maps.n_layers),
+        rows: None,
     }
 }
 
@@ -660,14 +710,11 @@ pub fn head_grid(
         Some(n) if same.len() > 1 => format!("{label}#{}", n + 1),
         _ => label.clone(),
     };
-    let t = maps.seq_len();
     let (mut weights, mut shares) = (Vec::new(), Vec::new());
     for layer in 0..maps.n_layers {
         let (mut weight_row, mut share_row) = (Vec::new(), Vec::new());
         for head in 0..maps.n_heads {
-            // The maps were checked once by `layout`: `select` would check them again per head.
-            let matrix = maps.head(layer, head)?;
-            let unit_row = row_to_units(&weighted_rows(matrix, &from, t), &units);
+            let unit_row = row_to_units(&heads_row(maps, &[(layer, head)], &from)?, &units);
             let raw: Vec<f32> = targets.iter().map(|&u| unit_row[u]).collect();
             let total: f32 = unit_row.iter().sum();
             weight_row.push(renormalised(&raw)[k]);
@@ -1106,6 +1153,32 @@ fn hidden_what(options: &ExplainOptions, specials: &str) -> String {
         (false, true) => "the words not shown".to_string(),
         (false, false) => specials.to_string(),
     }
+}
+
+/// `Σ_k w_k · mean_(l, h) A^h_l[row_k]` over `(row, weight)` pairs and the `(layer, head)`s
+/// `heads`, read row by row (so maps that hold some rows only serve as well as whole ones).
+///
+/// # Shapes
+/// `maps.weights: [n_layers, n_heads, R, T]` → `[T]`.
+fn heads_row(
+    maps: &AttentionMaps,
+    heads: &[(usize, usize)],
+    rows: &[(usize, f64)],
+) -> Result<Vec<f32>, VizError> {
+    let t = maps.seq_len();
+    let mut acc = vec![0.0f64; t];
+    let share = 1.0 / heads.len() as f64;
+    for &(i, w) in rows {
+        for &(layer, head) in heads {
+            let row = maps.row(layer, head, i).ok_or_else(|| VizError::BadRows {
+                reason: format!("no row {i} in layer {layer}, head {head}"),
+            })?;
+            for (a, &x) in acc.iter_mut().zip(row) {
+                *a += w * share * f64::from(x);
+            }
+        }
+    }
+    Ok(acc.into_iter().map(|x| x as f32).collect())
 }
 
 /// `Σ_k w_k · matrix[row_k]` over `(row, weight)` pairs.

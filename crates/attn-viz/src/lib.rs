@@ -54,7 +54,14 @@ pub struct AttentionMaps {
     pub n_layers: usize,
     pub n_heads: usize,
     /// `[n_layers, n_heads, T, T]`, row = query token, column = key token; rows sum to 1.
+    /// With `rows`, `[n_layers, n_heads, rows.len(), T]`: only those query tokens' rows.
     pub weights: Vec<f32>,
+    /// The query tokens `weights` holds the rows of, ascending, when not every token's: what
+    /// `explain --focus` needs of a long prompt, where every row would not fit in memory.
+    /// Only [`AttentionMaps::validate_rows`] and [`AttentionMaps::row`] take such maps; every
+    /// view that needs whole matrices refuses them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<Vec<usize>>,
 }
 
 impl AttentionMaps {
@@ -97,8 +104,22 @@ impl AttentionMaps {
     /// a span inside it (when it has one), at least one layer and head, a weight
     /// tensor of `[n_layers, n_heads, T, T]` values, each finite and not negative, each row
     /// summing to 1 within [`ROW_SUM_TOLERANCE`] (maps of 2.0 everywhere gave `heads` an entropy
-    /// of −27.7 and shares of 2.00).
+    /// of −27.7 and shares of 2.00). Maps of some rows only ([`AttentionMaps::rows`]) are
+    /// refused: see [`AttentionMaps::validate_rows`].
     pub fn validate(&self) -> Result<(), VizError> {
+        self.validate_rows()?;
+        match &self.rows {
+            Some(rows) => Err(VizError::RowsOnly {
+                held: rows.len(),
+                seq_len: self.seq_len(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`AttentionMaps::validate`] for maps that may hold some rows only: `rows` ascending and
+    /// in range, `weights` `[n_layers, n_heads, rows.len(), T]`, each row a distribution.
+    pub fn validate_rows(&self) -> Result<(), VizError> {
         let t = self.seq_len();
         if t == 0 {
             return Err(VizError::NoTokens);
@@ -109,17 +130,40 @@ impl AttentionMaps {
                 n_heads: self.n_heads,
             });
         }
+        if let Some(rows) = &self.rows
+            && let Some(w) = rows.windows(2).find(|w| w[0] >= w[1])
+        {
+            return Err(VizError::BadRows {
+                reason: format!("row {} follows row {}: rows must ascend", w[1], w[0]),
+            });
+        }
+        if let Some(&row) = self.rows.iter().flatten().find(|&&r| r >= t) {
+            return Err(VizError::BadRows {
+                reason: format!("row {row} is past the {t} tokens"),
+            });
+        }
+        let held = self.rows.as_ref().map_or(t, Vec::len);
         let expected = self
             .n_layers
             .checked_mul(self.n_heads)
-            .and_then(|n| n.checked_mul(t))
+            .and_then(|n| n.checked_mul(held))
             .and_then(|n| n.checked_mul(t));
         if expected != Some(self.weights.len()) {
-            return Err(VizError::WeightsShape {
-                n_layers: self.n_layers,
-                n_heads: self.n_heads,
-                seq_len: t,
-                got: self.weights.len(),
+            let (n_layers, n_heads, got) = (self.n_layers, self.n_heads, self.weights.len());
+            return Err(match self.rows {
+                Some(_) => VizError::RowsShape {
+                    n_layers,
+                    n_heads,
+                    rows: held,
+                    seq_len: t,
+                    got,
+                },
+                None => VizError::WeightsShape {
+                    n_layers,
+                    n_heads,
+                    seq_len: t,
+                    got,
+                },
             });
         }
         // Every view reads a token's text through these: `heads` and `html` took maps that
@@ -127,12 +171,16 @@ impl AttentionMaps {
         for index in 0..t {
             self.token_text(index)?;
         }
+        let query = |at: usize| match &self.rows {
+            Some(rows) => rows[at % held],
+            None => at % held,
+        };
         if let Some(pos) = self.weights.iter().position(|w| !w.is_finite() || *w < 0.0) {
-            let per_head = t * t;
+            let per_head = held * t;
             return Err(VizError::BadWeight {
                 layer: pos / (self.n_heads * per_head),
                 head: pos / per_head % self.n_heads,
-                row: pos % per_head / t,
+                row: query(pos / t),
                 col: pos % t,
                 value: self.weights[pos],
             });
@@ -142,14 +190,37 @@ impl AttentionMaps {
             let sum = row.iter().map(|&w| f64::from(w)).sum::<f64>();
             if (sum - 1.0).abs() > f64::from(ROW_SUM_TOLERANCE) {
                 return Err(VizError::RowSum {
-                    layer: at / (self.n_heads * t),
-                    head: at / t % self.n_heads,
-                    row: at % t,
+                    layer: at / (self.n_heads * held),
+                    head: at / held % self.n_heads,
+                    row: query(at),
                     sum: sum as f32,
                 });
             }
         }
         Ok(())
+    }
+
+    /// The query tokens whose rows `weights` holds: every token, or [`AttentionMaps::rows`].
+    pub fn held_rows(&self) -> Vec<usize> {
+        match &self.rows {
+            Some(rows) => rows.clone(),
+            None => (0..self.seq_len()).collect(),
+        }
+    }
+
+    /// Token `query`'s weights over the `T` keys in `layer`, `head`; `None` when an index is
+    /// out of range or the maps do not hold that row.
+    pub fn row(&self, layer: usize, head: usize, query: usize) -> Option<&[f32]> {
+        let t = self.seq_len();
+        if layer >= self.n_layers || head >= self.n_heads || query >= t {
+            return None;
+        }
+        let (held, at) = match &self.rows {
+            Some(rows) => (rows.len(), rows.binary_search(&query).ok()?),
+            None => (t, query),
+        };
+        let start = ((layer * self.n_heads + head) * held + at) * t;
+        self.weights.get(start..start + t)
     }
 
     /// Checks that `layer` exists.

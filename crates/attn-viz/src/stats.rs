@@ -67,12 +67,13 @@ pub fn head_stats(maps: &AttentionMaps) -> Result<Vec<HeadStats>, VizError> {
 }
 
 /// Whether every head of every layer gives the keys after each query exactly 0 (a causal
-/// model): then a query sees only the keys up to itself.
+/// model): then a query sees only the keys up to itself. Maps of some rows only answer for
+/// the rows they hold.
 pub fn sees_only_earlier_keys(maps: &AttentionMaps) -> bool {
     let t = maps.seq_len();
-    maps.weights
-        .chunks_exact(t * t)
-        .all(|a| (0..t).all(|i| a[i * t + i + 1..(i + 1) * t].iter().all(|&w| w == 0.0)))
+    let rows = maps.held_rows();
+    (maps.weights.chunks_exact(t).zip(rows.iter().cycle()))
+        .all(|(row, &i)| row[i + 1..].iter().all(|&w| w == 0.0))
 }
 
 /// What the figures would be if each query spread its attention evenly over the keys it sees:
@@ -116,6 +117,39 @@ impl Special {
 /// the first token's.
 pub fn has_special_tokens(maps: &AttentionMaps) -> bool {
     maps.tokens.iter().any(|t| t.special)
+}
+
+/// What the first column of the figures ([`Shares::cls`]) is the share of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Leading {
+    /// An encoder's leading special token (`[CLS]`, `<s>`).
+    Cls,
+    /// The first token of an input without special tokens (GPT-2's).
+    First,
+    /// A causal model's leading special token: the attention sink, where its heads park the
+    /// attention they do not need (Llama's `<s>`, the first token of a Llama-style decoder).
+    Sink,
+}
+
+impl Leading {
+    /// What `maps`' first column measures.
+    pub fn of(maps: &AttentionMaps) -> Leading {
+        match maps.tokens.first() {
+            _ if !has_special_tokens(maps) => Leading::First,
+            Some(t) if t.special && sees_only_earlier_keys(maps) => Leading::Sink,
+            _ => Leading::Cls,
+        }
+    }
+
+    /// The column's heading.
+    pub fn label(self) -> &'static str {
+        match self {
+            Leading::Cls => "[CLS]",
+            Leading::First => "first",
+            Leading::Sink => "sink",
+        }
+    }
 }
 
 /// The figures of one `[T, T]` attention matrix `a`.
@@ -193,10 +227,10 @@ pub struct Notable {
 /// [`uniform_shares`]): a share of at least 0.3 and [`SHARE_MARGIN`] above the even one, an
 /// entropy [`ENTROPY_MARGIN`] below even for the most focused; the broadest and the longest
 /// reach only when the heads differ in them (by [`ENTROPY_MARGIN`] nats, by a tenth of the even
-/// distance). An input without special tokens (`specials` false, [`has_special_tokens`]) names
-/// the head that attends to its first token instead of `[CLS]`, and no `[SEP]` head; heads
-/// that all attend evenly (a causal model on three tokens) name none.
-pub fn notable_heads(stats: &[HeadStats], uniform: &Shares, specials: bool) -> Vec<Notable> {
+/// distance). The first column's role is named as `leading` says ([`Leading::of`]): the head
+/// that attends to `[CLS]`, to the first token, or to the attention sink; heads that all attend
+/// evenly (a causal model on three tokens) name none.
+pub fn notable_heads(stats: &[HeadStats], uniform: &Shares, leading: Leading) -> Vec<Notable> {
     type Key = fn(&Shares) -> f32;
     let share = |key: Key| Test::Above((key(uniform) + SHARE_MARGIN).max(0.3));
     const SHARE: (&str, &str) = ("share", "");
@@ -227,10 +261,10 @@ pub fn notable_heads(stats: &[HeadStats], uniform: &Shares, specials: bool) -> V
             share(|s| s.same),
         ),
         (
-            if specials {
-                "attends to [CLS]"
-            } else {
-                "attends to the first token"
+            match leading {
+                Leading::Cls => "attends to [CLS]",
+                Leading::First => "attends to the first token",
+                Leading::Sink => "attends to the sink (the first token)",
             },
             SHARE,
             |s| s.cls,

@@ -10,7 +10,7 @@ use attn_viz::bars::{
 use attn_viz::flow::attention_flow;
 use attn_viz::lookup::soft_lookup;
 use attn_viz::select::{Selection, residual_layers, rollout, select};
-use attn_viz::stats::{has_special_tokens, head_stats, notable_heads, uniform_shares};
+use attn_viz::stats::{Leading, has_special_tokens, head_stats, notable_heads, uniform_shares};
 use attn_viz::words::{self, keep_and_renormalise, merge_matrix};
 use common::{EVEN_CAUSAL_3, abc_tokens, assert_close, hand_maps, tok};
 
@@ -383,7 +383,7 @@ fn head_statistics_of_a_hand_made_head() {
     // Query i reaches |i − 5| tokens with .02: (5 + 4 + 3 + 2 + 1 + 0 + 1) · .02 / 7.
     assert_close(&[p.distance], &[16.0 * 0.02 / 7.0], 1e-6);
     let uniform = uniform_shares(&maps).unwrap();
-    let notable = notable_heads(&head_stats(&maps).unwrap(), &uniform, true);
+    let notable = notable_heads(&head_stats(&maps).unwrap(), &uniform, Leading::Cls);
     let roles: Vec<&str> = notable.iter().map(|n| n.role.as_str()).collect();
     // One head: no comparison with other heads (it was named both the broadest and the most
     // focused); against even attention (ln 3 nats) its ln 2 / 3 is the most focused.
@@ -438,7 +438,7 @@ fn heads_are_notable_against_even_attention_over_the_keys_they_see() {
         notable_heads(
             &head_stats(&two_even).unwrap(),
             &uniform,
-            has_special_tokens(&two_even)
+            Leading::of(&two_even)
         ),
         []
     );
@@ -455,7 +455,7 @@ fn heads_are_notable_against_even_attention_over_the_keys_they_see() {
     let notable = notable_heads(
         &head_stats(&with_previous).unwrap(),
         &uniform,
-        has_special_tokens(&with_previous),
+        Leading::of(&with_previous),
     );
     let roles: Vec<(usize, &str)> = notable.iter().map(|n| (n.head, n.role.as_str())).collect();
     assert!(

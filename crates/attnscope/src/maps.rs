@@ -239,18 +239,55 @@ pub fn run_encoded(
     let weights = out
         .attentions
         .context("the model returned no attention weights")?;
-    let maps = to_maps(model, text, pair, enc, weights)?;
+    let maps = to_maps(model, text, pair, enc, weights, None)?;
     Ok((maps, out.qk))
 }
 
+/// [`run_model`] computing only the weight rows `wanted` asks for, given the maps' tokens
+/// (maps holding no rows yet): what a view of a few words of a long prompt needs, in memory
+/// for those rows alone. Every row asked for runs [`run_model`].
+pub fn run_model_rows(
+    model: &Model,
+    (text, pair): (&str, Option<&str>),
+    truncate: bool,
+    wanted: impl FnOnce(&AttentionMaps) -> anyhow::Result<Vec<usize>>,
+) -> anyhow::Result<AttentionMaps> {
+    let enc = encode(model, text, pair, truncate)?;
+    let header = to_maps(model, text, pair, &enc, Vec::new(), Some(Vec::new()))?;
+    let mut rows = wanted(&header)?;
+    if rows.len() >= enc.len() {
+        return run_encoded(model, text, pair, &enc, false).map(|(maps, _)| maps);
+    }
+    // A bidirectional model's first row sees the keys after it: with it the maps show that
+    // the model is not causal, which the rows of the last token alone would not.
+    if !model.config().causal && rows.first() != Some(&0) {
+        rows.insert(0, 0);
+    }
+    let spinner = spinner(&format!(
+        "running {} on {} tokens ({} rows of weights)",
+        model.name(),
+        enc.len(),
+        rows.len()
+    ));
+    let weights = model
+        .attention_rows(&enc, &rows)
+        .context("running the model")?;
+    if let Some(s) = spinner {
+        s.finish_and_clear();
+    }
+    to_maps(model, text, pair, &enc, weights, Some(rows))
+}
+
 /// The attention maps of `model` on `enc` (of `text` and `pair`): `weights` `[n_layers,
-/// n_heads, T, T]` from a forward pass over `enc` alone.
+/// n_heads, T, T]` from a forward pass over `enc` alone, or `[n_layers, n_heads, rows.len(),
+/// T]` with `rows`.
 pub fn to_maps(
     model: &Model,
     text: &str,
     pair: Option<&str>,
     enc: &attn_models::Encoding,
     weights: Vec<f32>,
+    rows: Option<Vec<usize>>,
 ) -> anyhow::Result<AttentionMaps> {
     // A Llama-style decoder's first token is where its heads park attention (an attention
     // sink, <s> or the first word): the views hide it as they hide [CLS], and say so.
@@ -272,8 +309,9 @@ pub fn to_maps(
         n_layers: model.n_layers(),
         n_heads: model.n_heads(),
         weights,
+        rows,
     };
-    maps.validate().context("the model's attention")?;
+    maps.validate_rows().context("the model's attention")?;
     Ok(maps)
 }
 

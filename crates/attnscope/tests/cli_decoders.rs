@@ -39,7 +39,15 @@ const TEXT: &str = "The cat that ate the mouse that lived in the barn ran away";
 
 #[test]
 fn attention_and_generate_match_transformers() {
-    for family in ["llama", "mistral", "qwen2", "qwen3", "gemma2"] {
+    for family in [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+        "llama-bf16",
+        "mistral-f16",
+    ] {
         let model = dir(family);
         let model = model.to_str().unwrap();
         let json: serde_json::Value =
@@ -164,5 +172,44 @@ fn the_first_token_is_named_as_an_attention_sink() {
                 .starts_with(first),
             "{shown}"
         );
+    }
+}
+
+/// `heads` on a decoder names its first column the sink, and each head's sink share is the
+/// mean over the query tokens of the weight `attention --json` gives the first token.
+#[test]
+fn heads_report_each_heads_sink_share() {
+    for family in ["llama", "qwen2"] {
+        let model = dir(family);
+        let model = model.to_str().unwrap();
+        let table = ok(&["heads", TEXT, "--model", model]);
+        let header = table.lines().nth(1).unwrap();
+        assert!(
+            header.contains(" sink ") && !header.contains("[SEP]"),
+            "{table}"
+        );
+        assert!(table.contains("note: sink is the first token"), "{table}");
+        let json: serde_json::Value =
+            serde_json::from_str(&ok(&["heads", TEXT, "--model", model, "--json"])).unwrap();
+        assert_eq!(json["leading"], "sink", "{family}");
+        let attention: serde_json::Value =
+            serde_json::from_str(&ok(&["attention", TEXT, "--model", model, "--json"])).unwrap();
+        let layers = attention["attentions"].as_array().unwrap();
+        for head in json["heads"].as_array().unwrap() {
+            let (l, h) = (
+                head["layer"].as_u64().unwrap(),
+                head["head"].as_u64().unwrap(),
+            );
+            let rows = layers[l as usize][h as usize].as_array().unwrap();
+            let want = (rows.iter())
+                .map(|row| row[0].as_f64().unwrap())
+                .sum::<f64>()
+                / rows.len() as f64;
+            let got = head["cls"].as_f64().unwrap();
+            assert!(
+                (got - want).abs() < 1e-5,
+                "{family} {l}.{h}: {got} against {want}"
+            );
+        }
     }
 }

@@ -135,6 +135,7 @@ mod tests {
             n_heads: 1,
             // Uniform rows: each of the n keys gets 1/n.
             weights: vec![1.0 / n as f32; n * n],
+            rows: None,
         }
     }
 

@@ -516,6 +516,7 @@ mod tests {
             n_layers: 2,
             n_heads: 1,
             weights: vec![1.0, 0.0, 0.25, 0.75, 0.1234, 0.8766, 0.5, 0.5],
+            rows: None,
         }
     }
 

@@ -30,6 +30,7 @@ pub fn hand_maps(
         n_layers,
         n_heads,
         weights,
+        rows: None,
     }
 }
 

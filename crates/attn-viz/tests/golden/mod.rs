@@ -78,5 +78,6 @@ pub fn golden_maps(name: &str) -> AttentionMaps {
         n_layers: shape[0],
         n_heads: shape[1],
         weights,
+        rows: None,
     }
 }

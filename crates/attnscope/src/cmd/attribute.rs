@@ -349,7 +349,14 @@ pub fn matrix(
     let model = model_args.load()?;
     let enc = crate::maps::encode(&model, text, pair, false)?;
     let t = enc.len();
-    let maps = crate::maps::to_maps(&model, text, pair, &enc, attention_weights(&model, &enc)?)?;
+    let maps = crate::maps::to_maps(
+        &model,
+        text,
+        pair,
+        &enc,
+        attention_weights(&model, &enc)?,
+        None,
+    )?;
     let matrix = match method {
         AttributionMethod::Rollout => attn_viz::select::rollout(&maps)?,
         _ => {
@@ -477,7 +484,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => (attention_weights(&model, &enc)?, None, None),
     };
-    let maps = crate::maps::to_maps(&model, text, pair, &enc, attentions)?;
+    let maps = crate::maps::to_maps(&model, text, pair, &enc, attentions, None)?;
     let units = words(&maps)?;
     let target = Target::of(&model, &enc, &args, &units)?;
     let gradient = match args.method.needs_target() {

@@ -142,7 +142,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(q), Some(c)) => (Some(q.as_str()), Some(c.as_str())),
         _ => (args.text.as_deref(), args.pair.as_deref()),
     };
-    let maps = args.source.maps(text, pair)?;
     let selection = match (args.layer, args.head) {
         (Some(layer), Some(head)) => Selection::Head { layer, head },
         (Some(layer), None) => Selection::Layer { layer },
@@ -167,6 +166,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         top: args.top.map(|k| k as usize),
         focus_tokens: Vec::new(),
         only_segment: None,
+    };
+    // Only the rows the bars read: a long prompt's every row would not fit in memory.
+    let maps = match (&args.source.maps, text) {
+        (None, Some(text)) => {
+            let model = args.source.model.load()?;
+            crate::maps::run_model_rows(&model, (text, pair), args.source.truncate, |header| {
+                attn_viz::explain::query_rows(header, &options).map_err(crate::maps::name_the_flag)
+            })?
+        }
+        _ => args.source.maps(text, pair)?,
     };
     if !args.to.is_empty() {
         let grids = (args.to.iter())

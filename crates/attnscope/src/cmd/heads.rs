@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use attn_viz::stats::{
-    HeadStats, Notable, Shares, has_special_tokens, head_stats, notable_heads,
+    HeadStats, Leading, Notable, Shares, has_special_tokens, head_stats, notable_heads,
     sees_only_earlier_keys, special_columns_note, uniform_shares,
 };
 
@@ -15,7 +15,8 @@ use crate::maps::SourceArgs;
 #[command(
     after_help = "Columns, each a mean over the query tokens ([CLS]/[SEP] included), on raw tokens:
   entropy   -Σ w·ln w of a query's weights, in nats
-  [CLS]     the weight on [CLS] (without special tokens, as on GPT-2: on the first token)
+  [CLS]     the weight on [CLS] (without special tokens, as on GPT-2: on the first token;
+            on a Llama-style decoder \"sink\": on its first token, the attention sink)
   [SEP]     the weight on every other special token
   prev      the weight on the token before (queries 1..T), next on the token after (0..T-1)
   self      the weight on the query token itself
@@ -49,6 +50,8 @@ struct Report<'a> {
     text: &'a str,
     pair: Option<&'a str>,
     tokens: usize,
+    /// What each head's `cls` figure is the share of: `cls`, `first` or `sink`.
+    leading: Leading,
     heads: &'a [HeadStats],
     /// The figures of even attention over the keys each query sees.
     uniform: Shares,
@@ -62,7 +65,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stats = head_stats(&maps)?;
     let uniform = uniform_shares(&maps)?;
     let specials = has_special_tokens(&maps);
-    let notable = notable_heads(&stats, &uniform, specials);
+    let leading = Leading::of(&maps);
+    let notable = notable_heads(&stats, &uniform, leading);
     let mut out = std::io::stdout().lock();
     if args.json {
         let report = Report {
@@ -70,6 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             text: &maps.text,
             pair: maps.pair.as_deref(),
             tokens: maps.seq_len(),
+            leading,
             heads: &stats,
             uniform,
             notable: &notable,
@@ -88,9 +93,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Without [CLS]/[SEP] (GPT-2) the first column is the first token's share, the sink of
     // attention such models do not need.
     // and there is no [SEP] column (it would be 0 throughout; JSON keeps its field).
-    let (first, sep) = match specials {
-        true => ("[CLS]", "  [SEP]"),
-        false => ("first", ""),
+    // A decoder's sink is often its only special token: no [SEP] column of zeros then.
+    let sep_column = maps.tokens.iter().skip(1).any(|t| t.special) || leading == Leading::Cls;
+    let (first, sep) = match sep_column {
+        true => (leading.label(), "  [SEP]"),
+        false => (leading.label(), ""),
     };
     writeln!(
         out,
@@ -99,7 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // A causal model's next token is masked: "-", not a share of 0.00 (JSON keeps the 0).
     let causal = sees_only_earlier_keys(&maps);
     let row = |label: &str, s: &Shares| {
-        let sep = match specials {
+        let sep = match sep_column {
             true => format!("  {:>5.2}", s.sep),
             false => String::new(),
         };
@@ -145,10 +152,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ""
         },
         (n as f32).ln(),
-        if specials {
-            "[CLS]/[SEP]"
-        } else {
-            "the first token"
+        match (leading, specials) {
+            (Leading::Sink, _) => "the sink and the other special tokens",
+            (_, true) => "[CLS]/[SEP]",
+            (_, false) => "the first token",
         },
         if causal {
             "; next: - (masked: a causal model's query cannot see the token after it)"
@@ -156,7 +163,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ""
         }
     )?;
-    if let Some(note) = special_columns_note(&maps.tokens) {
+    if leading == Leading::Sink {
+        let others: Vec<&str> = (maps.tokens.iter().skip(1))
+            .filter(|t| t.special)
+            .map(|t| t.text.as_str())
+            .collect();
+        writeln!(
+            out,
+            "note: sink is the first token ({:?}), where a decoder's heads park the attention \
+             they do not need (an attention sink; the row even gives its share under even \
+             attention){}",
+            maps.tokens[0].text,
+            match others.is_empty() {
+                true => String::new(),
+                false => format!("; [SEP] every other special token ({})", others.join(", ")),
+            }
+        )?;
+    } else if let Some(note) = special_columns_note(&maps.tokens) {
         writeln!(out, "{note}")?;
     }
     out.flush()?;

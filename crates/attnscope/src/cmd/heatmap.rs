@@ -366,6 +366,7 @@ mod tests {
             n_layers: 0,
             n_heads: 0,
             weights: Vec::new(),
+            rows: None,
         };
         let unit = |label: &str| Unit {
             label: label.to_string(),

@@ -69,7 +69,7 @@ impl ExplainArgs {
         weights: Vec<f32>,
         (from, only_segment): (Vec<usize>, Option<usize>),
     ) -> anyhow::Result<Explanation> {
-        let maps = crate::maps::to_maps(model, text, pair, enc, weights)?;
+        let maps = crate::maps::to_maps(model, text, pair, enc, weights, None)?;
         let selection = match (self.layer, self.head) {
             (Some(layer), Some(head)) => Selection::Head { layer, head },
             (Some(layer), None) => Selection::Layer { layer },

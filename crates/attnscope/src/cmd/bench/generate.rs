@@ -90,13 +90,13 @@ fn run_once(model: &Model, prompt: &[u32], new_tokens: usize) -> Result<Run, Mod
     // The last new token is never fed back: prompt + N − 1 positions.
     let positions = prompt.len().saturating_add(new_tokens - 1);
     let mut cache = KvCache::with_capacity(model, positions)?;
-    let mut next = last_row(&cache.feed(prompt, false)?.logits);
+    let mut next = last_row(&cache.feed_last(prompt, false)?.logits);
     let prefill = start.elapsed().as_secs_f64();
     let mut ids = vec![next];
     let mut steps = Vec::with_capacity(new_tokens - 1);
     while ids.len() < new_tokens {
         let start = Instant::now();
-        next = last_row(&cache.feed(&[next], false)?.logits);
+        next = last_row(&cache.feed_last(&[next], false)?.logits);
         steps.push(start.elapsed().as_secs_f64());
         ids.push(next);
     }
