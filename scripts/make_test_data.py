@@ -4,7 +4,7 @@ Hugging Face transformers (the modules in scripts/test_data/ say how each file i
     python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch transformers safetensors numpy
     /tmp/ref/bin/python scripts/make_test_data.py [MINILM_DIR] [PART...]
 
-PARTS are among sdpa, mha, grad, minilm, tiny-gpt2, heads, contributions, gradients and decoders (all by
+PARTS are among sdpa, mha, grad, minilm, tiny-gpt2, heads, contributions, gradients, decoders and seq2seq (all by
 default; heads reads tiny-gpt2's tokenizer and weights, contributions and gradients the heads'
 checkpoints). MINILM_DIR is a local all-MiniLM-L6-v2 in the Hugging Face layout; by default the copy
 attnscope fetched into its cache ($ATTNSCOPE_CACHE, else $XDG_CACHE_HOME/attnscope, else
@@ -23,9 +23,10 @@ import contributions  # noqa: E402
 import gradients  # noqa: E402
 import task_heads  # noqa: E402
 import decoders  # noqa: E402
+import seq2seq  # noqa: E402
 
 PARTS = ["sdpa", "mha", "grad", "minilm", "tiny-gpt2", "heads", "contributions", "gradients",
-         "decoders"]
+         "decoders", "seq2seq"]
 
 
 def default_minilm():
@@ -65,6 +66,8 @@ def main():
                              os.path.join(root, "gradients"))
     if "decoders" in parts:
         decoders.main(root)
+    if "seq2seq" in parts:
+        seq2seq.main(root)
 
 
 if __name__ == "__main__":

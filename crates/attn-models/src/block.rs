@@ -92,8 +92,37 @@ impl Layer {
         (normed, sublayer, intermediate): (&mut [f32], &mut [f32], &mut [f32]),
         multiply: &Multiply<'_>,
     ) {
+        self.attention_residual(kind, hidden, context, sublayer, multiply);
+        self.feed_forward(
+            (kind, act),
+            hidden,
+            (normed, sublayer, intermediate),
+            multiply,
+        );
+    }
+
+    /// The attention's output projection of `context` and its residual (and BERT's norm)
+    /// into `hidden`, through the buffer `sublayer`.
+    pub(crate) fn attention_residual(
+        &self,
+        kind: ModelKind,
+        hidden: &mut [f32],
+        context: &[f32],
+        sublayer: &mut [f32],
+        multiply: &Multiply<'_>,
+    ) {
         multiply(&self.attn_out, context, sublayer, Epilogue::None);
         self.end_sublayer(kind, (hidden, sublayer), (&self.attn_out, true));
+    }
+
+    /// The feed-forward sublayer on `hidden` and its residual, in place.
+    pub(crate) fn feed_forward(
+        &self,
+        (kind, act): (ModelKind, Activation),
+        hidden: &mut [f32],
+        (normed, sublayer, intermediate): (&mut [f32], &mut [f32], &mut [f32]),
+        multiply: &Multiply<'_>,
+    ) {
         // Feed-forward: the same input for each family.
         let x: &[f32] = match kind {
             ModelKind::Bert => hidden,

@@ -88,7 +88,7 @@ pub enum Activation {
 
 impl Activation {
     /// The activation `name`, read from the config field `field`.
-    fn parse(name: &str, field: &'static str) -> Result<Activation, ModelError> {
+    pub(crate) fn parse(name: &str, field: &'static str) -> Result<Activation, ModelError> {
         match name {
             "gelu" => Ok(Activation::GeluErf),
             "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Activation::GeluTanh),

@@ -47,6 +47,7 @@ mod kv_cache;
 mod model;
 mod ops;
 mod pooling;
+mod seq2seq;
 mod tokenize;
 mod weights;
 
@@ -70,4 +71,8 @@ pub use hub::resolve_model;
 pub use kv_cache::{KvCache, Step};
 pub use model::{EMBED_BATCH, Model, ModelOutput, QueryKey, RunOptions, set_threads};
 pub use ops::{AUTO_MIN_ROWS, GemmKernel};
+pub use seq2seq::{
+    Decoded, GenerationSettings, SEQ2SEQ_MODEL_TYPES, Seq2Seq, Seq2SeqConfig, Seq2SeqOutput,
+    is_seq2seq,
+};
 pub use tokenize::{Encoding, Limit, TextTokenizer};

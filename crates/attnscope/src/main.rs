@@ -48,6 +48,8 @@ enum Command {
     ///
     /// Continue a prompt with a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2); --explain shows the tokens the attention that chose each new token weighed most.
     Generate(cmd::generate::Args),
+    /// Translate a text with an encoder-decoder model (BART).
+    Translate(cmd::translate::Args),
     /// A sequence classifier's labels for a text (sentiment, topic, entailment).
     Classify(cmd::classify::Args),
     /// Answer a question from a context with an extractive question-answering model.
@@ -108,6 +110,7 @@ fn main() -> ExitCode {
         Command::Heads(args) => cmd::heads::run(args),
         Command::Lookup(args) => cmd::lookup::run(args),
         Command::Generate(args) => cmd::generate::run(args),
+        Command::Translate(args) => cmd::translate::run(args),
         Command::Classify(args) => cmd::classify::run(args),
         Command::Answer(args) => cmd::answer::run(args),
         Command::Predict(args) => cmd::predict::run(args),
@@ -156,6 +159,7 @@ fn model_args(command: &Command) -> Option<&attnscope::maps::ModelArgs> {
         Command::Embed(args) => Some(&args.model),
         Command::Attribute(args) => Some(&args.model),
         Command::Generate(args) => Some(&args.model),
+        Command::Translate(args) => Some(&args.model),
         Command::Classify(args) => Some(&args.model),
         Command::Answer(args) => Some(&args.model),
         Command::Predict(args) => Some(&args.model),

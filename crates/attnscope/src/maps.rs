@@ -31,6 +31,155 @@ impl ModelArgs {
     pub fn load(&self) -> anyhow::Result<Model> {
         load_model(self.model.as_deref(), self.threads)
     }
+
+    /// The encoder-decoder model `--model` names (translation), loaded, or `None` when it
+    /// names another kind (or none: the default model is an encoder).
+    pub fn load_seq2seq(&self) -> anyhow::Result<Option<attn_models::Seq2Seq>> {
+        let Some(dir) = &self.model else {
+            return Ok(None);
+        };
+        let dir = attn_models::resolve_model(dir)?;
+        if !attn_models::is_seq2seq(&dir) {
+            return Ok(None);
+        }
+        if let Some(n) = self.threads {
+            set_threads(n)?;
+        }
+        let model = attn_models::Seq2Seq::load(&dir)
+            .with_context(|| format!("loading the model in {}", dir.display()))?;
+        Ok(Some(model))
+    }
+}
+
+/// An encoder-decoder model's teacher-forced pass over a source and its target.
+pub struct TeacherForced {
+    /// The source's ids.
+    pub source: Vec<u32>,
+    /// What the decoder read: the start token, then the target's tokens but the last.
+    pub decoder: Vec<u32>,
+    /// What each decoder row predicts: the target's tokens.
+    pub labels: Vec<u32>,
+    /// The target's encoding (the labels, with their spans in `target`).
+    pub target_encoding: attn_models::Encoding,
+    /// The target text: `--target`, or the model's greedy translation.
+    pub target: String,
+    /// The attentions and logits.
+    pub output: attn_models::Seq2SeqOutput,
+}
+
+/// The pass of `model` over `source` and `target`, or, without one, the model's own greedy
+/// translation (its generation settings' length).
+pub fn teacher_forced(
+    model: &attn_models::Seq2Seq,
+    source: &str,
+    target: Option<&str>,
+) -> anyhow::Result<TeacherForced> {
+    let source_ids = model.encode_source(source)?;
+    let target = match target {
+        Some(t) => t.to_string(),
+        None => {
+            let max = model
+                .config()
+                .generation
+                .max_length
+                .unwrap_or(64)
+                .saturating_sub(1);
+            let ids = model.greedy(&source_ids, max.max(1))?;
+            let text = model.decode_text(&ids)?;
+            crate::note!("note: no --target: the target is the model's own translation, {text:?}");
+            text
+        }
+    };
+    anyhow::ensure!(
+        !target.trim().is_empty(),
+        "the target is empty or only whitespace"
+    );
+    let target_encoding = model.tokenizer().encode(&target, None, false)?;
+    let (decoder, labels) = model.teacher_forcing(&target)?;
+    let output = model.forward(&source_ids, &decoder)?;
+    Ok(TeacherForced {
+        source: source_ids,
+        decoder,
+        labels,
+        target_encoding,
+        target,
+        output,
+    })
+}
+
+/// Which attention of an encoder-decoder model a view shows.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Seq2SeqAttention {
+    /// The decoder's rows over the source's tokens.
+    #[default]
+    Cross,
+    /// The encoder's self-attention over the source.
+    Encoder,
+}
+
+/// An encoder-decoder model's attention on `source` (and `target`, else its own translation)
+/// as maps the views read. Cross: the source's tokens (segment 0, the text)
+/// then the target's (segment 1, the pair), holding the rows of the target's tokens alone,
+/// each target token's row the decoder row that generates it (over the source's columns; the
+/// target's columns 0). Encoder: the source alone, every row.
+pub fn seq2seq_maps(
+    model: &attn_models::Seq2Seq,
+    source: &str,
+    target: Option<&str>,
+    kind: Seq2SeqAttention,
+) -> anyhow::Result<AttentionMaps> {
+    let src = model.tokenizer().encode(source, None, false)?;
+    let token = |enc: &attn_models::Encoding, i: usize, segment: usize| Token {
+        text: enc.tokens[i].clone(),
+        id: enc.ids[i],
+        span: enc.spans[i],
+        segment,
+        special: enc.special[i] || model.tokenizer().is_special(enc.ids[i]),
+    };
+    let c = model.config();
+    let mut tokens: Vec<Token> = (0..src.len()).map(|i| token(&src, i, 0)).collect();
+    let s = tokens.len();
+    let (n_layers, n_heads, weights, rows, pair) = match kind {
+        Seq2SeqAttention::Encoder => (
+            c.encoder_layers,
+            c.encoder_heads,
+            model.encode(&src.ids)?.1,
+            None,
+            None,
+        ),
+        Seq2SeqAttention::Cross => {
+            let pass = teacher_forced(model, source, target)?;
+            let tgt = &pass.target_encoding;
+            tokens.extend((0..tgt.len()).map(|i| token(tgt, i, 1)));
+            let (t, width) = (tgt.len(), tokens.len());
+            let mut weights = vec![0.0f32; c.decoder_layers * c.decoder_heads * t * width];
+            for (row, cross) in
+                (weights.chunks_exact_mut(width)).zip(pass.output.cross_attentions.chunks_exact(s))
+            {
+                row[..s].copy_from_slice(cross);
+            }
+            let rows = (s..s + t).collect();
+            (
+                c.decoder_layers,
+                c.decoder_heads,
+                weights,
+                Some(rows),
+                Some(pass.target.clone()),
+            )
+        }
+    };
+    let maps = AttentionMaps {
+        model: model.name().to_string(),
+        text: source.to_string(),
+        pair,
+        tokens,
+        n_layers,
+        n_heads,
+        weights,
+        rows,
+    };
+    maps.validate_rows().context("the model's attention")?;
+    Ok(maps)
 }
 
 /// The model in `dir` (a directory or a Hugging Face cache id, [`attn_models::resolve_model`]), else the

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::maps::ModelArgs;
 use anyhow::{Context, bail};
-use attn_models::{Encoding, Model, RunOptions};
+use attn_models::{Encoding, Model, RunOptions, Seq2Seq};
 use attn_viz::VizError;
 use attn_viz::bars::{display_width, pad_start, truncate_to_width};
 
@@ -28,6 +28,13 @@ pub struct Args {
     /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT")]
     pub pair: Option<String>,
+    /// An encoder-decoder model's target: the decoder reads it (teacher forcing)
+    ///
+    /// An encoder-decoder model's target (a translation of TEXT): the decoder reads the start
+    /// token and the target's tokens, each row predicting the next; default: the model's own
+    /// greedy translation.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["pair", "save_maps", "layer", "head"])]
+    pub target: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Cut a text longer than the model's positions instead of refusing it.
@@ -102,6 +109,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.save_maps {
         crate::maps::check_output(path)?;
     }
+    if let Some(model) = args.model.load_seq2seq()? {
+        return run_seq2seq(&args, &model, &text);
+    }
+    if args.target.is_some() {
+        bail!(
+            "--target is the target of an encoder-decoder model (BART); this model reads one text"
+        );
+    }
     let model = args.model.load()?;
     if let Some(layer) = args.layer.filter(|&l| l >= model.n_layers()) {
         let n_layers = model.n_layers();
@@ -142,6 +157,69 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         write_json(&mut w, &model, &enc, &attentions)?;
     } else {
         write_readable(&mut w, &model, &enc, &attentions, args.layer, args.head)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// `attention` on an encoder-decoder model: its three kinds of attention for the source
+/// `text` and the target (`--target`, else the model's own translation).
+fn run_seq2seq(args: &Args, model: &Seq2Seq, text: &str) -> anyhow::Result<()> {
+    let pass = crate::maps::teacher_forced(model, text, args.target.as_deref())?;
+    let c = model.config();
+    let (s, t) = (pass.source.len(), pass.decoder.len());
+    let nest = |att: &[f32], heads: usize, rows: usize, cols: usize| -> Vec<Vec<Vec<Vec<f32>>>> {
+        (att.chunks_exact(heads * rows * cols))
+            .map(|l| {
+                (l.chunks_exact(rows * cols))
+                    .map(|h| h.chunks_exact(cols).map(<[f32]>::to_vec).collect())
+                    .collect()
+            })
+            .collect()
+    };
+    let token = |id: u32| model.tokenizer().token(id).unwrap_or_default();
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    if args.json {
+        let out = &pass.output;
+        let doc = serde_json::json!({
+            "model": model.name(),
+            "source_tokens": pass.source.iter().map(|&id| token(id)).collect::<Vec<_>>(),
+            "decoder_tokens": pass.decoder.iter().map(|&id| token(id)).collect::<Vec<_>>(),
+            "predicted_tokens": pass.labels.iter().map(|&id| token(id)).collect::<Vec<_>>(),
+            "encoder_attentions": nest(&out.encoder_attentions, c.encoder_heads, s, s),
+            "decoder_attentions": nest(&out.decoder_attentions, c.decoder_heads, t, t),
+            "cross_attentions": nest(&out.cross_attentions, c.decoder_heads, t, s),
+        });
+        serde_json::to_writer(&mut w, &doc)?;
+        writeln!(w)?;
+    } else {
+        writeln!(
+            w,
+            "model {} (encoder-decoder, {} + {} layers × {} heads): cross-attention of each \
+             decoder row, {} layers × {} heads averaged, its three heaviest source tokens",
+            model.name(),
+            c.encoder_layers,
+            c.decoder_layers,
+            c.decoder_heads,
+            c.decoder_layers,
+            c.decoder_heads
+        )?;
+        let per = c.decoder_layers * c.decoder_heads;
+        for (row, &label) in pass.labels.iter().enumerate() {
+            let mut mean = vec![0.0f32; s];
+            for block in pass.output.cross_attentions.chunks_exact(t * s) {
+                for (m, &x) in mean.iter_mut().zip(&block[row * s..][..s]) {
+                    *m += x / per as f32;
+                }
+            }
+            let mut order: Vec<usize> = (0..s).collect();
+            order.sort_by(|&a, &b| mean[b].total_cmp(&mean[a]));
+            let top: Vec<String> = (order.iter().take(3))
+                .map(|&j| format!("{} {:.2}", token(pass.source[j]), mean[j]))
+                .collect();
+            writeln!(w, "{row:>3} → {:<16} {}", token(label), top.join(", "))?;
+        }
     }
     w.flush()?;
     Ok(())

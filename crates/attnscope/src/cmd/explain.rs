@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use anyhow::Context;
+use attn_viz::AttentionMaps;
 use attn_viz::bars::BarStyle;
 use attn_viz::explain::{
     ExplainOptions, Level, Method, compare_grids, explain, head_grid, render, render_comparison,
@@ -97,6 +98,16 @@ pub struct Args {
     pub method: Option<crate::cmd::attribute::AttributionMethod>,
     #[command(flatten)]
     pub attribution: crate::cmd::attribute::TargetArgs,
+    /// An encoder-decoder model's target: the bars of the decoder row that generates --focus
+    ///
+    /// An encoder-decoder model's target (a translation of TEXT), which the decoder reads:
+    /// --focus names a word of it, and the bars are the cross-attention of the decoder row
+    /// that generates that word over TEXT's words; default: the model's own translation.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["pair", "question", "maps", "method"])]
+    pub target: Option<String>,
+    /// An encoder-decoder model's attention to show: cross (decoder over the source) or encoder.
+    #[arg(long, value_enum, default_value_t = crate::maps::Seq2SeqAttention::Cross, conflicts_with_all = ["pair", "question", "maps", "method"])]
+    pub attention: crate::maps::Seq2SeqAttention,
     /// Raw tokens instead of words.
     #[arg(long)]
     pub tokens: bool,
@@ -167,6 +178,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         focus_tokens: Vec::new(),
         only_segment: None,
     };
+    let seq2seq = match (&args.source.maps, text) {
+        (None, Some(_)) => args.source.model.load_seq2seq()?,
+        _ => None,
+    };
+    if seq2seq.is_none() && args.target.is_some() {
+        anyhow::bail!(
+            "--target is the target of an encoder-decoder model (BART); this model reads one text"
+        );
+    }
+    if let (Some(model), Some(text)) = (&seq2seq, text) {
+        anyhow::ensure!(
+            !args.rollout && !args.flow,
+            "--rollout and --flow go through one stack's layers: an encoder-decoder model's \
+             cross-attention has none to go through"
+        );
+        let maps = crate::maps::seq2seq_maps(model, text, args.target.as_deref(), args.attention)?;
+        let cross = args.attention == crate::maps::Seq2SeqAttention::Cross;
+        let target = maps.pair.clone().unwrap_or_default();
+        let ask = format!(
+            "give --focus WORD, a word of the target ({target:?}): the bars are the \
+             cross-attention of the decoder row that generates it (--attention encoder looks \
+             from the source's words)"
+        );
+        anyhow::ensure!(!cross || args.focus.is_some(), "{ask}");
+        let options = ExplainOptions {
+            across: cross,
+            ..options
+        };
+        let source_len = maps.tokens.iter().filter(|t| t.segment == 0).count();
+        let rows =
+            attn_viz::explain::query_rows(&maps, &options).map_err(crate::maps::name_the_flag)?;
+        anyhow::ensure!(
+            !cross || rows.iter().all(|&r| r >= source_len),
+            "--focus {:?} is a word of the source: {ask}",
+            args.focus.as_deref().unwrap_or_default()
+        );
+        return show(&args, &maps, &options);
+    }
     // Only the rows the bars read: a long prompt's every row would not fit in memory.
     let maps = match (&args.source.maps, text) {
         (None, Some(text)) => {
@@ -177,9 +226,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => args.source.maps(text, pair)?,
     };
+    show(&args, &maps, &options)
+}
+
+/// The bars of `maps` as `options` asks (or `--to`'s tables), printed.
+fn show(args: &Args, maps: &AttentionMaps, options: &ExplainOptions) -> anyhow::Result<()> {
     if !args.to.is_empty() {
         let grids = (args.to.iter())
-            .map(|to| head_grid(&maps, &options, to).map_err(crate::maps::name_the_flag))
+            .map(|to| head_grid(maps, options, to).map_err(crate::maps::name_the_flag))
             .collect::<anyhow::Result<Vec<_>>>()?;
         for i in 0..grids.len() {
             for j in i + 1..grids.len() {
@@ -198,7 +252,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             [a, b] => Some(compare_grids(a, b)?),
             _ => None,
         };
-        return print(&args, &grids, |style| {
+        return print(args, &grids, |style| {
             let mut tables: Vec<String> = grids.iter().map(|g| render_grid(g, style)).collect();
             tables.extend(comparison.map(|c| render_comparison(&c, style)));
             tables.join("\n")
@@ -209,7 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let explanation = explain(&maps, &options, |done, total| {
+    let explanation = explain(maps, options, |done, total| {
         if let Some(bar) = &bar {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
@@ -219,7 +273,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    print(&args, &explanation, |style| render(&explanation, style))
+    print(args, &explanation, |style| render(&explanation, style))
 }
 
 /// Prints `value` as JSON with `--json`, else as `text` renders it (in colour when asked).

@@ -17,6 +17,7 @@ pub mod predict;
 pub mod sdpa;
 pub mod serve;
 pub mod task;
+pub mod translate;
 pub mod walkthrough;
 
 /// A layer's or head's index for clap: a whole number from 0, and for `-1` (Python's last) a

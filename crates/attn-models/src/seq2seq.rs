@@ -1,0 +1,711 @@
+//! Encoder-decoder models: BART (`BartForConditionalGeneration`,
+//! <https://github.com/huggingface/transformers/blob/v4.57.0/src/transformers/models/bart/modeling_bart.py>),
+//! with its three kinds of attention: the encoder's over the source, the decoder's causal one
+//! over what it has read, and the decoder's cross-attention from each of its tokens to the
+//! source's.
+//!
+//! BART's blocks are post-norm (the LayerNorm after each residual, as BERT's): the encoder's
+//! are BERT's, the decoder's add a cross-attention sublayer between the self-attention and the
+//! feed-forward. Embeddings are the shared token matrix (scaled by √d_model with
+//! `scale_embedding`) plus learned positions read at `position + 2`, then `layernorm_embedding`;
+//! the head is the shared matrix plus `final_logits_bias`.
+
+use std::path::Path;
+
+use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
+
+use crate::block::{Buffers, Multiply};
+use crate::checkpoint::{Checkpoint, F32Data, WeightData};
+use crate::model::{merge_heads, parallelism, split_heads};
+use crate::ops::{Epilogue, Gemm, GemmKernel, LayerNorm, Linear, Weight, WeightLayout, gemm_bt};
+use crate::tokenize::TextTokenizer;
+use crate::weights::Layer;
+use crate::{Activation, ModelError, ModelKind};
+
+/// The `model_type`s this module runs.
+pub const SEQ2SEQ_MODEL_TYPES: &[&str] = &["bart"];
+
+/// Whether `dir/config.json` names an encoder-decoder model this module runs.
+pub fn is_seq2seq(dir: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else {
+        return false;
+    };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("model_type")?.as_str().map(str::to_string))
+        .is_some_and(|t| SEQ2SEQ_MODEL_TYPES.contains(&t.as_str()))
+}
+
+#[derive(serde::Deserialize)]
+struct RawConfig {
+    model_type: String,
+    vocab_size: usize,
+    d_model: usize,
+    encoder_layers: usize,
+    decoder_layers: usize,
+    encoder_attention_heads: usize,
+    decoder_attention_heads: usize,
+    encoder_ffn_dim: usize,
+    decoder_ffn_dim: usize,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    scale_embedding: bool,
+    #[serde(default = "gelu")]
+    activation_function: String,
+    #[serde(default = "one")]
+    pad_token_id: u32,
+    #[serde(default = "two")]
+    eos_token_id: u32,
+    #[serde(default = "two")]
+    decoder_start_token_id: u32,
+    #[serde(default)]
+    forced_bos_token_id: Option<u32>,
+    #[serde(default)]
+    forced_eos_token_id: Option<u32>,
+}
+
+fn gelu() -> String {
+    "gelu".into()
+}
+fn one() -> u32 {
+    1
+}
+fn two() -> u32 {
+    2
+}
+
+/// What generation honours, from `generation_config.json` where the directory has one, else
+/// from `config.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+pub struct GenerationSettings {
+    /// The token the decoder reads first.
+    pub decoder_start_token_id: Option<u32>,
+    /// The token forced as the first one generated.
+    pub forced_bos_token_id: Option<u32>,
+    /// The token forced as the last one, at `max_length`.
+    pub forced_eos_token_id: Option<u32>,
+    /// The most tokens the decoder's sequence holds, its start token included.
+    pub max_length: Option<usize>,
+    /// Token sequences never generated; those of one token are masked at every step.
+    #[serde(default)]
+    pub bad_words_ids: Vec<Vec<u32>>,
+}
+
+/// An encoder-decoder model's shape and special tokens.
+#[derive(Debug, Clone)]
+pub struct Seq2SeqConfig {
+    /// `config.json`'s `model_type`.
+    pub model_type: String,
+    /// Tokens of the shared vocabulary.
+    pub vocab_size: usize,
+    /// Width of both stacks.
+    pub d_model: usize,
+    /// Encoder blocks.
+    pub encoder_layers: usize,
+    /// Decoder blocks.
+    pub decoder_layers: usize,
+    /// Heads of each encoder attention.
+    pub encoder_heads: usize,
+    /// Heads of each decoder attention, self and cross.
+    pub decoder_heads: usize,
+    /// Most tokens either side reads (`max_position_embeddings`).
+    pub max_positions: usize,
+    /// The feed-forward's activation.
+    pub activation: Activation,
+    /// `√d_model` with `scale_embedding`, else 1.
+    pub embed_scale: f32,
+    /// The padding token.
+    pub pad_token_id: u32,
+    /// The end-of-sequence token, where generation stops.
+    pub eos_token_id: u32,
+    /// What generation honours.
+    pub generation: GenerationSettings,
+}
+
+impl Seq2SeqConfig {
+    fn read(dir: &Path) -> Result<Seq2SeqConfig, ModelError> {
+        let path = dir.join("config.json");
+        let text = crate::config::read_text(&path, "the model's config.json")?;
+        let bad = |reason: String| ModelError::BadJson {
+            path: path.clone(),
+            reason,
+        };
+        let raw: RawConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if !SEQ2SEQ_MODEL_TYPES.contains(&raw.model_type.as_str()) {
+            return Err(ModelError::UnsupportedModelType {
+                model_type: raw.model_type,
+                supported: SEQ2SEQ_MODEL_TYPES,
+            });
+        }
+        for (field, heads) in [
+            ("encoder_attention_heads", raw.encoder_attention_heads),
+            ("decoder_attention_heads", raw.decoder_attention_heads),
+        ] {
+            if heads == 0 || !raw.d_model.is_multiple_of(heads) {
+                return Err(ModelError::InvalidConfig {
+                    field,
+                    reason: format!("{heads} heads do not divide d_model {}", raw.d_model),
+                });
+            }
+        }
+        let sizes = [
+            ("vocab_size", raw.vocab_size),
+            ("encoder_layers", raw.encoder_layers),
+            ("decoder_layers", raw.decoder_layers),
+            ("max_position_embeddings", raw.max_position_embeddings),
+            ("encoder_ffn_dim", raw.encoder_ffn_dim),
+            ("decoder_ffn_dim", raw.decoder_ffn_dim),
+        ];
+        if let Some((field, _)) = sizes.iter().find(|(_, n)| *n == 0) {
+            return Err(ModelError::InvalidConfig {
+                field,
+                reason: "must be at least 1".into(),
+            });
+        }
+        let gen_path = dir.join("generation_config.json");
+        let mut generation = match crate::config::present(&gen_path) {
+            true => {
+                let text = crate::config::read_text(&gen_path, "generation_config.json")?;
+                serde_json::from_str(&text).map_err(|e| ModelError::BadJson {
+                    path: gen_path.clone(),
+                    reason: e.to_string(),
+                })?
+            }
+            false => GenerationSettings::default(),
+        };
+        generation.decoder_start_token_id = generation
+            .decoder_start_token_id
+            .or(Some(raw.decoder_start_token_id));
+        generation.forced_bos_token_id = generation.forced_bos_token_id.or(raw.forced_bos_token_id);
+        generation.forced_eos_token_id = generation.forced_eos_token_id.or(raw.forced_eos_token_id);
+        Ok(Seq2SeqConfig {
+            model_type: raw.model_type,
+            vocab_size: raw.vocab_size,
+            d_model: raw.d_model,
+            encoder_layers: raw.encoder_layers,
+            decoder_layers: raw.decoder_layers,
+            encoder_heads: raw.encoder_attention_heads,
+            decoder_heads: raw.decoder_attention_heads,
+            max_positions: raw.max_position_embeddings,
+            activation: Activation::parse(&raw.activation_function, "activation_function")?,
+            embed_scale: match raw.scale_embedding {
+                true => (raw.d_model as f32).sqrt(),
+                false => 1.0,
+            },
+            pad_token_id: raw.pad_token_id,
+            eos_token_id: raw.eos_token_id,
+            generation,
+        })
+    }
+}
+
+/// What the decoder's pass gives.
+pub struct Decoded {
+    /// `[decoder_layers, heads, T, T]` (causal)
+    pub self_attentions: Vec<f32>,
+    /// `[decoder_layers, heads, T, S]`
+    pub cross_attentions: Vec<f32>,
+    /// `[T, vocab]`
+    pub logits: Vec<f32>,
+}
+
+/// A decoder block's cross-attention: queries from the decoder, keys and values from the
+/// encoder's output.
+struct CrossAttention {
+    q: Linear,
+    /// Keys and values side by side: `[S, 2·d_model]`.
+    kv: Linear,
+    out: Linear,
+    norm: LayerNorm,
+}
+
+/// One side's embeddings.
+struct Embeddings {
+    /// `[max_positions + 2, d_model]`
+    positions: Vec<f32>,
+    norm: LayerNorm,
+}
+
+/// An encoder-decoder checkpoint ready to run.
+pub struct Seq2Seq {
+    name: String,
+    config: Seq2SeqConfig,
+    tokenizer: TextTokenizer,
+    /// `[vocab, d_model]`: the encoder's and decoder's token embeddings and the head.
+    shared: F32Data,
+    /// `[vocab]`
+    final_logits_bias: Vec<f32>,
+    encoder_embed: Embeddings,
+    decoder_embed: Embeddings,
+    encoder: Vec<Layer>,
+    decoder: Vec<(Layer, CrossAttention)>,
+}
+
+/// Every attention of a teacher-forced pass, and the logits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seq2SeqOutput {
+    /// `[encoder_layers, heads, S, S]`
+    pub encoder_attentions: Vec<f32>,
+    /// `[decoder_layers, heads, T, T]` (causal)
+    pub decoder_attentions: Vec<f32>,
+    /// `[decoder_layers, heads, T, S]`: decoder row t over the source tokens.
+    pub cross_attentions: Vec<f32>,
+    /// `[T, vocab]`: row t predicts the token after decoder token t.
+    pub logits: Vec<f32>,
+}
+
+fn torch_linear(
+    ckpt: &Checkpoint,
+    names: &[&str],
+    n_in: usize,
+    n_out: usize,
+) -> Result<Linear, ModelError> {
+    let mut parts = Vec::new();
+    let mut bias = Vec::new();
+    for name in names {
+        parts.push(Weight {
+            data: WeightData::F32(ckpt.f32_data(&format!("{name}.weight"), &[n_out, n_in])?),
+            layout: WeightLayout::OutIn,
+            n_out,
+        });
+        bias.extend(ckpt.f32(&format!("{name}.bias"), &[n_out])?);
+    }
+    Ok(Linear::from_parts(parts, bias, n_in))
+}
+
+fn layer_norm(ckpt: &Checkpoint, name: &str, n: usize) -> Result<LayerNorm, ModelError> {
+    Ok(LayerNorm {
+        gamma: ckpt.f32(&format!("{name}.weight"), &[n])?,
+        beta: ckpt.f32(&format!("{name}.bias"), &[n])?,
+        eps: 1e-5,
+        rms: false,
+    })
+}
+
+/// A BART block's self-attention and feed-forward, as a post-norm [`Layer`].
+fn block(ckpt: &Checkpoint, p: &str, d: usize, ffn: usize) -> Result<Layer, ModelError> {
+    let attn = format!("{p}self_attn.");
+    Ok(Layer {
+        qkv: torch_linear(
+            ckpt,
+            &[
+                &format!("{attn}q_proj"),
+                &format!("{attn}k_proj"),
+                &format!("{attn}v_proj"),
+            ],
+            d,
+            d,
+        )?,
+        attn_out: torch_linear(ckpt, &[&format!("{attn}out_proj")], d, d)?,
+        norm_attn: layer_norm(ckpt, &format!("{p}self_attn_layer_norm"), d)?,
+        ff_in: torch_linear(ckpt, &[&format!("{p}fc1")], d, ffn)?,
+        ff_out: torch_linear(ckpt, &[&format!("{p}fc2")], ffn, d)?,
+        norm_ff: layer_norm(ckpt, &format!("{p}final_layer_norm"), d)?,
+        qk_norm: None,
+        post_norms: None,
+    })
+}
+
+impl Seq2Seq {
+    /// Loads `dir` (config.json, model.safetensors, tokenizer.json).
+    pub fn load(dir: &Path) -> Result<Seq2Seq, ModelError> {
+        let config = Seq2SeqConfig::read(dir)?;
+        let tokenizer = TextTokenizer::from_dir(dir, config.max_positions)?;
+        let ckpt = Checkpoint::open(&dir.join("model.safetensors"))?;
+        let (d, v) = (config.d_model, config.vocab_size);
+        let shared = ["model.shared.weight", "model.encoder.embed_tokens.weight"]
+            .into_iter()
+            .find(|n| ckpt.contains(n))
+            .ok_or_else(|| ModelError::MissingTensor {
+                tensor: "model.shared.weight".into(),
+            })?;
+        let shared = ckpt.f32_data(shared, &[v, d])?;
+        let final_logits_bias = match ckpt.contains("final_logits_bias") {
+            true => ckpt.f32("final_logits_bias", &[1, v])?,
+            false => vec![0.0; v],
+        };
+        let embed = |side: &str| -> Result<Embeddings, ModelError> {
+            Ok(Embeddings {
+                positions: ckpt.f32(
+                    &format!("model.{side}.embed_positions.weight"),
+                    &[config.max_positions + 2, d],
+                )?,
+                norm: layer_norm(&ckpt, &format!("model.{side}.layernorm_embedding"), d)?,
+            })
+        };
+        let encoder = (0..config.encoder_layers)
+            .map(|l| {
+                let ffn = ckpt
+                    .info(&format!("model.encoder.layers.{l}.fc1.weight"))
+                    .map_or(0, |i| i.shape[0]);
+                block(&ckpt, &format!("model.encoder.layers.{l}."), d, ffn)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let decoder = (0..config.decoder_layers)
+            .map(|l| {
+                let p = format!("model.decoder.layers.{l}.");
+                let ffn = ckpt
+                    .info(&format!("{p}fc1.weight"))
+                    .map_or(0, |i| i.shape[0]);
+                let cross = format!("{p}encoder_attn.");
+                Ok((
+                    block(&ckpt, &p, d, ffn)?,
+                    CrossAttention {
+                        q: torch_linear(&ckpt, &[&format!("{cross}q_proj")], d, d)?,
+                        kv: torch_linear(
+                            &ckpt,
+                            &[&format!("{cross}k_proj"), &format!("{cross}v_proj")],
+                            d,
+                            d,
+                        )?,
+                        out: torch_linear(&ckpt, &[&format!("{cross}out_proj")], d, d)?,
+                        norm: layer_norm(&ckpt, &format!("{p}encoder_attn_layer_norm"), d)?,
+                    },
+                ))
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let (encoder_embed, decoder_embed) = (embed("encoder")?, embed("decoder")?);
+        Ok(Seq2Seq {
+            name: dir
+                .file_name()
+                .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into()),
+            config,
+            tokenizer,
+            shared,
+            final_logits_bias,
+            encoder_embed,
+            decoder_embed,
+            encoder,
+            decoder,
+        })
+    }
+
+    /// The model's name (its directory's).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The model's shape and special tokens.
+    pub fn config(&self) -> &Seq2SeqConfig {
+        &self.config
+    }
+
+    /// The tokenizer (source and target share it).
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// The source's ids, with the tokenizer's special tokens.
+    pub fn encode_source(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Ok(self.tokenizer.encode(text, None, false)?.ids)
+    }
+
+    /// What the decoder reads to be taught `target` (its labels, the target's ids with the
+    /// tokenizer's special tokens, shifted right behind the decoder start token, as
+    /// transformers' `shift_tokens_right`), and those labels: decoder row t predicts label t.
+    pub fn teacher_forcing(&self, target: &str) -> Result<(Vec<u32>, Vec<u32>), ModelError> {
+        let labels = self.tokenizer.encode(target, None, false)?.ids;
+        let mut decoder = vec![self.start_token()];
+        decoder.extend_from_slice(&labels[..labels.len() - 1]);
+        Ok((decoder, labels))
+    }
+
+    fn start_token(&self) -> u32 {
+        (self.config.generation.decoder_start_token_id).unwrap_or(self.config.eos_token_id)
+    }
+
+    fn check_ids(&self, ids: &[u32], what: &'static str) -> Result<(), ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::EmptyText { which: what });
+        }
+        if ids.len() > self.config.max_positions {
+            return Err(ModelError::TooLong {
+                tokens: ids.len(),
+                max: self.config.max_positions,
+                embedding: false,
+                text: None,
+            });
+        }
+        match ids
+            .iter()
+            .find(|&&id| id as usize >= self.config.vocab_size)
+        {
+            Some(&id) => Err(ModelError::TokenOutOfVocab {
+                id,
+                vocab_size: self.config.vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Token embeddings, scaled, plus positions, then the side's embedding LayerNorm.
+    fn embed(&self, ids: &[u32], side: &Embeddings) -> Vec<f32> {
+        let d = self.config.d_model;
+        let mut x = vec![0.0f32; ids.len() * d];
+        for (t, (&id, row)) in ids.iter().zip(x.chunks_exact_mut(d)).enumerate() {
+            let word = &self.shared[id as usize * d..][..d];
+            let position = &side.positions[(t + 2) * d..][..d];
+            for ((x, &w), &p) in row.iter_mut().zip(word).zip(position) {
+                *x = w * self.config.embed_scale + p;
+            }
+        }
+        side.norm.apply(&mut x);
+        x
+    }
+
+    /// The encoder over `source` (ids): its output `[S, d_model]` and its attentions `[L, H,
+    /// S, S]`.
+    pub fn encode(&self, source: &[u32]) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        self.check_ids(source, "source")?;
+        let c = &self.config;
+        let (s, d, heads) = (source.len(), c.d_model, c.encoder_heads);
+        let mut hidden = self.embed(source, &self.encoder_embed);
+        let mut attentions = Vec::with_capacity(c.encoder_layers * heads * s * s);
+        let gemm = gemm();
+        let multiply = |l: &Linear, x: &[f32], y: &mut [f32], e| l.forward(x, y, e, gemm);
+        let ffn = self.encoder.first().map_or(0, |l| l.ff_in.n_out);
+        let mut buf = Scratch::new(s, d, ffn);
+        for (l, layer) in self.encoder.iter().enumerate() {
+            let attend = |qkv: &[f32], context: &mut [f32]| {
+                let w = self_attention(qkv, (s, heads, d / heads), false, context, l)?;
+                attentions.extend(w);
+                Ok(())
+            };
+            let kind = (ModelKind::Bert, c.activation);
+            layer.forward(kind, &mut hidden, buf.buffers(), &multiply, attend)?;
+        }
+        check_finite(&hidden, "the encoder's output")?;
+        Ok((hidden, attentions))
+    }
+
+    /// The decoder reading `decoder_ids` against the encoder's `encoded` (`[S, d_model]`):
+    /// its attentions and the logits.
+    pub fn decode(&self, encoded: &[f32], decoder_ids: &[u32]) -> Result<Decoded, ModelError> {
+        self.check_ids(decoder_ids, "decoder input")?;
+        let c = &self.config;
+        let (t, d, heads) = (decoder_ids.len(), c.d_model, c.decoder_heads);
+        let s = encoded.len() / d;
+        let dh = d / heads;
+        let mut hidden = self.embed(decoder_ids, &self.decoder_embed);
+        let mut self_attn = Vec::with_capacity(c.decoder_layers * heads * t * t);
+        let mut cross_attn = Vec::with_capacity(c.decoder_layers * heads * t * s);
+        let gemm = gemm();
+        let multiply: &Multiply<'_> =
+            &|l: &Linear, x: &[f32], y: &mut [f32], e| l.forward(x, y, e, gemm);
+        let ffn = self.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
+        let mut buf = Scratch::new(t, d, ffn);
+        for (l, (layer, cross)) in self.decoder.iter().enumerate() {
+            let Scratch {
+                normed,
+                qkv,
+                context,
+                sublayer,
+                intermediate,
+            } = &mut buf;
+            multiply(&layer.qkv, &hidden, qkv, Epilogue::Bias);
+            self_attn.extend(self_attention(qkv, (t, heads, dh), true, context, l)?);
+            layer.attention_residual(ModelKind::Bert, &mut hidden, context, sublayer, multiply);
+            // Cross-attention: queries from here, keys and values from the encoder.
+            let mut q = vec![0.0f32; t * d];
+            multiply(&cross.q, &hidden, &mut q, Epilogue::Bias);
+            let mut kv = vec![0.0f32; s * 2 * d];
+            multiply(&cross.kv, encoded, &mut kv, Epilogue::Bias);
+            let (mut qh, mut kh, mut vh) = (vec![0.0; t * d], vec![0.0; s * d], vec![0.0; s * d]);
+            // Zero-width parts: the queries alone, then the keys and values alone.
+            let (mut no_k, mut no_v, mut no_q) = (Vec::new(), Vec::new(), Vec::new());
+            split_heads(&q, 1, t, (heads, 0), dh, [&mut qh, &mut no_k, &mut no_v]);
+            split_heads(&kv, 1, s, (0, heads), dh, [&mut no_q, &mut kh, &mut vh]);
+            let shape = AttnShape::new(1, heads, t, s, dh);
+            let out = attention(&qh, &kh, &vh, shape, None, l)?;
+            cross_attn.extend(out.1);
+            merge_heads(&out.0, 1, t, heads, dh, context);
+            multiply(&cross.out, context, sublayer, Epilogue::None);
+            cross
+                .norm
+                .residual_bias_apply(&mut hidden, sublayer, &cross.out.bias);
+            let kind = (ModelKind::Bert, c.activation);
+            layer.feed_forward(
+                kind,
+                &mut hidden,
+                (normed, sublayer, intermediate),
+                multiply,
+            );
+        }
+        check_finite(&hidden, "the decoder's output")?;
+        let mut logits = vec![0.0f32; t * c.vocab_size];
+        gemm_bt(
+            &hidden,
+            t,
+            d,
+            &self.shared,
+            c.vocab_size,
+            &mut logits,
+            parallelism(),
+        );
+        for row in logits.chunks_exact_mut(c.vocab_size) {
+            row.iter_mut()
+                .zip(&self.final_logits_bias)
+                .for_each(|(x, b)| *x += b);
+        }
+        Ok(Decoded {
+            self_attentions: self_attn,
+            cross_attentions: cross_attn,
+            logits,
+        })
+    }
+
+    /// The teacher-forced pass: the encoder over `source`, the decoder over `decoder_ids`.
+    pub fn forward(
+        &self,
+        source: &[u32],
+        decoder_ids: &[u32],
+    ) -> Result<Seq2SeqOutput, ModelError> {
+        let (encoded, encoder_attentions) = self.encode(source)?;
+        let decoded = self.decode(&encoded, decoder_ids)?;
+        Ok(Seq2SeqOutput {
+            encoder_attentions,
+            decoder_attentions: decoded.self_attentions,
+            cross_attentions: decoded.cross_attentions,
+            logits: decoded.logits,
+        })
+    }
+
+    /// Greedy decoding of at most `max_new_tokens` tokens after the decoder start token,
+    /// honouring the generation settings (forced first and last token, one-token bad words,
+    /// `max_length`) and stopping after the end-of-sequence token; the ids generated, the
+    /// start token excluded.
+    pub fn greedy(&self, source: &[u32], max_new_tokens: usize) -> Result<Vec<u32>, ModelError> {
+        let (encoded, _) = self.encode(source)?;
+        let g = &self.config.generation;
+        let eos = self.config.eos_token_id;
+        // transformers' max_length counts the start token; max_new_tokens sets it to 1 + N.
+        let max_length = (1 + max_new_tokens)
+            .min(g.max_length.unwrap_or(usize::MAX))
+            .min(self.config.max_positions);
+        let mut ids = vec![self.start_token()];
+        while ids.len() < max_length {
+            let logits = self.decode(&encoded, &ids)?.logits;
+            let mut last = logits[logits.len() - self.config.vocab_size..].to_vec();
+            for bad in g.bad_words_ids.iter().filter(|b| b.len() == 1) {
+                if let Some(x) = last.get_mut(bad[0] as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            let forced = match ids.len() {
+                1 => g.forced_bos_token_id,
+                n if n + 1 == max_length => g.forced_eos_token_id,
+                _ => None,
+            };
+            let next = forced.unwrap_or_else(|| crate::generate::greedy(&last));
+            ids.push(next);
+            if next == eos {
+                break;
+            }
+        }
+        Ok(ids[1..].to_vec())
+    }
+
+    /// The text of `ids` without special tokens.
+    pub fn decode_text(&self, ids: &[u32]) -> Result<String, ModelError> {
+        let kept: Vec<u32> = (ids.iter().copied())
+            .filter(|&id| !self.tokenizer.is_special(id))
+            .collect();
+        self.tokenizer.decode(&kept)
+    }
+}
+
+/// A pass's buffers for `rows` rows.
+struct Scratch {
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    context: Vec<f32>,
+    sublayer: Vec<f32>,
+    intermediate: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(rows: usize, d: usize, ffn: usize) -> Scratch {
+        Scratch {
+            normed: Vec::new(),
+            qkv: vec![0.0; rows * 3 * d],
+            context: vec![0.0; rows * d],
+            sublayer: vec![0.0; rows * d],
+            intermediate: vec![0.0; rows * ffn],
+        }
+    }
+
+    fn buffers(&mut self) -> Buffers<'_> {
+        Buffers {
+            normed: &mut self.normed,
+            qkv: &mut self.qkv,
+            context: &mut self.context,
+            sublayer: &mut self.sublayer,
+            intermediate: &mut self.intermediate,
+        }
+    }
+}
+
+fn gemm() -> Gemm {
+    Gemm {
+        par: parallelism(),
+        kernel: GemmKernel::Auto,
+    }
+}
+
+/// Self-attention over the fused `qkv` of `rows` tokens, the heads merged into `context`;
+/// returns the weights `[heads, rows, rows]`.
+fn self_attention(
+    qkv: &[f32],
+    (rows, heads, dh): (usize, usize, usize),
+    causal: bool,
+    context: &mut [f32],
+    layer: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let n = rows * heads * dh;
+    let (mut q, mut k, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    split_heads(qkv, 1, rows, (heads, heads), dh, [&mut q, &mut k, &mut v]);
+    let shape = AttnShape::new(1, heads, rows, rows, dh);
+    let (out, weights) = attention(&q, &k, &v, shape, causal.then_some(Causal::TopLeft), layer)?;
+    merge_heads(&out, 1, rows, heads, dh, context);
+    Ok(weights)
+}
+
+/// attn-core's attention with every weight returned: `(output, weights)`.
+fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: AttnShape,
+    causal: Option<Causal>,
+    layer: usize,
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    let input =
+        AttnInput::allowing_non_finite(q, k, v, shape).map_err(|error| ModelError::Attention {
+            layer: Some(layer),
+            error,
+        })?;
+    let options = AttnOptions {
+        causal,
+        weights: WeightsRequest::All,
+        ..AttnOptions::default()
+    };
+    let out = attn_core::sdpa(&input, &options).map_err(|error| ModelError::Attention {
+        layer: Some(layer),
+        error,
+    })?;
+    let weights = out.weights.map(|w| w.data().to_vec()).unwrap_or_default();
+    Ok((out.out, weights))
+}
+
+fn check_finite(x: &[f32], what: &'static str) -> Result<(), ModelError> {
+    match x.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(at) => Err(ModelError::InvalidInput {
+            what,
+            reason: format!(
+                "value {} at {at} is not finite (the weights make it so)",
+                x[at]
+            ),
+        }),
+    }
+}

@@ -1,0 +1,62 @@
+//! `attnscope translate`: an encoder-decoder model's greedy translation of a text.
+
+use std::io::Write;
+
+use anyhow::Context;
+
+use crate::maps::ModelArgs;
+
+#[derive(clap::Args)]
+#[command(after_help = "Example:
+  attnscope translate \"I love machine learning\" --model Helsinki-NLP/opus-mt-en-fr")]
+pub struct Args {
+    /// The text to translate.
+    pub text: String,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Most new tokens [default: the checkpoint's generation_config.json max_length, else 64]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_new_tokens: Option<u32>,
+    /// Print {"model", "source", "translation", "ids"} (ids: generated, start token excluded).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// New tokens without --max-new-tokens or a max_length in the checkpoint.
+const DEFAULT_NEW_TOKENS: usize = 64;
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.text.trim().is_empty(),
+        "the text is empty or only whitespace"
+    );
+    let model = args.model.load_seq2seq()?.context(
+        "translate needs an encoder-decoder model (model_type bart): give one with --model",
+    )?;
+    let source = model.encode_source(&args.text)?;
+    let max_new = match args.max_new_tokens {
+        Some(n) => n as usize,
+        None => model
+            .config()
+            .generation
+            .max_length
+            .map_or(DEFAULT_NEW_TOKENS, |m| m.saturating_sub(1)),
+    };
+    let ids = model.greedy(&source, max_new)?;
+    let translation = model.decode_text(&ids)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let doc = serde_json::json!({
+            "model": model.name(),
+            "source": args.text,
+            "translation": translation,
+            "ids": ids,
+        });
+        serde_json::to_writer(&mut out, &doc)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{}", crate::terminal_safe(&translation))?;
+    }
+    out.flush()?;
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! The commands on an encoder-decoder model (tests/data/s2s/bart, a random BART made with
+//! transformers by scripts/test_data/seq2seq.py): `translate` equals transformers' greedy
+//! `generate()`, `attention --target --json` its three kinds of attention, `explain --target
+//! --focus` the cross-attention rows of the decoder row that generates the focus; and what
+//! does not apply is a clear error.
+
+mod cli_support;
+
+use std::path::PathBuf;
+
+use cli_support::{fails_with, ok};
+use safetensors::SafeTensors;
+
+fn model() -> String {
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/s2s/bart"
+    ));
+    dir.to_str().unwrap().to_string()
+}
+
+/// The expected tensor `name` as f64 (f32 or i64 in the file).
+fn expected(name: &str) -> Vec<f64> {
+    let bytes = std::fs::read(PathBuf::from(model()).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let view = st.tensor(name).unwrap();
+    match view.dtype() {
+        safetensors::Dtype::F32 => (view.data().chunks_exact(4))
+            .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
+            .collect(),
+        _ => (view.data().chunks_exact(8))
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
+            .collect(),
+    }
+}
+
+fn flatten(v: &serde_json::Value, out: &mut Vec<f64>) {
+    match v {
+        serde_json::Value::Array(items) => items.iter().for_each(|x| flatten(x, out)),
+        x => out.push(x.as_f64().unwrap()),
+    }
+}
+
+const SOURCE: &str = "I love machine learning";
+const TARGET: &str = "J'adore l'apprentissage automatique";
+
+#[test]
+fn translate_is_transformers_greedy_generation() {
+    let m = model();
+    let json: serde_json::Value = serde_json::from_str(&ok(&[
+        "translate",
+        SOURCE,
+        "--model",
+        &m,
+        "--max-new-tokens",
+        "20",
+        "--json",
+    ]))
+    .unwrap();
+    let ids: Vec<f64> = json["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(ids, expected("generated"));
+    assert_eq!(json["source"], SOURCE);
+    let text = ok(&["translate", SOURCE, "--model", &m, "--max-new-tokens", "20"]);
+    assert_eq!(text.trim_end(), json["translation"].as_str().unwrap());
+}
+
+#[test]
+fn attention_with_a_target_is_transformers_three_attentions() {
+    let m = model();
+    let json: serde_json::Value = serde_json::from_str(&ok(&[
+        "attention",
+        SOURCE,
+        "--target",
+        TARGET,
+        "--model",
+        &m,
+        "--json",
+    ]))
+    .unwrap();
+    for kind in [
+        "encoder_attentions",
+        "decoder_attentions",
+        "cross_attentions",
+    ] {
+        let mut got = Vec::new();
+        flatten(&json[kind], &mut got);
+        let want = expected(&format!("{kind}0"));
+        assert_eq!(got.len(), want.len(), "{kind}");
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "{kind}: {worst}");
+    }
+    let t = expected("labels0").len();
+    assert_eq!(json["decoder_tokens"].as_array().unwrap().len(), t);
+    assert_eq!(json["predicted_tokens"].as_array().unwrap().len(), t);
+    assert_eq!(
+        json["decoder_tokens"][1], json["predicted_tokens"][0],
+        "shifted right"
+    );
+    let table = ok(&["attention", SOURCE, "--target", TARGET, "--model", &m]);
+    assert!(
+        table.contains("cross-attention of each decoder row"),
+        "{table}"
+    );
+}
+
+/// The bars from the target token "J" are its decoder row's cross-attention over the source
+/// tokens, averaged over every decoder layer and head.
+#[test]
+fn explain_shows_the_cross_attention_of_the_row_that_generates_the_focus() {
+    let m = model();
+    let json: serde_json::Value = serde_json::from_str(&ok(&[
+        "explain",
+        SOURCE,
+        "--target",
+        TARGET,
+        "--focus",
+        "J",
+        "--tokens",
+        "--special",
+        "--json",
+        "--model",
+        &m,
+    ]))
+    .unwrap();
+    let cross = expected("cross_attentions0");
+    let (s, t) = (expected("source_ids0").len(), expected("labels0").len());
+    let per = cross.len() / (t * s);
+    // "J" is the target's first token after <s>: label 1, decoder row 1.
+    let rows = json["rows"].as_array().unwrap();
+    for (j, row) in rows.iter().take(s).enumerate() {
+        let want = (0..per).map(|lh| cross[(lh * t + 1) * s + j]).sum::<f64>() / per as f64;
+        let got = row["raw"].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 1e-5,
+            "source token {j}: {got} against {want}"
+        );
+    }
+    let bars = ok(&[
+        "explain",
+        SOURCE,
+        "--target",
+        TARGET,
+        "--focus",
+        "apprentissage",
+        "--model",
+        &m,
+    ]);
+    assert!(
+        bars.contains("Attention weights from \"apprentissage\""),
+        "{bars}"
+    );
+    for word in ["I", "love", "machine", "learning"] {
+        assert!(bars.contains(&format!("  {word} ")), "{bars}");
+    }
+    let encoder = ok(&[
+        "explain",
+        SOURCE,
+        "--attention",
+        "encoder",
+        "--focus",
+        "machine",
+        "--model",
+        &m,
+    ]);
+    assert!(
+        encoder.contains("Attention weights from \"machine\""),
+        "{encoder}"
+    );
+}
+
+#[test]
+fn what_does_not_apply_to_an_encoder_decoder_is_a_clear_error() {
+    let m = model();
+    let gpt2 = cli_support::tiny_gpt2();
+    let gpt2 = gpt2.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec![
+                "explain", SOURCE, "--target", TARGET, "--focus", "machine", "--model", &m,
+            ],
+            "--focus \"machine\" is a word of the source",
+        ),
+        (
+            vec!["explain", SOURCE, "--target", TARGET, "--model", &m],
+            "give --focus WORD",
+        ),
+        (
+            vec![
+                "explain",
+                SOURCE,
+                "--target",
+                TARGET,
+                "--focus",
+                "J",
+                "--rollout",
+                "--model",
+                &m,
+            ],
+            "--rollout and --flow",
+        ),
+        (
+            vec!["translate", SOURCE, "--model", gpt2],
+            "translate needs an encoder-decoder model",
+        ),
+        (
+            vec!["attention", SOURCE, "--target", TARGET, "--model", gpt2],
+            "--target is the target",
+        ),
+        (
+            vec!["explain", SOURCE, "--target", TARGET, "--model", gpt2],
+            "--target is the target",
+        ),
+        (vec!["translate", " ", "--model", &m], "the text is empty"),
+    ] {
+        fails_with(&args, says);
+    }
+}

@@ -1,0 +1,94 @@
+"""A small random encoder-decoder checkpoint and what transformers makes of it.
+
+  s2s/bart/  BartForConditionalGeneration in the Hugging Face layout: config.json (2 encoder and
+             2 decoder layers, d_model 32, 4 heads, learned positions with BART's offset 2,
+             layernorm_embedding, tied head, final_logits_bias), generation_config.json
+             (decoder start </s>, forced BOS <s> and EOS </s>), model.safetensors (F32),
+             tokenizer.json (a byte-level BPE trained on a few English and French sentences,
+             RoBERTa's <s> … </s> template) and expected.safetensors: for each (source, target)
+             pair its source ids, decoder ids (the target's labels shifted right, as
+             transformers does), logits [T, vocab] and encoder [L, H, S, S], decoder [L, H, T, T]
+             and cross [L, H, T, S] attentions (eager attention); and `generated`, 20 greedy new
+             tokens of `generate()` after the first source.
+"""
+import json, os
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import BartConfig, BartForConditionalGeneration, GenerationConfig, PreTrainedTokenizerFast
+
+torch.set_num_threads(2)
+
+PAIRS = [("I love machine learning", "J'adore l'apprentissage automatique"),
+         ("The cat sat on the mat", "Le chat était assis sur le tapis"),
+         ("Hello", "Bonjour")]
+CORPUS = [s for p in PAIRS for s in p] + ["The cat that ate the mouse ran away", "Le chat a mangé la souris",
+                                          "Where is the Eiffel Tower? La tour Eiffel est à Paris."]
+NEW_TOKENS = 20
+
+
+def meta(d):
+    return {k: json.dumps(v) for k, v in d.items()}
+
+
+def tokenizer(out_dir):
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(CORPUS * 3, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.post_processor = processors.RobertaProcessing(sep=("</s>", 2), cls=("<s>", 0), add_prefix_space=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", pad_token="<pad>",
+                                   eos_token="</s>", unk_token="<unk>", model_max_length=64)
+    fast.save_pretrained(out_dir)
+    os.remove(os.path.join(out_dir, "special_tokens_map.json"))
+    return fast
+
+
+def main(root):
+    out_dir = os.path.join(root, "s2s", "bart")
+    os.makedirs(out_dir, exist_ok=True)
+    tok = tokenizer(out_dir)
+    cfg = BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2,
+                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
+                     decoder_ffn_dim=48, max_position_embeddings=64, pad_token_id=1, bos_token_id=0,
+                     eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=0,
+                     forced_eos_token_id=2, attn_implementation="eager",
+                     architectures=["BartForConditionalGeneration"])
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # larger than the default init, so that every part matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+        model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias) * 0.1)
+    model.generation_config = GenerationConfig(decoder_start_token_id=2, forced_bos_token_id=0,
+                                               forced_eos_token_id=2, bos_token_id=0, eos_token_id=2,
+                                               pad_token_id=1, max_length=64)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    model = BartForConditionalGeneration.from_pretrained(out_dir, attn_implementation="eager").eval()
+    tensors = {}
+    for n, (source, target) in enumerate(PAIRS):
+        enc = tok(source, text_target=target, return_tensors="pt")
+        decoder_ids = model.prepare_decoder_input_ids_from_labels(enc["labels"])
+        with torch.no_grad():
+            o = model(input_ids=enc["input_ids"], decoder_input_ids=decoder_ids, output_attentions=True)
+        tensors[f"source_ids{n}"] = enc["input_ids"][0]
+        tensors[f"decoder_ids{n}"] = decoder_ids[0]
+        tensors[f"labels{n}"] = enc["labels"][0]
+        tensors[f"logits{n}"] = o.logits[0].contiguous()
+        tensors[f"encoder_attentions{n}"] = torch.stack(o.encoder_attentions)[:, 0].contiguous()
+        tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
+        tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
+    ids = tok(PAIRS[0][0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=NEW_TOKENS, num_beams=1,
+                             do_sample=False)
+    tensors["generated"] = out[0, 1:].to(torch.int64).contiguous()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
+              metadata=meta(dict(pairs=PAIRS, new_tokens=NEW_TOKENS)))
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data")
