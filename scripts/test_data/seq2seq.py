@@ -87,6 +87,99 @@ def main(root):
     tensors["generated"] = out[0, 1:].to(torch.int64).contiguous()
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
               metadata=meta(dict(pairs=PAIRS, new_tokens=NEW_TOKENS)))
+    marian(root)
+
+
+MARIAN_EN = ["I love machine learning", "The cat sat on the mat", "Hello", "The cat that ate the mouse ran away",
+             "Where is the Eiffel Tower?", "The movie was good but the ending was terrible"]
+MARIAN_FR = ["J'adore l'apprentissage automatique", "Le chat était assis sur le tapis", "Bonjour",
+             "Le chat qui a mangé la souris s'est enfui", "Où est la tour Eiffel ?",
+             "Le film était bon mais la fin était terrible"]
+# Accents, punctuation, full-width and compatibility characters (NFKC), runs of spaces, words
+# the pieces do not cover, a language code.
+MARIAN_TEXTS = MARIAN_EN[:3] + ["Café, naïve résumé!", "  Spaces   everywhere  ", "ｆｕｌｌ width ①",
+                                "zebra xylophone qqq", ">>fr<< I love cats"]
+
+
+def marian(root):
+    """s2s/marian: a MarianMTModel (sinusoidal positions, scale_embedding, swish, shared
+    embeddings, final_logits_bias), source.spm and target.spm (SentencePiece unigram models
+    trained by the sentencepiece package on a few English and French sentences), vocab.json,
+    and expected.safetensors: MarianTokenizer's ids of MARIAN_TEXTS (`tokens{n}`), the pairs'
+    teacher-forced attentions and logits as for BART, and 20 greedy new tokens."""
+    import io
+    import sentencepiece as spm
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+    out_dir = os.path.join(root, "s2s", "marian")
+    os.makedirs(out_dir, exist_ok=True)
+    pieces = []
+    for name, corpus in (("source", MARIAN_EN), ("target", MARIAN_FR)):
+        model = io.BytesIO()
+        # The source's nmt_nfkc normalisation holds a 240 kB table; the target's identity none.
+        rule = "nmt_nfkc" if name == "source" else "identity"
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus * 4), model_writer=model,
+                                       vocab_size=120, model_type="unigram", character_coverage=1.0,
+                                       hard_vocab_limit=False, unk_id=2, bos_id=-1, eos_id=1,
+                                       pad_id=-1, minloglevel=2, normalization_rule_name=rule)
+        with open(os.path.join(out_dir, f"{name}.spm"), "wb") as f:
+            f.write(model.getvalue())
+        sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    vocab = {"</s>": 0, "<unk>": 1}
+    for p in pieces:
+        if p not in vocab and p not in ("<s>", "<pad>"):
+            vocab[p] = len(vocab)
+    vocab["<pad>"] = len(vocab)
+    with open(os.path.join(out_dir, "vocab.json"), "w") as f:
+        json.dump(vocab, f, ensure_ascii=False, indent=1)
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"source_lang": "en", "target_lang": "fr", "model_max_length": 64,
+                   "tokenizer_class": "MarianTokenizer"}, f, indent=1)
+    tok = MarianTokenizer.from_pretrained(out_dir)
+    pad = vocab["<pad>"]
+    cfg = MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=32,
+                       encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                       decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48,
+                       max_position_embeddings=64, pad_token_id=pad, eos_token_id=0,
+                       decoder_start_token_id=pad, forced_eos_token_id=0, scale_embedding=True,
+                       activation_function="swish", share_encoder_decoder_embeddings=True,
+                       attn_implementation="eager", architectures=["MarianMTModel"])
+    ids = tok(MARIAN_EN[0], return_tensors="pt")["input_ids"]
+    # The first seed whose greedy translation is not over at once.
+    for seed in range(1, 100):
+        torch.manual_seed(seed)
+        model = MarianMTModel(cfg).eval()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "embed_positions" not in n:
+                    p.add_(torch.randn_like(p) * 0.3)
+            model.final_logits_bias.add_(torch.randn_like(model.final_logits_bias) * 0.1)
+            if model.generate(ids, max_new_tokens=NEW_TOKENS, num_beams=1, do_sample=False).shape[1] > 12:
+                break
+    model.generation_config = GenerationConfig(decoder_start_token_id=pad, forced_eos_token_id=0,
+                                               eos_token_id=0, pad_token_id=pad, max_length=64,
+                                               bad_words_ids=[[pad]])
+    model.save_pretrained(out_dir, safe_serialization=True)
+    model = MarianMTModel.from_pretrained(out_dir, attn_implementation="eager").eval()
+    tensors = {f"tokens{n}": torch.tensor(tok(t)["input_ids"]) for n, t in enumerate(MARIAN_TEXTS)}
+    pairs = list(zip(MARIAN_EN[:3], MARIAN_FR[:3]))
+    for n, (source, target) in enumerate(pairs):
+        enc = tok(source, text_target=target, return_tensors="pt")
+        decoder_ids = model.prepare_decoder_input_ids_from_labels(enc["labels"])
+        with torch.no_grad():
+            o = model(input_ids=enc["input_ids"], decoder_input_ids=decoder_ids, output_attentions=True)
+        tensors[f"source_ids{n}"] = enc["input_ids"][0]
+        tensors[f"decoder_ids{n}"] = decoder_ids[0]
+        tensors[f"labels{n}"] = enc["labels"][0]
+        tensors[f"logits{n}"] = o.logits[0].contiguous()
+        tensors[f"encoder_attentions{n}"] = torch.stack(o.encoder_attentions)[:, 0].contiguous()
+        tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
+        tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=NEW_TOKENS, num_beams=1, do_sample=False)
+    tensors["generated"] = out[0, 1:].to(torch.int64).contiguous()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
+              metadata=meta(dict(pairs=pairs, texts=MARIAN_TEXTS, new_tokens=NEW_TOKENS)))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ mod model;
 mod ops;
 mod pooling;
 mod seq2seq;
+mod spm;
 mod tokenize;
 mod weights;
 
@@ -75,4 +76,5 @@ pub use seq2seq::{
     Decoded, GenerationSettings, SEQ2SEQ_MODEL_TYPES, Seq2Seq, Seq2SeqConfig, Seq2SeqOutput,
     is_seq2seq,
 };
+pub use spm::MarianTokenizer;
 pub use tokenize::{Encoding, Limit, TextTokenizer};

@@ -252,13 +252,16 @@ const CONVERTIBLE: [(&str, &str, &str); 5] = [
 
 /// [`ModelError::NeedsConversion`] when `dir` lacks `model.safetensors` or `tokenizer.json` but
 /// holds what transformers can rewrite as it.
-fn check_convertible(dir: &Path, config: &ModelConfig) -> Result<(), ModelError> {
-    let model = match config.kind() {
-        ModelKind::Bert => "AutoModel",
-        ModelKind::Gpt2 | ModelKind::Llama => "AutoModelForCausalLM",
-    };
+/// `model` is the transformers class that reads the checkpoint; `tokenizer_json` whether the
+/// model needs a tokenizer.json (Marian's SentencePiece files stand in for one).
+pub(crate) fn check_convertible(
+    dir: &Path,
+    model: &str,
+    tokenizer_json: bool,
+) -> Result<(), ModelError> {
     for (needed, found, how) in CONVERTIBLE {
-        if !crate::config::present(&dir.join(needed)) && dir.join(found).exists() {
+        let wanted = tokenizer_json || needed != "tokenizer.json";
+        if wanted && !crate::config::present(&dir.join(needed)) && dir.join(found).exists() {
             let dir_arg = format!("{:?}", dir.display().to_string());
             return Err(ModelError::NeedsConversion {
                 dir: dir.to_path_buf(),
@@ -310,7 +313,11 @@ impl Model {
         let (config, config_text) = ModelConfig::read_file(&dir.join("config.json"))?;
         let head_config = HeadConfig::from_json(&config_text)?;
         let tokenizer_config = TokenizerConfig::from_dir(dir)?;
-        check_convertible(dir, &config)?;
+        let class = match config.kind() {
+            ModelKind::Bert => "AutoModel",
+            ModelKind::Gpt2 | ModelKind::Llama => "AutoModelForCausalLM",
+        };
+        check_convertible(dir, class, true)?;
         // Parsing tokenizer.json takes as long as mapping and checking the weights: do both at
         // once. A tokenizer error is reported first, as if they had run in turn.
         let (tokenizer, weights) = std::thread::scope(|scope| {

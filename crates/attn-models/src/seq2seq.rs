@@ -1,5 +1,7 @@
 //! Encoder-decoder models: BART (`BartForConditionalGeneration`,
-//! <https://github.com/huggingface/transformers/blob/v4.57.0/src/transformers/models/bart/modeling_bart.py>),
+//! <https://github.com/huggingface/transformers/blob/v4.57.0/src/transformers/models/bart/modeling_bart.py>)
+//! and Marian (`MarianMTModel`, `.../models/marian/modeling_marian.py`, the Helsinki-NLP
+//! opus-mt models, with their SentencePiece tokenizer: [`crate::MarianTokenizer`]),
 //! with its three kinds of attention: the encoder's over the source, the decoder's causal one
 //! over what it has read, and the decoder's cross-attention from each of its tokens to the
 //! source's.
@@ -7,8 +9,10 @@
 //! BART's blocks are post-norm (the LayerNorm after each residual, as BERT's): the encoder's
 //! are BERT's, the decoder's add a cross-attention sublayer between the self-attention and the
 //! feed-forward. Embeddings are the shared token matrix (scaled by √d_model with
-//! `scale_embedding`) plus learned positions read at `position + 2`, then `layernorm_embedding`;
-//! the head is the shared matrix plus `final_logits_bias`.
+//! `scale_embedding`) plus positions: BART's learned ones read at `position + 2`, then its
+//! `layernorm_embedding`; Marian's sinusoidal ones (sines in the first half of each vector,
+//! cosines in the second), no norm. The head is the decoder's token matrix (or `lm_head`) plus
+//! `final_logits_bias`.
 
 use std::path::Path;
 
@@ -18,12 +22,13 @@ use crate::block::{Buffers, Multiply};
 use crate::checkpoint::{Checkpoint, F32Data, WeightData};
 use crate::model::{merge_heads, parallelism, split_heads};
 use crate::ops::{Epilogue, Gemm, GemmKernel, LayerNorm, Linear, Weight, WeightLayout, gemm_bt};
-use crate::tokenize::TextTokenizer;
+use crate::spm::MarianTokenizer;
+use crate::tokenize::{Encoding, TextTokenizer};
 use crate::weights::Layer;
 use crate::{Activation, ModelError, ModelKind};
 
 /// The `model_type`s this module runs.
-pub const SEQ2SEQ_MODEL_TYPES: &[&str] = &["bart"];
+pub const SEQ2SEQ_MODEL_TYPES: &[&str] = &["bart", "marian"];
 
 /// Whether `dir/config.json` names an encoder-decoder model this module runs.
 pub fn is_seq2seq(dir: &Path) -> bool {
@@ -89,6 +94,8 @@ pub struct GenerationSettings {
     /// Token sequences never generated; those of one token are masked at every step.
     #[serde(default)]
     pub bad_words_ids: Vec<Vec<u32>>,
+    /// The beams the checkpoint asks for (greedy decoding is one).
+    pub num_beams: Option<usize>,
 }
 
 /// An encoder-decoder model's shape and special tokens.
@@ -187,7 +194,10 @@ impl Seq2SeqConfig {
             encoder_heads: raw.encoder_attention_heads,
             decoder_heads: raw.decoder_attention_heads,
             max_positions: raw.max_position_embeddings,
-            activation: Activation::parse(&raw.activation_function, "activation_function")?,
+            activation: match raw.activation_function.as_str() {
+                "swish" | "silu" => Activation::Silu,
+                other => Activation::parse(other, "activation_function")?,
+            },
             embed_scale: match raw.scale_embedding {
                 true => (raw.d_model as f32).sqrt(),
                 false => 1.0,
@@ -219,20 +229,146 @@ struct CrossAttention {
     norm: LayerNorm,
 }
 
+impl CrossAttention {
+    /// The keys and values of the encoder's output `encoded` (`[S, d_model]`), each `[heads,
+    /// S, head_dim]`.
+    fn keys_values(
+        &self,
+        encoded: &[f32],
+        (heads, dh): (usize, usize),
+        multiply: &Multiply<'_>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let s = encoded.len() / (heads * dh);
+        let mut kv = vec![0.0f32; s * 2 * heads * dh];
+        multiply(&self.kv, encoded, &mut kv, Epilogue::Bias);
+        let (mut no_q, mut k, mut v) =
+            (Vec::new(), vec![0.0; kv.len() / 2], vec![0.0; kv.len() / 2]);
+        // A zero-width query part: the keys and values alone.
+        split_heads(&kv, 1, s, (0, heads), dh, [&mut no_q, &mut k, &mut v]);
+        (k, v)
+    }
+
+    /// The sublayer on decoder rows `hidden` (`[T, d_model]`, in place: attention to the
+    /// encoder's keys and values `kv`, output projection, residual, norm); returns the weights
+    /// `[heads, T, S]`. `buf` is `(context, sublayer)`, each `[T, d_model]`.
+    fn apply(
+        &self,
+        hidden: &mut [f32],
+        (k, v): (&[f32], &[f32]),
+        (heads, dh): (usize, usize),
+        (context, sublayer): (&mut [f32], &mut [f32]),
+        multiply: &Multiply<'_>,
+        layer: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let d = heads * dh;
+        let (t, s) = (hidden.len() / d, k.len() / d);
+        let mut q = vec![0.0f32; t * d];
+        multiply(&self.q, hidden, &mut q, Epilogue::Bias);
+        let (mut qh, mut no_k, mut no_v) = (vec![0.0; t * d], Vec::new(), Vec::new());
+        split_heads(&q, 1, t, (heads, 0), dh, [&mut qh, &mut no_k, &mut no_v]);
+        let shape = AttnShape::new(1, heads, t, s, dh);
+        let (out, weights) = attention(&qh, k, v, shape, None, layer)?;
+        merge_heads(&out, 1, t, heads, dh, context);
+        multiply(&self.out, context, sublayer, Epilogue::None);
+        self.norm
+            .residual_bias_apply(hidden, sublayer, &self.out.bias);
+        Ok(weights)
+    }
+}
+
+/// The decoder's state between the tokens it reads one at a time ([`Seq2Seq::decoder_cache`]):
+/// each layer's keys and values of the tokens read, per head, and of the encoder's output.
+pub struct DecoderCache<'m> {
+    model: &'m Seq2Seq,
+    /// Per layer: the cross-attention's keys and values, `[heads, S, head_dim]` each.
+    cross: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Per layer, per head: `[len, head_dim]`.
+    keys: Vec<Vec<Vec<f32>>>,
+    values: Vec<Vec<Vec<f32>>>,
+    len: usize,
+}
+
+impl DecoderCache<'_> {
+    /// Reads token `id` after those read so far: the next token's logits (`[vocab]`), as the
+    /// full pass gives them for this row.
+    pub fn feed(&mut self, id: u32) -> Result<Vec<f32>, ModelError> {
+        let model = self.model;
+        let c = &model.config;
+        let (d, heads) = (c.d_model, c.decoder_heads);
+        let dh = d / heads;
+        if id as usize >= c.vocab_size {
+            return Err(ModelError::TokenOutOfVocab {
+                id,
+                vocab_size: c.vocab_size,
+            });
+        }
+        if self.len >= c.max_positions {
+            return Err(ModelError::CacheFull {
+                needed: self.len + 1,
+                capacity: c.max_positions,
+                n_positions: c.max_positions,
+            });
+        }
+        let mut hidden = model.embed(&[id], &model.decoder_embed, self.len);
+        let gemm = gemm();
+        let multiply: &Multiply<'_> =
+            &|l: &Linear, x: &[f32], y: &mut [f32], e| l.forward(x, y, e, gemm);
+        let ffn = model.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
+        let mut buf = Scratch::new(1, d, ffn);
+        for (l, (layer, cross)) in model.decoder.iter().enumerate() {
+            let Scratch {
+                normed,
+                qkv,
+                context,
+                sublayer,
+                intermediate,
+            } = &mut buf;
+            multiply(&layer.qkv, &hidden, qkv, Epilogue::Bias);
+            // The new row's keys and values join the cache; its query sees them all.
+            for h in 0..heads {
+                self.keys[l][h].extend_from_slice(&qkv[d + h * dh..][..dh]);
+                self.values[l][h].extend_from_slice(&qkv[2 * d + h * dh..][..dh]);
+                let (k, v) = (&self.keys[l][h], &self.values[l][h]);
+                let shape = AttnShape::new(1, 1, 1, self.len + 1, dh);
+                let (out, _) = attention(&qkv[h * dh..][..dh], k, v, shape, None, l)?;
+                context[h * dh..][..dh].copy_from_slice(&out);
+            }
+            layer.attention_residual(ModelKind::Bert, &mut hidden, context, sublayer, multiply);
+            let (k, v) = &self.cross[l];
+            let buf = (&mut context[..], &mut sublayer[..]);
+            cross.apply(&mut hidden, (k, v), (heads, dh), buf, multiply, l)?;
+            let kind = (ModelKind::Bert, c.activation);
+            layer.feed_forward(
+                kind,
+                &mut hidden,
+                (normed, sublayer, intermediate),
+                multiply,
+            );
+        }
+        check_finite(&hidden, "the decoder's output")?;
+        self.len += 1;
+        Ok(model.logits(&hidden))
+    }
+}
+
 /// One side's embeddings.
 struct Embeddings {
-    /// `[max_positions + 2, d_model]`
+    /// `[vocab, d_model]`
+    tokens: F32Data,
+    /// `[offset + max_positions, d_model]`, position `p` at row `offset + p`.
     positions: Vec<f32>,
-    norm: LayerNorm,
+    offset: usize,
+    /// BART's `layernorm_embedding`.
+    norm: Option<LayerNorm>,
 }
 
 /// An encoder-decoder checkpoint ready to run.
 pub struct Seq2Seq {
     name: String,
     config: Seq2SeqConfig,
-    tokenizer: TextTokenizer,
-    /// `[vocab, d_model]`: the encoder's and decoder's token embeddings and the head.
-    shared: F32Data,
+    tokenizer: Seq2SeqTokenizer,
+    /// `[vocab, d_model]`: the head (the decoder's token embeddings unless untied).
+    head: F32Data,
     /// `[vocab]`
     final_logits_bias: Vec<f32>,
     encoder_embed: Embeddings,
@@ -307,30 +443,60 @@ fn block(ckpt: &Checkpoint, p: &str, d: usize, ffn: usize) -> Result<Layer, Mode
 }
 
 impl Seq2Seq {
-    /// Loads `dir` (config.json, model.safetensors, tokenizer.json).
+    /// Loads `dir` (config.json, model.safetensors, and tokenizer.json, or Marian's
+    /// source.spm, target.spm and vocab.json).
     pub fn load(dir: &Path) -> Result<Seq2Seq, ModelError> {
         let config = Seq2SeqConfig::read(dir)?;
-        let tokenizer = TextTokenizer::from_dir(dir, config.max_positions)?;
+        let marian = config.model_type == "marian";
+        crate::model::check_convertible(dir, "AutoModelForSeq2SeqLM", !marian)?;
+        let tokenizer = match marian {
+            true => Seq2SeqTokenizer::Marian(Box::new(MarianTokenizer::from_dir(dir)?)),
+            false => Seq2SeqTokenizer::Hf(Box::new(TextTokenizer::from_dir(
+                dir,
+                config.max_positions,
+            )?)),
+        };
         let ckpt = Checkpoint::open(&dir.join("model.safetensors"))?;
         let (d, v) = (config.d_model, config.vocab_size);
-        let shared = ["model.shared.weight", "model.encoder.embed_tokens.weight"]
-            .into_iter()
-            .find(|n| ckpt.contains(n))
-            .ok_or_else(|| ModelError::MissingTensor {
-                tensor: "model.shared.weight".into(),
+        let first = |names: &[&str]| -> Result<F32Data, ModelError> {
+            let name = (names.iter()).find(|n| ckpt.contains(n)).ok_or_else(|| {
+                ModelError::MissingTensor {
+                    tensor: names[0].to_string(),
+                }
             })?;
-        let shared = ckpt.f32_data(shared, &[v, d])?;
+            ckpt.f32_data(name, &[v, d])
+        };
         let final_logits_bias = match ckpt.contains("final_logits_bias") {
             true => ckpt.f32("final_logits_bias", &[1, v])?,
             false => vec![0.0; v],
         };
+        let max = config.max_positions;
         let embed = |side: &str| -> Result<Embeddings, ModelError> {
-            Ok(Embeddings {
-                positions: ckpt.f32(
-                    &format!("model.{side}.embed_positions.weight"),
-                    &[config.max_positions + 2, d],
-                )?,
-                norm: layer_norm(&ckpt, &format!("model.{side}.layernorm_embedding"), d)?,
+            let tokens = first(&[
+                "model.shared.weight",
+                &format!("model.{side}.embed_tokens.weight"),
+            ])?;
+            let positions = format!("model.{side}.embed_positions.weight");
+            Ok(match marian {
+                true => Embeddings {
+                    tokens,
+                    positions: match ckpt.contains(&positions) {
+                        true => ckpt.f32(&positions, &[max, d])?,
+                        false => sinusoidal(max, d),
+                    },
+                    offset: 0,
+                    norm: None,
+                },
+                false => Embeddings {
+                    tokens,
+                    positions: ckpt.f32(&positions, &[max + 2, d])?,
+                    offset: 2,
+                    norm: Some(layer_norm(
+                        &ckpt,
+                        &format!("model.{side}.layernorm_embedding"),
+                        d,
+                    )?),
+                },
             })
         };
         let encoder = (0..config.encoder_layers)
@@ -365,13 +531,17 @@ impl Seq2Seq {
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         let (encoder_embed, decoder_embed) = (embed("encoder")?, embed("decoder")?);
+        let head = match ckpt.contains("lm_head.weight") {
+            true => ckpt.f32_data("lm_head.weight", &[v, d])?,
+            false => decoder_embed.tokens.clone(),
+        };
         Ok(Seq2Seq {
             name: dir
                 .file_name()
                 .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into()),
             config,
             tokenizer,
-            shared,
+            head,
             final_logits_bias,
             encoder_embed,
             decoder_embed,
@@ -390,21 +560,48 @@ impl Seq2Seq {
         &self.config
     }
 
-    /// The tokenizer (source and target share it).
-    pub fn tokenizer(&self) -> &TextTokenizer {
-        &self.tokenizer
+    /// The source's tokens, with the tokenizer's special tokens.
+    pub fn source_encoding(&self, text: &str) -> Result<Encoding, ModelError> {
+        match &self.tokenizer {
+            Seq2SeqTokenizer::Hf(t) => t.encode(text, None, false),
+            Seq2SeqTokenizer::Marian(t) => t.encode(text, false),
+        }
+    }
+
+    /// The target's tokens (Marian's own target SentencePiece model), with the special tokens.
+    pub fn target_encoding(&self, text: &str) -> Result<Encoding, ModelError> {
+        match &self.tokenizer {
+            Seq2SeqTokenizer::Hf(t) => t.encode(text, None, false),
+            Seq2SeqTokenizer::Marian(t) => t.encode(text, true),
+        }
     }
 
     /// The source's ids, with the tokenizer's special tokens.
     pub fn encode_source(&self, text: &str) -> Result<Vec<u32>, ModelError> {
-        Ok(self.tokenizer.encode(text, None, false)?.ids)
+        Ok(self.source_encoding(text)?.ids)
+    }
+
+    /// The vocabulary's string for `id`.
+    pub fn token(&self, id: u32) -> Option<String> {
+        match &self.tokenizer {
+            Seq2SeqTokenizer::Hf(t) => t.token(id),
+            Seq2SeqTokenizer::Marian(t) => t.token(id),
+        }
+    }
+
+    /// Whether `id` is one of the tokenizer's special tokens.
+    pub fn is_special(&self, id: u32) -> bool {
+        match &self.tokenizer {
+            Seq2SeqTokenizer::Hf(t) => t.is_special(id),
+            Seq2SeqTokenizer::Marian(t) => t.is_special(id),
+        }
     }
 
     /// What the decoder reads to be taught `target` (its labels, the target's ids with the
     /// tokenizer's special tokens, shifted right behind the decoder start token, as
     /// transformers' `shift_tokens_right`), and those labels: decoder row t predicts label t.
     pub fn teacher_forcing(&self, target: &str) -> Result<(Vec<u32>, Vec<u32>), ModelError> {
-        let labels = self.tokenizer.encode(target, None, false)?.ids;
+        let labels = self.target_encoding(target)?.ids;
         let mut decoder = vec![self.start_token()];
         decoder.extend_from_slice(&labels[..labels.len() - 1]);
         Ok((decoder, labels))
@@ -439,17 +636,19 @@ impl Seq2Seq {
     }
 
     /// Token embeddings, scaled, plus positions, then the side's embedding LayerNorm.
-    fn embed(&self, ids: &[u32], side: &Embeddings) -> Vec<f32> {
+    fn embed(&self, ids: &[u32], side: &Embeddings, first: usize) -> Vec<f32> {
         let d = self.config.d_model;
         let mut x = vec![0.0f32; ids.len() * d];
         for (t, (&id, row)) in ids.iter().zip(x.chunks_exact_mut(d)).enumerate() {
-            let word = &self.shared[id as usize * d..][..d];
-            let position = &side.positions[(t + 2) * d..][..d];
+            let word = &side.tokens[id as usize * d..][..d];
+            let position = &side.positions[(side.offset + first + t) * d..][..d];
             for ((x, &w), &p) in row.iter_mut().zip(word).zip(position) {
                 *x = w * self.config.embed_scale + p;
             }
         }
-        side.norm.apply(&mut x);
+        if let Some(norm) = &side.norm {
+            norm.apply(&mut x);
+        }
         x
     }
 
@@ -459,7 +658,7 @@ impl Seq2Seq {
         self.check_ids(source, "source")?;
         let c = &self.config;
         let (s, d, heads) = (source.len(), c.d_model, c.encoder_heads);
-        let mut hidden = self.embed(source, &self.encoder_embed);
+        let mut hidden = self.embed(source, &self.encoder_embed, 0);
         let mut attentions = Vec::with_capacity(c.encoder_layers * heads * s * s);
         let gemm = gemm();
         let multiply = |l: &Linear, x: &[f32], y: &mut [f32], e| l.forward(x, y, e, gemm);
@@ -486,7 +685,7 @@ impl Seq2Seq {
         let (t, d, heads) = (decoder_ids.len(), c.d_model, c.decoder_heads);
         let s = encoded.len() / d;
         let dh = d / heads;
-        let mut hidden = self.embed(decoder_ids, &self.decoder_embed);
+        let mut hidden = self.embed(decoder_ids, &self.decoder_embed, 0);
         let mut self_attn = Vec::with_capacity(c.decoder_layers * heads * t * t);
         let mut cross_attn = Vec::with_capacity(c.decoder_layers * heads * t * s);
         let gemm = gemm();
@@ -505,24 +704,10 @@ impl Seq2Seq {
             multiply(&layer.qkv, &hidden, qkv, Epilogue::Bias);
             self_attn.extend(self_attention(qkv, (t, heads, dh), true, context, l)?);
             layer.attention_residual(ModelKind::Bert, &mut hidden, context, sublayer, multiply);
-            // Cross-attention: queries from here, keys and values from the encoder.
-            let mut q = vec![0.0f32; t * d];
-            multiply(&cross.q, &hidden, &mut q, Epilogue::Bias);
-            let mut kv = vec![0.0f32; s * 2 * d];
-            multiply(&cross.kv, encoded, &mut kv, Epilogue::Bias);
-            let (mut qh, mut kh, mut vh) = (vec![0.0; t * d], vec![0.0; s * d], vec![0.0; s * d]);
-            // Zero-width parts: the queries alone, then the keys and values alone.
-            let (mut no_k, mut no_v, mut no_q) = (Vec::new(), Vec::new(), Vec::new());
-            split_heads(&q, 1, t, (heads, 0), dh, [&mut qh, &mut no_k, &mut no_v]);
-            split_heads(&kv, 1, s, (0, heads), dh, [&mut no_q, &mut kh, &mut vh]);
-            let shape = AttnShape::new(1, heads, t, s, dh);
-            let out = attention(&qh, &kh, &vh, shape, None, l)?;
-            cross_attn.extend(out.1);
-            merge_heads(&out.0, 1, t, heads, dh, context);
-            multiply(&cross.out, context, sublayer, Epilogue::None);
-            cross
-                .norm
-                .residual_bias_apply(&mut hidden, sublayer, &cross.out.bias);
+            let (kh, vh) = cross.keys_values(encoded, (heads, dh), multiply);
+            let buf = (&mut context[..], &mut sublayer[..]);
+            let weights = cross.apply(&mut hidden, (&kh, &vh), (heads, dh), buf, multiply, l)?;
+            cross_attn.extend(weights);
             let kind = (ModelKind::Bert, c.activation);
             layer.feed_forward(
                 kind,
@@ -532,26 +717,43 @@ impl Seq2Seq {
             );
         }
         check_finite(&hidden, "the decoder's output")?;
-        let mut logits = vec![0.0f32; t * c.vocab_size];
-        gemm_bt(
-            &hidden,
-            t,
-            d,
-            &self.shared,
-            c.vocab_size,
-            &mut logits,
-            parallelism(),
-        );
-        for row in logits.chunks_exact_mut(c.vocab_size) {
-            row.iter_mut()
-                .zip(&self.final_logits_bias)
-                .for_each(|(x, b)| *x += b);
-        }
+        let logits = self.logits(&hidden);
         Ok(Decoded {
             self_attentions: self_attn,
             cross_attentions: cross_attn,
             logits,
         })
+    }
+
+    /// The head's logits of decoder rows `hidden` (`[rows, d_model]` → `[rows, vocab]`).
+    fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+        let (d, v) = (self.config.d_model, self.config.vocab_size);
+        let rows = hidden.len() / d;
+        let mut logits = vec![0.0f32; rows * v];
+        gemm_bt(hidden, rows, d, &self.head, v, &mut logits, parallelism());
+        for row in logits.chunks_exact_mut(v) {
+            (row.iter_mut().zip(&self.final_logits_bias)).for_each(|(x, b)| *x += b);
+        }
+        logits
+    }
+
+    /// The decoder's state for generating one token at a time against the encoder's output
+    /// `encoded` (`[S, d_model]`): each layer's cross-attention keys and values, computed once.
+    pub fn decoder_cache(&self, encoded: &[f32]) -> DecoderCache<'_> {
+        let c = &self.config;
+        let (heads, dh) = (c.decoder_heads, c.d_model / c.decoder_heads);
+        let gemm = gemm();
+        let multiply: &Multiply<'_> =
+            &|l: &Linear, x: &[f32], y: &mut [f32], e| l.forward(x, y, e, gemm);
+        DecoderCache {
+            model: self,
+            cross: (self.decoder.iter())
+                .map(|(_, cross)| cross.keys_values(encoded, (heads, dh), multiply))
+                .collect(),
+            keys: vec![vec![Vec::new(); heads]; c.decoder_layers],
+            values: vec![vec![Vec::new(); heads]; c.decoder_layers],
+            len: 0,
+        }
     }
 
     /// The teacher-forced pass: the encoder over `source`, the decoder over `decoder_ids`.
@@ -583,9 +785,9 @@ impl Seq2Seq {
             .min(g.max_length.unwrap_or(usize::MAX))
             .min(self.config.max_positions);
         let mut ids = vec![self.start_token()];
+        let mut cache = self.decoder_cache(&encoded);
         while ids.len() < max_length {
-            let logits = self.decode(&encoded, &ids)?.logits;
-            let mut last = logits[logits.len() - self.config.vocab_size..].to_vec();
+            let mut last = cache.feed(ids[ids.len() - 1])?;
             for bad in g.bad_words_ids.iter().filter(|b| b.len() == 1) {
                 if let Some(x) = last.get_mut(bad[0] as usize) {
                     *x = f32::NEG_INFINITY;
@@ -605,13 +807,44 @@ impl Seq2Seq {
         Ok(ids[1..].to_vec())
     }
 
-    /// The text of `ids` without special tokens.
+    /// The text of target `ids` without special tokens.
     pub fn decode_text(&self, ids: &[u32]) -> Result<String, ModelError> {
         let kept: Vec<u32> = (ids.iter().copied())
-            .filter(|&id| !self.tokenizer.is_special(id))
+            .filter(|&id| !self.is_special(id))
             .collect();
-        self.tokenizer.decode(&kept)
+        match &self.tokenizer {
+            Seq2SeqTokenizer::Hf(t) => t.decode(&kept),
+            Seq2SeqTokenizer::Marian(t) => Ok(t.decode(&kept)),
+        }
     }
+}
+
+/// An encoder-decoder model's tokenizer: a `tokenizer.json` (BART), or Marian's SentencePiece
+/// models with their vocab.json.
+enum Seq2SeqTokenizer {
+    Hf(Box<TextTokenizer>),
+    Marian(Box<MarianTokenizer>),
+}
+
+/// Marian's sinusoidal positions (`MarianSinusoidalPositionalEmbedding`): for position `p`
+/// and `j` of `d`, the angle `p / 10000^(2·⌊j/2⌋/d)`, the sines of the even `j` in the first
+/// half of the vector and the cosines of the odd in the second, in f64 then rounded.
+///
+/// # Shapes
+/// - returns `[n, d]`
+fn sinusoidal(n: usize, d: usize) -> Vec<f32> {
+    let half = d.div_ceil(2);
+    let mut out = vec![0.0f32; n * d];
+    for (p, row) in out.chunks_exact_mut(d.max(1)).enumerate() {
+        let angle = |j: usize| p as f64 / 10000f64.powf((2 * (j / 2)) as f64 / d as f64);
+        for (i, j) in (0..d).step_by(2).enumerate() {
+            row[i] = angle(j).sin() as f32;
+        }
+        for (i, j) in (1..d).step_by(2).enumerate() {
+            row[half + i] = angle(j).cos() as f32;
+        }
+    }
+    out
 }
 
 /// A pass's buffers for `rows` rows.

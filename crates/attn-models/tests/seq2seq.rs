@@ -11,8 +11,14 @@ use std::path::PathBuf;
 use attn_models::{ModelError, Seq2Seq, is_seq2seq};
 use common::{Golden, golden_dir};
 
+const MODELS: [&str; 2] = ["bart", "marian"];
+
+fn dir_of(name: &str) -> PathBuf {
+    golden_dir().join("s2s").join(name)
+}
+
 fn dir() -> PathBuf {
-    golden_dir().join("s2s").join("bart")
+    dir_of("bart")
 }
 
 /// `got` against `want` within `tol`, relative where |want| > 1.
@@ -29,9 +35,16 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
 
 #[test]
 fn teacher_forced_attentions_and_logits_match_transformers() {
-    assert!(is_seq2seq(&dir()));
-    let model = Seq2Seq::load(&dir()).unwrap();
-    let g = Golden::read(&dir().join("expected.safetensors"));
+    for name in MODELS {
+        teacher_forced_matches(name);
+    }
+}
+
+fn teacher_forced_matches(name: &str) {
+    let dir = dir_of(name);
+    assert!(is_seq2seq(&dir));
+    let model = Seq2Seq::load(&dir).unwrap();
+    let g = Golden::read(&dir.join("expected.safetensors"));
     let pairs = g.meta["pairs"].as_array().unwrap();
     for (n, pair) in pairs.iter().enumerate() {
         let (source, target) = (pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
@@ -56,25 +69,71 @@ fn teacher_forced_attentions_and_logits_match_transformers() {
             ("cross_attentions", &out.cross_attentions),
         ] {
             let want = &g.tensor(&format!("{what}{n}")).1;
-            assert_close(&format!("pair {n}: {what}"), got, want, 1e-4);
+            assert_close(&format!("{name} pair {n}: {what}"), got, want, 1e-4);
         }
     }
 }
 
 #[test]
 fn greedy_translation_matches_transformers() {
-    let model = Seq2Seq::load(&dir()).unwrap();
-    let g = Golden::read(&dir().join("expected.safetensors"));
-    let source = g.meta["pairs"][0][0].as_str().unwrap();
-    let want = g.ids("generated");
-    let n = g.meta["new_tokens"].as_u64().unwrap() as usize;
-    let got = model
-        .greedy(&model.encode_source(source).unwrap(), n)
-        .unwrap();
-    assert_eq!(got, want);
-    // The forced first and last tokens (<s>, </s>) are there, and decode drops them.
-    assert_eq!((got[0], got[n - 1]), (0, 2));
-    assert!(!model.decode_text(&got).unwrap().contains("</s>"));
+    for name in MODELS {
+        let model = Seq2Seq::load(&dir_of(name)).unwrap();
+        let g = Golden::read(&dir_of(name).join("expected.safetensors"));
+        let source = g.meta["pairs"][0][0].as_str().unwrap();
+        let want = g.ids("generated");
+        let n = g.meta["new_tokens"].as_u64().unwrap() as usize;
+        let got = model
+            .greedy(&model.encode_source(source).unwrap(), n)
+            .unwrap();
+        assert_eq!(got, want, "{name}");
+        assert!(!model.decode_text(&got).unwrap().contains("</s>"), "{name}");
+    }
+    // BART's forced first and last tokens (<s>, </s>) are there.
+    let want = Golden::read(&dir().join("expected.safetensors")).ids("generated");
+    assert_eq!((want[0], want[want.len() - 1]), (0, 2));
+}
+
+/// The decoder fed one token at a time (its keys and values cached, the encoder's projected
+/// once) gives the teacher-forced pass's logits at every row.
+#[test]
+fn cached_decoding_matches_the_teacher_forced_pass() {
+    for name in MODELS {
+        let model = Seq2Seq::load(&dir_of(name)).unwrap();
+        let g = Golden::read(&dir_of(name).join("expected.safetensors"));
+        let (source, target) = (g.ids("source_ids0"), g.ids("decoder_ids0"));
+        let full = model.forward(&source, &target).unwrap().logits;
+        let (encoded, _) = model.encode(&source).unwrap();
+        let mut cache = model.decoder_cache(&encoded);
+        let stepped: Vec<f32> = (target.iter())
+            .flat_map(|&id| cache.feed(id).unwrap())
+            .collect();
+        let full: Vec<f64> = full.iter().map(|&x| f64::from(x)).collect();
+        assert_close(&format!("{name}: cached"), &stepped, &full, 1e-5);
+        let err = cache.feed(u32::MAX).unwrap_err();
+        assert!(matches!(err, ModelError::TokenOutOfVocab { .. }), "{err}");
+    }
+}
+
+/// MarianTokenizer's ids (the sentencepiece library's pieces through vocab.json) on texts
+/// with accents, punctuation, NFKC-folded characters, runs of spaces, pieces the model lacks
+/// and a language code.
+#[test]
+fn marian_sentencepiece_ids_match_transformers() {
+    let model = Seq2Seq::load(&dir_of("marian")).unwrap();
+    let g = Golden::read(&dir_of("marian").join("expected.safetensors"));
+    let texts = g.meta["texts"].as_array().unwrap();
+    for (n, text) in texts.iter().enumerate() {
+        let text = text.as_str().unwrap();
+        let enc = model.source_encoding(text).unwrap();
+        assert_eq!(enc.ids, g.ids(&format!("tokens{n}")), "{text:?}");
+        // Each piece's span is a piece of the text, and only </s> has none.
+        for (span, token) in enc.spans.iter().zip(&enc.tokens) {
+            match span {
+                Some((a, b)) => assert!(text.get(*a..*b).is_some(), "{text:?}: {token}"),
+                None => assert_eq!(token, "</s>"),
+            }
+        }
+    }
 }
 
 #[test]

@@ -67,6 +67,18 @@ pub struct TeacherForced {
     pub output: attn_models::Seq2SeqOutput,
 }
 
+/// Says on stderr that generation is greedy where the checkpoint asks for beams.
+pub fn note_greedy(model: &attn_models::Seq2Seq) {
+    if let Some(beams) = model.config().generation.num_beams.filter(|&b| b > 1) {
+        crate::note!(
+            "note: greedy decoding: {}'s generation_config.json asks for {beams} beams, which \
+             attnscope does not search yet (its translation may differ from transformers' \
+             generate())",
+            model.name()
+        );
+    }
+}
+
 /// The pass of `model` over `source` and `target`, or, without one, the model's own greedy
 /// translation (its generation settings' length).
 pub fn teacher_forced(
@@ -78,6 +90,7 @@ pub fn teacher_forced(
     let target = match target {
         Some(t) => t.to_string(),
         None => {
+            note_greedy(model);
             let max = model
                 .config()
                 .generation
@@ -94,7 +107,7 @@ pub fn teacher_forced(
         !target.trim().is_empty(),
         "the target is empty or only whitespace"
     );
-    let target_encoding = model.tokenizer().encode(&target, None, false)?;
+    let target_encoding = model.target_encoding(&target)?;
     let (decoder, labels) = model.teacher_forcing(&target)?;
     let output = model.forward(&source_ids, &decoder)?;
     Ok(TeacherForced {
@@ -128,13 +141,13 @@ pub fn seq2seq_maps(
     target: Option<&str>,
     kind: Seq2SeqAttention,
 ) -> anyhow::Result<AttentionMaps> {
-    let src = model.tokenizer().encode(source, None, false)?;
+    let src = model.source_encoding(source)?;
     let token = |enc: &attn_models::Encoding, i: usize, segment: usize| Token {
         text: enc.tokens[i].clone(),
         id: enc.ids[i],
         span: enc.spans[i],
         segment,
-        special: enc.special[i] || model.tokenizer().is_special(enc.ids[i]),
+        special: enc.special[i] || model.is_special(enc.ids[i]),
     };
     let c = model.config();
     let mut tokens: Vec<Token> = (0..src.len()).map(|i| token(&src, i, 0)).collect();

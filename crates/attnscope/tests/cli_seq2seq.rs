@@ -12,16 +12,21 @@ use cli_support::{fails_with, ok};
 use safetensors::SafeTensors;
 
 fn model() -> String {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/data/s2s/bart"
-    ));
-    dir.to_str().unwrap().to_string()
+    model_of("bart")
+}
+
+fn model_of(name: &str) -> String {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/s2s"));
+    dir.join(name).to_str().unwrap().to_string()
 }
 
 /// The expected tensor `name` as f64 (f32 or i64 in the file).
 fn expected(name: &str) -> Vec<f64> {
-    let bytes = std::fs::read(PathBuf::from(model()).join("expected.safetensors")).unwrap();
+    expected_of("bart", name)
+}
+
+fn expected_of(model: &str, name: &str) -> Vec<f64> {
+    let bytes = std::fs::read(PathBuf::from(model_of(model)).join("expected.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let view = st.tensor(name).unwrap();
     match view.dtype() {
@@ -46,7 +51,13 @@ const TARGET: &str = "J'adore l'apprentissage automatique";
 
 #[test]
 fn translate_is_transformers_greedy_generation() {
-    let m = model();
+    for name in ["bart", "marian"] {
+        translate_matches(name);
+    }
+}
+
+fn translate_matches(name: &str) {
+    let m = model_of(name);
     let json: serde_json::Value = serde_json::from_str(&ok(&[
         "translate",
         SOURCE,
@@ -63,7 +74,7 @@ fn translate_is_transformers_greedy_generation() {
         .iter()
         .map(|x| x.as_f64().unwrap())
         .collect();
-    assert_eq!(ids, expected("generated"));
+    assert_eq!(ids, expected_of(name, "generated"), "{name}");
     assert_eq!(json["source"], SOURCE);
     let text = ok(&["translate", SOURCE, "--model", &m, "--max-new-tokens", "20"]);
     assert_eq!(text.trim_end(), json["translation"].as_str().unwrap());
@@ -71,7 +82,13 @@ fn translate_is_transformers_greedy_generation() {
 
 #[test]
 fn attention_with_a_target_is_transformers_three_attentions() {
-    let m = model();
+    for name in ["bart", "marian"] {
+        attention_matches(name);
+    }
+}
+
+fn attention_matches(name: &str) {
+    let m = model_of(name);
     let json: serde_json::Value = serde_json::from_str(&ok(&[
         "attention",
         SOURCE,
@@ -89,7 +106,7 @@ fn attention_with_a_target_is_transformers_three_attentions() {
     ] {
         let mut got = Vec::new();
         flatten(&json[kind], &mut got);
-        let want = expected(&format!("{kind}0"));
+        let want = expected_of(name, &format!("{kind}0"));
         assert_eq!(got.len(), want.len(), "{kind}");
         let worst = got
             .iter()
@@ -98,7 +115,7 @@ fn attention_with_a_target_is_transformers_three_attentions() {
             .fold(0.0, f64::max);
         assert!(worst < 1e-4, "{kind}: {worst}");
     }
-    let t = expected("labels0").len();
+    let t = expected_of(name, "labels0").len();
     assert_eq!(json["decoder_tokens"].as_array().unwrap().len(), t);
     assert_eq!(json["predicted_tokens"].as_array().unwrap().len(), t);
     assert_eq!(
@@ -223,4 +240,30 @@ fn what_does_not_apply_to_an_encoder_decoder_is_a_clear_error() {
     ] {
         fails_with(&args, says);
     }
+    // Marian's weights as PyTorch's pickle only: the transformers line that rewrites them.
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "vocab.json", "source.spm", "target.spm"] {
+        std::fs::copy(
+            PathBuf::from(model_of("marian")).join(f),
+            tmp.path().join(f),
+        )
+        .unwrap();
+    }
+    std::fs::write(tmp.path().join("pytorch_model.bin"), b"").unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    fails_with(
+        &["translate", SOURCE, "--model", dir],
+        "AutoModelForSeq2SeqLM.from_pretrained",
+    );
+    // A SentencePiece model that is not one.
+    std::fs::copy(
+        PathBuf::from(model_of("marian")).join("model.safetensors"),
+        tmp.path().join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(tmp.path().join("source.spm"), [0x0a, 0x05, 0x01]).unwrap();
+    fails_with(
+        &["translate", SOURCE, "--model", dir],
+        "source.spm: not a SentencePiece model",
+    );
 }

@@ -177,7 +177,7 @@ fn run_seq2seq(args: &Args, model: &Seq2Seq, text: &str) -> anyhow::Result<()> {
             })
             .collect()
     };
-    let token = |id: u32| model.tokenizer().token(id).unwrap_or_default();
+    let token = |id: u32| model.token(id).unwrap_or_default();
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     if args.json {

@@ -42,6 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .max_length
             .map_or(DEFAULT_NEW_TOKENS, |m| m.saturating_sub(1)),
     };
+    crate::maps::note_greedy(&model);
     let ids = model.greedy(&source, max_new)?;
     let translation = model.decode_text(&ids)?;
     let mut out = std::io::stdout().lock();
