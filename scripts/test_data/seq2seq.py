@@ -11,8 +11,9 @@
              RoBERTa's <s> … </s> template) and expected.safetensors: for each (source, target)
              pair its source ids, decoder ids (the target's labels shifted right, as
              transformers does), logits [T, vocab] and encoder [L, H, S, S], decoder [L, H, T, T]
-             and cross [L, H, T, S] attentions (eager attention); and `generated`, 20 greedy new
-             tokens of `generate()` after the first source.
+             and cross [L, H, T, S] attentions (eager attention); and `generated`, `beam4` and
+             `beam4_penalty`: 20 new tokens of greedy and 4-beam `generate()` after the first
+             source (see `beams`).
 """
 import json, os
 import torch
@@ -47,6 +48,16 @@ def tokenizer(out_dir):
     fast.save_pretrained(out_dir)
     os.remove(os.path.join(out_dir, "special_tokens_map.json"))
     return fast
+
+
+def beams(model, ids, tensors):
+    """`generated`: greedy generate() of NEW_TOKENS after `ids`; `beam4`: 4-beam, without its
+    start token; `beam4_penalty`: 4 beams with length_penalty 2 and early_stopping true."""
+    with torch.no_grad():
+        for name, kwargs in (("generated", dict(num_beams=1)), ("beam4", dict(num_beams=4)),
+                             ("beam4_penalty", dict(num_beams=4, length_penalty=2.0, early_stopping=True))):
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, **kwargs)
+            tensors[name] = out[0, 1:].to(torch.int64).contiguous()
 
 
 def main(root):
@@ -95,10 +106,7 @@ def bart(root, name):
         tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
         tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
     ids = tok(PAIRS[0][0], return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=NEW_TOKENS, num_beams=1,
-                             do_sample=False)
-    tensors["generated"] = out[0, 1:].to(torch.int64).contiguous()
+    beams(model, ids, tensors)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
               metadata=meta(dict(pairs=PAIRS, new_tokens=NEW_TOKENS)))
 
@@ -188,9 +196,7 @@ def marian(root):
         tensors[f"encoder_attentions{n}"] = torch.stack(o.encoder_attentions)[:, 0].contiguous()
         tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
         tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=NEW_TOKENS, num_beams=1, do_sample=False)
-    tensors["generated"] = out[0, 1:].to(torch.int64).contiguous()
+    beams(model, ids, tensors)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
               metadata=meta(dict(pairs=pairs, texts=MARIAN_TEXTS, new_tokens=NEW_TOKENS)))
 

@@ -83,7 +83,7 @@ fn two() -> u32 {
 
 /// What generation honours, from `generation_config.json` where the directory has one, else
 /// from `config.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Deserialize)]
 pub struct GenerationSettings {
     /// The token the decoder reads first.
     pub decoder_start_token_id: Option<u32>,
@@ -98,6 +98,20 @@ pub struct GenerationSettings {
     pub bad_words_ids: Vec<Vec<u32>>,
     /// The beams the checkpoint asks for (greedy decoding is one).
     pub num_beams: Option<usize>,
+    /// Beam search divides a finished beam's log-probability by its length to this power
+    /// (default 1).
+    pub length_penalty: Option<f32>,
+    /// Beam search's stopping rule: `true` (once `num_beams` beams finished), `false` (once
+    /// no running beam can beat the finished ones, by transformers' heuristic) or `"never"`.
+    pub early_stopping: Option<serde_json::Value>,
+}
+
+/// Beam search's stopping rule ([`GenerationSettings::early_stopping`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EarlyStopping {
+    Yes,
+    Heuristic,
+    Never,
 }
 
 /// An encoder-decoder model's shape and special tokens.
@@ -293,6 +307,7 @@ impl CrossAttention {
 
 /// The decoder's state between the tokens it reads one at a time ([`Seq2Seq::decoder_cache`]):
 /// each layer's keys and values of the tokens read, per head, and of the encoder's output.
+#[derive(Clone)]
 pub struct DecoderCache<'m> {
     model: &'m Seq2Seq,
     /// Per layer: the cross-attention's keys and values, `[heads, S, head_dim]` each.
@@ -367,6 +382,14 @@ impl DecoderCache<'_> {
         self.len += 1;
         Ok(model.logits(&hidden))
     }
+}
+
+/// `x` as log-probabilities, in place: `x − max − ln Σ exp(x − max)`, as torch's log_softmax.
+fn log_softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
+    let shift = max + sum.ln();
+    x.iter_mut().for_each(|v| *v -= shift);
 }
 
 /// One side's embeddings.
@@ -597,6 +620,11 @@ impl Seq2Seq {
         &self.config
     }
 
+    /// Generation's settings in place of the checkpoint's.
+    pub fn set_generation(&mut self, settings: GenerationSettings) {
+        self.config.generation = settings;
+    }
+
     /// The source's tokens, with the tokenizer's special tokens.
     pub fn source_encoding(&self, text: &str) -> Result<Encoding, ModelError> {
         match &self.tokenizer {
@@ -821,33 +849,155 @@ impl Seq2Seq {
     /// start token excluded.
     pub fn greedy(&self, source: &[u32], max_new_tokens: usize) -> Result<Vec<u32>, ModelError> {
         let (encoded, _) = self.encode(source)?;
-        let g = &self.config.generation;
         let eos = self.config.eos_token_id;
-        // transformers' max_length counts the start token; max_new_tokens sets it to 1 + N.
-        let max_length = (1 + max_new_tokens)
-            .min(g.max_length.unwrap_or(usize::MAX))
-            .min(self.config.max_positions);
+        let max_length = self.max_length(max_new_tokens);
         let mut ids = vec![self.start_token()];
         let mut cache = self.decoder_cache(&encoded);
         while ids.len() < max_length {
             let mut last = cache.feed(ids[ids.len() - 1])?;
-            for bad in g.bad_words_ids.iter().filter(|b| b.len() == 1) {
-                if let Some(x) = last.get_mut(bad[0] as usize) {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-            let forced = match ids.len() {
-                1 => g.forced_bos_token_id,
-                n if n + 1 == max_length => g.forced_eos_token_id,
-                _ => None,
-            };
-            let next = forced.unwrap_or_else(|| crate::generate::greedy(&last));
+            self.process(&mut last, ids.len(), max_length);
+            let next = crate::generate::greedy(&last);
             ids.push(next);
             if next == eos {
                 break;
             }
         }
         Ok(ids[1..].to_vec())
+    }
+
+    /// transformers' beam search (generation/utils.py `_beam_search`, 4.57) of `num_beams` beams
+    /// after the decoder start token, the processors of [`Seq2Seq::greedy`] on each step's
+    /// log-probabilities: each step keeps the `2·num_beams` best continuations, the best
+    /// `num_beams` that do not end (in `</s>` or at `max_length`) run on, and those among the
+    /// first `num_beams` that end join the finished ones, scored by their log-probability over
+    /// their length to the power `length_penalty`; the best finished beam's ids, the start token
+    /// excluded.
+    pub fn beam_search(
+        &self,
+        source: &[u32],
+        max_new_tokens: usize,
+        num_beams: usize,
+    ) -> Result<Vec<u32>, ModelError> {
+        if num_beams <= 1 {
+            return self.greedy(source, max_new_tokens);
+        }
+        let (encoded, _) = self.encode(source)?;
+        let g = &self.config.generation;
+        let (eos, vocab) = (self.config.eos_token_id, self.config.vocab_size);
+        let max_length = self.max_length(max_new_tokens);
+        let penalty = g.length_penalty.unwrap_or(1.0);
+        let stopping = match &g.early_stopping {
+            Some(serde_json::Value::Bool(true)) => EarlyStopping::Yes,
+            Some(serde_json::Value::String(s)) if s == "never" => EarlyStopping::Never,
+            _ => EarlyStopping::Heuristic,
+        };
+        let keep = 2 * num_beams;
+        let cache = self.decoder_cache(&encoded);
+        // Running beams: ids (start token first), score, cache; only the first counts at first.
+        let mut running: Vec<(Vec<u32>, f32, DecoderCache<'_>)> = (0..num_beams)
+            .map(|b| {
+                (
+                    vec![self.start_token()],
+                    if b == 0 { 0.0 } else { -1e9 },
+                    cache.clone(),
+                )
+            })
+            .collect();
+        let mut finished: Vec<(Vec<u32>, f32, bool)> = vec![(Vec::new(), -1e9, false); num_beams];
+        let mut improvable = true;
+        let mut cur_len = 1;
+        loop {
+            // Every running beam's continuations, scored.
+            let mut candidates: Vec<(f32, usize, u32)> = Vec::with_capacity(num_beams * vocab);
+            for (b, (ids, score, cache)) in running.iter_mut().enumerate() {
+                let mut logits = cache.feed(ids[ids.len() - 1])?;
+                log_softmax(&mut logits);
+                self.process(&mut logits, cur_len, max_length);
+                candidates.extend(
+                    logits
+                        .iter()
+                        .enumerate()
+                        .map(|(t, &x)| (x + *score, b, t as u32)),
+                );
+            }
+            // The `keep` best, best first (ties: the lower index first, as torch.topk gives).
+            candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+            candidates.truncate(keep);
+            let ends = |&(_, _, t): &(f32, usize, u32)| t == eos || cur_len + 1 >= max_length;
+            let hits: Vec<bool> = candidates.iter().map(ends).collect();
+            // Those that end among the first num_beams join the finished ones.
+            let all_finished = finished.iter().all(|f| f.2);
+            let full = all_finished && stopping == EarlyStopping::Yes;
+            let mut merged = finished.clone();
+            for (k, (&(score, b, t), &hit)) in candidates.iter().zip(&hits).enumerate() {
+                let mut score = score / (cur_len as f32).powf(penalty);
+                let done = hit && k < num_beams;
+                if full || !improvable || !done {
+                    score += -1e9;
+                }
+                let mut ids = running[b].0.clone();
+                ids.push(t);
+                merged.push((ids, score, done));
+            }
+            merged.sort_by(|a, b| b.1.total_cmp(&a.1));
+            merged.truncate(num_beams);
+            finished = merged;
+            // The best num_beams that do not end run on.
+            let mut next: Vec<(f32, usize, u32)> = (candidates.iter().zip(&hits))
+                .map(|(&(score, b, t), &hit)| (if hit { score - 1e9 } else { score }, b, t))
+                .collect();
+            next.sort_by(|a, b| b.0.total_cmp(&a.0));
+            next.truncate(num_beams);
+            running = (next.iter())
+                .map(|&(score, b, t)| {
+                    let (ids, _, cache) = &running[b];
+                    let mut ids = ids.clone();
+                    ids.push(t);
+                    (ids, score, cache.clone())
+                })
+                .collect();
+            cur_len += 1;
+            let best_len = match stopping {
+                EarlyStopping::Never if penalty > 0.0 => max_length - 1,
+                _ => cur_len - 1,
+            };
+            let best_possible = running[0].1 / (best_len as f32).powf(penalty);
+            let worst = (finished.iter().map(|f| f.1)).fold(f32::INFINITY, f32::min);
+            improvable &= finished.iter().any(|f| !f.2 || best_possible > worst);
+            let open = !(finished.iter().all(|f| f.2) && stopping == EarlyStopping::Yes);
+            if !(improvable && open && !hits.iter().all(|&h| h)) {
+                break;
+            }
+        }
+        Ok(finished[0].0[1..].to_vec())
+    }
+
+    /// transformers' max_length for `max_new_tokens` new tokens: it counts the start token, and
+    /// the checkpoint's and the positions' limits cap it.
+    fn max_length(&self, max_new_tokens: usize) -> usize {
+        (1 + max_new_tokens)
+            .min(self.config.generation.max_length.unwrap_or(usize::MAX))
+            .min(self.config.max_positions)
+    }
+
+    /// The logits processors generation honours, on the scores of the next token after
+    /// `cur_len` tokens: one-token bad words masked, the forced first and last tokens.
+    fn process(&self, scores: &mut [f32], cur_len: usize, max_length: usize) {
+        let g = &self.config.generation;
+        for bad in g.bad_words_ids.iter().filter(|b| b.len() == 1) {
+            if let Some(x) = scores.get_mut(bad[0] as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        let forced = match cur_len {
+            1 => g.forced_bos_token_id,
+            n if n + 1 == max_length => g.forced_eos_token_id,
+            _ => None,
+        };
+        if let Some(id) = forced.filter(|&id| (id as usize) < scores.len()) {
+            scores.fill(f32::NEG_INFINITY);
+            scores[id as usize] = 0.0;
+        }
     }
 
     /// The text of target `ids` without special tokens.

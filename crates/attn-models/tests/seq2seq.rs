@@ -93,6 +93,40 @@ fn greedy_translation_matches_transformers() {
     assert_eq!((want[0], want[want.len() - 1]), (0, 2));
 }
 
+/// Beam search, 4 beams, with the checkpoint's settings and with length_penalty 2 and
+/// early_stopping true, gives transformers' `generate()` ids.
+#[test]
+fn beam_search_matches_transformers() {
+    for name in MODELS {
+        let mut model = Seq2Seq::load(&dir_of(name)).unwrap();
+        let g = Golden::read(&dir_of(name).join("expected.safetensors"));
+        let source = model
+            .encode_source(g.meta["pairs"][0][0].as_str().unwrap())
+            .unwrap();
+        let n = g.meta["new_tokens"].as_u64().unwrap() as usize;
+        let got = model.beam_search(&source, n, 4).unwrap();
+        assert_eq!(got, g.ids("beam4"), "{name}");
+        assert_eq!(
+            model.beam_search(&source, n, 1).unwrap(),
+            g.ids("generated"),
+            "{name}"
+        );
+        let mut settings = model.config().generation.clone();
+        settings.length_penalty = Some(2.0);
+        settings.early_stopping = Some(serde_json::Value::Bool(true));
+        model.set_generation(settings);
+        let got = model.beam_search(&source, n, 4).unwrap();
+        assert_eq!(
+            got,
+            g.ids("beam4_penalty"),
+            "{name}: length_penalty 2, early stopping"
+        );
+    }
+    // mBART's beams find what greedy decoding does not.
+    let g = Golden::read(&dir_of("mbart").join("expected.safetensors"));
+    assert_ne!(g.ids("beam4"), g.ids("generated"));
+}
+
 /// The decoder fed one token at a time (its keys and values cached, the encoder's projected
 /// once) gives the teacher-forced pass's logits at every row.
 #[test]

@@ -61,26 +61,14 @@ pub struct TeacherForced {
     pub labels: Vec<u32>,
     /// The target's encoding (the labels, with their spans in `target`).
     pub target_encoding: attn_models::Encoding,
-    /// The target text: `--target`, or the model's greedy translation.
+    /// The target text: `--target`, or the model's own translation.
     pub target: String,
     /// The attentions and logits.
     pub output: attn_models::Seq2SeqOutput,
 }
 
-/// Says on stderr that generation is greedy where the checkpoint asks for beams.
-pub fn note_greedy(model: &attn_models::Seq2Seq) {
-    if let Some(beams) = model.config().generation.num_beams.filter(|&b| b > 1) {
-        crate::note!(
-            "note: greedy decoding: {}'s generation_config.json asks for {beams} beams, which \
-             attnscope does not search yet (its translation may differ from transformers' \
-             generate())",
-            model.name()
-        );
-    }
-}
-
-/// The pass of `model` over `source` and `target`, or, without one, the model's own greedy
-/// translation (its generation settings' length).
+/// The pass of `model` over `source` and `target`, or, without one, the model's own
+/// translation (its generation settings' beams and length).
 pub fn teacher_forced(
     model: &attn_models::Seq2Seq,
     source: &str,
@@ -90,14 +78,14 @@ pub fn teacher_forced(
     let target = match target {
         Some(t) => t.to_string(),
         None => {
-            note_greedy(model);
             let max = model
                 .config()
                 .generation
                 .max_length
                 .unwrap_or(64)
                 .saturating_sub(1);
-            let ids = model.greedy(&source_ids, max.max(1))?;
+            let beams = model.config().generation.num_beams.unwrap_or(1);
+            let ids = model.beam_search(&source_ids, max.max(1), beams)?;
             let text = model.decode_text(&ids)?;
             crate::note!("note: no --target: the target is the model's own translation, {text:?}");
             text

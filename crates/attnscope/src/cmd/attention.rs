@@ -32,7 +32,7 @@ pub struct Args {
     ///
     /// An encoder-decoder model's target (a translation of TEXT): the decoder reads the start
     /// token and the target's tokens, each row predicting the next; default: the model's own
-    /// greedy translation.
+    /// translation (beam search as its generation_config.json asks).
     #[arg(long, value_name = "TEXT", conflicts_with_all = ["pair", "save_maps", "layer", "head"])]
     pub target: Option<String>,
     #[command(flatten)]

@@ -1,4 +1,5 @@
-//! `attnscope translate`: an encoder-decoder model's greedy translation of a text.
+//! `attnscope translate`: an encoder-decoder model's translation of a text, by beam search as
+//! its generation_config.json asks (or greedy).
 
 use std::io::Write;
 
@@ -17,6 +18,9 @@ pub struct Args {
     /// Most new tokens [default: the checkpoint's generation_config.json max_length, else 64]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_new_tokens: Option<u32>,
+    /// Beams of the beam search [default: the checkpoint's generation_config.json num_beams, else 1: greedy]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub num_beams: Option<u32>,
     /// Print {"model", "source", "translation", "ids"} (ids: generated, start token excluded).
     #[arg(long)]
     pub json: bool,
@@ -42,8 +46,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .max_length
             .map_or(DEFAULT_NEW_TOKENS, |m| m.saturating_sub(1)),
     };
-    crate::maps::note_greedy(&model);
-    let ids = model.greedy(&source, max_new)?;
+    let beams = match args.num_beams {
+        Some(n) => n as usize,
+        None => model.config().generation.num_beams.unwrap_or(1),
+    };
+    let ids = model.beam_search(&source, max_new, beams)?;
     let translation = model.decode_text(&ids)?;
     let mut out = std::io::stdout().lock();
     if args.json {
