@@ -194,6 +194,14 @@ pub fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<
         None => attn_models::default_model_dir(true).context("finding the default model")?,
     };
     let dir = attn_models::resolve_model(&dir)?;
+    if attn_models::is_seq2seq(&dir) {
+        anyhow::bail!(
+            "{} is an encoder-decoder model: this command does not run one yet; `attnscope \
+             translate`, `explain SOURCE --target TARGET --focus WORD` (its cross-attention) and \
+             `attention SOURCE --target TARGET --json` (all three kinds) do",
+            dir.display()
+        );
+    }
     Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))
 }
 

@@ -257,6 +257,14 @@ fn what_does_not_apply_to_an_encoder_decoder_is_a_clear_error() {
             "--target is the target",
         ),
         (vec!["translate", " ", "--model", &m], "the text is empty"),
+        (
+            vec!["heatmap", SOURCE, "--model", &m, "-o", "/tmp/x.png"],
+            "is an encoder-decoder model",
+        ),
+        (
+            vec!["heads", SOURCE, "--model", &m],
+            "is an encoder-decoder model",
+        ),
     ] {
         fails_with(&args, says);
     }
