@@ -4,7 +4,8 @@ Hugging Face transformers (the modules in scripts/test_data/ say how each file i
     python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch transformers safetensors numpy
     /tmp/ref/bin/python scripts/make_test_data.py [MINILM_DIR] [PART...]
 
-PARTS are among sdpa, mha, grad, minilm, tiny-gpt2, heads, contributions, gradients, decoders and seq2seq (all by
+PARTS are among sdpa, mha, grad, minilm, tiny-gpt2, heads, contributions, gradients, decoders, seq2seq and
+seq2seq-truncation (what seq2seq writes to s2s/truncation.json alone; all by
 default; heads reads tiny-gpt2's tokenizer and weights, contributions and gradients the heads'
 checkpoints). MINILM_DIR is a local all-MiniLM-L6-v2 in the Hugging Face layout; by default the copy
 attnscope fetched into its cache ($ATTNSCOPE_CACHE, else $XDG_CACHE_HOME/attnscope, else
@@ -26,7 +27,7 @@ import decoders  # noqa: E402
 import seq2seq  # noqa: E402
 
 PARTS = ["sdpa", "mha", "grad", "minilm", "tiny-gpt2", "heads", "contributions", "gradients",
-         "decoders", "seq2seq"]
+         "decoders", "seq2seq", "seq2seq-truncation"]
 
 
 def default_minilm():
@@ -68,6 +69,8 @@ def main():
         decoders.main(root)
     if "seq2seq" in parts:
         seq2seq.main(root)
+    elif "seq2seq-truncation" in parts:
+        seq2seq.truncation(root)
 
 
 if __name__ == "__main__":

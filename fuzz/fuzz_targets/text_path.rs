@@ -74,6 +74,7 @@ fuzz_target!(|data: &[u8]| {
             top: Some(5),
             focus_tokens: Vec::new(),
             only_segment: None,
+            focus_segment: None,
         };
         if let Ok(e) = explain(&maps, &options, |_, _| {}) {
             render(&e, BarStyle::default());
@@ -92,6 +93,7 @@ fuzz_target!(|data: &[u8]| {
         top: None,
         focus_tokens: vec![maps.seq_len() - 1],
         only_segment: None,
+        focus_segment: None,
     };
     let rows = maps::run_model_rows(model, (text, pair), truncate, |header| {
         Ok(query_rows(header, &last)?)
@@ -122,6 +124,7 @@ fuzz_target!(|data: &[u8]| {
             top: None,
             focus_tokens: Vec::new(),
             only_segment: None,
+            focus_segment: None,
         };
         explain(&maps, &options, |_, _| {}).expect("flow over a short text");
     }

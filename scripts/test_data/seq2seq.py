@@ -14,6 +14,9 @@
              and cross [L, H, T, S] attentions (eager attention); and `generated`, `beam4` and
              `beam4_penalty`: 20 new tokens of greedy and 4-beam `generate()` after the first
              source (see `beams`).
+
+  s2s/truncation.json  what the tokenizers of s2s/bart and s2s/marian give a long source and
+             target with truncation=True (see `truncation`).
 """
 import json, os
 import torch
@@ -64,6 +67,26 @@ def main(root):
     bart(root, "bart")
     bart(root, "mbart")
     marian(root)
+    truncation(root)
+
+
+def truncation(root):
+    """s2s/truncation.json: for bart and marian, a source and a target far past the 64
+    positions and the ids transformers' tokenizer gives them with truncation=True (its first
+    tokens, then </s>), which `--truncate` must give."""
+    from transformers import AutoTokenizer, MarianTokenizer
+    source = " ".join(["The cat that ate the mouse ran away."] * 12)
+    target = " ".join(["Le chat qui a mangé la souris s'est enfui."] * 12)
+    out = {"source": source, "target": target}
+    for name in ("bart", "marian"):
+        d = os.path.join(root, "s2s", name)
+        tok = MarianTokenizer.from_pretrained(d) if name == "marian" else AutoTokenizer.from_pretrained(d)
+        enc = tok(source, text_target=target, truncation=True, max_length=64)
+        out[name] = {"source_ids": enc["input_ids"], "labels": enc["labels"],
+                     "source_len": len(tok(source)["input_ids"]),
+                     "target_len": len(tok(text_target=target)["input_ids"])}
+    with open(os.path.join(root, "s2s", "truncation.json"), "w") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
 
 
 def bart(root, name):

@@ -409,6 +409,7 @@ impl Model {
             top,
             focus_tokens: Vec::new(),
             only_segment: None,
+            focus_segment: None,
         };
         py.detach(|| {
             let maps = attnscope::maps::run_model(&self.inner, text, pair, false)?;

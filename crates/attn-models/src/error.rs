@@ -191,6 +191,13 @@ pub enum ModelError {
         /// Which of the texts embedded together (0-based), for the caller to name.
         text: Option<usize>,
     },
+    /// An encoder-decoder model's source or target past the model's positions.
+    #[error("the {which} is {tokens} tokens long, more than the model's {max} positions")]
+    SideTooLong {
+        which: &'static str,
+        tokens: usize,
+        max: usize,
+    },
     /// A text with far more words than the model's positions whose first words alone pass the
     /// limit: refused without tokenizing the rest (tens of megabytes take tens of seconds and
     /// gigabytes).

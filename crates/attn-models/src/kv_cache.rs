@@ -396,7 +396,7 @@ const DOT_ROWS_PER_TASK: usize = 256;
 ///
 /// # Shapes
 /// - `x`: `[n_in]`, `y`: `[n_out]`
-fn matvec(linear: &Linear, x: &[f32], y: &mut [f32]) {
+pub(crate) fn matvec(linear: &Linear, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!((x.len(), y.len()), (linear.n_in, linear.n_out));
     let mut col = 0;
     for part in &linear.parts {
@@ -439,7 +439,7 @@ fn axpy_rows(w: &[f32], x: &[f32], y: &mut [f32]) {
 ///
 /// # Shapes
 /// - `w`: `[y.len(), x.len()]`, `x`: `[n_in]`, `y`: `[n_out]`
-fn dot_rows_weight(w: &WeightData, x: &[f32], y: &mut [f32]) {
+pub(crate) fn dot_rows_weight(w: &WeightData, x: &[f32], y: &mut [f32]) {
     if let Some(w) = w.f32() {
         return dot_rows(w, x, y);
     }
@@ -451,6 +451,67 @@ fn dot_rows_weight(w: &WeightData, x: &[f32], y: &mut [f32]) {
             w.widen(task * DOT_ROWS_PER_TASK * n_in, &mut band);
             dot_band(y, &band, x);
         });
+}
+
+/// `y = x·W` for a few rows `xs` (`[rows, n_in]` → `ys` `[rows, n_out]`): each thread's band
+/// of an `[n_out, n_in]` part is read from memory once, then from cache for the other rows (a
+/// beam search's beams cost one row's traffic, not one per beam); other layouts row by row.
+pub(crate) fn matvec_rows(linear: &Linear, xs: &[f32], ys: &mut [f32]) {
+    let (n_in, n_out) = (linear.n_in, linear.n_out);
+    let rows = xs.len() / n_in.max(1);
+    let mut col = 0;
+    for part in &linear.parts {
+        match (part.layout, part.data.f32()) {
+            (WeightLayout::OutIn, Some(w)) => {
+                let mut band = vec![0.0f32; rows * part.n_out];
+                dot_rows_multi(w, n_in, xs, &mut band);
+                for (y, b) in ys
+                    .chunks_exact_mut(n_out)
+                    .zip(band.chunks_exact(part.n_out))
+                {
+                    y[col..col + part.n_out].copy_from_slice(b);
+                }
+            }
+            _ => {
+                for (x, y) in xs.chunks_exact(n_in).zip(ys.chunks_exact_mut(n_out)) {
+                    let y = &mut y[col..col + part.n_out];
+                    match part.layout {
+                        WeightLayout::InOut => axpy_rows(&part.data.to_f32(), x, y),
+                        WeightLayout::OutIn => dot_rows_weight(&part.data, x, y),
+                    }
+                }
+            }
+        }
+        col += part.n_out;
+    }
+}
+
+/// `ys[r][j] = W[j, :]·xs[r]` for a row-major `W` `[n_out, n_in]` and a few rows `xs`, each
+/// band of `W` read once for all of them.
+///
+/// # Shapes
+/// - `w`: `[n_out, n_in]`, `xs`: `[rows, n_in]`, `ys`: `[rows, n_out]`
+pub(crate) fn dot_rows_multi(w: &[f32], n_in: usize, xs: &[f32], ys: &mut [f32]) {
+    let n_in = n_in.max(1);
+    let (rows, n_out) = (xs.len() / n_in, w.len() / n_in);
+    // Transposed, `[n_out, rows]`, so that each task writes one contiguous band.
+    let mut yt = vec![0.0f32; n_out * rows];
+    yt.par_chunks_mut(DOT_ROWS_PER_TASK * rows)
+        .zip(w.par_chunks(DOT_ROWS_PER_TASK * n_in))
+        .for_each(|(yt, w)| {
+            let mut y = vec![0.0f32; w.len() / n_in];
+            for (r, x) in xs.chunks_exact(n_in).enumerate() {
+                dot_band(&mut y, w, x);
+                for (j, &v) in y.iter().enumerate() {
+                    yt[j * rows + r] = v;
+                }
+            }
+        });
+    for (j, t) in yt.chunks_exact(rows.max(1)).enumerate() {
+        for (r, &v) in t.iter().enumerate() {
+            ys[r * n_out + j] = v;
+        }
+    }
 }
 
 /// `y[j] = W[j, :]·x` for a row-major `W` `[n_out, n_in]`, rows split over the threads.

@@ -158,7 +158,7 @@ fn marian_sentencepiece_ids_match_transformers() {
     let texts = g.meta["texts"].as_array().unwrap();
     for (n, text) in texts.iter().enumerate() {
         let text = text.as_str().unwrap();
-        let enc = model.source_encoding(text).unwrap();
+        let enc = model.source_encoding(text, false).unwrap();
         assert_eq!(enc.ids, g.ids(&format!("tokens{n}")), "{text:?}");
         // Each piece's span is a piece of the text, and only </s> has none.
         for (span, token) in enc.spans.iter().zip(&enc.tokens) {
@@ -212,4 +212,50 @@ fn bad_seq2seq_configs_are_clear_errors() {
         matches!(err, ModelError::TokenOutOfVocab { id: 9999, .. }),
         "{err}"
     );
+}
+
+/// A source and a target past the 64 positions: refused, naming the side and its length; with
+/// `truncate`, the ids transformers' tokenizers give with `truncation=True`
+/// (tests/data/s2s/truncation.json).
+#[test]
+fn truncation_matches_transformers() {
+    let path = golden_dir().join("s2s").join("truncation.json");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        (v.as_array().unwrap().iter())
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let (source, target) = (
+        want["source"].as_str().unwrap(),
+        want["target"].as_str().unwrap(),
+    );
+    for name in ["bart", "marian"] {
+        let model = Seq2Seq::load(&dir_of(name)).unwrap();
+        let w = &want[name];
+        let enc = model.source_encoding(source, true).unwrap();
+        assert_eq!(enc.ids, ids(&w["source_ids"]), "{name}: source");
+        assert_eq!(enc.tokens.len(), 64, "{name}: every part cut");
+        assert_eq!(enc.special.last(), Some(&true), "{name}: </s> kept");
+        let labels = model.target_encoding(target, true).unwrap().ids;
+        assert_eq!(labels, ids(&w["labels"]), "{name}: target");
+        for (side, err, len) in [
+            (
+                "source",
+                model.source_encoding(source, false),
+                &w["source_len"],
+            ),
+            (
+                "target",
+                model.target_encoding(target, false),
+                &w["target_len"],
+            ),
+        ] {
+            let err = err.unwrap_err().to_string();
+            let says =
+                format!("the {side} is {len} tokens long, more than the model's 64 positions");
+            assert_eq!(err, says, "{name}");
+        }
+    }
 }

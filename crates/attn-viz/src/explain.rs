@@ -61,6 +61,9 @@ pub struct ExplainOptions {
     /// Show only the words of this segment (0: the text, 1: the pair), and the special tokens
     /// with `special`.
     pub only_segment: Option<usize>,
+    /// Look for `focus` among this segment's words alone: an encoder-decoder model's source
+    /// (0) or target (1), whose words the other may share; `"the#2"` then counts there.
+    pub focus_segment: Option<usize>,
 }
 
 /// One word's weight.
@@ -433,7 +436,9 @@ fn token_layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout
     let sources: Vec<usize> = (0..units.len())
         .filter(|&u| match one_way {
             true => !units[u].special && units[u].segment == 0,
-            false => visible(&units[u]),
+            false => {
+                visible(&units[u]) && (options.focus_segment).is_none_or(|s| units[u].segment == s)
+            }
         })
         .collect();
     // What the rows of a question or `across` view without a focus are.
@@ -473,9 +478,13 @@ fn token_layout(maps: &AttentionMaps, options: &ExplainOptions) -> Result<Layout
             (chosen, label, false)
         }
         Some(asked) => {
-            let place = match one_way {
-                true => "the question (--focus picks one of its words, which look at the context)",
-                false => "the input",
+            let place = match (one_way, options.focus_segment) {
+                (true, _) => {
+                    "the question (--focus picks one of its words, which look at the context)"
+                }
+                (false, Some(0)) => "the source",
+                (false, Some(_)) => "the target",
+                (false, None) => "the input",
             };
             let (unit, note) = find_focus(asked, &units, &sources, place, options.level)?;
             notes.extend(note);

@@ -44,15 +44,33 @@ impl ImageFormat {
     }
 }
 
-/// One square matrix with its labels.
+/// One matrix with its labels: square (queries and keys the same tokens), or rows over other
+/// columns (an encoder-decoder model's target over its source).
 #[derive(Debug, Clone, Copy)]
 pub struct Heatmap<'a> {
     pub title: &'a str,
-    /// Row (query) and column (key) labels, one per row.
+    /// Row (query) labels, one per row; the columns' too unless `columns` names them.
     pub labels: &'a [String],
-    /// `[n, n]`, row-major, `n = labels.len()`.
+    /// Column (key) labels when they are not the rows'.
+    pub columns: Option<&'a [String]>,
+    /// `[rows, columns]`, row-major.
     pub matrix: &'a [f32],
     pub marks: Marks,
+}
+
+impl Heatmap<'_> {
+    fn columns(&self) -> &[String] {
+        self.columns.unwrap_or(self.labels)
+    }
+
+    /// The marks drawn: a causal mask and a divider between two texts belong to a square
+    /// matrix.
+    fn marks(&self) -> Marks {
+        match self.columns {
+            None => self.marks,
+            Some(_) => Marks::default(),
+        }
+    }
 }
 
 /// What a picture marks beside the weights.
@@ -78,14 +96,19 @@ pub struct Panel {
     pub matrix: Vec<f32>,
 }
 
-/// Writes `heatmap` to `path` (PNG or SVG by extension).
+/// Writes `heatmap` to `path` (PNG or SVG by extension). The causal and divider marks are
+/// drawn on a square matrix only.
 ///
 /// # Shapes
-/// `heatmap.matrix: [n, n]` with `n = heatmap.labels.len()`.
+/// `heatmap.matrix: [rows, columns]` with `rows = heatmap.labels.len()` and `columns` the
+/// column labels' count.
 pub fn write_heatmap(path: &Path, heatmap: &Heatmap<'_>) -> Result<(), VizError> {
     let format = ImageFormat::from_path(path)?;
-    let n = heatmap.labels.len();
-    check_square(heatmap.matrix, n)?;
+    check_shape(
+        heatmap.matrix,
+        heatmap.labels.len(),
+        heatmap.columns().len(),
+    )?;
     let layout = HeatmapLayout::new(heatmap)?;
     let bytes = render(format, layout.size, &HeatmapDrawing { layout, heatmap })?;
     write(path, &bytes)
@@ -188,15 +211,28 @@ pub const GRID_MAX_CELLS: usize = 96;
 const GRID_PANEL: usize = 120;
 
 fn check_square(matrix: &[f32], n: usize) -> Result<(), VizError> {
-    if n == 0 {
+    check_shape(matrix, n, n)
+}
+
+fn check_shape(matrix: &[f32], rows: usize, columns: usize) -> Result<(), VizError> {
+    if rows == 0 || columns == 0 {
         return Err(VizError::NoTokens);
     }
-    if matrix.len() != n * n {
-        return Err(VizError::WeightsShape {
-            n_layers: 1,
-            n_heads: 1,
-            seq_len: n,
-            got: matrix.len(),
+    if matrix.len() != rows * columns {
+        return Err(match rows == columns {
+            true => VizError::WeightsShape {
+                n_layers: 1,
+                n_heads: 1,
+                seq_len: rows,
+                got: matrix.len(),
+            },
+            false => VizError::RowsShape {
+                n_layers: 1,
+                n_heads: 1,
+                rows,
+                seq_len: columns,
+                got: matrix.len(),
+            },
         });
     }
     Ok(())
@@ -253,7 +289,8 @@ struct HeatmapLayout {
 
 impl HeatmapLayout {
     fn new(heatmap: &Heatmap<'_>) -> Result<HeatmapLayout, VizError> {
-        let n = heatmap.labels.len();
+        let (rows, columns) = (heatmap.labels.len(), heatmap.columns().len());
+        let n = rows.max(columns);
         // Up to 128 labels each row gets ≥ 12 px, enough for a 10 px label; past that the
         // matrix stays ~1536 px and only every `step`-th label is written.
         let cell = if n <= 128 {
@@ -266,15 +303,18 @@ impl HeatmapLayout {
         fonts()?;
         let desc = FontDesc::new(FontFamily::SansSerif, font, FontStyle::Normal);
         let mut label_w = 0u32;
-        for label in heatmap.labels.iter().step_by(step) {
+        let labels = (heatmap.labels.iter().step_by(step))
+            .chain(heatmap.columns.into_iter().flatten().step_by(step));
+        for label in labels {
             let (w, _) = desc.box_size(label).map_err(|e| VizError::Draw {
                 message: format!("measuring {label:?}: {e}"),
             })?;
             label_w = label_w.max(w);
         }
         let label_w = label_w.min(220);
-        let side = (cell * n as f64).ceil() as u64;
-        let width = side.saturating_add(u64::from(label_w) + 134).max(420);
+        let across = (cell * columns as f64).ceil() as u64;
+        let down = (cell * rows as f64).ceil() as u64;
+        let width = across.saturating_add(u64::from(label_w) + 134).max(420);
         let max_width = i32::try_from(width).unwrap_or(i32::MAX) - 32;
         let title = wrap_title(heatmap.title, max_width)?;
         let thinned = (step > 1).then(|| {
@@ -284,14 +324,14 @@ impl HeatmapLayout {
             )
         });
         let caption = wrap(
-            &caption(heatmap.marks, thinned),
+            &caption(heatmap.marks(), thinned),
             " · ",
             CAPTION_FONT,
             max_width,
         )?;
         let top = 14 + TITLE_LINE * title.len() as i32 + CAPTION_LINE * caption.len() as i32 + 6;
         // Rotated labels under the matrix; their measured width runs a little short.
-        let height = side.saturating_add(top as u64 + u64::from(label_w + label_w / 8 + 30));
+        let height = down.saturating_add(top as u64 + u64::from(label_w + label_w / 8 + 30));
         // Within MAX_PIXELS every coordinate fits an i32.
         let size = check_size(width, height)?;
         let origin = (label_w as i32 + 24, top);
@@ -451,7 +491,7 @@ impl Drawing for GridDrawing<'_> {
             draw_cells(
                 root,
                 &pooled,
-                self.blocks,
+                (self.blocks, self.blocks),
                 (x, y + 16),
                 pixel,
                 self.vmax,
@@ -495,7 +535,7 @@ fn draw_heatmap<DB: DrawingBackend>(
     layout: &HeatmapLayout,
     heatmap: &Heatmap<'_>,
 ) -> DrawResult<DB> {
-    let n = heatmap.labels.len();
+    let (rows, columns) = (heatmap.labels.len(), heatmap.columns().len());
     let (x0, y0) = layout.origin;
     root.fill(&WHITE)?;
     draw_title(root, &layout.title, 16)?;
@@ -510,24 +550,26 @@ fn draw_heatmap<DB: DrawingBackend>(
     draw_cells(
         root,
         heatmap.matrix,
-        n,
+        (rows, columns),
         layout.origin,
         layout.cell,
         layout.vmax,
-        heatmap.marks,
+        heatmap.marks(),
     )?;
-    let side = (layout.cell * n as f64).ceil() as i32;
+    let across = (layout.cell * columns as f64).ceil() as i32;
+    let down = (layout.cell * rows as f64).ceil() as i32;
     let row_label = text_style(layout.font).pos(Pos::new(HPos::Right, VPos::Center));
     let col_label = text_style(layout.font)
         .transform(FontTransform::Rotate270)
         .pos(Pos::new(HPos::Right, VPos::Center));
+    let mid = |i: usize| ((i as f64 + 0.5) * layout.cell) as i32;
     for (i, label) in heatmap.labels.iter().enumerate().step_by(layout.step) {
-        let label = clip(label);
-        let mid = ((i as f64 + 0.5) * layout.cell) as i32;
-        root.draw_text(&label, &row_label, (x0 - 6, y0 + mid))?;
-        root.draw_text(&label, &col_label, (x0 + mid, y0 + side + 6))?;
+        root.draw_text(&clip(label), &row_label, (x0 - 6, y0 + mid(i)))?;
     }
-    draw_colour_bar(root, (x0 + side + 24, y0), side.max(60), layout.vmax)
+    for (j, label) in heatmap.columns().iter().enumerate().step_by(layout.step) {
+        root.draw_text(&clip(label), &col_label, (x0 + mid(j), y0 + down + 6))?;
+    }
+    draw_colour_bar(root, (x0 + across + 24, y0), down.max(60), layout.vmax)
 }
 
 /// "2nd", "3rd", "4th".
@@ -554,7 +596,7 @@ fn clip(label: &str) -> String {
 fn draw_cells<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     matrix: &[f32],
-    n: usize,
+    (rows, n): (usize, usize),
     origin: (i32, i32),
     cell: f64,
     vmax: f32,
@@ -567,10 +609,10 @@ fn draw_cells<DB: DrawingBackend>(
     let colour_of = |k: usize| viridis((scale(matrix[k], vmax) * 255.0).round() / 255.0);
     let background = viridis(0.0);
     root.draw(&Rectangle::new(
-        [origin, (origin.0 + edge(n), origin.1 + edge(n))],
+        [origin, (origin.0 + edge(n), origin.1 + edge(rows))],
         background.filled(),
     ))?;
-    for i in 0..n {
+    for i in 0..rows {
         // A causal model's row ends at its own key: the rest is masked.
         let end = if marks.causal { (i + 1).min(n) } else { n };
         if end < n {

@@ -50,6 +50,7 @@ fn options(focus: Option<&str>) -> ExplainOptions {
         top: None,
         focus_tokens: Vec::new(),
         only_segment: None,
+        focus_segment: None,
     }
 }
 

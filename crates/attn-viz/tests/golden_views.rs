@@ -88,6 +88,7 @@ fn the_eiffel_question_matches_a_brute_force_sum() {
         top: None,
         focus_tokens: Vec::new(),
         only_segment: None,
+        focus_segment: None,
     };
     let e = explain(&maps, &options, |_, _| {}).unwrap();
     let got: Vec<f32> = e.rows.iter().map(|r| r.weight).collect();
@@ -157,6 +158,7 @@ fn heatmaps_of_real_attention_are_written_as_png_and_svg() {
     let heatmap = Heatmap {
         title: "Eiffel",
         labels: &labels,
+        columns: None,
         matrix: &matrix,
         marks: Marks::default(),
     };
@@ -209,6 +211,7 @@ fn a_128_token_heatmap_keeps_12_pixels_a_row() {
     let heatmap = Heatmap {
         title: "long",
         labels: &labels,
+        columns: None,
         matrix: &matrix,
         marks: Marks::default(),
     };
@@ -218,12 +221,44 @@ fn a_128_token_heatmap_keeps_12_pixels_a_row() {
 }
 
 #[test]
+fn a_cross_attention_heatmap_is_as_tall_as_its_rows_and_as_wide_as_its_columns() {
+    let rows: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
+    let columns: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+    let matrix = vec![0.25f32; 40 * 4];
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("cross.png");
+    let heatmap = Heatmap {
+        title: "cross",
+        labels: &rows,
+        columns: Some(&columns),
+        matrix: &matrix,
+        marks: Marks {
+            causal: true,
+            divider: Some(2),
+        },
+    };
+    write_heatmap(&png, &heatmap).unwrap();
+    let (w, h) = png_size(&png);
+    // 40 rows of 19 px (760 / 40) down, 4 such columns across.
+    assert!(h >= 40 * 19 && w < 4 * 19 + 400, "{w}×{h}");
+    let svg = dir.path().join("cross.svg");
+    write_heatmap(&svg, &heatmap).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("\ns3\n") && text.contains("\nt39\n"),
+        "every label drawn"
+    );
+    assert!(!text.contains("masked"), "no causal mark on a rectangle");
+}
+
+#[test]
 fn picture_errors_name_the_problem() {
     let labels = vec!["a".to_string(), "b".to_string()];
     let matrix = vec![0.5; 4];
     let heatmap = Heatmap {
         title: "t",
         labels: &labels,
+        columns: None,
         matrix: &matrix,
         marks: Marks::default(),
     };
@@ -245,6 +280,14 @@ fn picture_errors_name_the_problem() {
     };
     let err = write_heatmap(&dir.path().join("a.png"), &bad).unwrap_err();
     assert!(matches!(err, VizError::WeightsShape { got: 3, .. }));
+    // Rows over other columns: the matrix must have rows × columns values.
+    let columns: Vec<String> = ["x", "y", "z"].map(String::from).to_vec();
+    let wide = Heatmap {
+        columns: Some(&columns),
+        ..bad
+    };
+    let err = write_heatmap(&dir.path().join("a.png"), &wide).unwrap_err();
+    assert!(err.to_string().contains("rows × 3 tokens need"), "{err}");
     let err = write_grid(&dir.path().join("g.png"), "g", 2, 4, &[], Marks::default()).unwrap_err();
     assert!(matches!(err, VizError::NothingToShow { .. }));
 }
@@ -280,6 +323,7 @@ fn long_titles_are_cut_not_drawn_wider() {
     let short = Heatmap {
         title: "t",
         labels: &labels,
+        columns: None,
         matrix: &matrix,
         marks: Marks::default(),
     };
@@ -292,6 +336,7 @@ fn long_titles_are_cut_not_drawn_wider() {
         let long = Heatmap {
             title: &title,
             labels: &labels,
+            columns: None,
             matrix: &matrix,
             marks: Marks::default(),
         };
@@ -316,6 +361,7 @@ fn a_title_piece_wider_than_the_picture_wraps_at_its_spaces() {
     let heatmap = Heatmap {
         title,
         labels: &labels,
+        columns: None,
         matrix: &matrix,
         marks: Marks::default(),
     };
@@ -339,6 +385,7 @@ fn the_colour_bar_names_its_top() {
         let heatmap = Heatmap {
             title: "t",
             labels: &labels,
+            columns: None,
             matrix: &matrix,
             marks: Marks::default(),
         };
@@ -402,6 +449,7 @@ fn colour_bar_ticks_show_small_weights() {
     let heatmap = Heatmap {
         title: "uniform",
         labels: &labels,
+        columns: None,
         matrix: &matrix,
         marks: Marks::default(),
     };
@@ -430,6 +478,7 @@ fn colour_bar_ticks_are_round_steps() {
         let heatmap = Heatmap {
             title: "ticks",
             labels: &labels,
+            columns: None,
             matrix: &matrix,
             marks: Marks::default(),
         };
@@ -469,6 +518,7 @@ fn masked_cells_are_grey_and_grids_keep_their_peaks() {
         let heatmap = Heatmap {
             title: "previous token",
             labels: &labels,
+            columns: None,
             matrix: &matrix,
             marks,
         };

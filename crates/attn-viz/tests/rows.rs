@@ -70,6 +70,7 @@ fn options(focus: Option<&str>, selection: Selection) -> ExplainOptions {
         top: None,
         focus_tokens: Vec::new(),
         only_segment: None,
+        focus_segment: None,
     }
 }
 

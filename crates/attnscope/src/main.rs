@@ -95,6 +95,7 @@ fn main() -> ExitCode {
             | Command::Html(_)
             | Command::Heads(_)
             | Command::Lookup(_)
+            | Command::Translate(_)
     );
     let result = check_rayon_threads(&cli.command).and_then(|()| match cli.command {
         Command::Sdpa(args) => cmd::sdpa::run(args),
@@ -202,6 +203,7 @@ fn is_too_long(err: &anyhow::Error) -> bool {
             e.downcast_ref::<attn_models::ModelError>(),
             Some(
                 attn_models::ModelError::TooLong { .. }
+                    | attn_models::ModelError::SideTooLong { .. }
                     | attn_models::ModelError::TooManyWords { .. }
             )
         )

@@ -55,6 +55,8 @@ impl ModelArgs {
 pub struct TeacherForced {
     /// The source's ids.
     pub source: Vec<u32>,
+    /// The source's encoding (its ids, with their spans in the source).
+    pub source_encoding: attn_models::Encoding,
     /// What the decoder read: the start token, then the target's tokens but the last.
     pub decoder: Vec<u32>,
     /// What each decoder row predicts: the target's tokens.
@@ -73,8 +75,11 @@ pub fn teacher_forced(
     model: &attn_models::Seq2Seq,
     source: &str,
     target: Option<&str>,
+    truncate: bool,
 ) -> anyhow::Result<TeacherForced> {
-    let source_ids = model.encode_source(source)?;
+    let source_encoding = seq2seq_side(model, source, "source", truncate)?;
+    let source_ids = source_encoding.ids.clone();
+    let (encoded, encoder_attentions) = model.encode(&source_ids)?;
     let target = match target {
         Some(t) => t.to_string(),
         None => {
@@ -85,7 +90,7 @@ pub fn teacher_forced(
                 .unwrap_or(64)
                 .saturating_sub(1);
             let beams = model.config().generation.num_beams.unwrap_or(1);
-            let ids = model.beam_search(&source_ids, max.max(1), beams)?;
+            let ids = model.beam_search_encoded(&encoded, max.max(1), beams)?;
             let text = model.decode_text(&ids)?;
             crate::note!("note: no --target: the target is the model's own translation, {text:?}");
             text
@@ -95,17 +100,60 @@ pub fn teacher_forced(
         !target.trim().is_empty(),
         "the target is empty or only whitespace"
     );
-    let target_encoding = model.target_encoding(&target)?;
-    let (decoder, labels) = model.teacher_forcing(&target)?;
-    let output = model.forward(&source_ids, &decoder)?;
+    let target_encoding = seq2seq_side(model, &target, "target", truncate)?;
+    let labels = target_encoding.ids.clone();
+    let decoder = model.shift_right(&labels);
+    let decoded = model.decode(&encoded, &decoder)?;
+    let output = attn_models::Seq2SeqOutput {
+        encoder_attentions,
+        decoder_attentions: decoded.self_attentions,
+        cross_attentions: decoded.cross_attentions,
+        logits: decoded.logits,
+    };
     Ok(TeacherForced {
         source: source_ids,
+        source_encoding,
         decoder,
         labels,
         target_encoding,
         target,
         output,
     })
+}
+
+/// The `which` side (`"source"`, `"target"`) of an encoder-decoder model's input, tokenized;
+/// with `truncate`, cut to the model's positions, saying so on stderr.
+pub fn seq2seq_side(
+    model: &attn_models::Seq2Seq,
+    text: &str,
+    which: &'static str,
+    truncate: bool,
+) -> anyhow::Result<attn_models::Encoding> {
+    let encode = |truncate| match which {
+        "target" => model.target_encoding(text, truncate),
+        _ => model.source_encoding(text, truncate),
+    };
+    if !truncate {
+        return Ok(encode(false)?);
+    }
+    let enc = encode(true)?;
+    // Say what was cut: every view then shows the kept tokens as if they were all.
+    match encode(false) {
+        Err(
+            attn_models::ModelError::TooLong { tokens, max, .. }
+            | attn_models::ModelError::SideTooLong { tokens, max, .. },
+        ) => crate::note!(
+            "note: --truncate: the {which} is {tokens} tokens; the model reads its first {max} \
+             ({} cut from the end, its closing token kept)",
+            tokens - max
+        ),
+        Err(attn_models::ModelError::TooManyWords { words, max, .. }) => crate::note!(
+            "note: --truncate: the {which} is {words} words; the model reads its first {max} \
+             tokens (cut from the end, its closing token kept)"
+        ),
+        _ => {}
+    }
+    Ok(enc)
 }
 
 /// Which attention of an encoder-decoder model a view shows.
@@ -116,20 +164,31 @@ pub enum Seq2SeqAttention {
     Cross,
     /// The encoder's self-attention over the source.
     Encoder,
+    /// The decoder's causal self-attention over what it reads: the start token, then the
+    /// target's tokens.
+    Decoder,
 }
 
 /// An encoder-decoder model's attention on `source` (and `target`, else its own translation)
 /// as maps the views read. Cross: the source's tokens (segment 0, the text)
 /// then the target's (segment 1, the pair), holding the rows of the target's tokens alone,
 /// each target token's row the decoder row that generates it (over the source's columns; the
-/// target's columns 0). Encoder: the source alone, every row.
+/// target's columns 0). Encoder: the source alone, every row. Decoder: what the decoder reads
+/// (the start token, then the target's tokens but the last, spans in the target), every row.
 pub fn seq2seq_maps(
     model: &attn_models::Seq2Seq,
-    source: &str,
-    target: Option<&str>,
+    (source, target): (&str, Option<&str>),
     kind: Seq2SeqAttention,
+    truncate: bool,
 ) -> anyhow::Result<AttentionMaps> {
-    let src = model.source_encoding(source)?;
+    let pass = match kind {
+        Seq2SeqAttention::Encoder => None,
+        _ => Some(teacher_forced(model, source, target, truncate)?),
+    };
+    let src = match &pass {
+        Some(pass) => pass.source_encoding.clone(),
+        None => seq2seq_side(model, source, "source", truncate)?,
+    };
     let token = |enc: &attn_models::Encoding, i: usize, segment: usize| Token {
         text: enc.tokens[i].clone(),
         id: enc.ids[i],
@@ -140,16 +199,16 @@ pub fn seq2seq_maps(
     let c = model.config();
     let mut tokens: Vec<Token> = (0..src.len()).map(|i| token(&src, i, 0)).collect();
     let s = tokens.len();
-    let (n_layers, n_heads, weights, rows, pair) = match kind {
-        Seq2SeqAttention::Encoder => (
+    let mut text = source.to_string();
+    let (n_layers, n_heads, weights, rows, pair) = match (kind, pass) {
+        (Seq2SeqAttention::Encoder, _) | (_, None) => (
             c.encoder_layers,
             c.encoder_heads,
             model.encode(&src.ids)?.1,
             None,
             None,
         ),
-        Seq2SeqAttention::Cross => {
-            let pass = teacher_forced(model, source, target)?;
+        (Seq2SeqAttention::Cross, Some(pass)) => {
             let tgt = &pass.target_encoding;
             tokens.extend((0..tgt.len()).map(|i| token(tgt, i, 1)));
             let (t, width) = (tgt.len(), tokens.len());
@@ -168,10 +227,30 @@ pub fn seq2seq_maps(
                 Some(pass.target.clone()),
             )
         }
+        (Seq2SeqAttention::Decoder, Some(pass)) => {
+            let tgt = &pass.target_encoding;
+            let start = pass.decoder[0];
+            tokens = vec![Token {
+                text: model.token(start).unwrap_or_default(),
+                id: start,
+                span: None,
+                segment: 0,
+                special: true,
+            }];
+            tokens.extend((0..tgt.len() - 1).map(|i| token(tgt, i, 0)));
+            text = pass.target;
+            (
+                c.decoder_layers,
+                c.decoder_heads,
+                pass.output.decoder_attentions,
+                None,
+                None,
+            )
+        }
     };
     let maps = AttentionMaps {
         model: model.name().to_string(),
-        text: source.to_string(),
+        text,
         pair,
         tokens,
         n_layers,
@@ -197,8 +276,9 @@ pub fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<
     if attn_models::is_seq2seq(&dir) {
         anyhow::bail!(
             "{} is an encoder-decoder model: this command does not run one yet; `attnscope \
-             translate`, `explain SOURCE --target TARGET --focus WORD` (its cross-attention) and \
-             `attention SOURCE --target TARGET --json` (all three kinds) do",
+             translate`, `explain SOURCE --target TARGET --focus WORD` and `heatmap SOURCE \
+             --target TARGET -o FILE` (its cross-attention) and `attention SOURCE --target TARGET \
+             --json` (all three kinds) do",
             dir.display()
         );
     }

@@ -258,10 +258,6 @@ fn what_does_not_apply_to_an_encoder_decoder_is_a_clear_error() {
         ),
         (vec!["translate", " ", "--model", &m], "the text is empty"),
         (
-            vec!["heatmap", SOURCE, "--model", &m, "-o", "/tmp/x.png"],
-            "is an encoder-decoder model",
-        ),
-        (
             vec!["heads", SOURCE, "--model", &m],
             "is an encoder-decoder model",
         ),
@@ -293,5 +289,281 @@ fn what_does_not_apply_to_an_encoder_decoder_is_a_clear_error() {
     fails_with(
         &["translate", SOURCE, "--model", dir],
         "source.spm: not a SentencePiece model",
+    );
+}
+
+/// `--truncate` on each command that reads a source: without it a long source is refused with
+/// the hint, with it the model reads 64 tokens, ending in </s>, and says what it cut.
+#[test]
+fn a_long_source_is_refused_or_truncated() {
+    let long = "The cat that ate the mouse ran away. ".repeat(12);
+    for name in ["bart", "marian"] {
+        let m = model_of(name);
+        let err = fails_with(
+            &["translate", &long, "--model", &m],
+            "more than the model's 64 positions",
+        );
+        assert!(
+            err.contains("the source is") && err.contains("--truncate"),
+            "{err}"
+        );
+        let out = cli_support::attnscope(&[
+            "translate",
+            &long,
+            "--truncate",
+            "--max-new-tokens",
+            "3",
+            "--model",
+            &m,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("the model reads its first 64"), "{stderr}");
+        let json: serde_json::Value = serde_json::from_str(&ok(&[
+            "attention",
+            &long,
+            "--target",
+            &long,
+            "--truncate",
+            "--json",
+            "--model",
+            &m,
+        ]))
+        .unwrap();
+        for side in ["source_tokens", "decoder_tokens"] {
+            assert_eq!(json[side].as_array().unwrap().len(), 64, "{name}: {side}");
+        }
+        let source = json["source_tokens"].as_array().unwrap();
+        assert_eq!(source.last().unwrap(), "</s>", "{name}");
+        fails_with(
+            &["attention", SOURCE, "--target", &long, "--model", &m],
+            "the target is",
+        );
+    }
+}
+
+/// A focus word in both the source and the target is the target's: the bars are the
+/// cross-attention of the decoder row that predicts it (`attention --json`'s, itself checked
+/// against transformers above).
+#[test]
+fn a_focus_word_in_both_texts_is_the_targets() {
+    let (source, target) = ("The cat sat on the mat", "the cat");
+    let m = model();
+    let att: serde_json::Value = serde_json::from_str(&ok(&[
+        "attention",
+        source,
+        "--target",
+        target,
+        "--json",
+        "--model",
+        &m,
+    ]))
+    .unwrap();
+    let predicted = att["predicted_tokens"].as_array().unwrap();
+    let row = (predicted.iter())
+        .position(|t| t.as_str().unwrap().contains("cat"))
+        .unwrap();
+    let cross = att["cross_attentions"].as_array().unwrap();
+    let json: serde_json::Value = serde_json::from_str(&ok(&[
+        "explain",
+        source,
+        "--target",
+        target,
+        "--focus",
+        "cat",
+        "--tokens",
+        "--special",
+        "--json",
+        "--model",
+        &m,
+    ]))
+    .unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let s = att["source_tokens"].as_array().unwrap().len();
+    let mut heads = 0;
+    let mut want = vec![0.0f64; s];
+    for layer in cross {
+        for head in layer.as_array().unwrap() {
+            heads += 1;
+            for (w, x) in want.iter_mut().zip(head[row].as_array().unwrap()) {
+                *w += x.as_f64().unwrap();
+            }
+        }
+    }
+    for (j, r) in rows.iter().take(s).enumerate() {
+        let got = r["raw"].as_f64().unwrap();
+        let want = want[j] / f64::from(heads);
+        assert!(
+            (got - want).abs() < 1e-5,
+            "source token {j}: {got} against {want}"
+        );
+    }
+    fails_with(
+        &[
+            "explain", source, "--target", target, "--focus", "mat", "--model", &m,
+        ],
+        "is a word of the source",
+    );
+    fails_with(
+        &[
+            "explain", source, "--target", target, "--focus", "dog", "--model", &m,
+        ],
+        "no word \"dog\" in the target",
+    );
+}
+
+/// `heatmap` on an encoder-decoder model draws the chosen kind with the right shape: the
+/// cross-attention's target tokens down and source tokens across, its brightest cell where
+/// `attention --json`'s weights (checked against transformers above) are largest; and refuses
+/// what it cannot draw.
+#[test]
+fn heatmap_draws_the_cross_attention_target_down_source_across() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let att: serde_json::Value = serde_json::from_str(&ok(&[
+        "attention",
+        SOURCE,
+        "--target",
+        TARGET,
+        "--json",
+        "--model",
+        &m,
+    ]))
+    .unwrap();
+    let count = |key: &str| att[key].as_array().unwrap().len();
+    for (kind, rows, cols, weights, layer, head) in [
+        (
+            "cross",
+            count("predicted_tokens"),
+            count("source_tokens"),
+            "cross_attentions",
+            1,
+            2,
+        ),
+        (
+            "encoder",
+            count("source_tokens"),
+            count("source_tokens"),
+            "encoder_attentions",
+            0,
+            1,
+        ),
+        (
+            "decoder",
+            count("decoder_tokens"),
+            count("decoder_tokens"),
+            "decoder_attentions",
+            1,
+            3,
+        ),
+    ] {
+        let out = dir.path().join(format!("{kind}.svg"));
+        let out = out.to_str().unwrap();
+        let (l, h) = (layer.to_string(), head.to_string());
+        ok(&[
+            "heatmap",
+            SOURCE,
+            "--target",
+            TARGET,
+            "--attention",
+            kind,
+            "--layer",
+            &l,
+            "--head",
+            &h,
+            "--model",
+            &m,
+            "-o",
+            out,
+        ]);
+        let svg = std::fs::read_to_string(out).unwrap();
+        let rects: Vec<(f64, f64, f64, f64, String)> = svg
+            .split("<rect ")
+            .skip(1)
+            .map(|r| {
+                let r = format!(" {}", &r[..r.find("/>").unwrap()]);
+                let attr = |name: &str| {
+                    let at = r.find(&format!(" {name}=\"")).unwrap();
+                    let rest = &r[at + name.len() + 3..];
+                    rest[..rest.find('"').unwrap()].to_string()
+                };
+                let num = |name: &str| attr(name).parse::<f64>().unwrap();
+                (
+                    num("x"),
+                    num("y"),
+                    num("width"),
+                    num("height"),
+                    attr("fill"),
+                )
+            })
+            .collect();
+        // The first rectangle is the page, the second the matrix's background.
+        let (x0, y0, w, hgt, _) = rects[1].clone();
+        let cell = w / cols as f64;
+        assert!(
+            (hgt - cell * rows as f64).abs() <= 2.0,
+            "{kind}: {rows} × {cols} cells of {cell} px in {w} × {hgt}"
+        );
+        // The cells drawn in the scale's top colour: within half a step of 256 of the largest.
+        let matrix: Vec<Vec<f64>> = (att[weights][layer][head].as_array().unwrap().iter())
+            .map(|row| {
+                (row.as_array().unwrap().iter())
+                    .map(|x| x.as_f64().unwrap())
+                    .collect()
+            })
+            .collect();
+        let vmax = matrix.iter().flatten().copied().fold(0.0f64, f64::max);
+        let mut top = Vec::new();
+        for (i, row) in matrix.iter().enumerate() {
+            for (j, &x) in row.iter().enumerate() {
+                if (x / vmax * 255.0).round() == 255.0 {
+                    top.push((i, j));
+                }
+            }
+        }
+        let brightest: Vec<(usize, usize)> = (rects.iter())
+            // The matrix's cells, not the colour bar beside it.
+            .filter(|r| r.4 == "#FDE725" && r.0 < x0 + w && r.1 < y0 + hgt)
+            .map(|r| {
+                (
+                    ((r.1 - y0) / cell).round() as usize,
+                    ((r.0 - x0) / cell).round() as usize,
+                )
+            })
+            .collect();
+        assert_eq!(brightest, top, "{kind}");
+        assert!(
+            svg.contains(&format!("layer {layer}, head {head}")),
+            "{kind}"
+        );
+    }
+    let png = dir.path().join("x.png");
+    let png = png.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--layer", "2"], "--layer 2: the decoder has 2 layers"),
+        (
+            vec!["--attention", "encoder", "--layer", "0", "--head", "4"],
+            "--head 4: the encoder has 4 heads",
+        ),
+        (vec!["--grid"], "--grid"),
+    ] {
+        let mut all = vec![
+            "heatmap", SOURCE, "--target", TARGET, "--model", &m, "-o", png,
+        ];
+        all.extend(args);
+        fails_with(&all, says);
+    }
+    fails_with(
+        &[
+            "heatmap",
+            SOURCE,
+            "--target",
+            TARGET,
+            "-o",
+            png,
+            "--model",
+            cli_support::tiny_gpt2().to_str().unwrap(),
+        ],
+        "--target is the target",
     );
 }

@@ -105,7 +105,8 @@ pub struct Args {
     /// that generates that word over TEXT's words; default: the model's own translation.
     #[arg(long, value_name = "TEXT", conflicts_with_all = ["pair", "question", "maps", "method"])]
     pub target: Option<String>,
-    /// An encoder-decoder model's attention to show: cross (decoder over the source) or encoder.
+    /// An encoder-decoder model's attention to show: cross (decoder over the source), encoder,
+    /// or decoder (its causal self-attention over the start token and the target).
     #[arg(long, value_enum, default_value_t = crate::maps::Seq2SeqAttention::Cross, conflicts_with_all = ["pair", "question", "maps", "method"])]
     pub attention: crate::maps::Seq2SeqAttention,
     /// Raw tokens instead of words.
@@ -177,6 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         top: args.top.map(|k| k as usize),
         focus_tokens: Vec::new(),
         only_segment: None,
+        focus_segment: None,
     };
     let seq2seq = match (&args.source.maps, text) {
         (None, Some(_)) => args.source.model.load_seq2seq()?,
@@ -193,7 +195,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--rollout and --flow go through one stack's layers: an encoder-decoder model's \
              cross-attention has none to go through"
         );
-        let maps = crate::maps::seq2seq_maps(model, text, args.target.as_deref(), args.attention)?;
+        let maps = crate::maps::seq2seq_maps(
+            model,
+            (text, args.target.as_deref()),
+            args.attention,
+            args.source.truncate,
+        )?;
         let cross = args.attention == crate::maps::Seq2SeqAttention::Cross;
         let target = maps.pair.clone().unwrap_or_default();
         let ask = format!(
@@ -204,16 +211,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::ensure!(!cross || args.focus.is_some(), "{ask}");
         let options = ExplainOptions {
             across: cross,
+            focus_segment: cross.then_some(1),
             ..options
         };
-        let source_len = maps.tokens.iter().filter(|t| t.segment == 0).count();
-        let rows =
-            attn_viz::explain::query_rows(&maps, &options).map_err(crate::maps::name_the_flag)?;
-        anyhow::ensure!(
-            !cross || rows.iter().all(|&r| r >= source_len),
-            "--focus {:?} is a word of the source: {ask}",
-            args.focus.as_deref().unwrap_or_default()
-        );
+        if let Err(e) = attn_viz::explain::query_rows(&maps, &options) {
+            let anywhere = ExplainOptions {
+                focus_segment: None,
+                ..options.clone()
+            };
+            anyhow::ensure!(
+                attn_viz::explain::query_rows(&maps, &anywhere).is_err(),
+                "--focus {:?} is a word of the source: {ask}",
+                args.focus.as_deref().unwrap_or_default()
+            );
+            return Err(crate::maps::name_the_flag(e));
+        }
         return show(&args, &maps, &options);
     }
     // Only the rows the bars read: a long prompt's every row would not fit in memory.

@@ -13,14 +13,16 @@ use attn_viz::select::{Selection, select};
 use attn_viz::stats::sees_only_earlier_keys;
 use attn_viz::words::{self, Unit, keep_and_renormalise, merge_matrix};
 
-use crate::maps::{SourceArgs, check_output, progress_bar};
+use crate::maps::{Seq2SeqAttention, SourceArgs, check_output, progress_bar};
 
 // The fields' docs are --help text, where [CLS] is a token, not a link.
 #[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope heatmap \"The cat sat on the mat\" -o cat.png
-  attnscope heatmap \"The cat sat on the mat\" -o heads.svg --grid")]
+  attnscope heatmap \"The cat sat on the mat\" -o heads.svg --grid
+  attnscope heatmap \"I love machine learning\" --target \"J'adore l'apprentissage automatique\" \
+    --model Helsinki-NLP/opus-mt-en-fr -o cross.png")]
 pub struct Args {
     /// The text to look at.
     #[arg(required_unless_present = "maps", conflicts_with = "maps")]
@@ -31,6 +33,17 @@ pub struct Args {
     /// reads it after TEXT, which cannot see it).
     #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
     pub pair: Option<String>,
+    /// An encoder-decoder model's target (a translation of TEXT); default: its own translation
+    ///
+    /// An encoder-decoder model's target (a translation of TEXT), which the decoder reads;
+    /// default: the model's own translation. The cross-attention is drawn with the target's
+    /// tokens down (row t: the decoder row that predicts target token t) and the source's
+    /// across.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["pair", "maps", "method", "grid", "rollout"])]
+    pub target: Option<String>,
+    /// An encoder-decoder model's attention to draw: cross, encoder or decoder
+    #[arg(long, value_enum, default_value_t = Seq2SeqAttention::Cross, conflicts_with_all = ["pair", "maps", "method", "grid", "rollout"])]
+    pub attention: Seq2SeqAttention,
     /// The picture to write: FILE.png or FILE.svg.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
@@ -76,6 +89,18 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     check_output(&args.output)?;
     let format = ImageFormat::from_path(&args.output)?;
+    let seq2seq = match (&args.source.maps, &args.text) {
+        (None, Some(_)) => args.source.model.load_seq2seq()?,
+        _ => None,
+    };
+    if let (Some(model), Some(text)) = (&seq2seq, &args.text) {
+        return run_seq2seq(&args, model, text);
+    }
+    if args.target.is_some() {
+        anyhow::bail!(
+            "--target is the target of an encoder-decoder model (BART, mBART, Marian); this model reads one text"
+        );
+    }
     let (maps, measured) = match args.method {
         Some(method) => {
             let text = args.text.as_deref().context("--method needs a TEXT")?;
@@ -222,11 +247,119 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &Heatmap {
                 title: &title,
                 labels: &labels,
+                columns: None,
                 matrix: &matrix,
                 marks,
             },
         )?;
     }
+    crate::note!("wrote {}", args.output.display());
+    Ok(())
+}
+
+/// `heatmap` on an encoder-decoder model: one kind of its attention on `text` and the target
+/// (`--target`, else its own translation), token by token, special tokens included.
+fn run_seq2seq(args: &Args, model: &attn_models::Seq2Seq, text: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.grid && !args.rollout && args.method.is_none() && args.pair.is_none(),
+        "an encoder-decoder model's heatmap is one kind of its attention (--attention cross, \
+         encoder or decoder) of one layer (--layer), one head (--head) or all averaged: --grid, \
+         --rollout, --method and --pair draw an encoder's or a decoder's"
+    );
+    let pass =
+        crate::maps::teacher_forced(model, text, args.target.as_deref(), args.source.truncate)?;
+    let c = model.config();
+    // Each token as its text writes it; special tokens by name.
+    let label = |enc_text: &str, span: Option<(usize, usize)>, id: u32| match span {
+        Some((a, b)) => enc_text.get(a..b).unwrap_or_default().trim().to_string(),
+        None => model.token(id).unwrap_or_default(),
+    };
+    let src = &pass.source_encoding;
+    let source: Vec<String> = (src.ids.iter().zip(&src.spans))
+        .map(|(&id, &span)| label(text, span, id))
+        .collect();
+    let tgt = &pass.target_encoding;
+    let target: Vec<String> = (tgt.ids.iter().zip(&tgt.spans))
+        .map(|(&id, &span)| label(&pass.target, span, id))
+        .collect();
+    let mut decoder = vec![label("", None, pass.decoder[0])];
+    decoder.extend_from_slice(&target[..target.len() - 1]);
+    let (weights, (n_layers, n_heads), rows, columns, kind) = match args.attention {
+        Seq2SeqAttention::Cross => (
+            &pass.output.cross_attentions,
+            (c.decoder_layers, c.decoder_heads),
+            &target,
+            Some(&source),
+            "cross-attention (target down, source across)",
+        ),
+        Seq2SeqAttention::Encoder => (
+            &pass.output.encoder_attentions,
+            (c.encoder_layers, c.encoder_heads),
+            &source,
+            None,
+            "encoder self-attention",
+        ),
+        Seq2SeqAttention::Decoder => (
+            &pass.output.decoder_attentions,
+            (c.decoder_layers, c.decoder_heads),
+            &decoder,
+            None,
+            "decoder self-attention",
+        ),
+    };
+    let width = columns.map_or(rows.len(), |c| c.len());
+    let block = rows.len() * width;
+    let stack = match args.attention {
+        Seq2SeqAttention::Encoder => "encoder",
+        _ => "decoder",
+    };
+    if let Some(l) = args.layer.filter(|&l| l >= n_layers) {
+        anyhow::bail!(
+            "--layer {l}: the {stack} has {n_layers} layers (0 to {})",
+            n_layers - 1
+        );
+    }
+    if let Some(h) = args.head.filter(|&h| h >= n_heads) {
+        anyhow::bail!(
+            "--head {h}: the {stack} has {n_heads} heads (0 to {})",
+            n_heads - 1
+        );
+    }
+    let chosen: Vec<usize> = (0..n_layers * n_heads)
+        .filter(|&lh| args.layer.is_none_or(|l| lh / n_heads == l))
+        .filter(|&lh| args.head.is_none_or(|h| lh % n_heads == h))
+        .collect();
+    let mut matrix = vec![0.0f32; block];
+    for &lh in &chosen {
+        let w = &weights[lh * block..(lh + 1) * block];
+        matrix.iter_mut().zip(w).for_each(|(m, x)| *m += x);
+    }
+    matrix.iter_mut().for_each(|m| *m /= chosen.len() as f32);
+    let what = match (args.layer, args.head) {
+        (Some(l), Some(h)) => format!("layer {l}, head {h}"),
+        (Some(l), None) => format!("layer {l}, its {n_heads} heads averaged"),
+        _ => format!("all {n_layers} layers × {n_heads} heads averaged"),
+    };
+    let title = format!(
+        "{} → {} — {kind} — {what} — {} — tokens, special tokens shown",
+        short(text),
+        short(&pass.target),
+        model.name()
+    );
+    let marks = Marks {
+        causal: args.attention == Seq2SeqAttention::Decoder && rows.len() > 1,
+        divider: None,
+    };
+    write_heatmap(
+        &args.output,
+        &Heatmap {
+            title: &title,
+            labels: rows,
+            columns: columns.map(Vec::as_slice),
+            matrix: &matrix,
+            marks,
+        },
+    )?;
     crate::note!("wrote {}", args.output.display());
     Ok(())
 }

@@ -86,6 +86,7 @@ impl ExplainArgs {
             top: None,
             focus_tokens: from,
             only_segment,
+            focus_segment: None,
         };
         explain(&maps, &options, |_, _| {}).map_err(crate::maps::name_the_flag)
     }

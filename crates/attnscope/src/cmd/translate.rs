@@ -21,6 +21,9 @@ pub struct Args {
     /// Beams of the beam search [default: the checkpoint's generation_config.json num_beams, else 1: greedy]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub num_beams: Option<u32>,
+    /// Cut a text longer than the model's positions instead of refusing it.
+    #[arg(long)]
+    pub truncate: bool,
     /// Print {"model", "source", "translation", "ids"} (ids: generated, start token excluded).
     #[arg(long)]
     pub json: bool,
@@ -37,7 +40,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = args.model.load_seq2seq()?.context(
         "translate needs an encoder-decoder model (model_type bart, mbart or marian): give one with --model",
     )?;
-    let source = model.encode_source(&args.text)?;
+    let source = crate::maps::seq2seq_side(&model, &args.text, "source", args.truncate)?.ids;
     let max_new = match args.max_new_tokens {
         Some(n) => n as usize,
         None => model

@@ -3,6 +3,7 @@
 mod embed;
 mod generate;
 mod sdpa;
+mod translate;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
@@ -13,6 +14,8 @@ pub enum BenchCommand {
     /// Greedy decoding tokens/s of a decoder (GPT-2 or Llama-style) (KV cache), with
     /// prefill and per-token ms.
     Generate(generate::Args),
+    /// Translation time of an encoder-decoder model (greedy or beam search, KV cache).
+    Translate(translate::Args),
 }
 
 /// The most timed repetitions of any benchmark: their times are kept to take the median.
@@ -43,5 +46,6 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Sdpa(args) => sdpa::run(args),
         BenchCommand::Embed(args) => embed::run(args),
         BenchCommand::Generate(args) => generate::run(args),
+        BenchCommand::Translate(args) => translate::run(args),
     }
 }
