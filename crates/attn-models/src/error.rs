@@ -191,6 +191,17 @@ pub enum ModelError {
         /// Which of the texts embedded together (0-based), for the caller to name.
         text: Option<usize>,
     },
+    /// A tokenizer whose ids run past the embedding's rows: its ids and the weights are of
+    /// different models.
+    #[error(
+        "{file} has ids up to {max_id}, but the model's embedding has {rows} rows (vocab_size \
+         {rows} in config.json): the tokenizer and the weights are not of the same model"
+    )]
+    VocabPastEmbedding {
+        file: &'static str,
+        max_id: u32,
+        rows: usize,
+    },
     /// An encoder-decoder model's source or target past the model's positions.
     #[error("the {which} is {tokens} tokens long, more than the model's {max} positions")]
     SideTooLong {

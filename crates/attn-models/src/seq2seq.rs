@@ -541,6 +541,17 @@ impl Seq2Seq {
                 config.max_positions,
             )?)),
         };
+        let (file, max_id) = match &tokenizer {
+            Seq2SeqTokenizer::Marian(t) => ("vocab.json", t.max_id()),
+            Seq2SeqTokenizer::Hf(t) => ("tokenizer.json", t.max_id()),
+        };
+        if let Some(max_id) = max_id.filter(|&m| m as usize >= config.vocab_size) {
+            return Err(ModelError::VocabPastEmbedding {
+                file,
+                max_id,
+                rows: config.vocab_size,
+            });
+        }
         let ckpt = Checkpoint::open(&dir.join("model.safetensors"))?;
         let (d, v) = (config.d_model, config.vocab_size);
         let first = |names: &[&str]| -> Result<F32Data, ModelError> {

@@ -188,6 +188,11 @@ pub struct MarianTokenizer {
 }
 
 impl MarianTokenizer {
+    /// The largest id of vocab.json.
+    pub fn max_id(&self) -> Option<u32> {
+        self.ids.values().copied().max()
+    }
+
     /// Reads `dir`'s source.spm, target.spm and vocab.json.
     pub fn from_dir(dir: &Path) -> Result<MarianTokenizer, ModelError> {
         let path = dir.join("vocab.json");

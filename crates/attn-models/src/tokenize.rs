@@ -60,6 +60,12 @@ pub struct TextTokenizer {
 }
 
 impl TextTokenizer {
+    /// The largest id the tokenizer can give (its added tokens' included), if any.
+    pub fn max_id(&self) -> Option<u32> {
+        let vocab = self.inner.get_vocab(true);
+        vocab.values().copied().max()
+    }
+
     /// Loads `tokenizer.json`; texts may use at most `max_positions` tokens.
     pub fn from_file(path: &Path, max_positions: usize) -> Result<TextTokenizer, ModelError> {
         let text = read_text(path, "the model's tokenizer.json")?;

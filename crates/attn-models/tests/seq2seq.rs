@@ -259,3 +259,35 @@ fn truncation_matches_transformers() {
         }
     }
 }
+
+/// A vocabulary with ids past the embedding's rows (a tokenizer of another model) is refused
+/// at load, naming the file, for Marian's vocab.json and BART's tokenizer.json.
+#[test]
+fn a_vocabulary_past_the_embedding_is_refused() {
+    for (name, file) in [("marian", "vocab.json"), ("bart", "tokenizer.json")] {
+        let tmp = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(dir_of(name)).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+        }
+        let path = tmp.path().join(file);
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let vocab = match name {
+            "marian" => &mut json,
+            _ => &mut json["model"]["vocab"],
+        };
+        vocab["zzz"] = 5000.into();
+        std::fs::write(&path, json.to_string()).unwrap();
+        let Err(err) = Seq2Seq::load(tmp.path()) else {
+            panic!("{name}: a vocabulary past the embedding loaded");
+        };
+        let err = err.to_string();
+        assert!(
+            err.starts_with(&format!(
+                "{file} has ids up to 5000, but the model's embedding has"
+            )),
+            "{name}: {err}"
+        );
+    }
+}
