@@ -316,8 +316,9 @@ impl Linear {
         let mut scratch = Vec::new();
         let mut start = 0;
         for part in &self.parts {
+            // At least 1: a part may have no columns (a layer split unevenly).
             let block = match (part.data.f32(), act) {
-                (Some(_), None) => part.n_out,
+                (Some(_), None) => part.n_out.max(1),
                 _ => ACTIVATION_BLOCK_COLS,
             };
             for col in (0..part.n_out).step_by(block) {
