@@ -77,11 +77,6 @@ fn mean(xs: &[f64]) -> Option<f64> {
     (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 /// Greedy decoding of `new_tokens` tokens after `prompt` (ids), timed step by step.
 fn run_once(model: &Model, prompt: &[u32], new_tokens: usize) -> Result<Run, ModelError> {
     let vocab = model.config().vocab_size;
@@ -140,10 +135,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ms = |secs: f64| secs * 1e3;
     let median_of = |f: &dyn Fn(&Run) -> Option<f64>| {
         let xs: Option<Vec<f64>> = runs.iter().map(f).collect();
-        xs.map(|xs| ms(median(xs)))
+        xs.map(|xs| ms(super::median(xs)))
     };
-    let tokens_per_s = args.new_tokens as f64 / median(runs.iter().map(Run::total).collect());
-    let prefill_ms = ms(median(runs.iter().map(|r| r.prefill).collect()));
+    let tokens_per_s =
+        args.new_tokens as f64 / super::median(runs.iter().map(Run::total).collect());
+    let prefill_ms = ms(super::median(runs.iter().map(|r| r.prefill).collect()));
     let per_token_ms = median_of(&|r| mean(&r.steps));
     let first_ms = median_of(&|r| r.quarter_mean(false));
     let last_ms = median_of(&|r| r.quarter_mean(true));

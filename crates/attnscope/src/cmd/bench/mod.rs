@@ -41,6 +41,12 @@ fn runs(n: usize) -> String {
     format!("{n} run{}", if n == 1 { "" } else { "s" })
 }
 
+/// The middle of `xs` (the upper one of an even count); `xs` is not empty.
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Sdpa(args) => sdpa::run(args),

@@ -104,6 +104,5 @@ fn median_ms(reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::
         f()?;
         times.push(start.elapsed().as_secs_f64() * 1e3);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(super::median(times))
 }
