@@ -13,7 +13,7 @@ use attn_models::{GenerateOptions, Sampling};
 use attn_viz::explain::{ExplainOptions, Level, Method, explain};
 use attn_viz::html::{PageOptions, standalone_page};
 use attn_viz::select::Selection;
-use attnscope::cmd::attribute::{PageMethods, TargetArgs};
+use attnscope::cmd::attribute::PageMethods;
 use half::slice::HalfBitsSliceExt;
 use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -387,29 +387,14 @@ impl Model {
         special: bool,
         top: Option<usize>,
     ) -> PyResult<String> {
-        let selection = match (layer, head, rollout) {
-            (Some(layer), Some(head), false) => Selection::Head { layer, head },
-            (Some(layer), None, false) => Selection::Layer { layer },
-            (None, None, true) => Selection::Rollout,
-            (None, None, false) => Selection::All,
-            (None, Some(_), _) => return Err(value_error("head needs a layer")),
-            (Some(_), _, true) => {
-                return Err(value_error(
-                    "rollout goes through every layer: give layer or rollout, not both",
-                ));
-            }
-        };
+        let selection = Selection::from_flags(layer, head, rollout).map_err(value_error)?;
         let options = ExplainOptions {
             method: Method::Attention { selection },
             level: if tokens { Level::Tokens } else { Level::Words },
             special,
             focus,
-            question: false,
-            across: false,
             top,
-            focus_tokens: Vec::new(),
-            only_segment: None,
-            focus_segment: None,
+            ..ExplainOptions::default()
         };
         py.detach(|| {
             let maps = attnscope::maps::run_model(&self.inner, text, pair, false)?;
@@ -422,15 +407,7 @@ impl Model {
     /// The offline explorer page (`attnscope html`) for `text`, as one HTML document.
     #[pyo3(signature = (text, pair=None))]
     fn page(&self, py: Python<'_>, text: &str, pair: Option<&str>) -> PyResult<String> {
-        let methods = PageMethods {
-            methods: Vec::new(),
-            target: TargetArgs {
-                label: None,
-                token: None,
-                target_text: None,
-                steps: 50,
-            },
-        };
+        let methods = PageMethods::default();
         py.detach(|| {
             let (maps, qk, measures) =
                 attnscope::cmd::html::analyse(&self.inner, (text, pair), false, &methods)?;

@@ -67,6 +67,20 @@ def test_rejects_what_only_sdpa_returns():
         sdpa(q, q, q, windw=(1, 1))
 
 
+def test_rejects_inputs_it_cannot_read():
+    q = torch.randn(1, 1, 2, 4)
+    with pytest.raises(ValueError, match="query is a ndarray; the autograd function takes torch tensors"):
+        sdpa(q.numpy(), q, q)
+    with pytest.raises(ValueError, match="key has dtype torch.float64"):
+        sdpa(q, q.double(), q)
+    with pytest.raises(ValueError, match="must have one dtype"):
+        sdpa(q, q, q.bfloat16())
+    with pytest.raises(ValueError, match="differ in their batch dims"):
+        sdpa(q, torch.randn(2, 1, 2, 4), q)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        sdpa(q, torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+
+
 @pytest.mark.parametrize("mask_shape", [(5, 7), (2, 1, 5, 7), (3, 5, 7)])
 def test_a_learned_float_mask_gets_torchs_gradient(mask_shape):
     g = torch.Generator().manual_seed(11)

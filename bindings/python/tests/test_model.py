@@ -92,6 +92,8 @@ def test_errors_are_value_errors(minilm, tmp_path):
         minilm.attentions("word " * 600)
     with pytest.raises(ValueError, match="head needs a layer"):
         minilm.explain("The cat", focus="cat", head=1)
+    with pytest.raises(ValueError, match="give layer or rollout, not both"):
+        minilm.explain("The cat", focus="cat", layer=1, rollout=True)
 
 
 def test_the_inline_explorer_draws_in_a_browser(minilm, tmp_path):

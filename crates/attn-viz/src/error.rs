@@ -62,6 +62,8 @@ pub enum VizError {
         row: usize,
         sum: f32,
     },
+    #[error("{reason}")]
+    BadSelection { reason: &'static str },
     #[error("layer {layer} is out of range: this model's layers are 0..={}", n_layers - 1)]
     LayerOutOfRange { layer: usize, n_layers: usize },
     #[error("head {head} is out of range: this model's heads are 0..={}", n_heads - 1)]

@@ -66,6 +66,26 @@ pub struct ExplainOptions {
     pub focus_segment: Option<usize>,
 }
 
+impl Default for ExplainOptions {
+    /// Every layer and head averaged, by words, special tokens hidden, no focus word.
+    fn default() -> Self {
+        ExplainOptions {
+            method: Method::Attention {
+                selection: Selection::All,
+            },
+            level: Level::Words,
+            special: false,
+            focus: None,
+            question: false,
+            across: false,
+            top: None,
+            focus_tokens: Vec::new(),
+            only_segment: None,
+            focus_segment: None,
+        }
+    }
+}
+
 /// One word's weight.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Row {

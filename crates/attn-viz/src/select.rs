@@ -26,6 +26,27 @@ pub enum Selection {
 }
 
 impl Selection {
+    /// The selection that `--layer`, `--head` and `--rollout` name: a head needs its layer,
+    /// and rollout, which goes through every layer, takes neither.
+    pub fn from_flags(
+        layer: Option<usize>,
+        head: Option<usize>,
+        rollout: bool,
+    ) -> Result<Selection, VizError> {
+        match (layer, head, rollout) {
+            (Some(layer), Some(head), false) => Ok(Selection::Head { layer, head }),
+            (Some(layer), None, false) => Ok(Selection::Layer { layer }),
+            (None, None, true) => Ok(Selection::Rollout),
+            (None, None, false) => Ok(Selection::All),
+            (None, Some(_), _) => Err(VizError::BadSelection {
+                reason: "head needs a layer",
+            }),
+            (Some(_), _, true) => Err(VizError::BadSelection {
+                reason: "rollout goes through every layer: give layer or rollout, not both",
+            }),
+        }
+    }
+
     /// What the selection is, in words, for titles and footers.
     pub fn describe(&self, maps: &AttentionMaps) -> String {
         match *self {

@@ -39,19 +39,25 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def _check_tensor(x: Any, name: str) -> None:
+    """Refuses a torch tensor attnscope cannot read: off the CPU, or of another dtype."""
+    torch = _torch()
+    if x.device.type != "cpu":
+        raise ValueError(f"{name} is on {x.device}; attnscope runs on the CPU")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"{name} has dtype {x.dtype}; attnscope takes float32 or bfloat16")
+
+
 def _as_array(x: Any, name: str) -> Tuple[_np.ndarray, bool]:
     """A contiguous float32 array, or the bits of a bfloat16 tensor (uint16), read in place
     where the memory allows; and whether the input was bfloat16."""
     if _is_torch(x):
+        _check_tensor(x, name)
         torch = _torch()
-        if x.device.type != "cpu":
-            raise ValueError(f"{name} is on {x.device}; attnscope runs on the CPU")
         if x.dtype == torch.float32:
             a = x.detach().numpy()
             return (a if a.flags.c_contiguous else _np.ascontiguousarray(a)), False
-        if x.dtype == torch.bfloat16:
-            return x.detach().contiguous().view(torch.int16).numpy().view(_np.uint16), True
-        raise ValueError(f"{name} has dtype {x.dtype}; attnscope takes float32 or bfloat16")
+        return x.detach().contiguous().view(torch.int16).numpy().view(_np.uint16), True
     a = _np.asarray(x)
     if a.dtype != _np.float32:
         raise ValueError(f"{name} has dtype {a.dtype}; attnscope takes float32 (or a bfloat16 torch tensor)")
@@ -158,22 +164,31 @@ _PLAIN = {"scale": None, "causal": None, "window": None, "align": None, "alibi":
           "dropout_p": 0.0, "seed": 0, "weights": None, "float_mask_grad": False}
 
 
-def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
-             window, alibi, softcap, key_padding_mask, seed, return_weights):
-    q, q16 = _as_array(query, "query")
-    k, k16 = _as_array(key, "key")
-    v, v16 = _as_array(value, "value")
-    if not (q16 == k16 == v16):
-        raise ValueError("query, key and value must have one dtype: float32 or bfloat16")
+_ONE_DTYPE = "query, key and value must have one dtype: float32 or bfloat16"
+
+
+def _check_shapes(q, k, v) -> None:
+    """Refuses q, k and v (arrays or tensors) whose shapes cannot be read as
+    ``[..., heads, seq, dim]`` with one batch."""
     for name, x in (("query", q), ("key", k), ("value", v)):
         if x.ndim < 3:
             raise ValueError(f"{name} has shape {list(x.shape)}; expected [..., heads, seq, dim]")
     if q.ndim != k.ndim or q.ndim != v.ndim:
         raise ValueError(
             f"query, key and value have {q.ndim}, {k.ndim} and {v.ndim} dims; they need the same")
-    if q.shape[:-3] != k.shape[:-3] or q.shape[:-3] != v.shape[:-3]:
+    if tuple(q.shape[:-3]) != tuple(k.shape[:-3]) or tuple(q.shape[:-3]) != tuple(v.shape[:-3]):
         raise ValueError(
             f"query {list(q.shape)}, key {list(k.shape)} and value {list(v.shape)} differ in their batch dims")
+
+
+def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal,
+             window, alibi, softcap, key_padding_mask, seed, return_weights):
+    q, q16 = _as_array(query, "query")
+    k, k16 = _as_array(key, "key")
+    v, v16 = _as_array(value, "value")
+    if not (q16 == k16 == v16):
+        raise ValueError(_ONE_DTYPE)
+    _check_shapes(q, k, v)
     options = _options(q, k, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal, window,
                        alibi, softcap, key_padding_mask, seed, return_weights)
     return _to_4d(q), _to_4d(k), _to_4d(v), options, q16

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch as _torch
 
-from . import _native, _prepare
+from . import _ONE_DTYPE, _check_shapes, _check_tensor, _native, _options
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -47,11 +47,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     for name in ("return_lse", "return_weights"):
         if name in attnscope:
             raise ValueError(f"{name} is for attnscope.sdpa; the autograd function returns the output")
-    options = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+    # Checked here, converted once in forward.
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, _torch.Tensor):
+            raise ValueError(f"{name} is a {type(x).__name__}; the autograd function takes torch tensors")
+        _check_tensor(x, name)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(_ONE_DTYPE)
+    _check_shapes(query, key, value)
+    options = _options(query, key, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                        attnscope.pop("causal", None), attnscope.pop("window", None),
                        attnscope.pop("alibi", None), attnscope.pop("softcap", None),
                        attnscope.pop("key_padding_mask", None), attnscope.pop("seed", None),
-                       None)[3]
+                       None)
     if attnscope:
         raise ValueError(f"unknown option(s): {', '.join(sorted(attnscope))}")
     learned = isinstance(attn_mask, _torch.Tensor) and attn_mask.requires_grad

@@ -132,6 +132,18 @@ pub struct TargetArgs {
     pub steps: u32,
 }
 
+impl Default for TargetArgs {
+    /// What the command line takes when none of the flags is given.
+    fn default() -> Self {
+        TargetArgs {
+            label: None,
+            token: None,
+            target_text: None,
+            steps: 50,
+        }
+    }
+}
+
 /// Which rows of a `[T, T]` matrix the scores come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Target {
@@ -369,8 +381,9 @@ pub fn matrix(
 }
 
 /// The measures the explorer's heatmap offers beside raw weights (`html`, `serve`), and the
-/// gradient target of attention × gradient.
-#[derive(clap::Args, Debug, Clone)]
+/// gradient target of attention × gradient. The default is what the command line takes when
+/// none of the flags is given.
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct PageMethods {
     /// The measures the heatmap offers beside raw weights: norm, alti, attn-grad, flow
     /// [default: norm,alti]
@@ -637,4 +650,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "note: word level: a word's score is the sum over its tokens (--json gives the tokens')"
     )?;
     write_out(&s)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        methods: PageMethods,
+    }
+
+    #[test]
+    fn the_defaults_are_the_command_lines() {
+        let parsed = Flags::parse_from(["attnscope"]).methods;
+        let default = PageMethods::default();
+        assert_eq!(parsed.methods, default.methods);
+        assert_eq!(parsed.target.steps, default.target.steps);
+        assert_eq!(
+            (
+                parsed.target.label,
+                parsed.target.token,
+                parsed.target.target_text
+            ),
+            (None, None, None)
+        );
+    }
 }

@@ -154,12 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(q), Some(c)) => (Some(q.as_str()), Some(c.as_str())),
         _ => (args.text.as_deref(), args.pair.as_deref()),
     };
-    let selection = match (args.layer, args.head) {
-        (Some(layer), Some(head)) => Selection::Head { layer, head },
-        (Some(layer), None) => Selection::Layer { layer },
-        _ if args.rollout => Selection::Rollout,
-        _ => Selection::All,
-    };
+    let selection = Selection::from_flags(args.layer, args.head, args.rollout)?;
     let options = ExplainOptions {
         method: if args.flow {
             Method::Flow
@@ -176,9 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         question: args.question.is_some(),
         across: args.across,
         top: args.top.map(|k| k as usize),
-        focus_tokens: Vec::new(),
-        only_segment: None,
-        focus_segment: None,
+        ..ExplainOptions::default()
     };
     let seq2seq = match (&args.source.maps, text) {
         (None, Some(_)) => args.source.model.load_seq2seq()?,

@@ -221,12 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )
         })?;
     } else {
-        let selection = match (args.layer, args.head) {
-            (Some(layer), Some(head)) => Selection::Head { layer, head },
-            (Some(layer), None) => Selection::Layer { layer },
-            _ if args.rollout => Selection::Rollout,
-            _ => Selection::All,
-        };
+        let selection = Selection::from_flags(args.layer, args.head, args.rollout)?;
         let (selected, what) = match measured {
             Some((method, matrix)) => (matrix, method.describe().to_string()),
             None => {

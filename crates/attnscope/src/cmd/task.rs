@@ -6,7 +6,7 @@ use std::io::Write;
 use anyhow::Context;
 use attn_models::{Encoding, Model, RunOptions, Task};
 use attn_viz::bars::BarStyle;
-use attn_viz::explain::{ExplainOptions, Explanation, Level, Method, explain, render};
+use attn_viz::explain::{ExplainOptions, Explanation, Method, explain, render};
 use attn_viz::select::Selection;
 
 use crate::maps::ColorChoice;
@@ -70,23 +70,13 @@ impl ExplainArgs {
         (from, only_segment): (Vec<usize>, Option<usize>),
     ) -> anyhow::Result<Explanation> {
         let maps = crate::maps::to_maps(model, text, pair, enc, weights, None)?;
-        let selection = match (self.layer, self.head) {
-            (Some(layer), Some(head)) => Selection::Head { layer, head },
-            (Some(layer), None) => Selection::Layer { layer },
-            _ if self.rollout => Selection::Rollout,
-            _ => Selection::All,
-        };
+        let selection = Selection::from_flags(self.layer, self.head, self.rollout)?;
         let options = ExplainOptions {
             method: Method::Attention { selection },
-            level: Level::Words,
             special: self.special,
-            focus: None,
-            question: false,
-            across: false,
-            top: None,
             focus_tokens: from,
             only_segment,
-            focus_segment: None,
+            ..ExplainOptions::default()
         };
         explain(&maps, &options, |_, _| {}).map_err(crate::maps::name_the_flag)
     }
