@@ -15,6 +15,14 @@
              `beam4_penalty`: 20 new tokens of greedy and 4-beam `generate()` after the first
              source (see `beams`).
 
+  s2s/t5/    T5ForConditionalGeneration as T5 v1.1 and FLAN-T5 are: gated-GELU feed-forward, an
+             untied head, 3 heads of 8 dims (inner width 24, not d_model 32), 2 layers a side,
+             relative position buckets (8 buckets, max distance 16, so that the
+             logarithmic buckets and their cap are reached by short texts); tokenizer.json from a
+             SentencePiece unigram model (T5's ids: <pad> 0, </s> 1, <unk> 2, 8 <extra_id_n>).
+  s2s/t5-relu/  the same as T5 v1.0 is: ReLU feed-forward, the head tied to the embeddings
+             (its input scaled by d_model^-0.5), 4 heads of 8 dims.
+
   s2s/truncation.json  what the tokenizers of s2s/bart and s2s/marian give a long source and
              target with truncation=True (see `truncation`).
 """
@@ -67,6 +75,8 @@ def main(root):
     bart(root, "bart")
     bart(root, "mbart")
     marian(root)
+    t5(root, "t5")
+    t5(root, "t5-relu")
     truncation(root)
 
 
@@ -220,6 +230,85 @@ def marian(root):
         tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
         tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
     beams(model, ids, tensors)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
+              metadata=meta(dict(pairs=pairs, texts=MARIAN_TEXTS, new_tokens=NEW_TOKENS)))
+
+
+def teacher_forced(model, tok, pairs, tensors):
+    """Each pair's source ids, decoder ids (labels shifted right), labels, logits and the three
+    kinds of attention (batch dim dropped)."""
+    for n, (source, target) in enumerate(pairs):
+        enc = tok(source, text_target=target, return_tensors="pt")
+        decoder_ids = model.prepare_decoder_input_ids_from_labels(enc["labels"])
+        with torch.no_grad():
+            o = model(input_ids=enc["input_ids"], decoder_input_ids=decoder_ids, output_attentions=True)
+        tensors[f"source_ids{n}"] = enc["input_ids"][0]
+        tensors[f"decoder_ids{n}"] = decoder_ids[0]
+        tensors[f"labels{n}"] = enc["labels"][0]
+        tensors[f"logits{n}"] = o.logits[0].contiguous()
+        tensors[f"encoder_attentions{n}"] = torch.stack(o.encoder_attentions)[:, 0].contiguous()
+        tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
+        tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
+
+
+def t5(root, name):
+    """s2s/t5 (gated-GELU, untied) or s2s/t5-relu (ReLU, tied): config.json, generation_config.json
+    (decoder start <pad>, </s> ends), model.safetensors, tokenizer.json, and expected.safetensors
+    as Marian's: the tokenizer's ids of MARIAN_TEXTS, the pairs' teacher-forced attentions and
+    logits, greedy and 4-beam generate()."""
+    import io
+    import sentencepiece as spm
+    from transformers import T5Config, T5ForConditionalGeneration, T5TokenizerFast
+    out_dir = os.path.join(root, "s2s", name)
+    os.makedirs(out_dir, exist_ok=True)
+    proto = io.BytesIO()
+    # The identity normalisation: nmt_nfkc's table would make tokenizer.json 320 kB larger.
+    spm.SentencePieceTrainer.train(sentence_iterator=iter((MARIAN_EN + MARIAN_FR) * 4), model_writer=proto,
+                                   vocab_size=150, model_type="unigram", character_coverage=1.0,
+                                   hard_vocab_limit=False, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                   minloglevel=2, normalization_rule_name="identity")
+    spiece = os.path.join(out_dir, "spiece.model")
+    with open(spiece, "wb") as f:
+        f.write(proto.getvalue())
+    tok = T5TokenizerFast(vocab_file=spiece, extra_ids=8, model_max_length=64)
+    tok.save_pretrained(out_dir)
+    for extra in ("spiece.model", "special_tokens_map.json"):
+        os.remove(os.path.join(out_dir, extra))
+    tok = T5TokenizerFast.from_pretrained(out_dir)
+    gated = name == "t5"
+    cfg = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
+                   num_heads=3 if gated else 4, relative_attention_num_buckets=8,
+                   relative_attention_max_distance=16, feed_forward_proj="gated-gelu" if gated else "relu",
+                   tie_word_embeddings=not gated, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                   n_positions=64, attn_implementation="eager", architectures=["T5ForConditionalGeneration"])
+    ids = tok(MARIAN_EN[0], return_tensors="pt")["input_ids"]
+    # The first seed whose greedy translation is neither over at once nor one token repeated.
+    for seed in range(1, 100):
+        torch.manual_seed(seed)
+        model = T5ForConditionalGeneration(cfg).eval()
+        with torch.no_grad():  # each tensor moved by half its spread (the norms' by 0.2)
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * (p.std() * 0.5 if p.std() > 0 else 0.2))
+            # A tied head reads back mostly the input's embedding, which the residual carries:
+            # smaller embeddings leave the layers room to change the next token.
+            model.shared.weight.mul_(1.0 if gated else 0.1)
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, num_beams=1, do_sample=False)[0]
+            if len(out) > 12 and len(set(out.tolist())) > 5:
+                break
+    model.generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    model = T5ForConditionalGeneration.from_pretrained(out_dir, attn_implementation="eager").eval()
+    tensors = {f"tokens{n}": torch.tensor(tok(t)["input_ids"]) for n, t in enumerate(MARIAN_TEXTS)}
+    pairs = list(zip(MARIAN_EN[:3], MARIAN_FR[:3]))
+    teacher_forced(model, tok, pairs, tensors)
+    beams(model, ids, tensors)
+    # The buckets of every distance from -300 to 300: the real models' settings and these.
+    bucket = model.encoder.block[0].layer[0].SelfAttention._relative_position_bucket
+    for buckets, max_distance in ((32, 128), (8, 16)):
+        for side, bidirectional in (("encoder", True), ("decoder", False)):
+            tensors[f"buckets_{buckets}_{max_distance}_{side}"] = bucket(
+                torch.arange(-300, 301), bidirectional=bidirectional, num_buckets=buckets,
+                max_distance=max_distance).to(torch.int64)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
               metadata=meta(dict(pairs=pairs, texts=MARIAN_TEXTS, new_tokens=NEW_TOKENS)))
 

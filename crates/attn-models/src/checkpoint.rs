@@ -87,6 +87,19 @@ impl Checkpoint {
         })
     }
 
+    /// A model directory's weights: `model.safetensors`, else the shards its
+    /// `model.safetensors.index.json` names (the one file wins where both are).
+    pub fn open_dir(dir: &Path) -> Result<Checkpoint, ModelError> {
+        let (file, index) = (
+            dir.join("model.safetensors"),
+            dir.join("model.safetensors.index.json"),
+        );
+        match crate::config::present(&file) || !crate::config::present(&index) {
+            true => Checkpoint::open(&file),
+            false => Checkpoint::open_sharded(&index),
+        }
+    }
+
     /// The checkpoint a `model.safetensors.index.json` spreads over shards in its directory:
     /// every shard's header checked as [`Checkpoint::open`] checks one file's, then the index
     /// against them. A missing shard, a file name that leaves the directory, a tensor the index

@@ -74,7 +74,7 @@ pub use model::{EMBED_BATCH, Model, ModelOutput, QueryKey, RunOptions, set_threa
 pub use ops::{AUTO_MIN_ROWS, GemmKernel};
 pub use seq2seq::{
     Decoded, GenerationSettings, SEQ2SEQ_MODEL_TYPES, Seq2Seq, Seq2SeqConfig, Seq2SeqOutput,
-    is_seq2seq,
+    T5Settings, is_seq2seq, relative_position_bucket,
 };
 pub use spm::MarianTokenizer;
 pub use tokenize::{Encoding, Limit, TextTokenizer};

@@ -327,15 +327,7 @@ impl Model {
                 tokenizer.add_config_tokens(&tokenizer_config)?;
                 Ok::<_, ModelError>(tokenizer)
             });
-            // One file, or shards named by their index (the file wins where both are).
-            let index = dir.join("model.safetensors.index.json");
-            let checkpoint = match crate::config::present(&dir.join("model.safetensors"))
-                || !crate::config::present(&index)
-            {
-                true => Checkpoint::open(&dir.join("model.safetensors")),
-                false => Checkpoint::open_sharded(&index),
-            };
-            let weights = checkpoint.and_then(|checkpoint| {
+            let weights = Checkpoint::open_dir(dir).and_then(|checkpoint| {
                 let weights = Weights::load(&checkpoint, &config)?;
                 Ok((weights, Head::load(&checkpoint, &config, &head_config)?))
             });

@@ -1,8 +1,8 @@
 //! Encoder-decoder models: BART (`BartForConditionalGeneration`,
 //! <https://github.com/huggingface/transformers/blob/v4.57.0/src/transformers/models/bart/modeling_bart.py>)
 //! and Marian (`MarianMTModel`, `.../models/marian/modeling_marian.py`, the Helsinki-NLP
-//! opus-mt models, with their SentencePiece tokenizer: [`crate::MarianTokenizer`]),
-//! with its three kinds of attention: the encoder's over the source, the decoder's causal one
+//! opus-mt models, with their SentencePiece tokenizer: [`crate::MarianTokenizer`]), and T5
+//! (`T5ForConditionalGeneration`, v1.0, v1.1 and FLAN-T5), with its three kinds of attention: the encoder's over the source, the decoder's causal one
 //! over what it has read, and the decoder's cross-attention from each of its tokens to the
 //! source's.
 //!
@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, WeightsRequest};
+use attn_core::{AttnInput, AttnOptions, AttnShape, Causal, FloatMask, WeightsRequest};
 
 use crate::block::{Buffers, Multiply};
 use crate::checkpoint::{Checkpoint, F32Data, WeightData};
@@ -29,8 +29,12 @@ use crate::tokenize::{Encoding, TextTokenizer};
 use crate::weights::Layer;
 use crate::{Activation, ModelError, ModelKind};
 
+mod t5;
+
+pub use t5::{T5Settings, relative_position_bucket};
+
 /// The `model_type`s this module runs.
-pub const SEQ2SEQ_MODEL_TYPES: &[&str] = &["bart", "mbart", "marian"];
+pub const SEQ2SEQ_MODEL_TYPES: &[&str] = &["bart", "mbart", "marian", "t5"];
 
 /// Whether `dir/config.json` names an encoder-decoder model this module runs.
 pub fn is_seq2seq(dir: &Path) -> bool {
@@ -143,6 +147,8 @@ pub struct Seq2SeqConfig {
     pub eos_token_id: u32,
     /// What generation honours.
     pub generation: GenerationSettings,
+    /// T5's relative positions, norms, feed-forward and head.
+    pub t5: Option<T5Settings>,
 }
 
 impl Seq2SeqConfig {
@@ -153,7 +159,52 @@ impl Seq2SeqConfig {
             path: path.clone(),
             reason,
         };
-        let raw: RawConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let model_type = serde_json::from_str::<serde_json::Value>(&text)
+            .map_err(|e| bad(e.to_string()))?
+            .get("model_type")
+            .and_then(|t| t.as_str().map(str::to_string));
+        let mut config = match model_type.as_deref() {
+            Some("t5") => t5::read_config(&text).map_err(|e| bad(e.to_string()))??,
+            _ => Self::read_bart(&text).map_err(|e| bad(e.to_string()))??,
+        };
+        let gen_path = dir.join("generation_config.json");
+        if crate::config::present(&gen_path) {
+            let text = crate::config::read_text(&gen_path, "generation_config.json")?;
+            let file: GenerationSettings =
+                serde_json::from_str(&text).map_err(|e| ModelError::BadJson {
+                    path: gen_path.clone(),
+                    reason: e.to_string(),
+                })?;
+            let g = &config.generation;
+            config.generation = GenerationSettings {
+                decoder_start_token_id: file.decoder_start_token_id.or(g.decoder_start_token_id),
+                forced_bos_token_id: file.forced_bos_token_id.or(g.forced_bos_token_id),
+                forced_eos_token_id: file.forced_eos_token_id.or(g.forced_eos_token_id),
+                ..file
+            };
+        }
+        Ok(config)
+    }
+
+    /// Width of each encoder head: `d_model / heads`, T5's own `d_kv`.
+    pub fn encoder_head_dim(&self) -> usize {
+        self.t5
+            .map_or(self.d_model / self.encoder_heads, |t| t.d_kv)
+    }
+
+    /// Width of each decoder head, self and cross.
+    pub fn decoder_head_dim(&self) -> usize {
+        self.t5
+            .map_or(self.d_model / self.decoder_heads, |t| t.d_kv)
+    }
+
+    /// BART's, mBART's and Marian's config.json; the JSON's error, else the config's.
+    fn read_bart(text: &str) -> serde_json::Result<Result<Seq2SeqConfig, ModelError>> {
+        let raw: RawConfig = serde_json::from_str(text)?;
+        Ok(Self::from_bart(raw))
+    }
+
+    fn from_bart(raw: RawConfig) -> Result<Seq2SeqConfig, ModelError> {
         if !SEQ2SEQ_MODEL_TYPES.contains(&raw.model_type.as_str()) {
             return Err(ModelError::UnsupportedModelType {
                 model_type: raw.model_type,
@@ -185,22 +236,12 @@ impl Seq2SeqConfig {
                 reason: "must be at least 1".into(),
             });
         }
-        let gen_path = dir.join("generation_config.json");
-        let mut generation = match crate::config::present(&gen_path) {
-            true => {
-                let text = crate::config::read_text(&gen_path, "generation_config.json")?;
-                serde_json::from_str(&text).map_err(|e| ModelError::BadJson {
-                    path: gen_path.clone(),
-                    reason: e.to_string(),
-                })?
-            }
-            false => GenerationSettings::default(),
+        let generation = GenerationSettings {
+            decoder_start_token_id: Some(raw.decoder_start_token_id),
+            forced_bos_token_id: raw.forced_bos_token_id,
+            forced_eos_token_id: raw.forced_eos_token_id,
+            ..GenerationSettings::default()
         };
-        generation.decoder_start_token_id = generation
-            .decoder_start_token_id
-            .or(Some(raw.decoder_start_token_id));
-        generation.forced_bos_token_id = generation.forced_bos_token_id.or(raw.forced_bos_token_id);
-        generation.forced_eos_token_id = generation.forced_eos_token_id.or(raw.forced_eos_token_id);
         Ok(Seq2SeqConfig {
             model_type: raw.model_type,
             vocab_size: raw.vocab_size,
@@ -221,6 +262,7 @@ impl Seq2SeqConfig {
             pad_token_id: raw.pad_token_id,
             eos_token_id: raw.eos_token_id,
             generation,
+            t5: None,
         })
     }
 }
@@ -243,8 +285,10 @@ struct CrossAttention {
     kv: Linear,
     out: Linear,
     norm: LayerNorm,
-    /// mBART's norm before the sublayer; BART's and Marian's after the residual.
+    /// mBART's and T5's norm before the sublayer; BART's and Marian's after the residual.
     pre_norm: bool,
+    /// The scores' factor: `None` for `1/√head_dim`, T5's 1.
+    scale: Option<f32>,
 }
 
 impl CrossAttention {
@@ -256,7 +300,7 @@ impl CrossAttention {
         (heads, dh): (usize, usize),
         multiply: &Multiply<'_>,
     ) -> (Vec<f32>, Vec<f32>) {
-        let s = encoded.len() / (heads * dh);
+        let s = encoded.len() / self.kv.n_in.max(1);
         let mut kv = vec![0.0f32; s * 2 * heads * dh];
         multiply(&self.kv, encoded, &mut kv, Epilogue::Bias);
         let (mut no_q, mut k, mut v) =
@@ -268,7 +312,8 @@ impl CrossAttention {
 
     /// The sublayer on decoder rows `hidden` (`[T, d_model]`, in place: attention to the
     /// encoder's keys and values `kv`, output projection, residual, norm); returns the weights
-    /// `[heads, T, S]`. `buf` is `(context, sublayer)`, each `[T, d_model]`.
+    /// `[heads, T, S]`. `buf` is `(context, sublayer)`, `[T, heads·head_dim]` and `[T,
+    /// d_model]`.
     fn apply(
         &self,
         hidden: &mut [f32],
@@ -278,9 +323,9 @@ impl CrossAttention {
         multiply: &Multiply<'_>,
         layer: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let d = heads * dh;
-        let (t, s) = (hidden.len() / d, k.len() / d);
-        let mut q = vec![0.0f32; t * d];
+        let (d, inner) = (self.q.n_in, heads * dh);
+        let (t, s) = (hidden.len() / d, k.len() / inner);
+        let mut q = vec![0.0f32; t * inner];
         match self.pre_norm {
             true => {
                 let mut normed = vec![0.0f32; t * d];
@@ -289,10 +334,14 @@ impl CrossAttention {
             }
             false => multiply(&self.q, hidden, &mut q, Epilogue::Bias),
         }
-        let (mut qh, mut no_k, mut no_v) = (vec![0.0; t * d], Vec::new(), Vec::new());
+        let (mut qh, mut no_k, mut no_v) = (vec![0.0; t * inner], Vec::new(), Vec::new());
         split_heads(&q, 1, t, (heads, 0), dh, [&mut qh, &mut no_k, &mut no_v]);
         let shape = AttnShape::new(1, heads, t, s, dh);
-        let (out, weights) = attention(&qh, k, v, shape, None, layer)?;
+        let options = AttnOptions {
+            scale: self.scale,
+            ..AttnOptions::default()
+        };
+        let (out, weights) = attention(&qh, k, v, shape, options, layer)?;
         merge_heads(&out, 1, t, heads, dh, context);
         multiply(&self.out, context, sublayer, Epilogue::None);
         match self.pre_norm {
@@ -338,7 +387,8 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
     let (model, len) = (first.model, first.len);
     let c = &model.config;
     let (d, heads, rows) = (c.d_model, c.decoder_heads, caches.len());
-    let dh = d / heads;
+    let dh = c.decoder_head_dim();
+    let inner = heads * dh;
     if ids.len() != rows
         || caches
             .iter()
@@ -368,9 +418,11 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
     let mut hidden: Vec<f32> = (ids.iter())
         .flat_map(|&id| model.embed(&[id], &model.decoder_embed, len))
         .collect();
+    // T5's bias of the new row (position `len`) over the keys `0..=len`, `[heads, len + 1]`.
+    let bias = (model.relative.as_ref()).map(|(_, decoder)| decoder.bias(len, 1, len + 1));
     let multiply: &Multiply<'_> = &multiply;
     let ffn = model.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
-    let mut buf = Scratch::new(rows, d, ffn);
+    let mut buf = Scratch::new(rows, (d, inner), ffn);
     for (l, (layer, cross)) in model.decoder.iter().enumerate() {
         let Scratch {
             normed,
@@ -382,14 +434,23 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
         layer.project(model.kind, &hidden, normed, qkv, multiply);
         // Each row's keys and values join its cache; its query sees them all.
         for (r, cache) in caches.iter_mut().enumerate() {
-            let row = &qkv[r * 3 * d..][..3 * d];
+            let row = &qkv[r * 3 * inner..][..3 * inner];
             for h in 0..heads {
-                cache.keys[l][h].extend_from_slice(&row[d + h * dh..][..dh]);
-                cache.values[l][h].extend_from_slice(&row[2 * d + h * dh..][..dh]);
+                cache.keys[l][h].extend_from_slice(&row[inner + h * dh..][..dh]);
+                cache.values[l][h].extend_from_slice(&row[2 * inner + h * dh..][..dh]);
                 let (k, v) = (&cache.keys[l][h], &cache.values[l][h]);
                 let shape = AttnShape::new(1, 1, 1, len + 1, dh);
-                let (out, _) = attention(&row[h * dh..][..dh], k, v, shape, None, l)?;
-                context[r * d + h * dh..][..dh].copy_from_slice(&out);
+                let float_mask = match &bias {
+                    Some(bias) => Some(head_row(bias, h, len + 1, l)?),
+                    None => None,
+                };
+                let options = AttnOptions {
+                    scale: model.scale,
+                    float_mask,
+                    ..AttnOptions::default()
+                };
+                let (out, _) = attention(&row[h * dh..][..dh], k, v, shape, options, l)?;
+                context[r * inner + h * dh..][..dh].copy_from_slice(&out);
             }
         }
         layer.attention_residual(model.kind, &mut hidden, context, sublayer, multiply);
@@ -417,6 +478,16 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
         .collect())
 }
 
+/// Head `h`'s row of `bias` (`[heads, 1, cols]`: one query's) as a float mask `[1, cols]`.
+fn head_row(bias: &[f32], h: usize, cols: usize, layer: usize) -> Result<FloatMask, ModelError> {
+    FloatMask::from_vec(bias[h * cols..][..cols].to_vec(), &[1, cols]).map_err(|error| {
+        ModelError::Attention {
+            layer: Some(layer),
+            error,
+        }
+    })
+}
+
 /// The cross-attention keys and values the caches share.
 fn first_cross(caches: &[DecoderCache<'_>]) -> std::sync::Arc<Vec<(Vec<f32>, Vec<f32>)>> {
     std::sync::Arc::clone(&caches[0].cross)
@@ -434,8 +505,9 @@ fn log_softmax(x: &mut [f32]) {
 struct Embeddings {
     /// `[vocab, d_model]`
     tokens: F32Data,
-    /// `[offset + max_positions, d_model]`, position `p` at row `offset + p`.
-    positions: Vec<f32>,
+    /// `[offset + max_positions, d_model]`, position `p` at row `offset + p`; T5 has none
+    /// (its positions are the attention's relative bias).
+    positions: Option<Vec<f32>>,
     offset: usize,
     /// BART's `layernorm_embedding`.
     norm: Option<LayerNorm>,
@@ -457,8 +529,14 @@ pub struct Seq2Seq {
     /// BART's and Marian's blocks are post-norm ([`ModelKind::Bert`]), mBART's pre-norm
     /// ([`ModelKind::Gpt2`], with a last LayerNorm after each stack).
     kind: ModelKind,
-    /// mBART's `encoder.layer_norm` and `decoder.layer_norm`.
+    /// mBART's `encoder.layer_norm` and `decoder.layer_norm`, T5's `final_layer_norm`s.
     final_norms: Option<(LayerNorm, LayerNorm)>,
+    /// T5's relative position biases: the encoder's and the decoder's self-attention's.
+    relative: Option<(t5::RelativeBias, t5::RelativeBias)>,
+    /// The self-attention scores' factor: `None` for `1/√head_dim`, T5's 1.
+    scale: Option<f32>,
+    /// What the decoder's output is multiplied by before the head: T5's tied `d_model^-0.5`.
+    head_scale: f32,
 }
 
 /// Every attention of a teacher-forced pass, and the logits.
@@ -532,7 +610,6 @@ impl Seq2Seq {
     pub fn load(dir: &Path) -> Result<Seq2Seq, ModelError> {
         let config = Seq2SeqConfig::read(dir)?;
         let marian = config.model_type == "marian";
-        let mbart = config.model_type == "mbart";
         crate::model::check_convertible(dir, "AutoModelForSeq2SeqLM", !marian)?;
         let tokenizer = match marian {
             true => Seq2SeqTokenizer::Marian(Box::new(MarianTokenizer::from_dir(dir)?)),
@@ -552,92 +629,10 @@ impl Seq2Seq {
                 rows: config.vocab_size,
             });
         }
-        let ckpt = Checkpoint::open(&dir.join("model.safetensors"))?;
-        let (d, v) = (config.d_model, config.vocab_size);
-        let first = |names: &[&str]| -> Result<F32Data, ModelError> {
-            let name = (names.iter()).find(|n| ckpt.contains(n)).ok_or_else(|| {
-                ModelError::MissingTensor {
-                    tensor: names[0].to_string(),
-                }
-            })?;
-            ckpt.f32_data(name, &[v, d])
-        };
-        let final_logits_bias = match ckpt.contains("final_logits_bias") {
-            true => ckpt.f32("final_logits_bias", &[1, v])?,
-            false => vec![0.0; v],
-        };
-        let max = config.max_positions;
-        let embed = |side: &str| -> Result<Embeddings, ModelError> {
-            let tokens = first(&[
-                "model.shared.weight",
-                &format!("model.{side}.embed_tokens.weight"),
-            ])?;
-            let positions = format!("model.{side}.embed_positions.weight");
-            Ok(match marian {
-                true => Embeddings {
-                    tokens,
-                    positions: match ckpt.contains(&positions) {
-                        true => ckpt.f32(&positions, &[max, d])?,
-                        false => sinusoidal(max, d),
-                    },
-                    offset: 0,
-                    norm: None,
-                },
-                false => Embeddings {
-                    tokens,
-                    positions: ckpt.f32(&positions, &[max + 2, d])?,
-                    offset: 2,
-                    norm: Some(layer_norm(
-                        &ckpt,
-                        &format!("model.{side}.layernorm_embedding"),
-                        d,
-                    )?),
-                },
-            })
-        };
-        let encoder = (0..config.encoder_layers)
-            .map(|l| {
-                let ffn = ckpt
-                    .info(&format!("model.encoder.layers.{l}.fc1.weight"))
-                    .map_or(0, |i| i.shape[0]);
-                block(&ckpt, &format!("model.encoder.layers.{l}."), d, ffn)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let decoder = (0..config.decoder_layers)
-            .map(|l| {
-                let p = format!("model.decoder.layers.{l}.");
-                let ffn = ckpt
-                    .info(&format!("{p}fc1.weight"))
-                    .map_or(0, |i| i.shape[0]);
-                let cross = format!("{p}encoder_attn.");
-                Ok((
-                    block(&ckpt, &p, d, ffn)?,
-                    CrossAttention {
-                        q: torch_linear(&ckpt, &[&format!("{cross}q_proj")], d, d)?,
-                        kv: torch_linear(
-                            &ckpt,
-                            &[&format!("{cross}k_proj"), &format!("{cross}v_proj")],
-                            d,
-                            d,
-                        )?,
-                        out: torch_linear(&ckpt, &[&format!("{cross}out_proj")], d, d)?,
-                        norm: layer_norm(&ckpt, &format!("{p}encoder_attn_layer_norm"), d)?,
-                        pre_norm: mbart,
-                    },
-                ))
-            })
-            .collect::<Result<Vec<_>, ModelError>>()?;
-        let (encoder_embed, decoder_embed) = (embed("encoder")?, embed("decoder")?);
-        let final_norms = match mbart {
-            true => Some((
-                layer_norm(&ckpt, "model.encoder.layer_norm", d)?,
-                layer_norm(&ckpt, "model.decoder.layer_norm", d)?,
-            )),
-            false => None,
-        };
-        let head = match ckpt.contains("lm_head.weight") {
-            true => ckpt.f32_data("lm_head.weight", &[v, d])?,
-            false => decoder_embed.tokens.clone(),
+        let ckpt = Checkpoint::open_dir(dir)?;
+        let parts = match config.t5 {
+            Some(t5) => t5::load(&ckpt, &config, t5)?,
+            None => load_bart(&ckpt, &config)?,
         };
         Ok(Seq2Seq {
             name: dir
@@ -645,17 +640,17 @@ impl Seq2Seq {
                 .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into()),
             config,
             tokenizer,
-            head,
-            final_logits_bias,
-            encoder_embed,
-            decoder_embed,
-            encoder,
-            decoder,
-            kind: match mbart {
-                true => ModelKind::Gpt2,
-                false => ModelKind::Bert,
-            },
-            final_norms,
+            head: parts.head,
+            final_logits_bias: parts.final_logits_bias,
+            encoder_embed: parts.encoder_embed,
+            decoder_embed: parts.decoder_embed,
+            encoder: parts.encoder,
+            decoder: parts.decoder,
+            kind: parts.kind,
+            final_norms: parts.final_norms,
+            relative: parts.relative,
+            scale: parts.scale,
+            head_scale: parts.head_scale,
         })
     }
 
@@ -799,9 +794,12 @@ impl Seq2Seq {
         let mut x = vec![0.0f32; ids.len() * d];
         for (t, (&id, row)) in ids.iter().zip(x.chunks_exact_mut(d)).enumerate() {
             let word = &side.tokens[id as usize * d..][..d];
-            let position = &side.positions[(side.offset + first + t) * d..][..d];
-            for ((x, &w), &p) in row.iter_mut().zip(word).zip(position) {
-                *x = w * self.config.embed_scale + p;
+            row.iter_mut()
+                .zip(word)
+                .for_each(|(x, &w)| *x = w * self.config.embed_scale);
+            if let Some(positions) = &side.positions {
+                let position = &positions[(side.offset + first + t) * d..][..d];
+                row.iter_mut().zip(position).for_each(|(x, &p)| *x += p);
             }
         }
         if let Some(norm) = &side.norm {
@@ -810,20 +808,48 @@ impl Seq2Seq {
         x
     }
 
+    /// The self-attention of `rows` tokens of the encoder or the `decoder` (causal): T5's
+    /// unscaled scores plus its relative position bias, else the defaults.
+    fn self_options(&self, decoder: bool, rows: usize) -> Result<AttnOptions, ModelError> {
+        let float_mask = match &self.relative {
+            Some((encoder, dec)) => {
+                let bias = if decoder { dec } else { encoder }.bias(0, rows, rows);
+                let dims = [1, bias.len() / (rows * rows).max(1), rows, rows];
+                Some(
+                    FloatMask::from_vec(bias, &dims)
+                        .map_err(|error| ModelError::Attention { layer: None, error })?,
+                )
+            }
+            None => None,
+        };
+        Ok(AttnOptions {
+            scale: self.scale,
+            float_mask,
+            causal: decoder.then_some(Causal::TopLeft),
+            ..AttnOptions::default()
+        })
+    }
+
     /// The encoder over `source` (ids): its output `[S, d_model]` and its attentions `[L, H,
     /// S, S]`.
     pub fn encode(&self, source: &[u32]) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         self.check_ids(source, "source")?;
         let c = &self.config;
-        let (s, d, heads) = (source.len(), c.d_model, c.encoder_heads);
+        let (s, d, heads, dh) = (
+            source.len(),
+            c.d_model,
+            c.encoder_heads,
+            c.encoder_head_dim(),
+        );
         let mut hidden = self.embed(source, &self.encoder_embed, 0);
         let mut attentions = Vec::with_capacity(c.encoder_layers * heads * s * s);
         let multiply: &Multiply<'_> = &multiply;
         let ffn = self.encoder.first().map_or(0, |l| l.ff_in.n_out);
-        let mut buf = Scratch::new(s, d, ffn);
+        let mut buf = Scratch::new(s, (d, heads * dh), ffn);
+        let options = self.self_options(false, s)?;
         for (l, layer) in self.encoder.iter().enumerate() {
             let attend = |qkv: &[f32], context: &mut [f32]| {
-                let w = self_attention(qkv, (s, heads, d / heads), false, context, l)?;
+                let w = self_attention(qkv, (s, heads, dh), &options, context, l)?;
                 attentions.extend(w);
                 Ok(())
             };
@@ -844,13 +870,14 @@ impl Seq2Seq {
         let c = &self.config;
         let (t, d, heads) = (decoder_ids.len(), c.d_model, c.decoder_heads);
         let s = encoded.len() / d;
-        let dh = d / heads;
+        let dh = c.decoder_head_dim();
         let mut hidden = self.embed(decoder_ids, &self.decoder_embed, 0);
         let mut self_attn = Vec::with_capacity(c.decoder_layers * heads * t * t);
         let mut cross_attn = Vec::with_capacity(c.decoder_layers * heads * t * s);
         let multiply: &Multiply<'_> = &multiply;
         let ffn = self.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
-        let mut buf = Scratch::new(t, d, ffn);
+        let mut buf = Scratch::new(t, (d, heads * dh), ffn);
+        let options = self.self_options(true, t)?;
         for (l, (layer, cross)) in self.decoder.iter().enumerate() {
             let Scratch {
                 normed,
@@ -860,7 +887,7 @@ impl Seq2Seq {
                 intermediate,
             } = &mut buf;
             layer.project(self.kind, &hidden, normed, qkv, multiply);
-            self_attn.extend(self_attention(qkv, (t, heads, dh), true, context, l)?);
+            self_attn.extend(self_attention(qkv, (t, heads, dh), &options, context, l)?);
             layer.attention_residual(self.kind, &mut hidden, context, sublayer, multiply);
             let (kh, vh) = cross.keys_values(encoded, (heads, dh), multiply);
             let buf = (&mut context[..], &mut sublayer[..]);
@@ -890,6 +917,14 @@ impl Seq2Seq {
     fn logits(&self, hidden: &[f32]) -> Vec<f32> {
         let (d, v) = (self.config.d_model, self.config.vocab_size);
         let rows = hidden.len() / d;
+        let scaled: Vec<f32>;
+        let hidden = match self.head_scale {
+            1.0 => hidden,
+            f => {
+                scaled = hidden.iter().map(|x| x * f).collect();
+                &scaled
+            }
+        };
         let mut logits = vec![0.0f32; rows * v];
         match rows <= STREAMED_ROWS {
             true => crate::kv_cache::dot_rows_multi(&self.head, d, hidden, &mut logits),
@@ -905,7 +940,7 @@ impl Seq2Seq {
     /// `encoded` (`[S, d_model]`): each layer's cross-attention keys and values, computed once.
     pub fn decoder_cache(&self, encoded: &[f32]) -> DecoderCache<'_> {
         let c = &self.config;
-        let (heads, dh) = (c.decoder_heads, c.d_model / c.decoder_heads);
+        let (heads, dh) = (c.decoder_heads, c.decoder_head_dim());
         let multiply: &Multiply<'_> = &multiply;
         DecoderCache {
             model: self,
@@ -1129,6 +1164,131 @@ impl Seq2Seq {
     }
 }
 
+/// The tensors of a family's checkpoint, read and checked.
+struct Parts {
+    head: F32Data,
+    final_logits_bias: Vec<f32>,
+    encoder_embed: Embeddings,
+    decoder_embed: Embeddings,
+    encoder: Vec<Layer>,
+    decoder: Vec<(Layer, CrossAttention)>,
+    kind: ModelKind,
+    final_norms: Option<(LayerNorm, LayerNorm)>,
+    relative: Option<(t5::RelativeBias, t5::RelativeBias)>,
+    scale: Option<f32>,
+    head_scale: f32,
+}
+
+/// BART's, mBART's and Marian's tensors.
+fn load_bart(ckpt: &Checkpoint, config: &Seq2SeqConfig) -> Result<Parts, ModelError> {
+    let marian = config.model_type == "marian";
+    let mbart = config.model_type == "mbart";
+    let (d, v) = (config.d_model, config.vocab_size);
+    let first = |names: &[&str]| -> Result<F32Data, ModelError> {
+        let name =
+            (names.iter())
+                .find(|n| ckpt.contains(n))
+                .ok_or_else(|| ModelError::MissingTensor {
+                    tensor: names[0].to_string(),
+                })?;
+        ckpt.f32_data(name, &[v, d])
+    };
+    let final_logits_bias = match ckpt.contains("final_logits_bias") {
+        true => ckpt.f32("final_logits_bias", &[1, v])?,
+        false => vec![0.0; v],
+    };
+    let max = config.max_positions;
+    let embed = |side: &str| -> Result<Embeddings, ModelError> {
+        let tokens = first(&[
+            "model.shared.weight",
+            &format!("model.{side}.embed_tokens.weight"),
+        ])?;
+        let positions = format!("model.{side}.embed_positions.weight");
+        Ok(match marian {
+            true => Embeddings {
+                tokens,
+                positions: Some(match ckpt.contains(&positions) {
+                    true => ckpt.f32(&positions, &[max, d])?,
+                    false => sinusoidal(max, d),
+                }),
+                offset: 0,
+                norm: None,
+            },
+            false => Embeddings {
+                tokens,
+                positions: Some(ckpt.f32(&positions, &[max + 2, d])?),
+                offset: 2,
+                norm: Some(layer_norm(
+                    ckpt,
+                    &format!("model.{side}.layernorm_embedding"),
+                    d,
+                )?),
+            },
+        })
+    };
+    let encoder = (0..config.encoder_layers)
+        .map(|l| {
+            let ffn = ckpt
+                .info(&format!("model.encoder.layers.{l}.fc1.weight"))
+                .map_or(0, |i| i.shape[0]);
+            block(ckpt, &format!("model.encoder.layers.{l}."), d, ffn)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let decoder = (0..config.decoder_layers)
+        .map(|l| {
+            let p = format!("model.decoder.layers.{l}.");
+            let ffn = ckpt
+                .info(&format!("{p}fc1.weight"))
+                .map_or(0, |i| i.shape[0]);
+            let cross = format!("{p}encoder_attn.");
+            Ok((
+                block(ckpt, &p, d, ffn)?,
+                CrossAttention {
+                    q: torch_linear(ckpt, &[&format!("{cross}q_proj")], d, d)?,
+                    kv: torch_linear(
+                        ckpt,
+                        &[&format!("{cross}k_proj"), &format!("{cross}v_proj")],
+                        d,
+                        d,
+                    )?,
+                    out: torch_linear(ckpt, &[&format!("{cross}out_proj")], d, d)?,
+                    norm: layer_norm(ckpt, &format!("{p}encoder_attn_layer_norm"), d)?,
+                    pre_norm: mbart,
+                    scale: None,
+                },
+            ))
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    let (encoder_embed, decoder_embed) = (embed("encoder")?, embed("decoder")?);
+    let final_norms = match mbart {
+        true => Some((
+            layer_norm(ckpt, "model.encoder.layer_norm", d)?,
+            layer_norm(ckpt, "model.decoder.layer_norm", d)?,
+        )),
+        false => None,
+    };
+    let head = match ckpt.contains("lm_head.weight") {
+        true => ckpt.f32_data("lm_head.weight", &[v, d])?,
+        false => decoder_embed.tokens.clone(),
+    };
+    Ok(Parts {
+        head,
+        final_logits_bias,
+        encoder_embed,
+        decoder_embed,
+        encoder,
+        decoder,
+        kind: match mbart {
+            true => ModelKind::Gpt2,
+            false => ModelKind::Bert,
+        },
+        final_norms,
+        relative: None,
+        scale: None,
+        head_scale: 1.0,
+    })
+}
+
 /// An encoder-decoder model's tokenizer: a `tokenizer.json` (BART), or Marian's SentencePiece
 /// models with their vocab.json.
 enum Seq2SeqTokenizer {
@@ -1167,11 +1327,12 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(rows: usize, d: usize, ffn: usize) -> Scratch {
+    /// For `rows` rows of width `d` whose attention is `inner` wide (heads × head_dim).
+    fn new(rows: usize, (d, inner): (usize, usize), ffn: usize) -> Scratch {
         Scratch {
             normed: vec![0.0; rows * d],
-            qkv: vec![0.0; rows * 3 * d],
-            context: vec![0.0; rows * d],
+            qkv: vec![0.0; rows * 3 * inner],
+            context: vec![0.0; rows * inner],
             sublayer: vec![0.0; rows * d],
             intermediate: vec![0.0; rows * ffn],
         }
@@ -1227,7 +1388,7 @@ fn multiply(layer: &Linear, x: &[f32], y: &mut [f32], epilogue: Epilogue) {
 fn self_attention(
     qkv: &[f32],
     (rows, heads, dh): (usize, usize, usize),
-    causal: bool,
+    options: &AttnOptions,
     context: &mut [f32],
     layer: usize,
 ) -> Result<Vec<f32>, ModelError> {
@@ -1235,18 +1396,18 @@ fn self_attention(
     let (mut q, mut k, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     split_heads(qkv, 1, rows, (heads, heads), dh, [&mut q, &mut k, &mut v]);
     let shape = AttnShape::new(1, heads, rows, rows, dh);
-    let (out, weights) = attention(&q, &k, &v, shape, causal.then_some(Causal::TopLeft), layer)?;
+    let (out, weights) = attention(&q, &k, &v, shape, options.clone(), layer)?;
     merge_heads(&out, 1, rows, heads, dh, context);
     Ok(weights)
 }
 
-/// attn-core's attention with every weight returned: `(output, weights)`.
+/// attn-core's attention under `options` with every weight returned: `(output, weights)`.
 fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     shape: AttnShape,
-    causal: Option<Causal>,
+    options: AttnOptions,
     layer: usize,
 ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
     let input =
@@ -1255,9 +1416,8 @@ fn attention(
             error,
         })?;
     let options = AttnOptions {
-        causal,
         weights: WeightsRequest::All,
-        ..AttnOptions::default()
+        ..options
     };
     let out = attn_core::sdpa(&input, &options).map_err(|error| ModelError::Attention {
         layer: Some(layer),

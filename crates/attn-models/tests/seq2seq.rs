@@ -1,5 +1,5 @@
-//! The encoder-decoder models on the random BART checkpoint of `tests/data/s2s/bart`
-//! (scripts/test_data/seq2seq.py): token ids, teacher forcing, logits and the three kinds of
+//! The encoder-decoder models on the random BART, mBART, Marian and T5 checkpoints of
+//! `tests/data/s2s` (scripts/test_data/seq2seq.py): token ids, teacher forcing, logits and the three kinds of
 //! attention against transformers, greedy generation against its `generate()`, and bad configs
 //! as errors.
 
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use attn_models::{ModelError, Seq2Seq, is_seq2seq};
 use common::{Golden, golden_dir};
 
-const MODELS: [&str; 3] = ["bart", "mbart", "marian"];
+const MODELS: [&str; 5] = ["bart", "mbart", "marian", "t5", "t5-relu"];
 
 fn dir_of(name: &str) -> PathBuf {
     golden_dir().join("s2s").join(name)
@@ -148,18 +148,24 @@ fn cached_decoding_matches_the_teacher_forced_pass() {
     }
 }
 
-/// MarianTokenizer's ids (the sentencepiece library's pieces through vocab.json) on texts
-/// with accents, punctuation, NFKC-folded characters, runs of spaces, pieces the model lacks
-/// and a language code.
+/// MarianTokenizer's ids (the sentencepiece library's pieces through vocab.json), and T5's
+/// tokenizer.json's, on texts with accents, punctuation, NFKC-folded characters, runs of
+/// spaces, pieces the model lacks and a language code.
 #[test]
-fn marian_sentencepiece_ids_match_transformers() {
-    let model = Seq2Seq::load(&dir_of("marian")).unwrap();
-    let g = Golden::read(&dir_of("marian").join("expected.safetensors"));
+fn sentencepiece_ids_match_transformers() {
+    for name in ["marian", "t5"] {
+        sentencepiece_ids_match(name);
+    }
+}
+
+fn sentencepiece_ids_match(name: &str) {
+    let model = Seq2Seq::load(&dir_of(name)).unwrap();
+    let g = Golden::read(&dir_of(name).join("expected.safetensors"));
     let texts = g.meta["texts"].as_array().unwrap();
     for (n, text) in texts.iter().enumerate() {
         let text = text.as_str().unwrap();
         let enc = model.source_encoding(text, false).unwrap();
-        assert_eq!(enc.ids, g.ids(&format!("tokens{n}")), "{text:?}");
+        assert_eq!(enc.ids, g.ids(&format!("tokens{n}")), "{name}: {text:?}");
         // Each piece's span is a piece of the text, and only </s> has none.
         for (span, token) in enc.spans.iter().zip(&enc.tokens) {
             match span {
@@ -191,8 +197,8 @@ fn bad_seq2seq_configs_are_clear_errors() {
         ),
         (
             "model_type",
-            "t5".into(),
-            "unsupported model_type \"t5\"; supported: bart",
+            "pegasus".into(),
+            "unsupported model_type \"pegasus\"; supported: bart, mbart, marian, t5",
         ),
         ("decoder_layers", 3.into(), "model.decoder.layers.2"),
     ];
@@ -212,6 +218,170 @@ fn bad_seq2seq_configs_are_clear_errors() {
         matches!(err, ModelError::TokenOutOfVocab { id: 9999, .. }),
         "{err}"
     );
+}
+
+/// T5 from two BF16 shards and their `model.safetensors.index.json` (how the larger T5
+/// checkpoints are stored) runs exactly as one F32 file of the same, rounded, values.
+#[test]
+fn sharded_bf16_weights_load_as_one_f32_file_does() {
+    use safetensors::{Dtype, tensor::TensorView};
+    let tmp = tempfile::tempdir().unwrap();
+    let (sharded, single) = (tmp.path().join("sharded"), tmp.path().join("single"));
+    for out in [&sharded, &single] {
+        std::fs::create_dir(out).unwrap();
+        for f in [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            std::fs::copy(dir_of("t5").join(f), out.join(f)).unwrap();
+        }
+    }
+    let bytes = std::fs::read(dir_of("t5").join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = st.names();
+    names.sort();
+    // Each tensor as bf16 bits, and as the f32 values they stand for.
+    type Rounded = (String, Vec<usize>, Vec<u8>, Vec<u8>);
+    let tensors: Vec<Rounded> = (names.iter())
+        .map(|name| {
+            let t = st.tensor(name).unwrap();
+            assert_eq!(t.dtype(), Dtype::F32, "{name}");
+            let values = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()));
+            let halves: Vec<half::bf16> = values.map(half::bf16::from_f32).collect();
+            let bf16: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let f32s: Vec<u8> = halves
+                .iter()
+                .flat_map(|h| h.to_f32().to_le_bytes())
+                .collect();
+            ((*name).to_string(), t.shape().to_vec(), bf16, f32s)
+        })
+        .collect();
+    fn view<'a>(
+        name: &str,
+        shape: &[usize],
+        data: &'a [u8],
+        dtype: Dtype,
+    ) -> (String, TensorView<'a>) {
+        (
+            name.to_string(),
+            TensorView::new(dtype, shape.to_vec(), data).unwrap(),
+        )
+    }
+    let all = tensors.iter().map(|(n, s, _, f)| view(n, s, f, Dtype::F32));
+    std::fs::write(
+        single.join("model.safetensors"),
+        safetensors::serialize(all.collect::<Vec<_>>(), None).unwrap(),
+    )
+    .unwrap();
+    let half = tensors.len() / 2;
+    let mut weight_map = serde_json::Map::new();
+    for (n, part) in [&tensors[..half], &tensors[half..]].into_iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", n + 1);
+        let views = part
+            .iter()
+            .map(|(name, s, b, _)| view(name, s, b, Dtype::BF16));
+        let shard = safetensors::serialize(views.collect::<Vec<_>>(), None).unwrap();
+        std::fs::write(sharded.join(&file), shard).unwrap();
+        for (name, ..) in part {
+            weight_map.insert(name.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let (a, b) = (
+        Seq2Seq::load(&sharded).unwrap(),
+        Seq2Seq::load(&single).unwrap(),
+    );
+    let g = Golden::read(&dir_of("t5").join("expected.safetensors"));
+    let (source, decoder) = (g.ids("source_ids0"), g.ids("decoder_ids0"));
+    assert_eq!(
+        a.forward(&source, &decoder).unwrap(),
+        b.forward(&source, &decoder).unwrap()
+    );
+    // The rounding moved the weights: the rounded model is not the original.
+    let original = Seq2Seq::load(&dir_of("t5")).unwrap();
+    assert_ne!(
+        original.forward(&source, &decoder).unwrap().logits,
+        b.forward(&source, &decoder).unwrap().logits
+    );
+}
+
+#[test]
+fn bad_t5_configs_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t5 = dir_of("t5");
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(t5.join(f), tmp.path().join(f)).unwrap();
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(t5.join("config.json")).unwrap()).unwrap();
+    let cases: [(&str, serde_json::Value, &str); 5] = [
+        (
+            "feed_forward_proj",
+            "fancy-gelu".into(),
+            "feed_forward_proj: \"fancy-gelu\": expected ACT or gated-ACT",
+        ),
+        (
+            "feed_forward_proj",
+            "gated-tanh".into(),
+            "\"tanh\" is not supported",
+        ),
+        (
+            "relative_attention_num_buckets",
+            2.into(),
+            "relative_attention_num_buckets: 2: T5's buckets need at least 4",
+        ),
+        (
+            "relative_attention_max_distance",
+            4.into(),
+            "relative_attention_max_distance: 4 must pass the exact buckets' distances",
+        ),
+        (
+            "d_kv",
+            16.into(),
+            "encoder.block.0.layer.0.SelfAttention.q.weight",
+        ),
+    ];
+    for (field, value, says) in cases {
+        let mut edited = config.clone();
+        edited[field] = value;
+        std::fs::write(tmp.path().join("config.json"), edited.to_string()).unwrap();
+        let err = Seq2Seq::load(tmp.path()).err().unwrap();
+        assert!(err.to_string().contains(says), "{field}: {err}");
+    }
+}
+
+/// T5's relative position buckets against transformers' `_relative_position_bucket` on every
+/// distance from -300 to 300, for the real models' 32 buckets up to 128 and the test
+/// checkpoint's 8 up to 16, each direction.
+#[test]
+fn t5_buckets_match_transformers() {
+    let g = Golden::read(&dir_of("t5").join("expected.safetensors"));
+    for (name, buckets, max_distance) in [("buckets_32_128", 32, 128), ("buckets_8_16", 8, 16)] {
+        for bidirectional in [true, false] {
+            let key = format!(
+                "{name}_{}",
+                if bidirectional { "encoder" } else { "decoder" }
+            );
+            let want = g.ids(&key);
+            let got: Vec<u32> = (-300..=300)
+                .map(|r| {
+                    attn_models::relative_position_bucket(r, bidirectional, buckets, max_distance)
+                        as u32
+                })
+                .collect();
+            assert_eq!(got, want, "{key}");
+        }
+    }
 }
 
 /// A source and a target past the 64 positions: refused, naming the side and its length; with

@@ -48,7 +48,7 @@ enum Command {
     ///
     /// Continue a prompt with a decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2); --explain shows the tokens the attention that chose each new token weighed most.
     Generate(cmd::generate::Args),
-    /// Translate a text with an encoder-decoder model (BART, mBART, Marian).
+    /// Translate a text with an encoder-decoder model (BART, mBART, Marian, T5).
     Translate(cmd::translate::Args),
     /// A sequence classifier's labels for a text (sentiment, topic, entailment).
     Classify(cmd::classify::Args),

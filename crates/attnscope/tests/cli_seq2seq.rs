@@ -51,7 +51,7 @@ const TARGET: &str = "J'adore l'apprentissage automatique";
 
 #[test]
 fn translate_is_transformers_greedy_generation() {
-    for name in ["bart", "mbart", "marian"] {
+    for name in ["bart", "mbart", "marian", "t5", "t5-relu"] {
         translate_matches(name);
     }
 }
@@ -102,7 +102,7 @@ fn translate_matches(name: &str) {
 
 #[test]
 fn attention_with_a_target_is_transformers_three_attentions() {
-    for name in ["bart", "marian"] {
+    for name in ["bart", "marian", "t5"] {
         attention_matches(name);
     }
 }
@@ -297,7 +297,7 @@ fn what_does_not_apply_to_an_encoder_decoder_is_a_clear_error() {
 #[test]
 fn a_long_source_is_refused_or_truncated() {
     let long = "The cat that ate the mouse ran away. ".repeat(12);
-    for name in ["bart", "marian"] {
+    for name in ["bart", "marian", "t5"] {
         let m = model_of(name);
         let err = fails_with(
             &["translate", &long, "--model", &m],

@@ -179,7 +179,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if seq2seq.is_none() && args.target.is_some() {
         anyhow::bail!(
-            "--target is the target of an encoder-decoder model (BART, mBART, Marian); this model reads one text"
+            "--target is the target of an encoder-decoder model (BART, mBART, Marian, T5); this model reads one text"
         );
     }
     if let (Some(model), Some(text)) = (&seq2seq, text) {

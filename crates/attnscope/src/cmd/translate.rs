@@ -38,7 +38,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "the text is empty or only whitespace"
     );
     let model = args.model.load_seq2seq()?.context(
-        "translate needs an encoder-decoder model (model_type bart, mbart or marian): give one with --model",
+        "translate needs an encoder-decoder model (model_type bart, mbart, marian or t5): give one with --model",
     )?;
     let source = crate::maps::seq2seq_side(&model, &args.text, "source", args.truncate)?.ids;
     let max_new = match args.max_new_tokens {

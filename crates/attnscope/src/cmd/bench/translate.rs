@@ -14,7 +14,7 @@ use crate::maps::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// An encoder-decoder model's directory (BART, mBART, Marian) or Hugging Face cache id.
+    /// An encoder-decoder model's directory (BART, mBART, Marian, T5) or Hugging Face cache id.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// The text to translate.
@@ -49,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let model = source_args
         .load_seq2seq()?
-        .context("bench translate needs an encoder-decoder model (BART, mBART, Marian)")?;
+        .context("bench translate needs an encoder-decoder model (BART, mBART, Marian, T5)")?;
     let source = model.encode_source(&args.source)?;
     let beams = args.num_beams as usize;
     let translate = || -> anyhow::Result<(Vec<f32>, Vec<u32>)> {
