@@ -420,51 +420,36 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
         .collect();
     // T5's bias of the new row (position `len`) over the keys `0..=len`, `[heads, len + 1]`.
     let bias = (model.relative.as_ref()).map(|(_, decoder)| decoder.bias(len, 1, len + 1));
-    let multiply: &Multiply<'_> = &multiply;
     let ffn = model.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
     let mut buf = Scratch::new(rows, (d, inner), ffn);
-    for (l, (layer, cross)) in model.decoder.iter().enumerate() {
-        let Scratch {
-            normed,
-            qkv,
-            context,
-            sublayer,
-            intermediate,
-        } = &mut buf;
-        layer.project(model.kind, &hidden, normed, qkv, multiply);
+    // The encoder's keys and values are the same for every row.
+    let cross = first_cross(caches);
+    for (l, (k, v)) in cross.iter().enumerate() {
         // Each row's keys and values join its cache; its query sees them all.
-        for (r, cache) in caches.iter_mut().enumerate() {
-            let row = &qkv[r * 3 * inner..][..3 * inner];
-            for h in 0..heads {
-                cache.keys[l][h].extend_from_slice(&row[inner + h * dh..][..dh]);
-                cache.values[l][h].extend_from_slice(&row[2 * inner + h * dh..][..dh]);
-                let (k, v) = (&cache.keys[l][h], &cache.values[l][h]);
-                let shape = AttnShape::new(1, 1, 1, len + 1, dh);
-                let float_mask = match &bias {
-                    Some(bias) => Some(head_row(bias, h, len + 1, l)?),
-                    None => None,
-                };
-                let options = AttnOptions {
-                    scale: model.scale,
-                    float_mask,
-                    ..AttnOptions::default()
-                };
-                let (out, _) = attention(&row[h * dh..][..dh], k, v, shape, options, l)?;
-                context[r * inner + h * dh..][..dh].copy_from_slice(&out);
+        let attend = |qkv: &[f32], context: &mut [f32]| {
+            for (r, cache) in caches.iter_mut().enumerate() {
+                let row = &qkv[r * 3 * inner..][..3 * inner];
+                for h in 0..heads {
+                    cache.keys[l][h].extend_from_slice(&row[inner + h * dh..][..dh]);
+                    cache.values[l][h].extend_from_slice(&row[2 * inner + h * dh..][..dh]);
+                    let (k, v) = (&cache.keys[l][h], &cache.values[l][h]);
+                    let shape = AttnShape::new(1, 1, 1, len + 1, dh);
+                    let float_mask = match &bias {
+                        Some(bias) => Some(head_row(bias, h, len + 1, l)?),
+                        None => None,
+                    };
+                    let options = AttnOptions {
+                        scale: model.scale,
+                        float_mask,
+                        ..AttnOptions::default()
+                    };
+                    let (out, _) = attention(&row[h * dh..][..dh], k, v, shape, options, l)?;
+                    context[r * inner + h * dh..][..dh].copy_from_slice(&out);
+                }
             }
-        }
-        layer.attention_residual(model.kind, &mut hidden, context, sublayer, multiply);
-        // The encoder's keys and values are the same for every row.
-        let (k, v) = &first_cross(caches)[l];
-        let buf = (&mut context[..], &mut sublayer[..]);
-        cross.apply(&mut hidden, (k, v), (heads, dh), buf, multiply, l)?;
-        let kind = (model.kind, c.activation);
-        layer.feed_forward(
-            kind,
-            &mut hidden,
-            (normed, sublayer, intermediate),
-            multiply,
-        );
+            Ok(())
+        };
+        model.decoder_block(l, &mut hidden, &mut buf, (k, v), attend)?;
     }
     if let Some((_, norm)) = &model.final_norms {
         norm.apply(&mut hidden);
@@ -878,28 +863,13 @@ impl Seq2Seq {
         let ffn = self.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
         let mut buf = Scratch::new(t, (d, heads * dh), ffn);
         let options = self.self_options(true, t)?;
-        for (l, (layer, cross)) in self.decoder.iter().enumerate() {
-            let Scratch {
-                normed,
-                qkv,
-                context,
-                sublayer,
-                intermediate,
-            } = &mut buf;
-            layer.project(self.kind, &hidden, normed, qkv, multiply);
-            self_attn.extend(self_attention(qkv, (t, heads, dh), &options, context, l)?);
-            layer.attention_residual(self.kind, &mut hidden, context, sublayer, multiply);
+        for (l, (_, cross)) in self.decoder.iter().enumerate() {
             let (kh, vh) = cross.keys_values(encoded, (heads, dh), multiply);
-            let buf = (&mut context[..], &mut sublayer[..]);
-            let weights = cross.apply(&mut hidden, (&kh, &vh), (heads, dh), buf, multiply, l)?;
-            cross_attn.extend(weights);
-            let kind = (self.kind, c.activation);
-            layer.feed_forward(
-                kind,
-                &mut hidden,
-                (normed, sublayer, intermediate),
-                multiply,
-            );
+            let attend = |qkv: &[f32], context: &mut [f32]| {
+                self_attn.extend(self_attention(qkv, (t, heads, dh), &options, context, l)?);
+                Ok(())
+            };
+            cross_attn.extend(self.decoder_block(l, &mut hidden, &mut buf, (&kh, &vh), attend)?);
         }
         if let Some((_, norm)) = &self.final_norms {
             norm.apply(&mut hidden);
@@ -911,6 +881,38 @@ impl Seq2Seq {
             cross_attentions: cross_attn,
             logits,
         })
+    }
+
+    /// Decoder block `l` on the rows `hidden`, in place: the self-attention, which `attend`
+    /// runs from the projected `qkv` into the merged `context`, then the cross-attention to the
+    /// encoder's keys and values `kv`, then the feed-forward; returns the cross-attention's
+    /// weights `[heads, rows, S]`.
+    fn decoder_block(
+        &self,
+        l: usize,
+        hidden: &mut [f32],
+        buf: &mut Scratch,
+        kv: (&[f32], &[f32]),
+        attend: impl FnOnce(&[f32], &mut [f32]) -> Result<(), ModelError>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (layer, cross) = &self.decoder[l];
+        let c = &self.config;
+        let multiply: &Multiply<'_> = &multiply;
+        let Scratch {
+            normed,
+            qkv,
+            context,
+            sublayer,
+            intermediate,
+        } = buf;
+        layer.project(self.kind, hidden, normed, qkv, multiply);
+        attend(qkv, context)?;
+        layer.attention_residual(self.kind, hidden, context, sublayer, multiply);
+        let dims = (c.decoder_heads, c.decoder_head_dim());
+        let weights = cross.apply(hidden, kv, dims, (context, sublayer), multiply, l)?;
+        let kind = (self.kind, c.activation);
+        layer.feed_forward(kind, hidden, (normed, sublayer, intermediate), multiply);
+        Ok(weights)
     }
 
     /// The head's logits of decoder rows `hidden` (`[rows, d_model]` → `[rows, vocab]`).
