@@ -276,10 +276,11 @@ struct HeatmapLayout {
     size: (u32, u32),
     /// Top-left corner of the matrix.
     origin: (i32, i32),
-    cell: f64,
+    /// A cell's width and height.
+    cell: (f64, f64),
     font: f64,
-    /// Draw every `step`-th label (1 up to 128 tokens).
-    step: usize,
+    /// Draw every `step`-th row and column label (1 up to 128 of them).
+    step: (usize, usize),
     vmax: f32,
     /// The title, wrapped at its " — " separators to the picture's width (see [`wrap_title`]).
     title: Vec<String>,
@@ -293,18 +294,24 @@ impl HeatmapLayout {
         let n = rows.max(columns);
         // Up to 128 labels each row gets ≥ 12 px, enough for a 10 px label; past that the
         // matrix stays ~1536 px and only every `step`-th label is written.
-        let cell = if n <= 128 {
-            (760.0 / n as f64).clamp(12.0, 56.0)
-        } else {
-            (1536.0 / n as f64).max(1.0)
+        let side = |n: usize| match n <= 128 {
+            true => (760.0 / n as f64).clamp(12.0, 56.0),
+            false => (1536.0 / n as f64).max(1.0),
         };
-        let font = (cell * 0.7).clamp(10.0, 15.0);
-        let step = (12.0 / cell).ceil().max(1.0) as usize;
+        // Square cells, but a few rows over many columns (`heatmap --rows`) get the height
+        // their labels need.
+        let (across_cell, mut down_cell) = (side(n), side(n));
+        if down_cell * (rows as f64) < 240.0 {
+            down_cell = (240.0 / rows as f64).clamp(down_cell, 56.0);
+        }
+        let font = (across_cell.min(down_cell) * 0.7).clamp(10.0, 15.0);
+        let step_of = |cell: f64| (12.0 / cell).ceil().max(1.0) as usize;
+        let step = (step_of(down_cell), step_of(across_cell));
         fonts()?;
         let desc = FontDesc::new(FontFamily::SansSerif, font, FontStyle::Normal);
         let mut label_w = 0u32;
-        let labels = (heatmap.labels.iter().step_by(step))
-            .chain(heatmap.columns.into_iter().flatten().step_by(step));
+        let labels = (heatmap.labels.iter().step_by(step.0))
+            .chain(heatmap.columns.into_iter().flatten().step_by(step.1));
         for label in labels {
             let (w, _) = desc.box_size(label).map_err(|e| VizError::Draw {
                 message: format!("measuring {label:?}: {e}"),
@@ -312,17 +319,31 @@ impl HeatmapLayout {
             label_w = label_w.max(w);
         }
         let label_w = label_w.min(220);
-        let across = (cell * columns as f64).ceil() as u64;
-        let down = (cell * rows as f64).ceil() as u64;
+        let across = (across_cell * columns as f64).ceil() as u64;
+        let down = (down_cell * rows as f64).ceil() as u64;
         let width = across.saturating_add(u64::from(label_w) + 134).max(420);
         let max_width = i32::try_from(width).unwrap_or(i32::MAX) - 32;
         let title = wrap_title(heatmap.title, max_width)?;
-        let thinned = (step > 1).then(|| {
-            format!(
+        let thinned = match step {
+            (1, 1) => None,
+            (r, c) if r == c && rows == columns => Some(format!(
                 "labels: every {} of the {n} rows (128 rows or fewer get one each)",
-                ordinal(step)
-            )
-        });
+                ordinal(r)
+            )),
+            (r, c) => {
+                let part = |k: usize, n: usize, what: &str| {
+                    (k > 1).then(|| format!("every {} of the {n} {what}", ordinal(k)))
+                };
+                let parts: Vec<String> = [part(r, rows, "rows"), part(c, columns, "columns")]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                Some(format!(
+                    "labels: {} (128 or fewer get one each)",
+                    parts.join(", ")
+                ))
+            }
+        };
         let caption = wrap(
             &caption(heatmap.marks(), thinned),
             " · ",
@@ -339,7 +360,7 @@ impl HeatmapLayout {
         Ok(HeatmapLayout {
             size,
             origin,
-            cell,
+            cell: (across_cell, down_cell),
             font,
             step,
             vmax,
@@ -493,7 +514,7 @@ impl Drawing for GridDrawing<'_> {
                 &pooled,
                 (self.blocks, self.blocks),
                 (x, y + 16),
-                pixel,
+                (pixel, pixel),
                 self.vmax,
                 marks,
             )?;
@@ -556,18 +577,20 @@ fn draw_heatmap<DB: DrawingBackend>(
         layout.vmax,
         heatmap.marks(),
     )?;
-    let across = (layout.cell * columns as f64).ceil() as i32;
-    let down = (layout.cell * rows as f64).ceil() as i32;
+    let (cell_w, cell_h) = layout.cell;
+    let across = (cell_w * columns as f64).ceil() as i32;
+    let down = (cell_h * rows as f64).ceil() as i32;
     let row_label = text_style(layout.font).pos(Pos::new(HPos::Right, VPos::Center));
     let col_label = text_style(layout.font)
         .transform(FontTransform::Rotate270)
         .pos(Pos::new(HPos::Right, VPos::Center));
-    let mid = |i: usize| ((i as f64 + 0.5) * layout.cell) as i32;
-    for (i, label) in heatmap.labels.iter().enumerate().step_by(layout.step) {
-        root.draw_text(&clip(label), &row_label, (x0 - 6, y0 + mid(i)))?;
+    let mid = |i: usize, cell: f64| ((i as f64 + 0.5) * cell) as i32;
+    for (i, label) in heatmap.labels.iter().enumerate().step_by(layout.step.0) {
+        root.draw_text(&clip(label), &row_label, (x0 - 6, y0 + mid(i, cell_h)))?;
     }
-    for (j, label) in heatmap.columns().iter().enumerate().step_by(layout.step) {
-        root.draw_text(&clip(label), &col_label, (x0 + mid(j), y0 + down + 6))?;
+    for (j, label) in heatmap.columns().iter().enumerate().step_by(layout.step.1) {
+        let at = (x0 + mid(j, cell_w), y0 + down + 6);
+        root.draw_text(&clip(label), &col_label, at)?;
     }
     draw_colour_bar(root, (x0 + across + 24, y0), down.max(60), layout.vmax)
 }
@@ -598,18 +621,19 @@ fn draw_cells<DB: DrawingBackend>(
     matrix: &[f32],
     (rows, n): (usize, usize),
     origin: (i32, i32),
-    cell: f64,
+    (cell_w, cell_h): (f64, f64),
     vmax: f32,
     marks: Marks,
 ) -> DrawResult<DB> {
-    let edge = |k: usize| (k as f64 * cell).round() as i32;
+    let x = |k: usize| (k as f64 * cell_w).round() as i32;
+    let y = |k: usize| (k as f64 * cell_h).round() as i32;
     // Colours come from a 256-step scale (as matplotlib's colormaps do). The matrix is first
     // filled with 0's colour; then each row draws one rectangle per run of equal colour, skipping
     // runs of the background: a 512-token SVG shrinks several-fold and looks the same.
     let colour_of = |k: usize| viridis((scale(matrix[k], vmax) * 255.0).round() / 255.0);
     let background = viridis(0.0);
     root.draw(&Rectangle::new(
-        [origin, (origin.0 + edge(n), origin.1 + edge(rows))],
+        [origin, (origin.0 + x(n), origin.1 + y(rows))],
         background.filled(),
     ))?;
     for i in 0..rows {
@@ -618,8 +642,8 @@ fn draw_cells<DB: DrawingBackend>(
         if end < n {
             root.draw(&Rectangle::new(
                 [
-                    (origin.0 + edge(end), origin.1 + edge(i)),
-                    (origin.0 + edge(n), origin.1 + edge(i + 1)),
+                    (origin.0 + x(end), origin.1 + y(i)),
+                    (origin.0 + x(n), origin.1 + y(i + 1)),
                 ],
                 MASKED.filled(),
             ))?;
@@ -636,26 +660,26 @@ fn draw_cells<DB: DrawingBackend>(
             }
             root.draw(&Rectangle::new(
                 [
-                    (origin.0 + edge(start), origin.1 + edge(i)),
-                    (origin.0 + edge(j), origin.1 + edge(i + 1)),
+                    (origin.0 + x(start), origin.1 + y(i)),
+                    (origin.0 + x(j), origin.1 + y(i + 1)),
                 ],
                 colour.filled(),
             ))?;
         }
     }
     if let Some(d) = marks.divider.filter(|&d| d > 0 && d < n) {
-        let at = edge(d);
+        // A divider belongs to a square matrix: d is a row and a column.
         root.draw(&Rectangle::new(
             [
-                (origin.0, origin.1 + at - 1),
-                (origin.0 + edge(n), origin.1 + at + 1),
+                (origin.0, origin.1 + y(d) - 1),
+                (origin.0 + x(n), origin.1 + y(d) + 1),
             ],
             WHITE.filled(),
         ))?;
         root.draw(&Rectangle::new(
             [
-                (origin.0 + at - 1, origin.1),
-                (origin.0 + at + 1, origin.1 + edge(n)),
+                (origin.0 + x(d) - 1, origin.1),
+                (origin.0 + x(d) + 1, origin.1 + y(rows)),
             ],
             WHITE.filled(),
         ))?;

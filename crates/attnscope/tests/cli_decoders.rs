@@ -110,6 +110,82 @@ fn the_views_run_on_a_decoder() {
     }
 }
 
+/// `heatmap --rows` draws the rows asked for over every word: computed alone (only those
+/// rows' weights), they are the rows the saved full maps hold, cell for cell.
+#[test]
+fn heatmap_rows_draw_only_the_rows_asked_for() {
+    let model = dir("qwen2");
+    let model = model.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let maps = out("maps.json");
+    ok(&["attention", TEXT, "--model", model, "--save-maps", &maps]);
+    let (alone, sliced) = (out("alone.svg"), out("sliced.svg"));
+    let rows = ["--rows", "-3..", "--layer", "1"];
+    let mut args = vec!["heatmap", TEXT, "--model", model, "-o", &alone];
+    args.extend(rows);
+    ok(&args);
+    let mut args = vec!["heatmap", "--maps", &maps, "-o", &sliced];
+    args.extend(rows);
+    ok(&args);
+    let (alone, sliced) = (
+        std::fs::read_to_string(&alone).unwrap(),
+        std::fs::read_to_string(&sliced).unwrap(),
+    );
+    // The cells, not the title (which names the model directory or the maps' model alike).
+    let cells = |svg: &str| -> Vec<String> {
+        (svg.split("<rect ").skip(1))
+            .map(|r| r[..r.find("/>").unwrap()].to_string())
+            .collect()
+    };
+    assert_eq!(cells(&alone), cells(&sliced));
+    // 3 rows of the 12 words shown (the first token, a sink, hidden) over the 12.
+    assert!(alone.contains("word rows (9..12 of 12)"), "{alone}");
+    let matrix = &cells(&alone)[1];
+    let num = |name: &str| -> f64 {
+        let at = matrix.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        matrix[at..at + matrix[at..].find('"').unwrap()]
+            .parse()
+            .unwrap()
+    };
+    let (w, h) = (num("width"), num("height"));
+    assert!((w / 12.0) > 10.0 && (h / 3.0) >= w / 12.0, "{w} × {h}");
+    for (rows, says) in [
+        ("12..", "--rows 12.. selects no row of the 12 shown"),
+        ("4..2", "--rows 4..2 selects no row"),
+        ("x..2", "START \"x\" is not a whole number"),
+        ("3", "expected START..END"),
+    ] {
+        fails_with(
+            &[
+                "heatmap",
+                TEXT,
+                "--model",
+                model,
+                "--rows",
+                rows,
+                "-o",
+                &out("x.png"),
+            ],
+            says,
+        );
+    }
+    fails_with(
+        &[
+            "heatmap",
+            TEXT,
+            "--model",
+            model,
+            "--rows",
+            "1..2",
+            "--grid",
+            "-o",
+            &out("x.png"),
+        ],
+        "cannot be used with",
+    );
+}
+
 #[test]
 fn what_the_family_lacks_is_a_clear_error() {
     let model = dir("qwen2");

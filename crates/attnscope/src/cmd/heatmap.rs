@@ -21,6 +21,7 @@ use crate::maps::{Seq2SeqAttention, SourceArgs, check_output, progress_bar};
 #[command(after_help = "Examples:
   attnscope heatmap \"The cat sat on the mat\" -o cat.png
   attnscope heatmap \"The cat sat on the mat\" -o heads.svg --grid
+  attnscope heatmap \"$(cat long-prompt.txt)\" --model Qwen/Qwen2.5-0.5B --rows -8.. -o last.png
   attnscope heatmap \"I love machine learning\" --target \"J'adore l'apprentissage automatique\" \
     --model Helsinki-NLP/opus-mt-en-fr -o cross.png")]
 pub struct Args {
@@ -62,6 +63,22 @@ pub struct Args {
     /// Every layer × head as small multiples in one picture.
     #[arg(long, conflicts_with_all = ["layer", "head", "rollout"])]
     pub grid: bool,
+    /// Only these rows, each over every word: START..END of the words shown (END excluded;
+    /// negative: from the end)
+    ///
+    /// Only these rows (queries), each over every word: START..END of the words shown (of the
+    /// tokens with --tokens), 0-based, END excluded, either one left out for the start or the
+    /// end, a negative one counting from the end (-8.. is the last 8). The model computes only
+    /// these rows' weights, so a prompt of thousands of tokens draws without the memory of its
+    /// every row.
+    #[arg(
+        long,
+        value_name = "START..END",
+        allow_hyphen_values = true,
+        value_parser = parse_rows,
+        conflicts_with_all = ["grid", "rollout", "method", "target"]
+    )]
+    pub rows: Option<RowRange>,
     /// The matrix of another measure than raw weights: norm, alti, attn-grad, rollout, flow
     ///
     /// The matrix of another measure than raw weights, as `attnscope attribute --method`
@@ -100,6 +117,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!(
             "--target is the target of an encoder-decoder model (BART, mBART, Marian, T5); this model reads one text"
         );
+    }
+    if let Some(range) = args.rows {
+        return run_rows(&args, range);
     }
     let (maps, measured) = match args.method {
         Some(method) => {
@@ -252,14 +272,183 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--rows START..END`: the ends as given, `None` where left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowRange {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+impl RowRange {
+    /// The range over `n` units, or why it selects none.
+    fn resolve(self, n: usize) -> Result<std::ops::Range<usize>, String> {
+        let at = |x: i64| match x < 0 {
+            true => n.saturating_sub(x.unsigned_abs() as usize),
+            false => (x as usize).min(n),
+        };
+        let (start, end) = (self.start.map_or(0, at), self.end.map_or(n, at));
+        match start < end {
+            true => Ok(start..end),
+            false => Err(format!(
+                "--rows {}..{} selects no row of the {n} shown",
+                self.start.map_or(String::new(), |x| x.to_string()),
+                self.end.map_or(String::new(), |x| x.to_string())
+            )),
+        }
+    }
+}
+
+fn parse_rows(text: &str) -> Result<RowRange, String> {
+    let (start, end) = text
+        .split_once("..")
+        .ok_or_else(|| format!("{text:?}: expected START..END, such as 0..10, -8.. or ..5"))?;
+    let end_of = |x: &str, which: &str| match x.trim() {
+        "" => Ok(None),
+        x => x
+            .parse::<i64>()
+            .map(Some)
+            .map_err(|_| format!("{text:?}: {which} {x:?} is not a whole number")),
+    };
+    Ok(RowRange {
+        start: end_of(start, "START")?,
+        end: end_of(end, "END")?,
+    })
+}
+
+/// `heatmap --rows`: the chosen rows of the shown units over every shown unit, from a model run
+/// that computes those rows' weights alone (or from saved maps).
+fn run_rows(args: &Args, range: RowRange) -> anyhow::Result<()> {
+    let units_of = |maps: &AttentionMaps| -> anyhow::Result<Vec<Unit>> {
+        Ok(match args.tokens {
+            true => words::tokens(maps),
+            false => words::words(maps)?,
+        })
+    };
+    let shown_of = |units: &[Unit]| -> Vec<usize> {
+        (0..units.len())
+            .filter(|&u| args.special || !units[u].special)
+            .collect()
+    };
+    let chosen = |maps: &AttentionMaps| -> anyhow::Result<(Vec<Unit>, Vec<usize>, Vec<usize>)> {
+        let units = units_of(maps)?;
+        let shown = shown_of(&units);
+        let rows = range.resolve(shown.len()).map_err(anyhow::Error::msg)?;
+        let rows = shown[rows].to_vec();
+        Ok((units, shown, rows))
+    };
+    let maps = match (&args.source.maps, &args.text) {
+        (None, Some(text)) => {
+            let model = args.source.model.load()?;
+            let (text, pair) = (text.as_str(), args.pair.as_deref());
+            crate::maps::run_model_rows(&model, (text, pair), args.source.truncate, |header| {
+                let (units, _, rows) = chosen(header)?;
+                let mut tokens: Vec<usize> = (rows.iter())
+                    .flat_map(|&u| units[u].tokens.iter().copied())
+                    .collect();
+                tokens.sort_unstable();
+                Ok(tokens)
+            })?
+        }
+        _ => args
+            .source
+            .maps(args.text.as_deref(), args.pair.as_deref())?,
+    };
+    let (units, shown, rows) = chosen(&maps)?;
+    let selection = Selection::from_flags(args.layer, args.head, false)?;
+    selection.check(&maps).map_err(crate::maps::name_the_flag)?;
+    let heads: Vec<(usize, usize)> = (0..maps.n_layers)
+        .flat_map(|l| (0..maps.n_heads).map(move |h| (l, h)))
+        .filter(|&(l, h)| match selection {
+            Selection::Head { layer, head } => (l, h) == (layer, head),
+            Selection::Layer { layer } => l == layer,
+            _ => true,
+        })
+        .collect();
+    let t = maps.seq_len();
+    let mut matrix = Vec::with_capacity(rows.len() * shown.len());
+    let mut kept = Vec::with_capacity(rows.len());
+    for &u in &rows {
+        // The unit's row: the mean of its tokens' rows, each the chosen heads' mean.
+        let mut row = vec![0.0f32; t];
+        let share = 1.0 / (units[u].tokens.len() * heads.len()) as f32;
+        for &i in &units[u].tokens {
+            for &(l, h) in &heads {
+                let weights = (maps.row(l, h, i))
+                    .with_context(|| format!("the maps hold no row for token {i}"))?;
+                row.iter_mut()
+                    .zip(weights)
+                    .for_each(|(r, w)| *r += share * w);
+            }
+        }
+        let merged = words::row_to_units(&row, &units);
+        let row: Vec<f32> = shown.iter().map(|&j| merged[j]).collect();
+        let total: f32 = merged.iter().sum();
+        kept.push((
+            u,
+            (row.iter().sum::<f32>() / total.max(f32::MIN_POSITIVE)).min(1.0),
+        ));
+        matrix.extend(words::renormalised(&row));
+    }
+    let label = |u: &usize| units[*u].label.clone();
+    let (row_labels, labels): (Vec<String>, Vec<String>) = (
+        rows.iter().map(label).collect(),
+        shown.iter().map(label).collect(),
+    );
+    let view = View {
+        maps: &maps,
+        units: &units,
+        shown: &shown,
+    };
+    let specials = match args.special {
+        true => String::new(),
+        false => words::special_labels(&units),
+    };
+    let hidden = match specials.is_empty() {
+        true => String::new(),
+        false => format!(
+            ", {specials} hidden (they took {:.0}%), rows renormalised{}",
+            100.0 * hidden_share(&kept),
+            view.faint_rows(&kept)
+        ),
+    };
+    let first = shown.iter().position(|&s| s == rows[0]).unwrap_or(0);
+    let title = format!(
+        "{} — {} rows ({}..{} of {}) — {} — {} — {}{hidden}",
+        short(&maps.text),
+        if args.tokens { "token" } else { "word" },
+        first,
+        first + rows.len(),
+        shown.len(),
+        selection.describe(&maps),
+        maps.model,
+        if args.tokens { "tokens" } else { "words" },
+    );
+    write_heatmap(
+        &args.output,
+        &Heatmap {
+            title: &title,
+            labels: &row_labels,
+            columns: Some(&labels),
+            matrix: &matrix,
+            marks: Marks::default(),
+        },
+    )?;
+    crate::note!("wrote {}", args.output.display());
+    Ok(())
+}
+
 /// `heatmap` on an encoder-decoder model: one kind of its attention on `text` and the target
 /// (`--target`, else its own translation), token by token, special tokens included.
 fn run_seq2seq(args: &Args, model: &attn_models::Seq2Seq, text: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
-        !args.grid && !args.rollout && args.method.is_none() && args.pair.is_none(),
+        !args.grid
+            && !args.rollout
+            && args.method.is_none()
+            && args.pair.is_none()
+            && args.rows.is_none(),
         "an encoder-decoder model's heatmap is one kind of its attention (--attention cross, \
          encoder or decoder) of one layer (--layer), one head (--head) or all averaged: --grid, \
-         --rollout, --method and --pair draw an encoder's or a decoder's"
+         --rollout, --method, --pair and --rows draw an encoder's or a decoder's"
     );
     let pass =
         crate::maps::teacher_forced(model, text, args.target.as_deref(), args.source.truncate)?;
