@@ -310,8 +310,8 @@ pub fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<
         anyhow::bail!(
             "{} is an encoder-decoder model: this command does not run one yet; `attnscope \
              translate`, `explain SOURCE --target TARGET --focus WORD` and `heatmap SOURCE \
-             --target TARGET -o FILE` (its cross-attention) and `attention SOURCE --target TARGET \
-             --json` (all three kinds) do",
+             --target TARGET -o FILE` (its cross-attention), `attention SOURCE --target TARGET \
+             --json`, `html SOURCE --target TARGET -o FILE.html` and `serve` (all three kinds) do",
             dir.display()
         );
     }
