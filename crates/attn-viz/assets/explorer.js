@@ -1020,7 +1020,9 @@
     // a measure has no heads, and one rolled out no layers.
     const measure = chosenMeasure();
     $("heatmap-head-control").hidden = measure !== null;
-    $("layer-control").hidden = S.view === "model" || (S.view === "heatmap" &&
+    // An encoder-decoder model's neuron view only says why it is not there.
+    $("view-neuron").querySelector(".row").hidden = !!S.kinds;
+    $("layer-control").hidden = S.view === "model" || (S.view === "neuron" && !!S.kinds) || (S.view === "heatmap" &&
       (measure ? measure.layers === 1 : ["all", "rollout"].includes($("heatmap-head").value)));
     try {
       if (S.view === "head") renderHead();
