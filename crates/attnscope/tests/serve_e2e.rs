@@ -856,6 +856,12 @@ fn serve_answers_an_encoder_decoder_models_three_kinds() {
     );
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("not a pair"), "{body}");
+    let (status, body) = post(
+        &server.api(),
+        &json!({ "text": source, "neuron_layer": 0 }).to_string(),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("no neuron view"), "{body}");
 
     // The page: a Target field instead of the Pair; the select switches the head view.
     let browser = Browser::start();

@@ -488,6 +488,10 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
                     "An encoder-decoder model reads one source text and its target, not a pair: \
                      give the translation as the target."
                 );
+                anyhow::ensure!(
+                    request.neuron_layer.is_none(),
+                    "An encoder-decoder model's answer has no neuron view: leave out neuron_layer."
+                );
                 let maps = analyse_seq2seq(model, &request.text, target, false)?;
                 return anyhow::Ok(seq2seq_payload_json(&maps, &options)?);
             }
