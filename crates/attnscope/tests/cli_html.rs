@@ -1319,7 +1319,62 @@ fn the_attention_select_switches_every_view_between_the_three_kinds() {
             .contains("not available for an encoder-decoder model"),
         "{neuron}"
     );
-    assert!(!shown("#kind-control"));
+    assert!(!shown("#kind-control") && !shown("#neuron-head") && !shown("#layer"));
     let error = browser.exec("return document.getElementById('error').hidden;", json!([]));
     assert_eq!(error, json!(true));
+}
+
+/// A hostile source and target stay data on an encoder-decoder model's page: no script of
+/// theirs runs in Chromium, and every kind's tokens are drawn as text.
+#[test]
+fn a_hostile_source_and_target_are_data_on_an_encoder_decoder_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = "<img src=x onerror=alert(1)><!--";
+    let out = dir.path().join("xss.html");
+    let output = attnscope()
+        .args([
+            "html",
+            "</script><script>alert(1)</script>",
+            "--target",
+            target,
+        ])
+        .arg("-o")
+        .arg(&out)
+        .arg("--model")
+        .arg(s2s_model("bart"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let page = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(page.matches("<script").count(), 2);
+    assert!(!page.contains("<img"));
+    let data = embedded_data(&page);
+    assert_eq!(data["target"], target);
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    for name in ["cross", "encoder", "decoder"] {
+        browser.exec(
+            "const s = document.getElementById('kind'); s.value = arguments[0];
+             s.dispatchEvent(new Event('change')); return null;",
+            json!([name]),
+        );
+        browser.expect_ready();
+        let shown = browser.exec(
+            "return [document.scripts.length, document.images.length,
+                     [...document.querySelectorAll('#view-head .tokens.left .tok')].map(t => t.textContent).join('')];",
+            json!([]),
+        );
+        let expected: String = (kind(&data, name)["tokens"].as_array().unwrap().iter())
+            .map(label)
+            .collect();
+        assert_eq!(shown, json!([2, 0, expected]), "{name}");
+    }
+    assert!(
+        (kind(&data, "cross")["tokens"].as_array().unwrap().iter())
+            .map(label)
+            .collect::<String>()
+            .contains('<')
+    );
+    assert_eq!(browser.alert_text(), None, "an alert opened");
 }
