@@ -14,11 +14,15 @@
   const mode = document.body.dataset.mode;
   const $ = (id) => document.getElementById(id);
 
-  // S: everything the views draw from. W is [L, H, T, T] weights * scale, row = query; R is
-  // the attention rollout and A every layer's and head's mean, [T, T] * scale each; measures
-  // maps a method's name to its label and [layers, T, T] row shares * scale.
-  const S = { data: null, W: null, R: null, A: null, measures: new Map(), T: 0, L: 0, H: 0, scale: 1000, layer: 0, heads: [],
-    filter: "all", view: "head", neuron: new Map(), neuronLayers: [], renderId: 0 };
+  // S: everything the views draw from. W is [L, H, T, K] weights * scale, row = query (T
+  // queries, S.data.tokens; K keys, S.keys, the queries themselves but in an encoder-decoder
+  // model's cross-attention); R is the attention rollout ([T, T], null for cross-attention)
+  // and A every layer's and head's mean ([T, K]), * scale each; measures maps a method's name
+  // to its label and [layers, T, T] row shares * scale. An encoder-decoder model's payload
+  // holds three kinds of attention: kinds maps each name to its unpacked data, kind is the
+  // one shown, source the payload itself.
+  const S = { data: null, W: null, R: null, A: null, measures: new Map(), T: 0, K: 0, keys: [], L: 0, H: 0, scale: 1000, layer: 0, heads: [],
+    filter: "all", view: "head", neuron: new Map(), neuronLayers: [], renderId: 0, kinds: null, kind: null, source: null };
 
   function setState(state) { document.body.dataset.state = state; }
 
@@ -86,12 +90,48 @@
       layer: data.neuron && data.neuron.layers.length ? data.neuron.layers[0] : data.n_layers - 1 };
   }
 
+  // One payload's (or one kind's) attention, unpacked.
+  async function unpack(view) {
+    const T = view.tokens.length, K = view.key_tokens ? view.key_tokens.length : T, L = view.n_layers, H = view.n_heads;
+    return { view, T, K, L, H, W: decodeWeights(await inflate(view.weights), L * H * T * K),
+      R: view.rollout ? decodeWeights(await inflate(view.rollout), T * T) : null,
+      A: decodeWeights(await inflate(view.all_layers), T * K) };
+  }
+
+  // Whether the tokens are a text and its pair, which the A/B filter splits (an
+  // encoder-decoder model's source and target are its kinds' rows and columns instead).
+  function hasPair() { return !S.kinds && S.data.tokens.some((t) => t.segment === 1); }
+
+  // Shows `unpacked` (a payload's or one kind's): the views draw from it; the layer and the
+  // heads shown stay where they fit.
+  function show(unpacked) {
+    const { view, T, K, L, H, W, R, A } = unpacked;
+    const data = S.kinds ? Object.assign({}, S.source, view) : view;
+    Object.assign(S, { data, W, R, A, T, K, L, H, keys: view.key_tokens || view.tokens, scale: view.weight_scale,
+      causal: view.causal, layer: Math.min(S.layer, L - 1) });
+    if (S.heads.length !== H) S.heads = new Array(H).fill(true);
+  }
+
+  // An encoder-decoder model's kind `name` (encoder, decoder, cross), shown; a pinned token
+  // goes, as its tokens do.
+  function applyKind(name) {
+    if (!S.kinds || !S.kinds.has(name) || name === S.kind) return;
+    S.kind = name;
+    show(S.kinds.get(name));
+    headKeep.pin = null;
+    if ($("heatmap-head").value === "rollout" && !S.R) $("heatmap-head").value = "mean";
+  }
+
   async function load(data) {
     if (!data || data.format !== FORMAT) throw new Error("this page cannot read data format " + (data && data.format));
-    const T = data.tokens.length, L = data.n_layers, H = data.n_heads;
-    const W = decodeWeights(await inflate(data.weights), L * H * T * T);
-    const R = decodeWeights(await inflate(data.rollout), T * T);
-    const A = decodeWeights(await inflate(data.all_layers), T * T);
+    let shown = null, kinds = null;
+    if (data.kinds) {
+      kinds = new Map();
+      for (const view of data.kinds) kinds.set(view.name, await unpack(view));
+    } else {
+      shown = await unpack(data);
+    }
+    const { T, L, H } = shown || kinds.values().next().value;
     const measures = new Map();
     for (const m of data.measures) {
       measures.set(m.name, { label: m.label, layers: m.layers, values: decodeWeights(await inflate(m.matrix), m.layers * T * T) });
@@ -105,13 +145,17 @@
         neuron.set(layer, { q: q.subarray(n * per, (n + 1) * per), k: k.subarray(n * per, (n + 1) * per) });
       });
     }
-    const keepLayer = S.data && S.L === L ? S.layer : defaults(data).layer;
-    // A pinned token stays pinned only on the same text.
-    const sameText = S.data && S.T === T && S.data.text === data.text && S.data.pair === data.pair;
-    Object.assign(S, { data, W, R, A, measures, T, L, H, scale: data.weight_scale, neuron, causal: data.causal,
-      neuronLayers: data.neuron ? data.neuron.layers : [], layer: Math.min(keepLayer, L - 1) });
-    if (S.heads.length !== H) S.heads = new Array(H).fill(true);
-    if (!data.tokens.some((t) => t.segment === 1)) S.filter = "all";
+    // A pinned token stays pinned only on the same text (and kind).
+    const sameText = S.data && (kinds || S.T === T) && S.data.text === data.text && S.data.pair === data.pair &&
+      S.data.target === data.target;
+    // A new answer of an encoder-decoder model keeps the kind shown.
+    const kind = kinds ? (kinds.has(S.kind) ? S.kind : data.kind) : null;
+    const keepLayer = S.data && (kinds ? S.kinds && S.kinds.has(kind) && S.kinds.get(kind).L === kinds.get(kind).L : S.L === L)
+      ? S.layer : defaults((kinds ? kinds.get(kind) : shown).view).layer;
+    Object.assign(S, { measures, neuron, neuronLayers: data.neuron ? data.neuron.layers : [], layer: keepLayer,
+      kinds, kind, source: data });
+    show(kinds ? kinds.get(kind) : shown);
+    if (!hasPair()) S.filter = "all";
     if (!sameText) headKeep.pin = null;
     const restore = !S.restored;
     if (restore) restoreState();
@@ -123,6 +167,7 @@
   // ---- what is shown, kept in the address's #fragment to bookmark or share ----
   function saveState() {
     const h = new URLSearchParams({ view: S.view, layer: String(S.layer) });
+    if (S.kinds) h.set("attention", S.kind);
     if (S.heads.some((on) => !on)) h.set("heads", S.heads.flatMap((on, k) => (on ? [k] : [])).join("."));
     if (S.filter !== "all") h.set("filter", S.filter);
     if (S.view === "heatmap") {
@@ -142,11 +187,12 @@
     }
   }
 
-  // The first data's view, layer, heads and filter from the #fragment (or ?view=), each only
-  // when it fits the data.
+  // The first data's view, kind of attention, layer, heads and filter from the #fragment (or
+  // ?view=), each only when it fits the data.
   function restoreState() {
     S.restored = true;
     const h = new URLSearchParams(location.hash.slice(1));
+    if (S.kinds) applyKind(S.kinds.has(h.get("attention")) ? h.get("attention") : S.source.kind);
     const view = h.get("view") || new URLSearchParams(location.search).get("view");
     if (["head", "model", "heatmap", "neuron"].includes(view)) S.view = view;
     const whole = (x) => /^\d+$/.test(x) ? Number(x) : NaN;
@@ -156,7 +202,7 @@
       const on = h.get("heads").split(".").filter((x) => x !== "").map(whole);
       if (on.every((k) => k < S.H)) S.heads = S.heads.map((_, k) => on.includes(k));
     }
-    if (["AA", "AB", "BA", "BB"].includes(h.get("filter")) && S.data.tokens.some((t) => t.segment === 1)) S.filter = h.get("filter");
+    if (["AA", "AB", "BA", "BB"].includes(h.get("filter")) && hasPair()) S.filter = h.get("filter");
   }
 
   // The selects the #fragment names, once the controls hold the data's options.
@@ -199,7 +245,7 @@
       : "Nothing to show: no attention passes this filter.";
   }
 
-  function weight(layer, head, i, j) { return S.W[((layer * S.H + head) * S.T + i) * S.T + j] / S.scale; }
+  function weight(layer, head, i, j) { return S.W[((layer * S.H + head) * S.T + i) * S.K + j] / S.scale; }
 
   // Which (query, key) pairs the A/B filter keeps.
   function filterPass(i, j) {
@@ -211,10 +257,10 @@
   // The smallest weight (quantised, >= minWeight) whose lines number at most maxLines, so that
   // long inputs draw their strongest lines quickly instead of a million faint ones.
   function lineFloor(layer, heads, minWeight, maxLines) {
-    const T = S.T, counts = new Uint32Array(S.scale + 1);
+    const T = S.T, K = S.K, counts = new Uint32Array(S.scale + 1);
     for (const h of heads) {
-      const base = (layer * S.H + h) * T * T;
-      for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) if (filterPass(i, j)) counts[S.W[base + i * T + j]]++;
+      const base = (layer * S.H + h) * T * K;
+      for (let i = 0; i < T; i++) for (let j = 0; j < K; j++) if (filterPass(i, j)) counts[S.W[base + i * K + j]]++;
     }
     let floor = S.scale + 1, total = 0;
     const lowest = Math.max(1, Math.round(minWeight * S.scale));
@@ -227,18 +273,18 @@
   // (quantised) are not drawn.
   function drawLines(ctx, layer, heads, geometry, only, minQ) {
     const { x0, x1, y0, step } = geometry;
-    const T = S.T;
+    const T = S.T, K = S.K;
     for (const h of heads) {
       const paths = Array.from({ length: BUCKETS }, () => new Path2D());
       const used = new Array(BUCKETS).fill(false);
-      const base = (layer * S.H + h) * T * T;
+      const base = (layer * S.H + h) * T * K;
       const iFrom = only && only.side === "left" ? only.index : 0;
       const iTo = only && only.side === "left" ? only.index + 1 : T;
       for (let i = iFrom; i < iTo; i++) {
         const jFrom = only && only.side === "right" ? only.index : 0;
-        const jTo = only && only.side === "right" ? only.index + 1 : T;
+        const jTo = only && only.side === "right" ? only.index + 1 : K;
         for (let j = jFrom; j < jTo; j++) {
-          const q = S.W[base + i * T + j];
+          const q = S.W[base + i * K + j];
           if (q < minQ || !filterPass(i, j)) continue;
           const b = Math.min(BUCKETS - 1, Math.floor((q / S.scale) * BUCKETS));
           paths[b].moveTo(x0, y0 + (i + 0.5) * step);
@@ -293,19 +339,21 @@
       column.dataset.side = side;
     }
     const prefix = container.id + "-tok-";
-    S.data.tokens.forEach((t, i) => {
-      for (const [column, side] of [[left, "left"], [right, "right"]]) {
-        const tok = el("div", "tok" + (t.special ? " special" : "") + (t.segment === 1 ? " segB" : ""), tokenLabel(t));
+    const pair = hasPair();
+    for (const [column, side, tokens] of [[left, "left", S.data.tokens], [right, "right", S.keys]]) {
+      tokens.forEach((t, i) => {
+        const segB = pair && t.segment === 1;
+        const tok = el("div", "tok" + (t.special ? " special" : "") + (segB ? " segB" : ""), tokenLabel(t));
         tok.id = prefix + side + "-" + i;
         tok.setAttribute("role", "option");
         tok.setAttribute("aria-selected", "false");
-        if (t.segment === 1) tok.setAttribute("aria-description", "pair (B)");
+        if (segB) tok.setAttribute("aria-description", "pair (B)");
         tok.dataset.index = i;
         tok.dataset.side = side;
         column.appendChild(tok);
-      }
-    });
-    view.append(el("span", "heading left", "query (attending)"), el("span", "heading right", "key (attended to)"),
+      });
+    }
+    view.append(el("span", "heading left", S.data.queries || "query (attending)"), el("span", "heading right", S.data.keys || "key (attended to)"),
       left, canvas, right);
     container.appendChild(view);
     const caption = el("p", "muted", "");
@@ -313,10 +361,12 @@
     neuronLink.type = "button";
     neuronLink.hidden = true;
     container.append(caption, neuronLink);
-    let hover = null, pinned = keep.pin && keep.pin.index < S.T ? keep.pin : null;
+    // How many tokens each side lists: the queries on the left, the keys on the right.
+    const count = (side) => (side === "left" ? S.T : S.K);
+    let hover = null, pinned = keep.pin && keep.pin.index < count(keep.pin.side) ? keep.pin : null;
     // Whether the A/B filter lets token `index` on `side` have lines at all.
     const passes = (side, index) => S.filter === "all" ||
-      S.data.tokens[index].segment === (S.filter[side === "left" ? 0 : 1] === "A" ? 0 : 1);
+      (side === "left" ? S.data.tokens : S.keys)[index].segment === (S.filter[side === "left" ? 0 : 1] === "A" ? 0 : 1);
     for (const [column, side] of [[left, "left"], [right, "right"]]) {
       for (const tok of column.children) tok.classList.toggle("filtered", !passes(side, Number(tok.dataset.index)));
     }
@@ -328,11 +378,11 @@
     const draw = () => {
       const width = linesWidth();
       view.style.gridTemplateColumns = "max-content " + width + "px max-content";
-      const ctx = sizedCanvas(canvas, width, S.T * ROW);
+      const ctx = sizedCanvas(canvas, width, Math.max(S.T, S.K) * ROW);
       const heads = headsOf();
       const shown = pinned || hover;
       let minQ = 1;
-      const pair = S.data.tokens.some((t) => t.segment === 1) ? " Italic tokens are the pair's (B)." : "";
+      const pair = hasPair() ? " Italic tokens are the pair's (B)." : "";
       if (!shown) {
         const lines = lineFloor(layerOf(), heads, 0.005, 40000);
         minQ = lines.floor;
@@ -345,7 +395,7 @@
                 " lines (weight ≥ " + (minQ / S.scale).toFixed(3) + "); point at a token to see all of its lines, click it to keep them."
               : "Each line goes from a query to a key it attends to, darker for more weight; point at a token to see only its lines, click it to keep them.") + pair;
       } else if (pinned) {
-        const t = S.data.tokens[pinned.index];
+        const t = (pinned.side === "left" ? S.data.tokens : S.keys)[pinned.index];
         const shows = !passes(pinned.side, pinned.index)
           ? "the " + $("filter").selectedOptions[0].textContent + " filter hides its lines"
           : pinned.side === "left" ? "the keys it attends to" : "the queries that attend to it";
@@ -412,10 +462,11 @@
       if (!column) return;
       const side = column.dataset.side;
       const at = pinned && pinned.side === side ? pinned.index : null;
-      const moves = { ArrowDown: at === null ? 0 : at + 1, ArrowUp: at === null ? S.T - 1 : at - 1,
-        Home: 0, End: S.T - 1, PageDown: (at === null ? 0 : at) + 10, PageUp: (at === null ? 0 : at) - 10 };
+      const n = count(side);
+      const moves = { ArrowDown: at === null ? 0 : at + 1, ArrowUp: at === null ? n - 1 : at - 1,
+        Home: 0, End: n - 1, PageDown: (at === null ? 0 : at) + 10, PageUp: (at === null ? 0 : at) - 10 };
       if (event.key in moves) {
-        pin({ side, index: Math.max(0, Math.min(S.T - 1, moves[event.key])) });
+        pin({ side, index: Math.max(0, Math.min(n - 1, moves[event.key])) });
       } else if (event.key === "Escape" && pinned) {
         pin(null);
       } else if (event.key === "Enter" && at !== null && !neuronLink.hidden) {
@@ -470,9 +521,10 @@
         canvas.setAttribute("aria-label", "Layer " + layer + ", head " + h + ": enlarge");
         canvas.tabIndex = layer === 0 && h === 0 ? 0 : -1;
         const ctx = sizedCanvas(canvas, size, size);
-        ctx.lineWidth = S.T > 128 ? 0.35 : 0.7;
+        const n = Math.max(S.T, S.K);
+        ctx.lineWidth = n > 128 ? 0.35 : 0.7;
         const minQ = lineFloor(layer, [h], 0.01, 3000).floor;
-        drawLines(ctx, layer, [h], { x0: pad + 6, x1: size - pad - 6, y0: pad, step: (size - 2 * pad) / S.T }, null, minQ);
+        drawLines(ctx, layer, [h], { x0: pad + 6, x1: size - pad - 6, y0: pad, step: (size - 2 * pad) / n }, null, minQ);
         grid.appendChild(canvas);
       }
       // Let the browser paint between layers; stop if a newer render started.
@@ -541,11 +593,14 @@
     const rows = [], cols = [];
     for (let i = 0; i < S.T; i++) {
       if (S.filter === "all" || S.data.tokens[i].segment === (S.filter[0] === "A" ? 0 : 1)) rows.push(i);
-      if (S.filter === "all" || S.data.tokens[i].segment === (S.filter[1] === "A" ? 0 : 1)) cols.push(i);
+    }
+    for (let j = 0; j < S.K; j++) {
+      if (S.filter === "all" || S.keys[j].segment === (S.filter[1] === "A" ? 0 : 1)) cols.push(j);
     }
     // The matrix shown: one head or the mean of a layer's heads, the mean of every layer's
     // heads, or the rollout (each [T, T] entry as a weight).
     const { which, at } = heatmapMatrix(choice);
+    $("heatmap-axes").textContent = "Rows: " + (S.data.queries || "query (attending)") + " · columns: " + (S.data.keys || "key (attended to)") + ".";
     const idle = "Point at a cell to read its " + (chosenMeasure() ? "share" : "weight") + " (" + which + ")" + (S.causal ? "; grey cells are masked: a causal model's query cannot see later keys." : ".");
     const values = new Float32Array(rows.length * cols.length);
     let max = 0;
@@ -565,8 +620,8 @@
     const canvas = $("heatmap-canvas");
     const probe = canvas.getContext("2d");
     probe.font = font;
-    const labelWidth = (list) => (labels ? Math.ceil(Math.max(0, ...list.map((i) => probe.measureText(tokenLabel(S.data.tokens[i])).width))) + 8 : 4);
-    const left = labelWidth(rows), top = labelWidth(cols), barW = 60;
+    const labelWidth = (list, tokens) => (labels ? Math.ceil(Math.max(0, ...list.map((i) => probe.measureText(tokenLabel(tokens[i])).width))) + 8 : 4);
+    const left = labelWidth(rows, S.data.tokens), top = labelWidth(cols, S.keys), barW = 60;
     const width = left + cols.length * cell + barW, height = top + rows.length * cell + 4;
     const ctx = sizedCanvas(canvas, width, height);
     ctx.font = font;
@@ -597,7 +652,7 @@
       ctx.save();
       ctx.rotate(-Math.PI / 2);
       ctx.textAlign = "left";
-      cols.forEach((j, c) => ctx.fillText(tokenLabel(S.data.tokens[j]), -top + 4, left + (c + 0.5) * cell));
+      cols.forEach((j, c) => ctx.fillText(tokenLabel(S.keys[j]), -top + 4, left + (c + 0.5) * cell));
       ctx.restore();
     }
     // Colour bar from 0 to the largest weight shown.
@@ -633,7 +688,7 @@
         return;
       }
       outline(r, c);
-      const q = S.data.tokens[rows[r]], k = S.data.tokens[cols[c]];
+      const q = S.data.tokens[rows[r]], k = S.keys[cols[c]];
       $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
         JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " +
         (masked(r, c) ? "masked (a causal model's query cannot see later keys)" : values[r * cols.length + c].toFixed(3));
@@ -693,7 +748,7 @@
         at: (i, j) => S.R[i * S.T + j] / S.scale };
     }
     if (choice === "all") {
-      return { which: "all " + S.L + " layers × " + S.H + " heads averaged", at: (i, j) => S.A[i * S.T + j] / S.scale };
+      return { which: "all " + S.L + " layers × " + S.H + " heads averaged", at: (i, j) => S.A[i * S.K + j] / S.scale };
     }
     const heads = choice === "mean" ? [...Array(S.H).keys()] : [Number(choice)];
     const which = "layer " + S.layer + ", " + (choice === "mean" ? "mean of heads" : "head " + choice);
@@ -719,27 +774,27 @@
 
   function heatmapFileName(ext) {
     const choice = $("heatmap-head").value, measure = chosenMeasure();
-    const what = measure ? $("heatmap-method").value + (measure.layers > 1 ? "-layer" + S.layer : "")
+    const what = (S.kinds ? S.kind + "-" : "") + (measure ? $("heatmap-method").value + (measure.layers > 1 ? "-layer" + S.layer : "")
       : choice === "rollout" || choice === "all" ? choice
-      : "layer" + S.layer + "-" + (choice === "mean" ? "mean" : "head" + choice);
+      : "layer" + S.layer + "-" + (choice === "mean" ? "mean" : "head" + choice));
     return "attnscope-" + what + (S.filter === "all" ? "" : "-" + S.filter) + "." + ext;
   }
 
   // What a saved heatmap shows, for its title: the matrix and the A/B filter.
   function heatmapTitle() {
     const filter = S.filter === "all" ? "" : " · " + S.filter[0] + " → " + S.filter[1];
-    return S.data.model + " · " + S.heatmap.which + filter;
+    return S.data.model + (S.kinds ? " · " + S.data.label : "") + " · " + S.heatmap.which + filter;
   }
 
   function heatmapCsv() {
     const { rows, cols, values } = S.heatmap;
-    const field = (i) => {
-      const text = i + ":" + tokenLabel(S.data.tokens[i]);
+    const field = (tokens, i) => {
+      const text = i + ":" + tokenLabel(tokens[i]);
       return /[",\r\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text;
     };
-    const lines = [["query\\key", ...cols.map(field)].join(",")];
+    const lines = [["query\\key", ...cols.map((j) => field(S.keys, j))].join(",")];
     rows.forEach((i, r) => {
-      const cells = [field(i)];
+      const cells = [field(S.data.tokens, i)];
       for (let c = 0; c < cols.length; c++) cells.push(values[r * cols.length + c].toFixed(3));
       lines.push(cells.join(","));
     });
@@ -761,6 +816,11 @@
   async function renderNeuron() {
     const body = $("view-neuron").querySelector("#neuron-body");
     body.replaceChildren();
+    if (S.kinds) {
+      body.appendChild(el("p", "muted", "The neuron view is not available for an encoder-decoder model: attnscope does not " +
+        "take out its queries and keys. Its encoder, decoder and cross-attention are in the head view, the model view and the heatmap."));
+      return;
+    }
     if (!S.data.neuron) {
       body.appendChild(el("p", "muted", "This data has no queries and keys, so the neuron view is not available."));
       return;
@@ -771,7 +831,7 @@
         body.appendChild(el("p", "muted", "Loading queries and keys of layer " + S.layer + "…"));
         // A submitted text still loading draws this view again when it comes, and asks for the
         // layer then; asking now, for the old text, would supersede it.
-        if (!$("input-submit").disabled) await request(S.data.text, S.data.pair, S.layer);
+        if (!$("input-submit").disabled) await request(S.data.text, S.data.pair, S.layer, null);
         return;
       }
       body.appendChild(el("p", "muted", "Queries and keys of layer " + S.layer + " are not in this file (it holds " +
@@ -866,9 +926,18 @@
   function buildControls() {
     $("controls").hidden = false;
     const clip = (text) => JSON.stringify(text.length > 300 ? text.slice(0, 300) + "…" : text);
-    const summary = S.data.model + " · " + S.T + " tokens · " + S.L + " layers × " + S.H + " heads · " +
-      clip(S.data.text) + (S.data.pair !== null ? " + " + clip(S.data.pair) : "");
+    const summary = S.kinds
+      ? S.data.model + " (encoder-decoder) · " + S.data.label + ": " + S.T + " queries × " + S.K + " keys · " + S.L + " layers × " +
+        S.H + " heads · source " + clip(S.data.text) + " → target " + clip(S.data.target)
+      : S.data.model + " · " + S.T + " tokens · " + S.L + " layers × " + S.H + " heads · " +
+        clip(S.data.text) + (S.data.pair !== null ? " + " + clip(S.data.pair) : "");
     $("summary").textContent = summary;
+    $("kind-control").hidden = !S.kinds;
+    $("kind-about").hidden = !S.kinds;
+    if (S.kinds) {
+      fillSelect($("kind"), S.source.kinds.map((k) => [k.name, k.label]), S.kind);
+      $("kind-about").textContent = S.data.about;
+    }
     // Weights stored as 0 (under a page file's floor, or under 0.0005, which 3 decimals round
     // to 0) hide this much of a row's attention: said when it is at least half a percent.
     const floor = S.data.weight_floor, rounded = S.data.zero_hidden_max >= 0.005;
@@ -889,9 +958,11 @@
     $("heatmap-method-control").hidden = S.measures.size === 0;
     const keepHead = $("heatmap-head").value || "mean";
     const named = ["mean", "all", "rollout"];
+    // Rollout multiplies a layer's [T, T] matrices: cross-attention's [T, K] has none.
+    const rolls = S.R ? [["rollout", "rollout (all layers)"]] : [];
     fillSelect($("heatmap-head"), [["mean", "mean of heads"], ...[...Array(S.H).keys()].map((h) => [h, String(h)]),
-      ["all", "all layers, heads averaged"], ["rollout", "rollout (all layers)"]],
-      Number(keepHead) < S.H || named.includes(keepHead) ? keepHead : "mean");
+      ["all", "all layers, heads averaged"], ...rolls],
+      Number(keepHead) < S.H || named.includes(keepHead) && (keepHead !== "rollout" || S.R) ? keepHead : "mean");
     fillSelect($("neuron-head"), [...Array(S.H).keys()].map((h) => [h, String(h)]), Math.min(Number($("neuron-head").value || 0), S.H - 1));
     fillSelect($("neuron-query"), S.data.tokens.map((t, i) => [i, i + ": " + tokenLabel(t)]), Math.min(Number($("neuron-query").value || 0), S.T - 1));
     const toggles = $("head-toggles");
@@ -941,13 +1012,17 @@
     }
     for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
     // The neuron view shows one query against every key: the A/B filter does not apply there.
-    $("filter-control").hidden = S.view === "neuron" || !S.data.tokens.some((t) => t.segment === 1);
+    $("filter-control").hidden = S.view === "neuron" || !hasPair();
+    // The neuron view is not available for an encoder-decoder model, whatever its kind.
+    $("kind-control").hidden = $("kind-about").hidden = !S.kinds || S.view === "neuron";
     $("head-toggles").hidden = S.view !== "head";
     // The model view shows every layer at once, and so do the heatmap's all-layer matrices;
     // a measure has no heads, and one rolled out no layers.
     const measure = chosenMeasure();
     $("heatmap-head-control").hidden = measure !== null;
-    $("layer-control").hidden = S.view === "model" || (S.view === "heatmap" &&
+    // An encoder-decoder model's neuron view only says why it is not there.
+    $("view-neuron").querySelector(".row").hidden = !!S.kinds;
+    $("layer-control").hidden = S.view === "model" || (S.view === "neuron" && !!S.kinds) || (S.view === "heatmap" &&
       (measure ? measure.layers === 1 : ["all", "rollout"].includes($("heatmap-head").value)));
     try {
       if (S.view === "head") renderHead();
@@ -971,6 +1046,7 @@
     }
     $("layer").addEventListener("change", () => { S.layer = Number($("layer").value); render(); });
     $("filter").addEventListener("change", () => { S.filter = $("filter").value; render(); });
+    $("kind").addEventListener("change", () => { applyKind($("kind").value); buildControls(); render(); });
     for (const id of ["heatmap-method", "heatmap-head", "heatmap-scale", "neuron-head", "neuron-query"]) $(id).addEventListener("change", () => render());
     $("heatmap-png").addEventListener("click", () => {
       // The canvas under a title that says what it shows.
@@ -1054,7 +1130,11 @@
   // ---- app mode: ask the server ----
   let latestRequest = 0;
 
-  async function request(text, pair, neuronLayer) {
+  // The app's model reads a source and a target (an encoder-decoder model), not a text and a
+  // pair: the page's data element says so.
+  let seq2seqApp = false;
+
+  async function request(text, pair, neuronLayer, target) {
     const id = ++latestRequest;
     clearError();
     setState("loading");
@@ -1063,7 +1143,7 @@
       const response = await fetch("/api/attention", {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({ text, pair: pair || null, neuron_layer: neuronLayer }),
+        body: JSON.stringify(seq2seqApp ? { text, target: target || null } : { text, pair: pair || null, neuron_layer: neuronLayer }),
       });
       const body = await response.text();
       // A newer request was sent meanwhile: its answer, not this one, is what is asked for.
@@ -1078,6 +1158,7 @@
       // The address names what is shown, to bookmark or share: only a text that loaded.
       const query = new URLSearchParams({ text });
       if (pair) query.set("pair", pair);
+      if (target) query.set("target", target);
       history.replaceState(null, "", "?" + query.toString() + location.hash);
     } catch (error) {
       if (id === latestRequest) showError("Could not get attention from the server: " + error.message + " (is `attnscope serve` still running?)");
@@ -1090,11 +1171,16 @@
     wireControls();
     const params = new URLSearchParams(location.search);
     if (mode === "app") {
+      const app = JSON.parse($("attnscope-data").textContent);
+      seq2seqApp = !!(app && app.seq2seq);
+      $("input-pair-control").hidden = seq2seqApp;
+      $("input-target-control").hidden = !seq2seqApp;
       const form = $("input-form");
       form.hidden = false;
       form.addEventListener("submit", (event) => {
         event.preventDefault();
-        request($("input-text").value, $("input-pair").value, S.data ? S.layer : null);
+        request($("input-text").value, seq2seqApp ? "" : $("input-pair").value, S.data ? S.layer : null,
+          seq2seqApp ? $("input-target").value : "");
       });
       form.addEventListener("keydown", (event) => {
         if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("input-submit").disabled) form.requestSubmit();
@@ -1102,7 +1188,14 @@
       if (params.has("text")) {
         $("input-text").value = params.get("text");
         $("input-pair").value = params.get("pair") || "";
-        await request(params.get("text"), params.get("pair"), null);
+        $("input-target").value = params.get("target") || "";
+        await request(params.get("text"), seq2seqApp ? null : params.get("pair"), null, seq2seqApp ? params.get("target") : null);
+      } else if (seq2seqApp) {
+        $("input-text").placeholder = "I love machine learning.";
+        $("summary").textContent = "Type a source text (and, optionally, its translation as the target; empty, the target is " +
+          "the model's own translation), then Show attention: the Attention select picks the encoder's, the decoder's or the " +
+          "cross-attention, which the head view, the model view and the heatmap draw.";
+        setState("idle");
       } else {
         $("input-text").placeholder = "The cat sat on the mat because it was tired.";
         $("summary").textContent = "Type a text (and, to see attention across two texts, a pair), then Show attention: " +

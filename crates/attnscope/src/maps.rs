@@ -181,36 +181,38 @@ pub fn seq2seq_maps(
     kind: Seq2SeqAttention,
     truncate: bool,
 ) -> anyhow::Result<AttentionMaps> {
-    let pass = match kind {
-        Seq2SeqAttention::Encoder => None,
-        _ => Some(teacher_forced(model, source, target, truncate)?),
-    };
-    let src = match &pass {
-        Some(pass) => pass.source_encoding.clone(),
-        None => seq2seq_side(model, source, "source", truncate)?,
-    };
-    let token = |enc: &attn_models::Encoding, i: usize, segment: usize| Token {
-        text: enc.tokens[i].clone(),
-        id: enc.ids[i],
-        span: enc.spans[i],
-        segment,
-        special: enc.special[i] || model.is_special(enc.ids[i]),
-    };
+    // The encoder's attention alone needs no target, nor the translation that would make one.
+    if kind == Seq2SeqAttention::Encoder {
+        let src = seq2seq_side(model, source, "source", truncate)?;
+        let weights = model.encode(&src.ids)?.1;
+        return encoder_maps(model, source, &src, weights);
+    }
+    let pass = teacher_forced(model, source, target, truncate)?;
+    pass_maps(model, source, &pass, kind)
+}
+
+/// [`seq2seq_maps`] of a pass already run over `source` and its target: any of the three
+/// kinds, so that one pass gives them all.
+pub fn pass_maps(
+    model: &attn_models::Seq2Seq,
+    source: &str,
+    pass: &TeacherForced,
+    kind: Seq2SeqAttention,
+) -> anyhow::Result<AttentionMaps> {
+    let src = &pass.source_encoding;
     let c = model.config();
-    let mut tokens: Vec<Token> = (0..src.len()).map(|i| token(&src, i, 0)).collect();
+    let mut tokens: Vec<Token> = (0..src.len())
+        .map(|i| seq2seq_token(model, src, i, 0))
+        .collect();
     let s = tokens.len();
     let mut text = source.to_string();
-    let (n_layers, n_heads, weights, rows, pair) = match (kind, pass) {
-        (Seq2SeqAttention::Encoder, _) | (_, None) => (
-            c.encoder_layers,
-            c.encoder_heads,
-            model.encode(&src.ids)?.1,
-            None,
-            None,
-        ),
-        (Seq2SeqAttention::Cross, Some(pass)) => {
+    let (weights, rows, pair) = match kind {
+        Seq2SeqAttention::Encoder => {
+            return encoder_maps(model, source, src, pass.output.encoder_attentions.clone());
+        }
+        Seq2SeqAttention::Cross => {
             let tgt = &pass.target_encoding;
-            tokens.extend((0..tgt.len()).map(|i| token(tgt, i, 1)));
+            tokens.extend((0..tgt.len()).map(|i| seq2seq_token(model, tgt, i, 1)));
             let (t, width) = (tgt.len(), tokens.len());
             let mut weights = vec![0.0f32; c.decoder_layers * c.decoder_heads * t * width];
             for (row, cross) in
@@ -218,16 +220,13 @@ pub fn seq2seq_maps(
             {
                 row[..s].copy_from_slice(cross);
             }
-            let rows = (s..s + t).collect();
             (
-                c.decoder_layers,
-                c.decoder_heads,
                 weights,
-                Some(rows),
+                Some((s..s + t).collect()),
                 Some(pass.target.clone()),
             )
         }
-        (Seq2SeqAttention::Decoder, Some(pass)) => {
+        Seq2SeqAttention::Decoder => {
             let tgt = &pass.target_encoding;
             let start = pass.decoder[0];
             tokens = vec![Token {
@@ -237,15 +236,9 @@ pub fn seq2seq_maps(
                 segment: 0,
                 special: true,
             }];
-            tokens.extend((0..tgt.len() - 1).map(|i| token(tgt, i, 0)));
-            text = pass.target;
-            (
-                c.decoder_layers,
-                c.decoder_heads,
-                pass.output.decoder_attentions,
-                None,
-                None,
-            )
+            tokens.extend((0..tgt.len() - 1).map(|i| seq2seq_token(model, tgt, i, 0)));
+            text = pass.target.clone();
+            (pass.output.decoder_attentions.clone(), None, None)
         }
     };
     let maps = AttentionMaps {
@@ -253,10 +246,50 @@ pub fn seq2seq_maps(
         text,
         pair,
         tokens,
-        n_layers,
-        n_heads,
+        n_layers: c.decoder_layers,
+        n_heads: c.decoder_heads,
         weights,
         rows,
+    };
+    maps.validate_rows().context("the model's attention")?;
+    Ok(maps)
+}
+
+/// Token `i` of one side's encoding, in `segment`.
+fn seq2seq_token(
+    model: &attn_models::Seq2Seq,
+    enc: &attn_models::Encoding,
+    i: usize,
+    segment: usize,
+) -> Token {
+    Token {
+        text: enc.tokens[i].clone(),
+        id: enc.ids[i],
+        span: enc.spans[i],
+        segment,
+        special: enc.special[i] || model.is_special(enc.ids[i]),
+    }
+}
+
+/// The encoder's self-attention `weights` over `src`, the encoding of `source`, as maps.
+fn encoder_maps(
+    model: &attn_models::Seq2Seq,
+    source: &str,
+    src: &attn_models::Encoding,
+    weights: Vec<f32>,
+) -> anyhow::Result<AttentionMaps> {
+    let c = model.config();
+    let maps = AttentionMaps {
+        model: model.name().to_string(),
+        text: source.to_string(),
+        pair: None,
+        tokens: (0..src.len())
+            .map(|i| seq2seq_token(model, src, i, 0))
+            .collect(),
+        n_layers: c.encoder_layers,
+        n_heads: c.encoder_heads,
+        weights,
+        rows: None,
     };
     maps.validate_rows().context("the model's attention")?;
     Ok(maps)
@@ -277,8 +310,8 @@ pub fn load_model(dir: Option<&Path>, threads: Option<usize>) -> anyhow::Result<
         anyhow::bail!(
             "{} is an encoder-decoder model: this command does not run one yet; `attnscope \
              translate`, `explain SOURCE --target TARGET --focus WORD` and `heatmap SOURCE \
-             --target TARGET -o FILE` (its cross-attention) and `attention SOURCE --target TARGET \
-             --json` (all three kinds) do",
+             --target TARGET -o FILE` (its cross-attention), `attention SOURCE --target TARGET \
+             --json`, `html SOURCE --target TARGET -o FILE.html` and `serve` (all three kinds) do",
             dir.display()
         );
     }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use explorer_support::{
-    Browser, attnscope, embedded_data, golden, label, tiny_gpt2, unpack_matrix, unpack_weights,
+    Browser, KEY_DOWN, attnscope, embedded_data, golden, label, tiny_gpt2, unpack_matrix,
+    unpack_weights,
 };
 use safetensors::SafeTensors;
 use serde_json::json;
@@ -1017,4 +1018,363 @@ fn methods_errors_are_clear() {
     assert!(output.status.success(), "{}", stderr(&output));
     let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
     assert_eq!(data["measures"], json!([]));
+}
+
+const S2S_SOURCE: &str = "I love machine learning";
+const S2S_TARGET: &str = "J'adore l'apprentissage automatique";
+
+/// The random encoder-decoder test checkpoint `name` (tests/data/s2s).
+fn s2s_model(name: &str) -> std::path::PathBuf {
+    golden().join("s2s").join(name)
+}
+
+/// `attnscope html SOURCE -o dir/NAME.html --model s2s/NAME` with `extra` arguments; the
+/// page's embedded data.
+fn s2s_page(dir: &Path, name: &str, extra: &[&str]) -> (std::path::PathBuf, serde_json::Value) {
+    let out = dir.join(format!("{name}.html"));
+    let output = attnscope()
+        .args(["html", S2S_SOURCE])
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg("--model")
+        .arg(s2s_model(name))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
+    (out, data)
+}
+
+/// The kind `name` of an encoder-decoder payload.
+fn kind<'a>(data: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    (data["kinds"].as_array().unwrap().iter())
+        .find(|k| k["name"] == name)
+        .unwrap_or_else(|| panic!("no kind {name}"))
+}
+
+/// `[L][H][rows][cols]` JSON as its shape and its values, row-major.
+fn nested(value: &serde_json::Value) -> ([usize; 4], Vec<f64>) {
+    let mut shape = [0; 4];
+    let mut at = value;
+    for dim in &mut shape {
+        *dim = at.as_array().unwrap().len();
+        at = &at[0];
+    }
+    let mut values = Vec::new();
+    for layer in value.as_array().unwrap() {
+        for head in layer.as_array().unwrap() {
+            for row in head.as_array().unwrap() {
+                values.extend(row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()));
+            }
+        }
+    }
+    (shape, values)
+}
+
+/// A Marian's and a BART's page hold the encoder's, the decoder's and the cross-attention,
+/// each of the shape and, to 3 decimals, the values of `attention --target --json`:
+/// cross-attention's rows the target's tokens over the source's as its columns.
+#[test]
+fn an_encoder_decoder_page_holds_its_three_kinds_of_attention() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["marian", "bart"] {
+        let (_, data) = s2s_page(dir.path(), name, &["--target", S2S_TARGET]);
+        let output = attnscope()
+            .args(["attention", S2S_SOURCE, "--target", S2S_TARGET, "--json"])
+            .arg("--model")
+            .arg(s2s_model(name))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let want: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(
+            (&data["text"], &data["target"], &data["kind"]),
+            (&json!(S2S_SOURCE), &json!(S2S_TARGET), &json!("cross")),
+            "{name}"
+        );
+        assert!(data["neuron"].is_null() && data["pair"].is_null(), "{name}");
+        let names: Vec<&str> = (data["kinds"].as_array().unwrap().iter())
+            .map(|k| k["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["cross", "encoder", "decoder"], "{name}");
+        let count = |field: &str| want[field].as_array().unwrap().len();
+        let (s, t) = (count("source_tokens"), count("decoder_tokens"));
+        assert_eq!(count("predicted_tokens"), t, "{name}");
+        for (kind_name, field, rows, cols, causal) in [
+            ("encoder", "encoder_attentions", s, s, false),
+            ("decoder", "decoder_attentions", t, t, true),
+            ("cross", "cross_attentions", t, s, false),
+        ] {
+            let kind = kind(&data, kind_name);
+            let (shape, values) = nested(&want[field]);
+            assert_eq!(shape[2..], [rows, cols], "{name} {kind_name}");
+            assert_eq!(
+                (&kind["n_layers"], &kind["n_heads"]),
+                (&json!(shape[0]), &json!(shape[1])),
+                "{name} {kind_name}"
+            );
+            let keys = kind["key_tokens"]
+                .as_array()
+                .unwrap_or_else(|| kind["tokens"].as_array().unwrap());
+            assert_eq!(
+                (kind["tokens"].as_array().unwrap().len(), keys.len()),
+                (rows, cols),
+                "{name} {kind_name}"
+            );
+            assert_eq!(kind["causal"], causal, "{name} {kind_name}");
+            assert_eq!(kind["weight_floor"], 0, "{name} {kind_name}");
+            let got = unpack_matrix(kind, kind["weights"].as_str().unwrap());
+            assert_eq!(got.len(), values.len(), "{name} {kind_name}");
+            let worst = (got.iter().zip(&values))
+                .map(|(g, w)| (f64::from(*g) - w).abs())
+                .fold(0.0, f64::max);
+            assert!(worst <= 5.001e-4, "{name} {kind_name}: off by {worst}");
+        }
+        // Cross-attention's keys are the encoder's tokens, its queries the target's tokens,
+        // which the decoder reads one place later (after its start token).
+        let labels = |kind: &serde_json::Value, field: &str| -> Vec<String> {
+            kind[field].as_array().unwrap().iter().map(label).collect()
+        };
+        let (cross, decoder) = (kind(&data, "cross"), kind(&data, "decoder"));
+        assert_eq!(
+            labels(cross, "key_tokens"),
+            labels(kind(&data, "encoder"), "tokens"),
+            "{name}"
+        );
+        assert_eq!(
+            labels(cross, "tokens")[..t - 1],
+            labels(decoder, "tokens")[1..],
+            "{name}"
+        );
+        assert!(decoder["tokens"][0]["special"] == true, "{name}");
+        assert!(kind(&data, "cross")["rollout"].is_null(), "{name}");
+    }
+    // Without --target the target is the model's own translation, which `translate` prints.
+    let (_, data) = s2s_page(dir.path(), "marian", &[]);
+    let output = attnscope()
+        .args(["translate", S2S_SOURCE, "--model"])
+        .arg(s2s_model("marian"))
+        .output()
+        .unwrap();
+    let translation = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(data["target"], translation.trim_end_matches('\n'));
+}
+
+/// The page's Attention select switches the head view, the model view and the heatmap
+/// between the three kinds: cross-attention draws the target's tokens against the source's,
+/// the encoder's the source against itself, the decoder's what it reads against itself; the
+/// neuron view says it is not available.
+#[test]
+fn the_attention_select_switches_every_view_between_the_three_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, data) = s2s_page(dir.path(), "marian", &["--target", S2S_TARGET]);
+    let labels = |kind_name: &str, field: &str| -> Vec<String> {
+        let kind = kind(&data, kind_name);
+        let field = if kind[field].is_null() {
+            "tokens"
+        } else {
+            field
+        };
+        kind[field].as_array().unwrap().iter().map(label).collect()
+    };
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    let columns = || -> (Vec<String>, Vec<String>) {
+        let got = browser.exec(
+            "const side = (s) => [...document.querySelectorAll('#view-head .tokens.' + s + ' .tok')].map((t) => t.textContent);
+             return [side('left'), side('right')];",
+            json!([]),
+        );
+        serde_json::from_value(got).unwrap()
+    };
+    let choose = |kind: &str| {
+        browser.exec(
+            "const s = document.getElementById('kind'); s.value = arguments[0];
+             s.dispatchEvent(new Event('change')); return null;",
+            json!([kind]),
+        );
+        browser.expect_ready();
+    };
+    let shown = |css: &str| {
+        browser.exec(
+            "const e = document.querySelector(arguments[0]); return !!e && !e.closest('[hidden]');",
+            json!([css]),
+        ) == json!(true)
+    };
+    // Cross-attention first: the target's tokens down the left, the source's on the right.
+    assert!(shown("#kind-control"));
+    assert!(!shown("#filter-control"));
+    assert_eq!(
+        browser.exec("return document.getElementById('kind').value;", json!([])),
+        "cross"
+    );
+    assert_eq!(
+        columns(),
+        (labels("cross", "tokens"), labels("cross", "key_tokens"))
+    );
+    let about = browser.exec(
+        "return document.getElementById('kind-about').textContent;",
+        json!([]),
+    );
+    assert!(about.as_str().unwrap().starts_with("Cross:"), "{about}");
+    for (kind_name, rows) in [
+        ("encoder", "encoder"),
+        ("decoder", "decoder"),
+        ("cross", "cross"),
+    ] {
+        choose(kind_name);
+        assert_eq!(
+            columns(),
+            (labels(rows, "tokens"), labels(rows, "key_tokens")),
+            "{kind_name}"
+        );
+        let hash = browser.exec("return location.hash;", json!([]));
+        assert!(
+            hash.as_str()
+                .unwrap()
+                .contains(&format!("attention={kind_name}")),
+            "{hash}"
+        );
+    }
+    // A pinned target token draws only its own lines: to the source's tokens.
+    browser.click("#view-head .tokens.left .tok[data-index='1']");
+    let caption = browser.exec(
+        "return document.querySelector('#view-head p.muted').textContent;",
+        json!([]),
+    );
+    assert!(
+        caption
+            .as_str()
+            .unwrap()
+            .starts_with("Query \"J\" (1) is pinned"),
+        "{caption}"
+    );
+    // The model view: a thumbnail per decoder layer and head, for each kind.
+    browser.click("#tabs button[data-view=model]");
+    browser.expect_ready();
+    assert!(shown("#kind-control"));
+    for kind_name in ["encoder", "cross"] {
+        choose(kind_name);
+        let thumbs = browser.exec(
+            "return document.querySelectorAll('#view-model canvas').length;",
+            json!([]),
+        );
+        assert_eq!(thumbs, json!(8), "{kind_name}");
+    }
+    // The heatmap: rows × columns of the kind shown, rollout only for self-attention.
+    browser.click("#tabs button[data-view=heatmap]");
+    browser.expect_ready();
+    let (s, t) = (
+        labels("encoder", "tokens").len(),
+        labels("cross", "tokens").len(),
+    );
+    let heatmap = || {
+        browser.exec(
+            "const c = document.getElementById('heatmap-canvas');
+             return [c.getAttribute('aria-label'), [...document.getElementById('heatmap-head').options].some((o) => o.value === 'rollout')];",
+            json!([]),
+        )
+    };
+    for (kind_name, rows, cols, rollout) in [
+        ("cross", t, s, false),
+        ("encoder", s, s, true),
+        ("decoder", t, t, true),
+    ] {
+        choose(kind_name);
+        let got = heatmap();
+        assert!(
+            got[0].as_str().unwrap().ends_with(&format!(
+                "{rows} queries × {cols} keys: arrow keys read a cell's weight"
+            )),
+            "{kind_name}: {got}"
+        );
+        assert_eq!(got[1], rollout, "{kind_name}");
+    }
+    // The readout names the cross-attention's query (target) and key (source) tokens.
+    choose("cross");
+    browser.press("#heatmap-canvas", KEY_DOWN);
+    let readout = browser.exec(
+        "return document.getElementById('heatmap-readout').textContent;",
+        json!([]),
+    );
+    let first = format!(
+        "query {:?} (0) → key {:?} (0): ",
+        labels("cross", "tokens")[0],
+        labels("encoder", "tokens")[0]
+    );
+    assert!(readout.as_str().unwrap().contains(&first), "{readout}");
+    // The neuron view says why it is not there.
+    browser.click("#tabs button[data-view=neuron]");
+    browser.expect_ready();
+    let neuron = browser.exec(
+        "return document.getElementById('neuron-body').textContent;",
+        json!([]),
+    );
+    assert!(
+        neuron
+            .as_str()
+            .unwrap()
+            .contains("not available for an encoder-decoder model"),
+        "{neuron}"
+    );
+    assert!(!shown("#kind-control") && !shown("#neuron-head") && !shown("#layer"));
+    let error = browser.exec("return document.getElementById('error').hidden;", json!([]));
+    assert_eq!(error, json!(true));
+}
+
+/// A hostile source and target stay data on an encoder-decoder model's page: no script of
+/// theirs runs in Chromium, and every kind's tokens are drawn as text.
+#[test]
+fn a_hostile_source_and_target_are_data_on_an_encoder_decoder_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = "<img src=x onerror=alert(1)><!--";
+    let out = dir.path().join("xss.html");
+    let output = attnscope()
+        .args([
+            "html",
+            "</script><script>alert(1)</script>",
+            "--target",
+            target,
+        ])
+        .arg("-o")
+        .arg(&out)
+        .arg("--model")
+        .arg(s2s_model("bart"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let page = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(page.matches("<script").count(), 2);
+    assert!(!page.contains("<img"));
+    let data = embedded_data(&page);
+    assert_eq!(data["target"], target);
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    for name in ["cross", "encoder", "decoder"] {
+        browser.exec(
+            "const s = document.getElementById('kind'); s.value = arguments[0];
+             s.dispatchEvent(new Event('change')); return null;",
+            json!([name]),
+        );
+        browser.expect_ready();
+        let shown = browser.exec(
+            "return [document.scripts.length, document.images.length,
+                     [...document.querySelectorAll('#view-head .tokens.left .tok')].map(t => t.textContent).join('')];",
+            json!([]),
+        );
+        let expected: String = (kind(&data, name)["tokens"].as_array().unwrap().iter())
+            .map(label)
+            .collect();
+        assert_eq!(shown, json!([2, 0, expected]), "{name}");
+    }
+    assert!(
+        (kind(&data, "cross")["tokens"].as_array().unwrap().iter())
+            .map(label)
+            .collect::<String>()
+            .contains('<')
+    );
+    assert_eq!(browser.alert_text(), None, "an alert opened");
 }

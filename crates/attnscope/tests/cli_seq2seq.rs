@@ -567,3 +567,61 @@ fn heatmap_draws_the_cross_attention_target_down_source_across() {
         "--target is the target",
     );
 }
+
+/// `html` on an encoder-decoder model refuses what its page cannot show (a pair, the
+/// attribution measures, the neuron view), and `--target` on a model that reads one text,
+/// each naming the flag; no page is written.
+#[test]
+fn html_refuses_what_an_encoder_decoder_page_cannot_show() {
+    let m = model_of("marian");
+    let gpt2 = cli_support::tiny_gpt2();
+    let gpt2 = gpt2.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("page.html");
+    let out = out.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec!["html", SOURCE, "--pair", TARGET, "--model", &m, "-o", out],
+            "--pair: an encoder-decoder model reads one source text; give its translation with --target",
+        ),
+        (
+            vec![
+                "html",
+                SOURCE,
+                "--methods",
+                "norm",
+                "--model",
+                &m,
+                "-o",
+                out,
+            ],
+            "--methods: the attribution measures are not computed for an encoder-decoder model",
+        ),
+        (
+            vec![
+                "html",
+                SOURCE,
+                "--neuron-layer",
+                "0",
+                "--model",
+                &m,
+                "-o",
+                out,
+            ],
+            "--neuron-layer: an encoder-decoder model's page has no neuron view",
+        ),
+        (
+            vec![
+                "html", SOURCE, "--target", TARGET, "--model", gpt2, "-o", out,
+            ],
+            "--target is the target of an encoder-decoder model",
+        ),
+        (
+            vec!["html", SOURCE, "--target", " ", "--model", &m, "-o", out],
+            "the target is empty",
+        ),
+    ] {
+        fails_with(&args, says);
+        assert!(!std::path::Path::new(out).exists(), "{args:?} wrote a page");
+    }
+}

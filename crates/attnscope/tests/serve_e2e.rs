@@ -762,3 +762,178 @@ fn serve_offers_the_attribution_methods() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--methods: --label \"nope\""), "{stderr}");
 }
+
+/// The random encoder-decoder test checkpoint `name` (tests/data/s2s).
+fn s2s_model(name: &str) -> std::path::PathBuf {
+    explorer_support::golden().join("s2s").join(name)
+}
+
+/// The kind `name` of an encoder-decoder answer.
+fn kind<'a>(data: &'a Value, name: &str) -> &'a Value {
+    (data["kinds"].as_array().unwrap().iter())
+        .find(|k| k["name"] == name)
+        .unwrap_or_else(|| panic!("no kind {name} in {data}"))
+}
+
+/// An encoder-decoder model's app asks for a source and a target and answers with the
+/// encoder's, the decoder's and the cross-attention, the weights `attention --target --json`
+/// gives; the page's Attention select switches between them; a pair is refused, and so is a
+/// target for a model that reads one text, and --methods at start.
+#[test]
+fn serve_answers_an_encoder_decoder_models_three_kinds() {
+    let (source, target) = (
+        "I love machine learning",
+        "J'adore l'apprentissage automatique",
+    );
+    let model = s2s_model("marian");
+    let mut server = Server::start(&model);
+    let (status, page, _) = get(&server.url);
+    assert_eq!(status, 200);
+    assert_eq!(
+        explorer_support::embedded_data(&page),
+        json!({"seq2seq": true})
+    );
+    let (status, body) = post(
+        &server.api(),
+        &json!({ "text": source, "target": target }).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let data: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (&data["target"], &data["kind"]),
+        (&json!(target), &json!("cross"))
+    );
+    let output = explorer_support::attnscope()
+        .args(["attention", source, "--target", target, "--json", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let want: Value = serde_json::from_slice(&output.stdout).unwrap();
+    for (name, field) in [
+        ("encoder", "encoder_attentions"),
+        ("decoder", "decoder_attentions"),
+        ("cross", "cross_attentions"),
+    ] {
+        let kind = kind(&data, name);
+        let layers = want[field].as_array().unwrap();
+        let rows = layers[0][0].as_array().unwrap();
+        let keys = kind["key_tokens"]
+            .as_array()
+            .unwrap_or_else(|| kind["tokens"].as_array().unwrap());
+        assert_eq!(
+            (kind["tokens"].as_array().unwrap().len(), keys.len()),
+            (rows.len(), rows[0].as_array().unwrap().len()),
+            "{name}"
+        );
+        let values: Vec<f64> = (layers.iter())
+            .flat_map(|l| l.as_array().unwrap().iter())
+            .flat_map(|h| h.as_array().unwrap().iter())
+            .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
+            .collect();
+        let got = explorer_support::unpack_matrix(kind, kind["weights"].as_str().unwrap());
+        assert_eq!(got.len(), values.len(), "{name}");
+        for (g, w) in got.iter().zip(&values) {
+            assert!((f64::from(*g) - w).abs() <= 5.001e-4, "{name}: {g} vs {w}");
+        }
+    }
+    // An empty target is the model's own translation, as `translate` prints it.
+    let (status, body) = post(
+        &server.api(),
+        &json!({ "text": source, "target": "" }).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let own: Value = serde_json::from_str(&body).unwrap();
+    let output = explorer_support::attnscope()
+        .args(["translate", source, "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let translation = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(own["target"], translation.trim_end_matches('\n'));
+    let (status, body) = post(
+        &server.api(),
+        &json!({ "text": source, "pair": "a pair" }).to_string(),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("not a pair"), "{body}");
+    let (status, body) = post(
+        &server.api(),
+        &json!({ "text": source, "neuron_layer": 0 }).to_string(),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("no neuron view"), "{body}");
+
+    // The page: a Target field instead of the Pair; the select switches the head view.
+    let browser = Browser::start();
+    browser.goto(&server.url);
+    assert_eq!(browser.settled_state(), "idle");
+    let hidden = |id: &str| {
+        browser.exec(
+            "return document.getElementById(arguments[0]).hidden;",
+            json!([id]),
+        )
+    };
+    assert_eq!(hidden("input-target-control"), json!(false));
+    assert_eq!(hidden("input-pair-control"), json!(true));
+    browser.type_into("#input-text", source);
+    browser.type_into("#input-target", target);
+    browser.click("#input-submit");
+    browser.expect_ready();
+    let columns = || {
+        browser.exec(
+            "const n = (s) => document.querySelectorAll('#view-head .tokens.' + s + ' .tok').length;
+             return [n('left'), n('right')];",
+            json!([]),
+        )
+    };
+    let count = |name: &str, field: &str| {
+        let kind = kind(&data, name);
+        let field = if kind[field].is_null() {
+            "tokens"
+        } else {
+            field
+        };
+        kind[field].as_array().unwrap().len()
+    };
+    let (s, t) = (count("encoder", "tokens"), count("cross", "tokens"));
+    assert_eq!(columns(), json!([t, s]));
+    for (name, rows, cols) in [("encoder", s, s), ("decoder", t, t), ("cross", t, s)] {
+        browser.exec(
+            "const s = document.getElementById('kind'); s.value = arguments[0];
+             s.dispatchEvent(new Event('change')); return null;",
+            json!([name]),
+        );
+        browser.expect_ready();
+        assert_eq!(columns(), json!([rows, cols]), "{name}");
+    }
+    let address = browser.exec("return location.search;", json!([]));
+    assert!(address.as_str().unwrap().contains("target="), "{address}");
+    assert!(server.alive());
+
+    // A target for a model that reads one text: refused, saying what reads one.
+    let mut gpt2 = Server::start(&tiny_gpt2());
+    let (status, body) = post(
+        &gpt2.api(),
+        &json!({ "text": "The cat", "target": "Le chat" }).to_string(),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("A target is read by an encoder-decoder model"),
+        "{body}"
+    );
+    assert!(gpt2.alive());
+
+    let output = explorer_support::attnscope()
+        .args(["serve", "--port", "0", "--methods", "norm", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "--methods: the attribution measures are not computed for an encoder-decoder model"
+        ),
+        "{stderr}"
+    );
+}

@@ -13,7 +13,10 @@
 
 mod payload;
 
-pub use payload::{FORMAT, Measure, PageOptions, QueryKeys, WEIGHT_SCALE, payload_json};
+pub use payload::{
+    FORMAT, Measure, PageOptions, QueryKeys, Seq2SeqMaps, WEIGHT_SCALE, payload_json,
+    seq2seq_payload_json,
+};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -61,9 +64,21 @@ pub fn standalone_page(
     Ok(render("file", &script_json(&json)))
 }
 
+/// The explorer for an encoder-decoder model's source and target as a single self-contained
+/// HTML file: its encoder, decoder and cross-attention, which a selector switches between.
+pub fn seq2seq_page(maps: &Seq2SeqMaps, options: &PageOptions) -> Result<String, VizError> {
+    let json = seq2seq_payload_json(maps, options)?;
+    Ok(render("file", &script_json(&json)))
+}
+
 /// The explorer for `attnscope serve`: no data, a form that asks `POST /api/attention`.
 pub fn app_page() -> String {
     render("app", "null")
+}
+
+/// [`app_page`] for an encoder-decoder model: its form asks for a target, not a pair.
+pub fn seq2seq_app_page() -> String {
+    render("app", r#"{"seq2seq":true}"#)
 }
 
 /// The page's Content-Security-Policy (also in its `<meta>`; `attnscope serve` sends it as a
@@ -245,5 +260,42 @@ mod tests {
         assert!(page.contains("data-mode=\"app\""));
         assert!(page.contains("id=\"input-form\""));
         assert_eq!(embedded_json(&page), "null");
+    }
+
+    #[test]
+    fn a_seq2seq_page_keeps_hostile_source_and_target_inside_its_data() {
+        let hostile = "</script><img src=x onerror=alert(1)>";
+        let source = maps(hostile, &[hostile, "b"]);
+        let mut cross = maps(hostile, &[hostile, "b", hostile]);
+        cross.pair = Some(hostile.into());
+        cross.tokens[2].segment = 1;
+        cross.weights = vec![0.5, 0.5, 0.0];
+        cross.rows = Some(vec![2]);
+        let page = seq2seq_page(
+            &Seq2SeqMaps {
+                target: hostile.into(),
+                encoder: source.clone(),
+                decoder: source,
+                cross,
+            },
+            &PageOptions::default(),
+        )
+        .unwrap();
+        let value: serde_json::Value = serde_json::from_str(embedded_json(&page)).unwrap();
+        assert_eq!(
+            (&value["text"], &value["target"]),
+            (&hostile.into(), &hostile.into())
+        );
+        assert_eq!(value["kinds"][0]["tokens"][0]["label"], hostile);
+        assert_eq!(page.matches("<script").count(), 2);
+        assert!(!page.contains("<img"));
+    }
+
+    #[test]
+    fn the_seq2seq_app_page_says_its_form_asks_for_a_target() {
+        let page = seq2seq_app_page();
+        assert!(page.contains("data-mode=\"app\""));
+        assert!(page.contains("id=\"input-target\""));
+        assert_eq!(embedded_json(&page), r#"{"seq2seq":true}"#);
     }
 }

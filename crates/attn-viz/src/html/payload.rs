@@ -213,10 +213,231 @@ pub fn payload_json(
     to_json(&payload)
 }
 
-fn to_json(payload: &Payload) -> Result<String, VizError> {
+fn to_json(payload: &impl Serialize) -> Result<String, VizError> {
     serde_json::to_string(payload).map_err(|source| VizError::Encode {
         what: "payload JSON",
         source: source.into(),
+    })
+}
+
+/// An encoder-decoder model's three kinds of attention on one source and target, for the
+/// page's Encoder / Decoder / Cross selector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seq2SeqMaps {
+    /// The target the decoder read (given, or the model's own translation).
+    pub target: String,
+    /// The encoder's self-attention over the source, every row: `[L_enc, H_enc, S, S]`.
+    pub encoder: AttentionMaps,
+    /// The decoder's causal self-attention over what it reads (the start token, then the
+    /// target's tokens but the last), every row: `[L_dec, H_dec, T, T]`.
+    pub decoder: AttentionMaps,
+    /// The cross-attention: the source's tokens (segment 0) then the target's (segment 1),
+    /// holding the target's rows alone (`rows`), each over the source's columns (the target's
+    /// columns 0): `[L_dec, H_dec, T, S + T]`.
+    pub cross: AttentionMaps,
+}
+
+#[derive(Serialize)]
+struct Seq2SeqPayload<'a> {
+    format: u32,
+    model: &'a str,
+    /// The source.
+    text: &'a str,
+    pair: Option<&'a str>,
+    target: &'a str,
+    /// The kind shown first.
+    kind: &'static str,
+    kinds: Vec<KindPayload>,
+    measures: Vec<PayloadMeasure>,
+    neuron: Option<Neuron>,
+}
+
+/// One kind of an encoder-decoder model's attention, packed as [`Payload`]'s weights are, its
+/// rows the query tokens (`tokens`) and its columns the keys (`key_tokens`, or the queries).
+#[derive(Serialize)]
+struct KindPayload {
+    name: &'static str,
+    label: &'static str,
+    /// What the rows and columns are, for the page to say.
+    about: &'static str,
+    /// The head view's headings of the queries' and the keys' columns.
+    queries: &'static str,
+    keys: &'static str,
+    tokens: Vec<PayloadToken>,
+    key_tokens: Option<Vec<PayloadToken>>,
+    n_layers: usize,
+    n_heads: usize,
+    causal: bool,
+    weight_scale: u16,
+    weight_floor: u16,
+    zero_hidden_mean: f32,
+    zero_hidden_max: f32,
+    /// Packed `[n_layers, n_heads, queries, keys]`.
+    weights: String,
+    /// Packed `[queries, queries]`, for the kinds whose keys are the queries.
+    rollout: Option<String>,
+    /// Every layer's and head's weights averaged, packed `[queries, keys]`.
+    all_layers: String,
+}
+
+/// A kind before its weights are packed: the payload less its weights, and their quantised
+/// values `[n_layers, n_heads, queries, keys]` with the exact ones they round.
+struct Kind {
+    payload: KindPayload,
+    exact: Vec<f32>,
+    quantised: Vec<u16>,
+}
+
+/// The JSON the page renders for an encoder-decoder model: the three kinds of `maps`, cross
+/// first, and no queries and keys (the neuron view says it is not available) or measures.
+/// With a size budget each kind's weights get the share of it that their number is of all.
+pub fn seq2seq_payload_json(maps: &Seq2SeqMaps, options: &PageOptions) -> Result<String, VizError> {
+    let kinds = [
+        cross_kind(&maps.cross)?,
+        square_kind(&maps.encoder, "encoder")?,
+        square_kind(&maps.decoder, "decoder")?,
+    ];
+    let total: usize = kinds.iter().map(|k| k.quantised.len()).sum();
+    let (values, kinds): (Vec<_>, Vec<_>) = (kinds.into_iter())
+        .map(|k| ((k.exact, k.quantised), k.payload))
+        .unzip();
+    let mut payload = Seq2SeqPayload {
+        format: FORMAT,
+        model: &maps.encoder.model,
+        text: &maps.encoder.text,
+        pair: None,
+        target: &maps.target,
+        kind: "cross",
+        kinds,
+        measures: Vec::new(),
+        neuron: None,
+    };
+    let rest = to_json(&payload)?.len();
+    for (kind, (exact, quantised)) in payload.kinds.iter_mut().zip(&values) {
+        let budget = options.size_budget_bytes.map(|budget| {
+            let share = quantised.len() as f64 / total.max(1) as f64;
+            (budget.saturating_sub(rest) as f64 * share) as usize
+        });
+        let keys = kind.key_tokens.as_ref().map_or(kind.tokens.len(), Vec::len);
+        (kind.weight_floor, kind.weights) =
+            pack_weights(quantised, kind.tokens.len() * keys, budget)?;
+        (kind.zero_hidden_mean, kind.zero_hidden_max) =
+            hidden_by_zeros(exact, quantised, keys, kind.weight_floor);
+    }
+    to_json(&payload)
+}
+
+/// The payload's tokens `indices` of `maps`.
+fn payload_tokens(
+    maps: &AttentionMaps,
+    indices: impl Iterator<Item = usize>,
+) -> Result<Vec<PayloadToken>, VizError> {
+    indices
+        .map(|i| {
+            Ok(PayloadToken {
+                label: token_label(maps, i)?,
+                segment: maps.tokens[i].segment,
+                special: maps.tokens[i].special,
+            })
+        })
+        .collect()
+}
+
+/// The encoder's or the decoder's self-attention, every row of `maps`.
+fn square_kind(maps: &AttentionMaps, name: &'static str) -> Result<Kind, VizError> {
+    maps.validate()?;
+    let (label, about, queries) = match name {
+        "encoder" => (
+            "Encoder",
+            "Encoder: the source's self-attention, every source token (query) over every source token (key).",
+            "source token (query)",
+        ),
+        _ => (
+            "Decoder",
+            "Decoder: its causal self-attention over what it reads, the start token then the target's tokens; each row attends to itself and the tokens before it.",
+            "decoder input (query)",
+        ),
+    };
+    let keys = match name {
+        "encoder" => "source token (key)",
+        _ => "decoder input (key)",
+    };
+    Ok(Kind {
+        payload: KindPayload {
+            name,
+            label,
+            about,
+            queries,
+            keys,
+            tokens: payload_tokens(maps, 0..maps.seq_len())?,
+            key_tokens: None,
+            n_layers: maps.n_layers,
+            n_heads: maps.n_heads,
+            causal: maps.seq_len() > 1 && sees_only_earlier_keys(maps),
+            weight_scale: WEIGHT_SCALE,
+            weight_floor: 0,
+            zero_hidden_mean: 0.0,
+            zero_hidden_max: 0.0,
+            weights: String::new(),
+            rollout: Some(pack_floored(&quantise(&rollout(maps)?), 0)?),
+            all_layers: pack_floored(&quantise(&select(maps, Selection::All)?), 0)?,
+        },
+        quantised: quantise(&maps.weights),
+        exact: maps.weights.clone(),
+    })
+}
+
+/// The cross-attention: the target's rows (queries) over the source's columns (keys).
+fn cross_kind(maps: &AttentionMaps) -> Result<Kind, VizError> {
+    maps.validate_rows()?;
+    let t = maps.seq_len();
+    let sources: Vec<usize> = (0..t).filter(|&i| maps.tokens[i].segment == 0).collect();
+    let s = sources.len();
+    let rows = maps.rows.clone().unwrap_or_default();
+    if s == 0
+        || rows.is_empty()
+        || sources != (0..s).collect::<Vec<_>>()
+        || rows != (s..t).collect::<Vec<_>>()
+    {
+        return Err(VizError::BadRows {
+            reason: "cross-attention holds the rows of the tokens after the source's, the \
+                     target's, over the source's tokens first"
+                .into(),
+        });
+    }
+    let n = rows.len();
+    let exact: Vec<f32> = (maps.weights.chunks_exact(t))
+        .flat_map(|row| row[..s].iter().copied())
+        .collect();
+    let blocks = (maps.n_layers * maps.n_heads) as f32;
+    let mut mean = vec![0.0f32; n * s];
+    for block in exact.chunks_exact(n * s) {
+        for (m, &w) in mean.iter_mut().zip(block) {
+            *m += w / blocks;
+        }
+    }
+    Ok(Kind {
+        payload: KindPayload {
+            name: "cross",
+            label: "Cross",
+            about: "Cross: each target token (query, left) is the decoder row that predicts it, reading the source's tokens (keys, right) from the encoder.",
+            queries: "target token (query)",
+            keys: "source token (key)",
+            tokens: payload_tokens(maps, rows.into_iter())?,
+            key_tokens: Some(payload_tokens(maps, sources.into_iter())?),
+            n_layers: maps.n_layers,
+            n_heads: maps.n_heads,
+            causal: false,
+            weight_scale: WEIGHT_SCALE,
+            weight_floor: 0,
+            zero_hidden_mean: 0.0,
+            zero_hidden_max: 0.0,
+            weights: String::new(),
+            rollout: None,
+            all_layers: pack_floored(&quantise(&mean), 0)?,
+        },
+        quantised: quantise(&exact),
+        exact,
     })
 }
 
@@ -961,5 +1182,123 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("0..=1"), "{err}");
+    }
+
+    /// A source of 2 tokens ("a b") and a target of 3 ("x y z"): the encoder's 1 layer × 1
+    /// head, the decoder's and the cross-attention's 1 layer × 2 heads.
+    fn seq2seq() -> Seq2SeqMaps {
+        let source = |tokens: Vec<Token>| AttentionMaps {
+            tokens,
+            n_layers: 1,
+            ..maps()
+        };
+        let encoder = AttentionMaps {
+            weights: vec![0.5, 0.5, 0.25, 0.75],
+            ..source(vec![token("a", 0), token("b", 0)])
+        };
+        // Causal: each row over itself and the tokens before it.
+        let decoder = AttentionMaps {
+            text: "x y z".into(),
+            tokens: vec![token("<s>", 0), token("x", 0), token("y", 0)],
+            n_heads: 2,
+            weights: vec![
+                1.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.2, 0.3, 0.5, //
+                1.0, 0.0, 0.0, 0.9, 0.1, 0.0, 0.0, 0.0, 1.0,
+            ],
+            ..encoder.clone()
+        };
+        // The target's 3 rows over the source's 2 columns, the target's columns 0.
+        let cross = AttentionMaps {
+            pair: Some("x y z".into()),
+            tokens: vec![
+                token("a", 0),
+                token("b", 0),
+                token("x", 1),
+                token("y", 1),
+                token("z", 1),
+            ],
+            n_heads: 2,
+            weights: [
+                [0.1, 0.9],
+                [0.6, 0.4],
+                [0.0, 1.0],
+                [0.3, 0.7],
+                [0.5, 0.5],
+                [1.0, 0.0],
+            ]
+            .iter()
+            .flat_map(|row| [row[0], row[1], 0.0, 0.0, 0.0])
+            .collect(),
+            rows: Some(vec![2, 3, 4]),
+            ..encoder.clone()
+        };
+        Seq2SeqMaps {
+            target: "x y z".into(),
+            encoder,
+            decoder,
+            cross,
+        }
+    }
+
+    #[test]
+    fn a_seq2seq_payload_holds_three_kinds_cross_rectangular() {
+        let json: serde_json::Value = serde_json::from_str(
+            &seq2seq_payload_json(&seq2seq(), &PageOptions::default()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (&json["kind"], &json["target"]),
+            (&json!("cross"), &json!("x y z"))
+        );
+        assert!(json["neuron"].is_null());
+        let kind = |i: usize| &json["kinds"][i];
+        let labels = |list: &serde_json::Value| -> Vec<String> {
+            (list.as_array().unwrap().iter())
+                .map(|t| t["label"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(kind(0)["name"], "cross");
+        assert_eq!(labels(&kind(0)["tokens"]), ["x", "y", "z"]);
+        assert_eq!(labels(&kind(0)["key_tokens"]), ["a", "b"]);
+        assert_eq!(
+            decode_weights(&unpack(kind(0)["weights"].as_str().unwrap())),
+            [100, 900, 600, 400, 0, 1000, 300, 700, 500, 500, 1000, 0]
+        );
+        // Both heads averaged: (0.1 + 0.3) / 2, (0.9 + 0.7) / 2, ...
+        assert_eq!(
+            decode_weights(&unpack(kind(0)["all_layers"].as_str().unwrap())),
+            [200, 800, 550, 450, 500, 500]
+        );
+        assert!(kind(0)["rollout"].is_null());
+        assert_eq!(kind(0)["causal"], false);
+        assert_eq!(kind(1)["name"], "encoder");
+        assert!(kind(1)["key_tokens"].is_null());
+        assert_eq!(
+            decode_weights(&unpack(kind(1)["weights"].as_str().unwrap())),
+            [500, 500, 250, 750]
+        );
+        assert_eq!(
+            (&kind(1)["causal"], &kind(2)["causal"]),
+            (&json!(false), &json!(true))
+        );
+        assert_eq!(labels(&kind(2)["tokens"]), ["<s>", "x", "y"]);
+        assert_eq!(
+            (&kind(2)["n_layers"], &kind(2)["n_heads"]),
+            (&json!(1), &json!(2))
+        );
+        assert!(kind(2)["rollout"].is_string());
+    }
+
+    #[test]
+    fn a_seq2seq_payload_refuses_cross_attention_that_is_not_target_over_source() {
+        let mut maps = seq2seq();
+        maps.cross.rows = Some(vec![0, 3, 4]);
+        let err = seq2seq_payload_json(&maps, &PageOptions::default()).unwrap_err();
+        assert!(matches!(err, VizError::BadRows { .. }), "{err}");
+        let mut maps = seq2seq();
+        maps.cross.rows = None;
+        maps.cross.weights = vec![0.2; 2 * 5 * 5];
+        let err = seq2seq_payload_json(&maps, &PageOptions::default()).unwrap_err();
+        assert!(matches!(err, VizError::BadRows { .. }), "{err}");
     }
 }

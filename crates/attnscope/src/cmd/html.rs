@@ -1,21 +1,26 @@
 //! `attnscope html`: one text's attention as a self-contained interactive HTML file (head view,
-//! model view, heatmap, neuron view) that works offline. Also the model run behind it (with
-//! the queries and keys the neuron view needs) that `attnscope serve` shares.
+//! model view, heatmap, neuron view) that works offline; for an encoder-decoder model, its
+//! encoder's, decoder's and cross-attention on a source and target, which a selector switches
+//! between. Also the model runs behind it (with the queries and keys the neuron view needs)
+//! that `attnscope serve` shares.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use attn_models::Model;
+use attn_models::{Model, Seq2Seq};
 use attn_viz::AttentionMaps;
-use attn_viz::html::{Measure, PageOptions, QueryKeys, standalone_page};
+use attn_viz::html::{Measure, PageOptions, QueryKeys, Seq2SeqMaps, seq2seq_page, standalone_page};
 
 use crate::cmd::attribute::PageMethods;
-use crate::maps::{SourceArgs, check_output, read_maps, run_encoded};
+use crate::maps::{
+    Seq2SeqAttention, SourceArgs, check_output, pass_maps, read_maps, run_encoded, teacher_forced,
+};
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope html \"The cat sat on the mat\" -o cat.html
-  attnscope html \"Where is the Eiffel Tower?\" --pair \"The Eiffel Tower is in Paris.\" -o pair.html")]
+  attnscope html \"Where is the Eiffel Tower?\" --pair \"The Eiffel Tower is in Paris.\" -o pair.html
+  attnscope html \"I love machine learning\" --model Helsinki-NLP/opus-mt-en-fr -o translation.html")]
 pub struct Args {
     /// The text to look at.
     #[arg(required_unless_present = "maps", conflicts_with = "maps")]
@@ -27,6 +32,13 @@ pub struct Args {
     /// and from B to A.
     #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
     pub pair: Option<String>,
+    /// An encoder-decoder model's target (a translation of TEXT); default: its own translation
+    ///
+    /// An encoder-decoder model's target (a translation of TEXT), which the decoder reads;
+    /// default: the model's own translation. The page holds the encoder's, the decoder's and
+    /// the cross-attention, and a selector switches between them.
+    #[arg(long, value_name = "TEXT", conflicts_with = "maps")]
+    pub target: Option<String>,
     /// Where to write the page (a .html or .htm file).
     #[arg(short, long, value_name = "FILE.html")]
     pub output: PathBuf,
@@ -63,6 +75,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (read_maps(path)?, None, Vec::new())
         }
         (None, Some(text)) => {
+            if let Some(model) = args.source.model.load_seq2seq()? {
+                return run_seq2seq(&args, &model, text);
+            }
+            if args.target.is_some() {
+                bail!(
+                    "--target is the target of an encoder-decoder model (BART, mBART, Marian); this model reads one text"
+                );
+            }
             let model = args.source.model.load()?;
             let (maps, qk, measures) = analyse(
                 &model,
@@ -93,6 +113,64 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         page.len() as f64 / 1e6
     );
     Ok(())
+}
+
+/// `html` on an encoder-decoder model: a page of its three kinds of attention on `text` and
+/// the target (`--target`, else its own translation).
+fn run_seq2seq(args: &Args, model: &Seq2Seq, text: &str) -> anyhow::Result<()> {
+    if args.pair.is_some() {
+        bail!(
+            "--pair: an encoder-decoder model reads one source text; give its translation with \
+             --target TEXT (without it, the target is the model's own translation)"
+        );
+    }
+    if !args.methods.methods.is_empty() {
+        bail!(
+            "--methods: the attribution measures are not computed for an encoder-decoder model; \
+             its page shows the attention weights"
+        );
+    }
+    if args.neuron_layer.is_some() {
+        bail!(
+            "--neuron-layer: an encoder-decoder model's page has no neuron view (attnscope does \
+             not take out its queries and keys)"
+        );
+    }
+    let maps = analyse_seq2seq(model, text, args.target.as_deref(), args.source.truncate)?;
+    let page = seq2seq_page(&maps, &PageOptions::default())?;
+    std::fs::write(&args.output, &page)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    crate::note!(
+        "wrote {} ({} source tokens, {} target tokens; encoder {} × {}, decoder {} × {} \
+         layers × heads; {:.2} MB)",
+        args.output.display(),
+        maps.encoder.tokens.len(),
+        maps.cross.tokens.len() - maps.encoder.tokens.len(),
+        maps.encoder.n_layers,
+        maps.encoder.n_heads,
+        maps.decoder.n_layers,
+        maps.decoder.n_heads,
+        page.len() as f64 / 1e6
+    );
+    Ok(())
+}
+
+/// An encoder-decoder model's three kinds of attention on `source` and `target` (else its own
+/// translation), from one teacher-forced pass.
+pub fn analyse_seq2seq(
+    model: &Seq2Seq,
+    source: &str,
+    target: Option<&str>,
+    truncate: bool,
+) -> anyhow::Result<Seq2SeqMaps> {
+    let pass = teacher_forced(model, source, target, truncate)?;
+    let maps = |kind| pass_maps(model, source, &pass, kind);
+    Ok(Seq2SeqMaps {
+        encoder: maps(Seq2SeqAttention::Encoder)?,
+        decoder: maps(Seq2SeqAttention::Decoder)?,
+        cross: maps(Seq2SeqAttention::Cross)?,
+        target: pass.target.clone(),
+    })
 }
 
 /// Refuses, before any work, a file name that is not `.html`/`.htm`.

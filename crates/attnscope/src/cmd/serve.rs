@@ -1,6 +1,7 @@
 //! `attnscope serve`: the explorer as a local web app. The model is loaded once and shared; the
 //! page (`GET /`) posts text to `POST /api/attention` and draws the same views as
-//! `attnscope html`, without restarting.
+//! `attnscope html`, without restarting. An encoder-decoder model's page asks for a source and
+//! a target (its own translation when left empty) and shows its three kinds of attention.
 //!
 //! Hardening:
 //! - bound to 127.0.0.1 unless `--host` says otherwise; on a loopback address only requests
@@ -25,8 +26,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use attn_models::{Model, ModelError};
-use attn_viz::html::{PageOptions, app_page, content_security_policy, payload_json};
+use attn_models::{Model, ModelError, Seq2Seq};
+use attn_viz::html::{
+    PageOptions, app_page, content_security_policy, payload_json, seq2seq_app_page,
+    seq2seq_payload_json,
+};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -41,7 +45,7 @@ use serde::Deserialize;
 use tokio::sync::Semaphore;
 
 use super::attribute::PageMethods;
-use super::html::analyse;
+use super::html::{analyse, analyse_seq2seq};
 use crate::maps::ModelArgs;
 
 /// Largest request body accepted; larger ones get 413 Payload Too Large.
@@ -100,8 +104,24 @@ fn parse_timeout(text: &str) -> Result<f64, String> {
     }
 }
 
+/// The model the app runs: one that reads a text (and a pair), or an encoder-decoder model
+/// that reads a source and a target.
+enum Served {
+    Text(Box<Model>),
+    Seq2Seq(Box<Seq2Seq>),
+}
+
+impl Served {
+    fn name(&self) -> &str {
+        match self {
+            Served::Text(model) => model.name(),
+            Served::Seq2Seq(model) => model.name(),
+        }
+    }
+}
+
 struct App {
-    model: Model,
+    model: Served,
     /// What each answer's heatmap offers beside raw weights.
     methods: PageMethods,
     /// Held by each forward pass, to its end: a client that goes away does not free its
@@ -120,13 +140,26 @@ struct AttentionRequest {
     /// The layer whose queries and keys the neuron view needs first.
     #[serde(default)]
     neuron_layer: Option<usize>,
+    /// An encoder-decoder model's target; empty or absent: the model's own translation.
+    #[serde(default)]
+    target: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = args.model.load()?;
-    // A method that cannot run on this model (attn-grad without a target, say) is refused now,
-    // not on every text.
-    analyse(&model, ("attnscope", None), false, &args.methods).context("--methods")?;
+    let model = match args.model.load_seq2seq()? {
+        Some(_) if !args.methods.methods.is_empty() => anyhow::bail!(
+            "--methods: the attribution measures are not computed for an encoder-decoder \
+             model; its app shows the attention weights"
+        ),
+        Some(model) => Served::Seq2Seq(Box::new(model)),
+        None => {
+            let model = args.model.load()?;
+            // A method that cannot run on this model (attn-grad without a target, say) is
+            // refused now, not on every text.
+            analyse(&model, ("attnscope", None), false, &args.methods).context("--methods")?;
+            Served::Text(Box::new(model))
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_io()
@@ -155,7 +188,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
 
 async fn serve(
-    model: Model,
+    model: Served,
     methods: PageMethods,
     address: SocketAddr,
     body_timeout: Duration,
@@ -319,7 +352,7 @@ async fn method_not_allowed() -> Response {
     )
 }
 
-async fn page() -> Response {
+async fn page(State(app): State<Arc<App>>) -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -331,7 +364,10 @@ async fn page() -> Response {
             (header::X_FRAME_OPTIONS, "DENY"),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
-        app_page(),
+        match app.model {
+            Served::Text(_) => app_page(),
+            Served::Seq2Seq(_) => seq2seq_app_page(),
+        },
     )
         .into_response()
 }
@@ -436,8 +472,7 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
     let result = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let pair = request.pair.as_deref().filter(|p| !p.is_empty());
-        let (maps, qk, measures) =
-            analyse(&worker.model, (&request.text, pair), false, &worker.methods)?;
+        let target = request.target.as_deref().filter(|t| !t.is_empty());
         // Nothing to keep small on the machine's own loopback: every weight to 3 decimals (those
         // under 0.0005 round to 0), where a page file's floor hid up to 84% of a diffuse row at
         // 506 tokens.
@@ -446,6 +481,29 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
             size_budget_bytes: None,
             ..PageOptions::default()
         };
+        let model = match &worker.model {
+            Served::Seq2Seq(model) => {
+                anyhow::ensure!(
+                    pair.is_none(),
+                    "An encoder-decoder model reads one source text and its target, not a pair: \
+                     give the translation as the target."
+                );
+                anyhow::ensure!(
+                    request.neuron_layer.is_none(),
+                    "An encoder-decoder model's answer has no neuron view: leave out neuron_layer."
+                );
+                let maps = analyse_seq2seq(model, &request.text, target, false)?;
+                return anyhow::Ok(seq2seq_payload_json(&maps, &options)?);
+            }
+            Served::Text(model) => model,
+        };
+        anyhow::ensure!(
+            target.is_none(),
+            "A target is read by an encoder-decoder model (BART, mBART, Marian); {} reads one \
+             text (and a pair).",
+            model.name()
+        );
+        let (maps, qk, measures) = analyse(model, (&request.text, pair), false, &worker.methods)?;
         anyhow::Ok(payload_json(&maps, Some(&qk), &measures, &options)?)
     })
     .await;
