@@ -1078,7 +1078,7 @@ fn nested(value: &serde_json::Value) -> ([usize; 4], Vec<f64>) {
 #[test]
 fn an_encoder_decoder_page_holds_its_three_kinds_of_attention() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["marian", "bart"] {
+    for name in ["marian", "bart", "t5"] {
         let (_, data) = s2s_page(dir.path(), name, &["--target", S2S_TARGET]);
         let output = attnscope()
             .args(["attention", S2S_SOURCE, "--target", S2S_TARGET, "--json"])

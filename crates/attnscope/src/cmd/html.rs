@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             if args.target.is_some() {
                 bail!(
-                    "--target is the target of an encoder-decoder model (BART, mBART, Marian); this model reads one text"
+                    "--target is the target of an encoder-decoder model (BART, mBART, Marian, T5); this model reads one text"
                 );
             }
             let model = args.source.model.load()?;

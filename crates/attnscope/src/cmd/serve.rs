@@ -499,7 +499,7 @@ async fn attention(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) 
         };
         anyhow::ensure!(
             target.is_none(),
-            "A target is read by an encoder-decoder model (BART, mBART, Marian); {} reads one \
+            "A target is read by an encoder-decoder model (BART, mBART, Marian, T5); {} reads one \
              text (and a pair).",
             model.name()
         );
