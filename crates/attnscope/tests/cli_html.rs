@@ -1072,7 +1072,7 @@ fn nested(value: &serde_json::Value) -> ([usize; 4], Vec<f64>) {
     (shape, values)
 }
 
-/// A Marian's and a BART's page hold the encoder's, the decoder's and the cross-attention,
+/// A Marian's, a BART's and a T5's page hold the encoder's, the decoder's and the cross-attention,
 /// each of the shape and, to 3 decimals, the values of `attention --target --json`:
 /// cross-attention's rows the target's tokens over the source's as its columns.
 #[test]
