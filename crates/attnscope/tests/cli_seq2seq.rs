@@ -258,11 +258,38 @@ fn what_does_not_apply_to_an_encoder_decoder_is_a_clear_error() {
         ),
         (vec!["translate", " ", "--model", &m], "the text is empty"),
         (
+            vec!["translate", SOURCE, "--num-beams", "0", "--model", &m],
+            "0 is not in 1..=64",
+        ),
+        (
             vec!["heads", SOURCE, "--model", &m],
             "is an encoder-decoder model",
         ),
     ] {
         fails_with(&args, says);
+    }
+    // A Marian directory without one of its tokenizer's files.
+    for (missing, says) in [
+        (
+            "source.spm",
+            "source.spm is missing (a SentencePiece model)",
+        ),
+        (
+            "vocab.json",
+            "vocab.json is missing (the model's vocab.json)",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        for f in std::fs::read_dir(model_of("marian")).unwrap() {
+            let f = f.unwrap().path();
+            if f.file_name().unwrap() != missing {
+                std::fs::copy(&f, tmp.path().join(f.file_name().unwrap())).unwrap();
+            }
+        }
+        fails_with(
+            &["translate", SOURCE, "--model", tmp.path().to_str().unwrap()],
+            says,
+        );
     }
     // Marian's weights as PyTorch's pickle only: the transformers line that rewrites them.
     let tmp = tempfile::tempdir().unwrap();
