@@ -100,7 +100,13 @@
 
   // Whether the tokens are a text and its pair, which the A/B filter splits (an
   // encoder-decoder model's source and target are its kinds' rows and columns instead).
-  function hasPair() { return !S.kinds && S.data.tokens.some((t) => t.segment === 1); }
+  function hasPair() { return (!S.kinds || !!S.source.rows) && S.keys.some((t) => t.segment === 1); }
+
+  // Query `i`'s position among the keys: its index, but on a page of chosen rows.
+  function position(i) { return S.data.positions ? S.data.positions[i] : i; }
+
+  // Whether the kind selector has a choice to offer (a page of chosen rows has one kind).
+  function manyKinds() { return !!S.kinds && S.source.kinds.length > 1; }
 
   // Shows `unpacked` (a payload's or one kind's): the views draw from it; the layer and the
   // heads shown stay where they fit.
@@ -250,8 +256,7 @@
   // Which (query, key) pairs the A/B filter keeps.
   function filterPass(i, j) {
     if (S.filter === "all") return true;
-    const seg = S.data.tokens;
-    return seg[i].segment === (S.filter[0] === "A" ? 0 : 1) && seg[j].segment === (S.filter[1] === "A" ? 0 : 1);
+    return S.data.tokens[i].segment === (S.filter[0] === "A" ? 0 : 1) && S.keys[j].segment === (S.filter[1] === "A" ? 0 : 1);
   }
 
   // The smallest weight (quantised, >= minWeight) whose lines number at most maxLines, so that
@@ -399,8 +404,9 @@
         const shows = !passes(pinned.side, pinned.index)
           ? "the " + $("filter").selectedOptions[0].textContent + " filter hides its lines"
           : pinned.side === "left" ? "the keys it attends to" : "the queries that attend to it";
-        caption.textContent = (pinned.side === "left" ? "Query " : "Key ") + JSON.stringify(tokenLabel(t)) + " (" + pinned.index +
-          ") is pinned: " + shows + ". Click it again or press Escape to let it go; arrow keys move it." + pair;
+        caption.textContent = (pinned.side === "left" ? "Query " : "Key ") + JSON.stringify(tokenLabel(t)) + " (" +
+          (pinned.side === "left" ? position(pinned.index) : pinned.index) + ") is pinned: " + shows +
+          ". Click it again or press Escape to let it go; arrow keys move it." + pair;
       }
       const queryPinned = pinned && pinned.side === "left" && container.id === "view-head" && S.data.neuron;
       neuronLink.hidden = !queryPinned;
@@ -632,7 +638,7 @@
       return [Math.round(247 - t * 239), Math.round(251 - t * 203), Math.round(255 - t * 148)];
     };
     // A causal model's masked cells (a query and a later key) are grey, not weight 0's colour.
-    const masked = (r, c) => S.causal && cols[c] > rows[r];
+    const masked = (r, c) => S.causal && cols[c] > position(rows[r]);
     const image = ctx.createImageData(cols.length, rows.length);
     values.forEach((v, k) => {
       const [r, g, b] = masked(Math.floor(k / cols.length), k % cols.length) ? [222, 222, 222] : colour(v);
@@ -689,7 +695,7 @@
       }
       outline(r, c);
       const q = S.data.tokens[rows[r]], k = S.keys[cols[c]];
-      $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + rows[r] + ") → key " +
+      $("heatmap-readout").textContent = which + ": query " + JSON.stringify(tokenLabel(q)) + " (" + position(rows[r]) + ") → key " +
         JSON.stringify(tokenLabel(k)) + " (" + cols[c] + "): " +
         (masked(r, c) ? "masked (a causal model's query cannot see later keys)" : values[r * cols.length + c].toFixed(3));
     };
@@ -788,13 +794,13 @@
 
   function heatmapCsv() {
     const { rows, cols, values } = S.heatmap;
-    const field = (tokens, i) => {
-      const text = i + ":" + tokenLabel(tokens[i]);
+    const field = (tokens, i, at) => {
+      const text = at + ":" + tokenLabel(tokens[i]);
       return /[",\r\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text;
     };
-    const lines = [["query\\key", ...cols.map((j) => field(S.keys, j))].join(",")];
+    const lines = [["query\\key", ...cols.map((j) => field(S.keys, j, j))].join(",")];
     rows.forEach((i, r) => {
-      const cells = [field(S.data.tokens, i)];
+      const cells = [field(S.data.tokens, i, position(i))];
       for (let c = 0; c < cols.length; c++) cells.push(values[r * cols.length + c].toFixed(3));
       lines.push(cells.join(","));
     });
@@ -816,6 +822,11 @@
   async function renderNeuron() {
     const body = $("view-neuron").querySelector("#neuron-body");
     body.replaceChildren();
+    if (S.kinds && S.source.rows) {
+      body.appendChild(el("p", "muted", "The neuron view is not available on a page of chosen rows (--rows): it holds those " +
+        "rows' weights alone, not the model's queries and keys. The head view, the model view and the heatmap show the rows."));
+      return;
+    }
     if (S.kinds) {
       body.appendChild(el("p", "muted", "The neuron view is not available for an encoder-decoder model: attnscope does not " +
         "take out its queries and keys. Its encoder, decoder and cross-attention are in the head view, the model view and the heatmap."));
@@ -926,13 +937,16 @@
   function buildControls() {
     $("controls").hidden = false;
     const clip = (text) => JSON.stringify(text.length > 300 ? text.slice(0, 300) + "…" : text);
-    const summary = S.kinds
+    const summary = S.kinds && S.source.rows
+      ? S.data.model + " · " + S.T + " of " + S.K + " tokens as queries, each over every token · " + S.L + " layers × " +
+        S.H + " heads · " + clip(S.data.text) + (S.data.pair !== null ? " + " + clip(S.data.pair) : "")
+      : S.kinds
       ? S.data.model + " (encoder-decoder) · " + S.data.label + ": " + S.T + " queries × " + S.K + " keys · " + S.L + " layers × " +
         S.H + " heads · source " + clip(S.data.text) + " → target " + clip(S.data.target)
       : S.data.model + " · " + S.T + " tokens · " + S.L + " layers × " + S.H + " heads · " +
         clip(S.data.text) + (S.data.pair !== null ? " + " + clip(S.data.pair) : "");
     $("summary").textContent = summary;
-    $("kind-control").hidden = !S.kinds;
+    $("kind-control").hidden = !manyKinds();
     $("kind-about").hidden = !S.kinds;
     if (S.kinds) {
       fillSelect($("kind"), S.source.kinds.map((k) => [k.name, k.label]), S.kind);
@@ -1013,8 +1027,10 @@
     for (const name of ["head", "model", "heatmap", "neuron"]) $("view-" + name).hidden = name !== S.view;
     // The neuron view shows one query against every key: the A/B filter does not apply there.
     $("filter-control").hidden = S.view === "neuron" || !hasPair();
-    // The neuron view is not available for an encoder-decoder model, whatever its kind.
-    $("kind-control").hidden = $("kind-about").hidden = !S.kinds || S.view === "neuron";
+    // The neuron view is not available for an encoder-decoder model, whatever its kind, nor
+    // for chosen rows.
+    $("kind-control").hidden = !manyKinds() || S.view === "neuron";
+    $("kind-about").hidden = !S.kinds || S.view === "neuron";
     $("head-toggles").hidden = S.view !== "head";
     // The model view shows every layer at once, and so do the heatmap's all-layer matrices;
     // a measure has no heads, and one rolled out no layers.

@@ -1378,3 +1378,339 @@ fn a_hostile_source_and_target_are_data_on_an_encoder_decoder_page() {
     );
     assert_eq!(browser.alert_text(), None, "an alert opened");
 }
+
+const ROWS_TEXT: &str = "The cat that ate the mouse that lived in the barn ran away";
+
+/// The random Qwen2 decoder checkpoint (tests/data/llm/qwen2).
+fn qwen2() -> std::path::PathBuf {
+    golden().join("llm").join("qwen2")
+}
+
+/// `attnscope html ROWS_TEXT --rows ROWS -o dir/NAME` with `source` ("--model", DIR) or
+/// `html --maps FILE --rows ROWS -o dir/NAME` with ("--maps", FILE); the page's path and its
+/// embedded data.
+fn rows_page(
+    dir: &Path,
+    name: &str,
+    source: (&str, &Path),
+    rows: &str,
+) -> (std::path::PathBuf, serde_json::Value) {
+    let out = dir.join(name);
+    let mut command = attnscope();
+    match source {
+        ("--maps", maps) => command.args(["html", "--maps"]).arg(maps),
+        (_, model) => command.args(["html", ROWS_TEXT, "--model"]).arg(model),
+    };
+    let output = command
+        .args(["--rows", rows, "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let data = embedded_data(&std::fs::read_to_string(&out).unwrap());
+    (out, data)
+}
+
+/// A `--rows` page of Qwen2 (causal) and of MiniLM (bidirectional) holds one kind: the rows
+/// asked for over every token, which the model computed alone and which are, to 3 decimals,
+/// the same rows of the full pass (`attention --json`); from saved full maps, the same.
+#[test]
+fn a_rows_page_holds_the_chosen_rows_of_the_full_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let minilm = attn_models::default_model_dir(false).expect("the default model");
+    for (model, causal) in [(qwen2(), true), (minilm, false)] {
+        let output = attnscope()
+            .args(["attention", ROWS_TEXT, "--json", "--model"])
+            .arg(&model)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let want: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let ([l, h, t, _], full) = nested(&want["attentions"]);
+        for (rows, chosen) in [("3..6", 3..6), ("-2..", t - 2..t)] {
+            let (_, data) = rows_page(dir.path(), "rows.html", ("--model", model.as_path()), rows);
+            let what = format!("{} --rows {rows}", model.display());
+            assert_eq!(
+                (&data["rows"], &data["kind"]),
+                (&json!(true), &json!("rows"))
+            );
+            assert!(data["neuron"].is_null(), "{what}");
+            assert_eq!(data["measures"], json!([]), "{what}");
+            let kinds = data["kinds"].as_array().unwrap();
+            assert_eq!(kinds.len(), 1, "{what}");
+            let kind = &kinds[0];
+            let r = chosen.len();
+            assert_eq!(
+                (
+                    kind["tokens"].as_array().unwrap().len(),
+                    kind["key_tokens"].as_array().unwrap().len()
+                ),
+                (r, t),
+                "{what}"
+            );
+            assert_eq!(kind["positions"], json!(chosen.clone().collect::<Vec<_>>()));
+            assert_eq!(kind["causal"], causal, "{what}");
+            assert_eq!(
+                (&kind["n_layers"], &kind["n_heads"]),
+                (&json!(l), &json!(h))
+            );
+            assert_eq!(kind["weight_floor"], 0, "{what}");
+            let about = kind["about"].as_str().unwrap();
+            assert_eq!(
+                about,
+                format!(
+                    "Rows {}..{} of the {t} tokens (queries, left; heatmap rows), each over \
+                     every token (keys, right; columns): the model computed these rows' \
+                     weights alone.",
+                    chosen.start, chosen.end
+                ),
+                "{what}"
+            );
+            // The full pass's rows `chosen` of every layer and head.
+            let expected: Vec<f64> = (0..l * h)
+                .flat_map(|lh| chosen.clone().map(move |i| (lh * t + i) * t))
+                .flat_map(|at| full[at..at + t].iter().copied())
+                .collect();
+            let got = unpack_matrix(kind, kind["weights"].as_str().unwrap());
+            assert_eq!(got.len(), expected.len(), "{what}");
+            let worst = (got.iter().zip(&expected))
+                .map(|(g, w)| (f64::from(*g) - w).abs())
+                .fold(0.0, f64::max);
+            assert!(worst <= 5.001e-4, "{what}: off by {worst}");
+        }
+    }
+    // From saved maps of every row: the same rows, said to be taken from them.
+    let maps = dir.path().join("maps.json");
+    let output = attnscope()
+        .args(["attention", ROWS_TEXT, "--save-maps"])
+        .arg(&maps)
+        .arg("--model")
+        .arg(qwen2())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let (_, alone) = rows_page(
+        dir.path(),
+        "alone.html",
+        ("--model", qwen2().as_path()),
+        "3..6",
+    );
+    let (_, sliced) = rows_page(
+        dir.path(),
+        "sliced.html",
+        ("--maps", maps.as_path()),
+        "3..6",
+    );
+    let (alone, sliced) = (&alone["kinds"][0], &sliced["kinds"][0]);
+    assert!(
+        (sliced["about"].as_str().unwrap()).ends_with(": taken from saved maps of every row."),
+        "{sliced}"
+    );
+    let values = |kind: &serde_json::Value| unpack_matrix(kind, kind["weights"].as_str().unwrap());
+    let worst = (values(alone).iter().zip(values(sliced)))
+        .map(|(a, s)| (a - s).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 0.0011, "the sliced rows are off by {worst}");
+    assert_eq!(alone["tokens"], sliced["tokens"]);
+    assert_eq!(alone["key_tokens"], sliced["key_tokens"]);
+}
+
+/// The head view of a `--rows` page lists the chosen rows' tokens as queries (left) and every
+/// token as keys (right); the page says what it shows, offers no kind to choose, and its
+/// neuron view says why it is not there.
+#[test]
+fn a_rows_page_shows_the_chosen_queries_over_every_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, data) = rows_page(
+        dir.path(),
+        "rows.html",
+        ("--model", qwen2().as_path()),
+        "2..5",
+    );
+    let kind = &data["kinds"][0];
+    let labels = |field: &str| -> Vec<String> {
+        kind[field].as_array().unwrap().iter().map(label).collect()
+    };
+    let t = labels("key_tokens").len();
+    let browser = Browser::start();
+    browser.goto(&format!("file://{}", out.display()));
+    browser.expect_ready();
+    let columns = browser.exec(
+        "const side = (s) => [...document.querySelectorAll('#view-head .tokens.' + s + ' .tok')].map((t) => t.textContent);
+         return [side('left'), side('right')];",
+        json!([]),
+    );
+    let (left, right): (Vec<String>, Vec<String>) = serde_json::from_value(columns).unwrap();
+    assert_eq!(left, labels("tokens"));
+    assert_eq!(right, labels("key_tokens"));
+    assert_eq!((left.len(), right.len()), (3, t));
+    let shown = |css: &str| {
+        browser.exec(
+            "const e = document.querySelector(arguments[0]); return !!e && !e.closest('[hidden]');",
+            json!([css]),
+        ) == json!(true)
+    };
+    assert!(!shown("#kind-control") && shown("#kind-about"));
+    let text = |id: &str| {
+        browser
+            .exec(
+                "return document.getElementById(arguments[0]).textContent;",
+                json!([id]),
+            )
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(
+        text("kind-about").starts_with(&format!("Rows 2..5 of the {t} tokens")),
+        "{}",
+        text("kind-about")
+    );
+    let summary = text("summary");
+    assert!(
+        summary.contains(&format!(
+            "3 of {t} tokens as queries, each over every token"
+        )),
+        "{summary}"
+    );
+    // A pinned query is named by its position in the text, not its row on the page.
+    browser.click("#view-head .tokens.left .tok[data-index='0']");
+    let caption = browser.exec(
+        "return document.querySelector('#view-head p.muted').textContent;",
+        json!([]),
+    );
+    let pinned = format!("Query {:?} (2) is pinned", labels("tokens")[0]);
+    assert!(caption.as_str().unwrap().starts_with(&pinned), "{caption}");
+    browser.click("#tabs button[data-view=neuron]");
+    browser.expect_ready();
+    let neuron = text("neuron-body");
+    assert!(
+        neuron.contains("not available on a page of chosen rows (--rows)"),
+        "{neuron}"
+    );
+    assert!(!shown("#neuron-head"));
+    let error = browser.exec("return document.getElementById('error').hidden;", json!([]));
+    assert_eq!(error, json!(true));
+}
+
+/// A causal model's `--rows` heatmap greys each chosen row's keys after its own position (not
+/// after its row on the page) and shows the keys up to it.
+#[test]
+fn a_rows_heatmap_masks_the_keys_after_each_rows_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, data) = rows_page(
+        dir.path(),
+        "rows.html",
+        ("--model", qwen2().as_path()),
+        "2..5",
+    );
+    let t = data["kinds"][0]["key_tokens"].as_array().unwrap().len();
+    let browser = heatmap_keeping_saves(&out);
+    let geometry = browser.exec(
+        "const c = document.getElementById('heatmap-canvas'), b = c.getBoundingClientRect();
+         return [b.width, b.height];",
+        json!([]),
+    );
+    // 3 rows of t keys in 24 px cells (t is under 30), a 60 px colour bar at the right and
+    // 4 px below.
+    let cell = 24.0;
+    let (w, h) = (geometry[0].as_f64().unwrap(), geometry[1].as_f64().unwrap());
+    let (left, top) = (w - 60.0 - t as f64 * cell, h - 4.0 - 3.0 * cell);
+    let read = |row: usize, key: usize| {
+        browser.exec(
+            "const c = document.getElementById('heatmap-canvas'), b = c.getBoundingClientRect();
+             const dpr = window.devicePixelRatio || 1;
+             const [x, y] = [b.left + arguments[0], b.top + arguments[1]];
+             c.dispatchEvent(new MouseEvent('mousemove', { clientX: x, clientY: y }));
+             const px = c.getContext('2d').getImageData(Math.round((x - b.left) * dpr), Math.round((y - b.top) * dpr), 1, 1).data;
+             return [document.getElementById('heatmap-readout').textContent, [px[0], px[1], px[2]]];",
+            json!([
+                left + (key as f64 + 0.5) * cell,
+                top + (row as f64 + 0.5) * cell
+            ]),
+        )
+    };
+    let grey = json!([222, 222, 222]);
+    for (row, position) in [(0, 2), (2, 4)] {
+        // Its own key and the one before it are seen; the one after it is masked.
+        for key in [position - 1, position] {
+            let seen = read(row, key);
+            let says = format!("({position}) → key");
+            let readout = seen[0].as_str().unwrap();
+            assert!(
+                readout.contains(&says) && !readout.contains("masked"),
+                "{seen}"
+            );
+            assert_ne!(seen[1], grey, "row {row}, key {key}");
+        }
+        let masked = read(row, position + 1);
+        assert!(
+            (masked[0].as_str().unwrap())
+                .ends_with("masked (a causal model's query cannot see later keys)"),
+            "{masked}"
+        );
+        assert_eq!(masked[1], grey, "row {row}, key {}", position + 1);
+    }
+    // The saved CSV names each row by its position too.
+    let csv = saved_csv(&browser);
+    let firsts: Vec<&str> = (csv.split_terminator("\r\n").skip(1))
+        .map(|line| line.split(':').next().unwrap())
+        .collect();
+    assert_eq!(firsts, ["2", "3", "4"], "{csv}");
+}
+
+/// `--rows` refuses what it cannot show, naming the flag, with exit status 1: an empty or
+/// malformed range, the measures, the neuron view, an encoder-decoder model.
+#[test]
+fn rows_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.html");
+    let fails = |args: &[&str], model: &Path, says: &str| {
+        let output = attnscope()
+            .arg("html")
+            .args(args)
+            .arg("-o")
+            .arg(&out)
+            .arg("--model")
+            .arg(model)
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(says),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!out.exists(), "{args:?} wrote a page");
+    };
+    let gpt2 = tiny_gpt2();
+    let text = "The cat sat on the mat";
+    for (rows, says) in [
+        ("5..2", "--rows 5..2 selects no row of the 6 tokens"),
+        ("6..", "--rows 6.. selects no row of the 6 tokens"),
+        ("x", "invalid value 'x' for '--rows <START..END>'"),
+        ("x..2", "START \"x\" is not a whole number"),
+    ] {
+        fails(&[text, "--rows", rows], &gpt2, says);
+    }
+    fails(
+        &[text, "--rows", "0..2", "--methods", "norm"],
+        &gpt2,
+        "--methods: a page of --rows holds those rows' attention weights alone",
+    );
+    fails(
+        &[text, "--rows", "0..2", "--neuron-layer", "0"],
+        &gpt2,
+        "--neuron-layer: a page of --rows has no neuron view",
+    );
+    fails(
+        &[S2S_SOURCE, "--rows", "0..2"],
+        &s2s_model("marian"),
+        "--rows: an encoder-decoder model's page holds its three kinds of attention whole",
+    );
+}

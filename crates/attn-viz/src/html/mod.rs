@@ -15,7 +15,7 @@ mod payload;
 
 pub use payload::{
     FORMAT, Measure, PageOptions, QueryKeys, Seq2SeqMaps, WEIGHT_SCALE, payload_json,
-    seq2seq_payload_json,
+    rows_payload_json, seq2seq_payload_json,
 };
 
 use base64::Engine;
@@ -68,6 +68,21 @@ pub fn standalone_page(
 /// HTML file: its encoder, decoder and cross-attention, which a selector switches between.
 pub fn seq2seq_page(maps: &Seq2SeqMaps, options: &PageOptions) -> Result<String, VizError> {
     let json = seq2seq_payload_json(maps, options)?;
+    Ok(render("file", &script_json(&json)))
+}
+
+/// The explorer for the rows `rows` (token positions) of one text's attention, each over every
+/// token, as a single self-contained HTML file (see [`rows_payload_json`]).
+///
+/// # Shapes
+/// - `maps.weights`: `[n_layers, n_heads, held rows, T]` or `[n_layers, n_heads, T, T]`
+pub fn rows_page(
+    maps: &AttentionMaps,
+    rows: &[usize],
+    alone: bool,
+    options: &PageOptions,
+) -> Result<String, VizError> {
+    let json = rows_payload_json(maps, rows, alone, options)?;
     Ok(render("file", &script_json(&json)))
 }
 
@@ -287,6 +302,22 @@ mod tests {
             (&hostile.into(), &hostile.into())
         );
         assert_eq!(value["kinds"][0]["tokens"][0]["label"], hostile);
+        assert_eq!(page.matches("<script").count(), 2);
+        assert!(!page.contains("<img"));
+    }
+
+    #[test]
+    fn a_rows_page_keeps_hostile_tokens_inside_its_data() {
+        let hostile = "</script><img src=x onerror=alert(1)>";
+        let page = rows_page(
+            &maps(hostile, &[hostile, "b"]),
+            &[1],
+            true,
+            &PageOptions::default(),
+        )
+        .unwrap();
+        let value: serde_json::Value = serde_json::from_str(embedded_json(&page)).unwrap();
+        assert_eq!(value["kinds"][0]["key_tokens"][0]["label"], hostile);
         assert_eq!(page.matches("<script").count(), 2);
         assert!(!page.contains("<img"));
     }

@@ -257,14 +257,18 @@ struct Seq2SeqPayload<'a> {
 #[derive(Serialize)]
 struct KindPayload {
     name: &'static str,
-    label: &'static str,
+    label: String,
     /// What the rows and columns are, for the page to say.
-    about: &'static str,
+    about: String,
     /// The head view's headings of the queries' and the keys' columns.
     queries: &'static str,
     keys: &'static str,
     tokens: Vec<PayloadToken>,
     key_tokens: Option<Vec<PayloadToken>>,
+    /// Each query's position among the keys, where it is not its row's index: a causal
+    /// model's query cannot see the keys after it, which the page greys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    positions: Option<Vec<usize>>,
     n_layers: usize,
     n_heads: usize,
     causal: bool,
@@ -327,6 +331,134 @@ pub fn seq2seq_payload_json(maps: &Seq2SeqMaps, options: &PageOptions) -> Result
     to_json(&payload)
 }
 
+/// The page of some rows of one text's self-attention: one kind, those rows' tokens as queries
+/// over every token as keys.
+#[derive(Serialize)]
+struct RowsPayload<'a> {
+    format: u32,
+    model: &'a str,
+    text: &'a str,
+    pair: Option<&'a str>,
+    /// Tells the page that its one kind is chosen rows, not an encoder-decoder model's.
+    rows: bool,
+    kind: &'static str,
+    kinds: Vec<KindPayload>,
+    measures: Vec<PayloadMeasure>,
+    neuron: Option<Neuron>,
+}
+
+/// The JSON the page renders for the rows `rows` (token positions, ascending, each held by
+/// `maps`) of `maps`, each over every token: one rectangular kind, packed as [`payload_json`]
+/// packs its weights, with no queries and keys (the neuron view says it is not available) or
+/// measures. `alone`: the model computed these rows' weights alone (else they are taken from
+/// maps of every row), which the page says.
+///
+/// # Shapes
+/// - `maps.weights`: `[n_layers, n_heads, held rows, T]` ([`AttentionMaps::rows`]) or
+///   `[n_layers, n_heads, T, T]`
+/// - the packed weights: `[n_layers, n_heads, rows.len(), T]`
+pub fn rows_payload_json(
+    maps: &AttentionMaps,
+    rows: &[usize],
+    alone: bool,
+    options: &PageOptions,
+) -> Result<String, VizError> {
+    maps.validate_rows()?;
+    let t = maps.seq_len();
+    if rows.is_empty() || rows.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(VizError::BadRows {
+            reason: "the rows to show must be at least one, ascending".into(),
+        });
+    }
+    let mut exact = Vec::with_capacity(maps.n_layers * maps.n_heads * rows.len() * t);
+    for layer in 0..maps.n_layers {
+        for head in 0..maps.n_heads {
+            for &row in rows {
+                exact.extend_from_slice(maps.row(layer, head, row).ok_or_else(|| {
+                    VizError::BadRows {
+                        reason: format!("the maps hold no row for token {row}"),
+                    }
+                })?);
+            }
+        }
+    }
+    let n = rows.len();
+    let blocks = (maps.n_layers * maps.n_heads) as f32;
+    let mut mean = vec![0.0f32; n * t];
+    for block in exact.chunks_exact(n * t) {
+        for (m, &w) in mean.iter_mut().zip(block) {
+            *m += w / blocks;
+        }
+    }
+    let (first, last) = (rows[0], rows[n - 1] + 1);
+    let span = match last - first == n {
+        true => format!("Rows {}..{}", thousands(first), thousands(last)),
+        false => format!("{} rows", thousands(n)),
+    };
+    let about = format!(
+        "{span} of the {} tokens (queries, left; heatmap rows), each over every token (keys, \
+         right; columns): {}.",
+        thousands(t),
+        match alone {
+            true => "the model computed these rows' weights alone",
+            false => "taken from saved maps of every row",
+        }
+    );
+    let quantised = quantise(&exact);
+    let mut payload = RowsPayload {
+        format: FORMAT,
+        model: &maps.model,
+        text: &maps.text,
+        pair: maps.pair.as_deref(),
+        rows: true,
+        kind: "rows",
+        kinds: vec![KindPayload {
+            name: "rows",
+            label: span.to_lowercase(),
+            about,
+            queries: "chosen token (query)",
+            keys: "token (key)",
+            tokens: payload_tokens(maps, rows.iter().copied())?,
+            key_tokens: Some(payload_tokens(maps, 0..t)?),
+            positions: Some(rows.to_vec()),
+            n_layers: maps.n_layers,
+            n_heads: maps.n_heads,
+            causal: t > 1 && sees_only_earlier_keys(maps),
+            weight_scale: WEIGHT_SCALE,
+            weight_floor: 0,
+            zero_hidden_mean: 0.0,
+            zero_hidden_max: 0.0,
+            weights: String::new(),
+            rollout: None,
+            all_layers: pack_floored(&quantise(&mean), 0)?,
+        }],
+        measures: Vec::new(),
+        neuron: None,
+    };
+    let rest = to_json(&payload)?.len();
+    let budget = options
+        .size_budget_bytes
+        .map(|budget| budget.saturating_sub(rest));
+    let kind = &mut payload.kinds[0];
+    (kind.weight_floor, kind.weights) = pack_weights(&quantised, n * t, budget)?;
+    (kind.zero_hidden_mean, kind.zero_hidden_max) =
+        hidden_by_zeros(&exact, &quantised, t, kind.weight_floor);
+    to_json(&payload)
+}
+
+/// `n` with a comma between groups of three digits (8,192), as the page writes counts.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The payload's tokens `indices` of `maps`.
 fn payload_tokens(
     maps: &AttentionMaps,
@@ -365,12 +497,13 @@ fn square_kind(maps: &AttentionMaps, name: &'static str) -> Result<Kind, VizErro
     Ok(Kind {
         payload: KindPayload {
             name,
-            label,
-            about,
+            label: label.into(),
+            about: about.into(),
             queries,
             keys,
             tokens: payload_tokens(maps, 0..maps.seq_len())?,
             key_tokens: None,
+            positions: None,
             n_layers: maps.n_layers,
             n_heads: maps.n_heads,
             causal: maps.seq_len() > 1 && sees_only_earlier_keys(maps),
@@ -419,12 +552,13 @@ fn cross_kind(maps: &AttentionMaps) -> Result<Kind, VizError> {
     Ok(Kind {
         payload: KindPayload {
             name: "cross",
-            label: "Cross",
-            about: "Cross: each target token (query, left) is the decoder row that predicts it, reading the source's tokens (keys, right) from the encoder.",
+            label: "Cross".into(),
+            about: "Cross: each target token (query, left) is the decoder row that predicts it, reading the source's tokens (keys, right) from the encoder.".into(),
             queries: "target token (query)",
             keys: "source token (key)",
             tokens: payload_tokens(maps, rows.into_iter())?,
             key_tokens: Some(payload_tokens(maps, sources.into_iter())?),
+            positions: None,
             n_layers: maps.n_layers,
             n_heads: maps.n_heads,
             causal: false,
@@ -1300,5 +1434,68 @@ mod tests {
         maps.cross.weights = vec![0.2; 2 * 5 * 5];
         let err = seq2seq_payload_json(&maps, &PageOptions::default()).unwrap_err();
         assert!(matches!(err, VizError::BadRows { .. }), "{err}");
+    }
+
+    /// A rows page holds the rows asked for (of those the maps hold) over every token, each
+    /// query's position for the causal mask, and says which rows they are.
+    #[test]
+    fn a_rows_payload_holds_the_rows_asked_for_over_every_token() {
+        let maps = AttentionMaps {
+            tokens: vec![token("a", 0), token("b", 0), token("c", 0)],
+            text: "a b c".into(),
+            n_heads: 2,
+            n_layers: 1,
+            // [1 layer, 2 heads, rows 1 and 2, 3 keys], causal.
+            weights: vec![
+                0.4, 0.6, 0.0, 0.2, 0.3, 0.5, //
+                1.0, 0.0, 0.0, 0.1, 0.1, 0.8,
+            ],
+            rows: Some(vec![1, 2]),
+            ..maps()
+        };
+        let json: serde_json::Value = serde_json::from_str(
+            &rows_payload_json(&maps, &[2], true, &PageOptions::default()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (&json["rows"], &json["kind"]),
+            (&json!(true), &json!("rows"))
+        );
+        assert!(json["neuron"].is_null() && json["kinds"].as_array().unwrap().len() == 1);
+        let kind = &json["kinds"][0];
+        assert_eq!(kind["tokens"].as_array().unwrap().len(), 1);
+        assert_eq!(kind["key_tokens"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            (&kind["positions"], &kind["causal"]),
+            (&json!([2]), &json!(true))
+        );
+        assert_eq!(kind["label"], "rows 2..3");
+        assert_eq!(
+            kind["about"],
+            "Rows 2..3 of the 3 tokens (queries, left; heatmap rows), each over every token \
+             (keys, right; columns): the model computed these rows' weights alone."
+        );
+        assert_eq!(
+            decode_weights(&unpack(kind["weights"].as_str().unwrap())),
+            [200, 300, 500, 100, 100, 800]
+        );
+        assert_eq!(
+            decode_weights(&unpack(kind["all_layers"].as_str().unwrap())),
+            [150, 200, 650]
+        );
+        let refused = rows_payload_json(&maps, &[0, 2], false, &PageOptions::default());
+        assert!(
+            matches!(&refused, Err(VizError::BadRows { reason }) if reason.contains("token 0")),
+            "{refused:?}"
+        );
+        assert!(rows_payload_json(&maps, &[], false, &PageOptions::default()).is_err());
+    }
+
+    #[test]
+    fn thousands_are_grouped_by_commas() {
+        assert_eq!(
+            [0, 999, 1000, 8192, 1_234_567].map(thousands),
+            ["0", "999", "1,000", "8,192", "1,234,567"]
+        );
     }
 }

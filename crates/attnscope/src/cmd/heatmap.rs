@@ -13,6 +13,7 @@ use attn_viz::select::{Selection, select};
 use attn_viz::stats::sees_only_earlier_keys;
 use attn_viz::words::{self, Unit, keep_and_renormalise, merge_matrix};
 
+use crate::cmd::{RowRange, parse_rows};
 use crate::maps::{Seq2SeqAttention, SourceArgs, check_output, progress_bar};
 
 // The fields' docs are --help text, where [CLS] is a token, not a link.
@@ -272,49 +273,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--rows START..END`: the ends as given, `None` where left out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowRange {
-    start: Option<i64>,
-    end: Option<i64>,
-}
-
-impl RowRange {
-    /// The range over `n` units, or why it selects none.
-    fn resolve(self, n: usize) -> Result<std::ops::Range<usize>, String> {
-        let at = |x: i64| match x < 0 {
-            true => n.saturating_sub(x.unsigned_abs() as usize),
-            false => (x as usize).min(n),
-        };
-        let (start, end) = (self.start.map_or(0, at), self.end.map_or(n, at));
-        match start < end {
-            true => Ok(start..end),
-            false => Err(format!(
-                "--rows {}..{} selects no row of the {n} shown",
-                self.start.map_or(String::new(), |x| x.to_string()),
-                self.end.map_or(String::new(), |x| x.to_string())
-            )),
-        }
-    }
-}
-
-fn parse_rows(text: &str) -> Result<RowRange, String> {
-    let (start, end) = text
-        .split_once("..")
-        .ok_or_else(|| format!("{text:?}: expected START..END, such as 0..10, -8.. or ..5"))?;
-    let end_of = |x: &str, which: &str| match x.trim() {
-        "" => Ok(None),
-        x => x
-            .parse::<i64>()
-            .map(Some)
-            .map_err(|_| format!("{text:?}: {which} {x:?} is not a whole number")),
-    };
-    Ok(RowRange {
-        start: end_of(start, "START")?,
-        end: end_of(end, "END")?,
-    })
-}
-
 /// `heatmap --rows`: the chosen rows of the shown units over every shown unit, from a model run
 /// that computes those rows' weights alone (or from saved maps).
 fn run_rows(args: &Args, range: RowRange) -> anyhow::Result<()> {
@@ -332,7 +290,9 @@ fn run_rows(args: &Args, range: RowRange) -> anyhow::Result<()> {
     let chosen = |maps: &AttentionMaps| -> anyhow::Result<(Vec<Unit>, Vec<usize>, Vec<usize>)> {
         let units = units_of(maps)?;
         let shown = shown_of(&units);
-        let rows = range.resolve(shown.len()).map_err(anyhow::Error::msg)?;
+        let rows = range
+            .resolve(shown.len(), "shown")
+            .map_err(anyhow::Error::msg)?;
         let rows = shown[rows].to_vec();
         Ok((units, shown, rows))
     };

@@ -1,25 +1,31 @@
 //! `attnscope html`: one text's attention as a self-contained interactive HTML file (head view,
 //! model view, heatmap, neuron view) that works offline; for an encoder-decoder model, its
 //! encoder's, decoder's and cross-attention on a source and target, which a selector switches
-//! between. Also the model runs behind it (with the queries and keys the neuron view needs)
-//! that `attnscope serve` shares.
+//! between; with `--rows`, a few tokens' rows over every token, computed alone. Also the model
+//! runs behind it (with the queries and keys the neuron view needs) that `attnscope serve`
+//! shares.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use attn_models::{Model, Seq2Seq};
 use attn_viz::AttentionMaps;
-use attn_viz::html::{Measure, PageOptions, QueryKeys, Seq2SeqMaps, seq2seq_page, standalone_page};
+use attn_viz::html::{
+    Measure, PageOptions, QueryKeys, Seq2SeqMaps, rows_page, seq2seq_page, standalone_page,
+};
 
+use crate::cmd::RowRange;
 use crate::cmd::attribute::PageMethods;
 use crate::maps::{
-    Seq2SeqAttention, SourceArgs, check_output, pass_maps, read_maps, run_encoded, teacher_forced,
+    Seq2SeqAttention, SourceArgs, check_output, pass_maps, read_maps, run_encoded, run_model_rows,
+    teacher_forced,
 };
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   attnscope html \"The cat sat on the mat\" -o cat.html
   attnscope html \"Where is the Eiffel Tower?\" --pair \"The Eiffel Tower is in Paris.\" -o pair.html
+  attnscope html \"$(cat long-prompt.txt)\" --model Qwen/Qwen2.5-0.5B --rows -8.. -o last.html
   attnscope html \"I love machine learning\" --model Helsinki-NLP/opus-mt-en-fr -o translation.html")]
 pub struct Args {
     /// The text to look at.
@@ -55,6 +61,21 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub neuron_layer: Option<usize>,
+    /// Only these tokens' rows, each over every token: START..END of the tokens (END excluded;
+    /// negative: from the end)
+    ///
+    /// Only these tokens' rows (queries), each over every token: START..END of the model's
+    /// tokens, 0-based, END excluded, either one left out for the start or the end, a negative
+    /// one counting from the end (-8.. is the last 8). The model computes only these rows'
+    /// weights, so a prompt of thousands of tokens makes a page without the memory of its every
+    /// row; the page has no neuron view and no measures (--methods).
+    #[arg(
+        long,
+        value_name = "START..END",
+        allow_hyphen_values = true,
+        value_parser = crate::cmd::parse_rows
+    )]
+    pub rows: Option<RowRange>,
     #[command(flatten)]
     pub methods: PageMethods,
     #[command(flatten)]
@@ -64,6 +85,9 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     check_extension(&args.output)?;
     check_output(&args.output)?;
+    if let Some(range) = args.rows {
+        return run_rows(&args, range);
+    }
     // Saved maps carry no queries and keys: the page then says the neuron view is unavailable.
     let (maps, qk, measures) = match (&args.source.maps, &args.text) {
         (Some(path), _) => {
@@ -107,6 +131,64 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::note!(
         "wrote {} ({} tokens, {} layers × {} heads, {:.2} MB)",
         args.output.display(),
+        maps.tokens.len(),
+        maps.n_layers,
+        maps.n_heads,
+        page.len() as f64 / 1e6
+    );
+    Ok(())
+}
+
+/// `html --rows`: the chosen tokens' rows over every token, from a model run that computes
+/// those rows' weights alone (or from saved maps).
+fn run_rows(args: &Args, range: RowRange) -> anyhow::Result<()> {
+    if !args.methods.methods.is_empty() {
+        bail!(
+            "--methods: a page of --rows holds those rows' attention weights alone; the measures \
+             need every row (leave out --rows for them)"
+        );
+    }
+    if args.neuron_layer.is_some() {
+        bail!(
+            "--neuron-layer: a page of --rows has no neuron view (it holds those rows' weights, \
+             not the model's queries and keys)"
+        );
+    }
+    let chosen = |maps: &AttentionMaps| -> anyhow::Result<Vec<usize>> {
+        let rows = (range.resolve(maps.seq_len(), "tokens")).map_err(anyhow::Error::msg)?;
+        Ok(rows.collect())
+    };
+    let (maps, alone) = match (&args.source.maps, &args.text) {
+        (Some(path), _) => (read_maps(path)?, false),
+        (None, Some(text)) => {
+            if args.source.model.load_seq2seq()?.is_some() {
+                bail!(
+                    "--rows: an encoder-decoder model's page holds its three kinds of attention \
+                     whole; --rows chooses rows of a model that reads one text (an encoder or a \
+                     decoder)"
+                );
+            }
+            if args.target.is_some() {
+                bail!(
+                    "--target is the target of an encoder-decoder model (BART, mBART, Marian, T5); this model reads one text"
+                );
+            }
+            let model = args.source.model.load()?;
+            let (text, pair) = (text.as_str(), args.pair.as_deref());
+            let maps = run_model_rows(&model, (text, pair), args.source.truncate, chosen)?;
+            (maps, true)
+        }
+        (None, None) => bail!("give a TEXT to look at (or --maps FILE.json)"),
+    };
+    let rows = chosen(&maps)?;
+    let page = rows_page(&maps, &rows, alone, &PageOptions::default())?;
+    std::fs::write(&args.output, &page)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    crate::note!(
+        "wrote {} (rows {}..{} of {} tokens, {} layers × {} heads, {:.2} MB)",
+        args.output.display(),
+        rows[0],
+        rows[rows.len() - 1] + 1,
         maps.tokens.len(),
         maps.n_layers,
         maps.n_heads,
