@@ -1503,7 +1503,7 @@ fn a_rows_page_holds_the_chosen_rows_of_the_full_pass() {
     );
     let (alone, sliced) = (&alone["kinds"][0], &sliced["kinds"][0]);
     assert!(
-        (sliced["about"].as_str().unwrap()).ends_with(": taken from saved maps of every row."),
+        (sliced["about"].as_str().unwrap()).ends_with(": taken from a pass over every row."),
         "{sliced}"
     );
     let values = |kind: &serde_json::Value| unpack_matrix(kind, kind["weights"].as_str().unwrap());

@@ -351,7 +351,7 @@ struct RowsPayload<'a> {
 /// `maps`) of `maps`, each over every token: one rectangular kind, packed as [`payload_json`]
 /// packs its weights, with no queries and keys (the neuron view says it is not available) or
 /// measures. `alone`: the model computed these rows' weights alone (else they are taken from
-/// maps of every row), which the page says.
+/// a pass over every row: saved maps, or a range of every token), which the page says.
 ///
 /// # Shapes
 /// - `maps.weights`: `[n_layers, n_heads, held rows, T]` ([`AttentionMaps::rows`]) or
@@ -401,7 +401,7 @@ pub fn rows_payload_json(
         thousands(t),
         match alone {
             true => "the model computed these rows' weights alone",
-            false => "taken from saved maps of every row",
+            false => "taken from a pass over every row",
         }
     );
     let quantised = quantise(&exact);

@@ -176,7 +176,9 @@ fn run_rows(args: &Args, range: RowRange) -> anyhow::Result<()> {
             let model = args.source.model.load()?;
             let (text, pair) = (text.as_str(), args.pair.as_deref());
             let maps = run_model_rows(&model, (text, pair), args.source.truncate, chosen)?;
-            (maps, true)
+            // A range of every token runs the full pass.
+            let alone = maps.rows.is_some();
+            (maps, alone)
         }
         (None, None) => bail!("give a TEXT to look at (or --maps FILE.json)"),
     };
