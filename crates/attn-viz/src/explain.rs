@@ -576,16 +576,7 @@ fn method_row(
         Method::Attention {
             selection: Selection::Rollout,
         } => weighted_rows(&select(maps, Selection::Rollout)?, from, t),
-        Method::Attention { selection } => {
-            let heads: Vec<(usize, usize)> = match selection {
-                Selection::Head { layer, head } => vec![(layer, head)],
-                Selection::Layer { layer } => (0..maps.n_heads).map(|h| (layer, h)).collect(),
-                _ => (0..maps.n_layers)
-                    .flat_map(|l| (0..maps.n_heads).map(move |h| (l, h)))
-                    .collect(),
-            };
-            heads_row(maps, &heads, from)?
-        }
+        Method::Attention { selection } => heads_row(maps, &selection.heads(maps), from)?,
         Method::Flow => {
             // Flows come back one row per source token, in `from`'s order.
             let sources: Vec<usize> = from.iter().map(|&(i, _)| i).collect();
@@ -1189,7 +1180,7 @@ fn hidden_what(options: &ExplainOptions, specials: &str) -> String {
 ///
 /// # Shapes
 /// `maps.weights: [n_layers, n_heads, R, T]` → `[T]`.
-fn heads_row(
+pub fn heads_row(
     maps: &AttentionMaps,
     heads: &[(usize, usize)],
     rows: &[(usize, f64)],

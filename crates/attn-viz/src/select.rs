@@ -60,6 +60,17 @@ impl Selection {
         }
     }
 
+    /// The `(layer, head)`s the selection averages (rollout goes through every one).
+    pub fn heads(&self, maps: &AttentionMaps) -> Vec<(usize, usize)> {
+        match *self {
+            Selection::Head { layer, head } => vec![(layer, head)],
+            Selection::Layer { layer } => (0..maps.n_heads).map(|h| (layer, h)).collect(),
+            Selection::All | Selection::Rollout => (0..maps.n_layers)
+                .flat_map(|l| (0..maps.n_heads).map(move |h| (l, h)))
+                .collect(),
+        }
+    }
+
     /// Checks that the layer and head exist in `maps`.
     pub fn check(&self, maps: &AttentionMaps) -> Result<(), VizError> {
         match *self {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use attn_viz::AttentionMaps;
+use attn_viz::explain::heads_row;
 use attn_viz::heatmap::{
     Heatmap, ImageFormat, Marks, Panel, missing_glyphs, write_grid, write_heatmap,
 };
@@ -316,30 +317,16 @@ fn run_rows(args: &Args, range: RowRange) -> anyhow::Result<()> {
     let (units, shown, rows) = chosen(&maps)?;
     let selection = Selection::from_flags(args.layer, args.head, false)?;
     selection.check(&maps).map_err(crate::maps::name_the_flag)?;
-    let heads: Vec<(usize, usize)> = (0..maps.n_layers)
-        .flat_map(|l| (0..maps.n_heads).map(move |h| (l, h)))
-        .filter(|&(l, h)| match selection {
-            Selection::Head { layer, head } => (l, h) == (layer, head),
-            Selection::Layer { layer } => l == layer,
-            _ => true,
-        })
-        .collect();
-    let t = maps.seq_len();
+    let heads = selection.heads(&maps);
     let mut matrix = Vec::with_capacity(rows.len() * shown.len());
     let mut kept = Vec::with_capacity(rows.len());
     for &u in &rows {
         // The unit's row: the mean of its tokens' rows, each the chosen heads' mean.
-        let mut row = vec![0.0f32; t];
-        let share = 1.0 / (units[u].tokens.len() * heads.len()) as f32;
-        for &i in &units[u].tokens {
-            for &(l, h) in &heads {
-                let weights = (maps.row(l, h, i))
-                    .with_context(|| format!("the maps hold no row for token {i}"))?;
-                row.iter_mut()
-                    .zip(weights)
-                    .for_each(|(r, w)| *r += share * w);
-            }
-        }
+        let tokens = &units[u].tokens;
+        let from: Vec<(usize, f64)> = (tokens.iter())
+            .map(|&i| (i, 1.0 / tokens.len() as f64))
+            .collect();
+        let row = heads_row(&maps, &heads, &from).map_err(crate::maps::name_the_flag)?;
         let merged = words::row_to_units(&row, &units);
         let row: Vec<f32> = shown.iter().map(|&j| merged[j]).collect();
         let total: f32 = merged.iter().sum();
