@@ -118,13 +118,7 @@ fuzz_target!(|data: &[u8]| {
             method: Method::Flow,
             level: Level::Tokens,
             special: true,
-            focus: None,
-            question: false,
-            across: false,
-            top: None,
-            focus_tokens: Vec::new(),
-            only_segment: None,
-            focus_segment: None,
+            ..ExplainOptions::default()
         };
         explain(&maps, &options, |_, _| {}).expect("flow over a short text");
     }

@@ -39,18 +39,8 @@ fn maps() -> attn_viz::AttentionMaps {
 
 fn options(focus: Option<&str>) -> ExplainOptions {
     ExplainOptions {
-        method: Method::Attention {
-            selection: Selection::All,
-        },
-        level: Level::Words,
-        special: false,
         focus: focus.map(str::to_string),
-        question: false,
-        across: false,
-        top: None,
-        focus_tokens: Vec::new(),
-        only_segment: None,
-        focus_segment: None,
+        ..ExplainOptions::default()
     }
 }
 

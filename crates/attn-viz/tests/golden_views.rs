@@ -5,7 +5,7 @@ mod common;
 mod golden;
 
 use attn_viz::VizError;
-use attn_viz::explain::{ExplainOptions, Level, Method, explain};
+use attn_viz::explain::{ExplainOptions, explain};
 use attn_viz::flow::attention_flow;
 use attn_viz::heatmap::{Heatmap, Marks, Panel, missing_glyphs, write_grid, write_heatmap};
 use attn_viz::select::{Selection, residual_layers, select};
@@ -77,18 +77,8 @@ fn brute_force_question_row(maps: &attn_viz::AttentionMaps) -> Vec<f32> {
 fn the_eiffel_question_matches_a_brute_force_sum() {
     let maps = golden_maps("text01");
     let options = ExplainOptions {
-        method: Method::Attention {
-            selection: Selection::All,
-        },
-        level: Level::Words,
-        special: false,
-        focus: None,
         question: true,
-        across: false,
-        top: None,
-        focus_tokens: Vec::new(),
-        only_segment: None,
-        focus_segment: None,
+        ..ExplainOptions::default()
     };
     let e = explain(&maps, &options, |_, _| {}).unwrap();
     let got: Vec<f32> = e.rows.iter().map(|r| r.weight).collect();

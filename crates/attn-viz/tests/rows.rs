@@ -4,9 +4,7 @@
 
 mod common;
 
-use attn_viz::explain::{
-    ExplainOptions, Explanation, Level, Method, explain, head_grid, query_rows,
-};
+use attn_viz::explain::{ExplainOptions, Explanation, Method, explain, head_grid, query_rows};
 use attn_viz::select::{Selection, select};
 use attn_viz::{AttentionMaps, VizError};
 use common::{assert_close, hand_maps, tok};
@@ -62,15 +60,8 @@ fn only_rows(maps: &AttentionMaps, rows: &[usize]) -> AttentionMaps {
 fn options(focus: Option<&str>, selection: Selection) -> ExplainOptions {
     ExplainOptions {
         method: Method::Attention { selection },
-        level: Level::Words,
-        special: false,
         focus: focus.map(str::to_string),
-        question: false,
-        across: false,
-        top: None,
-        focus_tokens: Vec::new(),
-        only_segment: None,
-        focus_segment: None,
+        ..ExplainOptions::default()
     }
 }
 
