@@ -416,11 +416,15 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
         });
     }
     let mut hidden: Vec<f32> = (ids.iter())
-        .flat_map(|&id| model.embed(&[id], &model.decoder_embed, len))
+        .flat_map(|&id| model.embed(&[id], &model.parts.decoder_embed, len))
         .collect();
     // T5's bias of the new row (position `len`) over the keys `0..=len`, `[heads, len + 1]`.
-    let bias = (model.relative.as_ref()).map(|(_, decoder)| decoder.bias(len, 1, len + 1));
-    let ffn = model.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
+    let bias = (model.parts.relative.as_ref()).map(|(_, decoder)| decoder.bias(len, 1, len + 1));
+    let ffn = model
+        .parts
+        .decoder
+        .first()
+        .map_or(0, |(l, _)| l.ff_in.n_out);
     let mut buf = Scratch::new(rows, (d, inner), ffn);
     // The encoder's keys and values are the same for every row.
     let cross = first_cross(caches);
@@ -439,7 +443,7 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
                         None => None,
                     };
                     let options = AttnOptions {
-                        scale: model.scale,
+                        scale: model.parts.scale,
                         float_mask,
                         ..AttnOptions::default()
                     };
@@ -451,7 +455,7 @@ fn feed_all(caches: &mut [DecoderCache<'_>], ids: &[u32]) -> Result<Vec<Vec<f32>
         };
         model.decoder_block(l, &mut hidden, &mut buf, (k, v), attend)?;
     }
-    if let Some((_, norm)) = &model.final_norms {
+    if let Some((_, norm)) = &model.parts.final_norms {
         norm.apply(&mut hidden);
     }
     check_finite(&hidden, "the decoder's output")?;
@@ -503,25 +507,7 @@ pub struct Seq2Seq {
     name: String,
     config: Seq2SeqConfig,
     tokenizer: Seq2SeqTokenizer,
-    /// `[vocab, d_model]`: the head (the decoder's token embeddings unless untied).
-    head: F32Data,
-    /// `[vocab]`
-    final_logits_bias: Vec<f32>,
-    encoder_embed: Embeddings,
-    decoder_embed: Embeddings,
-    encoder: Vec<Layer>,
-    decoder: Vec<(Layer, CrossAttention)>,
-    /// BART's and Marian's blocks are post-norm ([`ModelKind::Bert`]), mBART's pre-norm
-    /// ([`ModelKind::Gpt2`], with a last LayerNorm after each stack).
-    kind: ModelKind,
-    /// mBART's `encoder.layer_norm` and `decoder.layer_norm`, T5's `final_layer_norm`s.
-    final_norms: Option<(LayerNorm, LayerNorm)>,
-    /// T5's relative position biases: the encoder's and the decoder's self-attention's.
-    relative: Option<(t5::RelativeBias, t5::RelativeBias)>,
-    /// The self-attention scores' factor: `None` for `1/√head_dim`, T5's 1.
-    scale: Option<f32>,
-    /// What the decoder's output is multiplied by before the head: T5's tied `d_model^-0.5`.
-    head_scale: f32,
+    parts: Parts,
 }
 
 /// Every attention of a teacher-forced pass, and the logits.
@@ -625,17 +611,7 @@ impl Seq2Seq {
                 .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into()),
             config,
             tokenizer,
-            head: parts.head,
-            final_logits_bias: parts.final_logits_bias,
-            encoder_embed: parts.encoder_embed,
-            decoder_embed: parts.decoder_embed,
-            encoder: parts.encoder,
-            decoder: parts.decoder,
-            kind: parts.kind,
-            final_norms: parts.final_norms,
-            relative: parts.relative,
-            scale: parts.scale,
-            head_scale: parts.head_scale,
+            parts,
         })
     }
 
@@ -796,7 +772,7 @@ impl Seq2Seq {
     /// The self-attention of `rows` tokens of the encoder or the `decoder` (causal): T5's
     /// unscaled scores plus its relative position bias, else the defaults.
     fn self_options(&self, decoder: bool, rows: usize) -> Result<AttnOptions, ModelError> {
-        let float_mask = match &self.relative {
+        let float_mask = match &self.parts.relative {
             Some((encoder, dec)) => {
                 let bias = if decoder { dec } else { encoder }.bias(0, rows, rows);
                 let dims = [1, bias.len() / (rows * rows).max(1), rows, rows];
@@ -808,7 +784,7 @@ impl Seq2Seq {
             None => None,
         };
         Ok(AttnOptions {
-            scale: self.scale,
+            scale: self.parts.scale,
             float_mask,
             causal: decoder.then_some(Causal::TopLeft),
             ..AttnOptions::default()
@@ -826,22 +802,22 @@ impl Seq2Seq {
             c.encoder_heads,
             c.encoder_head_dim(),
         );
-        let mut hidden = self.embed(source, &self.encoder_embed, 0);
+        let mut hidden = self.embed(source, &self.parts.encoder_embed, 0);
         let mut attentions = Vec::with_capacity(c.encoder_layers * heads * s * s);
         let multiply: &Multiply<'_> = &multiply;
-        let ffn = self.encoder.first().map_or(0, |l| l.ff_in.n_out);
+        let ffn = self.parts.encoder.first().map_or(0, |l| l.ff_in.n_out);
         let mut buf = Scratch::new(s, (d, heads * dh), ffn);
         let options = self.self_options(false, s)?;
-        for (l, layer) in self.encoder.iter().enumerate() {
+        for (l, layer) in self.parts.encoder.iter().enumerate() {
             let attend = |qkv: &[f32], context: &mut [f32]| {
                 let w = self_attention(qkv, (s, heads, dh), &options, context, l)?;
                 attentions.extend(w);
                 Ok(())
             };
-            let kind = (self.kind, c.activation);
+            let kind = (self.parts.kind, c.activation);
             layer.forward(kind, &mut hidden, buf.buffers(), &multiply, attend)?;
         }
-        if let Some((norm, _)) = &self.final_norms {
+        if let Some((norm, _)) = &self.parts.final_norms {
             norm.apply(&mut hidden);
         }
         check_finite(&hidden, "the encoder's output")?;
@@ -856,14 +832,14 @@ impl Seq2Seq {
         let (t, d, heads) = (decoder_ids.len(), c.d_model, c.decoder_heads);
         let s = encoded.len() / d;
         let dh = c.decoder_head_dim();
-        let mut hidden = self.embed(decoder_ids, &self.decoder_embed, 0);
+        let mut hidden = self.embed(decoder_ids, &self.parts.decoder_embed, 0);
         let mut self_attn = Vec::with_capacity(c.decoder_layers * heads * t * t);
         let mut cross_attn = Vec::with_capacity(c.decoder_layers * heads * t * s);
         let multiply: &Multiply<'_> = &multiply;
-        let ffn = self.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
+        let ffn = self.parts.decoder.first().map_or(0, |(l, _)| l.ff_in.n_out);
         let mut buf = Scratch::new(t, (d, heads * dh), ffn);
         let options = self.self_options(true, t)?;
-        for (l, (_, cross)) in self.decoder.iter().enumerate() {
+        for (l, (_, cross)) in self.parts.decoder.iter().enumerate() {
             let (kh, vh) = cross.keys_values(encoded, (heads, dh), multiply);
             let attend = |qkv: &[f32], context: &mut [f32]| {
                 self_attn.extend(self_attention(qkv, (t, heads, dh), &options, context, l)?);
@@ -871,7 +847,7 @@ impl Seq2Seq {
             };
             cross_attn.extend(self.decoder_block(l, &mut hidden, &mut buf, (&kh, &vh), attend)?);
         }
-        if let Some((_, norm)) = &self.final_norms {
+        if let Some((_, norm)) = &self.parts.final_norms {
             norm.apply(&mut hidden);
         }
         check_finite(&hidden, "the decoder's output")?;
@@ -895,7 +871,7 @@ impl Seq2Seq {
         kv: (&[f32], &[f32]),
         attend: impl FnOnce(&[f32], &mut [f32]) -> Result<(), ModelError>,
     ) -> Result<Vec<f32>, ModelError> {
-        let (layer, cross) = &self.decoder[l];
+        let (layer, cross) = &self.parts.decoder[l];
         let c = &self.config;
         let multiply: &Multiply<'_> = &multiply;
         let Scratch {
@@ -905,12 +881,12 @@ impl Seq2Seq {
             sublayer,
             intermediate,
         } = buf;
-        layer.project(self.kind, hidden, normed, qkv, multiply);
+        layer.project(self.parts.kind, hidden, normed, qkv, multiply);
         attend(qkv, context)?;
-        layer.attention_residual(self.kind, hidden, context, sublayer, multiply);
+        layer.attention_residual(self.parts.kind, hidden, context, sublayer, multiply);
         let dims = (c.decoder_heads, c.decoder_head_dim());
         let weights = cross.apply(hidden, kv, dims, (context, sublayer), multiply, l)?;
-        let kind = (self.kind, c.activation);
+        let kind = (self.parts.kind, c.activation);
         layer.feed_forward(kind, hidden, (normed, sublayer, intermediate), multiply);
         Ok(weights)
     }
@@ -920,7 +896,7 @@ impl Seq2Seq {
         let (d, v) = (self.config.d_model, self.config.vocab_size);
         let rows = hidden.len() / d;
         let scaled: Vec<f32>;
-        let hidden = match self.head_scale {
+        let hidden = match self.parts.head_scale {
             1.0 => hidden,
             f => {
                 scaled = hidden.iter().map(|x| x * f).collect();
@@ -929,11 +905,19 @@ impl Seq2Seq {
         };
         let mut logits = vec![0.0f32; rows * v];
         match rows <= STREAMED_ROWS {
-            true => crate::kv_cache::dot_rows_multi(&self.head, d, hidden, &mut logits),
-            false => gemm_bt(hidden, rows, d, &self.head, v, &mut logits, parallelism()),
+            true => crate::kv_cache::dot_rows_multi(&self.parts.head, d, hidden, &mut logits),
+            false => gemm_bt(
+                hidden,
+                rows,
+                d,
+                &self.parts.head,
+                v,
+                &mut logits,
+                parallelism(),
+            ),
         }
         for row in logits.chunks_exact_mut(v) {
-            (row.iter_mut().zip(&self.final_logits_bias)).for_each(|(x, b)| *x += b);
+            (row.iter_mut().zip(&self.parts.final_logits_bias)).for_each(|(x, b)| *x += b);
         }
         logits
     }
@@ -947,7 +931,7 @@ impl Seq2Seq {
         DecoderCache {
             model: self,
             cross: std::sync::Arc::new(
-                (self.decoder.iter())
+                (self.parts.decoder.iter())
                     .map(|(_, cross)| cross.keys_values(encoded, (heads, dh), multiply))
                     .collect(),
             ),
@@ -1168,16 +1152,25 @@ impl Seq2Seq {
 
 /// The tensors of a family's checkpoint, read and checked.
 struct Parts {
+    /// `[vocab, d_model]`: the head (the decoder's token embeddings unless untied).
     head: F32Data,
+    /// `[vocab]`
     final_logits_bias: Vec<f32>,
     encoder_embed: Embeddings,
     decoder_embed: Embeddings,
     encoder: Vec<Layer>,
     decoder: Vec<(Layer, CrossAttention)>,
+    /// BART's and Marian's blocks are post-norm ([`ModelKind::Bert`]), mBART's pre-norm
+    /// ([`ModelKind::Gpt2`], with a last LayerNorm after each stack), T5's pre-norm with RMSNorms
+    /// (v1.0's as [`ModelKind::Gpt2`]'s, v1.1's gated as [`ModelKind::Llama`]'s).
     kind: ModelKind,
+    /// mBART's `encoder.layer_norm` and `decoder.layer_norm`, T5's `final_layer_norm`s.
     final_norms: Option<(LayerNorm, LayerNorm)>,
+    /// T5's relative position biases: the encoder's and the decoder's self-attention's.
     relative: Option<(t5::RelativeBias, t5::RelativeBias)>,
+    /// The self-attention scores' factor: `None` for `1/√head_dim`, T5's 1.
     scale: Option<f32>,
+    /// What the decoder's output is multiplied by before the head: T5's tied `d_model^-0.5`.
     head_scale: f32,
 }
 
