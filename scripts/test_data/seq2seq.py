@@ -126,18 +126,7 @@ def bart(root, name):
     model.save_pretrained(out_dir, safe_serialization=True)
     model = Model.from_pretrained(out_dir, attn_implementation="eager").eval()
     tensors = {}
-    for n, (source, target) in enumerate(PAIRS):
-        enc = tok(source, text_target=target, return_tensors="pt")
-        decoder_ids = model.prepare_decoder_input_ids_from_labels(enc["labels"])
-        with torch.no_grad():
-            o = model(input_ids=enc["input_ids"], decoder_input_ids=decoder_ids, output_attentions=True)
-        tensors[f"source_ids{n}"] = enc["input_ids"][0]
-        tensors[f"decoder_ids{n}"] = decoder_ids[0]
-        tensors[f"labels{n}"] = enc["labels"][0]
-        tensors[f"logits{n}"] = o.logits[0].contiguous()
-        tensors[f"encoder_attentions{n}"] = torch.stack(o.encoder_attentions)[:, 0].contiguous()
-        tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
-        tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
+    teacher_forced(model, tok, PAIRS, tensors)
     ids = tok(PAIRS[0][0], return_tensors="pt")["input_ids"]
     beams(model, ids, tensors)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
@@ -217,18 +206,7 @@ def marian(root):
     model = MarianMTModel.from_pretrained(out_dir, attn_implementation="eager").eval()
     tensors = {f"tokens{n}": torch.tensor(tok(t)["input_ids"]) for n, t in enumerate(MARIAN_TEXTS)}
     pairs = list(zip(MARIAN_EN[:3], MARIAN_FR[:3]))
-    for n, (source, target) in enumerate(pairs):
-        enc = tok(source, text_target=target, return_tensors="pt")
-        decoder_ids = model.prepare_decoder_input_ids_from_labels(enc["labels"])
-        with torch.no_grad():
-            o = model(input_ids=enc["input_ids"], decoder_input_ids=decoder_ids, output_attentions=True)
-        tensors[f"source_ids{n}"] = enc["input_ids"][0]
-        tensors[f"decoder_ids{n}"] = decoder_ids[0]
-        tensors[f"labels{n}"] = enc["labels"][0]
-        tensors[f"logits{n}"] = o.logits[0].contiguous()
-        tensors[f"encoder_attentions{n}"] = torch.stack(o.encoder_attentions)[:, 0].contiguous()
-        tensors[f"decoder_attentions{n}"] = torch.stack(o.decoder_attentions)[:, 0].contiguous()
-        tensors[f"cross_attentions{n}"] = torch.stack(o.cross_attentions)[:, 0].contiguous()
+    teacher_forced(model, tok, pairs, tensors)
     beams(model, ids, tensors)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "expected.safetensors"),
               metadata=meta(dict(pairs=pairs, texts=MARIAN_TEXTS, new_tokens=NEW_TOKENS)))
