@@ -176,6 +176,22 @@ fn sentencepiece_ids_match(name: &str) {
     }
 }
 
+/// `dir` (a model's files) with each `(field, value, says)` case's field of `config` set to
+/// its value is refused by `Seq2Seq::load` with an error that says `says`.
+fn refuses_edited_configs(
+    dir: &std::path::Path,
+    config: &serde_json::Value,
+    cases: impl IntoIterator<Item = (&'static str, serde_json::Value, &'static str)>,
+) {
+    for (field, value, says) in cases {
+        let mut edited = config.clone();
+        edited[field] = value;
+        std::fs::write(dir.join("config.json"), edited.to_string()).unwrap();
+        let err = Seq2Seq::load(dir).err().unwrap();
+        assert!(err.to_string().contains(says), "{field}: {err}");
+    }
+}
+
 #[test]
 fn bad_seq2seq_configs_are_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
@@ -202,13 +218,7 @@ fn bad_seq2seq_configs_are_clear_errors() {
         ),
         ("decoder_layers", 3.into(), "model.decoder.layers.2"),
     ];
-    for (field, value, says) in cases {
-        let mut edited = config.clone();
-        edited[field] = value;
-        std::fs::write(tmp.path().join("config.json"), edited.to_string()).unwrap();
-        let err = Seq2Seq::load(tmp.path()).err().unwrap();
-        assert!(err.to_string().contains(says), "{field}: {err}");
-    }
+    refuses_edited_configs(tmp.path(), &config, cases);
     std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
     let model = Seq2Seq::load(tmp.path()).unwrap();
     let err = model.forward(&[], &[2]).unwrap_err();
@@ -351,13 +361,7 @@ fn bad_t5_configs_are_clear_errors() {
             "encoder.block.0.layer.0.SelfAttention.q.weight",
         ),
     ];
-    for (field, value, says) in cases {
-        let mut edited = config.clone();
-        edited[field] = value;
-        std::fs::write(tmp.path().join("config.json"), edited.to_string()).unwrap();
-        let err = Seq2Seq::load(tmp.path()).err().unwrap();
-        assert!(err.to_string().contains(says), "{field}: {err}");
-    }
+    refuses_edited_configs(tmp.path(), &config, cases);
 }
 
 /// T5's relative position buckets against transformers' `_relative_position_bucket` on every
