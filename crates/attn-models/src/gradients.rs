@@ -18,9 +18,10 @@ use crate::model::{merge_heads, parallelism, split_heads};
 use rayon::prelude::*;
 
 use crate::ops::{
-    Epilogue, Gemm, LayerNorm, Linear, bias_activation_block, erf, lanes, lanes2, lanes3, tanh,
+    Epilogue, Gemm, LayerNorm, Linear, activation_backward, bias_activation_block, lanes, lanes2,
+    lanes3,
 };
-use crate::{Activation, Encoding, Model, ModelError, ModelKind, Task};
+use crate::{Encoding, Model, ModelError, ModelKind, Task};
 
 /// The scalar a gradient is taken of.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,32 +114,6 @@ fn norm_backward(ln: &LayerNorm, s: &NormState, dy: &[f32]) -> Vec<f32> {
     dx
 }
 
-/// `act'(z)`, given `a = act(z)`.
-fn activation_grad(act: Activation, z: f32, a: f32) -> f32 {
-    match act {
-        Activation::Relu => f32::from(u8::from(z > 0.0)),
-        Activation::Silu => {
-            let s = 1.0 / (1.0 + (-z).exp());
-            s * (1.0 + z * (1.0 - s))
-        }
-        Activation::GeluErf => {
-            // Φ(z) = gelu(z)/z, which saves an erf, but where z is near 0 (or Φ underflows).
-            let cdf = match z.abs() > 1e-3 && a != 0.0 {
-                true => a / z,
-                false => 0.5 * (1.0 + erf(z * std::f32::consts::FRAC_1_SQRT_2)),
-            };
-            let pdf = (-0.5 * z * z).exp() * 0.398_942_3;
-            cdf + z * pdf
-        }
-        Activation::GeluTanh => {
-            let c = 0.797_884_6f32;
-            let u = c * (z + 0.044715 * z * z * z);
-            let t = tanh(u);
-            0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * z * z)
-        }
-    }
-}
-
 /// What one block's backward pass needs.
 struct Saved {
     ln_attn: Option<NormState>,
@@ -148,7 +123,6 @@ struct Saved {
     attn: attn_core::AttnOutput,
     after_attn: NormState,
     pre_act: Vec<f32>,
-    act: Vec<f32>,
     ln_ff: Option<NormState>,
 }
 
@@ -264,7 +238,10 @@ impl Model {
                 .ff_in
                 .forward(&ff_in, &mut pre_act, Epilogue::Bias, gemm);
             let mut act = pre_act.clone();
-            bias_activation_block(&mut act, inter, 0, &vec![0.0; inter], Some(c.activation));
+            let no_bias = vec![0.0; inter];
+            (act.par_chunks_mut(inter * ROWS_PER_TASK)).for_each(|rows| {
+                bias_activation_block(rows, inter, 0, &no_bias, Some(c.activation));
+            });
             let mut o = vec![0.0f32; rows * d];
             layer.ff_out.forward(&act, &mut o, Epilogue::Bias, gemm);
             let mut out: Vec<f32> = r.iter().zip(&o).map(|(r, o)| r + o).collect();
@@ -285,7 +262,6 @@ impl Model {
                 attn,
                 after_attn,
                 pre_act,
-                act,
                 ln_ff,
             });
             x = out;
@@ -316,16 +292,9 @@ impl Model {
             };
             let inter = layer.ff_in.n_out;
             let mut d_act = linear_backward(&layer.ff_out, &d_ff_in, rows, gemm);
-            (d_act
-                .par_chunks_mut(inter)
-                .zip(s.pre_act.par_chunks(inter))
-                .zip(s.act.par_chunks(inter)))
-            .with_min_len(ROWS_PER_TASK)
-            .for_each(|((g, z), a)| {
-                for ((g, &z), &a) in g.iter_mut().zip(z).zip(a) {
-                    *g *= activation_grad(c.activation, z, a);
-                }
-            });
+            let block = inter * ROWS_PER_TASK;
+            (d_act.par_chunks_mut(block).zip(s.pre_act.par_chunks(block)))
+                .for_each(|(g, z)| activation_backward(c.activation, g, z));
             debug_assert_eq!(d_act.len(), rows * inter);
             let d_ffx = linear_backward(&layer.ff_in, &d_act, rows, gemm);
             // The gradient of the residual stream after attention (before BERT's LayerNorm).
