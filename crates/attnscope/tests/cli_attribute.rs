@@ -427,3 +427,67 @@ fn heatmap_method_draws_the_matrix_methods() {
     );
     assert!(!png.exists());
 }
+
+#[test]
+fn bench_attribute_times_the_references_integrated_gradients() {
+    // `bench attribute` runs what `attribute --method ig` runs: its scores are the reference's.
+    let (meta, path) = gradient_reference("bert-cls");
+    let text = meta["text"].as_str().unwrap();
+    let model = data("heads/bert-cls");
+    let model = model.to_str().unwrap();
+    let out = ok(&[
+        "bench",
+        "attribute",
+        "--method",
+        "ig",
+        "--text",
+        text,
+        "--model",
+        model,
+        "--reps",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["engine"], "attnscope");
+    assert_eq!(doc["method"], "ig");
+    assert_eq!(doc["steps"], 50);
+    assert_eq!(doc["threads"], 1);
+    let ms = doc["ms"].as_f64().unwrap();
+    assert!(ms.is_finite() && ms > 0.0, "{doc}");
+    let want = tensor(&path, "ig50");
+    assert_eq!(doc["tokens"].as_u64(), Some(want.len() as u64));
+    close_relative("bench ig", &flat(&doc["scores"]), &want, 1e-3);
+    // The methods without a target time a pass and print no scores.
+    let doc: Value = serde_json::from_str(&ok(&[
+        "bench",
+        "attribute",
+        "--method",
+        "contributions",
+        "--model",
+        model,
+        "--reps",
+        "1",
+        "--json",
+    ]))
+    .unwrap();
+    assert!(doc.get("scores").is_none(), "{doc}");
+    for (args, says) in [
+        (
+            vec!["--method", "ig", "--reps", "0"],
+            "--reps must be between 1",
+        ),
+        (vec!["--method", "ig", "--steps", "0"], "--steps"),
+        (
+            vec!["--method", "ig", "--token", "the"],
+            "--token is for a causal language model",
+        ),
+        (vec!["--method", "saliency"], "invalid value 'saliency'"),
+    ] {
+        let mut all = vec!["bench", "attribute", "--model", model];
+        all.extend(args);
+        fails_with(&all, says);
+    }
+}

@@ -231,7 +231,7 @@ impl Target {
 /// The scalar the gradient methods differentiate, and how JSON names it: a classifier's logit,
 /// a causal language model's next-token logit at the last position, an embedding model's cosine
 /// with `--target-text`'s embedding.
-fn gradient_target(
+pub(crate) fn gradient_target(
     model: &Model,
     enc: &attn_models::Encoding,
     args: &TargetArgs,

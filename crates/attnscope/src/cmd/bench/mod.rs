@@ -1,5 +1,6 @@
 //! `attnscope bench …`: one module per benchmark.
 
+mod attribute;
 mod embed;
 mod generate;
 mod sdpa;
@@ -16,6 +17,8 @@ pub enum BenchCommand {
     Generate(generate::Args),
     /// Translation time of an encoder-decoder model (greedy or beam search, KV cache).
     Translate(translate::Args),
+    /// Time of one attribution method on one text after the model is loaded.
+    Attribute(attribute::Args),
 }
 
 /// The most timed repetitions of any benchmark: their times are kept to take the median.
@@ -53,5 +56,6 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Embed(args) => embed::run(args),
         BenchCommand::Generate(args) => generate::run(args),
         BenchCommand::Translate(args) => translate::run(args),
+        BenchCommand::Attribute(args) => attribute::run(args),
     }
 }
