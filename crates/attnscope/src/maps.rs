@@ -69,6 +69,12 @@ pub struct TeacherForced {
     pub output: attn_models::Seq2SeqOutput,
 }
 
+/// Says on stderr that, without `--target`, the target is the model's own translation: the
+/// command line's note (a server's response carries the target itself).
+pub fn note_own_translation(target: &str) {
+    crate::note!("note: no --target: the target is the model's own translation, {target:?}");
+}
+
 /// The pass of `model` over `source` and `target`, or, without one, the model's own
 /// translation (its generation settings' beams and length).
 pub fn teacher_forced(
@@ -91,9 +97,7 @@ pub fn teacher_forced(
                 .saturating_sub(1);
             let beams = model.config().generation.num_beams.unwrap_or(1);
             let ids = model.beam_search_encoded(&encoded, max.max(1), beams)?;
-            let text = model.decode_text(&ids)?;
-            crate::note!("note: no --target: the target is the model's own translation, {text:?}");
-            text
+            model.decode_text(&ids)?
         }
     };
     anyhow::ensure!(
@@ -175,6 +179,7 @@ pub enum Seq2SeqAttention {
 /// each target token's row the decoder row that generates it (over the source's columns; the
 /// target's columns 0). Encoder: the source alone, every row. Decoder: what the decoder reads
 /// (the start token, then the target's tokens but the last, spans in the target), every row.
+/// Without a target, says on stderr which translation it read.
 pub fn seq2seq_maps(
     model: &attn_models::Seq2Seq,
     (source, target): (&str, Option<&str>),
@@ -188,6 +193,9 @@ pub fn seq2seq_maps(
         return encoder_maps(model, source, &src, weights);
     }
     let pass = teacher_forced(model, source, target, truncate)?;
+    if target.is_none() {
+        note_own_translation(&pass.target);
+    }
     pass_maps(model, source, &pass, kind)
 }
 

@@ -652,3 +652,44 @@ fn html_refuses_what_an_encoder_decoder_page_cannot_show() {
         assert!(!std::path::Path::new(out).exists(), "{args:?} wrote a page");
     }
 }
+
+/// Without `--target` each command says on stderr that it read the model's own translation,
+/// and which; with one, or for the encoder's attention (which needs no target), it does not.
+#[test]
+fn the_commands_say_when_the_target_is_the_models_own_translation() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model();
+    let translation = ok(&["translate", SOURCE, "--model", &m]);
+    let note = format!(
+        "note: no --target: the target is the model's own translation, {:?}",
+        translation.trim_end()
+    );
+    let png = dir.path().join("h.png");
+    let html = dir.path().join("p.html");
+    let (png, html) = (png.to_str().unwrap(), html.to_str().unwrap());
+    for (args, says) in [
+        (vec!["attention", SOURCE, "--json"], true),
+        (vec!["explain", SOURCE, "--attention", "decoder"], true),
+        (vec!["explain", SOURCE, "--attention", "encoder"], false),
+        (
+            vec!["heatmap", SOURCE, "--attention", "cross", "-o", png],
+            true,
+        ),
+        (vec!["html", SOURCE, "-o", html], true),
+        (
+            vec!["attention", SOURCE, "--target", TARGET, "--json"],
+            false,
+        ),
+    ] {
+        let mut all = args.clone();
+        all.extend(["--model", m.as_str()]);
+        let out = cli_support::attnscope(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{all:?}: {stderr}");
+        assert_eq!(
+            stderr.matches(&note).count(),
+            usize::from(says),
+            "{all:?}: {stderr}"
+        );
+    }
+}

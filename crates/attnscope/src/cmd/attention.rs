@@ -166,6 +166,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// `text` and the target (`--target`, else the model's own translation).
 fn run_seq2seq(args: &Args, model: &Seq2Seq, text: &str) -> anyhow::Result<()> {
     let pass = crate::maps::teacher_forced(model, text, args.target.as_deref(), args.truncate)?;
+    if args.target.is_none() {
+        crate::maps::note_own_translation(&pass.target);
+    }
     let c = model.config();
     let (s, t) = (pass.source.len(), pass.decoder.len());
     let nest = |att: &[f32], heads: usize, rows: usize, cols: usize| -> Vec<Vec<Vec<Vec<f32>>>> {

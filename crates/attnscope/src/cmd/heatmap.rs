@@ -399,6 +399,9 @@ fn run_seq2seq(args: &Args, model: &attn_models::Seq2Seq, text: &str) -> anyhow:
     );
     let pass =
         crate::maps::teacher_forced(model, text, args.target.as_deref(), args.source.truncate)?;
+    if args.target.is_none() {
+        crate::maps::note_own_translation(&pass.target);
+    }
     let c = model.config();
     // Each token as its text writes it; special tokens by name.
     let label = |enc_text: &str, span: Option<(usize, usize)>, id: u32| match span {

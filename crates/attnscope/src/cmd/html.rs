@@ -221,6 +221,9 @@ fn run_seq2seq(args: &Args, model: &Seq2Seq, text: &str) -> anyhow::Result<()> {
         );
     }
     let maps = analyse_seq2seq(model, text, args.target.as_deref(), args.source.truncate)?;
+    if args.target.is_none() {
+        crate::maps::note_own_translation(&maps.target);
+    }
     let page = seq2seq_page(&maps, &PageOptions::default())?;
     std::fs::write(&args.output, &page)
         .with_context(|| format!("cannot write {}", args.output.display()))?;
