@@ -100,6 +100,19 @@ struct Payload<'a> {
     text: &'a str,
     pair: Option<&'a str>,
     tokens: Vec<PayloadToken>,
+    /// `[n_layers, n_heads, T, T]`.
+    #[serde(flatten)]
+    packed: PackedWeights,
+    /// Attention rollout ([`crate::select::rollout`]), packed `[T, T]`, exact to 3 decimals.
+    rollout: String,
+    measures: Vec<PayloadMeasure>,
+    neuron: Option<Neuron>,
+}
+
+/// One kind's weights as the page reads them: their shape, their packed values and what the
+/// packing hid, and every layer's and head's average.
+#[derive(Serialize)]
+struct PackedWeights {
     n_layers: usize,
     n_heads: usize,
     /// Every head gives each query's later keys exactly 0 ([`sees_only_earlier_keys`]): the
@@ -112,15 +125,43 @@ struct Payload<'a> {
     /// under half a thousandth, which rounds to 0), on average over the rows and at most.
     zero_hidden_mean: f32,
     zero_hidden_max: f32,
-    /// Packed `[n_layers, n_heads, T, T]`.
+    /// Packed `[n_layers, n_heads, queries, keys]`.
     weights: String,
-    /// Attention rollout ([`crate::select::rollout`]), packed `[T, T]`, exact to 3 decimals.
-    rollout: String,
-    /// Every layer's and head's weights averaged, packed `[T, T]`, exact to 3 decimals (the
-    /// mean of the 3-decimal weights was up to 0.001 off).
+    /// Every layer's and head's weights averaged, packed `[queries, keys]`, exact to 3
+    /// decimals (the mean of the 3-decimal weights was up to 0.001 off).
     all_layers: String,
-    measures: Vec<PayloadMeasure>,
-    neuron: Option<Neuron>,
+}
+
+impl PackedWeights {
+    /// The weights of `maps`' shape before they are packed ([`PackedWeights::pack`]), with
+    /// their average `all_layers` (`[queries, keys]`).
+    fn unpacked(maps: &AttentionMaps, causal: bool, all_layers: &[f32]) -> Result<Self, VizError> {
+        Ok(PackedWeights {
+            n_layers: maps.n_layers,
+            n_heads: maps.n_heads,
+            causal,
+            weight_scale: WEIGHT_SCALE,
+            weight_floor: 0,
+            zero_hidden_mean: 0.0,
+            zero_hidden_max: 0.0,
+            weights: String::new(),
+            all_layers: pack_floored(&quantise(all_layers), 0)?,
+        })
+    }
+
+    /// Packs `quantised`, the weights `exact` rounded (`[n_layers, n_heads, queries, keys]`),
+    /// in at most `budget` bytes where one is given, and says what its zeros hide.
+    fn pack(
+        &mut self,
+        (exact, quantised): (&[f32], &[u16]),
+        (queries, keys): (usize, usize),
+        budget: Option<usize>,
+    ) -> Result<(), VizError> {
+        (self.weight_floor, self.weights) = pack_weights(quantised, queries * keys, budget)?;
+        (self.zero_hidden_mean, self.zero_hidden_max) =
+            hidden_by_zeros(exact, quantised, keys, self.weight_floor);
+        Ok(())
+    }
 }
 
 #[derive(Serialize)]
@@ -186,16 +227,12 @@ pub fn payload_json(
                 })
             })
             .collect::<Result<_, VizError>>()?,
-        n_layers: maps.n_layers,
-        n_heads: maps.n_heads,
-        weight_scale: WEIGHT_SCALE,
-        causal: maps.seq_len() > 1 && sees_only_earlier_keys(maps),
-        weight_floor: 0,
-        zero_hidden_mean: 0.0,
-        zero_hidden_max: 0.0,
-        weights: String::new(),
+        packed: PackedWeights::unpacked(
+            maps,
+            maps.seq_len() > 1 && sees_only_earlier_keys(maps),
+            &select(maps, Selection::All)?,
+        )?,
         rollout: pack_floored(&quantise(&rollout(maps)?), 0)?,
-        all_layers: pack_floored(&quantise(&select(maps, Selection::All)?), 0)?,
         measures: (measures.iter())
             .map(|m| pack_measure(m, n_tokens))
             .collect::<Result<_, _>>()?,
@@ -206,10 +243,11 @@ pub fn payload_json(
     let weights_budget = options
         .size_budget_bytes
         .map(|budget| budget.saturating_sub(rest));
-    (payload.weight_floor, payload.weights) =
-        pack_weights(&quantised, n_tokens * n_tokens, weights_budget)?;
-    (payload.zero_hidden_mean, payload.zero_hidden_max) =
-        hidden_by_zeros(&maps.weights, &quantised, n_tokens, payload.weight_floor);
+    (payload.packed).pack(
+        (&maps.weights, &quantised),
+        (n_tokens, n_tokens),
+        weights_budget,
+    )?;
     to_json(&payload)
 }
 
@@ -269,19 +307,10 @@ struct KindPayload {
     /// model's query cannot see the keys after it, which the page greys.
     #[serde(skip_serializing_if = "Option::is_none")]
     positions: Option<Vec<usize>>,
-    n_layers: usize,
-    n_heads: usize,
-    causal: bool,
-    weight_scale: u16,
-    weight_floor: u16,
-    zero_hidden_mean: f32,
-    zero_hidden_max: f32,
-    /// Packed `[n_layers, n_heads, queries, keys]`.
-    weights: String,
+    #[serde(flatten)]
+    packed: PackedWeights,
     /// Packed `[queries, queries]`, for the kinds whose keys are the queries.
     rollout: Option<String>,
-    /// Every layer's and head's weights averaged, packed `[queries, keys]`.
-    all_layers: String,
 }
 
 /// A kind before its weights are packed: the payload less its weights, and their quantised
@@ -323,10 +352,7 @@ pub fn seq2seq_payload_json(maps: &Seq2SeqMaps, options: &PageOptions) -> Result
             (budget.saturating_sub(rest) as f64 * share) as usize
         });
         let keys = kind.key_tokens.as_ref().map_or(kind.tokens.len(), Vec::len);
-        (kind.weight_floor, kind.weights) =
-            pack_weights(quantised, kind.tokens.len() * keys, budget)?;
-        (kind.zero_hidden_mean, kind.zero_hidden_max) =
-            hidden_by_zeros(exact, quantised, keys, kind.weight_floor);
+        (kind.packed).pack((exact, quantised), (kind.tokens.len(), keys), budget)?;
     }
     to_json(&payload)
 }
@@ -421,16 +447,8 @@ pub fn rows_payload_json(
             tokens: payload_tokens(maps, rows.iter().copied())?,
             key_tokens: Some(payload_tokens(maps, 0..t)?),
             positions: Some(rows.to_vec()),
-            n_layers: maps.n_layers,
-            n_heads: maps.n_heads,
-            causal: t > 1 && sees_only_earlier_keys(maps),
-            weight_scale: WEIGHT_SCALE,
-            weight_floor: 0,
-            zero_hidden_mean: 0.0,
-            zero_hidden_max: 0.0,
-            weights: String::new(),
+            packed: PackedWeights::unpacked(maps, t > 1 && sees_only_earlier_keys(maps), &mean)?,
             rollout: None,
-            all_layers: pack_floored(&quantise(&mean), 0)?,
         }],
         measures: Vec::new(),
         neuron: None,
@@ -439,10 +457,7 @@ pub fn rows_payload_json(
     let budget = options
         .size_budget_bytes
         .map(|budget| budget.saturating_sub(rest));
-    let kind = &mut payload.kinds[0];
-    (kind.weight_floor, kind.weights) = pack_weights(&quantised, n * t, budget)?;
-    (kind.zero_hidden_mean, kind.zero_hidden_max) =
-        hidden_by_zeros(&exact, &quantised, t, kind.weight_floor);
+    (payload.kinds[0].packed).pack((&exact, &quantised), (n, t), budget)?;
     to_json(&payload)
 }
 
@@ -504,16 +519,12 @@ fn square_kind(maps: &AttentionMaps, name: &'static str) -> Result<Kind, VizErro
             tokens: payload_tokens(maps, 0..maps.seq_len())?,
             key_tokens: None,
             positions: None,
-            n_layers: maps.n_layers,
-            n_heads: maps.n_heads,
-            causal: maps.seq_len() > 1 && sees_only_earlier_keys(maps),
-            weight_scale: WEIGHT_SCALE,
-            weight_floor: 0,
-            zero_hidden_mean: 0.0,
-            zero_hidden_max: 0.0,
-            weights: String::new(),
+            packed: PackedWeights::unpacked(
+                maps,
+                maps.seq_len() > 1 && sees_only_earlier_keys(maps),
+                &select(maps, Selection::All)?,
+            )?,
             rollout: Some(pack_floored(&quantise(&rollout(maps)?), 0)?),
-            all_layers: pack_floored(&quantise(&select(maps, Selection::All)?), 0)?,
         },
         quantised: quantise(&maps.weights),
         exact: maps.weights.clone(),
@@ -559,16 +570,8 @@ fn cross_kind(maps: &AttentionMaps) -> Result<Kind, VizError> {
             tokens: payload_tokens(maps, rows.into_iter())?,
             key_tokens: Some(payload_tokens(maps, sources.into_iter())?),
             positions: None,
-            n_layers: maps.n_layers,
-            n_heads: maps.n_heads,
-            causal: false,
-            weight_scale: WEIGHT_SCALE,
-            weight_floor: 0,
-            zero_hidden_mean: 0.0,
-            zero_hidden_max: 0.0,
-            weights: String::new(),
+            packed: PackedWeights::unpacked(maps, false, &mean)?,
             rollout: None,
-            all_layers: pack_floored(&quantise(&mean), 0)?,
         },
         quantised: quantise(&exact),
         exact,
