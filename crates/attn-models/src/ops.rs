@@ -527,54 +527,56 @@ pub fn gemm_bt_weight(
     }
 }
 
-/// `y[:, col..col + bias.len()] = act(… + bias)` on a block of columns of a row-major matrix.
-///
-/// # Shapes
-/// - `y`: `[rows, row_stride]`, `bias`: `[n]` with `col + n ≤ row_stride`
-pub fn bias_activation_block(
-    y: &mut [f32],
-    row_stride: usize,
-    col: usize,
-    bias: &[f32],
-    act: Option<Activation>,
-) {
-    match Isa::best() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::best` is an ISA this CPU runs, and it runs AVX-512F.
-        isa if isa.avx512() => unsafe { bias_activation_avx512(y, row_stride, col, bias, act) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::best` is an ISA this CPU runs: AVX2 and FMA.
-        Isa::Avx2 => unsafe { bias_activation_avx2(y, row_stride, col, bias, act) },
-        _ => bias_activation_body(y, row_stride, col, bias, act),
-    }
+/// `$name(args)`: `$body(args)` compiled for AVX-512F, for AVX2 + FMA and for the base target,
+/// run in the one [`Isa::best`] picks, so that each gets its own vector width (`$body` is
+/// `#[inline(always)]`).
+macro_rules! per_isa {
+    (
+        $(#[$attr:meta])*
+        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:ident
+    ) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) {
+            /// # Safety
+            /// The CPU must support AVX-512F (which brings FMA).
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,fma")]
+            unsafe fn avx512($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            /// # Safety
+            /// The CPU must support AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            match Isa::best() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::best` is an ISA this CPU runs, and it runs AVX-512F.
+                isa if isa.avx512() => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::best` is an ISA this CPU runs: AVX2 and FMA.
+                Isa::Avx2 => unsafe { avx2($($arg),*) },
+                _ => $body($($arg),*),
+            }
+        }
+    };
 }
 
-/// # Safety
-/// The CPU must support AVX-512F (which brings FMA).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn bias_activation_avx512(
-    y: &mut [f32],
-    row_stride: usize,
-    col: usize,
-    bias: &[f32],
-    act: Option<Activation>,
-) {
-    bias_activation_body(y, row_stride, col, bias, act);
-}
-
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn bias_activation_avx2(
-    y: &mut [f32],
-    row_stride: usize,
-    col: usize,
-    bias: &[f32],
-    act: Option<Activation>,
-) {
-    bias_activation_body(y, row_stride, col, bias, act);
+per_isa! {
+    /// `y[:, col..col + bias.len()] = act(… + bias)` on a block of columns of a row-major
+    /// matrix.
+    ///
+    /// # Shapes
+    /// - `y`: `[rows, row_stride]`, `bias`: `[n]` with `col + n ≤ row_stride`
+    pub fn bias_activation_block(
+        y: &mut [f32],
+        row_stride: usize,
+        col: usize,
+        bias: &[f32],
+        act: Option<Activation>,
+    ) => bias_activation_body
 }
 
 /// The loop every ISA path compiles (inlined so each gets its own vector width).
@@ -630,7 +632,7 @@ impl LayerNorm {
     /// # Shapes
     /// - `x`: `[rows, n]` with `n = gamma.len()`
     pub fn apply(&self, x: &mut [f32]) {
-        self.dispatch(x, None);
+        layer_norm(self, x, None);
     }
 
     /// `out = LayerNorm(x)`, row by row.
@@ -648,36 +650,17 @@ impl LayerNorm {
     /// # Shapes
     /// - `residual`, `y`: `[rows, n]`, `bias`: `[n]`
     pub fn residual_bias_apply(&self, residual: &mut [f32], y: &[f32], bias: &[f32]) {
-        self.dispatch(residual, Some((y, bias)));
-    }
-
-    fn dispatch(&self, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
-        match Isa::best() {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Isa::best` is an ISA this CPU runs, and it runs AVX-512F.
-            isa if isa.avx512() => unsafe { layer_norm_avx512(self, x, add) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Isa::best` is an ISA this CPU runs: AVX2 and FMA.
-            Isa::Avx2 => unsafe { layer_norm_avx2(self, x, add) },
-            _ => layer_norm_body(self, x, add),
-        }
+        layer_norm(self, residual, Some((y, bias)));
     }
 }
 
-/// # Safety
-/// The CPU must support AVX-512F (which brings FMA).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn layer_norm_avx512(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
-    layer_norm_body(ln, x, add);
-}
-
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn layer_norm_avx2(ln: &LayerNorm, x: &mut [f32], add: Option<(&[f32], &[f32])>) {
-    layer_norm_body(ln, x, add);
+per_isa! {
+    /// `ln` applied to each row of `x`, after adding `y + bias` to it where `add` is given.
+    fn layer_norm(
+        ln: &LayerNorm,
+        x: &mut [f32],
+        add: Option<(&[f32], &[f32])>,
+    ) => layer_norm_body
 }
 
 /// Per row: optionally `x += y + bias`, then the LayerNorm, in one visit of the row.
@@ -793,36 +776,12 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
-/// A decoder's gated feed-forward in place: each row of `gate_up` (`[rows, 2·n]`, gate | up)
-/// becomes `act(gate) ⊙ up` (SiLU for Llama, tanh GELU for Gemma 2), packed into the first
-/// `rows · n` values. Row r's output lands at or before the values it reads, and after those
-/// of rows before it, so nothing is read after it is overwritten.
-pub(crate) fn gated_in_place(gate_up: &mut [f32], n: usize, act: Activation) {
-    match Isa::best() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::best` is an ISA this CPU runs, and it runs AVX-512F.
-        isa if isa.avx512() => unsafe { gated_avx512(gate_up, n, act) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::best` is an ISA this CPU runs: AVX2 and FMA.
-        Isa::Avx2 => unsafe { gated_avx2(gate_up, n, act) },
-        _ => gated_body(gate_up, n, act),
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX-512F (which brings FMA).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn gated_avx512(gate_up: &mut [f32], n: usize, act: Activation) {
-    gated_body(gate_up, n, act);
-}
-
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gated_avx2(gate_up: &mut [f32], n: usize, act: Activation) {
-    gated_body(gate_up, n, act);
+per_isa! {
+    /// A decoder's gated feed-forward in place: each row of `gate_up` (`[rows, 2·n]`, gate | up)
+    /// becomes `act(gate) ⊙ up` (SiLU for Llama, tanh GELU for Gemma 2), packed into the first
+    /// `rows · n` values. Row r's output lands at or before the values it reads, and after those
+    /// of rows before it, so nothing is read after it is overwritten.
+    pub(crate) fn gated_in_place(gate_up: &mut [f32], n: usize, act: Activation) => gated_body
 }
 
 /// The loop every ISA path compiles, one per activation so each vectorises.
@@ -850,37 +809,17 @@ fn gated_rows(gate_up: &mut [f32], n: usize, f: impl Fn(f32) -> f32) {
     }
 }
 
-/// `g ⊙= act′(z)`: the gradient of an activation's input from its output's, element by
-/// element.
-///
-/// # Shapes
-/// - `g`, `z`: the same length
-pub(crate) fn activation_backward(act: Activation, g: &mut [f32], z: &[f32]) {
-    match Isa::best() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::best` is an ISA this CPU runs, and it runs AVX-512F.
-        isa if isa.avx512() => unsafe { activation_backward_avx512(act, g, z) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::best` is an ISA this CPU runs: AVX2 and FMA.
-        Isa::Avx2 => unsafe { activation_backward_avx2(act, g, z) },
-        _ => activation_backward_body(act, g, z),
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX-512F (which brings FMA).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn activation_backward_avx512(act: Activation, g: &mut [f32], z: &[f32]) {
-    activation_backward_body(act, g, z);
-}
-
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn activation_backward_avx2(act: Activation, g: &mut [f32], z: &[f32]) {
-    activation_backward_body(act, g, z);
+per_isa! {
+    /// `g ⊙= act′(z)`: the gradient of an activation's input from its output's, element by
+    /// element.
+    ///
+    /// # Shapes
+    /// - `g`, `z`: the same length
+    pub(crate) fn activation_backward(
+        act: Activation,
+        g: &mut [f32],
+        z: &[f32],
+    ) => activation_backward_body
 }
 
 /// The loop every ISA path compiles, one per activation so each vectorises.
