@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::block::Buffers;
 use crate::checkpoint::WeightData;
-use crate::model::{parallelism, rotate_rows};
+use crate::model::{Rotation, parallelism};
 use crate::ops::{Epilogue, Gemm, Linear, WeightLayout, gemm_bt_weight};
 use crate::{DecoderConfig, Model, ModelError, ModelKind};
 
@@ -200,11 +200,12 @@ impl<'m> KvCache<'m> {
                     }
                 }
                 if let Some(dec) = &c.decoder {
+                    let rotation = Rotation::new(&dec.inv_freq, d, past, new);
                     for head in q.chunks_exact_mut(new * d) {
-                        rotate_rows(head, d, &dec.inv_freq, past);
+                        rotation.apply(head);
                     }
                     for head in keys.chunks_exact_mut(self.capacity * d) {
-                        rotate_rows(&mut head[past * d..total * d], d, &dec.inv_freq, past);
+                        rotation.apply(&mut head[past * d..total * d]);
                     }
                 }
                 let window = c.decoder.as_ref().and_then(|dec| dec.window(l));

@@ -1323,27 +1323,67 @@ pub(crate) fn split_heads(
     }
 }
 
-/// Rotary position embeddings in place on `rows` (`[n, head_dim]`, positions `first..first +
-/// n`), as transformers' `apply_rotary_pos_emb` with `rotate_half`: dims `i` and `i + d/2`
-/// turn by `position · inv_freq[i]` (the angle in f32, its cosine and sine rounded from f64).
-pub(crate) fn rotate_rows(rows: &mut [f32], d: usize, inv_freq: &[f32], first: usize) {
-    let half = d / 2;
-    for (t, row) in rows.chunks_exact_mut(d).enumerate() {
-        let position = (first + t) as f32;
-        for (i, &f) in inv_freq.iter().enumerate().take(half) {
-            let angle = f64::from(position * f);
-            let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
-            let (x1, x2) = (row[i], row[i + half]);
-            row[i] = x1 * cos - x2 * sin;
-            row[i + half] = x2 * cos + x1 * sin;
+/// Rotary position embeddings for the positions `first..first + n`, as transformers'
+/// `apply_rotary_pos_emb` with `rotate_half`: dims `i` and `i + d/2` turn by `position ·
+/// inv_freq[i]` (the angle in f32, its cosine and sine rounded from f64). The cosines and
+/// sines are taken once and serve every head of every row.
+pub(crate) struct Rotation {
+    d: usize,
+    /// The pairs turned: `d/2`, or fewer where `inv_freq` is shorter.
+    turned: usize,
+    /// `[n, turned]`.
+    cos: Vec<f32>,
+    /// `[n, turned]`.
+    sin: Vec<f32>,
+}
+
+impl Rotation {
+    pub(crate) fn new(inv_freq: &[f32], d: usize, first: usize, n: usize) -> Rotation {
+        let half = d / 2;
+        let turned = half.min(inv_freq.len());
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(n * turned),
+            Vec::with_capacity(n * turned),
+        );
+        for t in 0..n {
+            let position = (first + t) as f32;
+            for &f in &inv_freq[..turned] {
+                let angle = f64::from(position * f);
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Rotation {
+            d,
+            turned,
+            cos,
+            sin,
+        }
+    }
+
+    /// Turns `rows` (`[n, d]`, the positions of [`Rotation::new`]) in place.
+    pub(crate) fn apply(&self, rows: &mut [f32]) {
+        let (half, turned) = (self.d / 2, self.turned.max(1));
+        let tables = self
+            .cos
+            .chunks_exact(turned)
+            .zip(self.sin.chunks_exact(turned));
+        for (row, (cos, sin)) in rows.chunks_exact_mut(self.d).zip(tables) {
+            let (x1, x2) = row.split_at_mut(half);
+            for i in 0..cos.len() {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * cos[i] - b * sin[i];
+                x2[i] = b * cos[i] + a * sin[i];
+            }
         }
     }
 }
 
-/// [`rotate_rows`] on every head of `[batch · heads, seq_len, head_dim]`, positions from 0.
+/// [`Rotation`] on every head of `[batch · heads, seq_len, head_dim]`, positions from 0.
 fn rotate_heads(x: &mut [f32], seq_len: usize, d: usize, inv_freq: &[f32]) {
+    let rotation = Rotation::new(inv_freq, d, 0, seq_len);
     for head in x.chunks_exact_mut(seq_len * d) {
-        rotate_rows(head, d, inv_freq, 0);
+        rotation.apply(head);
     }
 }
 
