@@ -53,9 +53,9 @@ def _check_tensor(x: Any, name: str) -> None:
 def _as_array(x: Any, name: str) -> Tuple[_np.ndarray, bool]:
     """A contiguous float32 array, or the bits of a bfloat16 tensor (uint16), read in place
     where the memory allows; and whether the input was bfloat16."""
-    torch = _torch()
-    if torch is not None and isinstance(x, torch.Tensor):
+    if _is_torch(x):
         _check_tensor(x, name)
+        torch = _torch()
         if x.requires_grad:
             x = x.detach()
         if x.dtype is torch.float32:
