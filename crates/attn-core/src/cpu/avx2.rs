@@ -406,26 +406,38 @@ pub(super) unsafe fn scale(x: &mut [f32], a: f32) {
     }
 }
 
-/// The largest value of `x` (`−∞` when empty; NaN when `x` holds one).
+/// The largest value of `x` (`−∞` when empty; NaN when `x` holds one), in four vectors at once
+/// (`vmaxps` and the NaN test each wait on the last).
 ///
 /// # Safety
 /// AVX2 and FMA must be available.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn max(x: &[f32]) -> f32 {
     let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-    let (mut acc, mut nan) = (ninf, _mm256_setzero_ps());
+    let (mut acc, mut nan) = ([ninf; 4], [_mm256_setzero_ps(); 4]);
     let n = x.len();
-    for i in (0..n).step_by(8) {
+    let unrolled = n - n % 32;
+    for i in (0..unrolled).step_by(32) {
+        for (u, (acc, nan)) in acc.iter_mut().zip(&mut nan).enumerate() {
+            // SAFETY: the 32 values at `i` lie inside `x`.
+            let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(i + 8 * u)) };
+            *nan = _mm256_or_ps(*nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            *acc = _mm256_max_ps(*acc, v);
+        }
+    }
+    for i in (unrolled..n).step_by(8) {
         let lanes = (n - i).min(8);
         // SAFETY: the `lanes` values at `i` lie inside `x`.
         let v = unsafe { load8_f32(x.as_ptr().add(i), lanes) };
         let v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(prefix_mask(lanes)));
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-        acc = _mm256_max_ps(acc, v);
+        nan[0] = _mm256_or_ps(nan[0], _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        acc[0] = _mm256_max_ps(acc[0], v);
     }
+    let nan = _mm256_or_ps(_mm256_or_ps(nan[0], nan[1]), _mm256_or_ps(nan[2], nan[3]));
     if _mm256_movemask_ps(nan) != 0 {
         return f32::NAN;
     }
+    let acc = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
     let mut lanes = [0.0f32; 8];
     // SAFETY: `lanes` holds 8 values.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
@@ -438,15 +450,57 @@ pub(super) unsafe fn max(x: &[f32]) -> f32 {
 /// AVX2 and FMA must be available.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
-    let mv = _mm256_set1_ps(m);
+    // SAFETY: as the caller guarantees.
+    unsafe { exp_rows::<false>(x, 1.0, m) }
+}
+
+/// `x = e^(scale·x − m)`, returning the sum of the new values: [`scale`] and [`exp_sub_sum`]
+/// in one pass, `scale·x` rounded as a product of its own as they round it.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exp_scaled_sum(x: &mut [f32], scale: f32, m: f32) -> f32 {
+    // SAFETY: as the caller guarantees.
+    unsafe { exp_rows::<true>(x, scale, m) }
+}
+
+/// Vectors of [`exp_rows`]' main loop taken at once: one `exp` is a chain of about twenty
+/// dependent instructions, and four side by side keep both FMA pipes busy.
+const EXP_UNROLL: usize = 4;
+
+/// `x = e^(x·scale − m)` (without `SCALED`, `e^(x − m)`), returning the sum of the new values,
+/// added in order one vector at a time, whatever the unrolling.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_rows<const SCALED: bool>(x: &mut [f32], scale: f32, m: f32) -> f32 {
+    let (c, mv) = (_mm256_set1_ps(scale), _mm256_set1_ps(m));
+    let arg = |v: __m256| match SCALED {
+        true => _mm256_sub_ps(_mm256_mul_ps(v, c), mv),
+        false => _mm256_sub_ps(v, mv),
+    };
     let mut sum = _mm256_setzero_ps();
     let n = x.len();
     let p = x.as_mut_ptr();
-    for i in (0..n).step_by(8) {
+    let unrolled = n - n % (8 * EXP_UNROLL);
+    for i in (0..unrolled).step_by(8 * EXP_UNROLL) {
+        // SAFETY: the `8 · EXP_UNROLL` values at `i` lie inside `x`.
+        unsafe {
+            let e: [__m256; EXP_UNROLL] =
+                std::array::from_fn(|u| exp(arg(_mm256_loadu_ps(p.add(i + 8 * u)))));
+            for (u, &e) in e.iter().enumerate() {
+                _mm256_storeu_ps(p.add(i + 8 * u), e);
+                sum = _mm256_add_ps(sum, e);
+            }
+        }
+    }
+    for i in (unrolled..n).step_by(8) {
         let lanes = (n - i).min(8);
         // SAFETY: the `lanes` values at `i` lie inside `x`.
         unsafe {
-            let e = exp(_mm256_sub_ps(load8_f32(p.add(i), lanes), mv));
+            let e = exp(arg(load8_f32(p.add(i), lanes)));
             store8(p.add(i), lanes, e);
             let e = match lanes {
                 8 => e,
@@ -463,6 +517,35 @@ pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass `e^(scale·x − m)` rounds as the scale's pass and then `exp_sub_sum` do, its
+    /// sum too, on every length up to past two unrolled steps.
+    #[test]
+    fn exp_scaled_sum_is_the_two_passes() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            crate::cpu::not_on_this_cpu("AVX2");
+            return;
+        }
+        let (c, m) = (48f32.sqrt().recip(), 1.7f32);
+        for n in 0..=70 {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37) % 101) as f32 * 0.37 - 9.1)
+                .collect();
+            let (mut one, mut two) = (x.clone(), x);
+            // SAFETY: AVX2 and FMA are available (checked above).
+            let (sum_one, sum_two) = unsafe {
+                let sum_one = exp_scaled_sum(&mut one, c, m);
+                scale(&mut two, c);
+                (sum_one, exp_sub_sum(&mut two, m))
+            };
+            assert_eq!(bits(&one), bits(&two), "{n} values");
+            assert_eq!(sum_one.to_bits(), sum_two.to_bits(), "{n} values' sum");
+        }
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
 
     #[test]
     fn exp_is_within_its_bound() {

@@ -217,16 +217,21 @@ impl Isa {
         }
     }
 
-    /// `x = e^(scale·x − m)`, returning the sum of the new values: on AVX-512 with AVX512DQ in
-    /// one pass (`avx512::exp_scaled_sum`); elsewhere `x` times `scale`, then
-    /// [`Isa::exp_sub_sum`]. `scale·x` is rounded as a product of its own either way.
-    ///
+    /// `x = e^(scale·x − m)`, returning the sum of the new values: on AVX-512 with AVX512DQ and
+    /// on AVX2 in one pass (`avx512::exp_scaled_sum`, `avx2::exp_scaled_sum`); elsewhere `x`
+    /// times `scale`, then [`Isa::exp_sub_sum`]. `scale·x` is rounded as a product of its own
+    /// either way.
     pub(crate) fn exp_scaled_sum(self, x: &mut [f32], scale: f32, m: f32) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if self.avx512() && Features::get().avx512dq {
             // SAFETY: AVX-512F (these ISAs are only run where available) and AVX512DQ
             // (checked just above).
             return unsafe { avx512::exp_scaled_sum(x, scale, m) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Avx2 {
+            // SAFETY: see `gemm_f32`.
+            return unsafe { avx2::exp_scaled_sum(x, scale, m) };
         }
         self.scale(x, scale);
         self.exp_sub_sum(x, m)
@@ -501,6 +506,16 @@ mod tests {
         isa.scale(&mut y, 0.25);
         assert!(y.iter().all(|&v| v == 0.5));
         assert_eq!(isa.max(&[]), f32::NEG_INFINITY);
+        // The largest value, and a NaN, at each place a wide loop's lanes or its tail hold.
+        for len in [7, 8, 31, 32, 33, 70, 101] {
+            for at in 0..len {
+                let mut x: Vec<f32> = (0..len).map(|i| -(i as f32)).collect();
+                x[at] = 3.5;
+                assert_eq!(isa.max(&x), 3.5, "{isa:?}: largest at {at} of {len}");
+                x[at] = f32::NAN;
+                assert!(isa.max(&x).is_nan(), "{isa:?}: NaN at {at} of {len}");
+            }
+        }
     }
 
     /// `n` values in [−1, 1) from `seed`.
