@@ -298,9 +298,12 @@ pub enum ModelError {
     /// The forward pass produced NaN or infinity: the weights hold one, or the activations
     /// overflowed f32.
     #[error(
-        "the model produced a non-finite value ({value}) in the final hidden state at token {token}: the checkpoint's weights hold NaN or infinity, or its activations overflow f32"
+        "the model produced a non-finite value ({value}) in {state} at token {token}: the checkpoint's weights hold NaN or infinity, or its activations overflow f32"
     )]
     NonFinite {
+        /// Which activations held it: the final hidden state, or the last values a pass
+        /// computed when it stops early.
+        state: &'static str,
         /// Which of the texts run together (0-based), for the caller to name.
         text: usize,
         /// The token's position in its text.

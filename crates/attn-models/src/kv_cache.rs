@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::block::Buffers;
 use crate::checkpoint::WeightData;
-use crate::model::{Rotation, parallelism};
+use crate::model::{FINAL_HIDDEN_STATE, Rotation, parallelism};
 use crate::ops::{Epilogue, Gemm, Linear, WeightLayout, gemm_bt_weight};
 use crate::{DecoderConfig, Model, ModelError, ModelKind};
 
@@ -244,6 +244,7 @@ impl<'m> KvCache<'m> {
         }
         if let Some(index) = hidden.iter().position(|v| !v.is_finite()) {
             return Err(ModelError::NonFinite {
+                state: FINAL_HIDDEN_STATE,
                 text: 0,
                 token: past + index / h,
                 value: hidden[index],

@@ -1027,7 +1027,7 @@ impl Model {
                 sublayer,
                 intermediate,
             } = &mut *ws;
-            let attend = |qkv: &[f32], context: &mut [f32]| {
+            let mut attend = |qkv: &[f32], context: &mut [f32]| {
                 split_heads(
                     qkv,
                     batch,
@@ -1080,6 +1080,21 @@ impl Model {
                 merge_heads(&out.out, batch, seq_len, n_heads, d, context);
                 Ok(())
             };
+            // A view of a few rows reads the last layer's attention and nothing after it: no
+            // output projection, feed-forward or final norm. Any non-finite value before the
+            // attention reaches its q | k | v, checked in place of the final hidden state.
+            if attention_rows.is_some() && l + 1 == n_layers {
+                layer.project(c.kind(), hidden, normed, qkv, &multiply);
+                check_finite(qkv, qkv.len() / rows, seq_len, LAST_QKV)?;
+                attend(qkv, context)?;
+                return Ok(LayersOutput {
+                    seq_len,
+                    lengths,
+                    attentions,
+                    qk,
+                    hidden_states,
+                });
+            }
             let buffers = Buffers {
                 normed,
                 qkv,
@@ -1097,14 +1112,7 @@ impl Model {
             norm.apply(&mut ws.hidden);
             save_hidden(&mut hidden_states, n_layers, &ws.hidden);
         }
-        if let Some(index) = ws.hidden.iter().position(|v| !v.is_finite()) {
-            let token = index / c.hidden_size;
-            return Err(ModelError::NonFinite {
-                text: token / seq_len,
-                token: token % seq_len,
-                value: ws.hidden[index],
-            });
-        }
+        check_finite(&ws.hidden, c.hidden_size, seq_len, FINAL_HIDDEN_STATE)?;
         Ok(LayersOutput {
             seq_len,
             lengths,
@@ -1296,6 +1304,31 @@ fn max_len(encs: &[Encoding]) -> usize {
 /// `[rows, (n_heads + 2·n_kv_heads)·head_dim]` (q | k | v, each head's `head_dim` values side
 /// by side) into q `[batch, n_heads, seq_len, head_dim]` and k, v `[batch, n_kv_heads, seq_len,
 /// head_dim]`.
+/// What [`check_finite`] names when the final hidden state holds a non-finite value.
+pub(crate) const FINAL_HIDDEN_STATE: &str = "the final hidden state";
+/// What it names when a view of a few rows stops at the last layer's attention.
+const LAST_QKV: &str = "the last layer's queries, keys and values";
+
+/// [`ModelError::NonFinite`] at the first NaN or infinity of `x` (`[texts, seq_len, width]`),
+/// naming `state`.
+pub(crate) fn check_finite(
+    x: &[f32],
+    width: usize,
+    seq_len: usize,
+    state: &'static str,
+) -> Result<(), ModelError> {
+    let Some(index) = x.iter().position(|v| !v.is_finite()) else {
+        return Ok(());
+    };
+    let token = index / width.max(1);
+    Err(ModelError::NonFinite {
+        state,
+        text: token / seq_len.max(1),
+        token: token % seq_len.max(1),
+        value: x[index],
+    })
+}
+
 pub(crate) fn split_heads(
     qkv: &[f32],
     batch: usize,

@@ -49,6 +49,35 @@ fn nan_weights_are_an_error_naming_the_final_hidden_state() {
 }
 
 #[test]
+fn attention_rows_stop_at_the_last_layers_attention() {
+    let clean = Model::load(&common::golden_dir().join("tiny-gpt2")).unwrap();
+    let enc = clean.encode("The cat sat on the mat", None).unwrap();
+    let rows = [1, enc.len() - 1];
+    let want = clean.attention_rows(&enc, &rows).unwrap();
+    // A NaN in the last layer's feed-forward: the forward pass reports it; the rows, which
+    // never read it, are the clean model's.
+    let dir = tempfile::tempdir().unwrap();
+    let last = clean.n_layers() - 1;
+    let mlp = common::tiny_gpt2_with_a_nan(dir.path(), &format!("h.{last}.mlp.c_fc.weight"));
+    let err = mlp.forward(&enc, &RunOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("the final hidden state"), "{err}");
+    assert_eq!(mlp.attention_rows(&enc, &rows).unwrap(), want);
+    // One in layer 0's projection reaches every later value: the rows name where it was found.
+    let dir = tempfile::tempdir().unwrap();
+    let qkv = common::tiny_gpt2_with_a_nan(dir.path(), "h.0.attn.c_attn.weight");
+    let err = qkv.attention_rows(&enc, &rows).unwrap_err();
+    assert!(
+        matches!(err, ModelError::NonFinite { value, .. } if value.is_nan()),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("in the last layer's queries, keys and values at token 0"),
+        "{message}"
+    );
+}
+
+#[test]
 fn a_hidden_state_whose_variance_overflows_is_an_error_not_beta() {
     // Word embeddings × 1e30: the first LayerNorm's variance passes f32's range. Its rows were
     // scaled by 1/√∞ = 0, to β: uniform attention and text generated from nothing, exit 0.
@@ -97,7 +126,13 @@ fn a_nan_in_one_text_of_a_batch_names_that_text_and_token() {
         .unwrap();
     let err = pool.install(|| model.embed(&texts)).unwrap_err();
     match &err {
-        ModelError::NonFinite { text, token, value } => {
+        ModelError::NonFinite {
+            state,
+            text,
+            token,
+            value,
+        } => {
+            assert_eq!(*state, "the final hidden state", "{err}");
             assert_eq!((*text, *token), (66, at), "{err}");
             assert!(value.is_nan(), "{err}");
         }
