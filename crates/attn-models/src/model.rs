@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoint;
 use crate::heads::{
     Classification, Head, HeadConfig, Prediction, SpanLogits, Task, span_logits, top_tokens,
 };
-use crate::ops::{Gemm, GemmKernel, Linear, gemm_bt_weight};
+use crate::ops::{Gemm, GemmKernel, Linear, for_row_chunks, gemm_bt_weight};
 use crate::pooling::Pooling;
 use crate::tokenize::{Encoding, Limit, TextTokenizer, TokenizerConfig};
 use crate::weights::{Layer, Weights};
@@ -1005,6 +1005,8 @@ impl Model {
         let multiply = |layer: &Linear, x: &[f32], y: &mut [f32], epilogue| {
             layer.forward(x, y, epilogue, gemm)
         };
+        // Every layer turns its queries and keys by the same angles.
+        let rotation = decoder.map(|dec| Rotation::new(&dec.inv_freq, d, 0, seq_len));
         // Llama's classifiers are not read yet: its passes run every row of every layer.
         let last_rows = last_rows.filter(|at| {
             let asked = options.attentions || options.qk || options.hidden_states;
@@ -1040,9 +1042,9 @@ impl Model {
                     q_norm.apply(q);
                     k_norm.apply(k);
                 }
-                if let Some(dec) = decoder {
-                    rotate_heads(q, seq_len, d, &dec.inv_freq);
-                    rotate_heads(k, seq_len, d, &dec.inv_freq);
+                if let Some(rotation) = &rotation {
+                    rotation.apply_heads(q, seq_len);
+                    rotation.apply_heads(k, seq_len);
                 }
                 if let Some(qk) = &mut qk {
                     copy_per_layer(q, &mut qk.q, batch, l, n_layers);
@@ -1340,19 +1342,21 @@ pub(crate) fn split_heads(
     let (h, kv) = (n_heads * d, n_kv_heads * d);
     let stride = h + 2 * kv;
     for (part, dst) in out.into_iter().enumerate() {
-        let (start, width, heads) = match part {
-            0 => (0, h, n_heads),
-            _ => (h + (part - 1) * kv, kv, n_kv_heads),
+        let (start, heads) = match part {
+            0 => (0, n_heads),
+            _ => (h + (part - 1) * kv, n_kv_heads),
         };
-        for b in 0..batch {
-            for t in 0..seq_len {
-                let src = &qkv[(b * seq_len + t) * stride + start..][..width];
-                for (head, vals) in src.chunks_exact(d).enumerate() {
-                    let at = ((b * heads + head) * seq_len + t) * d;
-                    copy_head_row(&mut dst[at..at + d], vals);
-                }
+        // Row `r` of `dst` is token `t` of head `head` of text `b`.
+        for_row_chunks(&mut dst[..batch * heads * seq_len * d], d, |first, rows| {
+            for (i, row) in rows.chunks_exact_mut(d).enumerate() {
+                let (bh, t) = ((first + i) / seq_len, (first + i) % seq_len);
+                let (b, head) = (bh / heads, bh % heads);
+                copy_head_row(
+                    row,
+                    &qkv[(b * seq_len + t) * stride + start + head * d..][..d],
+                );
             }
-        }
+        });
     }
 }
 
@@ -1396,27 +1400,35 @@ impl Rotation {
 
     /// Turns `rows` (`[n, d]`, the positions of [`Rotation::new`]) in place.
     pub(crate) fn apply(&self, rows: &mut [f32]) {
-        let (half, turned) = (self.d / 2, self.turned.max(1));
-        let tables = self
-            .cos
-            .chunks_exact(turned)
-            .zip(self.sin.chunks_exact(turned));
-        for (row, (cos, sin)) in rows.chunks_exact_mut(self.d).zip(tables) {
-            let (x1, x2) = row.split_at_mut(half);
-            for i in 0..cos.len() {
-                let (a, b) = (x1[i], x2[i]);
-                x1[i] = a * cos[i] - b * sin[i];
-                x2[i] = b * cos[i] + a * sin[i];
-            }
+        for (t, row) in rows.chunks_exact_mut(self.d).enumerate() {
+            self.turn(row, t);
         }
     }
-}
 
-/// [`Rotation`] on every head of `[batch · heads, seq_len, head_dim]`, positions from 0.
-fn rotate_heads(x: &mut [f32], seq_len: usize, d: usize, inv_freq: &[f32]) {
-    let rotation = Rotation::new(inv_freq, d, 0, seq_len);
-    for head in x.chunks_exact_mut(seq_len * d) {
-        rotation.apply(head);
+    /// Turns every head of `x` (`[heads, n, d]`, each head's rows the positions of
+    /// [`Rotation::new`]) in place, blocks of rows in parallel.
+    pub(crate) fn apply_heads(&self, x: &mut [f32], n: usize) {
+        for_row_chunks(x, self.d, |first, rows| {
+            for (i, row) in rows.chunks_exact_mut(self.d).enumerate() {
+                self.turn(row, (first + i) % n);
+            }
+        });
+    }
+
+    /// Turns one row (`[d]`) by the angles of the `t`-th position.
+    fn turn(&self, row: &mut [f32], t: usize) {
+        let turned = self.turned;
+        let (cos, sin) = (
+            &self.cos[t * turned..][..turned],
+            &self.sin[t * turned..][..turned],
+        );
+        let (x1, x2) = row.split_at_mut(self.d / 2);
+        let pairs = x1.iter_mut().zip(x2.iter_mut());
+        for ((x1, x2), (&c, &s)) in pairs.zip(cos.iter().zip(sin)) {
+            let (a, b) = (*x1, *x2);
+            *x1 = a * c - b * s;
+            *x2 = b * c + a * s;
+        }
     }
 }
 
@@ -1449,14 +1461,15 @@ pub(crate) fn merge_heads(
     dst: &mut [f32],
 ) {
     let h = n_heads * d;
-    for b in 0..batch {
-        for head in 0..n_heads {
-            for t in 0..seq_len {
-                let src = &out[((b * n_heads + head) * seq_len + t) * d..][..d];
-                copy_head_row(&mut dst[(b * seq_len + t) * h + head * d..][..d], src);
+    // Row `r` of `dst` is token `r % seq_len` of text `r / seq_len`.
+    for_row_chunks(&mut dst[..batch * seq_len * h], h, |first, rows| {
+        for (i, row) in rows.chunks_exact_mut(h).enumerate() {
+            let (b, t) = ((first + i) / seq_len, (first + i) % seq_len);
+            for (head, dst) in row.chunks_exact_mut(d).enumerate() {
+                copy_head_row(dst, &out[((b * n_heads + head) * seq_len + t) * d..][..d]);
             }
         }
-    }
+    });
 }
 
 /// `dst = src` for one head's row: for the usual widths a fixed-length copy the compiler

@@ -566,13 +566,14 @@ macro_rules! per_isa {
 }
 
 /// Rows a task takes in the passes that go row by row (norms, bias and activation, residuals,
-/// the gated feed-forward), which run in parallel: a pass over fewer rows stays on the calling
-/// thread. One thread left them to a 8,192-token prompt's whole run took 4 % of its time.
+/// the gated feed-forward, heads split, turned and merged). They run in parallel, so that on a
+/// long prompt the other threads do not wait for them; a pass over fewer rows stays on the
+/// calling thread.
 const ROWS_PER_TASK: usize = 32;
 
 /// `f(first, rows)` on the rows of `x` (`width` values each), [`ROWS_PER_TASK`] at a time in
 /// parallel, `first` the index of the chunk's first row.
-fn for_row_chunks(x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(crate) fn for_row_chunks(x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     let chunk = ROWS_PER_TASK * width.max(1);
     if x.len() <= chunk {
         return f(0, x);
