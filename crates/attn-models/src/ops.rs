@@ -793,24 +793,25 @@ pub fn exp(x: f32) -> f32 {
         1.666_666_5e-1,
         0.5,
     ];
+    // NaN stays NaN through the steps below; the last line returns it.
     let clamped = x.clamp(-87.336_55, 88.722_84);
     // Rounded to the nearest integer by adding and taking away 1.5·2²³, which vectorises
-    // where `round_ties_even` without SSE4.1 is a call to `rintf`.
+    // where `round_ties_even` without SSE4.1 is a call to `rintf`; the sum's low mantissa
+    // bits hold that integer, read without a float-to-int conversion (whose saturation
+    // does not vectorise).
     const ROUND: f32 = 12_582_912.0;
-    let n = (clamped * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let big = clamped * std::f32::consts::LOG2_E + ROUND;
+    let n = big - ROUND;
     let r = clamped - n * LN2_HI - n * LN2_LO;
-    let p = P.iter().fold(0.0f32, |acc, &c| acc * r + c);
+    let p = P[1..].iter().fold(P[0], |acc, &c| acc * r + c);
     let e_r = p * r * r + r + 1.0;
     // n ∈ [−126, 128] after the clamp: 2^n as a normal 2^min(n, 127), doubled when n = 128.
-    let m = n.min(127.0);
-    let two_m = f32::from_bits(((m as i32 + 127) as u32) << 23);
-    let y = e_r * two_m * (n - m + 1.0);
-    match x {
-        x if x < -87.336_55 => 0.0,
-        x if x > 88.722_84 => f32::INFINITY,
-        x if x.is_nan() => x,
-        _ => y,
-    }
+    let n_int = (big.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let two_m = f32::from_bits(((n_int.min(127) + 127) as u32) << 23);
+    let y = e_r * two_m * (n - n.min(127.0) + 1.0);
+    let y = if x < -87.336_55 { 0.0 } else { y };
+    let y = if x > 88.722_84 { f32::INFINITY } else { y };
+    if x.is_nan() { x } else { y }
 }
 
 /// A decoder's gated feed-forward in place: each row of `gate_up` (`[rows, 2·n]`, gate | up)
