@@ -239,9 +239,7 @@ impl Model {
                 .forward(&ff_in, &mut pre_act, Epilogue::Bias, gemm);
             let mut act = pre_act.clone();
             let no_bias = vec![0.0; inter];
-            (act.par_chunks_mut(inter * ROWS_PER_TASK)).for_each(|rows| {
-                bias_activation_block(rows, inter, 0, &no_bias, Some(c.activation));
-            });
+            bias_activation_block(&mut act, inter, 0, &no_bias, Some(c.activation));
             let mut o = vec![0.0f32; rows * d];
             layer.ff_out.forward(&act, &mut o, Epilogue::Bias, gemm);
             let mut out: Vec<f32> = r.iter().zip(&o).map(|(r, o)| r + o).collect();

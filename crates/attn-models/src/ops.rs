@@ -62,7 +62,9 @@ pub enum Epilogue {
 }
 
 impl Epilogue {
-    /// Applies the epilogue to columns `cols` of rows of a product.
+    /// Applies the epilogue to columns `cols` of rows of a product, on the calling thread: the
+    /// AMX tiles call it from their own tasks, with the thread's tiles configured, where a
+    /// nested parallel loop could run another product's task that releases them.
     ///
     /// # Shapes
     /// - `y`: `[rows, bias.len()]`
@@ -72,7 +74,7 @@ impl Epilogue {
             Epilogue::Bias => None,
             Epilogue::BiasActivation(act) => Some(act),
         };
-        bias_activation_block(y, bias.len(), cols.start, &bias[cols], act);
+        bias_activation_rows(y, bias.len(), cols.start, &bias[cols], act);
     }
 }
 
@@ -199,7 +201,9 @@ impl Linear {
             Epilogue::BiasActivation(act) => self.matmul_f32(x, y, Some(act), gemm.par),
             _ => {
                 self.matmul_f32(x, y, None, gemm.par);
-                epilogue.apply(y, &self.bias, 0..self.n_out);
+                if epilogue == Epilogue::Bias {
+                    bias_activation_block(y, self.n_out, 0, &self.bias, None);
+                }
             }
         }
     }
